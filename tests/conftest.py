@@ -1,0 +1,31 @@
+import os
+import shutil
+import subprocess
+
+import pytest
+
+
+def _netns_ok() -> str | None:
+    """Why namespace tests cannot run here, or None when they can."""
+    if os.geteuid() != 0:
+        return "needs root: network namespaces, veth and AF_PACKET"
+    for tool in ("ip", "tc", "ethtool"):
+        if shutil.which(tool) is None:
+            return f"needs the '{tool}' command (make test installs it)"
+    probe = subprocess.run(["ip", "netns", "add", "c2probe-test"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"cannot create a network namespace: {probe.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", "c2probe-test"], capture_output=True)
+    return None
+
+
+NETNS_SKIP = _netns_ok()
+
+
+def pytest_collection_modifyitems(config, items):
+    if NETNS_SKIP is None:
+        return
+    mark = pytest.mark.skip(reason=NETNS_SKIP)
+    for item in items:
+        if "netns" in item.keywords:
+            item.add_marker(mark)

@@ -1,0 +1,239 @@
+"""`c2dtn topo …`: build, inspect, change and remove emulated DIL networks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from topologies import model, testbed
+from topologies.profiles import Profile, format_rate, load_builtin_profiles
+
+console = Console()
+
+
+def _say(msg: str) -> None:
+    console.print(f"[dim]topo:[/dim] {msg}")
+
+
+@click.group("topo")
+def topo() -> None:
+    """Named DIL networks in Linux network namespaces, with emulated links."""
+
+
+@topo.command("list")
+def list_cmd() -> None:
+    """The topologies and link profiles that ship with c2dtn."""
+    t = Table(title="topologies")
+    t.add_column("name")
+    t.add_column("nodes", justify="right")
+    t.add_column("links", justify="right")
+    t.add_column("description")
+    for name in model.builtin_names():
+        tp = model.load(name)
+        t.add_row(name, str(len(tp.nodes)), str(len(tp.links)), tp.description)
+    console.print(t)
+    p = Table(title="link profiles (one direction)")
+    for c in ("name", "rate", "delay", "jitter", "loss", "description"):
+        p.add_column(c)
+    for name, pr in load_builtin_profiles().profiles.items():
+        p.add_row(name, format_rate(pr.rate_bps), f"{pr.delay_s * 1000:g} ms", f"{pr.jitter_s * 1000:g} ms",
+                  f"{pr.loss * 100:g} %", pr.description)
+    console.print(p)
+
+
+@topo.command("up")
+@click.argument("topology")
+@click.option("--profile", "-p", default=None, help="profile for the links marked dil (e.g. cnr-tactical-2)")
+@click.option("--link-backend", type=click.Choice(testbed.BACKENDS), default="auto", show_default=True,
+              help="netem where the kernel has it, else the userspace channel emulator")
+@click.option("--schedule", type=click.Path(dir_okay=False), default=None,
+              help="TOML file with [[schedule]] link events to add")
+@click.option("--seed", type=int, default=None, help="seed the emulators' random loss, for repeatable runs")
+def up_cmd(topology: str, profile: str | None, link_backend: str, schedule: str | None, seed: int | None) -> None:
+    """Build TOPOLOGY (a shipped name or a .toml file); cleans up leftovers first."""
+    st = testbed.up(topology, profile=profile, backend=link_backend, schedule=schedule, seed=seed, progress=_say)
+    _print_status(st, live=False)
+
+
+@topo.command("down")
+def down_cmd() -> None:
+    """Remove every namespace, link and emulator of the testbed (safe to repeat)."""
+    removed = testbed.down(progress=_say)
+    _say("nothing was up" if not removed else "down")
+
+
+@topo.command("status")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable state")
+def status_cmd(as_json: bool) -> None:
+    """Nodes, addresses, links with their profiles, state, backend and counters."""
+    st = testbed.status()
+    if as_json:
+        click.echo(json.dumps(st, indent=1))
+        return
+    _print_status(st, live=True)
+
+
+def _print_status(st: dict, live: bool) -> None:
+    console.print(f"[bold]{st['topology']}[/bold] ({st['source']}), link backend: {st['backend']}")
+    n = Table(title="nodes")
+    for c in ("node", "role", "namespace", "addresses"):
+        n.add_column(c)
+    for name, node in st["nodes"].items():
+        n.add_row(name, node["role"], node["netns"],
+                  ", ".join(f"{i['address']}/{i['prefixlen']} ({i['name']})" for i in node["ifaces"]))
+    console.print(n)
+    t = Table(title="links")
+    cols = ["link", "a", "b", "a→b profile", "b→a profile", "state", "backend"]
+    if live:
+        cols += ["a→b delivered/offered", "b→a delivered/offered", "queued"]
+    for c in cols:
+        t.add_column(c)
+    for ls in st["links"].values():
+        pab, pba = Profile.from_dict(ls["profile_ab"]), Profile.from_dict(ls["profile_ba"])
+        row = [ls["name"], f"{ls['a']} {ls['a_addr']}", f"{ls['b']} {ls['b_addr']}",
+               f"{pab.name}: {pab.summary()}", f"{pba.name}: {pba.summary()}", ls["state"],
+               st["backend"] if ls["emulate"] else "plain veth"]
+        if live:
+            lv = ls.get("live") or {}
+            if "ab" in lv:
+                row += [f"{lv['ab']['delivered']}/{lv['ab']['offered']}", f"{lv['ba']['delivered']}/{lv['ba']['offered']}",
+                        f"{lv['ab']['queued']}+{lv['ba']['queued']}"]
+            else:
+                row += [lv.get("error", "-"), "", ""]
+        t.add_row(*row)
+    console.print(t)
+    if st.get("schedule"):
+        s = Table(title="schedule (seconds after up)")
+        for c in ("at", "link", "action", "profile"):
+            s.add_column(c)
+        for ev in st["schedule"]:
+            s.add_row(f"{ev['at_s']:g}", ev["link"], ev["action"] + (" (carrier)" if ev.get("carrier") else ""),
+                      (ev.get("profile") or {}).get("name", ""))
+        console.print(s)
+
+
+@topo.command("addr")
+@click.argument("node")
+@click.option("--all", "all_", is_flag=True, help="every address of the node, one per line")
+def addr_cmd(node: str, all_: bool) -> None:
+    """Print NODE's address."""
+    st = testbed.read_state()
+    if st is None:
+        raise testbed.TestbedError("no topology is up (start one with: c2dtn topo up NAME)")
+    if all_:
+        testbed.node_netns(st, node)
+        for i in st["nodes"][node]["ifaces"]:
+            click.echo(f"{i['address']} {i['name']} {i['attached']}")
+    else:
+        click.echo(testbed.node_address(st, node))
+
+
+@topo.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("node")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_cmd(node: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND inside NODE:  c2dtn topo exec h1 -- ping 10.77.4.2"""
+    st = testbed.read_state()
+    if st is None:
+        raise testbed.TestbedError("no topology is up (start one with: c2dtn topo up NAME)")
+    ns = testbed.node_netns(st, node)
+    argv = list(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    sys.stdout.flush()
+    os.execvp("ip", ["ip", "netns", "exec", ns, *argv])
+
+
+@topo.command("link")
+@click.argument("a")
+@click.argument("b")
+@click.argument("action", type=click.Choice(["down", "up", "set"]))
+@click.argument("profile", required=False)
+@click.option("--carrier", is_flag=True, help="down: also drop carrier at both ends (default: a silent fade)")
+@click.option("--one-way", is_flag=True, help="set: change only the A -> B direction")
+def link_cmd(a: str, b: str, action: str, profile: str | None, carrier: bool, one_way: bool) -> None:
+    """Change the live link between nodes A and B: down, up, or set PROFILE."""
+    prof = None
+    if action == "set":
+        if not profile:
+            raise click.UsageError("set needs a PROFILE, e.g.: c2dtn topo link r2 r3 set cnr-tactical-1")
+        prof = load_builtin_profiles().get(profile, "topo link", "PROFILE")
+    elif profile:
+        raise click.UsageError(f"{action} takes no profile (got {profile!r})")
+    ls = testbed.change_link(a, b, action, prof, carrier=carrier, one_way=one_way)
+    pab, pba = Profile.from_dict(ls["profile_ab"]), Profile.from_dict(ls["profile_ba"])
+    _say(f"link {ls['name']} is {ls['state']}; {ls['a']}→{ls['b']} {pab.name}, {ls['b']}→{ls['a']} {pba.name}")
+
+
+@topo.command("check")
+@click.argument("src", required=False)
+@click.argument("dst", required=False)
+@click.option("--probes", default=300, show_default=True, help="paced probes for delay and loss")
+@click.option("--saturate", "saturate_s", default=12.0, show_default=True, help="seconds of saturation for the rate")
+def check_cmd(src: str | None, dst: str | None, probes: int, saturate_s: float) -> None:
+    """Measure rate, delay and loss from SRC to DST next to what the profiles say.
+
+    Without SRC and DST: the first and last node of the topology."""
+    from topologies import probe
+
+    st = testbed.read_state()
+    if st is None:
+        raise testbed.TestbedError("no topology is up (start one with: c2dtn topo up NAME)")
+    nodes = list(st["nodes"])
+    src = src or nodes[0]
+    dst = dst or nodes[-1]
+    res = run_check(st, src, dst, probes, saturate_s)
+    print_check(res)
+
+
+def run_check(st: dict, src: str, dst: str, probes: int, saturate_s: float) -> dict:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from topologies import probe
+
+    with Progress(TextColumn("[bold]traffic check[/bold] {task.description}"), BarColumn(),
+                  TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=console) as prog:
+        task = prog.add_task(f"{src} → {dst}", total=1.0)
+        return probe.check(st, src, dst, probes=probes, saturate_s=saturate_s,
+                           on_tick=lambda f, text: prog.update(task, completed=f, description=f"{src} → {dst}: {text}"))
+
+
+def print_check(res: dict) -> None:
+    t = Table(title=f"{res['src']} → {res['dst']} over {res['path']}")
+    for c in ("", "measured", "profile", "measured / profile"):
+        t.add_column(c, justify="right")
+
+    def ratio(m, e):
+        return f"{m / e:.2f}" if m is not None and e else "-"
+
+    t.add_row("rate (frame bits)", format_rate(res["rate_bps"]) if res["rate_bps"] else "-",
+              format_rate(res["expected_rate_bps"]), ratio(res["rate_bps"], res["expected_rate_bps"]))
+    t.add_row(f"one-way delay, median ({res['probe_frame_bytes']} B frames)",
+              f"{res['delay_median_s'] * 1000:.1f} ms",
+              f"{res['expected_delay_profile_s'] * 1000:.0f} ms + {res['serialization_s'] * 1000:.1f} ms serialization",
+              ratio(res["delay_median_s"], res["expected_delay_s"]))
+    t.add_row("one-way delay, p95", f"{res['delay_p95_s'] * 1000:.1f} ms", "", "")
+    t.add_row(f"loss ({res['probes_sent']} probes)", f"{res['loss'] * 100:.1f} %", f"{res['expected_loss'] * 100:.1f} %",
+              ratio(res["loss"], res["expected_loss"]))
+    console.print(t)
+
+
+@topo.command("demo")
+@click.option("--topology", default="nps-chain", show_default=True)
+@click.option("--profile", default="cnr-tactical-2", show_default=True)
+@click.option("--probes", default=300, show_default=True)
+@click.option("--link-backend", type=click.Choice(testbed.BACKENDS), default="auto", show_default=True)
+def demo_cmd(topology: str, profile: str, probes: int, link_backend: str) -> None:
+    """Bring TOPOLOGY up on PROFILE, measure it end to end, tear it down."""
+    st = testbed.up(topology, profile=profile, backend=link_backend, progress=_say)
+    try:
+        nodes = list(st["nodes"])
+        res = run_check(st, nodes[0], nodes[-1], probes, 12.0)
+        print_check(res)
+    finally:
+        testbed.down(progress=_say)

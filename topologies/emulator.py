@@ -1,0 +1,226 @@
+"""Userspace channel emulator: the thin I/O shell around topologies.channel.
+
+One process per link, running inside the link's own namespace between the two
+veth ports that face node A (`--a-if`) and node B (`--b-if`).  Frames are read
+and written with AF_PACKET sockets; each direction goes through its own
+channel.Direction.  A Unix socket takes JSON-line commands (status, set, down,
+up) from `c2dtn topo link` and the schedule runner.
+
+Run as:  python -m topologies.emulator --link NAME --a-if c2a --b-if c2b
+             --control PATH --profile-ab JSON --profile-ba JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+from topologies.channel import Direction
+from topologies.profiles import Profile
+
+ETH_P_ALL = 0x0003
+SOL_PACKET = 263  # linux/socket.h; Python 3.11 exports neither constant
+PACKET_IGNORE_OUTGOING = 23  # linux/if_packet.h
+MAX_FRAME = 65536
+READ_BATCH = 256
+
+log = logging.getLogger("c2emu")
+
+
+def packet_socket(ifname: str) -> socket.socket:
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    s.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    s.bind((ifname, ETH_P_ALL))
+    s.setblocking(False)
+    return s
+
+
+class Emulator:
+    def __init__(self, link: str, a_if: str, b_if: str, control: str,
+                 profile_ab: Profile, profile_ba: Profile, seed: int | None = None):
+        self.link = link
+        self.sa = packet_socket(a_if)
+        self.sb = packet_socket(b_if)
+        self.ab = Direction(profile_ab, seed=seed)
+        self.ba = Direction(profile_ba, seed=None if seed is None else seed + 1)
+        self.send_errors = 0
+        self.started = time.monotonic()
+        self.running = True
+        try:
+            os.unlink(control)
+        except FileNotFoundError:
+            pass
+        self.ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.ctl.bind(control)
+        self.ctl.listen(16)
+        self.ctl.setblocking(False)
+        self.control_path = control
+
+    # -- control -----------------------------------------------------------
+    def handle(self, req: dict, now: float) -> dict:
+        cmd = req.get("cmd")
+        if cmd == "ping":
+            return {"ok": True, "link": self.link}
+        if cmd == "status":
+            qa = self.ab.queued(now)
+            qb = self.ba.queued(now)
+            return {
+                "ok": True, "link": self.link, "up": self.ab.up and self.ba.up,
+                "uptime_s": now - self.started,
+                "profile_ab": self.ab.profile.to_dict(), "profile_ba": self.ba.profile.to_dict(),
+                "ab": self.ab.stats.as_dict() | {"queued": qa[0], "queued_bytes": qa[1]},
+                "ba": self.ba.stats.as_dict() | {"queued": qb[0], "queued_bytes": qb[1]},
+                "send_errors": self.send_errors,
+                "cpu_s": sum(os.times()[:2]),
+            }
+        if cmd == "set":
+            try:
+                if "profile_ab" in req:
+                    self.ab.set_profile(Profile.from_dict(req["profile_ab"]))
+                if "profile_ba" in req:
+                    self.ba.set_profile(Profile.from_dict(req["profile_ba"]))
+            except (TypeError, ValueError) as e:
+                return {"ok": False, "error": f"bad profile: {e}"}
+            log.info("profiles now %s / %s", self.ab.profile.name, self.ba.profile.name)
+            return {"ok": True}
+        if cmd in ("down", "up"):
+            self.ab.set_up(cmd == "up", now)
+            self.ba.set_up(cmd == "up", now)
+            log.info("link %s", cmd)
+            return {"ok": True, "at": now}
+        if cmd == "stop":
+            self.running = False
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown command {cmd!r}", "commands": ["ping", "status", "set", "down", "up", "stop"]}
+
+    def serve_control(self) -> None:
+        try:
+            conn, _ = self.ctl.accept()
+        except BlockingIOError:
+            return
+        try:
+            conn.settimeout(1.0)
+            buf = b""
+            while not buf.endswith(b"\n") and len(buf) < 1 << 20:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+            try:
+                req = json.loads(buf)
+                if not isinstance(req, dict):
+                    raise ValueError("not a JSON object")
+                resp = self.handle(req, time.monotonic())
+            except ValueError as e:
+                resp = {"ok": False, "error": f"malformed request {buf[:80]!r}: {e}"}
+            conn.sendall(json.dumps(resp).encode() + b"\n")
+        except OSError as e:
+            log.warning("control connection failed: %s", e)
+        finally:
+            conn.close()
+
+    # -- data path -----------------------------------------------------------
+    def _read(self, sock: socket.socket, d: Direction, now: float) -> None:
+        recv = sock.recv
+        offer = d.offer
+        for _ in range(READ_BATCH):
+            try:
+                frame = recv(MAX_FRAME)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno in (errno.ENETDOWN, errno.ENXIO):
+                    return
+                raise
+            offer(frame, now)
+
+    def _flush(self, sock: socket.socket, d: Direction, now: float) -> None:
+        frames = d.due(now)
+        if not frames:
+            return
+        send = sock.send
+        for f in frames:
+            try:
+                send(f)
+            except OSError:
+                # ENOBUFS/EAGAIN (peer backlog full) or the port is down (carrier outage): lost
+                self.send_errors += 1
+
+    def run(self) -> None:
+        ep = select.epoll()
+        fa, fb, fc = self.sa.fileno(), self.sb.fileno(), self.ctl.fileno()
+        ep.register(fa, select.EPOLLIN)
+        ep.register(fb, select.EPOLLIN)
+        ep.register(fc, select.EPOLLIN)
+        ab, ba = self.ab, self.ba
+        monotonic = time.monotonic
+        log.info("emulating %s: a->b %s, b->a %s", self.link, ab.profile.name, ba.profile.name)
+        while self.running:
+            now = monotonic()
+            d1 = ab.next_deadline()
+            d2 = ba.next_deadline()
+            deadline = d1 if d2 is None else (d2 if d1 is None else min(d1, d2))
+            timeout = 1.0 if deadline is None else max(0.0, deadline - now)
+            events = ep.poll(timeout)
+            now = monotonic()
+            for fd, _ in events:
+                if fd == fa:
+                    self._read(self.sa, ab, now)
+                elif fd == fb:
+                    self._read(self.sb, ba, now)
+                else:
+                    self.serve_control()
+            self._flush(self.sb, ab, now)
+            self._flush(self.sa, ba, now)
+        try:
+            os.unlink(self.control_path)
+        except FileNotFoundError:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m topologies.emulator")
+    ap.add_argument("--link", required=True)
+    ap.add_argument("--a-if", required=True)
+    ap.add_argument("--b-if", required=True)
+    ap.add_argument("--control", required=True)
+    ap.add_argument("--profile-ab", required=True, help="profile as JSON")
+    ap.add_argument("--profile-ba", required=True, help="profile as JSON")
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s c2emu[%(process)d] %(message)s")
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(f"c2emu {args.link}")
+    except ImportError:  # cosmetic only
+        pass
+    try:
+        emu = Emulator(args.link, args.a_if, args.b_if, args.control,
+                       Profile.from_dict(json.loads(args.profile_ab)),
+                       Profile.from_dict(json.loads(args.profile_ba)), args.seed)
+    except (OSError, ValueError, TypeError) as e:
+        log.error("cannot start emulator for %s: %s", args.link, e)
+        return 2
+
+    def stop(signum, frame):
+        emu.running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    emu.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

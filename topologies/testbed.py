@@ -1,0 +1,500 @@
+"""Build, inspect, change and tear down a topology in network namespaces.
+
+Names (all carry the `c2` prefix):
+  c2-<node>      a node's namespace; its interface toward neighbour X is `c2-<X>`
+  c2e-<link>     a link's emulator namespace, ports c2a (faces node a) and c2b
+  c2l-<lan>      a LAN segment's namespace: bridge c2br, ports c2p<i>
+  processes      `c2emu <link>` (one per emulated link), `c2sched <topology>`
+
+One topology runs at a time.  Its state is kept in $C2DTN_RUN_DIR (default
+/run/c2dtn, so a reboot forgets it as it forgets the namespaces).  Teardown does
+not trust that state alone: it removes every namespace with a testbed prefix and
+stops the processes inside them by PID, so a crashed run never poisons the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from c2dtn.errors import C2Error, ConfigError
+from topologies import netem, netns
+from topologies.model import Link, Topology, load
+from topologies.profiles import Profile
+
+NS_PREFIXES = ("c2-", "c2e-", "c2l-")
+BACKENDS = ("auto", "netem", "userspace")
+
+
+class TestbedError(C2Error):
+    pass
+
+
+def run_dir() -> Path:
+    d = Path(os.environ.get("C2DTN_RUN_DIR", "/run/c2dtn"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def state_path() -> Path:
+    return run_dir() / "topology.json"
+
+
+@contextlib.contextmanager
+def locked_state() -> Iterator[dict[str, Any]]:
+    """Read-modify-write the state file under an exclusive lock."""
+    lock = open(run_dir() / "topology.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        st = read_state()
+        if st is None:
+            raise TestbedError("no topology is up (start one with: c2dtn topo up NAME)")
+        yield st
+        _write_state(st)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+
+def read_state() -> dict[str, Any] | None:
+    try:
+        return json.loads(state_path().read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return None  # a half-written file from a crash: treat as nothing up
+
+
+def _write_state(st: dict[str, Any]) -> None:
+    tmp = state_path().with_suffix(".tmp")
+    tmp.write_text(json.dumps(st, indent=1))
+    os.replace(tmp, state_path())
+
+
+# --------------------------------------------------------------------- control
+def emu_call(path: str, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    """One JSON-line request to a link's emulator."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+        s.sendall(json.dumps(req).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    except OSError as e:
+        raise TestbedError(f"emulator at {path} does not answer: {e}") from None
+    finally:
+        s.close()
+    resp = json.loads(buf)
+    if not resp.get("ok"):
+        raise TestbedError(f"emulator at {path}: {resp.get('error')}")
+    return resp
+
+
+# --------------------------------------------------------------------- teardown
+def _proc_cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def down(progress: Callable[[str], None] | None = None) -> list[str]:
+    """Remove every testbed namespace and stop the processes in them.  Idempotent."""
+    say = progress or (lambda m: None)
+    removed = []
+    st = read_state()
+    if st and st.get("scheduler_pid"):
+        pid = st["scheduler_pid"]
+        if "topologies.scheduler" in _proc_cmdline(pid) or "c2sched" in _proc_cmdline(pid):
+            netns.stop_pids([pid])
+    names = netns.list_ns(NS_PREFIXES)
+    pids = netns.pids_in(names)
+    all_pids = [p for ps in pids.values() for p in ps]
+    if all_pids:
+        say(f"stopping {len(all_pids)} processes")
+        netns.stop_pids(all_pids)
+    for n in names:
+        netns.remove_ns(n)
+        removed.append(n)
+    if names:
+        say(f"removed {len(names)} namespaces")
+    with contextlib.suppress(FileNotFoundError):
+        state_path().unlink()
+    for sock in run_dir().glob("emu-*.sock"):
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+    return removed
+
+
+# --------------------------------------------------------------------- build
+def choose_backend(requested: str) -> str:
+    if requested not in BACKENDS:
+        raise ConfigError("--link-backend", "--link-backend", requested, "unknown backend",
+                          "choose auto, netem or userspace")
+    if requested == "auto":
+        return "netem" if netem.netem_available() else "userspace"
+    if requested == "netem" and not netem.netem_available():
+        raise TestbedError("--link-backend netem: this kernel has no sch_netem "
+                           "(tc says 'Specified qdisc kind is unknown'); use --link-backend userspace")
+    return requested
+
+
+def up(topology: str, profile: str | None = None, backend: str = "auto", schedule: str | None = None,
+       seed: int | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Build `topology` (a name or a TOML file).  Cleans leftovers of any earlier run first."""
+    say = progress or (lambda m: None)
+    topo = load(topology, profile_override=profile, schedule_file=schedule)  # bad files fail before any change
+    if backend not in BACKENDS:
+        choose_backend(backend)  # raises the error naming the value
+    netns.require_root()
+    chosen = choose_backend(backend)
+    if netns.list_ns(NS_PREFIXES) or state_path().exists():
+        say("cleaning up what an earlier run left")
+        down()
+    try:
+        st = _build(topo, chosen, seed, say)
+    except BaseException:
+        down()
+        raise
+    return st
+
+
+def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], None]) -> dict[str, Any]:
+    t0 = time.monotonic()
+    rd = run_dir()
+    node_ns = [n.netns for n in topo.nodes.values()]
+    emu_links = [l for l in topo.links.values() if l.emulate]
+    all_ns = node_ns + [l.netns for l in emu_links] + [s.netns for s in topo.lans.values()]
+    say(f"creating {len(all_ns)} namespaces")
+    for ns in all_ns:
+        netns.create_ns(ns)
+    quiet = {
+        "net.ipv6.conf.all.disable_ipv6": 1,  # no ND/MLD chatter on kbit/s links
+        "net.ipv6.conf.default.disable_ipv6": 1,
+    }
+    for ns in all_ns:
+        extra = {"net.ipv4.ip_forward": 1, "net.ipv4.conf.all.rp_filter": 0,
+                 "net.ipv4.conf.default.rp_filter": 0} if ns in node_ns else {}
+        netns.sysctl(ns, quiet | extra)
+
+    say(f"wiring {len(topo.links)} links and {len(topo.lans)} LANs")
+    for link in topo.links.values():
+        a_if, b_if = link.a_iface, link.b_iface
+        mtu = max(link.profile_ab.mtu, link.profile_ba.mtu)
+        mtu_a, mtu_b = link.profile_ab.mtu, link.profile_ba.mtu
+        na, nb = topo.nodes[link.a].netns, topo.nodes[link.b].netns
+        if not link.emulate:
+            with netns.ipr(na) as ip:
+                ip.link("add", ifname=a_if.name, kind="veth", peer={"ifname": b_if.name, "net_ns_fd": nb})
+            _iface_up(na, a_if.name, mtu_a, a_if.address, a_if.prefixlen)
+            _iface_up(nb, b_if.name, mtu_b, b_if.address, b_if.prefixlen)
+            continue
+        e = link.netns
+        with netns.ipr(na) as ip:
+            ip.link("add", ifname=a_if.name, kind="veth", peer={"ifname": "c2a", "net_ns_fd": e})
+        with netns.ipr(nb) as ip:
+            ip.link("add", ifname=b_if.name, kind="veth", peer={"ifname": "c2b", "net_ns_fd": e})
+        _iface_up(na, a_if.name, mtu_a, a_if.address, a_if.prefixlen)
+        _iface_up(nb, b_if.name, mtu_b, b_if.address, b_if.prefixlen)
+        _iface_up(e, "c2a", mtu, promisc=True)
+        _iface_up(e, "c2b", mtu, promisc=True)
+        if backend == "userspace":
+            netns.offloads_off(na, [a_if.name])
+            netns.offloads_off(nb, [b_if.name])
+            netns.offloads_off(e, ["c2a", "c2b"])
+    for lan in topo.lans.values():
+        e = lan.netns
+        with netns.ipr(e) as ip:
+            ip.link("add", ifname="c2br", kind="bridge", br_stp_state=0)
+        for i, m in enumerate(lan.members):
+            node = topo.nodes[m]
+            iface = next(x for x in node.ifaces if x.attached == lan.name)
+            with netns.ipr(node.netns) as ip:
+                ip.link("add", ifname=iface.name, kind="veth", peer={"ifname": f"c2p{i}", "net_ns_fd": e})
+            _iface_up(node.netns, iface.name, 1500, iface.address, iface.prefixlen)
+            with netns.ipr(e) as ip:
+                br = ip.link_lookup(ifname="c2br")[0]
+                idx = ip.link_lookup(ifname=f"c2p{i}")[0]
+                ip.link("set", index=idx, master=br, state="up")
+        with netns.ipr(e) as ip:
+            ip.link("set", index=ip.link_lookup(ifname="c2br")[0], state="up")
+
+    say("installing routes")
+    for node in topo.nodes.values():
+        with netns.ipr(node.netns) as ip:
+            lo = ip.link_lookup(ifname="lo")[0]
+            ip.link("set", index=lo, state="up")
+            for dst, gw in node.routes:
+                ip.route("add", dst=dst, gateway=gw)
+
+    links_state = {}
+    for link in topo.links.values():
+        ls = {
+            "name": link.name, "a": link.a, "b": link.b, "dil": link.dil, "emulate": link.emulate,
+            "netns": link.netns if link.emulate else None, "subnet": link.subnet,
+            "a_if": link.a_iface.name, "b_if": link.b_iface.name,
+            "a_addr": link.a_iface.address, "b_addr": link.b_iface.address,
+            "profile_ab": link.profile_ab.to_dict(), "profile_ba": link.profile_ba.to_dict(),
+            "state": "up", "pid": None, "control": None,
+        }
+        links_state[link.name] = ls
+    st: dict[str, Any] = {
+        "topology": topo.name, "source": topo.source, "backend": backend,
+        "nodes": {n.name: {"role": n.role, "netns": n.netns,
+                           "ifaces": [{"name": i.name, "address": i.address, "prefixlen": i.prefixlen,
+                                       "attached": i.attached} for i in n.ifaces],
+                           "routes": n.routes} for n in topo.nodes.values()},
+        "lans": {s.name: {"members": s.members, "subnet": s.subnet, "netns": s.netns} for s in topo.lans.values()},
+        "links": links_state,
+        "schedule": [{"at_s": ev.at_s, "link": ev.link, "action": ev.action, "carrier": ev.carrier,
+                      "one_way": ev.one_way,
+                      "profile": ev.profile.to_dict() if ev.profile else None} for ev in topo.schedule],
+        "events_applied": [],
+        "scheduler_pid": None,
+    }
+    _write_state(st)
+
+    if emu_links:
+        say(f"starting {len(emu_links)} link emulators ({backend})")
+    for i, link in enumerate(emu_links):
+        ls = links_state[link.name]
+        if backend == "netem":
+            netem.run(netem.bridge_commands(link.netns, "c2a", "c2b"))
+            _apply_profiles(st, ls)
+        else:
+            ctl = str(rd / f"emu-{link.name}.sock")
+            log = open(rd / f"emu-{link.name}.log", "w")
+            cmd = ["ip", "netns", "exec", link.netns, sys.executable, "-m", "topologies.emulator",
+                   "--link", link.name, "--a-if", "c2a", "--b-if", "c2b", "--control", ctl,
+                   "--profile-ab", json.dumps(link.profile_ab.to_dict()),
+                   "--profile-ba", json.dumps(link.profile_ba.to_dict())]
+            if seed is not None:
+                cmd += ["--seed", str(seed + 2 * i)]
+            proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            log.close()
+            ls["pid"] = proc.pid
+            ls["control"] = ctl
+    for link in emu_links:
+        ls = links_state[link.name]
+        if backend == "userspace":
+            _wait_emulator(ls)
+    st["started_monotonic"] = time.monotonic()
+    st["started_wall"] = time.time()
+    st["build_s"] = st["started_monotonic"] - t0
+    if topo.schedule:
+        log = open(rd / "scheduler.log", "w")
+        proc = subprocess.Popen([sys.executable, "-m", "topologies.scheduler"], stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        st["scheduler_pid"] = proc.pid
+    _write_state(st)
+    say(f"{topo.name} is up in {st['build_s']:.1f} s")
+    return st
+
+
+def _iface_up(ns: str, ifname: str, mtu: int, address: str | None = None, prefixlen: int = 24,
+              promisc: bool = False) -> None:
+    with netns.ipr(ns) as ip:
+        idx = ip.link_lookup(ifname=ifname)[0]
+        if address:
+            ip.addr("add", index=idx, address=address, prefixlen=prefixlen)
+        ip.link("set", index=idx, state="up", mtu=mtu)
+        if promisc:
+            ip.link("set", index=idx, flags=0x101, change=0x101)  # IFF_UP | IFF_PROMISC
+
+
+def _wait_emulator(ls: dict[str, Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if ls["pid"] and not netns._alive(ls["pid"]):
+            log = Path(ls["control"]).with_suffix(".log").read_text()[-2000:]
+            raise TestbedError(f"emulator for link {ls['name']} exited at start:\n{log}")
+        try:
+            emu_call(ls["control"], {"cmd": "ping"}, timeout=1.0)
+            return
+        except (TestbedError, ValueError) as e:
+            last = e
+            time.sleep(0.05)
+    raise TestbedError(f"emulator for link {ls['name']} did not answer within {timeout:.0f} s: {last}")
+
+
+# --------------------------------------------------------------------- live changes
+def _apply_profiles(st: dict[str, Any], ls: dict[str, Any], outage: bool = False) -> None:
+    pab, pba = Profile.from_dict(ls["profile_ab"]), Profile.from_dict(ls["profile_ba"])
+    if st["backend"] == "netem":
+        if outage:
+            pab, pba = netem.outage_profile(pab), netem.outage_profile(pba)
+        # a->b leaves the emulator through the port facing b, and vice versa
+        netem.run(netem.tc_commands(ls["netns"], "c2b", pab) + netem.tc_commands(ls["netns"], "c2a", pba))
+    else:
+        emu_call(ls["control"], {"cmd": "set", "profile_ab": pab.to_dict(), "profile_ba": pba.to_dict()})
+
+
+def _carrier(ls: dict[str, Any], on: bool) -> None:
+    with netns.ipr(ls["netns"]) as ip:
+        for port in ("c2a", "c2b"):
+            ip.link("set", index=ip.link_lookup(ifname=port)[0], state="up" if on else "down")
+
+
+def find_link(st: dict[str, Any], a: str, b: str | None) -> dict[str, Any]:
+    links = st["links"]
+    if b is None:
+        if a in links:
+            return links[a]
+        raise ConfigError("topo link", "LINK", a, "no such link", "links: " + ", ".join(links))
+    for ls in links.values():
+        if {ls["a"], ls["b"]} == {a, b}:
+            return ls
+    raise ConfigError("topo link", "A B", f"{a} {b}", "no link between these nodes",
+                      "links: " + ", ".join(f"{l['a']} {l['b']}" for l in links.values()))
+
+
+def change_link(a: str, b: str | None, action: str, profile: Profile | None = None,
+                carrier: bool = False, one_way: bool = False) -> dict[str, Any]:
+    """down / up / set PROFILE on a live link; returns the link's new state.
+
+    `a b` are the link's two nodes (or `a` is the link's name and b is None).
+    `set` changes both directions unless one_way, which changes only a -> b.
+    """
+    if action not in ("down", "up", "set"):
+        raise ConfigError("topo link", "ACTION", action, "unknown action", "choose down, up or set")
+    with locked_state() as st:
+        ls = find_link(st, a, b)
+        if not ls["emulate"]:
+            raise TestbedError(f"link {ls['name']} is a plain veth pair (emulate = false): it cannot be changed live")
+        if action == "set":
+            if profile is None:
+                raise ConfigError("topo link", "PROFILE", None, "set needs a profile")
+            forward = "ab" if b is None or ls["a"] == a else "ba"
+            ls[f"profile_{forward}"] = profile.to_dict()
+            if not one_way:
+                ls["profile_" + ("ba" if forward == "ab" else "ab")] = profile.to_dict()
+            _apply_profiles(st, ls, outage=ls["state"] != "up")
+        elif action == "down":
+            if carrier:
+                _carrier(ls, False)
+            if st["backend"] == "netem":
+                _apply_profiles(st, ls, outage=True)
+            else:
+                emu_call(ls["control"], {"cmd": "down"})
+            ls["state"] = "down (carrier)" if carrier else "down"
+        else:
+            if ls["state"] == "down (carrier)":
+                _carrier(ls, True)
+            if st["backend"] == "netem":
+                _apply_profiles(st, ls, outage=False)
+            else:
+                emu_call(ls["control"], {"cmd": "up"})
+            ls["state"] = "up"
+        st["events_applied"].append({"at_monotonic": time.monotonic(), "link": ls["name"], "action": action,
+                                     "profile": profile.name if profile else None, "carrier": carrier})
+        return dict(ls)
+
+
+def status() -> dict[str, Any]:
+    st = read_state()
+    if st is None:
+        raise TestbedError("no topology is up (start one with: c2dtn topo up NAME)")
+    for ls in st["links"].values():
+        ls["live"] = None
+        if st["backend"] == "userspace" and ls["control"]:
+            try:
+                ls["live"] = emu_call(ls["control"], {"cmd": "status"}, timeout=2.0)
+            except (TestbedError, ValueError) as e:
+                ls["live"] = {"error": str(e)}
+    return st
+
+
+def node_netns(st: dict[str, Any], node: str) -> str:
+    if node not in st["nodes"]:
+        raise ConfigError("topology " + st["topology"], "NODE", node, "no such node",
+                          "nodes: " + ", ".join(st["nodes"]))
+    return st["nodes"][node]["netns"]
+
+
+def node_address(st: dict[str, Any], node: str) -> str:
+    node_netns(st, node)
+    return st["nodes"][node]["ifaces"][0]["address"]
+
+
+def path_between(st: dict[str, Any], src: str, dst: str) -> list[tuple[dict[str, Any], str]]:
+    """The emulated links (and direction 'ab' or 'ba') a packet from src to dst crosses,
+    following the installed routes hop by hop."""
+    dst_addr = node_address(st, dst)
+    import ipaddress
+
+    target = ipaddress.ip_address(dst_addr)
+    hops: list[tuple[dict[str, Any], str]] = []
+    cur = src
+    for _ in range(64):
+        node = st["nodes"][cur]
+        if any(i["address"] == dst_addr for i in node["ifaces"]):
+            return hops
+        nxt_addr = None
+        for i in node["ifaces"]:
+            if target in ipaddress.ip_network(f"{i['address']}/{i['prefixlen']}", strict=False):
+                nxt_addr = dst_addr
+                attached = i["attached"]
+                break
+        else:
+            for net, gw in node["routes"]:
+                if target in ipaddress.ip_network(net):
+                    nxt_addr = gw
+                    attached = next(i["attached"] for i in node["ifaces"]
+                                    if ipaddress.ip_address(gw) in ipaddress.ip_network(
+                                        f"{i['address']}/{i['prefixlen']}", strict=False))
+                    break
+        if nxt_addr is None:
+            raise TestbedError(f"no route from {src} to {dst} at {cur}")
+        nxt = next(n for n, v in st["nodes"].items() if any(i["address"] == nxt_addr for i in v["ifaces"]))
+        if attached in st["links"]:
+            ls = st["links"][attached]
+            hops.append((ls, "ab" if ls["a"] == cur else "ba"))
+        cur = nxt
+    raise TestbedError(f"routing loop from {src} to {dst}")
+
+
+def path_profile(hops: list[tuple[dict[str, Any], str]]) -> Profile:
+    """What a path of links amounts to: sum of delays, narrowest rate, combined loss."""
+    rate = None
+    delay = 0.0
+    keep = 1.0
+    jitter = 0.0
+    names = []
+    for ls, d in hops:
+        p = Profile.from_dict(ls[f"profile_{d}"])
+        names.append(p.name)
+        if p.rate_bps:
+            rate = p.rate_bps if rate is None else min(rate, p.rate_bps)
+        delay += p.delay_s
+        jitter += p.jitter_s
+        loss = p.gilbert_elliott.mean_loss() if p.gilbert_elliott else p.loss
+        keep *= 1 - loss
+    return replace(Profile(), name="+".join(names) or "direct", rate_bps=rate, delay_s=delay,
+                   jitter_s=jitter, loss=1 - keep)
+
+
+def serialization_s(hops: list[tuple[dict[str, Any], str]], frame_bytes: int) -> float:
+    total = 0.0
+    for ls, d in hops:
+        p = Profile.from_dict(ls[f"profile_{d}"])
+        if p.rate_bps:
+            total += frame_bytes * 8 / p.rate_bps
+    return total
