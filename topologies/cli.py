@@ -13,7 +13,7 @@ from rich.table import Table
 from topologies import model, testbed
 from topologies.profiles import Profile, format_rate, load_builtin_profiles
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and CI logs get full tables
 
 
 def _say(msg: str) -> None:
@@ -81,32 +81,43 @@ def status_cmd(as_json: bool) -> None:
 def _print_status(st: dict, live: bool) -> None:
     console.print(f"[bold]{st['topology']}[/bold] ({st['source']}), link backend: {st['backend']}")
     n = Table(title="nodes")
-    for c in ("node", "role", "namespace", "addresses"):
+    for c in ("node", "role", "namespace", "addresses (interface)"):
         n.add_column(c)
     for name, node in st["nodes"].items():
         n.add_row(name, node["role"], node["netns"],
-                  ", ".join(f"{i['address']}/{i['prefixlen']} ({i['name']})" for i in node["ifaces"]))
+                  " ".join(f"{i['address']} ({i['name']})" for i in node["ifaces"]))
     console.print(n)
-    t = Table(title="links")
-    cols = ["link", "a", "b", "a→b profile", "b→a profile", "state", "backend"]
+    t = Table(title=f"links (backend: {st['backend']})")
+    cols = ["link", "ends (a → b)", "a→b profile", "b→a profile", "state"]
     if live:
         cols += ["a→b delivered/offered", "b→a delivered/offered", "queued"]
     for c in cols:
         t.add_column(c)
+    used: dict[str, Profile] = {}
     for ls in st["links"].values():
         pab, pba = Profile.from_dict(ls["profile_ab"]), Profile.from_dict(ls["profile_ba"])
-        row = [ls["name"], f"{ls['a']} {ls['a_addr']}", f"{ls['b']} {ls['b_addr']}",
-               f"{pab.name}: {pab.summary()}", f"{pba.name}: {pba.summary()}", ls["state"],
-               st["backend"] if ls["emulate"] else "plain veth"]
+        used[pab.name], used[pba.name] = pab, pba
+        state = ls["state"] if ls["emulate"] else "up (plain veth)"
+        row = [ls["name"], f"{ls['a']} → {ls['b']}", pab.name, pba.name, state]
         if live:
             lv = ls.get("live") or {}
             if "ab" in lv:
-                row += [f"{lv['ab']['delivered']}/{lv['ab']['offered']}", f"{lv['ba']['delivered']}/{lv['ba']['offered']}",
+                row += [f"{lv['ab']['delivered']}/{lv['ab']['offered']}",
+                        f"{lv['ba']['delivered']}/{lv['ba']['offered']}",
                         f"{lv['ab']['queued']}+{lv['ba']['queued']}"]
             else:
                 row += [lv.get("error", "-"), "", ""]
         t.add_row(*row)
     console.print(t)
+    pt = Table(title="profiles in use (one direction)")
+    for c in ("profile", "rate", "delay", "loss"):
+        pt.add_column(c)
+    for name, pr in used.items():
+        loss = pr.gilbert_elliott.mean_loss() if pr.gilbert_elliott else pr.loss
+        pt.add_row(name, format_rate(pr.rate_bps),
+                   f"{pr.delay_s * 1000:g} ms" + (f" ± {pr.jitter_s * 1000:g}" if pr.jitter_s else ""),
+                   f"{loss * 100:.3g} %" + (" (bursts)" if pr.gilbert_elliott else ""))
+    console.print(pt)
     if st.get("schedule"):
         s = Table(title="schedule (seconds after up)")
         for c in ("at", "link", "action", "profile"):
