@@ -214,3 +214,33 @@ def test_demo_prints_measured_next_to_profile(clean):
     assert "rate (frame bits)" in out and "one-way delay" in out and "loss" in out
     assert "9.8 kbit/s" in out
     assert leftovers()["namespaces"] == []
+
+
+def test_gilbert_elliott_bursts_and_independent_directions(clean, tmp_path):
+    topo = tmp_path / "pair.toml"
+    topo.write_text('''
+name = "ge-pair"
+[[nodes]]
+name = "ga"
+[[nodes]]
+name = "gb"
+[[links]]
+a = "ga"
+b = "gb"
+profile = { delay = "5ms", gilbert_elliott = { p = "4%", r = "25%" } }
+reverse_profile = "lan"
+''')
+    st = testbed.up(str(topo), seed=7)
+    fwd = probe.send_stream(st, "ga", "gb", count=5000, interval_s=0.001, drain_s=0.5)
+    got = sorted(fwd.received_seqs())
+    bursts, prev = [], -1
+    for s in got + [len(fwd.sent)]:
+        if s - prev > 1:
+            bursts.append(s - prev - 1)
+        prev = s
+    mean_burst = statistics.mean(bursts)
+    print(f"{len(bursts)} loss bursts, mean length {mean_burst:.2f} (configured 1/r = 4)")
+    assert len(bursts) > 50
+    assert mean_burst == pytest.approx(4.0, rel=0.30)
+    rev = probe.send_stream(st, "gb", "ga", count=2000, interval_s=0.001, drain_s=0.5, port=probe.PORT + 2)
+    assert rev.loss() == 0.0  # the reverse direction has its own (lan) profile
