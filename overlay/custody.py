@@ -1,0 +1,455 @@
+"""Persistent end-to-end custody (SQLite, WAL, synchronous commits).
+
+What it keeps, per node:
+- outbox: every envelope this node accepted, until the destination node acks it
+  or its lifetime ends (then it is reported expired, never dropped silently);
+- seen: ids of envelopes received, so a retransmission is never delivered twice;
+- inbox: envelopes received and in order, waiting for the application to take
+  them; held: envelopes that arrived ahead of a gap in their class's order;
+- acks: ids the application has taken and the origin must hear about;
+- reports: envelopes that ended without an ack (expired, superseded, dropped).
+
+No method reads the clock: every call that depends on time takes `now_ms`, so
+tests run hours of custody in milliseconds.  Each public method is one
+transaction; when it returns, its effect is on disk.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from c2dtn.errors import C2Error
+from overlay.envelope import Envelope, Kind, Priority
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbox(
+  seq INTEGER PRIMARY KEY,
+  dst TEXT NOT NULL,
+  priority INTEGER NOT NULL,
+  cseq INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL,
+  lifetime_ms INTEGER NOT NULL,
+  expires_ms INTEGER NOT NULL,
+  supersede TEXT,
+  app TEXT NOT NULL DEFAULT '',
+  body BLOB NOT NULL,
+  size INTEGER NOT NULL,
+  inflight INTEGER NOT NULL DEFAULT 0,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  sent_ms INTEGER,
+  retry_ms INTEGER,
+  superseded INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS outbox_queue ON outbox(dst, inflight, priority, seq);
+CREATE INDEX IF NOT EXISTS outbox_key ON outbox(dst, supersede);
+CREATE INDEX IF NOT EXISTS outbox_expiry ON outbox(expires_ms);
+CREATE TABLE IF NOT EXISTS seen(
+  origin TEXT NOT NULL, seq INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
+  PRIMARY KEY(origin, seq)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS seen_expiry ON seen(expires_ms);
+CREATE TABLE IF NOT EXISTS latest(
+  origin TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL,
+  PRIMARY KEY(origin, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS orderq(
+  origin TEXT NOT NULL, priority INTEGER NOT NULL, next_cseq INTEGER NOT NULL,
+  PRIMARY KEY(origin, priority)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS held(
+  origin TEXT NOT NULL, priority INTEGER NOT NULL, cseq INTEGER NOT NULL, seq INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL, lifetime_ms INTEGER NOT NULL, supersede TEXT, app TEXT NOT NULL,
+  body BLOB NOT NULL, received_ms INTEGER NOT NULL,
+  PRIMARY KEY(origin, priority, cseq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox(
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  origin TEXT NOT NULL, seq INTEGER NOT NULL, priority INTEGER NOT NULL, created_ms INTEGER NOT NULL,
+  lifetime_ms INTEGER NOT NULL, supersede TEXT, app TEXT NOT NULL, body BLOB NOT NULL,
+  received_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS acks(
+  origin TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(origin, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS reports(
+  id INTEGER PRIMARY KEY AUTOINCREMENT, seq INTEGER NOT NULL, dst TEXT NOT NULL,
+  outcome TEXT NOT NULL, at_ms INTEGER NOT NULL, created_ms INTEGER NOT NULL, supersede TEXT);
+CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+"""
+
+# Seen ids are kept this long past the envelope's own expiry, so a copy that a
+# BPA delivers late is still recognised.
+SEEN_MARGIN_MS = 10 * 60 * 1000
+
+
+class QuotaExceeded(C2Error):
+    pass
+
+
+@dataclass(frozen=True)
+class Quota:
+    max_envelopes: int = 100_000
+    max_bytes: int = 256 << 20
+
+
+@dataclass
+class OutItem:
+    seq: int
+    dst: str
+    priority: int
+    cseq: int
+    created_ms: int
+    lifetime_ms: int
+    expires_ms: int
+    supersede: str | None
+    app: str
+    body: bytes
+    size: int
+    inflight: bool
+    attempts: int
+    sent_ms: int | None
+    retry_ms: int | None
+
+    def envelope(self, origin: str, floor: int) -> Envelope:
+        return Envelope(Kind.DATA, origin, self.seq, self.dst, self.created_ms, self.lifetime_ms,
+                        Priority(self.priority), self.supersede, self.body, self.app, self.cseq, floor)
+
+
+@dataclass
+class Delivery:
+    """An envelope ready for the application (from the inbox)."""
+
+    id: int
+    origin: str
+    seq: int
+    priority: Priority
+    created_ms: int
+    lifetime_ms: int
+    supersede: str | None
+    app: str
+    body: bytes
+    received_ms: int
+
+
+@dataclass
+class Received:
+    """What happened to one incoming data envelope."""
+
+    outcome: str  # "delivered", "held", "duplicate", "stale", "expired"
+    released: int = 0  # how many envelopes went to the inbox as a result (incl. held ones)
+
+
+_OUT_COLS = ("seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, body, size, "
+             "inflight, attempts, sent_ms, retry_ms")
+
+
+class CustodyStore:
+    def __init__(self, path: str | Path, origin: str, quota: Quota = Quota()):
+        self.origin = origin
+        self.quota = quota
+        self.path = str(path)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- helpers -------------------------------------------------------
+    def _tx(self):
+        return _Tx(self.db)
+
+    def _counter(self, name: str) -> int:
+        row = self.db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
+        return row[0] if row else 0
+
+    def _bump(self, name: str, by: int = 1) -> int:
+        self.db.execute("INSERT INTO counters(name, value) VALUES(?, ?) "
+                        "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (name, by))
+        return self._counter(name)
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT name, value FROM counters").fetchall())
+
+    def count(self, name: str) -> int:
+        return self._counter(name)
+
+    # -- sending side ----------------------------------------------------
+    def submit(self, dst: str, body: bytes, now_ms: int, lifetime_ms: int, priority: Priority = Priority.ROUTINE,
+               supersede: str | None = None, app: str = "") -> int:
+        return self.submit_many([(dst, body, lifetime_ms, priority, supersede, app)], now_ms)[0]
+
+    def submit_many(self, items: Iterable[tuple[str, bytes, int, Priority, str | None, str]], now_ms: int) -> list[int]:
+        """Accept envelopes into custody in one durable transaction; returns their seqs.
+
+        A newer envelope with a supersession key replaces any queued (not yet sent)
+        older one to the same destination with the same key.  Over quota, nothing
+        of the batch is accepted and QuotaExceeded says by how much."""
+        items = list(items)
+        seqs = []
+        with self._tx():
+            n, nbytes = self.db.execute("SELECT count(*), coalesce(sum(size), 0) FROM outbox").fetchone()
+            add_bytes = sum(len(i[1]) for i in items)
+            if n + len(items) > self.quota.max_envelopes or nbytes + add_bytes > self.quota.max_bytes:
+                raise QuotaExceeded(
+                    f"custody store full: {n} envelopes / {nbytes} bytes held, {len(items)} / {add_bytes} more "
+                    f"would pass the quota of {self.quota.max_envelopes} / {self.quota.max_bytes}; "
+                    "nothing of this batch was accepted")
+            for dst, body, lifetime_ms, priority, supersede, app in items:
+                seq = self._bump("next_seq")
+                cseq = self._bump(f"cseq:{dst}:{int(priority)}")
+                if supersede is not None:
+                    old = self.db.execute(
+                        "SELECT seq, created_ms FROM outbox WHERE dst=? AND supersede=? AND inflight=0",
+                        (dst, supersede)).fetchall()
+                    for oseq, ocreated in old:
+                        self.db.execute("DELETE FROM outbox WHERE seq=?", (oseq,))
+                        self._report(oseq, dst, "superseded", now_ms, ocreated, supersede)
+                    # copies already handed to the BPA are not sent again
+                    self.db.execute("UPDATE outbox SET superseded=1 WHERE dst=? AND supersede=? AND inflight=1",
+                                    (dst, supersede))
+                self.db.execute(
+                    "INSERT INTO outbox(seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, "
+                    "app, body, size) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                    (seq, dst, int(priority), cseq, now_ms, lifetime_ms, now_ms + lifetime_ms, supersede, app,
+                     body, len(body)))
+                seqs.append(seq)
+            self._bump("accepted", len(items))
+        return seqs
+
+    def _report(self, seq: int, dst: str, outcome: str, now_ms: int, created_ms: int, supersede: str | None) -> None:
+        self.db.execute("INSERT INTO reports(seq, dst, outcome, at_ms, created_ms, supersede) VALUES(?,?,?,?,?,?)",
+                        (seq, dst, outcome, now_ms, created_ms, supersede))
+        self._bump(outcome)
+
+    def expire(self, now_ms: int) -> list[tuple[int, str]]:
+        """End every envelope whose lifetime is over: reported 'expired'.  Returns (seq, dst)."""
+        with self._tx():
+            rows = self.db.execute("SELECT seq, dst, created_ms, supersede, superseded FROM outbox "
+                                   "WHERE expires_ms <= ?", (now_ms,)).fetchall()
+            for seq, dst, created, sup, superseded in rows:
+                self.db.execute("DELETE FROM outbox WHERE seq=?", (seq,))
+                self._report(seq, dst, "superseded" if superseded else "expired", now_ms, created, sup)
+            self.db.execute("DELETE FROM seen WHERE expires_ms <= ?", (now_ms,))
+        return [(r[0], r[1]) for r in rows]
+
+    def queued(self, dst: str, limit: int = 1000) -> list[OutItem]:
+        """Not yet sent, in sending order: strict priority, then oldest first."""
+        rows = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE dst=? AND inflight=0 "
+                               "ORDER BY priority, seq LIMIT ?", (dst, limit)).fetchall()
+        return [_item(r) for r in rows]
+
+    def due_retries(self, now_ms: int) -> list[OutItem]:
+        """In flight and past their retransmission time (superseded copies excluded)."""
+        rows = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE inflight=1 AND superseded=0 AND retry_ms <= ? "
+                               "ORDER BY priority, seq", (now_ms,)).fetchall()
+        return [_item(r) for r in rows]
+
+    def drop_superseded_inflight(self, now_ms: int) -> int:
+        """Superseded copies whose retransmission time came: never sent again, reported."""
+        with self._tx():
+            rows = self.db.execute("SELECT seq, dst, created_ms, supersede FROM outbox WHERE inflight=1 AND "
+                                   "superseded=1 AND retry_ms <= ?", (now_ms,)).fetchall()
+            for seq, dst, created, sup in rows:
+                self.db.execute("DELETE FROM outbox WHERE seq=?", (seq,))
+                self._report(seq, dst, "superseded", now_ms, created, sup)
+        return len(rows)
+
+    def next_retry_ms(self) -> int | None:
+        row = self.db.execute("SELECT min(retry_ms) FROM outbox WHERE inflight=1").fetchone()
+        return row[0]
+
+    def next_expiry_ms(self) -> int | None:
+        return self.db.execute("SELECT min(expires_ms) FROM outbox").fetchone()[0]
+
+    def destinations(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT DISTINCT dst FROM outbox").fetchall()]
+
+    def inflight_bytes(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT dst, sum(size) FROM outbox WHERE inflight=1 AND superseded=0 "
+                                    "GROUP BY dst").fetchall())
+
+    def floor(self, dst: str, priority: int) -> int:
+        row = self.db.execute("SELECT min(cseq) FROM outbox WHERE dst=? AND priority=?", (dst, priority)).fetchone()
+        return row[0] or 0
+
+    def mark_sent(self, seqs: list[int], now_ms: int, retry_at_ms: dict[int, int]) -> None:
+        with self._tx():
+            for s in seqs:
+                self.db.execute("UPDATE outbox SET inflight=1, attempts=attempts+1, sent_ms=?, retry_ms=? "
+                                "WHERE seq=?", (now_ms, retry_at_ms[s], s))
+            self._bump("sent", len(seqs))
+
+    def pull_in_retries(self, dst: str, at_ms: int) -> None:
+        """The path to dst works again: no in-flight envelope waits past at_ms for its retry."""
+        with self._tx():
+            self.db.execute("UPDATE outbox SET retry_ms=? WHERE dst=? AND inflight=1 AND retry_ms>?",
+                            (at_ms, dst, at_ms))
+
+    def acked(self, seqs: Iterable[int], now_ms: int) -> list[OutItem]:
+        """Release custody of acked envelopes; returns what was released (for RTT and window)."""
+        out = []
+        with self._tx():
+            for s in seqs:
+                row = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE seq=?", (s,)).fetchone()
+                if row is None:
+                    continue  # a second ack, or one for an envelope that expired meanwhile
+                self.db.execute("DELETE FROM outbox WHERE seq=?", (s,))
+                out.append(_item(row))
+            if out:
+                self._bump("acked", len(out))
+        return out
+
+    def held_out(self) -> tuple[int, int]:
+        return self.db.execute("SELECT count(*), coalesce(sum(size), 0) FROM outbox").fetchone()
+
+    def queue_summary(self) -> list[tuple[str, int, int, int, int]]:
+        """(dst, priority, queued, in flight, bytes) rows."""
+        return self.db.execute("SELECT dst, priority, sum(inflight=0), sum(inflight=1), sum(size) FROM outbox "
+                               "GROUP BY dst, priority ORDER BY dst, priority").fetchall()
+
+    def reports(self, since_id: int = 0) -> list[tuple]:
+        return self.db.execute("SELECT id, seq, dst, outcome, at_ms, created_ms, supersede FROM reports "
+                               "WHERE id > ? ORDER BY id", (since_id,)).fetchall()
+
+    # -- receiving side --------------------------------------------------
+    def receive(self, env: Envelope, now_ms: int) -> Received:
+        """Take one data envelope from a peer: dedupe, drop stale superseded, keep class order."""
+        with self._tx():
+            if self.db.execute("SELECT 1 FROM seen WHERE origin=? AND seq=?", (env.origin, env.seq)).fetchone():
+                self._bump("duplicates")
+                # it may have been taken by the application already: ack again, the first ack was lost
+                if not self._pending(env.origin, env.seq):
+                    self.db.execute("INSERT OR IGNORE INTO acks(origin, seq) VALUES(?,?)", (env.origin, env.seq))
+                return Received("duplicate")
+            self.db.execute("INSERT INTO seen(origin, seq, expires_ms) VALUES(?,?,?)",
+                            (env.origin, env.seq, max(env.expires_ms(), now_ms) + SEEN_MARGIN_MS))
+            if env.expires_ms() <= now_ms:
+                self._bump("received_expired")
+                self.db.execute("INSERT OR IGNORE INTO acks(origin, seq) VALUES(?,?)", (env.origin, env.seq))
+                return Received("expired")
+            if env.supersede is not None:
+                row = self.db.execute("SELECT seq FROM latest WHERE origin=? AND key=?",
+                                      (env.origin, env.supersede)).fetchone()
+                if row and row[0] > env.seq:
+                    self._bump("received_stale")
+                    self.db.execute("INSERT OR IGNORE INTO acks(origin, seq) VALUES(?,?)", (env.origin, env.seq))
+                    # a stale envelope still fills its place in the class's order
+                    nxt = self._next(env.origin, int(env.priority))
+                    self._advance(env.origin, int(env.priority),
+                                  max(env.floor, env.cseq + 1 if env.cseq == nxt else 0), now_ms)
+                    return Received("stale")
+                self.db.execute("INSERT INTO latest(origin, key, seq) VALUES(?,?,?) ON CONFLICT(origin, key) "
+                                "DO UPDATE SET seq=excluded.seq", (env.origin, env.supersede, env.seq))
+            prio = int(env.priority)
+            nxt = self._next(env.origin, prio)
+            if env.cseq == 0 or env.cseq < max(nxt, env.floor):
+                # unordered, or older than what the order already passed: deliver as it is
+                self._to_inbox(env.origin, env.seq, prio, env.created_ms, env.lifetime_ms, env.supersede,
+                               env.app, env.body, now_ms)
+                released = 1 + self._advance(env.origin, prio, env.floor, now_ms)
+                return Received("delivered", released)
+            self.db.execute("INSERT OR IGNORE INTO held(origin, priority, cseq, seq, created_ms, lifetime_ms, "
+                            "supersede, app, body, received_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                            (env.origin, prio, env.cseq, env.seq, env.created_ms, env.lifetime_ms, env.supersede,
+                             env.app, env.body, now_ms))
+            released = self._advance(env.origin, prio, env.floor, now_ms)
+            return Received("delivered" if released else "held", released)
+
+    def _pending(self, origin: str, seq: int) -> bool:
+        return bool(self.db.execute("SELECT 1 FROM inbox WHERE origin=? AND seq=? UNION ALL "
+                                    "SELECT 1 FROM held WHERE origin=? AND seq=?",
+                                    (origin, seq, origin, seq)).fetchone())
+
+    def _next(self, origin: str, prio: int) -> int:
+        row = self.db.execute("SELECT next_cseq FROM orderq WHERE origin=? AND priority=?", (origin, prio)).fetchone()
+        return row[0] if row else 1
+
+    def _advance(self, origin: str, prio: int, floor: int, now_ms: int) -> int:
+        """Move the class's order up to at least `floor` (the sender holds nothing older),
+        releasing held envelopes while they are contiguous."""
+        nxt = max(self._next(origin, prio), floor)
+        released = 0
+        while True:
+            row = self.db.execute("SELECT cseq, seq, created_ms, lifetime_ms, supersede, app, body FROM held "
+                                  "WHERE origin=? AND priority=? AND cseq<=? ORDER BY cseq LIMIT 1",
+                                  (origin, prio, nxt)).fetchone()
+            if row is None:
+                break
+            cseq, seq, created, lifetime, sup, app, body = row
+            self.db.execute("DELETE FROM held WHERE origin=? AND priority=? AND cseq=?", (origin, prio, cseq))
+            self._to_inbox(origin, seq, prio, created, lifetime, sup, app, body, now_ms)
+            released += 1
+            nxt = max(nxt, cseq + 1)
+        self.db.execute("INSERT INTO orderq(origin, priority, next_cseq) VALUES(?,?,?) ON CONFLICT(origin, priority) "
+                        "DO UPDATE SET next_cseq=excluded.next_cseq", (origin, prio, nxt))
+        return released
+
+    def _to_inbox(self, origin, seq, prio, created, lifetime, sup, app, body, now_ms) -> None:
+        self.db.execute("INSERT INTO inbox(origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
+                        "received_ms) VALUES(?,?,?,?,?,?,?,?,?)",
+                        (origin, seq, prio, created, lifetime, sup, app, body, now_ms))
+        self._bump("delivered")
+
+    def release_held(self, older_than_ms: int, now_ms: int) -> int:
+        """Give up waiting for a gap: envelopes held since before `older_than_ms` go to the inbox."""
+        with self._tx():
+            rows = self.db.execute("SELECT DISTINCT origin, priority FROM held WHERE received_ms <= ?",
+                                   (older_than_ms,)).fetchall()
+            n = 0
+            for origin, prio in rows:
+                first = self.db.execute("SELECT min(cseq) FROM held WHERE origin=? AND priority=?",
+                                        (origin, prio)).fetchone()[0]
+                n += self._advance(origin, prio, first, now_ms)
+            if n:
+                self._bump("gaps_skipped", len(rows))
+        return n
+
+    def inbox(self, limit: int = 1000) -> list[Delivery]:
+        rows = self.db.execute("SELECT id, origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
+                               "received_ms FROM inbox ORDER BY id LIMIT ?", (limit,)).fetchall()
+        return [Delivery(r[0], r[1], r[2], Priority(r[3]), *r[4:]) for r in rows]
+
+    def consumed(self, ids: Iterable[int]) -> None:
+        """The application has taken these: they leave the inbox and their origin gets an ack."""
+        with self._tx():
+            for i in ids:
+                row = self.db.execute("SELECT origin, seq FROM inbox WHERE id=?", (i,)).fetchone()
+                if row:
+                    self.db.execute("DELETE FROM inbox WHERE id=?", (i,))
+                    self.db.execute("INSERT OR IGNORE INTO acks(origin, seq) VALUES(?,?)", row)
+
+    def pending_acks(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for origin, seq in self.db.execute("SELECT origin, seq FROM acks ORDER BY origin, seq"):
+            out.setdefault(origin, []).append(seq)
+        return out
+
+    def acks_sent(self, origin: str, seqs: Iterable[int]) -> None:
+        with self._tx():
+            self.db.executemany("DELETE FROM acks WHERE origin=? AND seq=?", [(origin, s) for s in seqs])
+
+    def count_event(self, name: str, by: int = 1) -> None:
+        with self._tx():
+            self._bump(name, by)
+
+
+def _item(r) -> OutItem:
+    return OutItem(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], bool(r[11]), r[12], r[13], r[14])
+
+
+class _Tx:
+    """BEGIN IMMEDIATE ... COMMIT, nested calls join the outer transaction."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+        self.outer = False
+
+    def __enter__(self):
+        if not self.db.in_transaction:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.outer = True
+        return self
+
+    def __exit__(self, et, ev, tb):
+        if self.outer:
+            self.db.execute("ROLLBACK" if et else "COMMIT")
+        return False

@@ -1,0 +1,179 @@
+"""Scheduler: decides what the BPA gets next (I/O-free; time comes in as now_ms).
+
+The overlay, not the BPA, holds the queue.  Per destination node it hands the
+BPA at most a window of bytes in flight (sent, not yet acked), so priority,
+supersession, expiry and aggregation still act while the link is slow or down.
+
+- Strict priority between classes (flash, immediate, priority, routine); oldest
+  first within a class.  Retransmissions compete by the same order.
+- Window per destination, adapted to the rate acks come back (ack clocking as
+  in TCP): it grows by the bytes acked (slow start) up to ssthresh, then by
+  about one envelope per window; a retransmission timeout halves it.
+- Retransmission timeout from the smoothed round trip (RFC 6298 estimator,
+  Karn's rule: no samples from retransmitted envelopes), doubled per attempt,
+  between min_rto_ms and max_rto_ms.
+- Aggregation: envelopes for one destination share a bundle up to
+  aggregate_bytes; pending acks for that node ride along.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from overlay.custody import CustodyStore, OutItem
+from overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body
+
+ACK_LIFETIME_MS = 3600_000
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    init_window: int = 16 * 1024
+    min_window: int = 1024
+    max_window: int = 4 << 20
+    aggregate_bytes: int = 16 * 1024
+    initial_rto_ms: int = 60_000
+    min_rto_ms: int = 20_000
+    max_rto_ms: int = 600_000
+
+
+@dataclass
+class Path:
+    window: float
+    ssthresh: float
+    srtt_ms: float | None = None
+    rttvar_ms: float = 0.0
+    rto_ms: float = 60_000
+    last_timeout_ms: int = -1
+
+    def sample(self, rtt_ms: float, cfg: SchedulerConfig) -> None:
+        if self.srtt_ms is None:
+            self.srtt_ms, self.rttvar_ms = rtt_ms, rtt_ms / 2
+        else:
+            self.rttvar_ms = 0.75 * self.rttvar_ms + 0.25 * abs(self.srtt_ms - rtt_ms)
+            self.srtt_ms = 0.875 * self.srtt_ms + 0.125 * rtt_ms
+        self.rto_ms = min(cfg.max_rto_ms, max(cfg.min_rto_ms, self.srtt_ms + 4 * self.rttvar_ms))
+
+
+@dataclass
+class Outgoing:
+    """One bundle to hand to the BPA."""
+
+    dst: str
+    payload: bytes
+    seqs: list[int]  # data envelopes inside
+    acks: list[int] = field(default_factory=list)  # seqs (of dst's envelopes) acked inside
+    retransmissions: int = 0
+
+
+class Scheduler:
+    def __init__(self, store: CustodyStore, codec: Codec, cfg: SchedulerConfig = SchedulerConfig()):
+        self.store = store
+        self.codec = codec
+        self.cfg = cfg
+        self.paths: dict[str, Path] = {}
+
+    def path(self, dst: str) -> Path:
+        p = self.paths.get(dst)
+        if p is None:
+            p = self.paths[dst] = Path(self.cfg.init_window, self.cfg.max_window, rto_ms=self.cfg.initial_rto_ms)
+        return p
+
+    # -- planning ----------------------------------------------------------
+    def plan(self, now_ms: int, acks: dict[str, list[int]] | None = None) -> list[Outgoing]:
+        """What to send now.  Marks what it returns as in flight in the store."""
+        st = self.store
+        st.expire(now_ms)
+        st.drop_superseded_inflight(now_ms)
+        retries: dict[str, list[OutItem]] = {}
+        for it in st.due_retries(now_ms):
+            retries.setdefault(it.dst, []).append(it)
+        for dst in retries:
+            self._on_timeout(dst, now_ms)
+        inflight = st.inflight_bytes()
+        acks = dict(acks or {})
+        out: list[Outgoing] = []
+        for dst in sorted(set(st.destinations()) | set(acks)):
+            p = self.path(dst)
+            retry = retries.get(dst, [])
+            budget = p.window - (inflight.get(dst, 0) - sum(i.size for i in retry))
+            chosen: list[OutItem] = []
+            if budget > 0:
+                cands = sorted(retry + st.queued(dst, limit=max(16, int(budget // 64) + 16)),
+                               key=lambda i: (i.priority, i.seq))
+                for it in cands:
+                    if budget <= 0:
+                        break
+                    chosen.append(it)
+                    budget -= it.size
+            out.extend(self._bundle(dst, chosen, acks.pop(dst, []), now_ms))
+        return out
+
+    def _bundle(self, dst: str, items: list[OutItem], ack_seqs: list[int], now_ms: int) -> list[Outgoing]:
+        if not items and not ack_seqs:
+            return []
+        floors: dict[int, int] = {}
+        for it in items:
+            if it.priority not in floors:
+                floors[it.priority] = self.store.floor(dst, it.priority)
+        bundles: list[Outgoing] = []
+        sealed: list[bytes] = []
+        seqs: list[int] = []
+        size = 0
+        rtx = 0
+        if ack_seqs:
+            ack = Envelope(Kind.ACK, self.codec.node, 0, dst, now_ms, ACK_LIFETIME_MS, Priority.FLASH,
+                           body=encode_ack_body(ack_seqs))
+            sealed.append(self.codec.seal(ack))
+            size = len(sealed[0])
+        for it in items:
+            env = it.envelope(self.codec.node, floors[it.priority])
+            s = self.codec.seal(env)
+            if sealed and size + len(s) > self.cfg.aggregate_bytes:
+                bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else [], rtx))
+                sealed, seqs, size, rtx = [], [], 0, 0
+            sealed.append(s)
+            seqs.append(it.seq)
+            size += len(s)
+            rtx += it.attempts > 0
+        if sealed:
+            bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else [], rtx))
+        if items:
+            p = self.path(dst)
+            retry_at = {it.seq: now_ms + int(min(self.cfg.max_rto_ms, p.rto_ms * (2 ** it.attempts)))
+                        for it in items}
+            self.store.mark_sent([it.seq for it in items], now_ms, retry_at)
+        return bundles
+
+    # -- feedback ------------------------------------------------------------
+    def on_ack(self, dst: str, seqs: list[int], now_ms: int) -> int:
+        """An ack from `dst` arrived: release custody, sample RTT, open the window."""
+        released = self.store.acked(seqs, now_ms)
+        if not released:
+            return 0
+        p = self.path(dst)
+        fresh = [it for it in released if it.attempts == 1 and it.sent_ms is not None]
+        if fresh:
+            p.sample(max(1.0, now_ms - max(it.sent_ms for it in fresh)), self.cfg)
+        # an ack proves the path works: what timed out into an outage need not
+        # wait out its backed-off timer any longer than one fresh timeout
+        self.store.pull_in_retries(dst, now_ms + int(p.rto_ms))
+        nbytes = sum(it.size for it in released)
+        if p.window < p.ssthresh:
+            p.window = min(self.cfg.max_window, p.window + nbytes)
+        else:
+            p.window = min(self.cfg.max_window, p.window + nbytes * 1024 / p.window)
+        return len(released)
+
+    def _on_timeout(self, dst: str, now_ms: int) -> None:
+        p = self.path(dst)
+        # one reduction per round trip, however many envelopes timed out together
+        if p.last_timeout_ms >= 0 and now_ms - p.last_timeout_ms < p.rto_ms:
+            return
+        p.last_timeout_ms = now_ms
+        p.ssthresh = max(self.cfg.min_window, p.window / 2)
+        p.window = max(self.cfg.min_window, p.window / 2)
+
+    def next_wakeup_ms(self) -> int | None:
+        times = [t for t in (self.store.next_retry_ms(), self.store.next_expiry_ms()) if t is not None]
+        return min(times) if times else None

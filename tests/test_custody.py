@@ -1,0 +1,212 @@
+"""Custody, ordering, supersession and retransmission, driven with virtual time.
+
+Two overlay cores talk through a simulated BPA path: a delay, random bundle
+loss, and outages during which every bundle is lost (the worst case: a BPA
+that keeps nothing).  An hour of custody runs in well under a second.
+"""
+
+import random
+
+import cbor2
+
+import pytest
+
+from overlay.core import OverlayCore
+from overlay.custody import CustodyStore, Quota, QuotaExceeded
+from overlay.envelope import Codec, Envelope, Kind, Priority
+from overlay.scheduler import SchedulerConfig
+
+KEY = b"k" * 32
+
+
+def make(tmp_path, name, peer, quota=Quota()):
+    store = CustodyStore(tmp_path / f"{name}.db", name, quota)
+    return OverlayCore(store, Codec(name, {peer: KEY}), SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000))
+
+
+class Net:
+    """A path between two cores: one-way delay, bundle loss, outages."""
+
+    def __init__(self, delay_ms=200, loss=0.0, seed=1):
+        self.delay_ms, self.loss, self.rng = delay_ms, loss, random.Random(seed)
+        self.down = []  # (start, end) ms
+        self.flight = []  # (due, dst, payload)
+        self.bundles = 0
+
+    def is_down(self, t):
+        return any(a <= t < b for a, b in self.down)
+
+    def send(self, out, now):
+        for b in out:
+            self.bundles += 1
+            if self.is_down(now) or self.rng.random() < self.loss:
+                continue
+            self.flight.append((now + self.delay_ms, b.dst, b.payload))
+
+    def due(self, now):
+        ready = [f for f in self.flight if f[0] <= now]
+        self.flight = [f for f in self.flight if f[0] > now]
+        # a dropped link also loses what is on the air
+        return [(d, p) for t, d, p in ready if not self.is_down(t)]
+
+
+def run(nodes, net, until_ms, step_ms=100, t0=0, app=None, actions=()):
+    """Step virtual time; the application at each node takes its inbox at once."""
+    got = {n: [] for n in nodes}
+    actions = sorted(actions, key=lambda a: a[0])
+    t = t0
+    while t <= until_ms:
+        while actions and actions[0][0] <= t:
+            actions.pop(0)[1](t)
+        for name, core in list(nodes.items()):
+            net.send(core.poll(t), t)
+        for dst, payload in net.due(t):
+            nodes[dst].on_bundle(payload, t)
+        for name, core in nodes.items():
+            items = core.take()
+            if items:
+                got[name].extend(items)
+                core.consumed([i.id for i in items])
+        t += step_ms
+    return got
+
+
+def test_submit_is_durable_and_survives_reopen(tmp_path):
+    a = make(tmp_path, "gw1", "gw4")
+    seq = a.submit("gw4", b"order 1", 0, priority=Priority.IMMEDIATE)
+    a.store.close()
+    again = CustodyStore(tmp_path / "gw1.db", "gw1")
+    (item,) = again.queued("gw4")
+    assert (item.seq, item.body, item.priority) == (seq, b"order 1", Priority.IMMEDIATE)
+
+
+def test_quota_refuses_clearly_and_keeps_what_it_holds(tmp_path):
+    a = make(tmp_path, "gw1", "gw4", Quota(max_envelopes=3, max_bytes=1000))
+    for i in range(3):
+        a.submit("gw4", b"x" * 10, 0)
+    with pytest.raises(QuotaExceeded, match="custody store full: 3 envelopes"):
+        a.submit("gw4", b"y", 0)
+    with pytest.raises(QuotaExceeded):
+        a.store.submit_many([("gw4", b"z", 1000, Priority.ROUTINE, None, "")] * 2, 0)
+    assert len(a.store.queued("gw4")) == 3
+    with pytest.raises(ValueError, match="no key shared"):
+        a.submit("gw9", b"x", 0)
+
+
+def test_500_across_an_outage_with_loss_exactly_once_in_order(tmp_path):
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    net = Net(delay_ms=300, loss=0.10)
+    net.down.append((20_000, 80_000))
+    nodes = {"gw1": a, "gw4": b}
+    sent = []
+
+    def submit_batch(t):
+        for i in range(50):
+            sent.append(a.submit("gw4", f"msg {len(sent)}".encode(), t, priority=Priority.ROUTINE))
+
+    got = run(nodes, net, 600_000, actions=[(k * 5_000, submit_batch) for k in range(10)])
+    seqs = [d.seq for d in got["gw4"]]
+    assert len(sent) == 500
+    assert sorted(seqs) == sorted(sent)  # all, exactly once
+    assert seqs == sorted(seqs)  # in order within the class
+    assert a.store.held_out() == (0, 0)  # custody released: every ack arrived
+    assert b.store.count("duplicates") >= 0 and net.bundles < 600
+
+
+def test_sender_restart_mid_outage_loses_nothing(tmp_path):
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    net = Net(delay_ms=300, loss=0.05, seed=3)
+    net.down.append((10_000, 70_000))
+    nodes = {"gw1": a, "gw4": b}
+    sent = []
+
+    def submit(t):
+        for i in range(100):
+            sent.append(nodes["gw1"].submit("gw4", f"m{len(sent)}".encode(), t))
+
+    def crash(t):
+        # SIGKILL: the in-memory scheduler is gone, the database file stays
+        nodes["gw1"].store.db.close()
+        nodes["gw1"] = make(tmp_path, "gw1", "gw4")
+
+    got = run(nodes, net, 500_000, actions=[(0, submit), (5_000, submit), (12_000, submit), (30_000, crash),
+                                            (40_000, submit), (60_000, submit)])
+    seqs = [d.seq for d in got["gw4"]]
+    assert len(sent) == 500 and sorted(seqs) == sorted(sent) and seqs == sorted(seqs)
+
+
+def test_supersession_keeps_the_newest_per_key_and_it_goes_first(tmp_path):
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    net = Net(delay_ms=200)
+    net.down.append((0, 60_000))
+    nodes = {"gw1": a, "gw4": b}
+    # routine traffic queued first, then a flood of position reports for 8 units
+    for i in range(30):
+        a.submit("gw4", f"routine {i}".encode(), 0, priority=Priority.ROUTINE)
+    newest = {}
+    for rnd in range(50):
+        for u in range(8):
+            newest[f"unit{u}"] = a.submit("gw4", f"unit{u} pos {rnd}".encode(), 1000 + rnd * 100,
+                                          priority=Priority.PRIORITY, supersede=f"unit{u}")
+    # the link is down; planning sends into the void once, so look at what is still queued
+    positions = [i for i in a.store.queued("gw4") if i.supersede]
+    assert len(positions) <= 8 and a.store.count("superseded") >= 50 * 8 - 16
+    got = run(nodes, net, 300_000, t0=6_000)
+    order = [(d.priority, d.supersede, d.seq) for d in got["gw4"]]
+    pos = [o for o in order if o[1]]
+    assert {o[1]: o[2] for o in pos} == newest  # the newest of every key arrived
+    assert len(pos) == 8
+    first_routine = next(i for i, o in enumerate(order) if o[0] == Priority.ROUTINE)
+    assert all(i < first_routine for i, o in enumerate(order) if o[1])  # positions ahead of routine
+    assert sorted(d.seq for d in got["gw4"] if not d.supersede) == [d.seq for d in got["gw4"] if not d.supersede]
+
+
+def test_expired_envelopes_are_reported_not_dropped_silently(tmp_path):
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    net = Net()
+    net.down.append((0, 10**9))
+    s = a.submit("gw4", b"too late", 0, lifetime_ms=30_000)
+    run({"gw1": a, "gw4": b}, net, 40_000)
+    reports = a.store.reports()
+    assert [(r[1], r[3]) for r in reports] == [(s, "expired")]
+    assert a.store.held_out() == (0, 0) and a.store.count("expired") == 1
+
+
+def test_receiver_dedupes_holds_gaps_and_skips_what_the_sender_gave_up(tmp_path):
+    b = make(tmp_path, "gw4", "gw1")
+    st = b.store
+
+    def env(seq, cseq, floor=0, **kw):
+        return Envelope(Kind.DATA, "gw1", seq, "gw4", 0, 10**9, Priority.ROUTINE, body=b"%d" % seq,
+                        cseq=cseq, floor=floor, **kw)
+
+    assert st.receive(env(1, 1), 0).outcome == "delivered"
+    assert st.receive(env(1, 1), 0).outcome == "duplicate"
+    assert st.receive(env(3, 3), 0).outcome == "held"  # 2 is missing
+    assert st.receive(env(4, 4), 0).outcome == "held"
+    assert [d.seq for d in st.inbox()] == [1]
+    r = st.receive(env(2, 2), 0)
+    assert r.outcome == "delivered" and r.released == 3
+    assert [d.seq for d in st.inbox()] == [1, 2, 3, 4]
+    # the sender expired cseq 5: its next envelope says so (floor 6) and nothing waits for 5
+    assert st.receive(env(7, 6, floor=6), 0).outcome == "delivered"
+    # an older copy of a superseded key is stale once a newer one arrived
+    assert st.receive(env(20, 0, supersede="u1"), 0).outcome == "delivered"
+    assert st.receive(env(19, 0, supersede="u1"), 0).outcome == "stale"
+    # a gap nobody fills is released after max_hold
+    assert st.receive(env(30, 9), 1000).outcome == "held"
+    assert st.release_held(older_than_ms=2000, now_ms=400_000) == 1
+
+
+def test_malformed_bundles_and_envelopes_are_counted_and_the_rest_kept(tmp_path, caplog):
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    good = a.codec.seal(Envelope(Kind.DATA, "gw1", 1, "gw4", 0, 10**9, body=b"good"))
+    bad_tag = a.codec.seal(Envelope(Kind.DATA, "gw1", 2, "gw4", 0, 10**9, body=b"evil"))[:-1] + b"\x00"
+    res = b.on_bundle(a.codec.container([bad_tag, good, cbor2.dumps([1, 2, 3])]), 0)
+    assert res.data == 1 and len(res.rejected) == 2
+    res2 = b.on_bundle(b"\x00garbage", 0)
+    assert len(res2.rejected) == 1
+    assert [d.body for d in b.take()] == [b"good"]
+    c = b.store.counters()
+    assert c["rejected:bad-tag"] == 1 and c["rejected:malformed"] == 2
+    assert len([r for r in caplog.records if "rejected" in r.getMessage()]) == 3

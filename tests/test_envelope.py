@@ -1,0 +1,125 @@
+"""Envelope codec: round trips, compression, authentication, and typed errors for bad input."""
+
+import cbor2
+import pytest
+
+from overlay import envelope as E
+from overlay.envelope import Codec, Envelope, Kind, Priority
+
+KEYS = {"gw1": b"k1" * 16, "gw4": b"k4" * 16}
+REPORT = (b'{"type": "Feature", "geometry": {"type": "Point", "coordinates": [38.74691, -9.156418, 0]}, '
+          b'"properties": {"country": "PRT", "unit": "PRT-UNIT001", "node_id": "PRT-S003", '
+          b'"msg_id": "PRT-S003_28", "timestamp": 1588759108433}}')
+
+
+def pair():
+    # gw1 and gw4 share one key; each codec knows the key by the peer's name
+    shared = b"s" * 32
+    return Codec("gw1", {"gw4": shared}), Codec("gw4", {"gw1": shared})
+
+
+def env(**kw):
+    d = dict(kind=Kind.DATA, origin="gw1", seq=7, dst="gw4", created_ms=1_700_000_000_000, lifetime_ms=60_000,
+             priority=Priority.IMMEDIATE, supersede="PRT-S003", body=REPORT, app="mqtt", cseq=3, floor=2)
+    d.update(kw)
+    return Envelope(**d)
+
+
+def test_round_trip_through_a_container_with_compression():
+    a, b = pair()
+    e1, e2 = env(), env(seq=8, body=b"short", supersede=None, cseq=4)
+    payload = a.container([a.seal(e1), a.seal(e2)])
+    sender, items = b.open_container(payload)
+    assert sender == "gw1"
+    got = [b.open(sender, x) for x in items]
+    assert got[0] == Envelope(**{**e1.__dict__, "compression": got[0].compression})
+    assert got[0].compression != E.Compression.NONE  # a 255-byte GeoJSON report compresses
+    assert got[1].body == b"short" and got[1].compression == E.Compression.NONE
+    assert len(a.seal(e1)) < len(REPORT)
+
+
+def test_bad_tag_wrong_key_and_missing_tag_are_rejected():
+    a, b = pair()
+    sealed = a.seal(env())
+    mb, tag = cbor2.loads(sealed)
+    with pytest.raises(E.BadTag):
+        b.open("gw1", [mb, bytes(16)])
+    with pytest.raises(E.BadTag):
+        b.open("gw1", [mb, tag[:8]])
+    with pytest.raises(E.Malformed):
+        b.open("gw1", [mb])
+    tampered = bytearray(mb)
+    tampered[-3] ^= 0x01
+    with pytest.raises(E.BadTag):
+        b.open("gw1", [bytes(tampered), tag])
+    other = Codec("gw4", {"gw1": b"x" * 32})
+    with pytest.raises(E.BadTag):
+        other.open("gw1", sealed)
+    with pytest.raises(E.UnknownPeer, match="gw9"):
+        b.open("gw9", sealed)
+
+
+def test_origin_must_be_the_sender():
+    a, b = pair()
+    c = Codec("gw4", {"gw1": b"s" * 32, "gw2": b"s" * 32})
+    with pytest.raises(E.Malformed, match="origin"):
+        c.open("gw2", a.seal(env()))
+
+
+@pytest.mark.parametrize("payload, error", [
+    (b"", E.Malformed),
+    (b"\xff\xfe garbage", E.Malformed),
+    (cbor2.dumps({"not": "an array"}), E.Malformed),
+    (cbor2.dumps([2, "gw1", []]), E.BadVersion),
+    (cbor2.dumps([1, 5, []]), E.Malformed),
+    (cbor2.dumps([1, "gw1", "x"]), E.Malformed),
+    (cbor2.dumps([1, "gw1", []])[:-1], E.Malformed),
+    (bytes(E.MAX_CONTAINER_BYTES + 1), E.Oversize),
+])
+def test_malformed_containers_raise_typed_errors(payload, error):
+    _, b = pair()
+    with pytest.raises(error):
+        b.open_container(payload)
+
+
+def _seal_map(m, key=b"s" * 32):
+    import hashlib
+    import hmac
+    mb = cbor2.dumps(m)
+    return [mb, hmac.new(key, mb, hashlib.sha256).digest()[:16]]
+
+
+@pytest.mark.parametrize("m, match", [
+    ({0: 1, 1: 0, 2: "gw1", 3: "seven", 4: 1, 5: 1, 10: "gw4"}, "seq"),
+    ({0: 1, 1: 9, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4"}, "kind"),
+    ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1}, "destination"),
+    ({0: 1, 1: 0, 2: "gw1", 3: -1, 4: 1, 5: 1, 10: "gw4"}, "range"),
+    ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 7, 8: b"x"}, "compression"),
+    ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 1, 8: b"not zlib"}, "decompress"),
+    ({0: 3, 1: 0}, "version"),
+    ([1, 2, 3], "not a map"),
+])
+def test_malformed_envelopes_name_the_problem(m, match):
+    _, b = pair()
+    with pytest.raises(E.EnvelopeError, match=match):
+        b.open("gw1", _seal_map(m))
+
+
+def test_zip_bomb_is_refused():
+    import zlib
+    _, b = pair()
+    bomb = zlib.compress(bytes(E.MAX_BODY_BYTES + 10))
+    with pytest.raises(E.Oversize):
+        b.open("gw1", _seal_map({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 1, 8: bomb}))
+
+
+def test_ack_bodies_are_runs():
+    body = E.encode_ack_body([5, 1, 2, 3, 9, 10])
+    assert cbor2.loads(body) == [[1, 3], [5, 5], [9, 10]]
+    assert E.decode_ack_body(body) == [1, 2, 3, 5, 9, 10]
+    assert len(E.encode_ack_body(list(range(1, 501)))) < 10  # 500 ids in one short ack
+    for bad in (cbor2.dumps([[3, 1]]), cbor2.dumps([["a", 1]]), cbor2.dumps({"x": 1}), b"\xff"):
+        with pytest.raises(E.Malformed):
+            E.decode_ack_body(bad)
+    with pytest.raises(E.Oversize):
+        E.decode_ack_body(cbor2.dumps([[0, 10**9]]))
