@@ -3,13 +3,20 @@
 # the project's own virtual environment) and reuse what is already there.
 
 SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Debian packages, as "command:package"; only missing commands are installed.
 APT_NEEDS := ip:iproute2 tc:iproute2 ethtool:ethtool ping:iputils-ping
 
-.PHONY: demo test deps apt venv clean down
+# dtn7-rs is built once per version into a cache outside the clone (about 4
+# minutes) and linked into .tools/; a fresh clone on the same machine reuses it.
+DTN7_VERSION := 0.21.0
+C2DTN_CACHE ?= $(HOME)/.cache/c2dtn
+DTN7_ROOT := $(C2DTN_CACHE)/dtn7-$(DTN7_VERSION)
+
+.PHONY: demo test deps apt venv tools clean down
 
 demo: deps
 	$(BIN)/c2dtn topo demo
@@ -17,7 +24,17 @@ demo: deps
 test: deps
 	$(BIN)/pytest -ra
 
-deps: apt venv
+deps: apt venv tools
+
+tools: $(DTN7_ROOT)/bin/dtnd
+	@mkdir -p .tools && ln -sfn $(DTN7_ROOT) .tools/dtn7
+
+$(DTN7_ROOT)/bin/dtnd:
+	@command -v cargo >/dev/null || { echo "cargo (Rust) is needed to build dtn7-rs $(DTN7_VERSION)" >&2; exit 1; }
+	@echo "building dtn7-rs $(DTN7_VERSION) into $(DTN7_ROOT) (once per machine, about 4 minutes)"
+	rm -rf $(DTN7_ROOT).partial
+	cargo install dtn7 --version $(DTN7_VERSION) --locked --root $(DTN7_ROOT).partial
+	rm -rf $(DTN7_ROOT) && mv $(DTN7_ROOT).partial $(DTN7_ROOT)
 
 apt:
 	@missing=""; for need in $(APT_NEEDS); do \

@@ -1,2 +1,4 @@
-"""cla_adapters: convergence-layer specs translated to each BPA's configuration.
-Built under issue 3; nothing here yet."""
+"""cla_adapters: convergence-layer specs (`tcpcl://host:port`, `udp://…`, `mtcp://…`)
+and their translation to each BPA's own configuration."""
+
+from cla_adapters.spec import ClaSpec, parse_cla  # noqa: F401

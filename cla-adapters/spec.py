@@ -1,0 +1,67 @@
+"""Convergence-layer specs, one notation for every agent.
+
+    tcpcl://10.77.1.2:4556   TCP convergence layer (TCPCLv4, RFC 9174, for dtn7-rs;
+                             TCPCLv3, RFC 7242, for ION, µD3TN and IBR-DTN)
+    mtcp://10.77.1.2:16162   minimal TCP CL (draft-ietf-dtn-mtcpcl), common ground
+    udp://10.77.1.2:4556     UDP CL: one bundle per datagram, common ground
+    http://10.77.1.2:3000    dtn7-rs's HTTP push CL
+
+A listening spec names the local address (often 0.0.0.0); a peer spec names the
+neighbour's.  The port may be left out: each scheme has its usual default.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from c2dtn.errors import ConfigError
+
+DEFAULT_PORTS = {"tcpcl": 4556, "mtcp": 16162, "udp": 4556, "http": 3000}
+# dtn7-rs names its CLAs differently from the specs
+DTN7_NAMES = {"tcpcl": "tcp", "mtcp": "mtcp", "udp": "udp", "http": "http"}
+
+
+@dataclass(frozen=True)
+class ClaSpec:
+    scheme: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+    # -- dtn7-rs ---------------------------------------------------------
+    def dtn7_listen_arg(self) -> str:
+        """`dtnd -C` value: tcp:port=4556:bind=0.0.0.0"""
+        name = DTN7_NAMES[self.scheme]
+        if self.scheme == "http":
+            return "http"  # served on dtnd's web port
+        return f"{name}:port={self.port}:bind={self.host}"
+
+    def dtn7_peer_arg(self, node_id: str) -> str:
+        """`dtnd -s` value: tcp://10.77.1.2:4556/r2"""
+        return f"{DTN7_NAMES[self.scheme]}://{self.host}:{self.port}/{node_id}"
+
+
+def parse_cla(value: object, source: str = "CLA", field: str = "cla") -> ClaSpec:
+    if not isinstance(value, str):
+        raise ConfigError(source, field, value, "a CLA spec is a string like 'tcpcl://10.77.1.2:4556'")
+    u = urlsplit(value)
+    if u.scheme not in DEFAULT_PORTS:
+        raise ConfigError(source, field, value, f"unknown convergence layer {u.scheme!r}",
+                          "use " + ", ".join(f"{s}://" for s in DEFAULT_PORTS))
+    if not u.hostname:
+        raise ConfigError(source, field, value, "no address", f"write e.g. '{u.scheme}://10.77.1.2'")
+    try:
+        ipaddress.ip_address(u.hostname)
+    except ValueError:
+        raise ConfigError(source, field, value, f"{u.hostname!r} is not an IP address") from None
+    try:
+        port = u.port or DEFAULT_PORTS[u.scheme]
+    except ValueError:
+        raise ConfigError(source, field, value, "bad port") from None
+    if u.path not in ("", "/") or u.query:
+        raise ConfigError(source, field, value, "a CLA spec has no path or query")
+    return ClaSpec(u.scheme, u.hostname, port)

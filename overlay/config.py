@@ -1,0 +1,191 @@
+"""Node configuration (TOML): one file per gateway or relay box.
+
+    [node]
+    id = "gw1"                       # node id; the agent's EID is dtn://gw1/
+    storage = "/var/lib/c2dtn/gw1"   # custody database, agent store, API socket, logs
+    netns = "c2-gw1"                 # optional: run inside this network namespace (testbed)
+    overlay = true                   # false: run only the BPA (a relay such as r2)
+
+    [agent]
+    kind = "dtn7"
+    store = "sled"                   # mem | sled | sneakers (persistent: sled, sneakers)
+    web_port = 3000
+    listen = ["tcpcl://0.0.0.0:4556"]
+    janitor = "5s"
+
+    [[agent.peers]]                  # neighbours the agent keeps contact with
+    node = "r2"
+    cla = "tcpcl://10.77.1.2:4556"
+
+    [[agent.routes]]                 # static routing: bundles for `to` go via `via`
+    to = "gw4"                       # a node id, or "*" for everything else
+    via = "r2"
+
+    [keys]                           # HMAC keys shared with the overlay nodes we talk to
+    gw4 = "64 hex digits"
+
+    [scheduler]                      # optional, see overlay.scheduler.SchedulerConfig
+    init_window = 16384
+
+    [quota]                          # optional: bounds of the custody store
+    max_envelopes = 100000
+    max_bytes = 268435456
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from c2dtn.errors import ConfigError
+from cla_adapters import ClaSpec, parse_cla
+from overlay.custody import Quota
+from overlay.scheduler import SchedulerConfig
+
+AGENTS = ("dtn7",)
+STORES = ("mem", "sled", "sneakers")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
+
+
+@dataclass
+class Peer:
+    node: str
+    cla: ClaSpec
+
+
+@dataclass
+class Route:
+    to: str
+    via: str
+
+
+@dataclass
+class NodeConfig:
+    source: str
+    id: str
+    storage: Path
+    netns: str | None = None
+    overlay: bool = True
+    agent: str = "dtn7"
+    store: str = "sled"
+    web_port: int = 3000
+    listen: list[ClaSpec] = field(default_factory=list)
+    janitor: str = "5s"
+    peers: list[Peer] = field(default_factory=list)
+    routes: list[Route] = field(default_factory=list)
+    keys: dict[str, bytes] = field(default_factory=dict)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    quota: Quota = field(default_factory=Quota)
+
+    @property
+    def api_socket(self) -> Path:
+        return self.storage / "api.sock"
+
+    @property
+    def custody_db(self) -> Path:
+        return self.storage / "custody.db"
+
+    @property
+    def agent_dir(self) -> Path:
+        return self.storage / self.agent
+
+
+def _keys(src: str, table: Any) -> set[str]:
+    if not isinstance(table, dict):
+        raise ConfigError(src, "-", table, "must be a table")
+    return set(table)
+
+
+def _check(src: str, where: str, table: Any, allowed: set[str], required: set[str] = frozenset()) -> dict:
+    if not isinstance(table, dict):
+        raise ConfigError(src, where, table, "must be a table")
+    for k in table:
+        if k not in allowed:
+            raise ConfigError(src, f"{where}.{k}", table[k], "unknown field", "known: " + ", ".join(sorted(allowed)))
+    for k in required:
+        if k not in table:
+            raise ConfigError(src, f"{where}.{k}", None, "missing")
+    return table
+
+
+def _name(src: str, where: str, v: Any) -> str:
+    if not isinstance(v, str) or not NAME.match(v):
+        raise ConfigError(src, where, v, "a node id is 1-40 letters, digits, '-' or '_'")
+    return v
+
+
+def _int(src: str, where: str, v: Any, lo: int, hi: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise ConfigError(src, where, v, f"must be a whole number from {lo} to {hi}")
+    return v
+
+
+def parse_key(src: str, where: str, v: Any) -> bytes:
+    if not isinstance(v, str) or not re.fullmatch(r"(?:[0-9a-fA-F]{2}){16,64}", v):
+        raise ConfigError(src, where, "<hidden>" if isinstance(v, str) else v,
+                          "a key is 32 to 128 hex digits (16 to 64 bytes)", "make one with: openssl rand -hex 32")
+    return bytes.fromhex(v)
+
+
+def load_node_config(path: str | Path) -> NodeConfig:
+    src = str(path)
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as e:
+        raise ConfigError(src, "-", src, f"cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(src, "-", src, f"not valid TOML: {e}") from None
+    _check(src, "(top level)", data, {"node", "agent", "keys", "scheduler", "quota"}, {"node"})
+    node = _check(src, "node", data["node"], {"id", "storage", "netns", "overlay"}, {"id", "storage"})
+    cfg = NodeConfig(source=src, id=_name(src, "node.id", node["id"]), storage=Path(str(node["storage"])))
+    if "netns" in node:
+        if not isinstance(node["netns"], str) or not node["netns"]:
+            raise ConfigError(src, "node.netns", node["netns"], "must be a namespace name")
+        cfg.netns = node["netns"]
+    if "overlay" in node:
+        if not isinstance(node["overlay"], bool):
+            raise ConfigError(src, "node.overlay", node["overlay"], "must be true or false")
+        cfg.overlay = node["overlay"]
+    agent = _check(src, "agent", data.get("agent", {}),
+                   {"kind", "store", "web_port", "listen", "janitor", "peers", "routes"})
+    cfg.agent = agent.get("kind", "dtn7")
+    if cfg.agent not in AGENTS:
+        raise ConfigError(src, "agent.kind", cfg.agent, "no driver for this agent", "drivers: " + ", ".join(AGENTS))
+    cfg.store = agent.get("store", "sled")
+    if cfg.store not in STORES:
+        raise ConfigError(src, "agent.store", cfg.store, "unknown store", "stores: " + ", ".join(STORES))
+    cfg.web_port = _int(src, "agent.web_port", agent.get("web_port", 3000), 1, 65535)
+    listen = agent.get("listen", ["tcpcl://0.0.0.0:4556"])
+    if not isinstance(listen, list) or not listen:
+        raise ConfigError(src, "agent.listen", listen, "must be a non-empty array of CLA specs")
+    cfg.listen = [parse_cla(v, src, f"agent.listen[{i}]") for i, v in enumerate(listen)]
+    cfg.janitor = str(agent.get("janitor", "5s"))
+    if not re.fullmatch(r"\d+(ms|s|m)", cfg.janitor):
+        raise ConfigError(src, "agent.janitor", cfg.janitor, "not a duration", 'write e.g. "5s"')
+    for i, p in enumerate(agent.get("peers", [])):
+        _check(src, f"agent.peers[{i}]", p, {"node", "cla"}, {"node", "cla"})
+        cfg.peers.append(Peer(_name(src, f"agent.peers[{i}].node", p["node"]),
+                              parse_cla(p["cla"], src, f"agent.peers[{i}].cla")))
+    for i, r in enumerate(agent.get("routes", [])):
+        _check(src, f"agent.routes[{i}]", r, {"to", "via"}, {"to", "via"})
+        to = r["to"] if r["to"] == "*" else _name(src, f"agent.routes[{i}].to", r["to"])
+        via = _name(src, f"agent.routes[{i}].via", r["via"])
+        if via not in {p.node for p in cfg.peers}:
+            raise ConfigError(src, f"agent.routes[{i}].via", via, "not one of the agent's peers",
+                              "peers: " + ", ".join(p.node for p in cfg.peers))
+        cfg.routes.append(Route(to, via))
+    keys = data.get("keys", {})
+    _keys(src, keys)
+    cfg.keys = {_name(src, f"keys.{k}", k): parse_key(src, f"keys.{k}", v) for k, v in keys.items()}
+    sch = data.get("scheduler", {})
+    known = {f.name: f for f in fields(SchedulerConfig)}
+    _check(src, "scheduler", sch, set(known))
+    cfg.scheduler = SchedulerConfig(**{k: _int(src, f"scheduler.{k}", v, 1, 1 << 40) for k, v in sch.items()})
+    q = data.get("quota", {})
+    _check(src, "quota", q, {"max_envelopes", "max_bytes"})
+    cfg.quota = Quota(**{k: _int(src, f"quota.{k}", v, 1, 1 << 50) for k, v in q.items()})
+    return cfg

@@ -1,0 +1,242 @@
+"""The overlay node: the asyncio shell around overlay.core.
+
+One process per box (`c2dtn node run CONFIG`): it supervises the BPA, feeds the
+core with the BPA's deliveries and the clock, hands the BPA what the core
+plans, and serves local applications on a Unix socket in the storage folder
+(HTTP: POST /send, GET /recv, POST /consumed, GET /status), reachable from any
+network namespace.  Envelopes with app "ping" are answered with "pong" here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import time
+
+from aiohttp import web
+
+from overlay.agent import AgentError
+from overlay.config import NodeConfig
+from overlay.core import OverlayCore
+from overlay.custody import CustodyStore, QuotaExceeded
+from overlay.envelope import Codec, Priority
+from overlay.supervisor import Supervisor
+
+log = logging.getLogger("c2dtn.node")
+
+ENDPOINT = "c2dtn"
+LINGER_S = 0.02  # gather envelopes submitted together into one bundle
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class OverlayNode:
+    def __init__(self, cfg: NodeConfig):
+        self.cfg = cfg
+        cfg.storage.mkdir(parents=True, exist_ok=True)
+        self.sup = Supervisor(cfg, on_restart=self._agent_restarted)
+        self.agent = self.sup.agent
+        self.core: OverlayCore | None = None
+        if cfg.overlay:
+            store = CustodyStore(cfg.custody_db, cfg.id, cfg.quota)
+            self.core = OverlayCore(store, Codec(cfg.id, cfg.keys), cfg.scheduler)
+        self._wake = asyncio.Event()
+        self._inbox_event = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._runner: web.AppRunner | None = None
+        self.started_ms = now_ms()
+        self.send_errors = 0
+
+    # -- lifecycle ---------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.sup.start()
+        if self.core is not None:
+            await self.agent.register(ENDPOINT)
+            self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._pump())]
+        await self._serve_api()
+        log.info("node %s up (overlay %s, agent pid %s)", self.cfg.id, "on" if self.core else "off",
+                 self.sup.proc.pid if self.sup.proc else "-")
+        await stop.wait()
+        await self.close()
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._runner:
+            await self._runner.cleanup()
+        await self.sup.stop()
+        if self.core:
+            self.core.store.close()
+
+    async def _agent_restarted(self) -> None:
+        if self.core is not None:
+            await self.agent.register(ENDPOINT)
+        self._wake.set()
+
+    # -- data path ---------------------------------------------------------
+    async def _receive(self) -> None:
+        async for d in self.agent.deliveries(ENDPOINT):
+            try:
+                res = self.core.on_bundle(d.payload, now_ms())
+            except Exception:  # a bug must not take the node down with it
+                log.exception("processing a bundle from %s failed", d.src_node)
+                continue
+            if res.data or res.acks:
+                self._answer_pings()
+                self._inbox_event.set()
+                self._wake.set()
+
+    def _answer_pings(self) -> None:
+        pings = [d for d in self.core.take(1000) if d.app == "ping"]
+        for d in pings:
+            try:
+                self.core.submit(d.origin, d.body, now_ms(), d.lifetime_ms, Priority.FLASH, app="pong")
+            except (ValueError, QuotaExceeded) as e:
+                log.warning("cannot answer ping from %s: %s", d.origin, e)
+        if pings:
+            self.core.consumed([d.id for d in pings])
+
+    async def _pump(self) -> None:
+        while True:
+            wake = self.core.next_wakeup_ms()
+            timeout = 1.0 if wake is None else max(0.0, min(1.0, (wake - now_ms()) / 1000))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            await asyncio.sleep(LINGER_S)
+            try:
+                out = self.core.poll(now_ms())
+            except Exception:
+                log.exception("planning failed")
+                continue
+            for b in out:
+                try:
+                    await self.agent.send(b.dst, ENDPOINT, b.payload, lifetime_s=3600)
+                except AgentError as e:
+                    # custody keeps the envelopes; they go again at their retransmission time
+                    self.send_errors += 1
+                    log.warning("%s", e)
+
+    def submit(self, dst: str, body: bytes, lifetime_ms: int, priority: Priority, supersede: str | None,
+               app: str) -> int:
+        seq = self.core.submit(dst, body, now_ms(), lifetime_ms, priority, supersede, app)
+        self._wake.set()
+        return seq
+
+    # -- local API -----------------------------------------------------------
+    async def _serve_api(self) -> None:
+        app = web.Application(client_max_size=16 << 20)
+        app.add_routes([web.post("/send", self._api_send), web.get("/recv", self._api_recv),
+                        web.post("/consumed", self._api_consumed), web.get("/status", self._api_status)])
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        sock = self.cfg.api_socket
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        await web.UnixSite(self._runner, str(sock)).start()
+
+    async def _api_send(self, req: web.Request) -> web.Response:
+        if self.core is None:
+            return web.json_response({"error": f"node {self.cfg.id} runs no overlay (overlay = false)"}, status=400)
+        q = req.query
+        try:
+            dst = q["dst"]
+            prio = Priority.parse(q.get("priority", "routine"))
+            lifetime_ms = int(float(q.get("lifetime", "3600")) * 1000)
+            if lifetime_ms <= 0:
+                raise ValueError(f"lifetime must be positive, got {q.get('lifetime')}")
+        except KeyError:
+            return web.json_response({"error": "missing dst"}, status=400)
+        except ValueError as e:
+            return web.json_response({"error": str(e)}, status=400)
+        body = await req.read()
+        try:
+            seq = self.submit(dst, body, lifetime_ms, prio, q.get("supersede"), q.get("app", "raw"))
+        except QuotaExceeded as e:
+            return web.json_response({"error": str(e)}, status=507)
+        except ValueError as e:
+            return web.json_response({"error": str(e)}, status=400)
+        return web.json_response({"seq": seq, "origin": self.cfg.id})
+
+    async def _api_recv(self, req: web.Request) -> web.Response:
+        if self.core is None:
+            return web.json_response({"error": "no overlay"}, status=400)
+        wait = float(req.query.get("wait", "0"))
+        app = req.query.get("app")
+        limit = int(req.query.get("max", "1000"))
+        deadline = time.monotonic() + wait
+        while True:
+            items = [d for d in self.core.take(limit * 4) if app is None or d.app == app][:limit]
+            if items or time.monotonic() >= deadline:
+                break
+            self._inbox_event.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._inbox_event.wait(), max(0.01, deadline - time.monotonic()))
+        return web.json_response([{"id": d.id, "origin": d.origin, "seq": d.seq, "priority": d.priority.name.lower(),
+                                   "created_ms": d.created_ms, "received_ms": d.received_ms,
+                                   "supersede": d.supersede, "app": d.app,
+                                   "body": base64.b64encode(d.body).decode()} for d in items])
+
+    async def _api_consumed(self, req: web.Request) -> web.Response:
+        try:
+            ids = [int(i) for i in (await req.json())["ids"]]
+        except (ValueError, KeyError, TypeError) as e:
+            return web.json_response({"error": f"expected {{\"ids\": [...]}}: {e}"}, status=400)
+        self.core.consumed(ids)
+        self._wake.set()  # acks to send
+        return web.json_response({"ok": len(ids)})
+
+    async def _api_status(self, req: web.Request) -> web.Response:
+        return web.json_response(await self.status())
+
+    async def status(self) -> dict:
+        st: dict = {"node": self.cfg.id, "agent": self.cfg.agent, "agent_pid": self.sup.proc.pid if self.sup.proc else None,
+                    "agent_restarts": self.sup.restarts, "uptime_s": (now_ms() - self.started_ms) / 1000,
+                    "send_errors": self.send_errors}
+        try:
+            st["peers"] = [p.__dict__ for p in await self.agent.peers()]
+            st["agent_stored"] = await self.agent.stored()
+        except AgentError as e:
+            st["agent_error"] = str(e)
+        if self.core:
+            store = self.core.store
+            st["counters"] = store.counters()
+            st["queues"] = [{"dst": d, "priority": Priority(p).name.lower(), "queued": q, "in_flight": f, "bytes": b}
+                            for d, p, q, f, b in store.queue_summary()]
+            st["windows"] = {d: {"window": int(p.window), "srtt_ms": p.srtt_ms, "rto_ms": int(p.rto_ms)}
+                             for d, p in self.core.sched.paths.items()}
+            st["inbox"] = len(store.inbox(100000))
+        return st
+
+
+def run_node(cfg: NodeConfig) -> None:
+    """Run a node until SIGTERM/SIGINT (inside cfg.netns when set)."""
+    import signal
+
+    if cfg.netns:
+        from pyroute2 import netns
+
+        netns.setns(cfg.netns)  # the whole process, before any thread or socket exists
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(f"c2node {cfg.id}")
+    except ImportError:  # cosmetic only
+        pass
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for s in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(s, stop.set)
+        await OverlayNode(cfg).run(stop)
+
+    asyncio.run(main())

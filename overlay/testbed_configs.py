@@ -1,0 +1,90 @@
+"""Node configurations for a running testbed topology.
+
+Given the nodes that run a BPA (relays and gateways) and the ones that also run
+the overlay, write one node TOML each: the BPA neighbours each node reaches
+without passing another BPA node become its peers, static routes follow the IP
+path, and every pair of overlay nodes gets a fresh shared key.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from c2dtn.errors import ConfigError
+from cla_adapters.spec import DEFAULT_PORTS
+from topologies import testbed
+
+
+def node_path(st: dict[str, Any], src: str, dst: str) -> list[str]:
+    """The nodes an IP packet from src to dst passes, both ends included."""
+    nodes = [src]
+    for ls, d in testbed.path_between(st, src, dst):
+        nodes.append(ls["b"] if d == "ab" else ls["a"])
+    if nodes[-1] != dst:  # the last hops were over LANs: walk the routes
+        nodes.append(dst)
+    return nodes
+
+
+def _facing_address(st: dict[str, Any], node: str, towards: str) -> str:
+    """node's address on the link toward `towards` (else its first address)."""
+    for ls in st["links"].values():
+        if {ls["a"], ls["b"]} == {node, towards}:
+            return ls["a_addr"] if ls["a"] == node else ls["b_addr"]
+    return testbed.node_address(st, node)
+
+
+def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
+                  cla: str = "tcpcl", store: str = "sled", extra: str = "") -> dict[str, Path]:
+    if cla not in DEFAULT_PORTS or cla == "http":
+        raise ConfigError("--cla", "--cla", cla, "unknown convergence layer", "tcpcl, mtcp or udp")
+    for n in bpa_nodes + overlay_nodes:
+        testbed.node_netns(st, n)
+    missing = [n for n in overlay_nodes if n not in bpa_nodes]
+    if missing:
+        raise ConfigError("--overlay", "--overlay", ",".join(missing), "overlay nodes must also run a BPA")
+    port = DEFAULT_PORTS[cla]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    keys: dict[frozenset, str] = {}
+    for i, a in enumerate(overlay_nodes):
+        for b in overlay_nodes[i + 1:]:
+            keys[frozenset((a, b))] = secrets.token_hex(32)
+    paths = {}
+    for n in bpa_nodes:
+        peers: dict[str, str] = {}
+        routes: list[tuple[str, str]] = []
+        for m in bpa_nodes:
+            if m == n:
+                continue
+            path = node_path(st, n, m)
+            first = next(x for x in path[1:] if x in bpa_nodes)
+            if first == m:
+                prev = path[path.index(m) - 1]
+                peers[m] = _facing_address(st, m, prev)
+            routes.append((m, first))
+        lines = [
+            f"# c2dtn node {n} on topology {st['topology']} (written by c2dtn node configs)",
+            "[node]", f'id = "{n}"', f'storage = "{(out / n).resolve()}"',
+            f'netns = "{testbed.node_netns(st, n)}"', f"overlay = {'true' if n in overlay_nodes else 'false'}", "",
+            "[agent]", 'kind = "dtn7"', f'store = "{store}"', "web_port = 3000",
+            f'listen = ["{cla}://0.0.0.0:{port}"]', 'janitor = "3s"', "",
+        ]
+        for m, addr in peers.items():
+            lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{cla}://{addr}:{port}"', ""]
+        for m, via in routes:
+            lines += ["[[agent.routes]]", f'to = "{m}"', f'via = "{via}"', ""]
+        if n in overlay_nodes:
+            lines.append("[keys]")
+            for m in overlay_nodes:
+                if m != n:
+                    lines.append(f'{m} = "{keys[frozenset((n, m))]}"')
+            lines.append("")
+        if extra:
+            lines.append(extra)
+        p = out / f"{n}.toml"
+        p.write_text("\n".join(lines) + "\n")
+        p.chmod(0o600)  # holds keys
+        paths[n] = p
+    return paths
