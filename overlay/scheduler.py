@@ -28,12 +28,15 @@ ACK_LIFETIME_MS = 3600_000
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    init_window: int = 16 * 1024
+    init_window: int = 8 * 1024
     min_window: int = 1024
     max_window: int = 4 << 20
     aggregate_bytes: int = 16 * 1024
-    initial_rto_ms: int = 60_000
-    min_rto_ms: int = 20_000
+    # The BPAs hold bundles hop by hop through an outage, so end-to-end
+    # retransmission is the safety net for a lost or crashed BPA, not the
+    # first line: its timers are generous.
+    initial_rto_ms: int = 120_000
+    min_rto_ms: int = 30_000
     max_rto_ms: int = 600_000
 
 

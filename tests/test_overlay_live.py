@@ -1,0 +1,148 @@
+"""The overlay on real dtnd daemons: nps-chain, one BPA on each gateway and router,
+the overlay on gw1 and gw4, the r2=r3 radio link on cnr-tactical-2."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from overlay.testbed_nodes import Nodes, dtnd_missing
+from topologies import testbed
+
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing()))]
+
+BPA = ["gw1", "r2", "r3", "gw4"]
+
+
+@pytest.fixture
+def chain(tmp_path):
+    testbed.down()
+    st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=11)
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes")
+    for n in BPA:
+        nodes.start(n, wait=False)
+    for n in BPA:
+        nodes.wait_ready(n)
+    yield nodes
+    nodes.stop_all()
+    testbed.down()
+
+
+def collect(nodes: Nodes, n: str, want: int, timeout: float, progress: str = "") -> list[dict]:
+    got: list[dict] = []
+    deadline = time.monotonic() + timeout
+    last = 0.0
+    while len(got) < want and time.monotonic() < deadline:
+        got += nodes.recv(n, wait=2.0)
+        if time.monotonic() - last > 15:
+            last = time.monotonic()
+            print(f"{progress} {len(got)}/{want} after {timeout - (deadline - time.monotonic()):.0f} s", flush=True)
+    return got
+
+
+def outage(start_s: float, length_s: float) -> threading.Thread:
+    def run():
+        time.sleep(start_s)
+        testbed.change_link("r2", "r3", "down")
+        time.sleep(length_s)
+        testbed.change_link("r2", "r3", "up")
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
+
+
+def test_500_envelopes_across_a_60s_outage_exactly_once_in_order(chain):
+    nodes = chain
+    cut = outage(10, 60)
+    sent = []
+    for i in range(500):
+        sent.append(nodes.send("gw1", "gw4", f"order {i:03d} ".encode() + bytes(24)))
+        if i % 50 == 49:
+            time.sleep(2)  # a steady stream across the start of the outage
+    cut.join()
+    got = collect(nodes, "gw4", 500, timeout=600, progress="delivered")
+    seqs = [d["seq"] for d in got]
+    print("gw1:", nodes.status("gw1")["counters"], "gw4:", nodes.status("gw4")["counters"])
+    assert len(seqs) == len(set(seqs)), "something was delivered twice"
+    assert sorted(seqs) == sorted(sent), f"missing {sorted(set(sent) - set(seqs))[:10]}"
+    assert seqs == sorted(seqs), "out of order within the class"
+
+
+def test_sender_killed_mid_outage_and_restarted_still_all_500(chain):
+    nodes = chain
+    cut = outage(5, 60)
+    sent = []
+    for i in range(300):
+        sent.append(nodes.send("gw1", "gw4", f"order {i:03d} ".encode() + bytes(24)))
+        if i % 50 == 49:
+            time.sleep(1)
+    time.sleep(20)  # well inside the outage
+    nodes.kill("gw1")  # overlay process and its dtnd, SIGKILL
+    time.sleep(3)
+    nodes.start("gw1")
+    for i in range(300, 500):
+        sent.append(nodes.send("gw1", "gw4", f"order {i:03d} ".encode() + bytes(24)))
+    cut.join()
+    got = collect(nodes, "gw4", 500, timeout=600, progress="delivered")
+    seqs = [d["seq"] for d in got]
+    print("gw1:", nodes.status("gw1")["counters"], "gw4:", nodes.status("gw4")["counters"])
+    assert len(seqs) == len(set(seqs)), "something was delivered twice"
+    assert sorted(seqs) == sorted(sent), f"missing {sorted(set(sent) - set(seqs))[:10]}"
+    assert seqs == sorted(seqs), "out of order within the class"
+
+
+def test_supersession_during_an_outage_newest_position_of_each_unit_goes_first(chain):
+    nodes = chain
+    # the path is warm: a few orders go through and are acked
+    for i in range(5):
+        nodes.send("gw1", "gw4", f"warm {i}".encode())
+    assert len(collect(nodes, "gw4", 5, timeout=120)) == 5
+    testbed.change_link("r2", "r3", "down")
+    # routine traffic fills the window during the outage (it waits in the BPAs) ...
+    routine = [nodes.send("gw1", "gw4", f"routine {i:02d} ".encode() + bytes(400)) for i in range(40)]
+    time.sleep(2)
+    # ... then every unit reports its position 25 times
+    newest = {}
+    for rnd in range(25):
+        for u in range(8):
+            body = f'{{"unit": "NOR-S00{u}", "round": {rnd}}}'.encode()
+            newest[f"NOR-S00{u}"] = nodes.send("gw1", "gw4", body, priority="priority", supersede=f"NOR-S00{u}")
+    st = nodes.status("gw1")
+    queues = {q["priority"]: q for q in st["queues"]}
+    assert queues["priority"]["queued"] == 8 and queues["priority"]["in_flight"] == 0
+    routine_queued = queues["routine"]["queued"]
+    assert st["counters"]["superseded"] == 25 * 8 - 8
+    assert routine_queued > 0  # the window held some routine traffic back in the overlay
+    testbed.change_link("r2", "r3", "up")
+    got = collect(nodes, "gw4", 40 + 8, timeout=600, progress="delivered")
+    pos = [d for d in got if d["supersede"]]
+    assert {d["supersede"]: d["seq"] for d in pos} == newest and len(pos) == 8
+    last_position = max(i for i, d in enumerate(got) if d["supersede"])
+    # the routine envelopes still queued in the overlay when the positions came all arrive after them
+    later_routine = [d for d in got[last_position + 1:] if not d["supersede"]]
+    assert len(later_routine) >= routine_queued
+    assert sorted(d["seq"] for d in got if not d["supersede"]) == routine
+
+
+def test_malformed_bundles_from_a_peer_are_counted_and_dropped(chain):
+    nodes = chain
+    import subprocess
+
+    garbage = [b"", b"\xff" * 50, b"\x83\x01", b"\x83\x01cgw1\x81\x82Dabcd" + bytes(16), bytes(70000)]
+    for g in garbage:  # r3 is a neighbour; its BPA sends straight to gw4's overlay endpoint
+        r = subprocess.run(["ip", "netns", "exec", "c2-r3", "curl", "-s", "-X", "POST", "--data-binary", "@-",
+                            "http://127.0.0.1:3000/send?dst=dtn://gw4/c2dtn&lifetime=60s"], input=g,
+                           capture_output=True)
+        assert r.returncode == 0, r.stderr
+    sent = [nodes.send("gw1", "gw4", f"after garbage {i}".encode()) for i in range(20)]
+    got = collect(nodes, "gw4", 20, timeout=300)
+    assert sorted(d["seq"] for d in got) == sorted(sent)
+    counters = nodes.status("gw4")["counters"]
+    rejected = {k: v for k, v in counters.items() if k.startswith("rejected:")}
+    assert sum(rejected.values()) == len(garbage), rejected
+    lines = [l for l in nodes.log("gw4").splitlines() if "rejected" in l]
+    assert len(lines) == len(garbage)
+    assert nodes.procs["gw4"].poll() is None  # still running
