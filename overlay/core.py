@@ -35,6 +35,7 @@ class OverlayCore:
         self.codec = codec
         self.sched = Scheduler(store, codec, cfg)
         self.max_hold_ms = max_hold_ms
+        self._next_hold_check = 0
 
     @property
     def node(self) -> str:
@@ -83,8 +84,9 @@ class OverlayCore:
 
     def poll(self, now_ms: int) -> list[Outgoing]:
         """Bundles to hand to the BPA now (data within the windows, and pending acks)."""
-        if self.max_hold_ms:
+        if self.max_hold_ms and now_ms >= self._next_hold_check:
             self.store.release_held(now_ms - self.max_hold_ms, now_ms)
+            self._next_hold_check = now_ms + 1000
         acks = self.store.pending_acks()
         out = self.sched.plan(now_ms, acks)
         for b in out:

@@ -65,7 +65,8 @@ class Priority(IntEnum):
 class Compression(IntEnum):
     NONE = 0
     ZLIB = 1
-    ZSTD = 2
+    ZSTD = 2  # plain zstd
+    ZSTD_DICT = 3  # zstd with the shared position-report dictionary
 
 
 # map keys
@@ -123,20 +124,38 @@ class Envelope:
         return self.created_ms + self.lifetime_ms
 
 
+SMALL_BODY = 4096  # up to this size, try hard (every byte counts on a 9.8 kbit/s link)
+_compressors: dict[tuple[int, int], object] = {}
+
+
+def _zstd(level: int, zdict) -> "zstandard.ZstdCompressor":
+    key = (level, id(zdict))
+    c = _compressors.get(key)
+    if c is None:
+        c = _compressors[key] = zstandard.ZstdCompressor(level=level, dict_data=zdict, write_checksum=False,
+                                                         write_content_size=True, write_dict_id=False)
+    return c
+
+
 def _compress(body: bytes, zdict: "zstandard.ZstdCompressionDict | None") -> tuple[Compression, bytes]:
-    """Compress where it pays: the smallest of plain, zlib and zstd."""
+    """Compress where it pays: the smallest of plain, zlib and zstd.  Small bodies
+    get zstd's highest levels and the position-report dictionary; large ones a
+    fast level, so a megabyte costs milliseconds, not seconds."""
     if len(body) < 48:
         return Compression.NONE, body
     best = (Compression.NONE, body)
-    z = zlib.compress(body, 9)
-    if len(z) < len(best[1]):
-        best = (Compression.ZLIB, z)
+    small = len(body) <= SMALL_BODY
+    if zstandard is None or small:
+        z = zlib.compress(body, 9 if small else 1)
+        if len(z) < len(best[1]):
+            best = (Compression.ZLIB, z)
     if zstandard is not None:
-        c = zstandard.ZstdCompressor(level=19, dict_data=zdict, write_checksum=False,
-                                     write_content_size=True, write_dict_id=False)
-        s = c.compress(body)
+        if small and zdict is not None:
+            kind, s = Compression.ZSTD_DICT, _zstd(19, zdict).compress(body)
+        else:
+            kind, s = Compression.ZSTD, _zstd(19 if small else 3, None).compress(body)
         if len(s) < len(best[1]):
-            best = (Compression.ZSTD, s)
+            best = (kind, s)
     return best
 
 
@@ -151,8 +170,11 @@ def _decompress(comp: int, data: bytes, zdict) -> bytes:
                 raise Oversize(f"body inflates beyond {MAX_BODY_BYTES} bytes")
             return out
         if comp == Compression.ZSTD and zstandard is not None:
-            dctx = zstandard.ZstdDecompressor(dict_data=zdict)
-            return dctx.decompress(data, max_output_size=MAX_BODY_BYTES)
+            return zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_BODY_BYTES)
+        if comp == Compression.ZSTD_DICT and zstandard is not None:
+            if zdict is None:
+                raise Malformed("body needs the position-report dictionary, which this node lacks")
+            return zstandard.ZstdDecompressor(dict_data=zdict).decompress(data, max_output_size=MAX_BODY_BYTES)
     except (zlib.error, getattr(zstandard, "ZstdError", zlib.error)) as e:
         raise Malformed(f"body does not decompress ({Compression(comp).name.lower()}): {e}") from None
     raise Malformed(f"unknown compression {comp!r}")

@@ -28,7 +28,9 @@ from overlay.supervisor import Supervisor
 log = logging.getLogger("c2dtn.node")
 
 ENDPOINT = "c2dtn"
-LINGER_S = 0.02  # gather envelopes submitted together into one bundle
+# No deliberate linger: while one bundle is being handed to the agent, envelopes
+# submitted meanwhile gather and go together in the next one (aggregation
+# without adding delay to a lone message).
 
 
 def now_ms() -> int:
@@ -111,7 +113,6 @@ class OverlayNode:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
-            await asyncio.sleep(LINGER_S)
             try:
                 out = self.core.poll(now_ms())
             except Exception:

@@ -86,11 +86,16 @@ class Scheduler:
     def plan(self, now_ms: int, acks: dict[str, list[int]] | None = None) -> list[Outgoing]:
         """What to send now.  Marks what it returns as in flight in the store."""
         st = self.store
-        st.expire(now_ms)
-        st.drop_superseded_inflight(now_ms)
+        # maintenance only when something is due (cheap indexed look-ups first)
+        next_expiry = st.next_expiry_ms()
+        if next_expiry is not None and next_expiry <= now_ms:
+            st.expire(now_ms)
         retries: dict[str, list[OutItem]] = {}
-        for it in st.due_retries(now_ms):
-            retries.setdefault(it.dst, []).append(it)
+        next_retry = st.next_retry_ms()
+        if next_retry is not None and next_retry <= now_ms:
+            st.drop_superseded_inflight(now_ms)
+            for it in st.due_retries(now_ms):
+                retries.setdefault(it.dst, []).append(it)
         for dst in retries:
             self._on_timeout(dst, now_ms)
         inflight = st.inflight_bytes()

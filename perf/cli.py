@@ -19,3 +19,20 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
     from perf import emulator_bench
 
     emulator_bench.main(seconds=seconds, runs=runs, delay=delay)
+
+
+@perf.command("overlay")
+@click.option("--sizes", default="1k,10k,100k,1M", show_default=True, help="payload sizes on lan")
+@click.option("--runs", default=3, show_default=True)
+@click.option("--tactical-bytes", default=60_000, show_default=True, help="bulk transfer size on cnr-tactical-2")
+@click.option("--skip-lan", is_flag=True)
+@click.option("--skip-tactical", is_flag=True)
+def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip_tactical: bool) -> None:
+    """The overlay next to bare dtnd: round trip and throughput on lan, goodput on cnr-tactical-2."""
+    from perf import overlay_bench
+
+    bad = [s for s in sizes.split(",") if s not in overlay_bench.SIZES]
+    if bad:
+        raise click.BadParameter(f"unknown size {bad[0]!r}; choose from {', '.join(overlay_bench.SIZES)}",
+                                 param_hint="--sizes")
+    overlay_bench.main(sizes.split(","), runs, tactical_bytes, skip_lan, skip_tactical)

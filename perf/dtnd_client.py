@@ -1,0 +1,115 @@
+"""Bare dtnd workloads (no overlay), run inside a node's namespace next to its dtnd:
+
+  echo    answer every bundle on endpoint `bench` with the same payload to dtn://<src>/benchreply
+  rtt     send `count` bundles of `size` bytes to <dst>'s echo and time each round trip (bping style)
+  sink    receive `count` bundles on `bench`, print the time of the last one
+  source  send `count` bundles of `size` bytes to <dst>/bench as fast as dtnd takes them
+
+Each prints one JSON line with its figures.  Times are CLOCK_MONOTONIC, shared by
+every namespace, so a source and a sink in two namespaces can be compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+from overlay.agents.dtn7 import Dtn7Agent
+
+
+async def echo(agent: Dtn7Agent, seconds: float) -> dict:
+    await agent.register("bench")
+    n = 0
+
+    async def loop():
+        nonlocal n
+        async for d in agent.deliveries("bench"):
+            await agent.send(d.src_node, "benchreply", d.payload, 600)
+            n += 1
+
+    try:
+        await asyncio.wait_for(loop(), seconds)
+    except asyncio.TimeoutError:
+        pass
+    return {"echoed": n}
+
+
+async def rtt(agent: Dtn7Agent, dst: str, size: int, count: int, timeout: float) -> dict:
+    await agent.register("benchreply")
+    it = agent.deliveries("benchreply").__aiter__()
+    rtts = []
+    for i in range(count):
+        stamp = f"{i}:".encode()
+        payload = stamp + os.urandom(max(0, size - len(stamp)))
+        t0 = time.monotonic()
+        await agent.send(dst, "bench", payload, 600)
+        try:
+            while True:
+                d = await asyncio.wait_for(it.__anext__(), timeout)
+                if d.payload.startswith(stamp):
+                    break
+            rtts.append(time.monotonic() - t0)
+        except asyncio.TimeoutError:
+            pass
+    return {"rtts": rtts}
+
+
+async def sink(agent: Dtn7Agent, count: int, timeout: float) -> dict:
+    await agent.register("bench")
+    n, nbytes, first, last = 0, 0, None, None
+
+    async def loop():
+        nonlocal n, nbytes, first, last
+        async for d in agent.deliveries("bench"):
+            last = time.monotonic()
+            first = first or last
+            n += 1
+            nbytes += len(d.payload)
+            if n >= count:
+                return
+
+    try:
+        await asyncio.wait_for(loop(), timeout)
+    except asyncio.TimeoutError:
+        pass
+    return {"received": n, "bytes": nbytes, "first": first, "last": last}
+
+
+async def source(agent: Dtn7Agent, dst: str, size: int, count: int) -> dict:
+    payload = os.urandom(size)
+    t0 = time.monotonic()
+    for _ in range(count):
+        await agent.send(dst, "bench", payload, 3600)
+    return {"start": t0, "sent": count, "end": time.monotonic()}
+
+
+async def main(args) -> dict:
+    agent = Dtn7Agent(f"http://127.0.0.1:{args.port}")
+    await agent.start()
+    try:
+        if args.mode == "echo":
+            return await echo(agent, args.timeout)
+        if args.mode == "rtt":
+            return await rtt(agent, args.dst, args.size, args.count, args.timeout)
+        if args.mode == "sink":
+            return await sink(agent, args.count, args.timeout)
+        return await source(agent, args.dst, args.size, args.count)
+    finally:
+        await agent.stop()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m perf.dtnd_client")
+    ap.add_argument("mode", choices=["echo", "rtt", "sink", "source"])
+    ap.add_argument("--dst", default="")
+    ap.add_argument("--size", type=int, default=1000)
+    ap.add_argument("--count", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--port", type=int, default=3000)
+    out = asyncio.run(main(ap.parse_args()))
+    print(json.dumps(out), flush=True)
+    sys.exit(0)

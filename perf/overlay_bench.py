@@ -1,0 +1,232 @@
+"""Overlay benchmark: the overlay next to bare dtnd, same daemons, same run.
+
+On `lan` (nps-chain, dtnd on gw1, r2, r3, gw4, the overlay on gw1 and gw4):
+round trip (bping style: the far end answers) and throughput (a stream of
+bundles or envelopes, first sent to last received) for payloads of 1 kB,
+10 kB, 100 kB and 1 MB, overlay / bare ratios printed side by side (targets:
+throughput >= 0.8 x bare, round trip <= 1.5 x bare).  On `cnr-tactical-2`:
+goodput of a bulk transfer as a fraction of the 9.8 kbit/s link (target >= 0.75).
+
+Writes results/<time>-overlay-bench/ with summary.json, summary.csv and plot.png.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from overlay.testbed_nodes import Nodes
+from topologies import testbed
+
+console = Console(width=None if sys.stdout.isatty() else 140)
+BPA = ["gw1", "r2", "r3", "gw4"]
+SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
+COUNTS = {"1k": 300, "10k": 150, "100k": 40, "1M": 8}
+
+
+def _client(node: str, *args: str, timeout: float = 600) -> subprocess.Popen:
+    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "perf.dtnd_client", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(p: subprocess.Popen, timeout: float) -> dict:
+    out, err = p.communicate(timeout=timeout)
+    lines = [l for l in out.splitlines() if l.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"dtnd client failed: {err[-1000:]}")
+    return json.loads(lines[-1])
+
+
+def bare_rtt(size: int, count: int) -> list[float]:
+    echo = _client("gw4", "echo", "--timeout", str(30 + count * 10))
+    time.sleep(1.0)
+    r = _result(_client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--count", str(count),
+                        "--timeout", "30"), 600)
+    echo.kill()
+    echo.wait()
+    return r["rtts"]
+
+
+def bare_throughput(size: int, count: int) -> float:
+    sink = _client("gw4", "sink", "--count", str(count), "--timeout", "300")
+    time.sleep(1.0)
+    src = _result(_client("gw1", "source", "--dst", "gw4", "--size", str(size), "--count", str(count)), 600)
+    snk = _result(sink, 600)
+    if snk["received"] < count or not snk["last"]:
+        raise RuntimeError(f"bare dtnd: {snk['received']} of {count} bundles arrived")
+    return snk["bytes"] * 8 / (snk["last"] - src["start"])
+
+
+def overlay_rtt(nodes: Nodes, size: int, count: int) -> list[float]:
+    from urllib.parse import urlencode
+
+    rtts = []
+    for i in range(count):
+        stamp = f"{time.time_ns()}:".encode()
+        body = stamp + os.urandom(max(0, size - len(stamp)))
+        t0 = time.monotonic()
+        nodes.api("gw1", "POST", "/send?" + urlencode({"dst": "gw4", "priority": "flash", "app": "ping",
+                                                      "lifetime": 600}), body)
+        deadline = t0 + 60
+        while time.monotonic() < deadline:
+            items = nodes.api("gw1", "GET", "/recv?app=pong&wait=5", timeout=30)
+            if items:
+                nodes.api("gw1", "POST", "/consumed", json.dumps({"ids": [d["id"] for d in items]}).encode())
+            import base64
+
+            if any(base64.b64decode(d["body"]).startswith(stamp) for d in items):
+                rtts.append(time.monotonic() - t0)
+                break
+    return rtts
+
+
+def overlay_throughput(nodes: Nodes, size: int, count: int, timeout: float = 600) -> tuple[float, float]:
+    """(bits per second of payload, seconds) from the first submit to the last delivery."""
+    got = []
+    done = threading.Event()
+
+    def receive():
+        deadline = time.monotonic() + timeout
+        while len(got) < count and time.monotonic() < deadline:
+            items = nodes.recv("gw4", wait=1.0)
+            now = time.monotonic()
+            got.extend((now, len(d["body"])) for d in items)
+        done.set()
+
+    th = threading.Thread(target=receive, daemon=True)
+    th.start()
+    t0 = time.monotonic()
+    for _ in range(count):
+        nodes.send("gw1", "gw4", os.urandom(size))
+    th.join(timeout + 5)
+    if len(got) < count:
+        raise RuntimeError(f"overlay: {len(got)} of {count} envelopes arrived within {timeout:.0f} s")
+    secs = max(t for t, _ in got) - t0
+    return sum(n for _, n in got) * 8 / secs, secs
+
+
+def _nodes(profile: str, workdir: Path, seed: int = 5) -> Nodes:
+    testbed.down()
+    st = testbed.up("nps-chain", profile=profile, seed=seed)
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], workdir)
+    for n in BPA:
+        nodes.start(n, wait=False)
+    for n in BPA:
+        nodes.wait_ready(n)
+    return nodes
+
+
+def lan(sizes: list[str], runs: int, rtt_count: int = 5) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as td:
+        nodes = _nodes("lan", Path(td))
+        try:
+            for name in sizes:
+                size, count = SIZES[name], COUNTS[name]
+                for r in range(runs):
+                    console.print(f"[dim]lan {name}: run {r + 1}/{runs}[/dim]")
+                    row = {"size": name, "bytes": size, "run": r + 1}
+                    row["bare_rtt_s"] = statistics.median(bare_rtt(size, rtt_count))
+                    row["overlay_rtt_s"] = statistics.median(overlay_rtt(nodes, size, rtt_count))
+                    row["bare_bps"] = bare_throughput(size, count)
+                    row["overlay_bps"], _ = overlay_throughput(nodes, size, count)
+                    rows.append(row)
+        finally:
+            nodes.stop_all()
+            testbed.down()
+    return rows
+
+
+def tactical(profile: str = "cnr-tactical-2", total_bytes: int = 60_000, body: int = 1000) -> dict:
+    with tempfile.TemporaryDirectory() as td:
+        nodes = _nodes(profile, Path(td))
+        try:
+            count = total_bytes // body
+            console.print(f"[dim]{profile}: bulk transfer of {count} x {body} B incompressible envelopes[/dim]")
+            bps, secs = overlay_throughput(nodes, body, count, timeout=1800)
+            link = testbed.read_state()["links"]["r2-r3"]
+            st = testbed.status()["links"]["r2-r3"]["live"]
+        finally:
+            nodes.stop_all()
+            testbed.down()
+    rate = link["profile_ab"]["rate_bps"]
+    return {"profile": profile, "payload_bytes": count * body, "seconds": secs, "goodput_bps": bps,
+            "link_bps": rate, "fraction": bps / rate, "link_frames_ab": st["ab"]["delivered"],
+            "link_bytes_ab": st["ab"]["delivered_bytes"]}
+
+
+def report(rows: list[dict], tac: dict | None, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    t = Table(title="overlay vs bare dtnd on lan (nps-chain, 4 dtnd hops), medians over runs")
+    for c in ("payload", "bare throughput", "overlay throughput", "ratio (>= 0.8)", "bare RTT", "overlay RTT",
+              "ratio (<= 1.5)", "runs"):
+        t.add_column(c, justify="right")
+    summary = []
+    for name in dict.fromkeys(r["size"] for r in rows):
+        rs = [r for r in rows if r["size"] == name]
+        med = {k: statistics.median(r[k] for r in rs) for k in ("bare_bps", "overlay_bps", "bare_rtt_s", "overlay_rtt_s")}
+        tr = statistics.median(r["overlay_bps"] / r["bare_bps"] for r in rs)
+        rr = statistics.median(r["overlay_rtt_s"] / r["bare_rtt_s"] for r in rs)
+        summary.append({"size": name, **med, "throughput_ratio": tr, "rtt_ratio": rr, "runs": len(rs)})
+        t.add_row(name, f"{med['bare_bps'] / 1e6:.2f} Mbit/s", f"{med['overlay_bps'] / 1e6:.2f} Mbit/s",
+                  f"{tr:.2f}", f"{med['bare_rtt_s'] * 1000:.1f} ms", f"{med['overlay_rtt_s'] * 1000:.1f} ms",
+                  f"{rr:.2f}", str(len(rs)))
+    if rows:
+        console.print(t)
+    if tac:
+        g = Table(title=f"bulk goodput on {tac['profile']}")
+        for c in ("payload", "time", "goodput", "link rate", "fraction (>= 0.75)"):
+            g.add_column(c, justify="right")
+        g.add_row(f"{tac['payload_bytes']} B", f"{tac['seconds']:.0f} s", f"{tac['goodput_bps'] / 1e3:.2f} kbit/s",
+                  f"{tac['link_bps'] / 1e3:.1f} kbit/s", f"{tac['fraction']:.2f}")
+        console.print(g)
+    (out / "summary.json").write_text(json.dumps({"lan_runs": rows, "lan": summary, "tactical": tac}, indent=1))
+    with open(out / "summary.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["size", "bare_bps", "overlay_bps", "throughput_ratio", "bare_rtt_s", "overlay_rtt_s", "rtt_ratio"])
+        for s in summary:
+            w.writerow([s["size"], s["bare_bps"], s["overlay_bps"], s["throughput_ratio"], s["bare_rtt_s"],
+                        s["overlay_rtt_s"], s["rtt_ratio"]])
+    if summary:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        xs = [s["size"] for s in summary]
+        a1.plot(xs, [s["bare_bps"] / 1e6 for s in summary], "o-", label="bare dtnd")
+        a1.plot(xs, [s["overlay_bps"] / 1e6 for s in summary], "s-", label="c2dtn overlay")
+        a1.set_yscale("log")
+        a1.set_xlabel("payload")
+        a1.set_ylabel("throughput (Mbit/s)")
+        a1.set_title("Throughput by payload size (lan, 4 hops)")
+        a1.legend()
+        a2.plot(xs, [s["bare_rtt_s"] * 1000 for s in summary], "o-", label="bare dtnd")
+        a2.plot(xs, [s["overlay_rtt_s"] * 1000 for s in summary], "s-", label="c2dtn overlay")
+        a2.set_yscale("log")
+        a2.set_xlabel("payload")
+        a2.set_ylabel("round trip (ms)")
+        a2.set_title("Round trip by payload size (lan, 4 hops)")
+        a2.legend()
+        fig.tight_layout()
+        fig.savefig(out / "plot.png", dpi=100)
+    console.print(f"results in {out}")
+
+
+def main(sizes: list[str], runs: int, tactical_bytes: int, skip_lan: bool = False, skip_tactical: bool = False) -> None:
+    out = Path("results") / (time.strftime("%Y%m%d-%H%M%S") + "-overlay-bench")
+    rows = [] if skip_lan else lan(sizes, runs)
+    tac = None if skip_tactical else tactical(total_bytes=tactical_bytes)
+    report(rows, tac, out)
