@@ -66,8 +66,8 @@ class OverlayCore:
                 if env.dst != self.node:
                     raise _Misrouted(f"envelope for {env.dst!r} reached {self.node!r}")
                 if env.kind == Kind.ACK:
-                    seqs = decode_ack_body(env.body)
-                    self.sched.on_ack(sender, seqs, now_ms)
+                    done, got = decode_ack_body(env.body)
+                    self.sched.on_ack(sender, done, got, now_ms)
                     res.acks += 1
                 else:
                     r = self.store.receive(env, now_ms)
@@ -90,8 +90,8 @@ class OverlayCore:
         acks = self.store.pending_acks()
         out = self.sched.plan(now_ms, acks)
         for b in out:
-            if b.acks:
-                self.store.acks_sent(b.dst, b.acks)
+            if b.acks[0] or b.acks[1]:
+                self.store.acks_sent(b.dst, *b.acks)
         return out
 
     def take(self, limit: int = 1000) -> list[Delivery]:

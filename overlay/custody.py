@@ -6,7 +6,10 @@ What it keeps, per node:
 - seen: ids of envelopes received, so a retransmission is never delivered twice;
 - inbox: envelopes received and in order, waiting for the application to take
   them; held: envelopes that arrived ahead of a gap in their class's order;
-- acks: ids the application has taken and the origin must hear about;
+- acks: ids the application has taken and the origin must hear about ("done":
+  the origin releases custody); gotq: ids received and kept here but not yet
+  taken ("got": the origin stops retransmitting them, and learns from what
+  arrived after a missing one that it was lost);
 - reports: envelopes that ended without an ack (expired, superseded, dropped).
 
 No method reads the clock: every call that depends on time takes `now_ms`, so
@@ -41,7 +44,8 @@ CREATE TABLE IF NOT EXISTS outbox(
   attempts INTEGER NOT NULL DEFAULT 0,
   sent_ms INTEGER,
   retry_ms INTEGER,
-  superseded INTEGER NOT NULL DEFAULT 0
+  superseded INTEGER NOT NULL DEFAULT 0,
+  received INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS outbox_queue ON outbox(dst, inflight, priority, seq);
 CREATE INDEX IF NOT EXISTS outbox_key ON outbox(dst, supersede);
@@ -68,11 +72,15 @@ CREATE TABLE IF NOT EXISTS inbox(
   received_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS acks(
   origin TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(origin, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS gotq(
+  origin TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(origin, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS reports(
   id INTEGER PRIMARY KEY AUTOINCREMENT, seq INTEGER NOT NULL, dst TEXT NOT NULL,
   outcome TEXT NOT NULL, at_ms INTEGER NOT NULL, created_ms INTEGER NOT NULL, supersede TEXT);
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 """
+
+SCHEMA_VERSION = 1
 
 # Seen ids are kept this long past the envelope's own expiry, so a copy that a
 # BPA delivers late is still recognised.
@@ -106,6 +114,7 @@ class OutItem:
     attempts: int
     sent_ms: int | None
     retry_ms: int | None
+    received: bool = False
 
     def envelope(self, origin: str, floor: int) -> Envelope:
         return Envelope(Kind.DATA, origin, self.seq, self.dst, self.created_ms, self.lifetime_ms,
@@ -137,7 +146,7 @@ class Received:
 
 
 _OUT_COLS = ("seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, body, size, "
-             "inflight, attempts, sent_ms, retry_ms")
+             "inflight, attempts, sent_ms, retry_ms, received")
 
 
 class CustodyStore:
@@ -148,7 +157,13 @@ class CustodyStore:
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        fresh = not self.db.execute("SELECT 1 FROM sqlite_master WHERE name='outbox'").fetchone()
+        if not fresh and version != SCHEMA_VERSION:
+            raise C2Error(f"custody store {self.path} has schema version {version}, this c2dtn uses "
+                          f"{SCHEMA_VERSION}: deliver or export what it holds with the c2dtn that wrote it")
         self.db.executescript(SCHEMA)
+        self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
         self.db.close()
@@ -239,8 +254,8 @@ class CustodyStore:
 
     def due_retries(self, now_ms: int) -> list[OutItem]:
         """In flight and past their retransmission time (superseded copies excluded)."""
-        rows = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE inflight=1 AND superseded=0 AND retry_ms <= ? "
-                               "ORDER BY priority, seq", (now_ms,)).fetchall()
+        rows = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE inflight=1 AND superseded=0 AND received=0 "
+                               "AND retry_ms <= ? ORDER BY priority, seq", (now_ms,)).fetchall()
         return [_item(r) for r in rows]
 
     def drop_superseded_inflight(self, now_ms: int) -> int:
@@ -254,7 +269,7 @@ class CustodyStore:
         return len(rows)
 
     def next_retry_ms(self) -> int | None:
-        row = self.db.execute("SELECT min(retry_ms) FROM outbox WHERE inflight=1").fetchone()
+        row = self.db.execute("SELECT min(retry_ms) FROM outbox WHERE inflight=1 AND received=0").fetchone()
         return row[0]
 
     def next_expiry_ms(self) -> int | None:
@@ -265,7 +280,7 @@ class CustodyStore:
 
     def inflight_bytes(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT dst, sum(size) FROM outbox WHERE inflight=1 AND superseded=0 "
-                                    "GROUP BY dst").fetchall())
+                                    "AND received=0 GROUP BY dst").fetchall())
 
     def floor(self, dst: str, priority: int) -> int:
         row = self.db.execute("SELECT min(cseq) FROM outbox WHERE dst=? AND priority=?", (dst, priority)).fetchone()
@@ -278,10 +293,33 @@ class CustodyStore:
                                 "WHERE seq=?", (now_ms, retry_at_ms[s], s))
             self._bump("sent", len(seqs))
 
+    def mark_received(self, seqs: Iterable[int]) -> list[OutItem]:
+        """The destination holds these (not yet taken by its application): no more
+        retransmissions, custody kept until the final ack.  Returns the ones newly marked."""
+        out = []
+        with self._tx():
+            for s in seqs:
+                row = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE seq=? AND received=0", (s,)).fetchone()
+                if row is None:
+                    continue
+                self.db.execute("UPDATE outbox SET received=1 WHERE seq=?", (s,))
+                out.append(_item(row))
+        return out
+
+    def fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int) -> int:
+        """Envelopes sent before one the destination already has, and still not there:
+        lost on the way, so due again now rather than at their timeout."""
+        with self._tx():
+            cur = self.db.execute("UPDATE outbox SET retry_ms=? WHERE dst=? AND inflight=1 AND received=0 AND "
+                                  "superseded=0 AND sent_ms < ? AND retry_ms > ?", (now_ms, dst, sent_before_ms, now_ms))
+            if cur.rowcount:
+                self._bump("fast_retransmits", cur.rowcount)
+        return cur.rowcount
+
     def pull_in_retries(self, dst: str, at_ms: int) -> None:
         """The path to dst works again: no in-flight envelope waits past at_ms for its retry."""
         with self._tx():
-            self.db.execute("UPDATE outbox SET retry_ms=? WHERE dst=? AND inflight=1 AND retry_ms>?",
+            self.db.execute("UPDATE outbox SET retry_ms=? WHERE dst=? AND inflight=1 AND received=0 AND retry_ms>?",
                             (at_ms, dst, at_ms))
 
     def acked(self, seqs: Iterable[int], now_ms: int) -> list[OutItem]:
@@ -316,9 +354,9 @@ class CustodyStore:
         with self._tx():
             if self.db.execute("SELECT 1 FROM seen WHERE origin=? AND seq=?", (env.origin, env.seq)).fetchone():
                 self._bump("duplicates")
-                # it may have been taken by the application already: ack again, the first ack was lost
-                if not self._pending(env.origin, env.seq):
-                    self.db.execute("INSERT OR IGNORE INTO acks(origin, seq) VALUES(?,?)", (env.origin, env.seq))
+                # the origin did not hear: tell it again, "got" if still here, "done" if taken
+                table = "gotq" if self._pending(env.origin, env.seq) else "acks"
+                self.db.execute(f"INSERT OR IGNORE INTO {table}(origin, seq) VALUES(?,?)", (env.origin, env.seq))
                 return Received("duplicate")
             self.db.execute("INSERT INTO seen(origin, seq, expires_ms) VALUES(?,?,?)",
                             (env.origin, env.seq, max(env.expires_ms(), now_ms) + SEEN_MARGIN_MS))
@@ -340,6 +378,7 @@ class CustodyStore:
                 self.db.execute("INSERT INTO latest(origin, key, seq) VALUES(?,?,?) ON CONFLICT(origin, key) "
                                 "DO UPDATE SET seq=excluded.seq", (env.origin, env.supersede, env.seq))
             prio = int(env.priority)
+            self.db.execute("INSERT OR IGNORE INTO gotq(origin, seq) VALUES(?,?)", (env.origin, env.seq))
             nxt = self._next(env.origin, prio)
             if env.cseq == 0 or env.cseq < max(nxt, env.floor):
                 # unordered, or older than what the order already passed: deliver as it is
@@ -415,17 +454,22 @@ class CustodyStore:
                 row = self.db.execute("SELECT origin, seq FROM inbox WHERE id=?", (i,)).fetchone()
                 if row:
                     self.db.execute("DELETE FROM inbox WHERE id=?", (i,))
+                    self.db.execute("DELETE FROM gotq WHERE origin=? AND seq=?", row)
                     self.db.execute("INSERT OR IGNORE INTO acks(origin, seq) VALUES(?,?)", row)
 
-    def pending_acks(self) -> dict[str, list[int]]:
-        out: dict[str, list[int]] = {}
+    def pending_acks(self) -> dict[str, tuple[list[int], list[int]]]:
+        """origin -> (done, got): what each origin must hear about."""
+        out: dict[str, tuple[list[int], list[int]]] = {}
         for origin, seq in self.db.execute("SELECT origin, seq FROM acks ORDER BY origin, seq"):
-            out.setdefault(origin, []).append(seq)
+            out.setdefault(origin, ([], []))[0].append(seq)
+        for origin, seq in self.db.execute("SELECT origin, seq FROM gotq ORDER BY origin, seq"):
+            out.setdefault(origin, ([], []))[1].append(seq)
         return out
 
-    def acks_sent(self, origin: str, seqs: Iterable[int]) -> None:
+    def acks_sent(self, origin: str, done: Iterable[int], got: Iterable[int] = ()) -> None:
         with self._tx():
-            self.db.executemany("DELETE FROM acks WHERE origin=? AND seq=?", [(origin, s) for s in seqs])
+            self.db.executemany("DELETE FROM acks WHERE origin=? AND seq=?", [(origin, s) for s in done])
+            self.db.executemany("DELETE FROM gotq WHERE origin=? AND seq=?", [(origin, s) for s in got])
 
     def count_event(self, name: str, by: int = 1) -> None:
         with self._tx():
@@ -433,7 +477,8 @@ class CustodyStore:
 
 
 def _item(r) -> OutItem:
-    return OutItem(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], bool(r[11]), r[12], r[13], r[14])
+    return OutItem(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], bool(r[11]), r[12], r[13], r[14],
+                   bool(r[15]))
 
 
 class _Tx:

@@ -338,33 +338,45 @@ def _array_header(n: int) -> bytes:
 
 
 # -- acks ------------------------------------------------------------------
-def encode_ack_body(seqs: list[int]) -> bytes:
-    """Acked sequence numbers as [[first, last], ...] runs: one ack covers many ids."""
+def _runs(seqs: list[int]) -> list[list[int]]:
     runs: list[list[int]] = []
     for s in sorted(set(seqs)):
         if runs and s == runs[-1][1] + 1:
             runs[-1][1] = s
         else:
             runs.append([s, s])
-    return cbor2.dumps(runs)
+    return runs
 
 
-def decode_ack_body(body: bytes, max_ids: int = 1 << 20) -> list[int]:
+def encode_ack_body(done: list[int], got: list[int] = ()) -> bytes:
+    """[done runs, got runs], each run [first, last]: one ack covers many ids.
+
+    done: taken by the destination's application (the origin releases custody);
+    got: held at the destination, not yet taken (the origin stops retransmitting)."""
+    return cbor2.dumps([_runs(done), _runs(list(got))])
+
+
+def decode_ack_body(body: bytes, max_ids: int = 1 << 20) -> tuple[list[int], list[int]]:
     try:
-        runs = cbor2.loads(body)
+        obj = cbor2.loads(body)
     except Exception as e:
         raise Malformed(f"ack body is not CBOR: {e}") from None
-    if not isinstance(runs, list):
-        raise Malformed("ack body is not an array of runs")
-    out: list[int] = []
-    for r in runs:
-        if (not isinstance(r, list) or len(r) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in r)
-                or r[0] < 0 or r[1] < r[0]):
-            raise Malformed(f"bad ack run {r!r:.40}")
-        if len(out) + r[1] - r[0] + 1 > max_ids:
-            raise Oversize(f"ack covers more than {max_ids} ids")
-        out.extend(range(r[0], r[1] + 1))
-    return out
+    if not isinstance(obj, list) or len(obj) != 2 or not all(isinstance(x, list) for x in obj):
+        raise Malformed("ack body is not [done runs, got runs]")
+    lists: list[list[int]] = []
+    total = 0
+    for runs in obj:
+        out: list[int] = []
+        for r in runs:
+            if (not isinstance(r, list) or len(r) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in r) or r[0] < 0 or r[1] < r[0]):
+                raise Malformed(f"bad ack run {r!r:.40}")
+            total += r[1] - r[0] + 1
+            if total > max_ids:
+                raise Oversize(f"ack covers more than {max_ids} ids")
+            out.extend(range(r[0], r[1] + 1))
+        lists.append(out)
+    return lists[0], lists[1]
 
 
 def with_seq(env: Envelope, seq: int) -> Envelope:

@@ -35,8 +35,8 @@ class SchedulerConfig:
     # The BPAs hold bundles hop by hop through an outage, so end-to-end
     # retransmission is the safety net for a lost or crashed BPA, not the
     # first line: its timers are generous.
-    initial_rto_ms: int = 120_000
-    min_rto_ms: int = 30_000
+    initial_rto_ms: int = 60_000
+    min_rto_ms: int = 20_000
     max_rto_ms: int = 600_000
 
 
@@ -65,7 +65,7 @@ class Outgoing:
     dst: str
     payload: bytes
     seqs: list[int]  # data envelopes inside
-    acks: list[int] = field(default_factory=list)  # seqs (of dst's envelopes) acked inside
+    acks: tuple[list[int], list[int]] = ([], [])  # (done, got) seqs of dst's envelopes acked inside
     retransmissions: int = 0
 
 
@@ -83,7 +83,7 @@ class Scheduler:
         return p
 
     # -- planning ----------------------------------------------------------
-    def plan(self, now_ms: int, acks: dict[str, list[int]] | None = None) -> list[Outgoing]:
+    def plan(self, now_ms: int, acks: dict[str, tuple[list[int], list[int]]] | None = None) -> list[Outgoing]:
         """What to send now.  Marks what it returns as in flight in the store."""
         st = self.store
         # maintenance only when something is due (cheap indexed look-ups first)
@@ -114,11 +114,13 @@ class Scheduler:
                         break
                     chosen.append(it)
                     budget -= it.size
-            out.extend(self._bundle(dst, chosen, acks.pop(dst, []), now_ms))
+            out.extend(self._bundle(dst, chosen, acks.pop(dst, ([], [])), now_ms))
         return out
 
-    def _bundle(self, dst: str, items: list[OutItem], ack_seqs: list[int], now_ms: int) -> list[Outgoing]:
-        if not items and not ack_seqs:
+    def _bundle(self, dst: str, items: list[OutItem], ack_seqs: tuple[list[int], list[int]],
+                now_ms: int) -> list[Outgoing]:
+        has_acks = bool(ack_seqs[0] or ack_seqs[1])
+        if not items and not has_acks:
             return []
         floors: dict[int, int] = {}
         for it in items:
@@ -129,23 +131,23 @@ class Scheduler:
         seqs: list[int] = []
         size = 0
         rtx = 0
-        if ack_seqs:
+        if has_acks:
             ack = Envelope(Kind.ACK, self.codec.node, 0, dst, now_ms, ACK_LIFETIME_MS, Priority.FLASH,
-                           body=encode_ack_body(ack_seqs))
+                           body=encode_ack_body(*ack_seqs))
             sealed.append(self.codec.seal(ack))
             size = len(sealed[0])
         for it in items:
             env = it.envelope(self.codec.node, floors[it.priority])
             s = self.codec.seal(env)
             if sealed and size + len(s) > self.cfg.aggregate_bytes:
-                bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else [], rtx))
+                bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else ([], []), rtx))
                 sealed, seqs, size, rtx = [], [], 0, 0
             sealed.append(s)
             seqs.append(it.seq)
             size += len(s)
             rtx += it.attempts > 0
         if sealed:
-            bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else [], rtx))
+            bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else ([], []), rtx))
         if items:
             p = self.path(dst)
             retry_at = {it.seq: now_ms + int(min(self.cfg.max_rto_ms, p.rto_ms * (2 ** it.attempts)))
@@ -154,24 +156,30 @@ class Scheduler:
         return bundles
 
     # -- feedback ------------------------------------------------------------
-    def on_ack(self, dst: str, seqs: list[int], now_ms: int) -> int:
-        """An ack from `dst` arrived: release custody, sample RTT, open the window."""
-        released = self.store.acked(seqs, now_ms)
-        if not released:
+    def on_ack(self, dst: str, done: list[int], got: list[int], now_ms: int) -> int:
+        """An ack from `dst` arrived: release custody of what it took ("done"), stop
+        retransmitting what it holds ("got"), sample RTT, open the window, and resend at
+        once what was sent before something that arrived but did not arrive itself."""
+        released = self.store.acked(done, now_ms)
+        arrived = self.store.mark_received(got) + [it for it in released if not it.received]
+        if not arrived and not released:
             return 0
         p = self.path(dst)
-        fresh = [it for it in released if it.attempts == 1 and it.sent_ms is not None]
+        fresh = [it for it in arrived if it.attempts == 1 and it.sent_ms is not None]
         if fresh:
             p.sample(max(1.0, now_ms - max(it.sent_ms for it in fresh)), self.cfg)
         # an ack proves the path works: what timed out into an outage need not
         # wait out its backed-off timer any longer than one fresh timeout
         self.store.pull_in_retries(dst, now_ms + int(p.rto_ms))
-        nbytes = sum(it.size for it in released)
+        newest = max((it.sent_ms for it in arrived if it.sent_ms is not None), default=None)
+        if newest is not None:
+            self.store.fast_retransmit(dst, newest, now_ms)
+        nbytes = sum(it.size for it in arrived)
         if p.window < p.ssthresh:
             p.window = min(self.cfg.max_window, p.window + nbytes)
         else:
             p.window = min(self.cfg.max_window, p.window + nbytes * 1024 / p.window)
-        return len(released)
+        return len(released) + len(arrived)
 
     def _on_timeout(self, dst: str, now_ms: int) -> None:
         p = self.path(dst)

@@ -27,12 +27,12 @@ def node_path(st: dict[str, Any], src: str, dst: str) -> list[str]:
     return nodes
 
 
-def _facing_address(st: dict[str, Any], node: str, towards: str) -> str:
-    """node's address on the link toward `towards` (else its first address)."""
+def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | None]:
+    """node's address on the link toward `towards` (else its first address), and that link's CLA."""
     for ls in st["links"].values():
         if {ls["a"], ls["b"]} == {node, towards}:
-            return ls["a_addr"] if ls["a"] == node else ls["b_addr"]
-    return testbed.node_address(st, node)
+            return (ls["a_addr"] if ls["a"] == node else ls["b_addr"]), ls.get("cla")
+    return testbed.node_address(st, node), None
 
 
 def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
@@ -44,16 +44,16 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
     missing = [n for n in overlay_nodes if n not in bpa_nodes]
     if missing:
         raise ConfigError("--overlay", "--overlay", ",".join(missing), "overlay nodes must also run a BPA")
-    port = DEFAULT_PORTS[cla]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     keys: dict[frozenset, str] = {}
     for i, a in enumerate(overlay_nodes):
         for b in overlay_nodes[i + 1:]:
             keys[frozenset((a, b))] = secrets.token_hex(32)
+    any_udp = cla == "udp" or any(ls.get("cla") == "udp" for ls in st["links"].values())
     paths = {}
     for n in bpa_nodes:
-        peers: dict[str, str] = {}
+        peers: dict[str, tuple[str, str]] = {}  # node -> (address, cla)
         routes: list[tuple[str, str]] = []
         for m in bpa_nodes:
             if m == n:
@@ -62,17 +62,21 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             first = next(x for x in path[1:] if x in bpa_nodes)
             if first == m:
                 prev = path[path.index(m) - 1]
-                peers[m] = _facing_address(st, m, prev)
+                addr, link_cla = _facing(st, m, prev)
+                peers[m] = (addr, link_cla or cla)
             routes.append((m, first))
         lines = [
             f"# c2dtn node {n} on topology {st['topology']} (written by c2dtn node configs)",
             "[node]", f'id = "{n}"', f'storage = "{(out / n).resolve()}"',
             f'netns = "{testbed.node_netns(st, n)}"', f"overlay = {'true' if n in overlay_nodes else 'false'}", "",
             "[agent]", 'kind = "dtn7"', f'store = "{store}"', "web_port = 3000",
-            f'listen = ["{cla}://0.0.0.0:{port}"]', 'janitor = "3s"', "",
         ]
-        for m, addr in peers.items():
-            lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{cla}://{addr}:{port}"', ""]
+        # listen on every convergence layer a neighbour uses toward this node
+        schemes = sorted({cla} | {c for _, c in peers.values()})
+        lines += ["listen = [" + ", ".join(f'"{c}://0.0.0.0:{DEFAULT_PORTS[c]}"' for c in schemes) + "]",
+                  'janitor = "3s"', ""]
+        for m, (addr, c) in peers.items():
+            lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{DEFAULT_PORTS[c]}"', ""]
         for m, via in routes:
             lines += ["[[agent.routes]]", f'to = "{m}"', f'via = "{via}"', ""]
         if n in overlay_nodes:
@@ -81,6 +85,9 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
                 if m != n:
                     lines.append(f'{m} = "{keys[frozenset((n, m))]}"')
             lines.append("")
+        if any_udp and n in overlay_nodes:
+            # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose
+            lines += ["[scheduler]", "aggregate_bytes = 1200", ""]
         if extra:
             lines.append(extra)
         p = out / f"{n}.toml"

@@ -27,7 +27,9 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
 @click.option("--tactical-bytes", default=60_000, show_default=True, help="bulk transfer size on cnr-tactical-2")
 @click.option("--skip-lan", is_flag=True)
 @click.option("--skip-tactical", is_flag=True)
-def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip_tactical: bool) -> None:
+@click.option("--cla", type=click.Choice(["tcpcl", "mtcp", "udp"]), default="tcpcl", show_default=True,
+              help="convergence layer between the BPAs for the cnr-tactical-2 transfer")
+def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip_tactical: bool, cla: str) -> None:
     """The overlay next to bare dtnd: round trip and throughput on lan, goodput on cnr-tactical-2."""
     from perf import overlay_bench
 
@@ -35,4 +37,4 @@ def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip
     if bad:
         raise click.BadParameter(f"unknown size {bad[0]!r}; choose from {', '.join(overlay_bench.SIZES)}",
                                  param_hint="--sizes")
-    overlay_bench.main(sizes.split(","), runs, tactical_bytes, skip_lan, skip_tactical)
+    overlay_bench.main(sizes.split(","), runs, tactical_bytes, skip_lan, skip_tactical, cla)

@@ -116,10 +116,10 @@ def overlay_throughput(nodes: Nodes, size: int, count: int, timeout: float = 600
     return sum(n for _, n in got) * 8 / secs, secs
 
 
-def _nodes(profile: str, workdir: Path, seed: int = 5) -> Nodes:
+def _nodes(profile: str, workdir: Path, seed: int = 5, cla: str = "tcpcl") -> Nodes:
     testbed.down()
     st = testbed.up("nps-chain", profile=profile, seed=seed)
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], workdir)
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], workdir, cla=cla)
     for n in BPA:
         nodes.start(n, wait=False)
     for n in BPA:
@@ -148,9 +148,9 @@ def lan(sizes: list[str], runs: int, rtt_count: int = 5) -> list[dict]:
     return rows
 
 
-def tactical(profile: str = "cnr-tactical-2", total_bytes: int = 60_000, body: int = 1000) -> dict:
+def tactical(profile: str = "cnr-tactical-2", total_bytes: int = 60_000, body: int = 1000, cla: str = "tcpcl") -> dict:
     with tempfile.TemporaryDirectory() as td:
-        nodes = _nodes(profile, Path(td))
+        nodes = _nodes(profile, Path(td), cla=cla)
         try:
             count = total_bytes // body
             console.print(f"[dim]{profile}: bulk transfer of {count} x {body} B incompressible envelopes[/dim]")
@@ -161,7 +161,7 @@ def tactical(profile: str = "cnr-tactical-2", total_bytes: int = 60_000, body: i
             nodes.stop_all()
             testbed.down()
     rate = link["profile_ab"]["rate_bps"]
-    return {"profile": profile, "payload_bytes": count * body, "seconds": secs, "goodput_bps": bps,
+    return {"profile": profile, "cla": cla, "payload_bytes": count * body, "seconds": secs, "goodput_bps": bps,
             "link_bps": rate, "fraction": bps / rate, "link_frames_ab": st["ab"]["delivered"],
             "link_bytes_ab": st["ab"]["delivered_bytes"]}
 
@@ -185,7 +185,7 @@ def report(rows: list[dict], tac: dict | None, out: Path) -> None:
     if rows:
         console.print(t)
     if tac:
-        g = Table(title=f"bulk goodput on {tac['profile']}")
+        g = Table(title=f"bulk goodput on {tac['profile']} over {tac['cla']}")
         for c in ("payload", "time", "goodput", "link rate", "fraction (>= 0.75)"):
             g.add_column(c, justify="right")
         g.add_row(f"{tac['payload_bytes']} B", f"{tac['seconds']:.0f} s", f"{tac['goodput_bps'] / 1e3:.2f} kbit/s",
@@ -225,8 +225,9 @@ def report(rows: list[dict], tac: dict | None, out: Path) -> None:
     console.print(f"results in {out}")
 
 
-def main(sizes: list[str], runs: int, tactical_bytes: int, skip_lan: bool = False, skip_tactical: bool = False) -> None:
+def main(sizes: list[str], runs: int, tactical_bytes: int, skip_lan: bool = False, skip_tactical: bool = False,
+         cla: str = "tcpcl") -> None:
     out = Path("results") / (time.strftime("%Y%m%d-%H%M%S") + "-overlay-bench")
     rows = [] if skip_lan else lan(sizes, runs)
-    tac = None if skip_tactical else tactical(total_bytes=tactical_bytes)
+    tac = None if skip_tactical else tactical(total_bytes=tactical_bytes, cla=cla)
     report(rows, tac, out)

@@ -210,3 +210,38 @@ def test_malformed_bundles_and_envelopes_are_counted_and_the_rest_kept(tmp_path,
     c = b.store.counters()
     assert c["rejected:bad-tag"] == 1 and c["rejected:malformed"] == 2
     assert len([r for r in caplog.records if "rejected" in r.getMessage()]) == 3
+
+
+def test_a_lost_bundle_is_resent_as_soon_as_a_later_one_arrives(tmp_path):
+    cfg = SchedulerConfig(min_rto_ms=60_000, initial_rto_ms=120_000)
+    a = OverlayCore(CustodyStore(tmp_path / "a.db", "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(CustodyStore(tmp_path / "b.db", "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+
+    class DropFirst(Net):
+        def send(self, out, now):
+            for o in out:
+                if o.seqs == [1] and not getattr(self, "dropped", False):
+                    self.dropped = True  # the first data bundle is lost on the way
+                    self.bundles += 1
+                    continue
+                super().send([o], now)
+
+    net = DropFirst(delay_ms=200)
+    got = run({"gw1": a, "gw4": b}, net, 5_000, actions=[(0, lambda t: a.submit("gw4", b"one", t)),
+                                                         (1_000, lambda t: a.submit("gw4", b"two", t))])
+    assert [d.body for d in got["gw4"]] == [b"one", b"two"]  # in order, seconds before any timeout
+    assert a.store.count("fast_retransmits") == 1
+
+
+def test_a_store_of_another_schema_version_is_refused(tmp_path):
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.execute("CREATE TABLE outbox(seq INTEGER PRIMARY KEY)")
+    db.execute("PRAGMA user_version=0")
+    db.commit()
+    db.close()
+    from c2dtn.errors import C2Error
+
+    with pytest.raises(C2Error, match="schema version 0"):
+        CustodyStore(tmp_path / "old.db", "gw1")

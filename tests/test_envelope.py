@@ -114,12 +114,13 @@ def test_zip_bomb_is_refused():
 
 
 def test_ack_bodies_are_runs():
-    body = E.encode_ack_body([5, 1, 2, 3, 9, 10])
-    assert cbor2.loads(body) == [[1, 3], [5, 5], [9, 10]]
-    assert E.decode_ack_body(body) == [1, 2, 3, 5, 9, 10]
-    assert len(E.encode_ack_body(list(range(1, 501)))) < 10  # 500 ids in one short ack
-    for bad in (cbor2.dumps([[3, 1]]), cbor2.dumps([["a", 1]]), cbor2.dumps({"x": 1}), b"\xff"):
+    body = E.encode_ack_body([5, 1, 2, 3, 9, 10], [12, 13])
+    assert cbor2.loads(body) == [[[1, 3], [5, 5], [9, 10]], [[12, 13]]]
+    assert E.decode_ack_body(body) == ([1, 2, 3, 5, 9, 10], [12, 13])
+    assert len(E.encode_ack_body(list(range(1, 501)))) < 12  # 500 ids in one short ack
+    for bad in (cbor2.dumps([[[3, 1]], []]), cbor2.dumps([[["a", 1]], []]), cbor2.dumps({"x": 1}),
+                cbor2.dumps([[1, 2]]), b"\xff"):
         with pytest.raises(E.Malformed):
             E.decode_ack_body(bad)
     with pytest.raises(E.Oversize):
-        E.decode_ack_body(cbor2.dumps([[0, 10**9]]))
+        E.decode_ack_body(cbor2.dumps([[[0, 10**9]], []]))

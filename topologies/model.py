@@ -19,6 +19,7 @@ A topology file looks like:
     dil = true                     # `topo up --profile P` applies P to this link
     subnet = "10.77.9.0/24"        # optional
     emulate = true                 # false: a plain veth pair, no emulator
+    cla = "udp"                    # optional: the convergence layer BPAs use across it
 
     [[lans]]                       # an unemulated broadcast segment (a bridge)
     name = "deu"
@@ -92,6 +93,7 @@ class Link:
     subnet: str
     dil: bool
     emulate: bool
+    cla: str | None = None  # convergence layer BPAs use across this link (tcpcl, mtcp, udp)
     a_iface: Iface | None = None
     b_iface: Iface | None = None
 
@@ -288,8 +290,8 @@ def load(name_or_file: str, profile_override: str | None = None,
     links: dict[str, Link] = {}
     for i, l in enumerate(data.get("links", [])):
         where = f"links[{i}]"
-        _check_keys(src, where, l, {"name", "a", "b", "profile", "reverse_profile", "dil", "subnet", "emulate"},
-                    {"a", "b"})
+        _check_keys(src, where, l, {"name", "a", "b", "profile", "reverse_profile", "dil", "subnet", "emulate",
+                                    "cla"}, {"a", "b"})
         a = node_ref(f"{where}.a", l["a"])
         b = node_ref(f"{where}.b", l["b"])
         if a == b:
@@ -308,9 +310,12 @@ def load(name_or_file: str, profile_override: str | None = None,
         for key, v in (("dil", dil), ("emulate", emulate)):
             if not isinstance(v, bool):
                 raise ConfigError(src, f"{where}.{key}", v, "must be true or false")
+        cla = l.get("cla")
+        if cla is not None and cla not in ("tcpcl", "mtcp", "udp"):
+            raise ConfigError(src, f"{where}.cla", cla, "unknown convergence layer", "tcpcl, mtcp or udp")
         net = take_subnet(f"{where}.subnet", l.get("subnet"))
         hosts = net.hosts()
-        link = Link(lname, a, b, pab, pba, str(net), dil, emulate)
+        link = Link(lname, a, b, pab, pba, str(net), dil, emulate, cla)
         link.a_iface = add_iface(a, b, str(next(hosts)), net.prefixlen, lname, f"{where}.b")
         link.b_iface = add_iface(b, a, str(next(hosts)), net.prefixlen, lname, f"{where}.a")
         links[lname] = link

@@ -242,31 +242,8 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
             for dst, gw in node.routes:
                 ip.route("add", dst=dst, gateway=gw)
 
-    links_state = {}
-    for link in topo.links.values():
-        ls = {
-            "name": link.name, "a": link.a, "b": link.b, "dil": link.dil, "emulate": link.emulate,
-            "netns": link.netns if link.emulate else None, "subnet": link.subnet,
-            "a_if": link.a_iface.name, "b_if": link.b_iface.name,
-            "a_addr": link.a_iface.address, "b_addr": link.b_iface.address,
-            "profile_ab": link.profile_ab.to_dict(), "profile_ba": link.profile_ba.to_dict(),
-            "state": "up", "pid": None, "control": None,
-        }
-        links_state[link.name] = ls
-    st: dict[str, Any] = {
-        "topology": topo.name, "source": topo.source, "backend": backend,
-        "nodes": {n.name: {"role": n.role, "netns": n.netns,
-                           "ifaces": [{"name": i.name, "address": i.address, "prefixlen": i.prefixlen,
-                                       "attached": i.attached} for i in n.ifaces],
-                           "routes": n.routes} for n in topo.nodes.values()},
-        "lans": {s.name: {"members": s.members, "subnet": s.subnet, "netns": s.netns} for s in topo.lans.values()},
-        "links": links_state,
-        "schedule": [{"at_s": ev.at_s, "link": ev.link, "action": ev.action, "carrier": ev.carrier,
-                      "one_way": ev.one_way,
-                      "profile": ev.profile.to_dict() if ev.profile else None} for ev in topo.schedule],
-        "events_applied": [],
-        "scheduler_pid": None,
-    }
+    st = state_of(topo, backend)
+    links_state = st["links"]
     _write_state(st)
 
     if emu_links:
@@ -305,6 +282,36 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
         st["scheduler_pid"] = proc.pid
     _write_state(st)
     say(f"{topo.name} is up in {st['build_s']:.1f} s")
+    return st
+
+
+def state_of(topo: Topology, backend: str) -> dict[str, Any]:
+    """The testbed state of a topology (what topo status shows), before anything runs."""
+    links_state = {}
+    for link in topo.links.values():
+        ls = {
+            "name": link.name, "a": link.a, "b": link.b, "dil": link.dil, "emulate": link.emulate, "cla": link.cla,
+            "netns": link.netns if link.emulate else None, "subnet": link.subnet,
+            "a_if": link.a_iface.name, "b_if": link.b_iface.name,
+            "a_addr": link.a_iface.address, "b_addr": link.b_iface.address,
+            "profile_ab": link.profile_ab.to_dict(), "profile_ba": link.profile_ba.to_dict(),
+            "state": "up", "pid": None, "control": None,
+        }
+        links_state[link.name] = ls
+    st: dict[str, Any] = {
+        "topology": topo.name, "source": topo.source, "backend": backend,
+        "nodes": {n.name: {"role": n.role, "netns": n.netns,
+                           "ifaces": [{"name": i.name, "address": i.address, "prefixlen": i.prefixlen,
+                                       "attached": i.attached} for i in n.ifaces],
+                           "routes": n.routes} for n in topo.nodes.values()},
+        "lans": {s.name: {"members": s.members, "subnet": s.subnet, "netns": s.netns} for s in topo.lans.values()},
+        "links": links_state,
+        "schedule": [{"at_s": ev.at_s, "link": ev.link, "action": ev.action, "carrier": ev.carrier,
+                      "one_way": ev.one_way,
+                      "profile": ev.profile.to_dict() if ev.profile else None} for ev in topo.schedule],
+        "events_applied": [],
+        "scheduler_pid": None,
+    }
     return st
 
 

@@ -1,0 +1,108 @@
+"""Node configurations: parsing, errors naming file/field/value, CLA translation, and
+configs written for a topology (peers, routes, keys, per-link CLA)."""
+
+import pytest
+
+from c2dtn.errors import ConfigError
+from cla_adapters import parse_cla
+from overlay.config import load_node_config
+from overlay.supervisor import dtn7_argv, dtn7_routes
+from overlay.testbed_configs import write_configs
+from topologies import model, testbed
+
+
+def test_cla_specs_and_dtn7_translation():
+    s = parse_cla("tcpcl://10.77.1.2")
+    assert (s.scheme, s.host, s.port) == ("tcpcl", "10.77.1.2", 4556)
+    assert s.dtn7_peer_arg("r2") == "tcp://10.77.1.2:4556/r2"
+    assert parse_cla("udp://0.0.0.0:5000").dtn7_listen_arg() == "udp:port=5000:bind=0.0.0.0"
+    assert parse_cla("mtcp://10.0.0.1").port == 16162
+    for bad, why in [("bundle://10.0.0.1", "unknown convergence layer"), ("tcpcl://", "no address"),
+                     ("tcpcl://radio-1:4556", "not an IP address"), ("tcpcl://10.0.0.1:99999", "bad port"),
+                     (42, "a CLA spec is a string")]:
+        with pytest.raises(ConfigError, match=why):
+            parse_cla(bad, "n.toml", "agent.listen[0]")
+
+
+def _write(tmp_path, text):
+    f = tmp_path / "node.toml"
+    f.write_text(text)
+    return f
+
+
+GOOD = '''
+[node]
+id = "gw1"
+storage = "/tmp/c2-test-gw1"
+[agent]
+listen = ["tcpcl://0.0.0.0:4556", "udp://0.0.0.0:4556"]
+[[agent.peers]]
+node = "r2"
+cla = "tcpcl://10.77.1.2:4556"
+[[agent.routes]]
+to = "*"
+via = "r2"
+[keys]
+gw4 = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+[scheduler]
+aggregate_bytes = 1200
+'''
+
+
+def test_node_config_to_dtnd_command_line(tmp_path):
+    cfg = load_node_config(_write(tmp_path, GOOD))
+    assert cfg.keys["gw4"] == bytes.fromhex("00112233445566778899aabbccddeeff" * 2)
+    assert cfg.scheduler.aggregate_bytes == 1200
+    argv = dtn7_argv(cfg, "/x/dtnd")
+    assert argv[:3] == ["/x/dtnd", "-n", "gw1"]
+    assert ["-D", "sled"] == argv[argv.index("-D"):argv.index("-D") + 2]
+    assert "tcp:port=4556:bind=0.0.0.0" in argv and "udp:port=4556:bind=0.0.0.0" in argv
+    assert "tcp://10.77.1.2:4556/r2" in argv
+    assert dtn7_routes(cfg).splitlines()[1] == "1 ** ** dtn://r2/"
+
+
+@pytest.mark.parametrize("change, field, value", [
+    (("id = \"gw1\"", "id = \"gw 1\""), "node.id", "gw 1"),
+    (("[agent]", "[agent]\nstore = \"tape\""), "agent.store", "tape"),
+    (("[agent]", "[agent]\nkind = \"ion\""), "agent.kind", "ion"),
+    (("via = \"r2\"", "via = \"r9\""), "agent.routes[0].via", "r9"),
+    (("cla = \"tcpcl://10.77.1.2:4556\"", "cla = \"tcp://10.77.1.2\""), "agent.peers[0].cla", "tcp://10.77.1.2"),
+    (("aggregate_bytes = 1200", "aggregate_bytes = -5"), "scheduler.aggregate_bytes", -5),
+    (("aggregate_bytes = 1200", "agregate_bytes = 5"), "scheduler.agregate_bytes", 5),
+    (("gw4 = \"0011", "gw4 = \"zz11"), "keys.gw4", "<hidden>"),
+])
+def test_bad_node_config_names_file_field_and_value(tmp_path, change, field, value):
+    f = _write(tmp_path, GOOD.replace(*change))
+    with pytest.raises(ConfigError) as e:
+        load_node_config(f)
+    assert (e.value.source, e.value.field, e.value.value) == (str(f), field, value)
+
+
+def test_configs_for_nps_chain_with_a_udp_radio_link(tmp_path):
+    st = testbed.state_of(model.load("nps-chain"), "userspace")  # the shipped r2=r3 link is cla = "udp"
+    paths = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "nodes")
+    gw1, r2, gw4 = (load_node_config(paths[n]) for n in ("gw1", "r2", "gw4"))
+    assert [(p.node, str(p.cla)) for p in gw1.peers] == [("r2", "tcpcl://10.77.1.2:4556")]
+    assert [(p.node, str(p.cla)) for p in r2.peers] == [("gw1", "tcpcl://10.77.1.1:4556"),
+                                                       ("r3", "udp://10.77.2.2:4556")]
+    assert sorted(c.scheme for c in r2.listen) == ["tcpcl", "udp"]
+    assert [(r.to, r.via) for r in gw1.routes] == [("r2", "r2"), ("r3", "r2"), ("gw4", "r2")]
+    assert gw1.keys["gw4"] == gw4.keys["gw1"] and len(gw1.keys["gw4"]) == 32
+    assert gw1.overlay and not r2.overlay and r2.keys == {}
+    assert gw1.scheduler.aggregate_bytes == 1200  # bundles must fit one datagram on the udp hop
+    assert gw1.netns == "c2-gw1"
+    tcp_only = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "tcp", cla="tcpcl")
+    assert load_node_config(tcp_only["gw1"]).scheduler.aggregate_bytes == 1200  # the radio link stays udp
+
+
+def test_configs_for_fmn_4nations_gateways_meet_at_tacnet(tmp_path):
+    st = testbed.state_of(model.load("fmn-4nations"), "userspace")
+    gws = ["deu-gw", "nor-gw", "prt-gw", "usa-gw"]
+    paths = write_configs(st, gws + ["tacnet"], gws, tmp_path / "n")
+    deu = load_node_config(paths["deu-gw"])
+    assert [p.node for p in deu.peers] == ["tacnet"]
+    assert {r.to: r.via for r in deu.routes} == {"nor-gw": "tacnet", "prt-gw": "tacnet", "usa-gw": "tacnet",
+                                                 "tacnet": "tacnet"}
+    assert sorted(deu.keys) == ["nor-gw", "prt-gw", "usa-gw"]
+    with pytest.raises(ConfigError, match="overlay nodes must also run a BPA"):
+        write_configs(st, ["tacnet"], ["deu-gw"], tmp_path / "m")
