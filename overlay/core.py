@@ -15,6 +15,11 @@ from overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
 
 log = logging.getLogger("c2dtn.overlay")
 
+# Acks wait this long for data going the same way to ride on (or for more acks
+# to gather) before they travel in a bundle of their own; many pending go at once.
+ACK_DELAY_MS = 100
+ACK_BATCH = 256
+
 # Envelopes held behind a gap in their class's order are released after this
 # long, so one lost envelope whose sender gave up cannot stall a class forever.
 DEFAULT_MAX_HOLD_MS = 300_000
@@ -36,6 +41,7 @@ class OverlayCore:
         self.sched = Scheduler(store, codec, cfg)
         self.max_hold_ms = max_hold_ms
         self._next_hold_check = 0
+        self._ack_since: dict[str, int] = {}  # origin -> when its oldest unsent ack was queued
 
     @property
     def node(self) -> str:
@@ -88,10 +94,19 @@ class OverlayCore:
             self.store.release_held(now_ms - self.max_hold_ms, now_ms)
             self._next_hold_check = now_ms + 1000
         acks = self.store.pending_acks()
-        out = self.sched.plan(now_ms, acks)
+        for origin in list(self._ack_since):
+            if origin not in acks:
+                del self._ack_since[origin]
+        due = set()
+        for origin, (done, got) in acks.items():
+            since = self._ack_since.setdefault(origin, now_ms)
+            if now_ms - since >= ACK_DELAY_MS or len(done) + len(got) >= ACK_BATCH:
+                due.add(origin)
+        out = self.sched.plan(now_ms, acks, due)
         for b in out:
             if b.acks[0] or b.acks[1]:
                 self.store.acks_sent(b.dst, *b.acks)
+                self._ack_since.pop(b.dst, None)
         return out
 
     def take(self, limit: int = 1000) -> list[Delivery]:
@@ -101,7 +116,9 @@ class OverlayCore:
         self.store.consumed(ids)
 
     def next_wakeup_ms(self) -> int | None:
-        return self.sched.next_wakeup_ms()
+        times = [t for t in [self.sched.next_wakeup_ms()] + [s + ACK_DELAY_MS for s in self._ack_since.values()]
+                 if t is not None]
+        return min(times) if times else None
 
 
 class _Misrouted(EnvelopeError):

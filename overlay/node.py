@@ -240,4 +240,9 @@ def run_node(cfg: NodeConfig) -> None:
             loop.add_signal_handler(s, stop.set)
         await OverlayNode(cfg).run(stop)
 
-    asyncio.run(main())
+    try:
+        import uvloop  # a faster event loop: the node's per-envelope overhead is mostly loop and I/O
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())

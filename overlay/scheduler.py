@@ -83,8 +83,12 @@ class Scheduler:
         return p
 
     # -- planning ----------------------------------------------------------
-    def plan(self, now_ms: int, acks: dict[str, tuple[list[int], list[int]]] | None = None) -> list[Outgoing]:
-        """What to send now.  Marks what it returns as in flight in the store."""
+    def plan(self, now_ms: int, acks: dict[str, tuple[list[int], list[int]]] | None = None,
+             acks_due: set[str] | None = None) -> list[Outgoing]:
+        """What to send now.  Marks what it returns as in flight in the store.
+
+        Pending acks ride along with data for their node; those in acks_due (all,
+        when None) go in a bundle of their own if no data is going that way."""
         st = self.store
         # maintenance only when something is due (cheap indexed look-ups first)
         next_expiry = st.next_expiry_ms()
@@ -114,7 +118,10 @@ class Scheduler:
                         break
                     chosen.append(it)
                     budget -= it.size
-            out.extend(self._bundle(dst, chosen, acks.pop(dst, ([], [])), now_ms))
+            ack = acks.pop(dst, ([], []))
+            if not chosen and acks_due is not None and dst not in acks_due:
+                ack = ([], [])  # not worth a bundle of its own yet
+            out.extend(self._bundle(dst, chosen, ack, now_ms))
         return out
 
     def _bundle(self, dst: str, items: list[OutItem], ack_seqs: tuple[list[int], list[int]],

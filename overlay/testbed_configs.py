@@ -36,7 +36,8 @@ def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | Non
 
 
 def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
-                  cla: str = "tcpcl", store: str = "sled", extra: str = "") -> dict[str, Path]:
+                  cla: str = "tcpcl", store: str = "sled", extra: str = "", per_link_cla: bool = True) -> dict[str, Path]:
+    """per_link_cla: follow the links' own `cla` (else use `cla` everywhere)."""
     if cla not in DEFAULT_PORTS or cla == "http":
         raise ConfigError("--cla", "--cla", cla, "unknown convergence layer", "tcpcl, mtcp or udp")
     for n in bpa_nodes + overlay_nodes:
@@ -50,7 +51,7 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
     for i, a in enumerate(overlay_nodes):
         for b in overlay_nodes[i + 1:]:
             keys[frozenset((a, b))] = secrets.token_hex(32)
-    any_udp = cla == "udp" or any(ls.get("cla") == "udp" for ls in st["links"].values())
+    any_udp = cla == "udp" or (per_link_cla and any(ls.get("cla") == "udp" for ls in st["links"].values()))
     paths = {}
     for n in bpa_nodes:
         peers: dict[str, tuple[str, str]] = {}  # node -> (address, cla)
@@ -63,7 +64,7 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             if first == m:
                 prev = path[path.index(m) - 1]
                 addr, link_cla = _facing(st, m, prev)
-                peers[m] = (addr, link_cla or cla)
+                peers[m] = (addr, (link_cla if per_link_cla else None) or cla)
             routes.append((m, first))
         lines = [
             f"# c2dtn node {n} on topology {st['topology']} (written by c2dtn node configs)",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
+import threading
 import signal
 import subprocess
 import sys
@@ -28,10 +30,13 @@ def dtnd_missing() -> str | None:
 
 
 class Nodes:
-    def __init__(self, st: dict, bpa: list[str], overlay: list[str], workdir: Path, cla: str = "tcpcl"):
+    def __init__(self, st: dict, bpa: list[str], overlay: list[str], workdir: Path, cla: str = "tcpcl",
+                 per_link_cla: bool = True):
         self.st = st
-        self.paths = write_configs(st, bpa, overlay, workdir, cla=cla)
+        self.paths = write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.sock = {n: load_node_config(p).api_socket for n, p in self.paths.items()}
+        self._conns: dict[tuple[str, int], _UnixHTTP] = {}
 
     def cfg(self, n: str):
         return load_node_config(self.paths[n])
@@ -84,13 +89,25 @@ class Nodes:
                 p.kill()
 
     def api(self, n: str, method: str, path: str, body: bytes | None = None, timeout: float = 30.0):
-        conn = _UnixHTTP(str(self.cfg(n).api_socket), timeout)
-        try:
-            conn.request(method, path, body=body)
-            r = conn.getresponse()
-            data = json.loads(r.read() or b"null")
-        finally:
-            conn.close()
+        """One request on a kept-alive connection to node n's API (a new one if it broke)."""
+        key = (n, threading.get_ident())
+        for attempt in (0, 1):
+            conn = self._conns.get(key)
+            if conn is None:
+                conn = self._conns[key] = _UnixHTTP(str(self.sock[n]), timeout)
+            conn.timeout = timeout
+            try:
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                conn.request(method, path, body=body)
+                r = conn.getresponse()
+                data = json.loads(r.read() or b"null")
+                break
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self._conns.pop(key, None)
+                if attempt:
+                    raise
         if r.status != 200:
             raise RuntimeError(f"{n} {path}: {data}")
         return data

@@ -40,7 +40,13 @@ async def echo(agent: Dtn7Agent, seconds: float) -> dict:
 
 async def rtt(agent: Dtn7Agent, dst: str, size: int, count: int, timeout: float) -> dict:
     await agent.register("benchreply")
-    it = agent.deliveries("benchreply").__aiter__()
+    replies: asyncio.Queue = asyncio.Queue()
+
+    async def feed():  # a timeout must not cancel the delivery stream itself
+        async for d in agent.deliveries("benchreply"):
+            await replies.put(d)
+
+    feeder = asyncio.create_task(feed())
     rtts = []
     for i in range(count):
         stamp = f"{i}:".encode()
@@ -49,12 +55,13 @@ async def rtt(agent: Dtn7Agent, dst: str, size: int, count: int, timeout: float)
         await agent.send(dst, "bench", payload, 600)
         try:
             while True:
-                d = await asyncio.wait_for(it.__anext__(), timeout)
+                d = await asyncio.wait_for(replies.get(), timeout)
                 if d.payload.startswith(stamp):
                     break
             rtts.append(time.monotonic() - t0)
         except asyncio.TimeoutError:
             pass
+    feeder.cancel()
     return {"rtts": rtts}
 
 
