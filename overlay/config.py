@@ -35,19 +35,18 @@
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from c2dtn.errors import ConfigError
+from c2dtn.tomlfile import check_name, check_table, read_toml
 from cla_adapters import ClaSpec, parse_cla
 from overlay.custody import Quota
 from overlay.scheduler import SchedulerConfig
 
 AGENTS = ("dtn7",)
 STORES = ("mem", "sled", "sneakers")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
 
 
 @dataclass
@@ -93,29 +92,6 @@ class NodeConfig:
         return self.storage / self.agent
 
 
-def _keys(src: str, table: Any) -> set[str]:
-    if not isinstance(table, dict):
-        raise ConfigError(src, "-", table, "must be a table")
-    return set(table)
-
-
-def _check(src: str, where: str, table: Any, allowed: set[str], required: set[str] = frozenset()) -> dict:
-    if not isinstance(table, dict):
-        raise ConfigError(src, where, table, "must be a table")
-    for k in table:
-        if k not in allowed:
-            raise ConfigError(src, f"{where}.{k}", table[k], "unknown field", "known: " + ", ".join(sorted(allowed)))
-    for k in required:
-        if k not in table:
-            raise ConfigError(src, f"{where}.{k}", None, "missing")
-    return table
-
-
-def _name(src: str, where: str, v: Any) -> str:
-    if not isinstance(v, str) or not NAME.match(v):
-        raise ConfigError(src, where, v, "a node id is 1-40 letters, digits, '-' or '_'")
-    return v
-
 
 def _int(src: str, where: str, v: Any, lo: int, hi: int) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
@@ -132,16 +108,10 @@ def parse_key(src: str, where: str, v: Any) -> bytes:
 
 def load_node_config(path: str | Path) -> NodeConfig:
     src = str(path)
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as e:
-        raise ConfigError(src, "-", src, f"cannot read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(src, "-", src, f"not valid TOML: {e}") from None
-    _check(src, "(top level)", data, {"node", "agent", "keys", "scheduler", "quota"}, {"node"})
-    node = _check(src, "node", data["node"], {"id", "storage", "netns", "overlay"}, {"id", "storage"})
-    cfg = NodeConfig(source=src, id=_name(src, "node.id", node["id"]), storage=Path(str(node["storage"])))
+    data = read_toml(path)
+    check_table(src, "(top level)", data, {"node", "agent", "keys", "scheduler", "quota"}, {"node"})
+    node = check_table(src, "node", data["node"], {"id", "storage", "netns", "overlay"}, {"id", "storage"})
+    cfg = NodeConfig(source=src, id=check_name(src, "node.id", node["id"]), storage=Path(str(node["storage"])))
     if "netns" in node:
         if not isinstance(node["netns"], str) or not node["netns"]:
             raise ConfigError(src, "node.netns", node["netns"], "must be a namespace name")
@@ -150,7 +120,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
         if not isinstance(node["overlay"], bool):
             raise ConfigError(src, "node.overlay", node["overlay"], "must be true or false")
         cfg.overlay = node["overlay"]
-    agent = _check(src, "agent", data.get("agent", {}),
+    agent = check_table(src, "agent", data.get("agent", {}),
                    {"kind", "store", "web_port", "listen", "janitor", "peers", "routes"})
     cfg.agent = agent.get("kind", "dtn7")
     if cfg.agent not in AGENTS:
@@ -167,25 +137,26 @@ def load_node_config(path: str | Path) -> NodeConfig:
     if not re.fullmatch(r"\d+(ms|s|m)", cfg.janitor):
         raise ConfigError(src, "agent.janitor", cfg.janitor, "not a duration", 'write e.g. "5s"')
     for i, p in enumerate(agent.get("peers", [])):
-        _check(src, f"agent.peers[{i}]", p, {"node", "cla"}, {"node", "cla"})
-        cfg.peers.append(Peer(_name(src, f"agent.peers[{i}].node", p["node"]),
+        check_table(src, f"agent.peers[{i}]", p, {"node", "cla"}, {"node", "cla"})
+        cfg.peers.append(Peer(check_name(src, f"agent.peers[{i}].node", p["node"]),
                               parse_cla(p["cla"], src, f"agent.peers[{i}].cla")))
     for i, r in enumerate(agent.get("routes", [])):
-        _check(src, f"agent.routes[{i}]", r, {"to", "via"}, {"to", "via"})
-        to = r["to"] if r["to"] == "*" else _name(src, f"agent.routes[{i}].to", r["to"])
-        via = _name(src, f"agent.routes[{i}].via", r["via"])
+        check_table(src, f"agent.routes[{i}]", r, {"to", "via"}, {"to", "via"})
+        to = r["to"] if r["to"] == "*" else check_name(src, f"agent.routes[{i}].to", r["to"])
+        via = check_name(src, f"agent.routes[{i}].via", r["via"])
         if via not in {p.node for p in cfg.peers}:
             raise ConfigError(src, f"agent.routes[{i}].via", via, "not one of the agent's peers",
                               "peers: " + ", ".join(p.node for p in cfg.peers))
         cfg.routes.append(Route(to, via))
     keys = data.get("keys", {})
-    _keys(src, keys)
-    cfg.keys = {_name(src, f"keys.{k}", k): parse_key(src, f"keys.{k}", v) for k, v in keys.items()}
+    if not isinstance(keys, dict):
+        raise ConfigError(src, "keys", keys, "must be a table of node id = hex key")
+    cfg.keys = {check_name(src, f"keys.{k}", k): parse_key(src, f"keys.{k}", v) for k, v in keys.items()}
     sch = data.get("scheduler", {})
     known = {f.name: f for f in fields(SchedulerConfig)}
-    _check(src, "scheduler", sch, set(known))
+    check_table(src, "scheduler", sch, set(known))
     cfg.scheduler = SchedulerConfig(**{k: _int(src, f"scheduler.{k}", v, 1, 1 << 40) for k, v in sch.items()})
     q = data.get("quota", {})
-    _check(src, "quota", q, {"max_envelopes", "max_bytes"})
+    check_table(src, "quota", q, {"max_envelopes", "max_bytes"})
     cfg.quota = Quota(**{k: _int(src, f"quota.{k}", v, 1, 1 << 50) for k, v in q.items()})
     return cfg

@@ -18,7 +18,7 @@ supersession, expiry and aggregation still act while the link is slow or down.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from overlay.custody import CustodyStore, OutItem
 from overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body

@@ -95,10 +95,8 @@ def test_outage_passes_nothing_and_loses_what_was_on_the_air():
     assert d.due(0.6) == []
     d.set_up(True, 0.8)
     rest = []
-    t = 0.8
     while (nd := d.next_deadline()) is not None:
         rest += d.due(nd)
-        t = nd
     # the first frame was due at ~0.30 s but nobody polled before the fade began at
     # 0.35 s, so it, and every frame due inside the fade, is lost; the ones due
     # after the link came back at 0.8 s come through

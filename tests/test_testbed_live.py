@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import socket
 import statistics
 import subprocess
 import sys

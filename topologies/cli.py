@@ -190,8 +190,6 @@ def check_cmd(src: str | None, dst: str | None, probes: int, saturate_s: float) 
     """Measure rate, delay and loss from SRC to DST next to what the profiles say.
 
     Without SRC and DST: the first and last node of the topology."""
-    from topologies import probe
-
     st = testbed.read_state()
     if st is None:
         raise testbed.TestbedError("no topology is up (start one with: c2dtn topo up NAME)")

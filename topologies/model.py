@@ -42,7 +42,6 @@ A topology file looks like:
 from __future__ import annotations
 
 import ipaddress
-import tomllib
 from collections import deque
 from dataclasses import dataclass, field
 from importlib import resources
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from c2dtn.errors import ConfigError
+from c2dtn.tomlfile import check_name, check_table, read_toml
 from topologies.profiles import Profile, ProfileLibrary, load_builtin_profiles, parse_time, profile_from_table
 
 ROLES = ("host", "gateway", "router", "broker")
@@ -174,32 +174,6 @@ def resolve_path(name_or_file: str) -> Path:
     return cand
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as e:
-        raise ConfigError(str(path), "-", str(path), f"cannot read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(str(path), "-", str(path), f"not valid TOML: {e}") from None
-
-
-def _check_keys(src: str, where: str, table: Any, allowed: set[str], required: set[str]) -> None:
-    if not isinstance(table, dict):
-        raise ConfigError(src, where, table, "must be a table")
-    for k in table:
-        if k not in allowed:
-            raise ConfigError(src, f"{where}.{k}", table[k], "unknown field", "known: " + ", ".join(sorted(allowed)))
-    for k in required:
-        if k not in table:
-            raise ConfigError(src, f"{where}.{k}", None, "missing")
-
-
-def _name(src: str, where: str, v: Any) -> str:
-    if not isinstance(v, str) or not v or not all(c.isalnum() or c in "-_" for c in v) or len(v) > 40:
-        raise ConfigError(src, where, v, "a name is 1-40 letters, digits, '-' or '_'")
-    return v
-
 
 def _profile(src: str, where: str, v: Any, lib: ProfileLibrary) -> Profile:
     if isinstance(v, str):
@@ -213,17 +187,17 @@ def load(name_or_file: str, profile_override: str | None = None,
          schedule_file: str | None = None) -> Topology:
     path = resolve_path(name_or_file)
     src = str(path)
-    data = _read_toml(path)
-    _check_keys(src, "(top level)", data,
+    data = read_toml(path)
+    check_table(src, "(top level)", data,
                 {"name", "description", "addressing", "profiles", "nodes", "links", "lans", "routes", "schedule"},
                 {"nodes"})
     lib = load_builtin_profiles()
     if "profiles" in data:
         lib.add_tables(data["profiles"], src)
-    topo_name = _name(src, "name", data.get("name", path.stem))
+    topo_name = check_name(src, "name", data.get("name", path.stem))
 
     addressing = data.get("addressing", {})
-    _check_keys(src, "addressing", addressing, {"pool"}, set())
+    check_table(src, "addressing", addressing, {"pool"}, set())
     pool_s = addressing.get("pool", "10.77.0.0/16")
     try:
         pool = ipaddress.ip_network(pool_s)
@@ -261,8 +235,8 @@ def load(name_or_file: str, profile_override: str | None = None,
         raise ConfigError(src, "nodes", raw_nodes, "must be a non-empty array of [[nodes]] tables")
     for i, n in enumerate(raw_nodes):
         where = f"nodes[{i}]"
-        _check_keys(src, where, n, {"name", "role"}, {"name"})
-        nm = _name(src, f"{where}.name", n["name"])
+        check_table(src, where, n, {"name", "role"}, {"name"})
+        nm = check_name(src, f"{where}.name", n["name"])
         if len(f"{PREFIX}-{nm}") > 40:
             raise ConfigError(src, f"{where}.name", nm, "too long")
         if nm in nodes:
@@ -290,13 +264,13 @@ def load(name_or_file: str, profile_override: str | None = None,
     links: dict[str, Link] = {}
     for i, l in enumerate(data.get("links", [])):
         where = f"links[{i}]"
-        _check_keys(src, where, l, {"name", "a", "b", "profile", "reverse_profile", "dil", "subnet", "emulate",
+        check_table(src, where, l, {"name", "a", "b", "profile", "reverse_profile", "dil", "subnet", "emulate",
                                     "cla"}, {"a", "b"})
         a = node_ref(f"{where}.a", l["a"])
         b = node_ref(f"{where}.b", l["b"])
         if a == b:
             raise ConfigError(src, f"{where}.b", b, "a link needs two different nodes")
-        lname = _name(src, f"{where}.name", l.get("name", f"{a}-{b}"))
+        lname = check_name(src, f"{where}.name", l.get("name", f"{a}-{b}"))
         if len(f"{PREFIX}e-{lname}") > 40:
             raise ConfigError(src, f"{where}.name", lname, "too long for a namespace name")
         if lname in links:
@@ -324,8 +298,8 @@ def load(name_or_file: str, profile_override: str | None = None,
     lans: dict[str, Lan] = {}
     for i, s in enumerate(data.get("lans", [])):
         where = f"lans[{i}]"
-        _check_keys(src, where, s, {"name", "members", "subnet"}, {"name", "members"})
-        sname = _name(src, f"{where}.name", s["name"])
+        check_table(src, where, s, {"name", "members", "subnet"}, {"name", "members"})
+        sname = check_name(src, f"{where}.name", s["name"])
         if sname in lans or sname in nodes:
             raise ConfigError(src, f"{where}.name", sname, "duplicate name (LANs and nodes share one namespace)")
         members = s["members"]
@@ -364,7 +338,7 @@ def load(name_or_file: str, profile_override: str | None = None,
     _compute_routes(nodes, links, lans)
     for i, r in enumerate(data.get("routes", [])):
         where = f"routes[{i}]"
-        _check_keys(src, where, r, {"node", "to", "via"}, {"node", "to", "via"})
+        check_table(src, where, r, {"node", "to", "via"}, {"node", "to", "via"})
         nm = node_ref(f"{where}.node", r["node"])
         via = node_ref(f"{where}.via", r["via"])
         try:
@@ -378,8 +352,8 @@ def load(name_or_file: str, profile_override: str | None = None,
 
     schedule = _load_schedule(data.get("schedule", []), src, links, lib)
     if schedule_file:
-        sdata = _read_toml(Path(schedule_file))
-        _check_keys(schedule_file, "(top level)", sdata, {"schedule", "profiles"}, {"schedule"})
+        sdata = read_toml(Path(schedule_file))
+        check_table(schedule_file, "(top level)", sdata, {"schedule", "profiles"}, {"schedule"})
         if "profiles" in sdata:
             lib.add_tables(sdata["profiles"], schedule_file)
         schedule = sorted(schedule + _load_schedule(sdata["schedule"], schedule_file, links, lib),
@@ -393,7 +367,7 @@ def _load_schedule(raw: Any, src: str, links: dict[str, Link], lib: ProfileLibra
     events = []
     for i, e in enumerate(raw):
         where = f"schedule[{i}]"
-        _check_keys(src, where, e, {"at", "link", "action", "profile", "carrier", "one_way"}, {"at", "link", "action"})
+        check_table(src, where, e, {"at", "link", "action", "profile", "carrier", "one_way"}, {"at", "link", "action"})
         at = parse_time(e["at"], src, f"{where}.at")
         if e["link"] not in links:
             raise ConfigError(src, f"{where}.link", e["link"], "no such link", "links: " + ", ".join(links))
@@ -405,7 +379,7 @@ def _load_schedule(raw: Any, src: str, links: dict[str, Link], lib: ProfileLibra
                 raise ConfigError(src, f"{where}.profile", None, "action 'set' needs a profile")
             prof = _profile(src, f"{where}.profile", e["profile"], lib)
         elif "profile" in e:
-            raise ConfigError(src, f"{where}.profile", e["profile"], f"only action 'set' takes a profile")
+            raise ConfigError(src, f"{where}.profile", e["profile"], "only action 'set' takes a profile")
         carrier = e.get("carrier", False)
         if not isinstance(carrier, bool):
             raise ConfigError(src, f"{where}.carrier", carrier, "must be true or false")

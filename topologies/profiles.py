@@ -260,13 +260,9 @@ def load_builtin_profiles() -> ProfileLibrary:
 
 
 def load_profile_file(path: str) -> ProfileLibrary:
+    from c2dtn.tomlfile import read_toml
+
     lib = load_builtin_profiles()
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as e:
-        raise ConfigError(path, "-", path, f"cannot read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(path, "-", path, f"not valid TOML: {e}") from None
+    data = read_toml(path)
     lib.add_tables(data.get("profiles", {}), path)
     return lib

@@ -29,7 +29,7 @@ from typing import Any
 
 from c2dtn.errors import C2Error, ConfigError
 from topologies import netem, netns
-from topologies.model import Link, Topology, load
+from topologies.model import Topology, load
 from topologies.profiles import Profile
 
 NS_PREFIXES = ("c2-", "c2e-", "c2l-")

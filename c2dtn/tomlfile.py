@@ -1,0 +1,42 @@
+"""Reading and checking TOML configuration files, with errors naming file, field and value."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from c2dtn.errors import ConfigError
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    src = str(path)
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as e:
+        raise ConfigError(src, "-", src, f"cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(src, "-", src, f"not valid TOML: {e}") from None
+
+
+def check_table(src: str, where: str, table: Any, allowed: set[str], required: set[str] = frozenset()) -> dict:
+    """`table` is a table with only `allowed` keys and every `required` one."""
+    if not isinstance(table, dict):
+        raise ConfigError(src, where, table, "must be a table")
+    for k in table:
+        if k not in allowed:
+            raise ConfigError(src, f"{where}.{k}", table[k], "unknown field", "known: " + ", ".join(sorted(allowed)))
+    for k in required:
+        if k not in table:
+            raise ConfigError(src, f"{where}.{k}", None, "missing")
+    return table
+
+
+def check_name(src: str, where: str, v: Any) -> str:
+    if not isinstance(v, str) or not NAME.match(v):
+        raise ConfigError(src, where, v, "a name is 1-40 letters, digits, '-' or '_', starting with a letter or digit")
+    return v
