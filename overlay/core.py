@@ -19,6 +19,7 @@ log = logging.getLogger("c2dtn.overlay")
 # to gather) before they travel in a bundle of their own; many pending go at once.
 ACK_DELAY_MS = 100
 ACK_BATCH = 256
+ACK_BYTES = 16 * 1024  # ... and at once after this much data from one origin (as TCP acks every other segment)
 
 # Envelopes held behind a gap in their class's order are released after this
 # long, so one lost envelope whose sender gave up cannot stall a class forever.
@@ -42,6 +43,7 @@ class OverlayCore:
         self.max_hold_ms = max_hold_ms
         self._next_hold_check = 0
         self._ack_since: dict[str, int] = {}  # origin -> when its oldest unsent ack was queued
+        self._ack_bytes: dict[str, int] = {}  # origin -> data bytes received since its last ack
 
     @property
     def node(self) -> str:
@@ -77,6 +79,7 @@ class OverlayCore:
                     res.acks += 1
                 else:
                     r = self.store.receive(env, now_ms)
+                    self._ack_bytes[sender] = self._ack_bytes.get(sender, 0) + len(env.body)
                     res.data += 1
                     res.duplicates += r.outcome == "duplicate"
             except EnvelopeError as e:
@@ -100,13 +103,15 @@ class OverlayCore:
         due = set()
         for origin, (done, got) in acks.items():
             since = self._ack_since.setdefault(origin, now_ms)
-            if now_ms - since >= ACK_DELAY_MS or len(done) + len(got) >= ACK_BATCH:
+            if (now_ms - since >= ACK_DELAY_MS or len(done) + len(got) >= ACK_BATCH
+                    or self._ack_bytes.get(origin, 0) >= ACK_BYTES):
                 due.add(origin)
         out = self.sched.plan(now_ms, acks, due)
         for b in out:
             if b.acks[0] or b.acks[1]:
                 self.store.acks_sent(b.dst, *b.acks)
                 self._ack_since.pop(b.dst, None)
+                self._ack_bytes.pop(b.dst, None)
         return out
 
     def take(self, limit: int = 1000) -> list[Delivery]:

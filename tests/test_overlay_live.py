@@ -54,44 +54,42 @@ def outage(start_s: float, length_s: float) -> threading.Thread:
     return th
 
 
-def test_500_envelopes_across_a_60s_outage_exactly_once_in_order(chain):
-    nodes = chain
-    cut = outage(10, 60)
+def send_orders(nodes: Nodes, first: int, last: int, pause_every: int = 0, pause_s: float = 0) -> list[int]:
     sent = []
-    for i in range(500):
+    for i in range(first, last):
         sent.append(nodes.send("gw1", "gw4", f"order {i:03d} ".encode() + bytes(24)))
-        if i % 50 == 49:
-            time.sleep(2)  # a steady stream across the start of the outage
-    cut.join()
-    got = collect(nodes, "gw4", 500, timeout=600, progress="delivered")
+        if pause_every and i % pause_every == pause_every - 1:
+            time.sleep(pause_s)
+    return sent
+
+
+def assert_all_once_in_order(nodes: Nodes, sent: list[int]) -> None:
+    got = collect(nodes, "gw4", len(sent), timeout=600, progress="delivered")
     seqs = [d["seq"] for d in got]
     print("gw1:", nodes.status("gw1")["counters"], "gw4:", nodes.status("gw4")["counters"])
     assert len(seqs) == len(set(seqs)), "something was delivered twice"
     assert sorted(seqs) == sorted(sent), f"missing {sorted(set(sent) - set(seqs))[:10]}"
     assert seqs == sorted(seqs), "out of order within the class"
+
+
+def test_500_envelopes_across_a_60s_outage_exactly_once_in_order(chain):
+    cut = outage(10, 60)
+    sent = send_orders(chain, 0, 500, pause_every=50, pause_s=2)  # a steady stream into the outage
+    cut.join()
+    assert_all_once_in_order(chain, sent)
 
 
 def test_sender_killed_mid_outage_and_restarted_still_all_500(chain):
     nodes = chain
     cut = outage(5, 60)
-    sent = []
-    for i in range(300):
-        sent.append(nodes.send("gw1", "gw4", f"order {i:03d} ".encode() + bytes(24)))
-        if i % 50 == 49:
-            time.sleep(1)
+    sent = send_orders(nodes, 0, 300, pause_every=50, pause_s=1)
     time.sleep(20)  # well inside the outage
     nodes.kill("gw1")  # overlay process and its dtnd, SIGKILL
     time.sleep(3)
     nodes.start("gw1")
-    for i in range(300, 500):
-        sent.append(nodes.send("gw1", "gw4", f"order {i:03d} ".encode() + bytes(24)))
+    sent += send_orders(nodes, 300, 500)
     cut.join()
-    got = collect(nodes, "gw4", 500, timeout=600, progress="delivered")
-    seqs = [d["seq"] for d in got]
-    print("gw1:", nodes.status("gw1")["counters"], "gw4:", nodes.status("gw4")["counters"])
-    assert len(seqs) == len(set(seqs)), "something was delivered twice"
-    assert sorted(seqs) == sorted(sent), f"missing {sorted(set(sent) - set(seqs))[:10]}"
-    assert seqs == sorted(seqs), "out of order within the class"
+    assert_all_once_in_order(nodes, sent)
 
 
 def test_supersession_during_an_outage_newest_position_of_each_unit_goes_first(chain):
@@ -146,3 +144,24 @@ def test_malformed_bundles_from_a_peer_are_counted_and_dropped(chain):
     lines = [l for l in nodes.log("gw4").splitlines() if "rejected" in l]
     assert len(lines) == len(garbage)
     assert nodes.procs["gw4"].poll() is None  # still running
+
+
+def test_supervisor_restarts_a_dead_agent_and_delivery_resumes(chain):
+    nodes = chain
+    import os
+    import signal
+
+    from topologies import netns
+
+    pid = int((nodes.cfg("gw4").storage / "agent.pid").read_text())
+    os.kill(pid, signal.SIGKILL)  # gw4's dtnd dies; its node process lives on
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        st = nodes.status("gw4")
+        if st["agent_restarts"] >= 1 and st["agent_pid"] != pid and "agent_error" not in st:
+            break
+        time.sleep(0.5)
+    assert st["agent_restarts"] == 1 and netns._alive(st["agent_pid"]) and not netns._alive(pid)
+    sent = [nodes.send("gw1", "gw4", f"after restart {i}".encode()) for i in range(10)]
+    got = collect(nodes, "gw4", 10, timeout=300)
+    assert sorted(d["seq"] for d in got) == sorted(sent)
