@@ -8,7 +8,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Debian packages, as "command:package"; only missing commands are installed.
-APT_NEEDS := ip:iproute2 tc:iproute2 ethtool:ethtool ping:iputils-ping curl:curl
+APT_NEEDS := ip:iproute2 tc:iproute2 ethtool:ethtool ping:iputils-ping curl:curl nft:nftables \
+  mosquitto:mosquitto mosquitto_pub:mosquitto-clients
 
 # dtn7-rs is built once per version into a cache outside the clone (about 4
 # minutes) and linked into .tools/; a fresh clone on the same machine reuses it.

@@ -17,11 +17,12 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from ip_gateway.cli import gateway
     from overlay.cli import node, ping_cmd, recv_cmd, send_cmd
     from perf.cli import perf
     from topologies.cli import topo
 
-    for cmd in (topo, node, send_cmd, recv_cmd, ping_cmd, perf):
+    for cmd in (topo, node, gateway, send_cmd, recv_cmd, ping_cmd, perf):
         cli.add_command(cmd)
 
 

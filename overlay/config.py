@@ -78,6 +78,7 @@ class NodeConfig:
     keys: dict[str, bytes] = field(default_factory=dict)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota: Quota = field(default_factory=Quota)
+    gateway: dict | None = None  # the [gateway] table, read by ip_gateway.policy.parse_gateway
 
     @property
     def api_socket(self) -> Path:
@@ -109,7 +110,7 @@ def parse_key(src: str, where: str, v: Any) -> bytes:
 def load_node_config(path: str | Path) -> NodeConfig:
     src = str(path)
     data = read_toml(path)
-    check_table(src, "(top level)", data, {"node", "agent", "keys", "scheduler", "quota"}, {"node"})
+    check_table(src, "(top level)", data, {"node", "agent", "keys", "scheduler", "quota", "gateway"}, {"node"})
     node = check_table(src, "node", data["node"], {"id", "storage", "netns", "overlay"}, {"id", "storage"})
     cfg = NodeConfig(source=src, id=check_name(src, "node.id", node["id"]), storage=Path(str(node["storage"])))
     if "netns" in node:
@@ -159,4 +160,5 @@ def load_node_config(path: str | Path) -> NodeConfig:
     q = data.get("quota", {})
     check_table(src, "quota", q, {"max_envelopes", "max_bytes"})
     cfg.quota = Quota(**{k: _int(src, f"quota.{k}", v, 1, 1 << 50) for k, v in q.items()})
+    cfg.gateway = data.get("gateway")
     return cfg

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from overlay.custody import CustodyStore, Delivery
+from overlay.custody import CustodyStore, Delivery, QuotaExceeded
 from overlay.envelope import Codec, EnvelopeError, Kind, Priority, decode_ack_body
 from overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
 
@@ -25,6 +25,10 @@ ACK_BYTES = 16 * 1024  # ... and at once after this much data from one origin (a
 # long, so one lost envelope whose sender gave up cannot stall a class forever.
 DEFAULT_MAX_HOLD_MS = 300_000
 
+# Envelopes of app "ping" are answered by the node itself with "pong" (`c2dtn ping`).
+PING_APP = "ping"
+PONG_APP = "pong"
+
 
 @dataclass
 class BundleResult:
@@ -36,11 +40,12 @@ class BundleResult:
 
 class OverlayCore:
     def __init__(self, store: CustodyStore, codec: Codec, cfg: SchedulerConfig = SchedulerConfig(),
-                 max_hold_ms: int = DEFAULT_MAX_HOLD_MS):
+                 max_hold_ms: int = DEFAULT_MAX_HOLD_MS, answer_pings: bool = True):
         self.store = store
         self.codec = codec
         self.sched = Scheduler(store, codec, cfg)
         self.max_hold_ms = max_hold_ms
+        self.answer_pings = answer_pings
         self._next_hold_check = 0
         self._ack_since: dict[str, int] = {}  # origin -> when its oldest unsent ack was queued
         self._ack_bytes: dict[str, int] = {}  # origin -> data bytes received since its last ack
@@ -68,11 +73,35 @@ class OverlayCore:
         except EnvelopeError as e:
             self._reject(res, f"bundle of {len(payload)} bytes rejected ({e.reason}): {e}", e.reason)
             return res
+        envs = []
         for i, item in enumerate(items):
             try:
                 env = self.codec.open(sender, item)
                 if env.dst != self.node:
                     raise _Misrouted(f"envelope for {env.dst!r} reached {self.node!r}")
+                envs.append(env)
+            except EnvelopeError as e:
+                self._reject(res, f"envelope {i} of a bundle from {sender!r} rejected ({e.reason}): {e}", e.reason)
+        # the whole bundle in one commit: durable (one fsync) if it brought data, relaxed if only acks
+        with self.store.transaction(durable=any(e.kind != Kind.ACK for e in envs)):
+            self._apply(res, sender, envs, now_ms)
+            if self.answer_pings and any(e.app == PING_APP and e.kind != Kind.ACK for e in envs):
+                self._pong(now_ms)
+        return res
+
+    def _pong(self, now_ms: int) -> None:
+        """Answer pings in the commit that took them (an echo endpoint inside the node)."""
+        pings = self.store.inbox(1000, app=PING_APP)
+        for d in pings:
+            try:
+                self.submit(d.origin, d.body, now_ms, d.lifetime_ms, Priority.FLASH, app=PONG_APP)
+            except (ValueError, QuotaExceeded) as e:
+                log.warning("cannot answer ping %s:%d: %s", d.origin, d.seq, e)
+        self.store.consumed([d.id for d in pings])
+
+    def _apply(self, res: BundleResult, sender: str, envs: list, now_ms: int) -> None:
+        for env in envs:
+            try:
                 if env.kind == Kind.ACK:
                     done, got = decode_ack_body(env.body)
                     self.sched.on_ack(sender, done, got, now_ms)
@@ -83,8 +112,8 @@ class OverlayCore:
                     res.data += 1
                     res.duplicates += r.outcome == "duplicate"
             except EnvelopeError as e:
-                self._reject(res, f"envelope {i} of a bundle from {sender!r} rejected ({e.reason}): {e}", e.reason)
-        return res
+                self._reject(res, f"{env.kind.name.lower()} envelope {env.origin}:{env.seq} from {sender!r} "
+                                  f"rejected ({e.reason}): {e}", e.reason)
 
     def _reject(self, res: BundleResult, line: str, reason: str) -> None:
         res.rejected.append(line)
@@ -106,16 +135,17 @@ class OverlayCore:
             if (now_ms - since >= ACK_DELAY_MS or len(done) + len(got) >= ACK_BATCH
                     or self._ack_bytes.get(origin, 0) >= ACK_BYTES):
                 due.add(origin)
-        out = self.sched.plan(now_ms, acks, due)
-        for b in out:
-            if b.acks[0] or b.acks[1]:
-                self.store.acks_sent(b.dst, *b.acks)
-                self._ack_since.pop(b.dst, None)
-                self._ack_bytes.pop(b.dst, None)
+        with self.store.transaction(durable=False):
+            out = self.sched.plan(now_ms, acks, due)
+            for b in out:
+                if b.acks[0] or b.acks[1]:
+                    self.store.acks_sent(b.dst, *b.acks)
+                    self._ack_since.pop(b.dst, None)
+                    self._ack_bytes.pop(b.dst, None)
         return out
 
-    def take(self, limit: int = 1000) -> list[Delivery]:
-        return self.store.inbox(limit)
+    def take(self, limit: int = 1000, app: str | None = None) -> list[Delivery]:
+        return self.store.inbox(limit, app)
 
     def consumed(self, ids: list[int]) -> None:
         self.store.consumed(ids)

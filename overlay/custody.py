@@ -14,7 +14,14 @@ What it keeps, per node:
 
 No method reads the clock: every call that depends on time takes `now_ms`, so
 tests run hours of custody in milliseconds.  Each public method is one
-transaction; when it returns, its effect is on disk.
+transaction (callers may group several in `transaction()`).
+
+Durability: a transaction that takes custody or records what arrived (submit,
+receive, consumed) is on disk when it returns (fsync of the WAL).  Bookkeeping
+that can only cause a harmless repeat if a power cut undoes it (marking sent,
+releasing acked envelopes, acks sent, retransmission times, expiry reports)
+commits without its own fsync; in WAL mode it still reaches the disk in order,
+with the next durable commit, so nothing is ever seen half done.
 """
 
 from __future__ import annotations
@@ -157,6 +164,8 @@ class CustodyStore:
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
+        self._sync = "FULL"
+        self._tx_durable = False
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         fresh = not self.db.execute("SELECT 1 FROM sqlite_master WHERE name='outbox'").fetchone()
         if not fresh and version != SCHEMA_VERSION:
@@ -169,8 +178,12 @@ class CustodyStore:
         self.db.close()
 
     # -- helpers -------------------------------------------------------
-    def _tx(self):
-        return _Tx(self.db)
+    def _tx(self, durable: bool = True):
+        return _Tx(self, durable)
+
+    def transaction(self, durable: bool = True):
+        """Group several calls into one transaction (one fsync for a whole bundle)."""
+        return _Tx(self, durable)
 
     def _counter(self, name: str) -> int:
         row = self.db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
@@ -237,7 +250,7 @@ class CustodyStore:
 
     def expire(self, now_ms: int) -> list[tuple[int, str]]:
         """End every envelope whose lifetime is over: reported 'expired'.  Returns (seq, dst)."""
-        with self._tx():
+        with self._tx(durable=False):
             rows = self.db.execute("SELECT seq, dst, created_ms, supersede, superseded FROM outbox "
                                    "WHERE expires_ms <= ?", (now_ms,)).fetchall()
             for seq, dst, created, sup, superseded in rows:
@@ -260,7 +273,7 @@ class CustodyStore:
 
     def drop_superseded_inflight(self, now_ms: int) -> int:
         """Superseded copies whose retransmission time came: never sent again, reported."""
-        with self._tx():
+        with self._tx(durable=False):
             rows = self.db.execute("SELECT seq, dst, created_ms, supersede FROM outbox WHERE inflight=1 AND "
                                    "superseded=1 AND retry_ms <= ?", (now_ms,)).fetchall()
             for seq, dst, created, sup in rows:
@@ -287,7 +300,7 @@ class CustodyStore:
         return row[0] or 0
 
     def mark_sent(self, seqs: list[int], now_ms: int, retry_at_ms: dict[int, int]) -> None:
-        with self._tx():
+        with self._tx(durable=False):
             for s in seqs:
                 self.db.execute("UPDATE outbox SET inflight=1, attempts=attempts+1, sent_ms=?, retry_ms=? "
                                 "WHERE seq=?", (now_ms, retry_at_ms[s], s))
@@ -297,7 +310,7 @@ class CustodyStore:
         """The destination holds these (not yet taken by its application): no more
         retransmissions, custody kept until the final ack.  Returns the ones newly marked."""
         out = []
-        with self._tx():
+        with self._tx(durable=False):
             for s in seqs:
                 row = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE seq=? AND received=0", (s,)).fetchone()
                 if row is None:
@@ -309,7 +322,7 @@ class CustodyStore:
     def fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int) -> int:
         """Envelopes sent before one the destination already has, and still not there:
         lost on the way, so due again now rather than at their timeout."""
-        with self._tx():
+        with self._tx(durable=False):
             cur = self.db.execute("UPDATE outbox SET retry_ms=? WHERE dst=? AND inflight=1 AND received=0 AND "
                                   "superseded=0 AND sent_ms < ? AND retry_ms > ?", (now_ms, dst, sent_before_ms, now_ms))
             if cur.rowcount:
@@ -318,14 +331,14 @@ class CustodyStore:
 
     def pull_in_retries(self, dst: str, at_ms: int) -> None:
         """The path to dst works again: no in-flight envelope waits past at_ms for its retry."""
-        with self._tx():
+        with self._tx(durable=False):
             self.db.execute("UPDATE outbox SET retry_ms=? WHERE dst=? AND inflight=1 AND received=0 AND retry_ms>?",
                             (at_ms, dst, at_ms))
 
     def acked(self, seqs: Iterable[int], now_ms: int) -> list[OutItem]:
         """Release custody of acked envelopes; returns what was released (for RTT and window)."""
         out = []
-        with self._tx():
+        with self._tx(durable=False):
             for s in seqs:
                 row = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE seq=?", (s,)).fetchone()
                 if row is None:
@@ -430,6 +443,8 @@ class CustodyStore:
 
     def release_held(self, older_than_ms: int, now_ms: int) -> int:
         """Give up waiting for a gap: envelopes held since before `older_than_ms` go to the inbox."""
+        if not self.db.execute("SELECT 1 FROM held WHERE received_ms <= ? LIMIT 1", (older_than_ms,)).fetchone():
+            return 0
         with self._tx():
             rows = self.db.execute("SELECT DISTINCT origin, priority FROM held WHERE received_ms <= ?",
                                    (older_than_ms,)).fetchall()
@@ -442,9 +457,11 @@ class CustodyStore:
                 self._bump("gaps_skipped", len(rows))
         return n
 
-    def inbox(self, limit: int = 1000) -> list[Delivery]:
+    def inbox(self, limit: int = 1000, app: str | None = None) -> list[Delivery]:
+        """Envelopes waiting for the application, oldest first (only those of `app` when given)."""
+        where, args = ("WHERE app=? ", (app, limit)) if app is not None else ("", (limit,))
         rows = self.db.execute("SELECT id, origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
-                               "received_ms FROM inbox ORDER BY id LIMIT ?", (limit,)).fetchall()
+                               f"received_ms FROM inbox {where}ORDER BY id LIMIT ?", args).fetchall()
         return [Delivery(r[0], r[1], r[2], Priority(r[3]), *r[4:]) for r in rows]
 
     def consumed(self, ids: Iterable[int]) -> None:
@@ -467,12 +484,12 @@ class CustodyStore:
         return out
 
     def acks_sent(self, origin: str, done: Iterable[int], got: Iterable[int] = ()) -> None:
-        with self._tx():
+        with self._tx(durable=False):
             self.db.executemany("DELETE FROM acks WHERE origin=? AND seq=?", [(origin, s) for s in done])
             self.db.executemany("DELETE FROM gotq WHERE origin=? AND seq=?", [(origin, s) for s in got])
 
     def count_event(self, name: str, by: int = 1) -> None:
-        with self._tx():
+        with self._tx(durable=False):
             self._bump(name, by)
 
 
@@ -482,19 +499,31 @@ def _item(r) -> OutItem:
 
 
 class _Tx:
-    """BEGIN IMMEDIATE ... COMMIT, nested calls join the outer transaction."""
+    """BEGIN IMMEDIATE ... COMMIT; nested calls join the outer transaction.  SQLite
+    fixes the fsync policy before BEGIN, so the outermost caller decides whether
+    the commit is durable; a durable call inside a relaxed transaction is a bug."""
 
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
+    def __init__(self, store: CustodyStore, durable: bool):
+        self.store = store
+        self.durable = durable
         self.outer = False
 
     def __enter__(self):
-        if not self.db.in_transaction:
-            self.db.execute("BEGIN IMMEDIATE")
-            self.outer = True
+        st = self.store
+        if st.db.in_transaction:
+            if self.durable and not st._tx_durable:
+                raise RuntimeError("a durable custody change inside a relaxed transaction")
+            return self
+        want = "FULL" if self.durable else "NORMAL"
+        if want != st._sync:
+            st.db.execute(f"PRAGMA synchronous={want}")
+            st._sync = want
+        st.db.execute("BEGIN IMMEDIATE")
+        st._tx_durable = self.durable
+        self.outer = True
         return self
 
     def __exit__(self, et, ev, tb):
         if self.outer:
-            self.db.execute("ROLLBACK" if et else "COMMIT")
+            self.store.db.execute("ROLLBACK" if et else "COMMIT")
         return False

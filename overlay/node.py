@@ -4,7 +4,7 @@ One process per box (`c2dtn node run CONFIG`): it supervises the BPA, feeds the
 core with the BPA's deliveries and the clock, hands the BPA what the core
 plans, and serves local applications on a Unix socket in the storage folder
 (HTTP: POST /send, GET /recv, POST /consumed, GET /status), reachable from any
-network namespace.  Envelopes with app "ping" are answered with "pong" here.
+network namespace.  The core answers envelopes of app "ping" with "pong".
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import base64
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -52,6 +53,10 @@ class OverlayNode:
         self._runner: web.AppRunner | None = None
         self.started_ms = now_ms()
         self.send_errors = 0
+        # app name -> callback run when envelopes of that app arrive (the MQTT gateway);
+        # their envelopes are not handed out by GET /recv
+        self.app_handlers: dict[str, Callable[[], None]] = {}
+        self.extensions: list = []  # objects with async start() and stop(), run inside the node (gateways)
 
     # -- lifecycle ---------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -60,12 +65,17 @@ class OverlayNode:
             await self.agent.register(ENDPOINT)
             self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._pump())]
         await self._serve_api()
+        for ext in self.extensions:
+            await ext.start()
         log.info("node %s up (overlay %s, agent pid %s)", self.cfg.id, "on" if self.core else "off",
                  self.sup.proc.pid if self.sup.proc else "-")
         await stop.wait()
         await self.close()
 
     async def close(self) -> None:
+        for ext in self.extensions:
+            with contextlib.suppress(Exception):
+                await ext.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -91,19 +101,18 @@ class OverlayNode:
                 log.exception("processing a bundle from %s failed", d.src_node)
                 continue
             if res.data or res.acks:
-                self._answer_pings()
                 self._inbox_event.set()
                 self._wake.set()
+            if res.data:
+                for app, handler in self.app_handlers.items():
+                    try:
+                        handler()
+                    except Exception:  # a bug in one application must not stop the node
+                        log.exception("the %s handler failed", app)
 
-    def _answer_pings(self) -> None:
-        pings = [d for d in self.core.take(1000) if d.app == "ping"]
-        for d in pings:
-            try:
-                self.core.submit(d.origin, d.body, now_ms(), d.lifetime_ms, Priority.FLASH, app="pong")
-            except (ValueError, QuotaExceeded) as e:
-                log.warning("cannot answer ping from %s: %s", d.origin, e)
-        if pings:
-            self.core.consumed([d.id for d in pings])
+    def wake(self) -> None:
+        """Something was submitted or consumed: plan again now."""
+        self._wake.set()
 
     async def _pump(self) -> None:
         while True:
@@ -174,7 +183,9 @@ class OverlayNode:
         limit = int(req.query.get("max", "1000"))
         deadline = time.monotonic() + wait
         while True:
-            items = [d for d in self.core.take(limit * 4) if app is None or d.app == app][:limit]
+            items = self.core.take(limit, app)
+            if app is None and self.app_handlers:
+                items = [d for d in self.core.take(limit * 4) if d.app not in self.app_handlers][:limit]
             if items or time.monotonic() >= deadline:
                 break
             self._inbox_event.clear()
@@ -214,11 +225,15 @@ class OverlayNode:
             st["windows"] = {d: {"window": int(p.window), "srtt_ms": p.srtt_ms, "rto_ms": int(p.rto_ms)}
                              for d, p in self.core.sched.paths.items()}
             st["inbox"] = len(store.inbox(100000))
+        for ext in self.extensions:
+            if hasattr(ext, "status"):
+                st[getattr(ext, "name", "extension")] = ext.status()
         return st
 
 
-def run_node(cfg: NodeConfig) -> None:
-    """Run a node until SIGTERM/SIGINT (inside cfg.netns when set)."""
+def run_node(cfg: NodeConfig, extensions: list[Callable[[OverlayNode], object]] = ()) -> None:
+    """Run a node until SIGTERM/SIGINT (inside cfg.netns when set), with extensions
+    (made from the node, started after it: the MQTT gateway)."""
     import signal
 
     if cfg.netns:
@@ -237,7 +252,9 @@ def run_node(cfg: NodeConfig) -> None:
         loop = asyncio.get_running_loop()
         for s in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(s, stop.set)
-        await OverlayNode(cfg).run(stop)
+        node = OverlayNode(cfg)
+        node.extensions = [make(node) for make in extensions]
+        await node.run(stop)
 
     try:
         import uvloop  # a faster event loop: the node's per-envelope overhead is mostly loop and I/O

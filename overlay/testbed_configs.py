@@ -36,7 +36,8 @@ def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | Non
 
 
 def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
-                  cla: str = "tcpcl", store: str = "sled", extra: str = "", per_link_cla: bool = True) -> dict[str, Path]:
+                  cla: str = "tcpcl", store: str = "sled", extra: str | dict[str, str] = "",
+                  per_link_cla: bool = True) -> dict[str, Path]:
     """per_link_cla: follow the links' own `cla` (else use `cla` everywhere)."""
     if cla not in DEFAULT_PORTS or cla == "http":
         raise ConfigError("--cla", "--cla", cla, "unknown convergence layer", "tcpcl, mtcp or udp")
@@ -89,8 +90,9 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
         if any_udp and n in overlay_nodes:
             # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose
             lines += ["[scheduler]", "aggregate_bytes = 1200", ""]
-        if extra:
-            lines.append(extra)
+        more = extra.get(n, "") if isinstance(extra, dict) else extra  # TOML for every node, or per node
+        if more:
+            lines.append(more)
         p = out / f"{n}.toml"
         p.write_text("\n".join(lines) + "\n")
         p.chmod(0o600)  # holds keys

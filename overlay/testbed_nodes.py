@@ -31,9 +31,12 @@ def dtnd_missing() -> str | None:
 
 class Nodes:
     def __init__(self, st: dict, bpa: list[str], overlay: list[str], workdir: Path, cla: str = "tcpcl",
-                 per_link_cla: bool = True):
+                 per_link_cla: bool = True, gateways: dict[str, str] | None = None):
+        """gateways: node -> its [gateway] TOML table; those run `c2dtn gateway run`."""
         self.st = st
-        self.paths = write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla)
+        self.gateways = gateways or {}
+        self.paths = write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla,
+                                   extra=self.gateways)
         self.procs: dict[str, subprocess.Popen] = {}
         self.sock = {n: load_node_config(p).api_socket for n, p in self.paths.items()}
         self._conns: dict[tuple[str, int], _UnixHTTP] = {}
@@ -44,7 +47,8 @@ class Nodes:
     def start(self, n: str, wait: bool = True) -> None:
         cfg = self.cfg(n)
         log = open(cfg.storage.parent / f"{n}.node.log", "ab")
-        self.procs[n] = subprocess.Popen([sys.executable, "-m", "c2dtn.cli", "node", "run", str(self.paths[n])],
+        group = "gateway" if n in self.gateways else "node"
+        self.procs[n] = subprocess.Popen([sys.executable, "-m", "c2dtn.cli", group, "run", str(self.paths[n])],
                                          stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         if wait:
             self.wait_ready(n)

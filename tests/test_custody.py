@@ -245,3 +245,40 @@ def test_a_store_of_another_schema_version_is_refused(tmp_path):
 
     with pytest.raises(C2Error, match="schema version 0"):
         CustodyStore(tmp_path / "old.db", "gw1")
+
+
+def test_a_bundle_that_fails_halfway_leaves_nothing_half_applied(tmp_path, monkeypatch):
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    for i in range(5):
+        a.submit("gw4", f"m{i}".encode(), 0)
+    (bundle,) = a.poll(0)
+    real = b.store.receive
+    calls = []
+
+    def failing(env, now):
+        calls.append(env.seq)
+        if len(calls) == 3:
+            raise RuntimeError("power cut")
+        return real(env, now)
+
+    monkeypatch.setattr(b.store, "receive", failing)
+    with pytest.raises(RuntimeError):
+        b.on_bundle(bundle.payload, 10)
+    assert b.take() == [] and b.store.count("delivered") == 0  # the two before the failure rolled back too
+    monkeypatch.setattr(b.store, "receive", real)
+    b.on_bundle(bundle.payload, 20)  # the retransmission
+    assert [d.body for d in b.take()] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+
+
+def test_the_node_answers_pings_in_the_commit_that_takes_them(tmp_path):
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    a.submit("gw4", b"routine", 0)
+    a.submit("gw4", b"1:probe", 0, priority=Priority.FLASH, app="ping")
+    for out in a.poll(0):
+        b.on_bundle(out.payload, 5)
+    assert [(d.app, d.body) for d in b.take()] == [("", b"routine")]  # the ping is not left for the application
+    pongs = []
+    for out in b.poll(10):
+        a.on_bundle(out.payload, 15)
+        pongs += a.take(app="pong")
+    assert [(d.origin, d.body, d.priority) for d in pongs] == [("gw4", b"1:probe", Priority.FLASH)]

@@ -1,0 +1,590 @@
+"""The MQTT split-session gateway: the asyncio shell, inside the overlay node process.
+
+Near side (clients here): answers CONNECT, SUBSCRIBE, UNSUBSCRIBE and PINGREQ
+itself; a QoS 1/2 PUBLISH is acknowledged only once its envelope is durable in
+custody (publishes read together are committed together: one fsync per read,
+not per message).  Far side (broker here): one MQTT connection per origin
+client at the real broker, with the client's own id, clean-start flag and will;
+an envelope is consumed (so its origin is acked) only once the broker accepted
+it (PUBACK, PUBCOMP, SUBACK); publications the broker sends are put in custody
+before the broker gets its PUBACK, and travel back as "msg" envelopes.
+
+Sessions (subscriptions, clean flag, will) are kept in <storage>/mqtt-sessions.json
+on both sides, so they survive outages and restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ip_gateway import mqtt as m
+from ip_gateway import session as s
+from ip_gateway.policy import GatewayConfig
+from overlay.custody import Delivery, QuotaExceeded
+from overlay.envelope import Priority
+
+log = logging.getLogger("c2dtn.gateway")
+
+CONTROL_LIFETIME_MS = 7 * 24 * 3600 * 1000
+IP_TRANSPARENT = 19  # not in Python 3.11's socket module
+
+
+def now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+@dataclass
+class NearSession:
+    client: str
+    broker: str
+    far: str
+    version: int = 4
+    clean: bool = True
+    subs: dict[str, int] = field(default_factory=dict)
+
+
+class NearConn:
+    """One client connection at the near gateway."""
+
+    def __init__(self, gw: "MqttGateway", reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 broker: tuple[str, int]):
+        self.gw, self.reader, self.writer = gw, reader, writer
+        self.broker = f"{broker[0]}:{broker[1]}"
+        self.parser = m.Parser(gw.cfg.max_packet_size)
+        self.sess: NearSession | None = None
+        self.qos2_in: set[int] = set()  # PUBLISH QoS 2 ids taken, PUBREL not yet seen
+        self.next_pid = 1
+        self.out_pids: dict[int, int] = {}  # packet id -> inbox id of a "msg" sent to the client
+        self.clean_exit = False
+        self.closed = False
+
+    @property
+    def version(self) -> int:
+        return self.parser.version or 4
+
+    def send(self, *pkts: m.Packet) -> None:
+        if not self.closed:
+            self.writer.write(b"".join(m.encode(p, self.version) for p in pkts))
+
+    async def run(self) -> None:
+        peer = self.writer.get_extra_info("peername")
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                try:
+                    pkts = self.parser.feed(data)
+                except m.MqttError as e:
+                    self.gw.counters["protocol_errors"] += 1
+                    log.warning("client %s (%s) sent a bad packet: %s (reason 0x%02x); closing its connection",
+                                self.sess.client if self.sess else "?", peer, e, e.reason)
+                    if self.sess is None and self.parser.version is None:
+                        code = e.reason if e.reason == m.Reason.UNSUPPORTED_PROTOCOL_VERSION else None
+                        if code is not None:
+                            self.writer.write(m.encode(m.ConnAck(False, m.connack_code_v3(code)), 4))
+                    elif self.version == 5:
+                        self.send(m.Disconnect(e.reason, {"reason_string": str(e)[:200]}))
+                    break
+                if not await self.handle(pkts):
+                    break
+                await self.writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self.writer.close()
+            self.gw.near_closed(self)
+
+    async def handle(self, pkts: list[m.Packet]) -> bool:
+        """Answer one read's packets; publishes go to custody together before any is acked."""
+        subs: list[tuple[str, bytes, int, Priority, str | None]] = []
+        replies: list[m.Packet] = []
+        for p in pkts:
+            if isinstance(p, m.Connect):
+                if self.sess is not None:
+                    self.send(m.Disconnect(m.Reason.PROTOCOL_ERROR)) if self.version == 5 else None
+                    return False
+                ack = self.gw.near_connect(self, p)
+                self.send(ack)
+                if ack.reason:
+                    return False
+                continue
+            if self.sess is None:
+                return False
+            if isinstance(p, m.Publish):
+                self._publish(p, subs, replies)
+            elif isinstance(p, m.PubRel):
+                self.qos2_in.discard(p.packet_id)
+                replies.append(m.PubComp(p.packet_id))
+            elif isinstance(p, m.Subscribe):
+                granted = self.gw.near_subscribe(self, p)
+                replies.append(m.SubAck(p.packet_id, granted))
+            elif isinstance(p, m.Unsubscribe):
+                self.gw.near_unsubscribe(self, p)
+                replies.append(m.UnsubAck(p.packet_id, [0] * len(p.filters) if self.version == 5 else []))
+            elif isinstance(p, m.PingReq):
+                replies.append(m.PingResp())
+            elif isinstance(p, (m.PubAck, m.PubComp)):
+                self.gw.delivered(self.out_pids.pop(p.packet_id, None))
+            elif isinstance(p, m.PubRec):
+                replies.append(m.PubRel(p.packet_id))
+            elif isinstance(p, m.Disconnect):
+                self.clean_exit = p.reason != m.Reason.DISCONNECT_WITH_WILL
+                break
+        if subs:
+            try:
+                self.gw.submit_many(subs)
+            except QuotaExceeded as e:
+                log.warning("custody full, refusing %d publishes from %s: %s", len(subs), self.sess.client, e)
+                if self.version == 5:
+                    replies = [m.PubAck(r.packet_id, m.Reason.QUOTA_EXCEEDED) if isinstance(r, m.PubAck) else r
+                               for r in replies]
+                else:
+                    return False  # 3.1.1 has no refusal: the client resends after reconnecting
+        self.send(*replies)
+        return not isinstance(pkts[-1], m.Disconnect) if pkts else True
+
+    def _publish(self, p: m.Publish, subs: list, replies: list) -> None:
+        if p.qos == 2 and p.packet_id in self.qos2_in:
+            replies.append(m.PubRec(p.packet_id))  # a resend before PUBREL: taken already
+            return
+        gw = self.gw
+        rule = gw.cfg.policy.rule_for(p.topic)
+        if rule is None:
+            gw.counters["held_local"] += 1
+        else:
+            life_ms = rule.lifetime_s * 1000
+            if "message_expiry_interval" in p.properties:
+                life_ms = max(1000, min(life_ms, p.properties["message_expiry_interval"] * 1000))
+            body = s.pack("pub", self.sess.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
+                          x=s.props_out(p.properties))
+            subs.append((self.sess.far, body, life_ms, rule.priority, rule.key(p.topic)))
+            gw.counters["published"] += 1
+        if p.qos == 1:
+            replies.append(m.PubAck(p.packet_id))
+        elif p.qos == 2:
+            self.qos2_in.add(p.packet_id)
+            replies.append(m.PubRec(p.packet_id))
+
+    def deliver(self, d: Delivery, msg: dict) -> bool:
+        """Send a publication from the far broker; True if it is done (QoS 0) at once."""
+        pub = s.publish_from(msg, self.version)
+        sub_qos = max((q for f, q in self.sess.subs.items() if m.topic_matches(f, pub.topic)), default=pub.qos)
+        pub.qos = min(pub.qos, sub_qos)
+        if pub.qos:
+            pid = self.next_pid
+            self.next_pid = pid % 65535 + 1
+            pub.packet_id = pid
+            self.out_pids[pid] = d.id
+        self.send(pub)
+        return pub.qos == 0
+
+
+class FarSession:
+    """One origin client's connection to the real broker, at the far gateway."""
+
+    def __init__(self, gw: "MqttGateway", origin: str, client: str, broker: str):
+        self.gw, self.origin, self.client, self.broker = gw, origin, client, broker
+        self.params: dict = {"v": 4, "cs": False, "ka": 60}
+        self.subs: dict[str, list] = {}
+        self.queue: asyncio.Queue[tuple[Delivery, dict]] = asyncio.Queue()
+        self.writer: asyncio.StreamWriter | None = None
+        self.parser: m.Parser | None = None
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.connack: asyncio.Future | None = None
+        self.next_pid = 1
+        self.task = asyncio.create_task(self._run())
+
+    def key(self) -> str:
+        return f"{self.origin}/{self.client}"
+
+    def _pid(self) -> int:
+        pid = self.next_pid
+        self.next_pid = pid % 65535 + 1
+        return pid
+
+    async def _connect(self) -> None:
+        host, port = self.broker.rsplit(":", 1)
+        backoff = 0.5
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+                break
+            except OSError as e:
+                log.warning("broker %s unreachable for %s: %s; retrying in %.1f s", self.broker, self.key(), e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(10.0, backoff * 2)
+        v = self.params.get("v", 4)
+        self.parser = m.Parser(self.gw.cfg.max_packet_size, version=v)
+        self.writer = writer
+        self.connack = asyncio.get_running_loop().create_future()
+        props = {"session_expiry_interval": self.params["sx"]} if v == 5 and "sx" in self.params else {}
+        writer.write(m.encode(m.Connect(self.client, self.params.get("cs", False), self.params.get("ka", 60), None,
+                                        None, s.will_in(self.params.get("w")), v, props), v))
+        self._reader_task = asyncio.create_task(self._read(reader, writer))
+        ack = await asyncio.wait_for(self.connack, 30)
+        if ack.reason:
+            raise ConnectionError(f"broker {self.broker} refused client {self.client}: reason 0x{ack.reason:02x}")
+        self.params["cs"] = False  # a reconnect resumes the session the first connect started
+        if self.subs and not ack.session_present:
+            await self._request(m.Subscribe(self._pid(), [m.SubOption(f, *o) for f, o in self.subs.items()]))
+        log.info("session %s open at broker %s", self.key(), self.broker)
+
+    async def _read(self, reader, writer) -> None:
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for p in self.parser.feed(data):
+                    await self._from_broker(p, writer)
+        except (ConnectionError, OSError, m.MqttError) as e:
+            log.warning("broker connection of %s failed: %s", self.key(), e)
+        finally:
+            if self.writer is writer:
+                self.writer = None
+            for f in list(self.waiting.values()) + ([self.connack] if self.connack else []):
+                if not f.done():
+                    f.set_exception(ConnectionError("broker connection lost"))
+            self.waiting.clear()
+
+    async def _from_broker(self, p: m.Packet, writer) -> None:
+        v = self.params.get("v", 4)
+        if isinstance(p, m.ConnAck):
+            if self.connack and not self.connack.done():
+                self.connack.set_result(p)
+        elif isinstance(p, (m.PubAck, m.PubComp, m.SubAck, m.UnsubAck)):
+            f = self.waiting.pop(p.packet_id, None)
+            if f and not f.done():
+                f.set_result(p)
+        elif isinstance(p, m.PubRec):
+            writer.write(m.encode(m.PubRel(p.packet_id), v))
+        elif isinstance(p, m.PubRel):
+            writer.write(m.encode(m.PubComp(p.packet_id), v))
+        elif isinstance(p, m.Publish):
+            # into custody before the broker hears PUBACK: it stays the broker's until then
+            body = s.pack("msg", self.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
+                          x=s.props_out(p.properties))
+            rule = self.gw.cfg.policy.rule_for(p.topic)
+            prio = rule.priority if rule else Priority.ROUTINE
+            life = (rule.lifetime_s if rule else 3600) * 1000
+            try:
+                self.gw.submit_many([(self.origin, body, life, prio, None)])
+                self.gw.counters["returned"] += 1
+            except QuotaExceeded as e:
+                log.warning("custody full, broker publication for %s not taken: %s", self.key(), e)
+                return  # no ack: the broker sends it again
+            if p.qos == 1:
+                writer.write(m.encode(m.PubAck(p.packet_id), v))
+            elif p.qos == 2:
+                writer.write(m.encode(m.PubRec(p.packet_id), v))
+
+    async def _request(self, pkt) -> m.Packet:
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[pkt.packet_id] = fut
+        self.writer.write(m.encode(pkt, self.params.get("v", 4)))
+        return await asyncio.wait_for(fut, 60)
+
+    async def _run(self) -> None:
+        while True:
+            d, msg = await self.queue.get()
+            while True:
+                try:
+                    await self._apply(d, msg)
+                    break
+                except (ConnectionError, OSError, asyncio.TimeoutError) as e:
+                    log.warning("session %s: %s; reconnecting", self.key(), e)
+                    self._drop()
+                    await asyncio.sleep(0.5)
+
+    def _drop(self) -> None:
+        if self.writer is not None:
+            self.writer.transport.abort()
+            self.writer = None
+
+    async def _apply(self, d: Delivery, msg: dict) -> None:
+        op = msg["op"]
+        if op == "conn":
+            self.params = {k: msg[k] for k in ("v", "cs", "ka", "sx", "w") if k in msg}
+            if self.params.get("cs"):
+                self.subs.clear()
+            self._drop_clean()
+            await self._connect()
+            self.gw.far_changed(self)
+            self.gw.delivered(d.id)
+            return
+        if op == "disc":
+            if self.writer is not None:
+                if msg.get("w"):
+                    self._drop()  # no DISCONNECT: the broker publishes the will
+                else:
+                    self._drop_clean()
+            self.gw.delivered(d.id)
+            return
+        if self.writer is None:
+            await self._connect()
+        if op == "sub":
+            subs = [m.SubOption(x[0], *x[1:5]) for x in msg.get("s", []) if isinstance(x, list) and x]
+            await self._request(m.Subscribe(self._pid(), subs))
+            for so in subs:
+                self.subs[so.filter] = [so.qos, so.no_local, so.retain_as_published, so.retain_handling]
+            self.gw.far_changed(self)
+            self.gw.delivered(d.id)
+        elif op == "unsub":
+            flts = [f for f in msg.get("f", []) if isinstance(f, str)]
+            await self._request(m.Unsubscribe(self._pid(), flts))
+            for f in flts:
+                self.subs.pop(f, None)
+            self.gw.far_changed(self)
+            self.gw.delivered(d.id)
+        elif op == "pub":
+            pub = s.publish_from(msg, self.params.get("v", 4))
+            if pub.qos == 0:
+                self.writer.write(m.encode(pub, self.params.get("v", 4)))
+                self.gw.delivered(d.id)
+            else:
+                pub.packet_id = self._pid()
+                fut = asyncio.get_running_loop().create_future()
+                self.waiting[pub.packet_id] = fut
+                self.writer.write(m.encode(pub, self.params.get("v", 4)))
+                # pipelined: the next publish goes before this one's ack comes back
+                fut.add_done_callback(lambda f, i=d.id: self.gw.delivered(i) if not f.exception() else None)
+                if len(self.waiting) > 200:
+                    await asyncio.wait_for(fut, 60)
+
+    def _drop_clean(self) -> None:
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.write(m.encode(m.Disconnect(), self.params.get("v", 4)))
+                self.writer.close()
+            self.writer = None
+
+
+class MqttGateway:
+    name = "mqtt"
+
+    def __init__(self, node, cfg: GatewayConfig):
+        self.node, self.cfg = node, cfg
+        self.core = node.core
+        self.counters: Counter[str] = Counter()
+        self.near: dict[str, NearConn] = {}
+        self.near_sessions: dict[str, NearSession] = {}
+        self.far: dict[str, FarSession] = {}
+        self._taken: set[int] = set()
+        self.state_path = node.cfg.storage / "mqtt-sessions.json"
+        self._servers: list[asyncio.AbstractServer] = []
+        self._tproxy = None
+
+    # -- lifecycle ---------------------------------------------------------
+    async def start(self) -> None:
+        self._load()
+        for key, st in self._far_state.items():
+            f = self._far_session(st["origin"], st["client"], st["broker"])
+            f.params, f.subs = st["params"], st["subs"]
+            f.task.cancel()
+            f.task = asyncio.create_task(self._resume(f))
+        self.node.app_handlers[s.APP] = self.on_inbox
+        if self.cfg.listen:
+            srv = await asyncio.start_server(lambda r, w: self._accept(r, w, self.cfg.broker), *self.cfg.listen)
+            self._servers.append(srv)
+            log.info("MQTT listener on %s:%d for broker %s:%d", *self.cfg.listen, *self.cfg.broker)
+        if self.cfg.tproxy:
+            from ip_gateway import tproxy
+
+            self._tproxy = tproxy.install(self.cfg.tproxy_port)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
+            sock.bind(("0.0.0.0", self.cfg.tproxy_port))
+            srv = await asyncio.start_server(lambda r, w: self._accept(r, w, w.get_extra_info("sockname")[:2]),
+                                             sock=sock)
+            self._servers.append(srv)
+            log.info("intercepting MQTT (TCP 1883) crossing this box, TPROXY to port %d", self.cfg.tproxy_port)
+        self.on_inbox()
+
+    async def _resume(self, f: FarSession) -> None:
+        with contextlib.suppress(Exception):
+            await f._connect()
+        await f._run()
+
+    async def stop(self) -> None:
+        for srv in self._servers:
+            srv.close()
+        for c in list(self.near.values()):
+            c.writer.close()
+        for f in self.far.values():
+            f.task.cancel()
+            f._drop_clean()
+        if self._tproxy:
+            from ip_gateway import tproxy
+
+            tproxy.remove(self._tproxy)
+
+    def _load(self) -> None:
+        self._far_state = {}
+        try:
+            st = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return
+        except (ValueError, OSError) as e:
+            log.error("MQTT session file %s unreadable (%s): starting without sessions", self.state_path, e)
+            return
+        for c, n in st.get("near", {}).items():
+            self.near_sessions[c] = NearSession(c, n["broker"], n["far"], n["version"], n["clean"], n["subs"])
+        self._far_state = st.get("far", {})
+
+    def _save(self) -> None:
+        st = {"near": {c: n.__dict__ for c, n in self.near_sessions.items() if not n.clean},
+              "far": {k: {"origin": f.origin, "client": f.client, "broker": f.broker, "params": f.params,
+                          "subs": f.subs} for k, f in self.far.items()}}
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(st))
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        tmp.replace(self.state_path)
+
+    # -- custody -------------------------------------------------------------
+    def submit_many(self, items: list[tuple[str, bytes, int, Priority, str | None]]) -> None:
+        now = now_ms()
+        self.core.store.submit_many([(dst, body, life, prio, sup, s.APP) for dst, body, life, prio, sup in items], now)
+        self.node.wake()
+
+    def delivered(self, inbox_id: int | None) -> None:
+        if inbox_id is None:
+            return
+        self._taken.discard(inbox_id)
+        self.core.consumed([inbox_id])
+        self.node.wake()
+
+    # -- near side -----------------------------------------------------------
+    async def _accept(self, reader, writer, broker) -> None:
+        conn = NearConn(self, reader, writer, broker)
+        await conn.run()
+
+    def near_connect(self, conn: NearConn, p: m.Connect) -> m.ConnAck:
+        bad = 0x85 if p.version == 5 else 2
+        props = {}
+        client = p.client_id
+        if not client:
+            if not p.clean_start:
+                return m.ConnAck(False, bad)
+            client = "c2-" + os.urandom(6).hex()
+            props["assigned_client_identifier"] = client
+        far = self.cfg.policy.gateway_for(conn.broker.rsplit(":", 1)[0])
+        if far is None:
+            log.warning("no gateway serves broker %s (client %s): refusing", conn.broker, client)
+            return m.ConnAck(False, 0x88 if p.version == 5 else 3, props)
+        old = self.near.get(client)
+        if old is not None and old is not conn:
+            old.clean_exit = True  # taken over: no will
+            old.closed = True
+            old.writer.close()
+        prev = self.near_sessions.get(client)
+        present = bool(prev and not p.clean_start and not prev.clean)
+        sess = prev if present else NearSession(client, conn.broker, far, p.version, p.clean_start)
+        sess.version, sess.clean, sess.broker, sess.far = p.version, p.clean_start, conn.broker, far
+        self.near_sessions[client] = sess
+        conn.sess = sess
+        self.near[client] = conn
+        kw = {"v": p.version, "cs": p.clean_start, "ka": p.keepalive}
+        if "session_expiry_interval" in p.properties:
+            kw["sx"] = p.properties["session_expiry_interval"]
+        if p.will:
+            kw["w"] = s.will_out(p.will)
+        self.submit_many([(far, s.pack("conn", client, conn.broker, **kw), CONTROL_LIFETIME_MS, Priority.IMMEDIATE,
+                           None)])
+        self._save()
+        self.counters["connects"] += 1
+        asyncio.get_running_loop().call_soon(self.on_inbox)  # queued publications for a resumed session
+        return m.ConnAck(present, 0, props)
+
+    def near_subscribe(self, conn: NearConn, p: m.Subscribe) -> list[int]:
+        sess = conn.sess
+        for so in p.subscriptions:
+            sess.subs[so.filter] = so.qos
+        body = s.pack("sub", sess.client, sess.broker, s=[[so.filter, so.qos, so.no_local, so.retain_as_published,
+                                                           so.retain_handling] for so in p.subscriptions])
+        self.submit_many([(sess.far, body, CONTROL_LIFETIME_MS, Priority.IMMEDIATE, None)])
+        self._save()
+        return [so.qos for so in p.subscriptions]
+
+    def near_unsubscribe(self, conn: NearConn, p: m.Unsubscribe) -> None:
+        sess = conn.sess
+        for f in p.filters:
+            sess.subs.pop(f, None)
+        self.submit_many([(sess.far, s.pack("unsub", sess.client, sess.broker, f=p.filters), CONTROL_LIFETIME_MS,
+                           Priority.IMMEDIATE, None)])
+        self._save()
+
+    def near_closed(self, conn: NearConn) -> None:
+        if conn.sess is None or self.near.get(conn.sess.client) is not conn:
+            return
+        del self.near[conn.sess.client]
+        for inbox_id in conn.out_pids.values():
+            self._taken.discard(inbox_id)  # unacked by the client: sent again when it is back
+        sess = conn.sess
+        try:
+            self.submit_many([(sess.far, s.pack("disc", sess.client, sess.broker, w=not conn.clean_exit),
+                               CONTROL_LIFETIME_MS, Priority.IMMEDIATE, None)])
+        except QuotaExceeded as e:
+            log.warning("custody full, cannot tell %s that %s left: %s", sess.far, sess.client, e)
+        if sess.clean:
+            self.near_sessions.pop(sess.client, None)
+            self._save()
+
+    # -- envelopes from the other side ------------------------------------------
+    def on_inbox(self) -> None:
+        for d in self.core.take(10_000, app=s.APP):
+            if d.id in self._taken:
+                continue
+            try:
+                msg = s.unpack(d.body)
+            except s.BodyError as e:
+                self.counters["bad_bodies"] += 1
+                log.warning("MQTT envelope %s:%d from %s dropped: %s", d.origin, d.seq, d.origin, e)
+                self.delivered(d.id)
+                continue
+            if msg["op"] == "msg":
+                conn = self.near.get(msg["c"])
+                if conn is None:
+                    if msg["c"] not in self.near_sessions:
+                        self.counters["msg_no_session"] += 1
+                        self.delivered(d.id)  # nobody will come for it
+                    continue  # kept in custody until the client is back
+                self._taken.add(d.id)
+                if conn.deliver(d, msg):
+                    self.delivered(d.id)
+                continue
+            self._taken.add(d.id)
+            f = self._far_session(d.origin, msg["c"], msg["b"])
+            f.queue.put_nowait((d, msg))
+
+    def _far_session(self, origin: str, client: str, broker: str) -> FarSession:
+        key = f"{origin}/{client}"
+        f = self.far.get(key)
+        if f is None or f.broker != broker:
+            if f is not None:
+                f.task.cancel()
+                f._drop_clean()
+            f = self.far[key] = FarSession(self, origin, client, broker)
+        return f
+
+    def far_changed(self, f: FarSession) -> None:
+        self._save()
+
+    def status(self) -> dict:
+        return {"clients": sorted(self.near), "sessions_near": len(self.near_sessions),
+                "sessions_far": {k: {"broker": f.broker, "connected": f.writer is not None, "subs": sorted(f.subs),
+                                     "queued": f.queue.qsize()} for k, f in self.far.items()},
+                "counters": dict(self.counters)}

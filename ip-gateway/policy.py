@@ -1,0 +1,142 @@
+"""Gateway policy (I/O-free): which gateway serves which brokers, and what crosses the link.
+
+    [gateway]
+    listen = "0.0.0.0:1883"        # explicit listener: clients point here ...
+    broker = "10.77.9.2:1883"      # ... and mean this broker (explicit mode only)
+    tproxy = false                 # true: intercept TCP 1883 crossing the box (TPROXY)
+    tproxy_port = 11883            # where intercepted flows land
+
+    [[gateway.route]]              # brokers in `prefix` are served by gateway node `via`
+    prefix = "10.77.9.0/24"
+    via = "gw4"
+
+    [[gateway.topic]]              # first match wins; a topic that matches none stays local
+    filter = "bft/+/+/+/location"
+    priority = "priority"          # flash | immediate | priority | routine
+    lifetime = 600                 # seconds
+    supersede = "topic"            # "topic": a newer message on the same topic replaces a queued older one
+
+Where the issue left it open: a topic that matches no rule is not released
+across the link (the allow-list is the list of rules); it is answered locally
+(PUBACK) and counted as "held_local", so clients behave the same either way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+from c2dtn.errors import ConfigError
+from c2dtn.tomlfile import check_name, check_table
+from ip_gateway.mqtt import MqttError, check_topic_filter, topic_matches
+from overlay.envelope import Priority
+
+
+@dataclass(frozen=True)
+class TopicRule:
+    filter: str
+    priority: Priority = Priority.ROUTINE
+    lifetime_s: int = 3600
+    supersede: str | None = None  # None | "topic"
+
+    def key(self, topic: str) -> str | None:
+        return f"mqtt:{topic}" if self.supersede == "topic" else None
+
+
+@dataclass
+class Policy:
+    routes: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]] = field(default_factory=list)
+    topics: list[TopicRule] = field(default_factory=list)
+
+    def gateway_for(self, ip: str) -> str | None:
+        """The far gateway serving a broker address (longest prefix wins)."""
+        addr = ipaddress.ip_address(ip)
+        best = None
+        for net, via in self.routes:
+            if addr in net and (best is None or net.prefixlen > best[0].prefixlen):
+                best = (net, via)
+        return best[1] if best else None
+
+    def rule_for(self, topic: str) -> TopicRule | None:
+        for r in self.topics:
+            if topic_matches(r.filter, topic):
+                return r
+        return None
+
+
+@dataclass
+class GatewayConfig:
+    listen: tuple[str, int] | None = None
+    broker: tuple[str, int] | None = None
+    tproxy: bool = False
+    tproxy_port: int = 11883
+    policy: Policy = field(default_factory=Policy)
+    max_packet_size: int = 1 << 20
+
+
+def _hostport(src: str, where: str, v: Any) -> tuple[str, int]:
+    if not isinstance(v, str) or ":" not in v:
+        raise ConfigError(src, where, v, 'must be "address:port"')
+    host, port = v.rsplit(":", 1)
+    try:
+        ipaddress.ip_address(host)
+        p = int(port)
+        if not 0 < p < 65536:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(src, where, v, 'must be "address:port" with an IP address and a port 1-65535') from None
+    return host, p
+
+
+def parse_gateway(src: str, raw: Any) -> GatewayConfig:
+    g = check_table(src, "gateway", raw, {"listen", "broker", "tproxy", "tproxy_port", "route", "topic",
+                                          "max_packet_size"})
+    cfg = GatewayConfig()
+    if "listen" in g:
+        cfg.listen = _hostport(src, "gateway.listen", g["listen"])
+    if "broker" in g:
+        cfg.broker = _hostport(src, "gateway.broker", g["broker"])
+    if cfg.listen and not cfg.broker:
+        raise ConfigError(src, "gateway.broker", None, "an explicit listener needs the broker it stands for",
+                          'add broker = "address:1883"')
+    if "tproxy" in g:
+        if not isinstance(g["tproxy"], bool):
+            raise ConfigError(src, "gateway.tproxy", g["tproxy"], "must be true or false")
+        cfg.tproxy = g["tproxy"]
+    if "tproxy_port" in g:
+        cfg.tproxy_port = _hostport(src, "gateway.tproxy_port", f"0.0.0.0:{g['tproxy_port']}")[1]
+    if "max_packet_size" in g:
+        v = g["max_packet_size"]
+        if not isinstance(v, int) or isinstance(v, bool) or not 64 <= v <= 1 << 28:
+            raise ConfigError(src, "gateway.max_packet_size", v, "must be 64 to 268435456 bytes")
+        cfg.max_packet_size = v
+    for i, r in enumerate(g.get("route", [])):
+        w = f"gateway.route[{i}]"
+        check_table(src, w, r, {"prefix", "via"}, {"prefix", "via"})
+        try:
+            net = ipaddress.ip_network(r["prefix"], strict=False)
+        except (ValueError, TypeError):
+            raise ConfigError(src, w + ".prefix", r["prefix"], "not an IP prefix", 'write e.g. "10.77.9.0/24"') from None
+        cfg.policy.routes.append((net, check_name(src, w + ".via", r["via"])))
+    for i, t in enumerate(g.get("topic", [])):
+        w = f"gateway.topic[{i}]"
+        check_table(src, w, t, {"filter", "priority", "lifetime", "supersede"}, {"filter"})
+        try:
+            check_topic_filter(t["filter"]) if isinstance(t["filter"], str) else None
+            if not isinstance(t["filter"], str):
+                raise MqttError(0x8F, "not a string")
+        except MqttError as e:
+            raise ConfigError(src, w + ".filter", t["filter"], f"not an MQTT topic filter ({e})") from None
+        try:
+            prio = Priority.parse(t.get("priority", "routine"))
+        except ValueError as e:
+            raise ConfigError(src, w + ".priority", t.get("priority"), str(e)) from None
+        life = t.get("lifetime", 3600)
+        if not isinstance(life, int) or isinstance(life, bool) or life <= 0:
+            raise ConfigError(src, w + ".lifetime", life, "must be a positive number of seconds")
+        sup = t.get("supersede")
+        if sup not in (None, "topic"):
+            raise ConfigError(src, w + ".supersede", sup, 'the only supersession key is "topic"')
+        cfg.policy.topics.append(TopicRule(t["filter"], prio, life, sup))
+    return cfg

@@ -1,0 +1,84 @@
+"""What MQTT gateways tell each other (I/O-free): the bodies of app "mqtt" envelopes.
+
+A near gateway (where the clients are) and a far gateway (where the broker is)
+keep one split session per client.  Each envelope body is a CBOR map:
+
+  op "conn"   client connected: c (client id), b (broker "ip:port"), v (3.1.1: 4, 5.0: 5),
+              cs (clean start), ka (keep alive), sx (session expiry, v5), w (will or absent)
+  op "sub"    s: [[filter, qos, no_local, retain_as_published, retain_handling], ...]
+  op "unsub"  f: [filter, ...]
+  op "pub"    t (topic), p (payload), q (QoS), r (retain), x (v5 properties)
+  op "disc"   the client left: w true if its will must be published (no DISCONNECT seen)
+  op "msg"    far -> near: a publication for client c from the broker (t, p, q, r, x)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cbor2
+
+from ip_gateway import mqtt as m
+
+APP = "mqtt"
+OPS = ("conn", "sub", "unsub", "pub", "disc", "msg")
+
+
+class BodyError(ValueError):
+    pass
+
+
+def pack(op: str, client: str, broker: str, **kw: Any) -> bytes:
+    return cbor2.dumps({"op": op, "c": client, "b": broker, **kw})
+
+
+def unpack(body: bytes) -> dict[str, Any]:
+    """A body from a peer gateway, checked field by field (BodyError names what is wrong)."""
+    try:
+        d = cbor2.loads(body)
+    except (cbor2.CBORDecodeError, ValueError, EOFError) as e:
+        raise BodyError(f"not CBOR: {e}") from None
+    if not isinstance(d, dict) or d.get("op") not in OPS:
+        raise BodyError(f"not an MQTT gateway message (op {d.get('op') if isinstance(d, dict) else d!r})")
+    for k, typ in (("c", str), ("b", str), ("t", str), ("p", bytes), ("q", int), ("r", bool), ("x", dict),
+                   ("s", list), ("f", list), ("v", int), ("cs", bool), ("ka", int), ("sx", int)):
+        if k in d and not isinstance(d[k], typ):
+            raise BodyError(f"field {k!r} of op {d['op']} has type {type(d[k]).__name__}")
+    if "c" not in d or "b" not in d:
+        raise BodyError(f"op {d['op']} without client or broker")
+    if d["op"] in ("pub", "msg") and ("t" not in d or d.get("q", 0) not in (0, 1, 2)):
+        raise BodyError(f"op {d['op']} without a topic or with QoS {d.get('q')!r}")
+    if "x" in d:
+        d["x"] = props_in(d["x"])
+    return d
+
+
+def props_out(props: m.Properties) -> dict:
+    """Properties that travel (topic alias and subscription ids are per connection: not carried)."""
+    return {k: v for k, v in props.items() if k not in ("topic_alias", "subscription_identifier")}
+
+
+def props_in(x: dict) -> m.Properties:
+    out = {}
+    for k, v in x.items():
+        if k not in m.PROPERTY_IDS:
+            raise BodyError(f"unknown MQTT property {k!r}")
+        out[k] = [tuple(p) for p in v] if k == "user_property" else v
+    return out
+
+
+def will_out(w: m.Will | None) -> dict | None:
+    if w is None:
+        return None
+    return {"t": w.topic, "p": w.payload, "q": w.qos, "r": w.retain, "x": props_out(w.properties)}
+
+
+def will_in(d: dict | None) -> m.Will | None:
+    if not d:
+        return None
+    return m.Will(d["t"], d["p"], d.get("q", 0), d.get("r", False), props_in(d.get("x", {})))
+
+
+def publish_from(d: dict, version: int) -> m.Publish:
+    props = d.get("x", {}) if version == 5 else {}
+    return m.Publish(d["t"], d.get("p", b""), d.get("q", 0), d.get("r", False), False, None, dict(props))
