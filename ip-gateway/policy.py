@@ -122,10 +122,10 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     for i, t in enumerate(g.get("topic", [])):
         w = f"gateway.topic[{i}]"
         check_table(src, w, t, {"filter", "priority", "lifetime", "supersede"}, {"filter"})
+        if not isinstance(t["filter"], str):
+            raise ConfigError(src, w + ".filter", t["filter"], "must be an MQTT topic filter (a string)")
         try:
-            check_topic_filter(t["filter"]) if isinstance(t["filter"], str) else None
-            if not isinstance(t["filter"], str):
-                raise MqttError(0x8F, "not a string")
+            check_topic_filter(t["filter"])
         except MqttError as e:
             raise ConfigError(src, w + ".filter", t["filter"], f"not an MQTT topic filter ({e})") from None
         try:
