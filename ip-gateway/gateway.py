@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import socket
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -307,6 +308,12 @@ class FarSession:
                     log.warning("session %s: %s; reconnecting", self.key(), e)
                     self._drop()
                     await asyncio.sleep(0.5)
+                except (ValueError, TypeError, KeyError, IndexError, struct.error) as e:
+                    # what a peer gateway sent does not make an MQTT packet: count, drop, go on
+                    self.gw.counters["bad_bodies"] += 1
+                    log.warning("session %s: %s from %s dropped: %s", self.key(), msg.get("op"), self.origin, e)
+                    self.gw.delivered(d.id)
+                    break
 
     def _drop(self) -> None:
         if self.writer is not None:
@@ -563,7 +570,13 @@ class MqttGateway:
                         self.delivered(d.id)  # nobody will come for it
                     continue  # kept in custody until the client is back
                 self._taken.add(d.id)
-                if conn.deliver(d, msg):
+                try:
+                    done = conn.deliver(d, msg)
+                except (ValueError, TypeError, KeyError, struct.error) as e:
+                    self.counters["bad_bodies"] += 1
+                    log.warning("publication %s:%d for %s dropped: %s", d.origin, d.seq, msg["c"], e)
+                    done = True
+                if done:
                     self.delivered(d.id)
                 continue
             self._taken.add(d.id)
