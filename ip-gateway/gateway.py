@@ -30,17 +30,12 @@ from ip_gateway import session as s
 from ip_gateway.policy import GatewayConfig
 from overlay.custody import Delivery, QuotaExceeded
 from overlay.envelope import Priority
+from overlay.node import now_ms
 
 log = logging.getLogger("c2dtn.gateway")
 
 CONTROL_LIFETIME_MS = 7 * 24 * 3600 * 1000
 IP_TRANSPARENT = 19  # not in Python 3.11's socket module
-
-
-def now_ms() -> int:
-    import time
-
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -195,7 +190,7 @@ class NearConn:
 class FarSession:
     """One origin client's connection to the real broker, at the far gateway."""
 
-    def __init__(self, gw: "MqttGateway", origin: str, client: str, broker: str):
+    def __init__(self, gw: "MqttGateway", origin: str, client: str, broker: str, state: dict | None = None):
         self.gw, self.origin, self.client, self.broker = gw, origin, client, broker
         self.params: dict = {"v": 4, "cs": False, "ka": 60}
         self.subs: dict[str, list] = {}
@@ -205,7 +200,9 @@ class FarSession:
         self.waiting: dict[int, asyncio.Future] = {}
         self.connack: asyncio.Future | None = None
         self.next_pid = 1
-        self.task = asyncio.create_task(self._run())
+        if state is not None:  # a session from before a restart: reconnect at once, with its subscriptions
+            self.params, self.subs = state["params"], state["subs"]
+        self.task = asyncio.create_task(self._run(resume=state is not None))
 
     def key(self) -> str:
         return f"{self.origin}/{self.client}"
@@ -297,7 +294,13 @@ class FarSession:
         self.writer.write(m.encode(pkt, self.params.get("v", 4)))
         return await asyncio.wait_for(fut, 60)
 
-    async def _run(self) -> None:
+    async def _run(self, resume: bool = False) -> None:
+        if resume:
+            try:
+                await self._connect()
+            except (ConnectionError, OSError, asyncio.TimeoutError) as e:
+                log.warning("session %s not resumed yet: %s", self.key(), e)
+                self._drop()
         while True:
             d, msg = await self.queue.get()
             while True:
@@ -397,10 +400,7 @@ class MqttGateway:
     async def start(self) -> None:
         self._load()
         for key, st in self._far_state.items():
-            f = self._far_session(st["origin"], st["client"], st["broker"])
-            f.params, f.subs = st["params"], st["subs"]
-            f.task.cancel()
-            f.task = asyncio.create_task(self._resume(f))
+            self.far[key] = FarSession(self, st["origin"], st["client"], st["broker"], st)
         self.node.app_handlers[s.APP] = self.on_inbox
         if self.cfg.listen:
             srv = await asyncio.start_server(lambda r, w: self._accept(r, w, self.cfg.broker), *self.cfg.listen)
@@ -419,11 +419,6 @@ class MqttGateway:
             self._servers.append(srv)
             log.info("intercepting MQTT (TCP 1883) crossing this box, TPROXY to port %d", self.cfg.tproxy_port)
         self.on_inbox()
-
-    async def _resume(self, f: FarSession) -> None:
-        with contextlib.suppress(Exception):
-            await f._connect()
-        await f._run()
 
     async def stop(self) -> None:
         for srv in self._servers:

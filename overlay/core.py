@@ -7,6 +7,7 @@ clock, and hands the BPA what poll() returns.  Tests drive it with virtual time.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from overlay.custody import CustodyStore, Delivery, QuotaExceeded
@@ -144,8 +145,8 @@ class OverlayCore:
                     self._ack_bytes.pop(b.dst, None)
         return out
 
-    def take(self, limit: int = 1000, app: str | None = None) -> list[Delivery]:
-        return self.store.inbox(limit, app)
+    def take(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = ()) -> list[Delivery]:
+        return self.store.inbox(limit, app, exclude)
 
     def consumed(self, ids: list[int]) -> None:
         self.store.consumed(ids)

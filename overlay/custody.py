@@ -457,11 +457,18 @@ class CustodyStore:
                 self._bump("gaps_skipped", len(rows))
         return n
 
-    def inbox(self, limit: int = 1000, app: str | None = None) -> list[Delivery]:
-        """Envelopes waiting for the application, oldest first (only those of `app` when given)."""
-        where, args = ("WHERE app=? ", (app, limit)) if app is not None else ("", (limit,))
+    def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = ()) -> list[Delivery]:
+        """Envelopes waiting for the application, oldest first (only those of `app` when given,
+        none of the apps in `exclude`)."""
+        exclude = list(exclude)
+        if app is not None:
+            where, args = "WHERE app=? ", [app]
+        elif exclude:
+            where, args = f"WHERE app NOT IN ({','.join('?' * len(exclude))}) ", exclude
+        else:
+            where, args = "", []
         rows = self.db.execute("SELECT id, origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
-                               f"received_ms FROM inbox {where}ORDER BY id LIMIT ?", args).fetchall()
+                               f"received_ms FROM inbox {where}ORDER BY id LIMIT ?", [*args, limit]).fetchall()
         return [Delivery(r[0], r[1], r[2], Priority(r[3]), *r[4:]) for r in rows]
 
     def consumed(self, ids: Iterable[int]) -> None:

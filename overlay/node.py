@@ -183,9 +183,7 @@ class OverlayNode:
         limit = int(req.query.get("max", "1000"))
         deadline = time.monotonic() + wait
         while True:
-            items = self.core.take(limit, app)
-            if app is None and self.app_handlers:
-                items = [d for d in self.core.take(limit * 4) if d.app not in self.app_handlers][:limit]
+            items = self.core.take(limit, app, exclude=self.app_handlers if app is None else ())
             if items or time.monotonic() >= deadline:
                 break
             self._inbox_event.clear()
