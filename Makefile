@@ -20,7 +20,7 @@ DTN7_ROOT := $(C2DTN_CACHE)/dtn7-$(DTN7_VERSION)
 .PHONY: demo test deps apt venv tools clean down
 
 demo: deps
-	$(BIN)/c2dtn topo demo
+	$(BIN)/c2dtn perf bft
 
 test: deps
 	$(BIN)/pytest -ra

@@ -9,7 +9,8 @@ an envelope is consumed (so its origin is acked) only once the broker accepted
 it (PUBACK, PUBCOMP, SUBACK); publications the broker sends are put in custody
 before the broker gets its PUBACK, and travel back as "msg" envelopes.
 
-Sessions (subscriptions, clean flag, will) are kept in <storage>/mqtt-sessions.json
+Sessions (subscriptions, clean flag, will) are kept in <storage>/mqtt-sessions.cbor
+(CBOR: wills and properties carry bytes)
 on both sides, so they survive outages and restarts.
 """
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -25,9 +25,11 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, field
 
+import cbor2
+
 from ip_gateway import mqtt as m
 from ip_gateway import session as s
-from ip_gateway.policy import GatewayConfig
+from ip_gateway.policy import BridgeConfig, GatewayConfig, TopicRule
 from overlay.custody import Delivery, QuotaExceeded
 from overlay.envelope import Priority
 from overlay.node import now_ms
@@ -36,6 +38,22 @@ log = logging.getLogger("c2dtn.gateway")
 
 CONTROL_LIFETIME_MS = 7 * 24 * 3600 * 1000
 IP_TRANSPARENT = 19  # not in Python 3.11's socket module
+
+
+def lifetime_ms(rule: TopicRule, p: m.Publish) -> int:
+    """The rule's lifetime, shortened by an MQTT 5 message expiry."""
+    life = rule.lifetime_s * 1000
+    if "message_expiry_interval" in p.properties:
+        life = max(1000, min(life, p.properties["message_expiry_interval"] * 1000))
+    return life
+
+
+def aged(pub: m.Publish, created_ms: int) -> m.Publish:
+    """An MQTT 5 message expiry counts down what is left after the crossing."""
+    if "message_expiry_interval" in pub.properties:
+        age_s = max(0, now_ms() - created_ms) // 1000
+        pub.properties["message_expiry_interval"] = max(1, pub.properties["message_expiry_interval"] - age_s)
+    return pub
 
 
 @dataclass
@@ -160,12 +178,9 @@ class NearConn:
         if rule is None:
             gw.counters["held_local"] += 1
         else:
-            life_ms = rule.lifetime_s * 1000
-            if "message_expiry_interval" in p.properties:
-                life_ms = max(1000, min(life_ms, p.properties["message_expiry_interval"] * 1000))
             body = s.pack("pub", self.sess.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
                           x=s.props_out(p.properties))
-            subs.append((self.sess.far, body, life_ms, rule.priority, rule.key(p.topic)))
+            subs.append((self.sess.far, body, lifetime_ms(rule, p), rule.priority, rule.key(p.topic)))
             gw.counters["published"] += 1
         if p.qos == 1:
             replies.append(m.PubAck(p.packet_id))
@@ -175,7 +190,7 @@ class NearConn:
 
     def deliver(self, d: Delivery, msg: dict) -> bool:
         """Send a publication from the far broker; True if it is done (QoS 0) at once."""
-        pub = s.publish_from(msg, self.version)
+        pub = aged(s.publish_from(msg, self.version), d.created_ms)
         sub_qos = max((q for f, q in self.sess.subs.items() if m.topic_matches(f, pub.topic)), default=pub.qos)
         pub.qos = min(pub.qos, sub_qos)
         if pub.qos:
@@ -190,6 +205,8 @@ class NearConn:
 class FarSession:
     """One origin client's connection to the real broker, at the far gateway."""
 
+    always_subscribe = False
+
     def __init__(self, gw: "MqttGateway", origin: str, client: str, broker: str, state: dict | None = None):
         self.gw, self.origin, self.client, self.broker = gw, origin, client, broker
         self.params: dict = {"v": 4, "cs": False, "ka": 60}
@@ -198,11 +215,17 @@ class FarSession:
         self.writer: asyncio.StreamWriter | None = None
         self.parser: m.Parser | None = None
         self.waiting: dict[int, asyncio.Future] = {}
+        self.inflight: dict[int, tuple[Delivery, dict]] = {}  # packet id -> publish awaiting PUBACK/PUBCOMP
+        self._conn: asyncio.StreamWriter | None = None  # the newest broker connection
         self.connack: asyncio.Future | None = None
         self.next_pid = 1
+        self.present = False  # the origin client is connected at its near gateway
+        self._lock = asyncio.Lock()
         if state is not None:  # a session from before a restart: reconnect at once, with its subscriptions
             self.params, self.subs = state["params"], state["subs"]
+            self.present = state.get("present", True)
         self.task = asyncio.create_task(self._run(resume=state is not None))
+        self._pinger = asyncio.create_task(self._keepalive())
 
     def key(self) -> str:
         return f"{self.origin}/{self.client}"
@@ -211,6 +234,30 @@ class FarSession:
         pid = self.next_pid
         self.next_pid = pid % 65535 + 1
         return pid
+
+    async def _keepalive(self) -> None:
+        """PINGREQ within the keep alive; while the client is present and has subscriptions,
+        a lost broker connection is made again at once (publications wait for it there)."""
+        while True:
+            await asyncio.sleep(max(1.0, (self.params.get("ka") or 60) / 2))
+            if self.writer is not None:
+                self.writer.write(m.encode(m.PingReq(), self.params.get("v", 4)))
+            elif self.present and self.subs:
+                try:
+                    await self._ensure_connected()
+                except (ConnectionError, OSError, asyncio.TimeoutError) as e:
+                    log.warning("session %s: reconnecting failed: %s", self.key(), e)
+                    self._drop()
+
+    async def _ensure_connected(self) -> None:
+        async with self._lock:
+            if self.writer is None:
+                await self._connect()
+
+    def cancel(self) -> None:
+        self.task.cancel()
+        self._pinger.cancel()
+        self._drop_clean()
 
     async def _connect(self) -> None:
         host, port = self.broker.rsplit(":", 1)
@@ -224,8 +271,13 @@ class FarSession:
                 await asyncio.sleep(backoff)
                 backoff = min(10.0, backoff * 2)
         v = self.params.get("v", 4)
+        self._requeue_inflight()  # unacknowledged on the connection before: they go again on this one
+        for f in self.waiting.values():
+            if not f.done():
+                f.set_exception(ConnectionError("broker connection replaced"))
+        self.waiting.clear()
         self.parser = m.Parser(self.gw.cfg.max_packet_size, version=v)
-        self.writer = writer
+        self.writer = self._conn = writer
         self.connack = asyncio.get_running_loop().create_future()
         props = {"session_expiry_interval": self.params["sx"]} if v == 5 and "sx" in self.params else {}
         writer.write(m.encode(m.Connect(self.client, self.params.get("cs", False), self.params.get("ka", 60), None,
@@ -235,7 +287,7 @@ class FarSession:
         if ack.reason:
             raise ConnectionError(f"broker {self.broker} refused client {self.client}: reason 0x{ack.reason:02x}")
         self.params["cs"] = False  # a reconnect resumes the session the first connect started
-        if self.subs and not ack.session_present:
+        if self.subs and (self.always_subscribe or not ack.session_present):
             await self._request(m.Subscribe(self._pid(), [m.SubOption(f, *o) for f, o in self.subs.items()]))
         log.info("session %s open at broker %s", self.key(), self.broker)
 
@@ -252,16 +304,31 @@ class FarSession:
         finally:
             if self.writer is writer:
                 self.writer = None
-            for f in list(self.waiting.values()) + ([self.connack] if self.connack else []):
-                if not f.done():
-                    f.set_exception(ConnectionError("broker connection lost"))
-            self.waiting.clear()
+            if self._conn is writer:  # not yet replaced by a newer connection: its waiters fail
+                for f in list(self.waiting.values()) + ([self.connack] if self.connack else []):
+                    if not f.done():
+                        f.set_exception(ConnectionError("broker connection lost"))
+                self.waiting.clear()
+                self._requeue_inflight()
+
+    def _requeue_inflight(self) -> None:
+        """Publishes the broker never acknowledged go again, first and in their order."""
+        if not self.inflight:
+            return
+        again = sorted(self.inflight.values(), key=lambda x: x[0].id)
+        self.inflight.clear()
+        while not self.queue.empty():
+            again.append(self.queue.get_nowait())
+        for x in again:
+            self.queue.put_nowait(x)
 
     async def _from_broker(self, p: m.Packet, writer) -> None:
         v = self.params.get("v", 4)
         if isinstance(p, m.ConnAck):
             if self.connack and not self.connack.done():
                 self.connack.set_result(p)
+        elif isinstance(p, (m.PubAck, m.PubComp)) and p.packet_id in self.inflight:
+            self.gw.delivered(self.inflight.pop(p.packet_id)[0].id)
         elif isinstance(p, (m.PubAck, m.PubComp, m.SubAck, m.UnsubAck)):
             f = self.waiting.pop(p.packet_id, None)
             if f and not f.done():
@@ -272,21 +339,27 @@ class FarSession:
             writer.write(m.encode(m.PubComp(p.packet_id), v))
         elif isinstance(p, m.Publish):
             # into custody before the broker hears PUBACK: it stays the broker's until then
-            body = s.pack("msg", self.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
-                          x=s.props_out(p.properties))
             rule = self.gw.cfg.policy.rule_for(p.topic)
-            prio = rule.priority if rule else Priority.ROUTINE
-            life = (rule.lifetime_s if rule else 3600) * 1000
-            try:
-                self.gw.submit_many([(self.origin, body, life, prio, None)])
-                self.gw.counters["returned"] += 1
-            except QuotaExceeded as e:
-                log.warning("custody full, broker publication for %s not taken: %s", self.key(), e)
-                return  # no ack: the broker sends it again
+            if rule is None:
+                self.gw.counters["held_local"] += 1  # not on the allow-list: it does not cross
+            else:
+                try:
+                    self.gw.submit_many(self._envelopes(p, rule))
+                except QuotaExceeded as e:
+                    log.warning("custody full, broker publication for %s not taken: %s", self.key(), e)
+                    return  # no ack: the broker sends it again
             if p.qos == 1:
                 writer.write(m.encode(m.PubAck(p.packet_id), v))
             elif p.qos == 2:
                 writer.write(m.encode(m.PubRec(p.packet_id), v))
+
+    def _envelopes(self, p: m.Publish, rule: TopicRule) -> list[tuple[str, bytes, int, Priority, str | None]]:
+        """What a publication from the broker becomes: one "msg" back to the origin client."""
+        self.gw.counters["returned"] += 1
+        body = s.pack("msg", self.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
+                      x=s.props_out(p.properties))
+        key = rule.key(p.topic)
+        return [(self.origin, body, lifetime_ms(rule, p), rule.priority, key and f"{key}@{self.client}")]
 
     async def _request(self, pkt) -> m.Packet:
         fut = asyncio.get_running_loop().create_future()
@@ -297,7 +370,7 @@ class FarSession:
     async def _run(self, resume: bool = False) -> None:
         if resume:
             try:
-                await self._connect()
+                await self._ensure_connected()
             except (ConnectionError, OSError, asyncio.TimeoutError) as e:
                 log.warning("session %s not resumed yet: %s", self.key(), e)
                 self._drop()
@@ -329,12 +402,22 @@ class FarSession:
             self.params = {k: msg[k] for k in ("v", "cs", "ka", "sx", "w") if k in msg}
             if self.params.get("cs"):
                 self.subs.clear()
-            self._drop_clean()
-            await self._connect()
+            self.present = True
+            async with self._lock:
+                self._drop_clean()
+                await self._connect()
             self.gw.far_changed(self)
             self.gw.delivered(d.id)
             return
         if op == "disc":
+            self.present = False
+            self.gw.far_changed(self)
+            # what the client published before it left is the broker's before the session ends
+            deadline = asyncio.get_running_loop().time() + 30
+            while self.inflight and self.writer is not None and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.02)
+            if self.inflight:
+                raise ConnectionError(f"{len(self.inflight)} publishes not acknowledged by the broker")
             if self.writer is not None:
                 if msg.get("w"):
                     self._drop()  # no DISCONNECT: the broker publishes the will
@@ -342,8 +425,7 @@ class FarSession:
                     self._drop_clean()
             self.gw.delivered(d.id)
             return
-        if self.writer is None:
-            await self._connect()
+        await self._ensure_connected()
         if op == "sub":
             subs = [m.SubOption(x[0], *x[1:5]) for x in msg.get("s", []) if isinstance(x, list) and x]
             await self._request(m.Subscribe(self._pid(), subs))
@@ -359,19 +441,21 @@ class FarSession:
             self.gw.far_changed(self)
             self.gw.delivered(d.id)
         elif op == "pub":
-            pub = s.publish_from(msg, self.params.get("v", 4))
+            pub = aged(s.publish_from(msg, self.params.get("v", 4)), d.created_ms)
             if pub.qos == 0:
                 self.writer.write(m.encode(pub, self.params.get("v", 4)))
                 self.gw.delivered(d.id)
             else:
+                # pipelined: the next publish goes before this one's ack comes back; unacknowledged
+                # ones go again (in order) when the broker connection is lost
                 pub.packet_id = self._pid()
-                fut = asyncio.get_running_loop().create_future()
-                self.waiting[pub.packet_id] = fut
+                self.inflight[pub.packet_id] = (d, msg)
                 self.writer.write(m.encode(pub, self.params.get("v", 4)))
-                # pipelined: the next publish goes before this one's ack comes back
-                fut.add_done_callback(lambda f, i=d.id: self.gw.delivered(i) if not f.exception() else None)
-                if len(self.waiting) > 200:
-                    await asyncio.wait_for(fut, 60)
+                deadline = asyncio.get_running_loop().time() + 60
+                while len(self.inflight) > 200 and self.writer is not None:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise asyncio.TimeoutError("the broker acknowledged nothing for 60 s")
+                    await asyncio.sleep(0.005)
 
     def _drop_clean(self) -> None:
         if self.writer is not None:
@@ -379,6 +463,35 @@ class FarSession:
                 self.writer.write(m.encode(m.Disconnect(), self.params.get("v", 4)))
                 self.writer.close()
             self.writer = None
+
+
+class BridgeSession(FarSession):
+    """Bridge mode: the gateway is one client of the local broker.  It subscribes there
+    to the `out` filters (MQTT 5, no-local, so what it publishes itself never comes
+    back) and sends each publication the allow-list releases to every peer gateway as
+    a "bpub" envelope; "bpub" envelopes from peers whose topic matches an `in` filter it
+    publishes here.  The broker keeps its session (clean start off, 7-day expiry) so
+    publications queue there while the gateway restarts."""
+
+    always_subscribe = True  # the config, not a remembered session, says what is bridged
+
+    def __init__(self, gw: "MqttGateway", cfg: BridgeConfig):
+        super().__init__(gw, "", cfg.client_id or f"c2bridge-{gw.node.cfg.id}", f"{cfg.broker[0]}:{cfg.broker[1]}",
+                         {"params": {"v": 5, "cs": False, "ka": 60, "sx": 7 * 24 * 3600},
+                          "subs": {f: [cfg.qos, True, True, 0] for f in cfg.out}, "present": True})
+        self.cfg = cfg
+
+    def key(self) -> str:
+        return f"bridge/{self.client}"
+
+    def _envelopes(self, p: m.Publish, rule: TopicRule) -> list[tuple[str, bytes, int, Priority, str | None]]:
+        self.gw.counters["bridged_out"] += 1
+        body = s.pack("bpub", self.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
+                      x=s.props_out(p.properties))
+        return [(peer, body, lifetime_ms(rule, p), rule.priority, rule.key(p.topic)) for peer in self.cfg.peers]
+
+    def accepts(self, topic: str) -> bool:
+        return any(m.topic_matches(f, topic) for f in self.cfg.in_)
 
 
 class MqttGateway:
@@ -392,15 +505,21 @@ class MqttGateway:
         self.near_sessions: dict[str, NearSession] = {}
         self.far: dict[str, FarSession] = {}
         self._taken: set[int] = set()
-        self.state_path = node.cfg.storage / "mqtt-sessions.json"
+        self._done: list[int] = []
+        self.state_path = node.cfg.storage / "mqtt-sessions.cbor"
         self._servers: list[asyncio.AbstractServer] = []
         self._tproxy = None
+        self.bridge: BridgeSession | None = None
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
         self._load()
         for key, st in self._far_state.items():
             self.far[key] = FarSession(self, st["origin"], st["client"], st["broker"], st)
+        if self.cfg.bridge:
+            self.bridge = BridgeSession(self, self.cfg.bridge)
+            log.info("bridging broker %s: out %s, in %s, peers %s", self.bridge.broker, self.cfg.bridge.out,
+                     self.cfg.bridge.in_, self.cfg.bridge.peers)
         self.node.app_handlers[s.APP] = self.on_inbox
         if self.cfg.listen:
             srv = await asyncio.start_server(lambda r, w: self._accept(r, w, self.cfg.broker), *self.cfg.listen)
@@ -421,13 +540,14 @@ class MqttGateway:
         self.on_inbox()
 
     async def stop(self) -> None:
+        if self._done:
+            self._flush_done()
         for srv in self._servers:
             srv.close()
         for c in list(self.near.values()):
             c.writer.close()
-        for f in self.far.values():
-            f.task.cancel()
-            f._drop_clean()
+        for f in [*self.far.values(), *([self.bridge] if self.bridge else [])]:
+            f.cancel()
         if self._tproxy:
             from ip_gateway import tproxy
 
@@ -436,22 +556,27 @@ class MqttGateway:
     def _load(self) -> None:
         self._far_state = {}
         try:
-            st = json.loads(self.state_path.read_text())
+            st = cbor2.loads(self.state_path.read_bytes())
         except FileNotFoundError:
             return
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, cbor2.CBORDecodeError) as e:
             log.error("MQTT session file %s unreadable (%s): starting without sessions", self.state_path, e)
             return
-        for c, n in st.get("near", {}).items():
-            self.near_sessions[c] = NearSession(c, n["broker"], n["far"], n["version"], n["clean"], n["subs"])
-        self._far_state = st.get("far", {})
+        try:
+            for c, n in st.get("near", {}).items():
+                self.near_sessions[c] = NearSession(c, n["broker"], n["far"], n["version"], n["clean"], n["subs"])
+            self._far_state = {k: f for k, f in st.get("far", {}).items()
+                               if all(x in f for x in ("origin", "client", "broker", "params", "subs"))}
+        except (AttributeError, KeyError, TypeError) as e:
+            log.error("MQTT session file %s damaged (%s): starting without sessions", self.state_path, e)
+            self.near_sessions.clear()
 
     def _save(self) -> None:
         st = {"near": {c: n.__dict__ for c, n in self.near_sessions.items() if not n.clean},
               "far": {k: {"origin": f.origin, "client": f.client, "broker": f.broker, "params": f.params,
-                          "subs": f.subs} for k, f in self.far.items()}}
+                          "subs": f.subs, "present": f.present} for k, f in self.far.items()}}
         tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(st))
+        tmp.write_bytes(cbor2.dumps(st))
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         tmp.replace(self.state_path)
@@ -463,10 +588,20 @@ class MqttGateway:
         self.node.wake()
 
     def delivered(self, inbox_id: int | None) -> None:
+        """Done with an envelope (the broker or client acknowledged it).  Consumption is
+        durable (a power cut must not make the broker see it twice), so the ids done in
+        one turn of the event loop share one commit."""
         if inbox_id is None:
             return
-        self._taken.discard(inbox_id)
-        self.core.consumed([inbox_id])
+        self._taken.add(inbox_id)  # not handed out again before the commit
+        self._done.append(inbox_id)
+        if len(self._done) == 1:
+            asyncio.get_running_loop().call_soon(self._flush_done)
+
+    def _flush_done(self) -> None:
+        ids, self._done = self._done, []
+        self.core.consumed(ids)
+        self._taken.difference_update(ids)
         self.node.wake()
 
     # -- near side -----------------------------------------------------------
@@ -574,6 +709,17 @@ class MqttGateway:
                 if done:
                     self.delivered(d.id)
                 continue
+            if msg["op"] == "bpub":
+                if self.bridge is None or not self.bridge.accepts(msg["t"]):
+                    self.counters["bridge_refused"] += 1
+                    log.warning("bridged publication on %r from %s refused: %s", msg["t"], d.origin,
+                                "no bridge here" if self.bridge is None else "no `in` filter matches")
+                    self.delivered(d.id)
+                    continue
+                self._taken.add(d.id)
+                self.counters["bridged_in"] += 1
+                self.bridge.queue.put_nowait((d, {**msg, "op": "pub"}))
+                continue
             self._taken.add(d.id)
             f = self._far_session(d.origin, msg["c"], msg["b"])
             f.queue.put_nowait((d, msg))
@@ -583,8 +729,7 @@ class MqttGateway:
         f = self.far.get(key)
         if f is None or f.broker != broker:
             if f is not None:
-                f.task.cancel()
-                f._drop_clean()
+                f.cancel()
             f = self.far[key] = FarSession(self, origin, client, broker)
         return f
 
@@ -595,4 +740,8 @@ class MqttGateway:
         return {"clients": sorted(self.near), "sessions_near": len(self.near_sessions),
                 "sessions_far": {k: {"broker": f.broker, "connected": f.writer is not None, "subs": sorted(f.subs),
                                      "queued": f.queue.qsize()} for k, f in self.far.items()},
+                "bridge": None if self.bridge is None else {
+                    "broker": self.bridge.broker, "connected": self.bridge.writer is not None,
+                    "out": self.cfg.bridge.out, "in": self.cfg.bridge.in_, "peers": self.cfg.bridge.peers,
+                    "queued": self.bridge.queue.qsize()},
                 "counters": dict(self.counters)}

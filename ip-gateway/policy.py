@@ -16,6 +16,17 @@
     lifetime = 600                 # seconds
     supersede = "topic"            # "topic": a newer message on the same topic replaces a queued older one
 
+    [gateway.bridge]               # bridge mode: a client of this (local) broker ...
+    broker = "127.0.0.1:1883"
+    peers = ["gw4"]                # ... exchanging publications with these gateways' bridges
+    out = ["/+/+/+/location"]      # filters subscribed here and sent to every peer
+    in = ["/+/+/+/location"]       # filters accepted from peers and published here (default: out)
+    qos = 1                        # QoS of the bridge's subscriptions (0-2)
+    client_id = "c2bridge-gw1"     # default: c2bridge-<node id>
+
+In bridge mode, too, a publication crosses only if a [[gateway.topic]] rule releases
+it (and that rule gives its priority, lifetime and supersession).
+
 Where the issue left it open: a topic that matches no rule is not released
 across the link (the allow-list is the list of rules); it is answered locally
 (PUBACK) and counted as "held_local", so clients behave the same either way.
@@ -66,6 +77,16 @@ class Policy:
 
 
 @dataclass
+class BridgeConfig:
+    broker: tuple[str, int]
+    peers: list[str]
+    out: list[str]
+    in_: list[str]
+    qos: int = 1
+    client_id: str | None = None
+
+
+@dataclass
 class GatewayConfig:
     listen: tuple[str, int] | None = None
     broker: tuple[str, int] | None = None
@@ -73,6 +94,7 @@ class GatewayConfig:
     tproxy_port: int = 11883
     policy: Policy = field(default_factory=Policy)
     max_packet_size: int = 1 << 20
+    bridge: BridgeConfig | None = None
 
 
 def _hostport(src: str, where: str, v: Any) -> tuple[str, int]:
@@ -89,9 +111,40 @@ def _hostport(src: str, where: str, v: Any) -> tuple[str, int]:
     return host, p
 
 
+def _filters(src: str, where: str, v: Any) -> list[str]:
+    if not isinstance(v, list) or not v:
+        raise ConfigError(src, where, v, "must be a non-empty list of MQTT topic filters")
+    for f in v:
+        if not isinstance(f, str):
+            raise ConfigError(src, where, f, "must be an MQTT topic filter (a string)")
+        try:
+            check_topic_filter(f)
+        except MqttError as e:
+            raise ConfigError(src, where, f, f"not an MQTT topic filter ({e})") from None
+    return list(v)
+
+
+def parse_bridge(src: str, raw: Any) -> BridgeConfig:
+    b = check_table(src, "gateway.bridge", raw, {"broker", "peers", "out", "in", "qos", "client_id"},
+                    {"broker", "peers", "out"})
+    peers = b["peers"]
+    if not isinstance(peers, list) or not peers:
+        raise ConfigError(src, "gateway.bridge.peers", peers, "must be a non-empty list of gateway node names")
+    peers = [check_name(src, "gateway.bridge.peers", x) for x in peers]
+    out = _filters(src, "gateway.bridge.out", b["out"])
+    qos = b.get("qos", 1)
+    if qos not in (0, 1, 2) or isinstance(qos, bool):
+        raise ConfigError(src, "gateway.bridge.qos", qos, "must be 0, 1 or 2")
+    cid = b.get("client_id")
+    if cid is not None and (not isinstance(cid, str) or not cid or len(cid.encode()) > 65535):
+        raise ConfigError(src, "gateway.bridge.client_id", cid, "must be a non-empty string")
+    return BridgeConfig(_hostport(src, "gateway.bridge.broker", b["broker"]), peers, out,
+                        _filters(src, "gateway.bridge.in", b["in"]) if "in" in b else out, qos, cid)
+
+
 def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     g = check_table(src, "gateway", raw, {"listen", "broker", "tproxy", "tproxy_port", "route", "topic",
-                                          "max_packet_size"})
+                                          "max_packet_size", "bridge"})
     cfg = GatewayConfig()
     if "listen" in g:
         cfg.listen = _hostport(src, "gateway.listen", g["listen"])
@@ -111,6 +164,8 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
         if not isinstance(v, int) or isinstance(v, bool) or not 64 <= v <= 1 << 28:
             raise ConfigError(src, "gateway.max_packet_size", v, "must be 64 to 268435456 bytes")
         cfg.max_packet_size = v
+    if "bridge" in g:
+        cfg.bridge = parse_bridge(src, g["bridge"])
     for i, r in enumerate(g.get("route", [])):
         w = f"gateway.route[{i}]"
         check_table(src, w, r, {"prefix", "via"}, {"prefix", "via"})

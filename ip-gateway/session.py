@@ -10,6 +10,8 @@ keep one split session per client.  Each envelope body is a CBOR map:
   op "pub"    t (topic), p (payload), q (QoS), r (retain), x (v5 properties)
   op "disc"   the client left: w true if its will must be published (no DISCONNECT seen)
   op "msg"    far -> near: a publication for client c from the broker (t, p, q, r, x)
+  op "bpub"   bridge -> bridge: a publication from the sender's local broker (t, p, q, r, x);
+              c is the sending bridge's client id
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import cbor2
 from ip_gateway import mqtt as m
 
 APP = "mqtt"
-OPS = ("conn", "sub", "unsub", "pub", "disc", "msg")
+OPS = ("conn", "sub", "unsub", "pub", "disc", "msg", "bpub")
 
 
 class BodyError(ValueError):
@@ -46,7 +48,7 @@ def unpack(body: bytes) -> dict[str, Any]:
             raise BodyError(f"field {k!r} of op {d['op']} has type {type(d[k]).__name__}")
     if "c" not in d or "b" not in d:
         raise BodyError(f"op {d['op']} without client or broker")
-    if d["op"] in ("pub", "msg") and ("t" not in d or d.get("q", 0) not in (0, 1, 2)):
+    if d["op"] in ("pub", "msg", "bpub") and ("t" not in d or d.get("q", 0) not in (0, 1, 2)):
         raise BodyError(f"op {d['op']} without a topic or with QoS {d.get('q')!r}")
     if "x" in d:
         d["x"] = props_in(d["x"])

@@ -19,6 +19,21 @@ import zstandard
 DICT_BYTES = 2048
 
 
+def position_report(country: str, unit: int, node: int, seq: int, timestamp_ms: int, lat: float, lon: float) -> bytes:
+    """One GeoJSON BFT report in the seed 000 format (§4, about 255 characters)."""
+    return json.dumps({
+        "type": "Feature",
+        "geometry": {"type": "Point", "coordinates": [round(lat, 6), round(lon, 6), 0]},
+        "properties": {"country": country, "unit": f"{country}-UNIT{unit:03d}", "node_id": f"{country}-S{node:03d}",
+                       "msg_id": f"{country}-S{node:03d}_{seq}", "timestamp": timestamp_ms},
+    }).encode()
+
+
+def report_topic(country: str, unit: int, node: int) -> str:
+    """The seed 000 topic of a unit's location service: /PRT/PRT-UNIT001/PRT-S003/location."""
+    return f"/{country}/{country}-UNIT{unit:03d}/{country}-S{node:03d}/location"
+
+
 def sample_reports(n: int = 4000, seed: int = 1) -> list[bytes]:
     """GeoJSON BFT reports in the seed 000 format (§4), for the nations of fmn-4nations."""
     rnd = random.Random(seed)
@@ -26,13 +41,8 @@ def sample_reports(n: int = 4000, seed: int = 1) -> list[bytes]:
     for _ in range(n):
         c = rnd.choice(["DEU", "NOR", "PRT", "USA"])
         u, node, i = rnd.randrange(1, 5), rnd.randrange(1, 9), rnd.randrange(1, 600)
-        out.append(json.dumps({
-            "type": "Feature",
-            "geometry": {"type": "Point", "coordinates": [round(38.7 + rnd.random() / 10, 6),
-                                                          round(-9.15 - rnd.random() / 10, 6), 0]},
-            "properties": {"country": c, "unit": f"{c}-UNIT{u:03d}", "node_id": f"{c}-S{node:03d}",
-                           "msg_id": f"{c}-S{node:03d}_{i}", "timestamp": 1588759108433 + i * 2000 + rnd.randrange(1000)},
-        }).encode())
+        lat, lon = 38.7 + rnd.random() / 10, -9.15 - rnd.random() / 10
+        out.append(position_report(c, u, node, i, 1588759108433 + i * 2000 + rnd.randrange(1000), lat, lon))
     return out
 
 

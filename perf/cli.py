@@ -38,3 +38,65 @@ def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip
         raise click.BadParameter(f"unknown size {bad[0]!r}; choose from {', '.join(overlay_bench.SIZES)}",
                                  param_hint="--sizes")
     overlay_bench.main(sizes.split(","), runs, tactical_bytes, skip_lan, skip_tactical, cla)
+
+
+@perf.command("gateway")
+@click.option("--count", default=20_000, show_default=True, type=click.IntRange(100, 10_000_000),
+              help="messages per run")
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 100))
+@click.option("--qos", "qos", default="0,1", show_default=True, help="QoS levels to measure")
+def gateway_cmd(count: int, runs: int, qos: str) -> None:
+    """Messages per second through the c2dtn MQTT gateways next to mosquitto alone (lan, 256 B)."""
+    from perf import gateway_bench
+
+    levels = []
+    for q in qos.split(","):
+        if q.strip() not in ("0", "1", "2"):
+            raise click.BadParameter(f"QoS {q!r} is not 0, 1 or 2", param_hint="--qos")
+        levels.append(int(q))
+    gateway_bench.main(count, runs, levels)
+
+
+def _outage(ctx, param, value: str):
+    if value in ("", "none"):
+        return None
+    try:
+        a, b = (float(x) for x in value.split("-"))
+        if not 0 <= a < b:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not START-END in seconds (e.g. 20-80) or none") from None
+    return (a, b)
+
+
+@perf.command("bft")
+@click.option("--topology", type=click.Choice(["nps-chain"]), default="nps-chain", show_default=True)
+@click.option("--profile", default="cnr-tactical-2", show_default=True, help="profile of the radio hop r2-r3")
+@click.option("--units", default=8, show_default=True, type=click.IntRange(1, 64))
+@click.option("--period", default=2.0, show_default=True, type=click.FloatRange(0.1, 600), help="seconds")
+@click.option("--duration", default=100.0, show_default=True, type=click.FloatRange(5, 7200), help="seconds")
+@click.option("--outage", default="20-80", show_default=True, callback=_outage,
+              help="radio link down from START to END seconds, or none")
+@click.option("--drain", default=60.0, show_default=True, type=click.FloatRange(0, 7200),
+              help="seconds allowed after publishing ends for the backlog")
+@click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
+@click.option("--modes", default="overlay,mqtt-bridge", show_default=True)
+def bft_cmd(topology: str, profile: str, units: int, period: float, duration: float, outage, drain: float, qos: int,
+            modes: str) -> None:
+    """Position reports (seed 000) across a cut radio link: c2dtn gateways next to a Mosquitto bridge."""
+    from c2dtn.errors import ConfigError
+    from perf import bft
+    from topologies.profiles import load_builtin_profiles
+
+    try:
+        load_builtin_profiles().get(profile, "--profile", "profile")
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint="--profile") from None
+    ms = modes.split(",")
+    for m_ in ms:
+        if m_ not in bft.MODES:
+            raise click.BadParameter(f"unknown mode {m_!r}; choose from {', '.join(bft.MODES)}", param_hint="--modes")
+    if outage and outage[1] > duration:
+        raise click.BadParameter(f"the outage {outage[0]:g}-{outage[1]:g} s ends after the run ({duration:g} s)",
+                                 param_hint="--outage")
+    bft.main(bft.Plan(profile, units, period, duration, outage, drain, qos), ms)

@@ -3,20 +3,27 @@ node's namespace with `ip netns exec`:
 
   pub  publish --count messages ("<id> <time_ns>" + padding) to --topic{n}, every --interval s
   sub  subscribe to --topic, print one JSON line per message, stop after --count or --timeout
+  units  --units GeoJSON position reporters of --nation (seed 000), one report each per --period
 
 Both print JSON lines: pub ends with {"sent", "acked", "disconnects"}; sub prints
-{"topic", "payload", "t"} per message and ends with {"received", "disconnects"}.
+{"topic", "payload", "t", "qos", "retain", "props"} per message and ends with
+{"received", "disconnects"}.  --props (JSON: user_property, content_type,
+response_topic, message_expiry_interval) sets MQTT 5 publish properties; --will-topic
+gives pub a will, and --die makes it end without DISCONNECT (so the will goes out).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
 
 import paho.mqtt.client as paho
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 
 def _client(cid: str, version: int) -> paho.Client:
@@ -25,8 +32,33 @@ def _client(cid: str, version: int) -> paho.Client:
                        **({} if version == 5 else {"clean_session": False}))
 
 
+def _publish_props(a) -> Properties | None:
+    if a.version != 5 or not a.props:
+        return None
+    pr = Properties(PacketTypes.PUBLISH)
+    for k, v in json.loads(a.props).items():
+        setattr(pr, "".join(w.capitalize() for w in k.split("_")),
+                [tuple(x) for x in v] if k == "user_property" else v)
+    return pr
+
+
+def _props_dict(pr) -> dict:
+    if pr is None:
+        return {}
+    out = {}
+    for k, name in (("user_property", "UserProperty"), ("content_type", "ContentType"),
+                    ("response_topic", "ResponseTopic"), ("message_expiry_interval", "MessageExpiryInterval"),
+                    ("correlation_data", "CorrelationData")):
+        if hasattr(pr, name):
+            v = getattr(pr, name)
+            out[k] = [list(x) for x in v] if k == "user_property" else (v.hex() if isinstance(v, bytes) else v)
+    return out
+
+
 def pub(a) -> None:
     c = _client(a.client_id, a.version)
+    if a.will_topic:
+        c.will_set(a.will_topic, a.will_payload, qos=1, retain=False)
     acked = set()
     disconnects = []
     connected = threading.Event()
@@ -44,16 +76,21 @@ def pub(a) -> None:
     mids = []
     for i in range(a.count):
         body = f"{i} {time.time_ns()} ".encode().ljust(a.size, b".")
-        mids.append(c.publish(a.topic.replace("{n}", str(i)), body, qos=a.qos, retain=a.retain).mid)
+        mids.append(c.publish(a.topic.replace("{n}", str(i)), body, qos=a.qos, retain=a.retain,
+                              properties=_publish_props(a)).mid)
         if a.interval:
             time.sleep(a.interval)
     deadline = time.monotonic() + a.timeout
     while len(acked & set(mids)) < len(mids) and time.monotonic() < deadline and a.qos:
         time.sleep(0.1)
+    result = {"sent": len(mids), "acked": len(acked & set(mids)), "disconnects": disconnects}
+    if a.die:  # no DISCONNECT: the broker (through the gateways) publishes the will
+        print(json.dumps(result), flush=True)
+        os._exit(0)
     closing.append(1)
     c.disconnect()
     c.loop_stop()
-    print(json.dumps({"sent": len(mids), "acked": len(acked & set(mids)), "disconnects": disconnects}), flush=True)
+    print(json.dumps(result), flush=True)
 
 
 def sub(a) -> None:
@@ -66,11 +103,14 @@ def sub(a) -> None:
         nonlocal n
         n += 1
         print(json.dumps({"topic": msg.topic, "payload": msg.payload.decode(errors="replace"), "t": time.time(),
-                          "retain": bool(msg.retain)}), flush=True)
+                          "qos": msg.qos, "retain": bool(msg.retain),
+                          "props": _props_dict(getattr(msg, "properties", None))}), flush=True)
         if a.count and n >= a.count:
             done.set()
 
     c.on_message = on_message
+    subscribed = threading.Event()
+    c.on_subscribe = lambda *args: subscribed.set() or print(json.dumps({"subscribed": a.topic}), flush=True)
     c.on_connect = lambda cl, u, f, rc, p=None: cl.subscribe(a.topic, qos=a.qos)
     closing = []
     c.on_disconnect = lambda cl, u, f, rc, p=None: None if closing else disconnects.append(str(rc))
@@ -83,12 +123,65 @@ def sub(a) -> None:
     print(json.dumps({"received": n, "disconnects": disconnects}), flush=True)
 
 
+def units(a) -> None:
+    """--units position reporters of one nation, one MQTT client each, a GeoJSON report
+    (seed 000 format) every --period s with a random phase, for --duration s.  One JSON
+    line per report sent ({"ev": "sent", "id", "topic", "t"}), then {"ev": "done", ...}."""
+    import random
+
+    from overlay.train_dict import position_report, report_topic
+
+    rnd = random.Random(a.seed)
+    lock = threading.Lock()
+    acked: set[tuple[int, int]] = set()
+    disconnects: list[str] = []
+    clients, sent = [], []
+    for u in range(1, a.units + 1):
+        c = _client(f"{a.client_id}-{a.nation}-{u}", a.version)
+        c.max_queued_messages_set(0)
+        c.max_inflight_messages_set(a.inflight)
+        c.on_publish = lambda cl, ud, mid, rc=None, p=None, u=u: acked.add((u, mid))
+        c.on_disconnect = lambda cl, ud, f, rc, p=None: disconnects.append(str(rc))
+        c.connect(a.host, a.port, keepalive=a.keepalive)
+        c.loop_start()
+        clients.append(c)
+    t0 = time.time()
+    plan = sorted((t0 + rnd.uniform(0, a.period) + k * a.period, u)
+                  for u in range(1, a.units + 1) for k in range(int(a.duration / a.period)))
+    pos = {u: (59.9 + rnd.random() / 10, 10.7 + rnd.random() / 10) for u in range(1, a.units + 1)}
+    seq = dict.fromkeys(pos, 0)
+    for when, u in plan:
+        time.sleep(max(0.0, when - time.time()))
+        seq[u] += 1
+        lat, lon = pos[u]
+        pos[u] = (lat + rnd.uniform(-1e-4, 1e-4), lon + rnd.uniform(-1e-4, 1e-4))
+        now_ms = int(time.time() * 1000)
+        topic = report_topic(a.nation, u, u)
+        body = position_report(a.nation, u, u, seq[u], now_ms, lat, lon)
+        info = clients[u - 1].publish(topic, body, qos=a.qos)
+        with lock:
+            sent.append((u, info.mid))
+        print(json.dumps({"ev": "sent", "id": f"{a.nation}-S{u:03d}_{seq[u]}", "topic": topic, "t": now_ms / 1000}),
+              flush=True)
+    deadline = time.monotonic() + a.timeout
+    while a.qos and len(acked & set(sent)) < len(sent) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    print(json.dumps({"ev": "done", "sent": len(sent), "acked": len(acked & set(sent)), "disconnects": disconnects}),
+          flush=True)
+    os._exit(0)  # the clients' threads need not be waited for
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m perf.mqtt_clients")
-    ap.add_argument("mode", choices=["pub", "sub"])
+    ap.add_argument("mode", choices=["pub", "sub", "units"])
     ap.add_argument("--host", required=True)
     ap.add_argument("--port", type=int, default=1883)
-    ap.add_argument("--topic", required=True)
+    ap.add_argument("--topic", default="#")
+    ap.add_argument("--nation", default="NOR")
+    ap.add_argument("--units", type=int, default=8)
+    ap.add_argument("--period", type=float, default=2.0)
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--qos", type=int, default=1, choices=[0, 1, 2])
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--size", type=int, default=64)
@@ -99,8 +192,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--keepalive", type=int, default=60)
     ap.add_argument("--client-id", default="c2client")
     ap.add_argument("--version", type=int, default=4, choices=[4, 5])
+    ap.add_argument("--props", default="", help="MQTT 5 publish properties as JSON")
+    ap.add_argument("--will-topic", default="")
+    ap.add_argument("--will-payload", default="gone")
+    ap.add_argument("--die", action="store_true", help="end without DISCONNECT")
     a = ap.parse_args(argv)
-    pub(a) if a.mode == "pub" else sub(a)
+    {"pub": pub, "sub": sub, "units": units}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -1,47 +1,62 @@
 """The MQTT gateway on real daemons: nps-chain, r2=r3 on cnr-tactical-2, mosquitto on
-h4 behind gw4, paho-mqtt clients on h1 whose traffic gw1 intercepts (TPROXY)."""
+h4 behind gw4 and on h1 behind gw1, paho-mqtt clients on h1 whose traffic gw1
+intercepts (TPROXY), and the two gateways also bridging the brokers on h1 and h4.
+
+One topology for the whole module (building it costs more than the short tests);
+every test uses its own client ids and topics, and any test that cuts the link or
+kills a gateway puts it back before it ends."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from ip_gateway import mqtt as m
 from ip_gateway.broker import mosquitto_missing, start_mosquitto
 from overlay.testbed_nodes import Nodes, dtnd_missing
-from topologies import testbed
+from topologies import netns, testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
               pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
 
 BPA = ["gw1", "r2", "r3", "gw4"]
+MAX_PACKET = 65536
+TOPICS = ('[[gateway.topic]]\nfilter = "c2/#"\npriority = "immediate"\nlifetime = 3600\n\n'
+          '[[gateway.topic]]\nfilter = "nat/#"\npriority = "routine"\nlifetime = 3600\n')
 
 
-def gateway_tables(h4: str) -> dict[str, str]:
+def gateway_tables(h1: str, h4: str) -> dict[str, str]:
+    """gw1 intercepts clients on h1 bound for h4's broker; both bridge nat/# between the brokers.
+    Only c2/# and nat/# are on the allow-list."""
     prefix = h4.rsplit(".", 1)[0] + ".0/24"
-    topics = ('[[gateway.topic]]\nfilter = "c2/#"\npriority = "immediate"\nlifetime = 3600\n')
-    return {"gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n{topics}',
-            "gw4": f"[gateway]\n\n{topics}"}
+    return {"gw1": f'[gateway]\ntproxy = true\nmax_packet_size = {MAX_PACKET}\n\n'
+                   f'[gateway.bridge]\nbroker = "{h1}:1883"\npeers = ["gw4"]\nout = ["nat/#"]\n\n'
+                   f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n{TOPICS}',
+            "gw4": f'[gateway]\n\n[gateway.bridge]\nbroker = "{h4}:1883"\npeers = ["gw1"]\nout = ["nat/#"]\n\n{TOPICS}'}
 
 
-@pytest.fixture
-def mqtt_chain(tmp_path):
+@pytest.fixture(scope="module")
+def mqtt_chain(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mqtt")
     testbed.down()
     st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=13)
-    h4 = testbed.node_address(st, "h4")
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", gateways=gateway_tables(h4))
-    broker = start_mosquitto("c2-h4", tmp_path / "broker", "127.0.0.1")
+    h1, h4 = testbed.node_address(st, "h1"), testbed.node_address(st, "h4")
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=gateway_tables(h1, h4))
+    brokers = [start_mosquitto("c2-h4", tmp / "broker4", h4), start_mosquitto("c2-h1", tmp / "broker1", h1)]
     for n in BPA:
         nodes.start(n, wait=False)
     for n in BPA:
         nodes.wait_ready(n)
-    yield nodes, h4
+    yield nodes, h1, h4
     nodes.stop_all()
-    broker.terminate()
-    broker.wait(10)
+    for b in brokers:
+        b.terminate()
+        b.wait(10)
     testbed.down()
 
 
@@ -57,28 +72,219 @@ def lines(p: subprocess.Popen, timeout: float) -> list[dict]:
     return rows
 
 
-def test_300_qos1_publishes_across_a_60s_outage_all_arrive_once_no_disconnect(mqtt_chain):
-    nodes, h4 = mqtt_chain
-    sub = client("h4", "sub", "--host", "127.0.0.1", "--topic", "c2/#", "--qos", "1", "--count", "300",
-                 "--timeout", "420", "--client-id", "c2sub")
-    time.sleep(1.0)
-    pub = client("h1", "pub", "--host", h4, "--topic", "c2/orders/{n}", "--qos", "1", "--count", "300",
-                 "--interval", "0.1", "--timeout", "400", "--client-id", "c2pub")
-    time.sleep(5)
+def subscribed(p: subprocess.Popen, timeout: float = 30) -> None:
+    """Wait for a sub client's SUBACK line (the rest of its output stays for lines())."""
+    deadline = time.monotonic() + timeout
+    line = p.stdout.readline()
+    while "subscribed" not in line:
+        assert time.monotonic() < deadline and line, f"no SUBACK: {p.stderr.read()[-1500:] if not line else line}"
+        line = p.stdout.readline()
+
+
+def far_subscribed(nodes: Nodes, client_id: str, flt: str, timeout: float = 60) -> None:
+    """Wait until gw4 holds client_id's subscription to flt at the real broker."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        far = nodes.status("gw4")["mqtt"]["sessions_far"]
+        if any(k.endswith("/" + client_id) and flt in v["subs"] for k, v in far.items()):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"gw4 never subscribed {flt} for {client_id}: {nodes.status('gw4')['mqtt']}")
+
+
+def ids_of(rows: list[dict]) -> list[int]:
+    return [int(r["payload"].split()[0]) for r in rows if "topic" in r]
+
+
+def outage(seconds: float, during=None) -> None:
     testbed.change_link("r2", "r3", "down")
-    t_down = time.monotonic()
-    time.sleep(60)
-    testbed.change_link("r2", "r3", "up")
-    print(f"link was down {time.monotonic() - t_down:.0f} s", flush=True)
+    t0 = time.monotonic()
+    try:
+        if during:
+            during()
+        time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
+    finally:
+        testbed.change_link("r2", "r3", "up")
+    print(f"link was down {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def _300_across_an_outage(nodes: Nodes, h4: str, tag: str, during=None) -> tuple[dict, list[int]]:
+    sub = client("h4", "sub", "--host", "127.0.0.1", "--topic", f"c2/{tag}/#", "--qos", "1", "--count", "300",
+                 "--timeout", "420", "--client-id", f"c2sub-{tag}")
+    subscribed(sub)
+    pub = client("h1", "pub", "--host", h4, "--topic", f"c2/{tag}/{{n}}", "--qos", "1", "--count", "300",
+                 "--interval", "0.1", "--timeout", "400", "--client-id", f"c2pub-{tag}")
+    time.sleep(5)
+    outage(60, during)
     p = lines(pub, 480)[-1]
-    got = lines(sub, 480)
-    msgs = [r for r in got if "topic" in r]
-    ids = [int(r["payload"].split()[0]) for r in msgs]
+    ids = ids_of(lines(sub, 480))
     print("publisher:", p, "subscriber got", len(ids), "gw1:", nodes.status("gw1").get("mqtt"), flush=True)
+    return p, ids
+
+
+def test_300_qos1_publishes_across_a_60s_outage_all_arrive_once_no_disconnect(mqtt_chain):
+    nodes, h1, h4 = mqtt_chain
+    p, ids = _300_across_an_outage(nodes, h4, "orders")
     assert p["acked"] == 300 and p["disconnects"] == [], "the publisher saw the outage"
     assert len(ids) == len(set(ids)), "a message arrived twice"
     assert sorted(ids) == list(range(300)), f"missing {sorted(set(range(300)) - set(ids))[:10]}"
-    # the intercepting rules go with the gateway
-    nodes.stop_all()
-    rules = subprocess.run(["ip", "netns", "exec", "c2-gw1", "nft", "list", "ruleset"], capture_output=True, text=True)
-    assert "c2dtn_tproxy" not in rules.stdout
+
+
+def test_near_gateway_sigkilled_mid_outage_and_restarted_still_all_300_once(mqtt_chain):
+    nodes, h1, h4 = mqtt_chain
+
+    def kill_and_restart():
+        time.sleep(20)
+        nodes.kill("gw1")  # gateway, overlay and its dtnd: SIGKILL, as a power cut
+        time.sleep(10)
+        nodes.start("gw1")
+
+    p, ids = _300_across_an_outage(nodes, h4, "restart", kill_and_restart)
+    # the client's TCP connection ended at the dead gateway: it reconnects (to the restarted
+    # gateway, still during the outage) and resends what was not yet acknowledged
+    assert p["acked"] == 300
+    assert len(ids) == len(set(ids)), "a message arrived twice"
+    assert sorted(ids) == list(range(300)), f"missing {sorted(set(range(300)) - set(ids))[:10]}"
+
+
+def test_near_subscriber_gets_far_publications_across_an_outage(mqtt_chain):
+    nodes, h1, h4 = mqtt_chain
+    sub = client("h1", "sub", "--host", h4, "--topic", "c2/news/#", "--qos", "1", "--count", "20",
+                 "--timeout", "240", "--client-id", "c2nearsub")
+    subscribed(sub)  # answered by gw1 at once
+    far_subscribed(nodes, "c2nearsub", "c2/news/#")
+
+    def publish_at_far_broker():
+        time.sleep(2)
+        p = lines(client("h4", "pub", "--host", "127.0.0.1", "--topic", "c2/news/{n}", "--qos", "1", "--count", "20",
+                         "--client-id", "c2farpub"), 60)[-1]
+        assert p["acked"] == 20
+
+    outage(30, publish_at_far_broker)
+    rows = lines(sub, 300)
+    ids = ids_of(rows)
+    assert sorted(ids) == list(range(20)), f"near subscriber got {ids}"
+    assert rows[-1]["disconnects"] == [], "the near subscriber saw the outage"
+
+
+def test_retained_will_qos2_and_v5_properties_arrive_intact_allow_list_holds(mqtt_chain):
+    nodes, h1, h4 = mqtt_chain
+    props = {"user_property": [["unit", "NOR-UNIT001"], ["cls", "R"]], "content_type": "application/geo+json",
+             "response_topic": "c2/replies/alpha", "message_expiry_interval": 600}
+    # three messages are due (the QoS 2 one, c2/alive, the will); chat/secret, published before
+    # the last two, would be among them if it crossed
+    watch = client("h4", "sub", "--host", "127.0.0.1", "--topic", "#", "--qos", "2", "--count", "3",
+                   "--timeout", "90", "--version", "5", "--client-id", "c2watch")
+    subscribed(watch)
+    # QoS 2, retained, with properties; and one topic that is not on the allow-list
+    p = lines(client("h1", "pub", "--host", h4, "--topic", "c2/status/alpha", "--qos", "2", "--count", "1",
+                     "--retain", "--version", "5", "--props", json.dumps(props), "--client-id", "c2qos2"), 120)[-1]
+    assert p["acked"] == 1
+    p = lines(client("h1", "pub", "--host", h4, "--topic", "chat/secret", "--qos", "1", "--count", "3",
+                     "--client-id", "c2chat"), 60)[-1]
+    assert p["acked"] == 3  # answered locally: the client cannot tell
+    # a will: the client ends without DISCONNECT
+    p = lines(client("h1", "pub", "--host", h4, "--topic", "c2/alive/bravo", "--qos", "1", "--count", "1",
+                     "--version", "5", "--will-topic", "c2/will/bravo", "--will-payload", "bravo lost",
+                     "--client-id", "c2mortal", "--die"), 60)[-1]
+    assert p["acked"] == 1
+    got = lines(watch, 120)
+    by_topic = {r["topic"]: r for r in got if "topic" in r}
+    st = by_topic.get("c2/status/alpha")
+    assert st, f"the QoS 2 message never arrived: {got}"
+    assert st["qos"] == 2 and st["retain"] is False  # a live subscriber gets it unflagged
+    assert st["props"]["user_property"] == props["user_property"]
+    assert st["props"]["content_type"] == props["content_type"]
+    assert st["props"]["response_topic"] == props["response_topic"]
+    assert 500 < st["props"]["message_expiry_interval"] <= 600
+    assert by_topic.get("c2/will/bravo", {}).get("payload") == "bravo lost", "the will was not published"
+    assert not any(t.startswith("chat/") for t in by_topic), "a topic off the allow-list crossed the link"
+    # a late subscriber at the far broker gets the retained message, flagged as retained
+    late = lines(client("h4", "sub", "--host", "127.0.0.1", "--topic", "c2/status/#", "--qos", "1", "--count", "1",
+                        "--timeout", "20", "--version", "5", "--client-id", "c2late"), 60)
+    ret = [r for r in late if "topic" in r]
+    assert ret and ret[0]["retain"] is True and ret[0]["payload"].startswith("0 ")
+    assert nodes.status("gw1")["mqtt"]["counters"]["held_local"] >= 3
+    assert nodes.status("gw4")["mqtt"]["counters"].get("bad_bodies", 0) == 0
+
+
+def _raw(h4: str, version: int = 5) -> socket.socket:
+    s = netns.socket_in("c2-h1", socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.connect((h4, 1883))
+    s.sendall(m.encode(m.Connect(f"c2raw{time.monotonic_ns()}", True, 60, None, None, None, version, {}), version))
+    ack = m.Parser(version=version).feed(s.recv(4096))
+    assert isinstance(ack[0], m.ConnAck) and ack[0].reason == 0
+    return s
+
+
+def _answer(s: socket.socket, version: int = 5) -> tuple[list[m.Packet], bool]:
+    """What the gateway sends before closing, and whether it closed."""
+    data = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            return m.Parser(version=version).feed(data), True
+        if not chunk:
+            return m.Parser(version=version).feed(data), True
+        data += chunk
+
+
+@pytest.mark.parametrize("bad,reason", [
+    (b"\x30\xff\xff\xff\xff\x01", m.Reason.MALFORMED_PACKET),  # remaining length of 5 bytes
+    (b"\x30\x06\x00\x03a\xffb\x00", m.Reason.MALFORMED_PACKET),  # topic that is not UTF-8
+    (m.encode(m.Publish("c2/+/x", b"x"), 5), m.Reason.TOPIC_NAME_INVALID),  # wildcard in a PUBLISH topic
+    # oversize: its fixed header is enough to refuse it (the rest would only be read to be thrown away)
+    (m.encode(m.Publish("c2/big", b"x" * (MAX_PACKET + 10)), 5)[:100], m.Reason.PACKET_TOO_LARGE),
+], ids=["bad-remaining-length", "topic-not-utf8", "wildcard-in-publish", "oversize"])
+def test_malformed_mqtt_closes_only_that_client_with_the_right_reason(mqtt_chain, bad, reason):
+    nodes, h1, h4 = mqtt_chain
+    tag = f"ok{int(reason)}"
+    sub = client("h4", "sub", "--host", "127.0.0.1", "--topic", f"c2/{tag}/#", "--qos", "1", "--count", "20",
+                 "--timeout", "120", "--client-id", f"c2sub-{tag}")
+    subscribed(sub)
+    good = client("h1", "pub", "--host", h4, "--topic", f"c2/{tag}/{{n}}", "--qos", "1", "--count", "20",
+                  "--interval", "0.1", "--client-id", f"c2pub-{tag}")
+    errors_before = nodes.status("gw1")["mqtt"]["counters"].get("protocol_errors", 0)
+    s = _raw(h4)
+    time.sleep(0.5)
+    s.sendall(bad)
+    pkts, closed = _answer(s)
+    s.close()
+    assert closed and pkts and isinstance(pkts[-1], m.Disconnect), f"got {pkts}"
+    assert pkts[-1].reason == reason, f"DISCONNECT reason 0x{pkts[-1].reason:02x}, expected 0x{reason:02x}"
+    p = lines(good, 120)[-1]
+    assert p["acked"] == 20 and p["disconnects"] == [], "another client suffered"
+    assert sorted(ids_of(lines(sub, 120))) == list(range(20))
+    assert nodes.status("gw1")["mqtt"]["counters"]["protocol_errors"] == errors_before + 1
+
+
+def test_mqtt_311_client_with_bad_packet_is_closed(mqtt_chain):
+    nodes, h1, h4 = mqtt_chain
+    s = _raw(h4, version=4)
+    s.sendall(b"\x30\xff\xff\xff\xff\x01")
+    pkts, closed = _answer(s, version=4)
+    assert closed and pkts == []  # 3.1.1 has no DISCONNECT from the server: the connection just ends
+
+
+def test_bridge_mode_carries_configured_topics_both_ways_without_loops(mqtt_chain):
+    nodes, h1, h4 = mqtt_chain
+    east_watch = client("h4", "sub", "--host", "127.0.0.1", "--topic", "nat/#", "--qos", "1", "--count", "40",
+                        "--timeout", "150", "--client-id", "c2east")
+    west_watch = client("h1", "sub", "--host", "127.0.0.1", "--topic", "nat/#", "--qos", "1", "--count", "40",
+                        "--timeout", "150", "--client-id", "c2west")
+    subscribed(east_watch)
+    subscribed(west_watch)
+    # each side publishes to its own broker only
+    pw = client("h1", "pub", "--host", "127.0.0.1", "--topic", "nat/west/{n}", "--qos", "1", "--count", "20",
+                "--interval", "0.2", "--client-id", "c2pw")
+    pe = client("h4", "pub", "--host", "127.0.0.1", "--topic", "nat/east/{n}", "--qos", "1", "--count", "20",
+                "--interval", "0.2", "--client-id", "c2pe")
+    assert lines(pw, 60)[-1]["acked"] == 20 and lines(pe, 60)[-1]["acked"] == 20
+    for rows in (lines(east_watch, 200), lines(west_watch, 200)):
+        got = [(r["topic"].split("/")[1], int(r["payload"].split()[0])) for r in rows if "topic" in r]
+        assert sorted(got) == sorted([("east", i) for i in range(20)] + [("west", i) for i in range(20)]), \
+            f"each broker should see both sides' 20 once, got {len(got)}: {got[:50]}"
+    c1 = nodes.status("gw1")["mqtt"]["counters"]
+    assert c1["bridged_out"] == 20 and c1["bridged_in"] == 20

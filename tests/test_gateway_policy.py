@@ -33,6 +33,15 @@ def test_routes_take_the_longest_prefix_and_topics_the_first_rule():
     ({"listen": "0.0.0.0:1883"}, "gateway.broker", "None"),
     ({"listen": "gw1:1883", "broker": "10.0.0.1:1883"}, "gateway.listen", "gw1:1883"),
     ({"tproxy_port": 70000}, "gateway.tproxy_port", "70000"),
+    ({"bridge": {"broker": "127.0.0.1:1883", "peers": ["gw4"]}}, "gateway.bridge.out", "None"),
+    ({"bridge": {"broker": "127.0.0.1:1883", "peers": [], "out": ["a/#"]}}, "gateway.bridge.peers", "[]"),
+    ({"bridge": {"broker": "127.0.0.1:1883", "peers": ["gw4"], "out": ["a/#/b"]}}, "gateway.bridge.out", "a/#/b"),
+    ({"bridge": {"broker": "127.0.0.1:1883", "peers": ["gw4"], "out": ["a"], "in": ["x+"]}}, "gateway.bridge.in",
+     "x+"),
+    ({"bridge": {"broker": "localhost", "peers": ["gw4"], "out": ["a"]}}, "gateway.bridge.broker", "localhost"),
+    ({"bridge": {"broker": "127.0.0.1:1883", "peers": ["gw4"], "out": ["a"], "qos": 3}}, "gateway.bridge.qos", "3"),
+    ({"bridge": {"broker": "127.0.0.1:1883", "peers": ["gw4"], "out": ["a"], "topics": []}},
+     "gateway.bridge.topics", "[]"),
 ])
 def test_bad_gateway_config_names_field_and_value(change, field, value):
     with pytest.raises(ConfigError) as ei:
@@ -50,3 +59,14 @@ def test_bodies_from_a_peer_gateway_are_checked():
                 s.pack("pub", "c1", "b", t=5), s.pack("pub", "c", "b", t="a", x={"no_such": 1})):
         with pytest.raises(s.BodyError):
             s.unpack(bad)
+
+
+def test_bridge_in_filters_default_to_out_and_only_they_are_published_here():
+    cfg = parse_gateway("gw.toml", {"bridge": {"broker": "127.0.0.1:1883", "peers": ["gw4", "gw7"],
+                                               "out": ["/+/+/+/location"]}})
+    b = cfg.bridge
+    assert (b.broker, b.peers, b.in_, b.qos, b.client_id) == \
+           (("127.0.0.1", 1883), ["gw4", "gw7"], ["/+/+/+/location"], 1, None)
+    body = s.pack("bpub", "c2bridge-gw4", "127.0.0.1:1883", t="/NOR/NOR-UNIT001/NOR-S001/location", p=b"{}", q=1,
+                  r=False)
+    assert s.unpack(body)["op"] == "bpub"
