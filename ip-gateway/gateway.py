@@ -506,6 +506,7 @@ class MqttGateway:
         self.far: dict[str, FarSession] = {}
         self._taken: set[int] = set()
         self._done: list[int] = []
+        self._mark = 0  # inbox ids up to here have been handed out (or kept for an absent client)
         self.state_path = node.cfg.storage / "mqtt-sessions.cbor"
         self._servers: list[asyncio.AbstractServer] = []
         self._tproxy = None
@@ -643,7 +644,7 @@ class MqttGateway:
                            None)])
         self._save()
         self.counters["connects"] += 1
-        asyncio.get_running_loop().call_soon(self.on_inbox)  # queued publications for a resumed session
+        asyncio.get_running_loop().call_soon(self.on_inbox, True)  # publications kept for a resumed session
         return m.ConnAck(present, 0, props)
 
     def near_subscribe(self, conn: NearConn, p: m.Subscribe) -> list[int]:
@@ -681,8 +682,20 @@ class MqttGateway:
             self._save()
 
     # -- envelopes from the other side ------------------------------------------
-    def on_inbox(self) -> None:
-        for d in self.core.take(10_000, app=s.APP):
+    def on_inbox(self, full: bool = False) -> None:
+        """Hand out envelopes that arrived since the last call; `full` looks at all of them
+        again (those kept for a client that was away, once it is back)."""
+        cursor = 0 if full else self._mark
+        while True:
+            batch = self.core.take(10_000, app=s.APP, after=cursor)
+            if not batch:
+                return
+            cursor = batch[-1].id
+            self._mark = max(self._mark, cursor)
+            self._hand_out(batch)
+
+    def _hand_out(self, batch: list[Delivery]) -> None:
+        for d in batch:
             if d.id in self._taken:
                 continue
             try:

@@ -145,8 +145,9 @@ class OverlayCore:
                     self._ack_bytes.pop(b.dst, None)
         return out
 
-    def take(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = ()) -> list[Delivery]:
-        return self.store.inbox(limit, app, exclude)
+    def take(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
+             after: int = 0) -> list[Delivery]:
+        return self.store.inbox(limit, app, exclude, after)
 
     def consumed(self, ids: list[int]) -> None:
         self.store.consumed(ids)

@@ -457,16 +457,16 @@ class CustodyStore:
                 self._bump("gaps_skipped", len(rows))
         return n
 
-    def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = ()) -> list[Delivery]:
+    def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
+              after: int = 0) -> list[Delivery]:
         """Envelopes waiting for the application, oldest first (only those of `app` when given,
-        none of the apps in `exclude`)."""
+        none of the apps in `exclude`, only ids above `after`)."""
         exclude = list(exclude)
+        where, args = "WHERE id > ? ", [after]
         if app is not None:
-            where, args = "WHERE app=? ", [app]
+            where, args = where + "AND app=? ", [*args, app]
         elif exclude:
-            where, args = f"WHERE app NOT IN ({','.join('?' * len(exclude))}) ", exclude
-        else:
-            where, args = "", []
+            where, args = where + f"AND app NOT IN ({','.join('?' * len(exclude))}) ", [*args, *exclude]
         rows = self.db.execute("SELECT id, origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
                                f"received_ms FROM inbox {where}ORDER BY id LIMIT ?", [*args, limit]).fetchall()
         return [Delivery(r[0], r[1], r[2], Priority(r[3]), *r[4:]) for r in rows]
