@@ -296,7 +296,11 @@ class CustodyStore:
                                     "AND received=0 GROUP BY dst").fetchall())
 
     def floor(self, dst: str, priority: int) -> int:
-        row = self.db.execute("SELECT min(cseq) FROM outbox WHERE dst=? AND priority=?", (dst, priority)).fetchone()
+        """The oldest place in the class's order the receiver must still wait for.  Superseded
+        copies do not count: they are never sent again, so a lost one must not hold back the
+        newer envelopes behind it."""
+        row = self.db.execute("SELECT min(cseq) FROM outbox WHERE dst=? AND priority=? AND superseded=0",
+                              (dst, priority)).fetchone()
         return row[0] or 0
 
     def mark_sent(self, seqs: list[int], now_ms: int, retry_at_ms: dict[int, int]) -> None:

@@ -14,8 +14,8 @@ Modes, one after the other on a fresh testbed each:
   mqtt-bridge  the units publish to a mosquitto on h1, bridged to h4's broker (QoS 1,
                persistent bridge session), the bridge's TCP connection across the link.
 
-Reported per mode: sent, delivered, superseded (overlay only: replaced in the queue by
-a newer report of the same unit, counted by gw1's custody), lost (neither), delay
+Reported per mode: sent, delivered, superseded (overlay only: not delivered, but a newer
+report of the same unit was: supersession replaced it on the way), lost (neither), delay
 (receipt time - the report's own timestamp) min / median / p95 / max, and the age of
 each unit's newest position at the subscriber at the end of publishing.  Every figure
 comes from events.jsonl (one line per report sent and per report received).
@@ -133,15 +133,19 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
                 link = "up"
             sent = sum(1 for e in mine if e.get("ev") == "sent")
             got = sum(1 for e in mine if "topic" in e and e["role"] == "sub")
-            console.print(f"\r{mode:12s} t={t:5.0f} s  link {link:4s}  sent {sent:4d}  delivered {got:4d}",
-                          end="", highlight=False)
+            line = f"{mode:12s} t={t:5.0f} s  link {link:4s}  sent {sent:4d}  delivered {got:4d}"
+            if console.is_terminal:
+                console.print("\r" + line, end="", highlight=False)
+            elif int(t) % 10 == 0:  # a log file gets a line every 10 s
+                console.print(line, highlight=False)
             if t >= plan.duration and (got >= sent or t >= plan.duration + plan.drain):
                 break
             time.sleep(1.0)
         console.print()
         if nodes:
             c = nodes.status("gw1").get("counters", {})
-            extra = {"superseded": c.get("superseded", 0), "expired": c.get("expired", 0)}
+            extra = {"supersedes": True, "gw1_superseded_reports": c.get("superseded", 0),
+                     "gw1_expired_reports": c.get("expired", 0)}
         for p in (pub, sub):
             if p.poll() is None:
                 p.terminate()
@@ -178,12 +182,22 @@ def summarize(events: list[dict], mode: str, info: dict) -> dict:
         first[mid] = e["t"] - rep["timestamp"] / 1000
         newest[rep["unit"]] = max(newest.get(rep["unit"], 0), rep["timestamp"] / 1000)
     delays = sorted(first.values())
-    sup = info.get("superseded")
-    lost = len(sent) - len(first) - (sup or 0)
+    # a report not delivered is superseded when the mode supersedes and a newer report of the
+    # same unit was delivered (the unit's position got there); otherwise it is lost
+    sup = None
+    if info.get("supersedes"):
+        newest_seq: dict[str, int] = {}
+        for mid in first:
+            node, n = mid.rsplit("_", 1)
+            newest_seq[node] = max(newest_seq.get(node, 0), int(n))
+        sup = sum(1 for mid in sent if mid not in first
+                  and newest_seq.get(mid.rsplit("_", 1)[0], 0) > int(mid.rsplit("_", 1)[1]))
+    lost = len(sent) - len([m for m in first if m in sent]) - (sup or 0)
     last_sent = max((e["t"] for e in sent.values()), default=0)
     ages = [last_sent - t for t in newest.values()]
     q = statistics.quantiles(delays, n=20) if len(delays) > 1 else delays * 19
     return {"mode": mode, "sent": len(sent), "delivered": len(first), "duplicates": dup,
+            "gw1_superseded_reports": info.get("gw1_superseded_reports"),
             "superseded": sup, "lost": lost, "lost_pct": 100 * lost / len(sent) if sent else 0.0,
             "delay_min_s": delays[0] if delays else None, "delay_median_s": statistics.median(delays) if delays else None,
             "delay_p95_s": q[18] if delays else None, "delay_max_s": delays[-1] if delays else None,
@@ -216,8 +230,8 @@ def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
         t.add_row(*cells)
         md.append("| " + " | ".join(cells) + " |")
     console.print(t)
-    md += ["", "superseded: replaced in gw1's queue by a newer report of the same unit (not lost: the newer one "
-           "went instead). lost = sent - delivered - superseded. Delay = receipt at the subscriber - the report's "
+    md += ["", "superseded (modes that supersede): not delivered, but a newer report of the same unit was. "
+           "lost = sent - delivered - superseded. Delay = receipt at the subscriber - the report's "
            "timestamp. Every figure is computed from events.jsonl.", "", "![delay of each report](plot.png)"]
     (out / "report.md").write_text("\n".join(md) + "\n")
     (out / "summary.json").write_text(json.dumps({"plan": plan.__dict__, "modes": rows}, indent=1))

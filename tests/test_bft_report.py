@@ -28,7 +28,7 @@ def _events() -> list[dict]:
 
 def test_summary_counts_delays_and_tells_superseded_from_lost():
     ev = _events()
-    o = bft.summarize(ev, "overlay", {"superseded": 1})
+    o = bft.summarize(ev, "overlay", {"supersedes": True})
     assert (o["sent"], o["delivered"], o["duplicates"], o["superseded"], o["lost"]) == (4, 3, 1, 1, 0)
     assert (o["delay_min_s"], o["delay_median_s"], o["delay_max_s"]) == (0.5, 1.5, 4.0)
     b = bft.summarize(ev, "mqtt-bridge", {})
@@ -40,7 +40,7 @@ def test_summary_counts_delays_and_tells_superseded_from_lost():
 def test_report_writes_table_files_and_a_plot_that_opens(tmp_path):
     ev = _events()
     plan = bft.Plan(duration=10, outage=(2, 6))
-    rows = [bft.summarize(ev, "overlay", {"superseded": 1}), bft.summarize(ev, "mqtt-bridge", {})]
+    rows = [bft.summarize(ev, "overlay", {"supersedes": True}), bft.summarize(ev, "mqtt-bridge", {})]
     bft.report(tmp_path, plan, ev, rows)
     assert len((tmp_path / "events.jsonl").read_text().splitlines()) == len(ev)
     md = (tmp_path / "report.md").read_text()
