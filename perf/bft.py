@@ -16,8 +16,8 @@ Modes, one after the other on a fresh testbed each:
 
 Reported per mode: sent, delivered, superseded (overlay only: not delivered, but a newer
 report of the same unit was: supersession replaced it on the way), lost (neither), delay
-(receipt time - the report's own timestamp) min / median / p95 / max, and the age of
-each unit's newest position at the subscriber at the end of publishing.  Every figure
+(receipt time - the report's own timestamp) min / median / p95 / max, and how old each
+unit's newest position delivered by the end of the run is, against the last report sent.  Every figure
 comes from events.jsonl (one line per report sent and per report received).
 Writes results/<time>-bft/: events.jsonl, summary.json, summary.csv, report.md, plot.png.
 """
@@ -218,7 +218,7 @@ def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
              + (f", link down {plan.outage[0]:g}-{plan.outage[1]:g} s" if plan.outage else ""))
     t = Table(title=title)
     cols = ("mode", "sent", "delivered", "superseded", "lost", "lost %", "delay min", "median", "p95", "max",
-            "newest position age at end (worst unit)")
+            "newest position: age vs last report sent (worst unit)")
     for c in cols:
         t.add_column(c, justify="right")
     md = ["# " + title, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

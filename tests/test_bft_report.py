@@ -48,3 +48,16 @@ def test_report_writes_table_files_and_a_plot_that_opens(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["modes"][0]["delivered"] == 3
     img = mpimg.imread(tmp_path / "plot.png")
     assert img.shape[0] > 200 and img.shape[1] > 400 and img.std() > 0.01  # a picture, not a blank
+
+
+def test_perf_cli_names_the_bad_value():
+    from click.testing import CliRunner
+
+    from c2dtn.cli import cli
+
+    for args, bad in ((["perf", "bft", "--outage", "20-200"], "20-200"), (["perf", "bft", "--outage", "x"], "'x'"),
+                      (["perf", "bft", "--modes", "overlay,carrier-pigeon"], "carrier-pigeon"),
+                      (["perf", "bft", "--profile", "cnr-tactical-9"], "cnr-tactical-9"),
+                      (["perf", "gateway", "--qos", "0,3"], "'3'")):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 2 and bad in r.output, (args, r.output)

@@ -295,3 +295,23 @@ def test_mosquitto_pub_talks_to_the_codec(version):
     if version == "mqttv5":
         assert pub.properties == {"user_property": [("unit", "NOR-1")], "message_expiry_interval": 60}
     srv.sock.close()
+
+
+@pytest.mark.skipif(not shutil.which("mosquitto_sub"), reason="mosquitto-clients not installed (make deps installs it)")
+@pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
+def test_mosquitto_sub_talks_to_the_codec(version):
+    srv = _Server()
+    props = {"user_property": [("unit", "NOR-2")], "content_type": "application/geo+json"} if version == "mqttv5" else {}
+    srv.push = [m.Publish("bft/NOR/u2/location", b'{"seq":7}', 1, False, False, None, props)]
+    fmt = "%t|%p|%q" + ("|%P" if version == "mqttv5" else "")
+    out = subprocess.run(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(srv.port), "-V", version, "-q", "1",
+                          "-t", "bft/#", "-C", "1", "-W", "10", "-F", fmt, "-i", "msub"],
+                         capture_output=True, text=True, timeout=15)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert line.startswith('bft/NOR/u2/location|{"seq":7}|1'), line
+    if version == "mqttv5":
+        assert "unit:NOR-2" in line  # %P prints user properties as key:value
+    (sub,) = srv.wait(lambda p: isinstance(p, m.Subscribe))
+    assert [(s.filter, s.qos) for s in sub.subscriptions] == [("bft/#", 1)]
+    srv.sock.close()
