@@ -1,25 +1,34 @@
-"""The blue-force-tracking job (seed 000): position reports across a cut radio link,
-through c2dtn gateways next to plain MQTT (a Mosquitto bridge) on the same emulated
-link, measured in the same run.  `make demo` runs it on its defaults:
+"""The blue-force-tracking experiment (seed 000): GeoJSON position reports across
+emulated tactical links, through c2dtn gateways next to plain MQTT on the same links,
+measured in the same run.  Every figure comes from events.jsonl (one line per report
+sent and one per report received); nothing is modelled.
 
-  nps-chain, radio hop r2-r3 on cnr-tactical-2 (9.8 kbit/s, 100 ms, 10 % loss);
-  8 units on h1, each publishing a GeoJSON report (QoS 1) every 2 s for 100 s;
-  the broker (mosquitto) on h4, with a subscriber to every unit's location;
-  the radio link down from t=20 s to t=80 s; then up to 60 s for the backlog.
+Topologies:
+  nps-chain     (`make demo`) 8 units on h1 publish to the broker on h4, across r2-r3
+                (default: cnr-tactical-2, down from 20 s to 80 s).  overlay: gw1
+                intercepts (TPROXY), gw4 publishes at the broker.  mqtt-bridge: a
+                mosquitto on h1 bridged to h4's broker.  One receiver: a subscriber on h4.
+  fmn-2nations, fmn-4nations  (seed 000 settings 1 and 2) 8 units per nation, a broker
+                per nation, every unit subscribed to every unit's reports.  overlay: each
+                nation's gateway bridges its broker (bridge mode) to every other
+                nation's gateway.  mqtt-bridge: the other nations' brokers bridge to the
+                first nation's (a star, as seed 000's Mosquitto set-up).  The 8 units of
+                a nation run in one process in the namespace of its unit 1 (the units
+                share the nation's unlimited LAN, so this changes nothing on the links).
 
-Modes, one after the other on a fresh testbed each:
-  overlay      the units publish to h4's broker; gw1 intercepts (TPROXY), holds each
-               report in custody and sends it over the overlay; gw4 publishes it at the
-               broker.  Position reports supersede per unit (topic) while queued.
-  mqtt-bridge  the units publish to a mosquitto on h1, bridged to h4's broker (QoS 1,
-               persistent bridge session), the bridge's TCP connection across the link.
+Figures per mode (deliveries count receiver x report pairs across an emulated link:
+every receiver in another nation than the report's):
+  sent, expected deliveries, delivered, superseded (modes that supersede: not
+  delivered, but a newer report of the same unit reached that receiver), lost (neither),
+  delay (receipt - the report's own timestamp) min / median / p95 / max, age of
+  information (at each second, for each receiver and each unit of another nation: now -
+  timestamp of the newest report of that unit the receiver has) mean and p95, bytes on
+  the emulated links per delivery, and goodput (distinct reports that reached another
+  nation, as bits, over the emulated links' capacity for the run).
 
-Reported per mode: sent, delivered, superseded (overlay only: not delivered, but a newer
-report of the same unit was: supersession replaced it on the way), lost (neither), delay
-(receipt time - the report's own timestamp) min / median / p95 / max, and how old each
-unit's newest position delivered by the end of the run is, against the last report sent.  Every figure
-comes from events.jsonl (one line per report sent and per report received).
-Writes results/<time>-bft/: events.jsonl, summary.json, summary.csv, report.md, plot.png.
+Writes results/<time>-bft/: events.jsonl, summary.json, summary.csv, report.md and
+plot.png (delay of each delivery), delay_box.png (per sender -> receiver nation),
+aoi.png (age of information over time).
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -43,8 +53,8 @@ from overlay.testbed_nodes import Nodes
 from topologies import testbed
 
 console = Console(width=None if sys.stdout.isatty() else 150)
-BPA = ["gw1", "r2", "r3", "gw4"]
 MODES = ("overlay", "mqtt-bridge")
+TOPOLOGIES = ("nps-chain", "fmn-2nations", "fmn-4nations")
 REPORT_FILTER = "/+/+/+/location"
 
 
@@ -58,15 +68,26 @@ class Plan:
     drain: float = 60.0
     qos: int = 1
     seed: int = 7
+    topology: str = "nps-chain"
 
 
-def _reader(p: subprocess.Popen, sink: list, mode: str, role: str) -> threading.Thread:
+# -- processes ------------------------------------------------------------------
+def _reader(p: subprocess.Popen, sink: list, mode: str, rx: str | None = None) -> threading.Thread:
+    """Collect a client's JSON lines as events; a plain `sub` client's messages become recv events."""
     def run():
         for line in p.stdout:
-            if line.startswith("{"):
-                ev = json.loads(line)
-                ev.update(mode=mode, role=role)
-                sink.append(ev)
+            if not line.startswith("{"):
+                continue
+            ev = json.loads(line)
+            if rx is not None and "payload" in ev:
+                try:
+                    rep = json.loads(ev["payload"])["properties"]
+                    ev = {"ev": "recv", "rx": rx, "rx_nation": rx, "id": rep["msg_id"], "from": rep["country"],
+                          "ts": rep["timestamp"] / 1000, "t": ev["t"]}
+                except (ValueError, KeyError, TypeError):
+                    ev = {"ev": "recv", "rx": rx, "rx_nation": rx, "bad": ev.get("topic"), "t": ev["t"]}
+            ev["mode"] = mode
+            sink.append(ev)
 
     th = threading.Thread(target=run, daemon=True)
     th.start()
@@ -75,137 +96,300 @@ def _reader(p: subprocess.Popen, sink: list, mode: str, role: str) -> threading.
 
 def _client(node: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "perf.mqtt_clients", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
-def _gateway_tables(h4: str) -> dict[str, str]:
-    rule = (f'[[gateway.topic]]\nfilter = "{REPORT_FILTER}"\npriority = "priority"\nlifetime = 600\n'
+def _topic_rule() -> str:
+    return (f'[[gateway.topic]]\nfilter = "{REPORT_FILTER}"\npriority = "priority"\nlifetime = 600\n'
             'supersede = "topic"\n')
-    prefix = h4.rsplit(".", 1)[0] + ".0/24"
-    return {"gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n{rule}',
-            "gw4": f"[gateway]\n\n{rule}"}
 
 
-def _bridge_conf(h4: str, qos: int) -> str:
-    # the bridge as seed 000 ran it: the local broker forwards the location topics to the remote one
-    return (f"connection c2bridge-h1\naddress {h4}:1883\ntopic {REPORT_FILTER} out {qos}\ncleansession false\n"
-            "bridge_protocol_version mqttv311\nkeepalive_interval 60\nrestart_timeout 2 10\n")
+def _mosquitto_bridge(remote: str, name: str, direction: str, qos: int) -> str:
+    # a bridge as seed 000 ran it: the location topics forwarded to the remote broker
+    return (f"connection {name}\naddress {remote}:1883\ntopic {REPORT_FILTER} {direction} {qos}\n"
+            "cleansession false\ntry_private true\nbridge_protocol_version mqttv311\nkeepalive_interval 60\n"
+            "restart_timeout 2 10\n")
+
+
+@dataclass
+class Setup:
+    procs: list
+    nodes: Nodes | None
+    publishers: list[tuple[str, str, str, str]]  # (node, nation, broker address, subscribe filter or "")
+    receivers: list[tuple[str, str]]  # (receiver id, its nation)
+    plain_subs: list[tuple[str, str]]  # (node, receiver id): a plain subscriber at a broker
+    outage_link: tuple[str, str]
+    dil_links: list[str]
+    supersedes: bool
+
+
+def _nations(st: dict) -> list[str]:
+    return sorted({n.split("-")[0] for n in st["nodes"] if n.endswith("-broker")})
+
+
+def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
+    procs: list = []
+    nodes = None
+    dil = [k for k, ls in st["links"].items() if ls.get("dil")] or list(st["links"])
+    if plan.topology == "nps-chain":
+        h4 = testbed.node_address(st, "h4")
+        procs.append(start_mosquitto("c2-h4", workdir / "broker-h4", "127.0.0.1"))
+        if mode == "overlay":
+            prefix = h4.rsplit(".", 1)[0] + ".0/24"
+            bpa = ["gw1", "r2", "r3", "gw4"]
+            nodes = Nodes(st, bpa, ["gw1", "gw4"], workdir / "nodes", gateways={
+                "gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n'
+                       + _topic_rule(), "gw4": "[gateway]\n\n" + _topic_rule()})
+            target = h4
+        else:
+            procs.append(start_mosquitto("c2-h1", workdir / "broker-h1", "127.0.0.1",
+                                         extra=_mosquitto_bridge(h4, "c2bridge-h1", "out", plan.qos)))
+            target = "127.0.0.1"
+        return Setup(procs, nodes, [("h1", "NOR", target, "")], [("h4-sub", "h4")], [("h4", "h4-sub")],
+                     ("r2", "r3"), ["r2-r3"], mode == "overlay")
+    nations = _nations(st)
+    brokers = {n: testbed.node_address(st, f"{n}-broker") for n in nations}
+    main = nations[0]
+    for n in nations:
+        extra = ""
+        if mode == "mqtt-bridge" and n != main:
+            extra = _mosquitto_bridge(brokers[main], f"c2bridge-{n}", "both", plan.qos)
+        procs.append(start_mosquitto(f"c2-{n}-broker", workdir / f"broker-{n}", brokers[n], extra=extra))
+    if mode == "overlay":
+        gws = [f"{n}-gw" for n in nations]
+        tables = {f"{n}-gw": (f'[gateway]\n\n[gateway.bridge]\nbroker = "{brokers[n]}:1883"\n'
+                              f'peers = {json.dumps([g for g in gws if g != f"{n}-gw"])}\nout = ["{REPORT_FILTER}"]\n'
+                              f"qos = {plan.qos}\n\n" + _topic_rule()) for n in nations}
+        routers = [n for n, v in st["nodes"].items() if v.get("role") == "router"]
+        nodes = Nodes(st, gws + routers, gws, workdir / "nodes", gateways=tables)
+    pubs = [(f"{n}-u1", n.upper(), brokers[n], REPORT_FILTER) for n in nations]
+    receivers = [(f"{n.upper()}-S{u:03d}", n.upper()) for n in nations for u in range(1, plan.units + 1)]
+    return Setup(procs, nodes, pubs, receivers, [], (f"{main}-gw", "tacnet"), dil, mode == "overlay")
+
+
+def _link_bytes(names: list[str]) -> int:
+    total = 0
+    for name, ls in testbed.status()["links"].items():
+        live = ls.get("live") or {}
+        if name in names and "error" not in live:
+            total += sum((live.get(d) or {}).get("delivered_bytes", 0) for d in ("ab", "ba"))
+    return total
 
 
 def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
     testbed.down()
-    st = testbed.up("nps-chain", profile=plan.profile, seed=plan.seed)  # the profile of the radio hop
-    h4 = testbed.node_address(st, "h4")
-    procs: list[subprocess.Popen] = []
-    nodes = None
-    extra = {}
+    st = testbed.up(plan.topology, profile=plan.profile, seed=plan.seed)
+    s = None
     try:
-        procs.append(start_mosquitto("c2-h4", workdir / mode / "broker4", "127.0.0.1"))
-        if mode == "overlay":
-            nodes = Nodes(st, BPA, ["gw1", "gw4"], workdir / mode / "nodes", gateways=_gateway_tables(h4))
-            for n in BPA:
-                nodes.start(n, wait=False)
-            for n in BPA:
-                nodes.wait_ready(n)
-            target = h4
-        else:
-            procs.append(start_mosquitto("c2-h1", workdir / mode / "broker1", "127.0.0.1",
-                                         extra=_bridge_conf(h4, plan.qos)))
-            target = "127.0.0.1"
-        sub = _client("h4", "sub", "--host", "127.0.0.1", "--topic", REPORT_FILTER, "--qos", str(plan.qos),
-                      "--timeout", str(plan.duration + plan.drain + 5), "--client-id", "c2bft-sub")
+        s = setup(mode, plan, st, workdir / mode)
+        if s.nodes:
+            for n in s.nodes.paths:
+                s.nodes.start(n, wait=False)
+            for n in s.nodes.paths:
+                s.nodes.wait_ready(n)
+        bytes0 = _link_bytes(s.dil_links)
         mine: list[dict] = []
-        readers = [_reader(sub, mine, mode, "sub")]
+        clients, readers = [], []
+        for node, rx in s.plain_subs:
+            c = _client(node, "sub", "--host", "127.0.0.1", "--topic", REPORT_FILTER, "--qos", str(plan.qos),
+                        "--timeout", str(plan.duration + plan.drain + 10), "--client-id", f"c2bft-{rx}")
+            clients.append(c)
+            readers.append(_reader(c, mine, mode, rx))
         time.sleep(1.0)
-        pub = _client("h1", "units", "--host", target, "--nation", "NOR", "--units", str(plan.units),
-                      "--period", str(plan.period), "--duration", str(plan.duration), "--qos", str(plan.qos),
-                      "--timeout", str(plan.drain), "--client-id", "c2bft", "--seed", str(plan.seed))
-        readers.append(_reader(pub, mine, mode, "pub"))
+        for i, (node, nation, host, flt) in enumerate(s.publishers):
+            args = ["units", "--host", host, "--nation", nation, "--units", str(plan.units), "--period",
+                    str(plan.period), "--duration", str(plan.duration), "--qos", str(plan.qos), "--timeout",
+                    str(plan.drain), "--client-id", "c2bft", "--seed", str(plan.seed + i)]
+            if flt:
+                args += ["--subscribe", flt, "--linger", str(plan.drain + 5)]
+            c = _client(node, *args)
+            clients.append(c)
+            readers.append(_reader(c, mine, mode))
         t0 = time.monotonic()
         link = "up"
+        expected_per_report = {nat: sum(1 for _, rn in s.receivers if rn != nat) for _, nat, _, _ in s.publishers}
         while True:
             t = time.monotonic() - t0
             if plan.outage and link == "up" and plan.outage[0] <= t < plan.outage[1]:
-                testbed.change_link("r2", "r3", "down")
+                testbed.change_link(*s.outage_link, "down")
                 link = "down"
             elif plan.outage and link == "down" and t >= plan.outage[1]:
-                testbed.change_link("r2", "r3", "up")
+                testbed.change_link(*s.outage_link, "up")
                 link = "up"
-            sent = sum(1 for e in mine if e.get("ev") == "sent")
-            got = sum(1 for e in mine if "topic" in e and e["role"] == "sub")
-            line = f"{mode:12s} t={t:5.0f} s  link {link:4s}  sent {sent:4d}  delivered {got:4d}"
+            snap = list(mine)
+            sent = [e for e in snap if e.get("ev") == "sent"]
+            due = sum(expected_per_report.get(e["nation"], 0) for e in sent)
+            got = sum(1 for e in snap if e.get("ev") == "recv" and "id" in e and e["from"] != e["rx_nation"])
+            line = (f"{mode:12s} t={t:5.0f} s  link {link:4s}  reports sent {len(sent):5d}  "
+                    f"deliveries {got:6d} of {due:6d}")
             if console.is_terminal:
                 console.print("\r" + line, end="", highlight=False)
             elif int(t) % 10 == 0:  # a log file gets a line every 10 s
                 console.print(line, highlight=False)
-            if t >= plan.duration and (got >= sent or t >= plan.duration + plan.drain):
+            if t >= plan.duration and (got >= due or t >= plan.duration + plan.drain):
                 break
             time.sleep(1.0)
         console.print()
-        if nodes:
-            c = nodes.status("gw1").get("counters", {})
-            extra = {"supersedes": True, "gw1_superseded_reports": c.get("superseded", 0),
-                     "gw1_expired_reports": c.get("expired", 0)}
-        for p in (pub, sub):
-            if p.poll() is None:
-                p.terminate()
-        for p in (pub, sub):
-            p.wait(30)
+        info = {"mode": mode, "supersedes": s.supersedes, "receivers": s.receivers,
+                "link_bytes": _link_bytes(s.dil_links) - bytes0, "dil_links": s.dil_links,
+                "link_bps": sum((st["links"][k].get("profile_ab") or {}).get("rate_bps") or 0 for k in s.dil_links),
+                "run_s": time.monotonic() - t0}
+        if s.nodes:
+            info["gateway_counters"] = {n: s.nodes.status(n).get("mqtt", {}).get("counters", {})
+                                        for n in s.nodes.gateways}
+        for c in clients:
+            if c.poll() is None:
+                c.terminate()
+        for c in clients:
+            c.wait(30)
         for r in readers:
             r.join(5)
         events.extend(mine)
+        return info
     finally:
-        if plan.outage:
-            testbed.change_link("r2", "r3", "up")
-        if nodes:
-            nodes.stop_all()
-        for p in procs:
-            p.terminate()
-            p.wait(10)
+        if plan.outage and s is not None:
+            testbed.change_link(*s.outage_link, "up")
+        if s is not None:
+            if s.nodes:
+                s.nodes.stop_all()
+            for p in s.procs:
+                p.terminate()
+                p.wait(10)
         testbed.down()
-    return {"mode": mode, **extra, "end_t": time.time()}
 
 
-def summarize(events: list[dict], mode: str, info: dict) -> dict:
+# -- figures ------------------------------------------------------------------------
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def summarize(events: list[dict], mode: str, info: dict, period: float = 2.0) -> dict:
+    receivers = [tuple(r) for r in info["receivers"]]
     sent = {e["id"]: e for e in events if e["mode"] == mode and e.get("ev") == "sent"}
-    first: dict[str, float] = {}
+    unit_of = {mid: mid.rsplit("_", 1)[0] for mid in sent}
+    seq_of = {mid: int(mid.rsplit("_", 1)[1]) for mid in sent}
+    first: dict[tuple[str, str], float] = {}  # (rx, id) -> receipt time
+    ts: dict[str, float] = {}
     dup = 0
-    newest: dict[str, float] = {}  # unit -> report time of its newest position known at the subscriber
     for e in events:
-        if e["mode"] != mode or e["role"] != "sub" or "topic" not in e:
+        if e["mode"] != mode or e.get("ev") != "recv" or "id" not in e or e["id"] not in sent:
             continue
-        rep = json.loads(e["payload"])["properties"]
-        mid = rep["msg_id"]
-        if mid in first:
+        if e["from"] == e["rx_nation"]:
+            continue  # the nation's own LAN: not across a link
+        k = (e["rx"], e["id"])
+        if k in first:
             dup += 1
             continue
-        first[mid] = e["t"] - rep["timestamp"] / 1000
-        newest[rep["unit"]] = max(newest.get(rep["unit"], 0), rep["timestamp"] / 1000)
-    delays = sorted(first.values())
-    # a report not delivered is superseded when the mode supersedes and a newer report of the
-    # same unit was delivered (the unit's position got there); otherwise it is lost
+        first[k] = e["t"]
+        ts[e["id"]] = e["ts"]
+    expected = [(rx, mid) for mid, e in sent.items() for rx, rn in receivers if rn != e["nation"]]
+    delivered = [k for k in expected if k in first]
+    delays = sorted(first[k] - ts[k[1]] for k in delivered)
+    newest: dict[tuple[str, str], int] = {}  # (rx, unit) -> newest seq delivered
+    for rx, mid in delivered:
+        key = (rx, unit_of[mid])
+        newest[key] = max(newest.get(key, 0), seq_of[mid])
     sup = None
     if info.get("supersedes"):
-        newest_seq: dict[str, int] = {}
-        for mid in first:
-            node, n = mid.rsplit("_", 1)
-            newest_seq[node] = max(newest_seq.get(node, 0), int(n))
-        sup = sum(1 for mid in sent if mid not in first
-                  and newest_seq.get(mid.rsplit("_", 1)[0], 0) > int(mid.rsplit("_", 1)[1]))
-    lost = len(sent) - len([m for m in first if m in sent]) - (sup or 0)
-    last_sent = max((e["t"] for e in sent.values()), default=0)
-    ages = [last_sent - t for t in newest.values()]
-    q = statistics.quantiles(delays, n=20) if len(delays) > 1 else delays * 19
-    return {"mode": mode, "sent": len(sent), "delivered": len(first), "duplicates": dup,
-            "gw1_superseded_reports": info.get("gw1_superseded_reports"),
-            "superseded": sup, "lost": lost, "lost_pct": 100 * lost / len(sent) if sent else 0.0,
-            "delay_min_s": delays[0] if delays else None, "delay_median_s": statistics.median(delays) if delays else None,
-            "delay_p95_s": q[18] if delays else None, "delay_max_s": delays[-1] if delays else None,
-            "units_known": len(newest), "newest_age_max_s": max(ages) if ages else None}
+        sup = sum(1 for rx, mid in expected if (rx, mid) not in first
+                  and newest.get((rx, unit_of[mid]), 0) > seq_of[mid])
+    lost = len(expected) - len(delivered) - (sup or 0)
+    ages, series = age_of_information(sent, first, ts, receivers, period)
+    report_bytes = 230  # a seed 000 report is about 255 characters; ours are 226-232
+    reached = {mid for _, mid in delivered}
+    link_bps, run_s = info.get("link_bps") or 0, info.get("run_s") or 0
+    return {"mode": mode, "sent": len(sent), "expected": len(expected), "delivered": len(delivered),
+            "duplicates": dup, "superseded": sup, "lost": lost,
+            "lost_pct": 100 * lost / len(expected) if expected else 0.0,
+            "delay_min_s": delays[0] if delays else None,
+            "delay_median_s": statistics.median(delays) if delays else None,
+            "delay_p95_s": _pct(delays, 0.95), "delay_max_s": delays[-1] if delays else None,
+            "aoi_mean_s": statistics.fmean(ages) if ages else None, "aoi_p95_s": _pct(ages, 0.95),
+            "newest_age_max_s": _newest_age_max(sent, delivered, ts, receivers),
+            "link_bytes": info.get("link_bytes"),
+            "link_bytes_per_delivery": info["link_bytes"] / len(delivered) if delivered and info.get("link_bytes")
+            else None,
+            "goodput_fraction": len(reached) * report_bytes * 8 / (link_bps * run_s) if link_bps and run_s else None,
+            "aoi_series": series}
 
 
-def _fmt(v, unit="s") -> str:
-    return "-" if v is None else f"{v:.1f} {unit}"
+def _newest_age_max(sent: dict, delivered: list, ts: dict, receivers: list) -> float | None:
+    """At the end of the run, the oldest 'newest position' any receiver holds of any unit of
+    another nation, against the last report sent (a unit never heard of counts from its first report)."""
+    if not sent:
+        return None
+    last_sent = max(e["t"] for e in sent.values())
+    have: dict[tuple[str, str], float] = {}
+    for rx, mid in delivered:
+        k = (rx, mid.rsplit("_", 1)[0])
+        have[k] = max(have.get(k, 0.0), ts[mid])
+    first_of: dict[str, tuple[float, str]] = {}
+    for mid, e in sent.items():
+        u = mid.rsplit("_", 1)[0]
+        if u not in first_of or e["t"] < first_of[u][0]:
+            first_of[u] = (e["t"], e["nation"])
+    return max((last_sent - have.get((rx, u), t0) for rx, rn in receivers for u, (t0, nat) in first_of.items()
+                if nat != rn), default=None)
+
+
+def age_of_information(sent: dict, first: dict, ts: dict, receivers: list, period: float
+                       ) -> tuple[list[float], list[tuple[float, float, float]]]:
+    """Samples (one per second, per receiver and unit of another nation) of now - timestamp of
+    the newest report of that unit the receiver holds; and per second (t, mean, max)."""
+    if not sent:
+        return [], []
+    units: dict[str, list[dict]] = defaultdict(list)
+    for mid, e in sent.items():
+        units[mid.rsplit("_", 1)[0]].append(e)
+    got: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)  # (rx, unit) -> [(t, ts)]
+    for (rx, mid), t in first.items():
+        got[(rx, mid.rsplit("_", 1)[0])].append((t, ts[mid]))
+    t0 = min(e["t"] for e in sent.values())
+    t_end = max(e["t"] for e in sent.values())
+    grid = [t0 + period + i for i in range(int(t_end - t0 - period) + 1)]
+    per_t: dict[float, list[float]] = defaultdict(list)
+    samples = []
+    for rx, rn in receivers:
+        for u, es in units.items():
+            if es[0]["nation"] == rn:
+                continue
+            start = min(e["t"] for e in es)
+            recs = sorted(got.get((rx, u), []))
+            i, best = 0, None
+            for t in grid:
+                while i < len(recs) and recs[i][0] <= t:
+                    best = recs[i][1] if best is None else max(best, recs[i][1])
+                    i += 1
+                age = t - (best if best is not None else start)
+                samples.append(age)
+                per_t[t].append(age)
+    series = [(t - t0, statistics.fmean(v), max(v)) for t, v in sorted(per_t.items())]
+    return samples, series
+
+
+def _fmt(v, unit="s", nd=1) -> str:
+    return "-" if v is None else f"{v:.{nd}f} {unit}".strip()
+
+
+COLS = ("mode", "sent", "deliveries due", "delivered", "superseded", "lost", "lost %", "delay min", "median",
+        "p95", "max", "AoI mean", "AoI p95", "link bytes / delivery", "goodput / capacity")
+
+
+def _cells(r: dict) -> list[str]:
+    return [r["mode"], str(r["sent"]), str(r["expected"]), str(r["delivered"]),
+            "-" if r["superseded"] is None else str(r["superseded"]), str(r["lost"]), f"{r['lost_pct']:.1f}",
+            _fmt(r["delay_min_s"]), _fmt(r["delay_median_s"]), _fmt(r["delay_p95_s"]), _fmt(r["delay_max_s"]),
+            _fmt(r["aoi_mean_s"]), _fmt(r["aoi_p95_s"]), _fmt(r["link_bytes_per_delivery"], "B", 0),
+            _fmt(r["goodput_fraction"], "", 2)]
+
+
+def title_of(plan: Plan) -> str:
+    return (f"BFT on {plan.topology}: {plan.units} units per nation, report every {plan.period:g} s for "
+            f"{plan.duration:g} s, QoS {plan.qos}, links {plan.profile}"
+            + (f", link down {plan.outage[0]:g}-{plan.outage[1]:g} s" if plan.outage else ""))
 
 
 def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
@@ -213,63 +397,102 @@ def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     with open(out / "events.jsonl", "w") as fh:
         for e in events:
             fh.write(json.dumps(e) + "\n")
-    title = (f"BFT: {plan.units} units, report every {plan.period:g} s for {plan.duration:g} s, QoS {plan.qos}, "
-             f"nps-chain r2-r3 {plan.profile}"
-             + (f", link down {plan.outage[0]:g}-{plan.outage[1]:g} s" if plan.outage else ""))
+    title = title_of(plan)
     t = Table(title=title)
-    cols = ("mode", "sent", "delivered", "superseded", "lost", "lost %", "delay min", "median", "p95", "max",
-            "newest position: age vs last report sent (worst unit)")
-    for c in cols:
+    for c in COLS:
         t.add_column(c, justify="right")
-    md = ["# " + title, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md = ["# " + title, "", "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
     for r in rows:
-        cells = [r["mode"], str(r["sent"]), str(r["delivered"]), "-" if r["superseded"] is None else str(r["superseded"]),
-                 str(r["lost"]), f"{r['lost_pct']:.1f}", _fmt(r["delay_min_s"]), _fmt(r["delay_median_s"]),
-                 _fmt(r["delay_p95_s"]), _fmt(r["delay_max_s"]),
-                 f"{_fmt(r['newest_age_max_s'])} ({r['units_known']}/{plan.units} units)"]
-        t.add_row(*cells)
-        md.append("| " + " | ".join(cells) + " |")
+        t.add_row(*_cells(r))
+        md.append("| " + " | ".join(_cells(r)) + " |")
     console.print(t)
-    md += ["", "superseded (modes that supersede): not delivered, but a newer report of the same unit was. "
-           "lost = sent - delivered - superseded. Delay = receipt at the subscriber - the report's "
-           "timestamp. Every figure is computed from events.jsonl.", "", "![delay of each report](plot.png)"]
+    md += ["", "Deliveries count receiver x report pairs across an emulated link. superseded (modes that "
+           "supersede): not delivered, but a newer report of the same unit reached that receiver. lost = due - "
+           "delivered - superseded. Delay = receipt - the report's timestamp. AoI: at each second, for each "
+           "receiver and unit of another nation, now - timestamp of the newest report held. Every figure is "
+           "computed from events.jsonl.", "", "![delay of each delivery](plot.png)", "",
+           "![delay per sender and receiver nation](delay_box.png)", "", "![age of information](aoi.png)"]
     (out / "report.md").write_text("\n".join(md) + "\n")
-    (out / "summary.json").write_text(json.dumps({"plan": plan.__dict__, "modes": rows}, indent=1))
+    (out / "summary.json").write_text(json.dumps({"plan": asdict(plan), "modes": rows}, indent=1))
     with open(out / "summary.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k != "aoi_series"], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    plot(out / "plot.png", plan, events)
+    plots(out, plan, events, rows)
     console.print(f"results in {out}")
 
 
-def plot(path: Path, plan: Plan, events: list[dict]) -> None:
+def _deliveries(events: list[dict], mode: str) -> list[tuple[str, str, float, float]]:
+    """(sender nation, receiver nation, sent at, delay) of each first delivery across a link."""
+    sent = {e["id"]: e for e in events if e["mode"] == mode and e.get("ev") == "sent"}
+    seen, out = set(), []
+    for e in events:
+        if (e["mode"] == mode and e.get("ev") == "recv" and e.get("id") in sent and e["from"] != e["rx_nation"]
+                and (e["rx"], e["id"]) not in seen):
+            seen.add((e["rx"], e["id"]))
+            out.append((e["from"], e["rx_nation"], e["ts"], e["t"] - e["ts"]))
+    return out
+
+
+def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    modes = [r["mode"] for r in rows]
+    t0 = min((e["t"] for e in events if e.get("ev") == "sent"), default=0.0)
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    for mode, marker in zip(MODES, "os"):
-        sent = [e for e in events if e["mode"] == mode and e.get("ev") == "sent"]
-        if not sent:
-            continue
-        t0 = min(e["t"] for e in sent)
-        got = {}
-        for e in events:
-            if e["mode"] == mode and e["role"] == "sub" and "topic" in e:
-                rep = json.loads(e["payload"])["properties"]
-                got.setdefault(rep["msg_id"], (rep["timestamp"] / 1000 - t0, e["t"] - rep["timestamp"] / 1000))
-        xs, ys = zip(*got.values()) if got else ((), ())
-        ax.scatter(xs, ys, s=10, marker=marker, label=f"{mode}: {len(got)}/{len(sent)} delivered")
+    for mode, marker in zip(modes, "os^"):
+        d = _deliveries(events, mode)
+        t0m = min((e["t"] for e in events if e["mode"] == mode and e.get("ev") == "sent"), default=t0)
+        r = next(x for x in rows if x["mode"] == mode)
+        ax.scatter([x[2] - t0m for x in d], [x[3] for x in d], s=8, marker=marker,
+                   label=f"{mode}: {r['delivered']}/{r['expected']} delivered")
     if plan.outage:
-        ax.axvspan(*plan.outage, color="grey", alpha=0.2, label="radio link down")
+        ax.axvspan(*plan.outage, color="grey", alpha=0.2, label="link down")
     ax.set_xlabel("report sent at (s into the run)")
-    ax.set_ylabel("delay to the subscriber (s)")
-    ax.set_title("Delay of each position report, overlay vs Mosquitto bridge")
+    ax.set_ylabel("delay to the receiver (s)")
+    ax.set_title("Delay of each position report delivery")
     ax.legend(loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(out / "plot.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    data, labels = [], []
+    for mode in modes:
+        groups: dict[str, list[float]] = defaultdict(list)
+        for a, b, _, d in _deliveries(events, mode):
+            groups[f"{a}->{b}"].append(d)
+        for g in sorted(groups):
+            data.append(groups[g])
+            labels.append(f"{mode}\n{g}")
+    if data:
+        ax.boxplot(data, showfliers=True)
+        ax.set_xticks(range(1, len(labels) + 1), labels)
+    ax.set_ylabel("delay (s)")
+    ax.set_title("Delay per sender -> receiver nation")
+    ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "delay_box.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for r in rows:
+        if r["aoi_series"]:
+            xs, mean, mx = zip(*r["aoi_series"])
+            line, = ax.plot(xs, mean, label=f"{r['mode']}: mean")
+            ax.plot(xs, mx, ls="--", color=line.get_color(), label=f"{r['mode']}: worst pair")
+    if plan.outage:
+        ax.axvspan(*plan.outage, color="grey", alpha=0.2, label="link down")
+    ax.set_xlabel("time into the run (s)")
+    ax.set_ylabel("age of newest position held (s)")
+    ax.set_title("Age of information: each unit's newest position at each receiver")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out / "aoi.png", dpi=100)
+    plt.close(fig)
 
 
 def main(plan: Plan, modes: list[str]) -> Path:
@@ -280,6 +503,6 @@ def main(plan: Plan, modes: list[str]) -> Path:
         for mode in modes:
             console.print(f"[bold]{mode}[/bold]: starting")
             infos.append(run_mode(mode, plan, Path(td), events))
-    rows = [summarize(events, i["mode"], i) for i in infos]
+    rows = [summarize(events, i["mode"], i, plan.period) for i in infos]
     report(out, plan, events, rows)
     return out

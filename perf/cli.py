@@ -58,6 +58,8 @@ def gateway_cmd(count: int, runs: int, qos: str) -> None:
 
 
 def _outage(ctx, param, value: str):
+    if value == "auto":
+        return value
     if value in ("", "none"):
         return None
     try:
@@ -70,20 +72,23 @@ def _outage(ctx, param, value: str):
 
 
 @perf.command("bft")
-@click.option("--topology", type=click.Choice(["nps-chain"]), default="nps-chain", show_default=True)
-@click.option("--profile", default="cnr-tactical-2", show_default=True, help="profile of the radio hop r2-r3")
+@click.option("--topology", type=click.Choice(["nps-chain", "fmn-2nations", "fmn-4nations"]), default="nps-chain",
+              show_default=True)
+@click.option("--profile", default="cnr-tactical-2", show_default=True,
+              help="profile of the emulated links (nps-chain: r2-r3; fmn: each nation's)")
 @click.option("--units", default=8, show_default=True, type=click.IntRange(1, 64))
 @click.option("--period", default=2.0, show_default=True, type=click.FloatRange(0.1, 600), help="seconds")
 @click.option("--duration", default=100.0, show_default=True, type=click.FloatRange(5, 7200), help="seconds")
-@click.option("--outage", default="20-80", show_default=True, callback=_outage,
-              help="radio link down from START to END seconds, or none")
+@click.option("--outage", default="auto", show_default=True, callback=_outage,
+              help="a link down from START to END seconds (nps-chain: r2-r3; fmn: the first nation's), or none; "
+                   "auto: 20-80 on nps-chain, none on fmn")
 @click.option("--drain", default=60.0, show_default=True, type=click.FloatRange(0, 7200),
               help="seconds allowed after publishing ends for the backlog")
 @click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
 @click.option("--modes", default="overlay,mqtt-bridge", show_default=True)
 def bft_cmd(topology: str, profile: str, units: int, period: float, duration: float, outage, drain: float, qos: int,
             modes: str) -> None:
-    """Position reports (seed 000) across a cut radio link: c2dtn gateways next to a Mosquitto bridge."""
+    """Position reports (seed 000) across tactical links: c2dtn gateways next to Mosquitto bridges."""
     from c2dtn.errors import ConfigError
     from perf import bft
     from topologies.profiles import load_builtin_profiles
@@ -96,7 +101,46 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
     for m_ in ms:
         if m_ not in bft.MODES:
             raise click.BadParameter(f"unknown mode {m_!r}; choose from {', '.join(bft.MODES)}", param_hint="--modes")
+    if outage == "auto":
+        outage = (20.0, 80.0) if topology == "nps-chain" else None
     if outage and outage[1] > duration:
         raise click.BadParameter(f"the outage {outage[0]:g}-{outage[1]:g} s ends after the run ({duration:g} s)",
                                  param_hint="--outage")
-    bft.main(bft.Plan(profile, units, period, duration, outage, drain, qos), ms)
+    bft.main(bft.Plan(profile, units, period, duration, outage, drain, qos, topology=topology), ms)
+
+
+def _list(value: str, known, what: str, hint: str) -> list[str]:
+    items = [x.strip() for x in value.split(",") if x.strip()]
+    for x in items:
+        if x not in known:
+            raise click.BadParameter(f"unknown {what} {x!r}; choose from {', '.join(known)}", param_hint=hint)
+    if not items:
+        raise click.BadParameter(f"no {what} given", param_hint=hint)
+    return items
+
+
+@perf.command("bundles")
+@click.option("--agents", default="dtn7", show_default=True, help="BPAs to compare (drivers: dtn7)")
+@click.option("--cla", "clas", default="tcpcl,udp,mtcp", show_default=True, help="convergence layers")
+@click.option("--profiles", default="lan,cnr-tactical-1", show_default=True, help="profiles of the radio hop")
+@click.option("--sizes", default="1k,10k,100k,1M", show_default=True)
+@click.option("--runs", default=10, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--window", default=8, show_default=True, type=click.IntRange(1, 10_000),
+              help="bundles in flight in data mode")
+@click.option("--budget", default=180.0, show_default=True, type=click.FloatRange(10, 36_000),
+              help="seconds one run may take; sizes that cannot fit are reported as skipped")
+def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, window: int, budget: float) -> None:
+    """Bundle throughput and round trip per agent x CLA x profile x size (fresh daemons per run)."""
+    from c2dtn.errors import ConfigError
+    from perf import bundles_bench as b
+    from topologies.profiles import load_builtin_profiles
+
+    lib = load_builtin_profiles()
+    ps = [x.strip() for x in profiles.split(",") if x.strip()]
+    for x in ps:
+        try:
+            lib.get(x, "--profiles", "profile")
+        except ConfigError as e:
+            raise click.BadParameter(str(e), param_hint="--profiles") from None
+    b.main(_list(agents, b.AGENTS, "agent", "--agents"), _list(clas, b.CLAS, "CLA", "--cla"), ps,
+           _list(sizes, list(b.SIZES), "size", "--sizes"), runs, window, budget)

@@ -4,6 +4,9 @@
   rtt     send `count` bundles of `size` bytes to <dst>'s echo and time each round trip (bping style)
   sink    receive `count` bundles on `bench`, print the time of the last one
   source  send `count` bundles of `size` bytes to <dst>/bench as fast as dtnd takes them
+  data    dtnperf-style data mode: `count` bundles of `size` bytes to <dst>/bench with at most
+          `window` unacknowledged; the sink (run with --ack) answers each with a small
+          bundle to dtn://<src>/benchack
 
 Each prints one JSON line with its figures.  Times are CLOCK_MONOTONIC, shared by
 every namespace, so a source and a sink in two namespaces can be compared.
@@ -65,7 +68,7 @@ async def rtt(agent: Dtn7Agent, dst: str, size: int, count: int, timeout: float)
     return {"rtts": rtts}
 
 
-async def sink(agent: Dtn7Agent, count: int, timeout: float) -> dict:
+async def sink(agent: Dtn7Agent, count: int, timeout: float, ack: bool = False) -> dict:
     await agent.register("bench")
     n, nbytes, first, last = 0, 0, None, None
 
@@ -76,6 +79,8 @@ async def sink(agent: Dtn7Agent, count: int, timeout: float) -> dict:
             first = first or last
             n += 1
             nbytes += len(d.payload)
+            if ack:
+                await agent.send(d.src_node, "benchack", d.payload[:16], 600)
             if n >= count:
                 return
 
@@ -94,6 +99,32 @@ async def source(agent: Dtn7Agent, dst: str, size: int, count: int) -> dict:
     return {"start": t0, "sent": count, "end": time.monotonic()}
 
 
+async def data(agent: Dtn7Agent, dst: str, size: int, count: int, window: int, timeout: float) -> dict:
+    await agent.register("benchack")
+    acks: asyncio.Queue = asyncio.Queue()
+
+    async def feed():
+        async for d in agent.deliveries("benchack"):
+            await acks.put(d)
+
+    feeder = asyncio.create_task(feed())
+    t0 = time.monotonic()
+    sent = acked = 0
+    try:
+        while acked < count:
+            while sent < count and sent - acked < window:
+                stamp = f"{sent}:".encode()
+                await agent.send(dst, "bench", stamp + os.urandom(max(0, size - len(stamp))), 3600)
+                sent += 1
+            await asyncio.wait_for(acks.get(), timeout)
+            acked += 1
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        feeder.cancel()
+    return {"start": t0, "sent": sent, "acked": acked, "end": time.monotonic()}
+
+
 async def main(args) -> dict:
     agent = Dtn7Agent(f"http://127.0.0.1:{args.port}")
     await agent.start()
@@ -103,7 +134,9 @@ async def main(args) -> dict:
         if args.mode == "rtt":
             return await rtt(agent, args.dst, args.size, args.count, args.timeout)
         if args.mode == "sink":
-            return await sink(agent, args.count, args.timeout)
+            return await sink(agent, args.count, args.timeout, args.ack)
+        if args.mode == "data":
+            return await data(agent, args.dst, args.size, args.count, args.window, args.timeout)
         return await source(agent, args.dst, args.size, args.count)
     finally:
         await agent.stop()
@@ -111,7 +144,9 @@ async def main(args) -> dict:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(prog="python -m perf.dtnd_client")
-    ap.add_argument("mode", choices=["echo", "rtt", "sink", "source"])
+    ap.add_argument("mode", choices=["echo", "rtt", "sink", "source", "data"])
+    ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--ack", action="store_true", help="sink: acknowledge each bundle (for data mode)")
     ap.add_argument("--dst", default="")
     ap.add_argument("--size", type=int, default=1000)
     ap.add_argument("--count", type=int, default=10)

@@ -123,10 +123,24 @@ def sub(a) -> None:
     print(json.dumps({"received": n, "disconnects": disconnects}), flush=True)
 
 
+def _print_recv(msg, rx: str, rx_nation: str, lock: threading.Lock) -> None:
+    try:
+        rep = json.loads(msg.payload)["properties"]
+        ev = {"ev": "recv", "rx": rx, "rx_nation": rx_nation, "id": rep["msg_id"], "from": rep["country"],
+              "ts": rep["timestamp"] / 1000, "t": time.time()}
+    except (ValueError, KeyError, TypeError):
+        ev = {"ev": "recv", "rx": rx, "rx_nation": rx_nation, "bad": msg.topic, "t": time.time()}
+    with lock:
+        print(json.dumps(ev), flush=True)
+
+
 def units(a) -> None:
     """--units position reporters of one nation, one MQTT client each, a GeoJSON report
     (seed 000 format) every --period s with a random phase, for --duration s.  One JSON
-    line per report sent ({"ev": "sent", "id", "topic", "t"}), then {"ev": "done", ...}."""
+    line per report sent ({"ev": "sent", "id", "nation", "unit", "t"}), then {"ev": "done", ...}.
+    With --subscribe FILTER every unit also subscribes (every unit sees every report) and
+    prints {"ev": "recv", "rx", "rx_nation", "id", "from", "ts", "t"} per report it gets,
+    until --linger s after its last report."""
     import random
 
     from overlay.train_dict import position_report, report_topic
@@ -142,9 +156,15 @@ def units(a) -> None:
         c.max_inflight_messages_set(a.inflight)
         c.on_publish = lambda cl, ud, mid, rc=None, p=None, u=u: acked.add((u, mid))
         c.on_disconnect = lambda cl, ud, f, rc, p=None: disconnects.append(str(rc))
+        if a.subscribe:
+            rx = f"{a.nation}-S{u:03d}"
+            c.on_connect = lambda cl, ud, f, rc, p=None: cl.subscribe(a.subscribe, qos=a.qos)
+            c.on_message = lambda cl, ud, msg, rx=rx: _print_recv(msg, rx, a.nation, lock)
         c.connect(a.host, a.port, keepalive=a.keepalive)
         c.loop_start()
         clients.append(c)
+    if a.subscribe:
+        time.sleep(1.0)  # subscriptions in place before the first report
     t0 = time.time()
     plan = sorted((t0 + rnd.uniform(0, a.period) + k * a.period, u)
                   for u in range(1, a.units + 1) for k in range(int(a.duration / a.period)))
@@ -161,13 +181,16 @@ def units(a) -> None:
         info = clients[u - 1].publish(topic, body, qos=a.qos)
         with lock:
             sent.append((u, info.mid))
-        print(json.dumps({"ev": "sent", "id": f"{a.nation}-S{u:03d}_{seq[u]}", "topic": topic, "t": now_ms / 1000}),
-              flush=True)
+            print(json.dumps({"ev": "sent", "id": f"{a.nation}-S{u:03d}_{seq[u]}", "nation": a.nation,
+                              "unit": f"{a.nation}-S{u:03d}", "topic": topic, "t": now_ms / 1000}), flush=True)
     deadline = time.monotonic() + a.timeout
     while a.qos and len(acked & set(sent)) < len(sent) and time.monotonic() < deadline:
         time.sleep(0.2)
-    print(json.dumps({"ev": "done", "sent": len(sent), "acked": len(acked & set(sent)), "disconnects": disconnects}),
-          flush=True)
+    with lock:
+        print(json.dumps({"ev": "done", "sent": len(sent), "acked": len(acked & set(sent)),
+                          "disconnects": disconnects}), flush=True)
+    if a.subscribe:
+        time.sleep(max(0.0, a.linger - (time.monotonic() - (deadline - a.timeout))))
     os._exit(0)  # the clients' threads need not be waited for
 
 
@@ -182,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--period", type=float, default=2.0)
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--subscribe", default="", help="units: every unit also subscribes to this filter")
+    ap.add_argument("--linger", type=float, default=0.0, help="units: seconds to keep receiving after publishing")
     ap.add_argument("--qos", type=int, default=1, choices=[0, 1, 2])
     ap.add_argument("--count", type=int, default=0)
     ap.add_argument("--size", type=int, default=64)

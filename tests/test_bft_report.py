@@ -4,50 +4,65 @@ import json
 
 import matplotlib.image as mpimg
 
-from overlay.train_dict import position_report, report_topic
 from perf import bft
 
 
 def _events() -> list[dict]:
+    """Two nations, one unit each, 4 reports each way; per mode, which get through and when."""
     ev = []
-    for mode, delays in (("overlay", {1: 0.5, 2: 1.5, 3: None, 4: 4.0}), ("mqtt-bridge", {1: 0.2, 2: None, 3: None,
-                                                                                           4: 9.0})):
-        for seq, d in delays.items():
-            ts = 1000.0 + seq * 2
-            mid = f"NOR-S001_{seq}"
-            ev.append({"mode": mode, "role": "pub", "ev": "sent", "id": mid, "topic": report_topic("NOR", 1, 1),
-                       "t": ts})
-            if d is not None:
-                rec = {"mode": mode, "role": "sub", "topic": report_topic("NOR", 1, 1), "t": ts + d,
-                       "payload": position_report("NOR", 1, 1, seq, int(ts * 1000), 59.9, 10.7).decode()}
-                ev.append(rec)
-                if seq == 4:
-                    ev.append(dict(rec, t=ts + d + 1))  # a duplicate: counted once, reported apart
+    plan = {"overlay": {1: 0.5, 2: 1.5, 3: None, 4: 4.0}, "mqtt-bridge": {1: 0.2, 2: None, 3: None, 4: 9.0}}
+    for mode, delays in plan.items():
+        for nat, other in (("NOR", "PRT"), ("PRT", "NOR")):
+            for seq, d in delays.items():
+                ts = 1000.0 + seq * 2
+                mid = f"{nat}-S001_{seq}"
+                ev.append({"mode": mode, "ev": "sent", "id": mid, "nation": nat, "unit": f"{nat}-S001", "t": ts})
+                if d is not None:
+                    rec = {"mode": mode, "ev": "recv", "rx": f"{other}-S001", "rx_nation": other, "id": mid,
+                           "from": nat, "ts": ts, "t": ts + d}
+                    ev.append(rec)
+                    if seq == 4:
+                        ev.append(dict(rec, t=ts + d + 1))  # a duplicate: counted once, reported apart
+                # the sender's own nation sees it at once: not across a link, not counted
+                ev.append({"mode": mode, "ev": "recv", "rx": f"{nat}-S001", "rx_nation": nat, "id": mid, "from": nat,
+                           "ts": ts, "t": ts + 0.01})
     return ev
+
+
+RECEIVERS = [("NOR-S001", "NOR"), ("PRT-S001", "PRT")]
 
 
 def test_summary_counts_delays_and_tells_superseded_from_lost():
     ev = _events()
-    o = bft.summarize(ev, "overlay", {"supersedes": True})
-    assert (o["sent"], o["delivered"], o["duplicates"], o["superseded"], o["lost"]) == (4, 3, 1, 1, 0)
+    o = bft.summarize(ev, "overlay", {"supersedes": True, "receivers": RECEIVERS, "link_bytes": 2400,
+                                      "link_bps": 9800, "run_s": 10})
+    assert (o["sent"], o["expected"], o["delivered"], o["duplicates"], o["superseded"], o["lost"]) == \
+           (8, 8, 6, 2, 2, 0)
     assert (o["delay_min_s"], o["delay_median_s"], o["delay_max_s"]) == (0.5, 1.5, 4.0)
-    b = bft.summarize(ev, "mqtt-bridge", {})
-    assert (b["sent"], b["delivered"], b["superseded"], b["lost"], b["lost_pct"]) == (4, 2, None, 2, 50.0)
-    # the unit's newest known position is report 4, sent at t=1008, the last report sent
-    assert o["newest_age_max_s"] == 0.0 and o["units_known"] == 1
+    assert o["link_bytes_per_delivery"] == 400
+    b = bft.summarize(ev, "mqtt-bridge", {"receivers": RECEIVERS})
+    assert (b["sent"], b["delivered"], b["superseded"], b["lost"], b["lost_pct"]) == (8, 4, None, 4, 50.0)
+    # each side's newest position of the other is report 4, sent at t=1008, the last report sent
+    assert o["newest_age_max_s"] == 0.0
+    # age of information: at t=1004 (period 2 after the first report at 1002) the newest report held
+    # is report 1 (ts 1002, received 1002.5): age 2 s; just before report 4 arrives (1012) it is 1004's
+    assert o["aoi_series"][0][1] == 2.0
+    assert max(a for _, a, _ in o["aoi_series"]) <= 1008 - 1004 + 1e-9
 
 
-def test_report_writes_table_files_and_a_plot_that_opens(tmp_path):
+def test_report_writes_table_files_and_plots_that_open(tmp_path):
     ev = _events()
-    plan = bft.Plan(duration=10, outage=(2, 6))
-    rows = [bft.summarize(ev, "overlay", {"supersedes": True}), bft.summarize(ev, "mqtt-bridge", {})]
+    plan = bft.Plan(duration=10, outage=(2, 6), topology="fmn-2nations")
+    rows = [bft.summarize(ev, "overlay", {"supersedes": True, "receivers": RECEIVERS}),
+            bft.summarize(ev, "mqtt-bridge", {"receivers": RECEIVERS})]
     bft.report(tmp_path, plan, ev, rows)
     assert len((tmp_path / "events.jsonl").read_text().splitlines()) == len(ev)
     md = (tmp_path / "report.md").read_text()
-    assert "| overlay | 4 | 3 | 1 | 0 |" in md and "| mqtt-bridge | 4 | 2 | - | 2 |" in md
-    assert json.loads((tmp_path / "summary.json").read_text())["modes"][0]["delivered"] == 3
-    img = mpimg.imread(tmp_path / "plot.png")
-    assert img.shape[0] > 200 and img.shape[1] > 400 and img.std() > 0.01  # a picture, not a blank
+    assert "| overlay | 8 | 8 | 6 | 2 | 0 |" in md and "| mqtt-bridge | 8 | 8 | 4 | - | 4 |" in md
+    assert json.loads((tmp_path / "summary.json").read_text())["modes"][0]["delivered"] == 6
+    for name in ("plot.png", "delay_box.png", "aoi.png"):
+        img = mpimg.imread(tmp_path / name)
+        assert img.shape[0] > 200 and img.shape[1] > 400 and img.std() > 0.01, name  # a picture, not a blank
 
 
 def test_perf_cli_names_the_bad_value():
