@@ -144,3 +144,13 @@ def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, wi
             raise click.BadParameter(str(e), param_hint="--profiles") from None
     b.main(_list(agents, b.AGENTS, "agent", "--agents"), _list(clas, b.CLAS, "CLA", "--cla"), ps,
            _list(sizes, list(b.SIZES), "size", "--sizes"), runs, window, budget)
+
+
+@perf.command("report")
+@click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--plot", "plot", default=None, help="write a PNG comparing the BFT runs here")
+def report_cmd(dirs: tuple[str, ...], plot: str | None) -> None:
+    """Put results folders of perf bft / perf bundles side by side."""
+    from perf import compare
+
+    compare.main(list(dirs), plot)

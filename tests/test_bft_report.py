@@ -76,3 +76,18 @@ def test_perf_cli_names_the_bad_value():
                       (["perf", "gateway", "--qos", "0,3"], "'3'")):
         r = CliRunner().invoke(cli, args)
         assert r.exit_code == 2 and bad in r.output, (args, r.output)
+
+
+def test_perf_report_puts_runs_side_by_side(tmp_path, capsys):
+    from perf import compare
+
+    ev = _events()
+    for name in ("run-a", "run-b"):
+        rows = [bft.summarize(ev, "overlay", {"supersedes": True, "receivers": RECEIVERS}),
+                bft.summarize(ev, "mqtt-bridge", {"receivers": RECEIVERS})]
+        bft.report(tmp_path / name, bft.Plan(topology="fmn-2nations"), ev, rows)
+    capsys.readouterr()
+    compare.main([str(tmp_path / "run-a"), str(tmp_path / "run-b")], str(tmp_path / "cmp.png"))
+    out = capsys.readouterr().out
+    assert out.count("run-a") == 2 and out.count("run-b") == 2 and "50.0" in out
+    assert mpimg.imread(tmp_path / "cmp.png").std() > 0.01

@@ -1,0 +1,93 @@
+"""`c2dtn perf report DIR...`: runs of perf bft and perf bundles side by side (a table,
+and for BFT runs a plot of loss and age of information per run and mode)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from c2dtn.errors import C2Error
+
+console = Console(width=None if sys.stdout.isatty() else 170)
+
+
+def _load(d: Path) -> tuple[str, object]:
+    f = d / "summary.json"
+    try:
+        data = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise C2Error(f"{d} is not a results folder: it has no summary.json") from None
+    except ValueError as e:
+        raise C2Error(f"{f} is not JSON: {e}") from None
+    if isinstance(data, dict) and "plan" in data and "modes" in data:
+        return "bft", data
+    if isinstance(data, list) and data and "cla" in data[0]:
+        return "bundles", data
+    raise C2Error(f"{f}: not a perf bft or perf bundles summary (other benchmarks print their own tables)")
+
+
+def main(dirs: list[str], out: str | None = None) -> None:
+    runs = [(Path(d), *_load(Path(d))) for d in dirs]
+    bft = [(d, x) for d, k, x in runs if k == "bft"]
+    bundles = [(d, x) for d, k, x in runs if k == "bundles"]
+    if bft:
+        t = Table(title="perf bft runs side by side")
+        for c in ("run", "topology", "links", "period", "QoS", "mode", "due", "delivered", "superseded", "lost %",
+                  "delay median", "p95", "AoI mean", "AoI p95", "bytes/delivery"):
+            t.add_column(c, justify="right")
+        for d, x in bft:
+            p = x["plan"]
+            for r in x["modes"]:
+                f = lambda v, u="s": "-" if v is None else f"{v:.1f} {u}"  # noqa: E731
+                t.add_row(d.name, p.get("topology", "nps-chain"), p["profile"], f"{p['period']:g} s", str(p["qos"]),
+                          r["mode"], str(r.get("expected", r["sent"])), str(r["delivered"]),
+                          "-" if r["superseded"] is None else str(r["superseded"]), f"{r['lost_pct']:.1f}",
+                          f(r["delay_median_s"]), f(r["delay_p95_s"]), f(r.get("aoi_mean_s")), f(r.get("aoi_p95_s")),
+                          f(r.get("link_bytes_per_delivery"), "B"))
+        console.print(t)
+        if out:
+            _plot_bft(bft, Path(out))
+    if bundles:
+        t = Table(title="perf bundles runs side by side (medians)")
+        for c in ("run", "agent", "CLA", "profile", "payload", "throughput", "round trip", "note"):
+            t.add_column(c, justify="right")
+        for d, x in bundles:
+            for s in x:
+                if "skipped" in s:
+                    t.add_row(d.name, s["agent"], s["cla"], s["profile"], s["size"], "-", "-", s["skipped"])
+                else:
+                    t.add_row(d.name, s["agent"], s["cla"], s["profile"], s["size"],
+                              f"{s['throughput_bps'] / 1e3:.1f} kbit/s",
+                              "-" if s["rtt_s"] is None else f"{s['rtt_s'] * 1000:.0f} ms", "")
+        console.print(t)
+
+
+def _plot_bft(bft, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, lost, aoi = [], [], []
+    for d, x in bft:
+        for r in x["modes"]:
+            labels.append(f"{d.name[-20:]}\n{r['mode']}")
+            lost.append(r["lost_pct"])
+            aoi.append(r.get("aoi_p95_s") or 0)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    a1.bar(range(len(labels)), lost)
+    a1.set_xticks(range(len(labels)), labels, fontsize=7)
+    a1.set_ylabel("lost (%)")
+    a1.set_title("Reports lost, per run and mode")
+    a2.bar(range(len(labels)), aoi, color="tab:orange")
+    a2.set_xticks(range(len(labels)), labels, fontsize=7)
+    a2.set_ylabel("age of information p95 (s)")
+    a2.set_title("Age of information (p95), per run and mode")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    console.print(f"plot in {path}")
