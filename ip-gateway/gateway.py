@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import socket
@@ -123,6 +124,7 @@ class NearConn:
     async def handle(self, pkts: list[m.Packet]) -> bool:
         """Answer one read's packets; publishes go to custody together before any is acked."""
         subs: list[tuple[str, bytes, int, Priority, str | None]] = []
+        marks: list[tuple[str, bytes, bool] | None] = []
         replies: list[m.Packet] = []
         for p in pkts:
             if isinstance(p, m.Connect):
@@ -137,7 +139,7 @@ class NearConn:
             if self.sess is None:
                 return False
             if isinstance(p, m.Publish):
-                self._publish(p, subs, replies)
+                self._publish(p, subs, marks, replies)
             elif isinstance(p, m.PubRel):
                 self.qos2_in.discard(p.packet_id)
                 replies.append(m.PubComp(p.packet_id))
@@ -158,7 +160,7 @@ class NearConn:
                 break
         if subs:
             try:
-                self.gw.submit_many(subs)
+                self.gw.submit_many(subs, marks)
             except QuotaExceeded as e:
                 log.warning("custody full, refusing %d publishes from %s: %s", len(subs), self.sess.client, e)
                 if self.version == 5:
@@ -169,7 +171,7 @@ class NearConn:
         self.send(*replies)
         return not isinstance(pkts[-1], m.Disconnect) if pkts else True
 
-    def _publish(self, p: m.Publish, subs: list, replies: list) -> None:
+    def _publish(self, p: m.Publish, subs: list, marks: list, replies: list) -> None:
         if p.qos == 2 and p.packet_id in self.qos2_in:
             replies.append(m.PubRec(p.packet_id))  # a resend before PUBREL: taken already
             return
@@ -181,6 +183,11 @@ class NearConn:
             body = s.pack("pub", self.sess.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
                           x=s.props_out(p.properties))
             subs.append((self.sess.far, body, lifetime_ms(rule, p), rule.priority, rule.key(p.topic)))
+            # a PUBLISH resent with DUP after this gateway crashed between its commit and the client
+            # hearing PUBACK is the same (client, packet id, content): custody skips it
+            marks.append(None if not p.qos else (
+                f"mqtt:{self.sess.client}:{p.packet_id}",
+                hashlib.blake2b(p.topic.encode() + b"\0" + p.payload, digest_size=8).digest(), p.dup))
             gw.counters["published"] += 1
         if p.qos == 1:
             replies.append(m.PubAck(p.packet_id))
@@ -403,6 +410,7 @@ class FarSession:
             if self.params.get("cs"):
                 self.subs.clear()
             self.present = True
+            await self._settle()  # what went on the old connection is the broker's before it ends
             async with self._lock:
                 self._drop_clean()
                 await self._connect()
@@ -412,12 +420,7 @@ class FarSession:
         if op == "disc":
             self.present = False
             self.gw.far_changed(self)
-            # what the client published before it left is the broker's before the session ends
-            deadline = asyncio.get_running_loop().time() + 30
-            while self.inflight and self.writer is not None and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.02)
-            if self.inflight:
-                raise ConnectionError(f"{len(self.inflight)} publishes not acknowledged by the broker")
+            await self._settle()  # what the client published before it left is the broker's first
             if self.writer is not None:
                 if msg.get("w"):
                     self._drop()  # no DISCONNECT: the broker publishes the will
@@ -456,6 +459,15 @@ class FarSession:
                     if asyncio.get_running_loop().time() > deadline:
                         raise asyncio.TimeoutError("the broker acknowledged nothing for 60 s")
                     await asyncio.sleep(0.005)
+
+    async def _settle(self) -> None:
+        """Wait until the broker has acknowledged every publish in flight on this connection
+        (ending the connection earlier would send them again on the next: duplicates)."""
+        deadline = asyncio.get_running_loop().time() + 30
+        while self.inflight and self.writer is not None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        if self.inflight and self.writer is not None:
+            raise ConnectionError(f"{len(self.inflight)} publishes not acknowledged by the broker in 30 s")
 
     def _drop_clean(self) -> None:
         if self.writer is not None:
@@ -583,9 +595,11 @@ class MqttGateway:
         tmp.replace(self.state_path)
 
     # -- custody -------------------------------------------------------------
-    def submit_many(self, items: list[tuple[str, bytes, int, Priority, str | None]]) -> None:
+    def submit_many(self, items: list[tuple[str, bytes, int, Priority, str | None]],
+                    marks: list[tuple[str, bytes, bool] | None] | None = None) -> None:
         now = now_ms()
-        self.core.store.submit_many([(dst, body, life, prio, sup, s.APP) for dst, body, life, prio, sup in items], now)
+        self.core.store.submit_many([(dst, body, life, prio, sup, s.APP) for dst, body, life, prio, sup in items], now,
+                                    marks)
         self.node.wake()
 
     def delivered(self, inbox_id: int | None) -> None:

@@ -85,6 +85,7 @@ CREATE TABLE IF NOT EXISTS reports(
   id INTEGER PRIMARY KEY AUTOINCREMENT, seq INTEGER NOT NULL, dst TEXT NOT NULL,
   outcome TEXT NOT NULL, at_ms INTEGER NOT NULL, created_ms INTEGER NOT NULL, supersede TEXT);
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS marks(key TEXT PRIMARY KEY, digest BLOB NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID;
 """
 
 SCHEMA_VERSION = 1
@@ -152,6 +153,8 @@ class Received:
     released: int = 0  # how many envelopes went to the inbox as a result (incl. held ones)
 
 
+MARK_KEEP_MS = 7 * 24 * 3600 * 1000  # how long a mark (see submit_many) is remembered
+
 _OUT_COLS = ("seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, body, size, "
              "inflight, attempts, sent_ms, retry_ms, received")
 
@@ -205,14 +208,22 @@ class CustodyStore:
                supersede: str | None = None, app: str = "") -> int:
         return self.submit_many([(dst, body, lifetime_ms, priority, supersede, app)], now_ms)[0]
 
-    def submit_many(self, items: Iterable[tuple[str, bytes, int, Priority, str | None, str]], now_ms: int) -> list[int]:
+    def submit_many(self, items: Iterable[tuple[str, bytes, int, Priority, str | None, str]], now_ms: int,
+                    marks: list[tuple[str, bytes, bool] | None] | None = None) -> list[int | None]:
         """Accept envelopes into custody in one durable transaction; returns their seqs.
 
         A newer envelope with a supersession key replaces any queued (not yet sent)
         older one to the same destination with the same key.  Over quota, nothing
-        of the batch is accepted and QuotaExceeded says by how much."""
+        of the batch is accepted and QuotaExceeded says by how much.
+
+        marks (one per item, or None): (key, digest, repeat).  The digest is remembered
+        under the key in the same commit as the envelope; an item marked `repeat` whose
+        key already holds the same digest was taken before and is skipped (seq None).
+        This is how a resent MQTT PUBLISH (DUP flag, same packet id) after a gateway
+        crash is told from a new one: the record and the envelope commit together."""
         items = list(items)
-        seqs = []
+        marks = list(marks) if marks is not None else [None] * len(items)
+        seqs: list[int | None] = []
         with self._tx():
             n, nbytes = self.db.execute("SELECT count(*), coalesce(sum(size), 0) FROM outbox").fetchone()
             add_bytes = sum(len(i[1]) for i in items)
@@ -221,7 +232,17 @@ class CustodyStore:
                     f"custody store full: {n} envelopes / {nbytes} bytes held, {len(items)} / {add_bytes} more "
                     f"would pass the quota of {self.quota.max_envelopes} / {self.quota.max_bytes}; "
                     "nothing of this batch was accepted")
-            for dst, body, lifetime_ms, priority, supersede, app in items:
+            for (dst, body, lifetime_ms, priority, supersede, app), mark in zip(items, marks):
+                if mark is not None:
+                    key, digest, repeat = mark
+                    if repeat:
+                        row = self.db.execute("SELECT digest FROM marks WHERE key=?", (key,)).fetchone()
+                        if row and row[0] == digest:
+                            self._bump("repeats_skipped")
+                            seqs.append(None)
+                            continue
+                    self.db.execute("INSERT OR REPLACE INTO marks(key, digest, at_ms) VALUES(?,?,?)",
+                                    (key, digest, now_ms))
                 seq = self._bump("next_seq")
                 cseq = self._bump(f"cseq:{dst}:{int(priority)}")
                 if supersede is not None:
@@ -240,7 +261,7 @@ class CustodyStore:
                     (seq, dst, int(priority), cseq, now_ms, lifetime_ms, now_ms + lifetime_ms, supersede, app,
                      body, len(body)))
                 seqs.append(seq)
-            self._bump("accepted", len(items))
+            self._bump("accepted", sum(1 for x in seqs if x is not None))
         return seqs
 
     def _report(self, seq: int, dst: str, outcome: str, now_ms: int, created_ms: int, supersede: str | None) -> None:
@@ -257,6 +278,7 @@ class CustodyStore:
                 self.db.execute("DELETE FROM outbox WHERE seq=?", (seq,))
                 self._report(seq, dst, "superseded" if superseded else "expired", now_ms, created, sup)
             self.db.execute("DELETE FROM seen WHERE expires_ms <= ?", (now_ms,))
+            self.db.execute("DELETE FROM marks WHERE at_ms <= ?", (now_ms - MARK_KEEP_MS,))
         return [(r[0], r[1]) for r in rows]
 
     def queued(self, dst: str, limit: int = 1000) -> list[OutItem]:

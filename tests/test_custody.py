@@ -282,3 +282,22 @@ def test_the_node_answers_pings_in_the_commit_that_takes_them(tmp_path):
         a.on_bundle(out.payload, 15)
         pongs += a.take(app="pong")
     assert [(d.origin, d.body, d.priority) for d in pongs] == [("gw4", b"1:probe", Priority.FLASH)]
+
+
+def test_a_repeat_marked_like_an_earlier_envelope_is_taken_once_even_after_a_restart(tmp_path):
+    """An MQTT client resends a PUBLISH (DUP, same packet id) when the gateway died between
+    its custody commit and the PUBACK: the mark committed with the first copy skips it."""
+    a = make(tmp_path, "gw1", "gw4")
+    item = ("gw4", b"report 7", 60_000, Priority.ROUTINE, None, "mqtt")
+    assert a.store.submit_many([item], 1000, [("mqtt:c1:7", b"d7", False)])[0] is not None
+    a.store.close()
+    a = make(tmp_path, "gw1", "gw4")  # the gateway restarted
+    assert a.store.submit_many([item], 2000, [("mqtt:c1:7", b"d7", True)]) == [None]  # the resend: skipped
+    other = ("gw4", b"report 8", 60_000, Priority.ROUTINE, None, "mqtt")
+    seqs = a.store.submit_many([other, other], 3000, [("mqtt:c1:7", b"d8", True),  # same id, other content
+                                                     ("mqtt:c1:9", b"d8", True)])  # never seen
+    assert None not in seqs
+    assert len(a.store.queued("gw4")) == 3 and a.store.counters()["repeats_skipped"] == 1
+    # a new message reusing packet id 7 (no DUP) is always taken and becomes the id's mark
+    assert a.store.submit_many([item], 4000, [("mqtt:c1:7", b"d7", False)])[0] is not None
+    assert len(a.store.queued("gw4")) == 4
