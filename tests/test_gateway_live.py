@@ -26,15 +26,18 @@ pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, 
 
 BPA = ["gw1", "r2", "r3", "gw4"]
 MAX_PACKET = 65536
+EXPLICIT_PORT = 1884  # gw1's explicit listener, standing for h4's broker
 TOPICS = ('[[gateway.topic]]\nfilter = "c2/#"\npriority = "immediate"\nlifetime = 3600\n\n'
           '[[gateway.topic]]\nfilter = "nat/#"\npriority = "routine"\nlifetime = 3600\n')
 
 
 def gateway_tables(h1: str, h4: str) -> dict[str, str]:
-    """gw1 intercepts clients on h1 bound for h4's broker; both bridge nat/# between the brokers.
-    Only c2/# and nat/# are on the allow-list."""
+    """gw1 intercepts clients on h1 bound for h4's broker, and also listens on port 1884 for
+    clients pointed at it (explicit mode, standing for h4's broker); both bridge nat/#
+    between the brokers.  Only c2/# and nat/# are on the allow-list."""
     prefix = h4.rsplit(".", 1)[0] + ".0/24"
-    return {"gw1": f'[gateway]\ntproxy = true\nmax_packet_size = {MAX_PACKET}\n\n'
+    return {"gw1": f'[gateway]\ntproxy = true\nmax_packet_size = {MAX_PACKET}\n'
+                   f'listen = "0.0.0.0:{EXPLICIT_PORT}"\nbroker = "{h4}:1883"\n\n'
                    f'[gateway.bridge]\nbroker = "{h1}:1883"\npeers = ["gw4"]\nout = ["nat/#"]\n\n'
                    f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n{TOPICS}',
             "gw4": f'[gateway]\n\n[gateway.bridge]\nbroker = "{h4}:1883"\npeers = ["gw1"]\nout = ["nat/#"]\n\n{TOPICS}'}
@@ -288,3 +291,15 @@ def test_bridge_mode_carries_configured_topics_both_ways_without_loops(mqtt_chai
             f"each broker should see both sides' 20 once, got {len(got)}: {got[:50]}"
     c1 = nodes.status("gw1")["mqtt"]["counters"]
     assert c1["bridged_out"] == 20 and c1["bridged_in"] == 20
+
+
+def test_explicit_listener_clients_pointed_at_the_gateway_reach_the_far_broker(mqtt_chain):
+    nodes, h1, h4 = mqtt_chain
+    gw1 = testbed.node_address(testbed.read_state(), "gw1")
+    sub = client("h4", "sub", "--host", "127.0.0.1", "--topic", "c2/explicit/#", "--qos", "1", "--count", "10",
+                 "--timeout", "120", "--client-id", "c2sub-explicit")
+    subscribed(sub)
+    p = lines(client("h1", "pub", "--host", gw1, "--port", str(EXPLICIT_PORT), "--topic", "c2/explicit/{n}",
+                     "--qos", "1", "--count", "10", "--client-id", "c2pub-explicit"), 60)[-1]
+    assert p["acked"] == 10 and p["disconnects"] == []
+    assert sorted(ids_of(lines(sub, 150))) == list(range(10))
