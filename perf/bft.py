@@ -434,6 +434,21 @@ def _deliveries(events: list[dict], mode: str) -> list[tuple[str, str, float, fl
     return out
 
 
+def _finish(fig, ax, plan: Plan, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    """A plot over the run's time: the outage shaded, labels, legend, saved and closed."""
+    import matplotlib.pyplot as plt
+
+    if plan.outage:
+        ax.axvspan(*plan.outage, color="grey", alpha=0.2, label="link down")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     import matplotlib
 
@@ -449,15 +464,8 @@ def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
         r = next(x for x in rows if x["mode"] == mode)
         ax.scatter([x[2] - t0m for x in d], [x[3] for x in d], s=8, marker=marker,
                    label=f"{mode}: {r['delivered']}/{r['expected']} delivered")
-    if plan.outage:
-        ax.axvspan(*plan.outage, color="grey", alpha=0.2, label="link down")
-    ax.set_xlabel("report sent at (s into the run)")
-    ax.set_ylabel("delay to the receiver (s)")
-    ax.set_title("Delay of each position report delivery")
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(out / "plot.png", dpi=100)
-    plt.close(fig)
+    _finish(fig, ax, plan, out / "plot.png", "report sent at (s into the run)", "delay to the receiver (s)",
+            "Delay of each position report delivery")
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     data, labels = [], []
@@ -484,15 +492,8 @@ def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
             xs, mean, mx = zip(*r["aoi_series"])
             line, = ax.plot(xs, mean, label=f"{r['mode']}: mean")
             ax.plot(xs, mx, ls="--", color=line.get_color(), label=f"{r['mode']}: worst pair")
-    if plan.outage:
-        ax.axvspan(*plan.outage, color="grey", alpha=0.2, label="link down")
-    ax.set_xlabel("time into the run (s)")
-    ax.set_ylabel("age of newest position held (s)")
-    ax.set_title("Age of information: each unit's newest position at each receiver")
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(out / "aoi.png", dpi=100)
-    plt.close(fig)
+    _finish(fig, ax, plan, out / "aoi.png", "time into the run (s)", "age of newest position held (s)",
+            "Age of information: each unit's newest position at each receiver")
 
 
 def main(plan: Plan, modes: list[str]) -> Path:

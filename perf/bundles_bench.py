@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 from overlay.testbed_nodes import Nodes
+from perf.dtnd_client import result as _result
+from perf.dtnd_client import spawn as _client
 from topologies import testbed
 from topologies.profiles import load_builtin_profiles
 
@@ -42,17 +43,6 @@ LAN_COUNTS = {"1k": 200, "10k": 100, "100k": 30, "1M": 8}
 UDP_MAX = 60_000
 
 
-def _client(node: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "perf.dtnd_client", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _result(p: subprocess.Popen, timeout: float) -> dict:
-    out, err = p.communicate(timeout=timeout)
-    lines = [x for x in out.splitlines() if x.startswith("{")]
-    if not lines:
-        raise RuntimeError(f"dtnd client failed: {err[-800:]}")
-    return json.loads(lines[-1])
 
 
 def plan_run(cla: str, rate_bps: float | None, size: int, name: str, budget: float) -> tuple[int, int, str | None]:

@@ -24,6 +24,23 @@ import time
 from overlay.agents.dtn7 import Dtn7Agent
 
 
+def spawn(node: str, *args: str):
+    """Run this module with `args` inside testbed node `node`'s namespace (for benchmarks)."""
+    import subprocess
+
+    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "perf.dtnd_client", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(p, timeout: float) -> dict:
+    """The JSON line a spawned client ends with."""
+    out, err = p.communicate(timeout=timeout)
+    lines = [x for x in out.splitlines() if x.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"dtnd client failed: {err[-1000:]}")
+    return json.loads(lines[-1])
+
+
 async def echo(agent: Dtn7Agent, seconds: float) -> dict:
     await agent.register("bench")
     n = 0

@@ -16,7 +16,6 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,6 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from overlay.testbed_nodes import Nodes
+from perf.dtnd_client import result as _result
+from perf.dtnd_client import spawn as _client
 from topologies import testbed
 
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -35,17 +36,6 @@ SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
 COUNTS = {"1k": 300, "10k": 150, "100k": 40, "1M": 8}
 
 
-def _client(node: str, *args: str, timeout: float = 600) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "perf.dtnd_client", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _result(p: subprocess.Popen, timeout: float) -> dict:
-    out, err = p.communicate(timeout=timeout)
-    lines = [l for l in out.splitlines() if l.startswith("{")]
-    if not lines:
-        raise RuntimeError(f"dtnd client failed: {err[-1000:]}")
-    return json.loads(lines[-1])
 
 
 def bare_rtt(size: int, count: int) -> list[float]:
