@@ -12,6 +12,7 @@
     web_port = 3000
     listen = ["tcpcl://0.0.0.0:4556"]
     janitor = "5s"
+    routing = "static"               # static | epidemic (groups need epidemic: see [groups])
 
     [[agent.peers]]                  # neighbours the agent keeps contact with
     node = "r2"
@@ -23,6 +24,10 @@
 
     [keys]                           # HMAC keys shared with the overlay nodes we talk to
     gw4 = "64 hex digits"
+    fmn = "64 hex digits"            # ... and one per group, shared by all its members
+
+    [groups]                         # optional: one bundle reaches every member (multicast)
+    fmn = ["deu-gw", "nor-gw", "prt-gw", "usa-gw"]
 
     [scheduler]                      # optional, see overlay.scheduler.SchedulerConfig
     init_window = 16384
@@ -46,6 +51,7 @@ from overlay.custody import Quota
 from overlay.scheduler import SchedulerConfig
 
 AGENTS = ("dtn7",)
+ROUTING = ("static", "epidemic")
 STORES = ("mem", "sled", "sneakers")
 
 
@@ -75,6 +81,8 @@ class NodeConfig:
     janitor: str = "5s"
     peers: list[Peer] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)
+    routing: str = "static"
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group -> members other than this node
     keys: dict[str, bytes] = field(default_factory=dict)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota: Quota = field(default_factory=Quota)
@@ -110,7 +118,8 @@ def parse_key(src: str, where: str, v: Any) -> bytes:
 def load_node_config(path: str | Path) -> NodeConfig:
     src = str(path)
     data = read_toml(path)
-    check_table(src, "(top level)", data, {"node", "agent", "keys", "scheduler", "quota", "gateway"}, {"node"})
+    check_table(src, "(top level)", data, {"node", "agent", "keys", "groups", "scheduler", "quota", "gateway"},
+                {"node"})
     node = check_table(src, "node", data["node"], {"id", "storage", "netns", "overlay"}, {"id", "storage"})
     cfg = NodeConfig(source=src, id=check_name(src, "node.id", node["id"]), storage=Path(str(node["storage"])))
     if "netns" in node:
@@ -122,7 +131,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
             raise ConfigError(src, "node.overlay", node["overlay"], "must be true or false")
         cfg.overlay = node["overlay"]
     agent = check_table(src, "agent", data.get("agent", {}),
-                   {"kind", "store", "web_port", "listen", "janitor", "peers", "routes"})
+                   {"kind", "store", "web_port", "listen", "janitor", "peers", "routes", "routing"})
     cfg.agent = agent.get("kind", "dtn7")
     if cfg.agent not in AGENTS:
         raise ConfigError(src, "agent.kind", cfg.agent, "no driver for this agent", "drivers: " + ", ".join(AGENTS))
@@ -137,6 +146,9 @@ def load_node_config(path: str | Path) -> NodeConfig:
     cfg.janitor = str(agent.get("janitor", "5s"))
     if not re.fullmatch(r"\d+(ms|s|m)", cfg.janitor):
         raise ConfigError(src, "agent.janitor", cfg.janitor, "not a duration", 'write e.g. "5s"')
+    cfg.routing = agent.get("routing", "static")
+    if cfg.routing not in ROUTING:
+        raise ConfigError(src, "agent.routing", cfg.routing, "unknown routing", "routing: " + ", ".join(ROUTING))
     for i, p in enumerate(agent.get("peers", [])):
         check_table(src, f"agent.peers[{i}]", p, {"node", "cla"}, {"node", "cla"})
         cfg.peers.append(Peer(check_name(src, f"agent.peers[{i}].node", p["node"]),
@@ -153,6 +165,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
     if not isinstance(keys, dict):
         raise ConfigError(src, "keys", keys, "must be a table of node id = hex key")
     cfg.keys = {check_name(src, f"keys.{k}", k): parse_key(src, f"keys.{k}", v) for k, v in keys.items()}
+    cfg.groups = _groups(src, data.get("groups", {}), cfg)
     sch = data.get("scheduler", {})
     known = {f.name: f for f in fields(SchedulerConfig)}
     check_table(src, "scheduler", sch, set(known))
@@ -162,3 +175,31 @@ def load_node_config(path: str | Path) -> NodeConfig:
     cfg.quota = Quota(**{k: _int(src, f"quota.{k}", v, 1, 1 << 50) for k, v in q.items()})
     cfg.gateway = data.get("gateway")
     return cfg
+
+
+def _groups(src: str, groups: Any, cfg: NodeConfig) -> dict[str, tuple[str, ...]]:
+    """[groups] name = [members]: this node must be a member, the group needs its own key,
+    every other member a pair key (acks travel to each origin alone), and dtnd must route
+    by epidemic (its static routing hands a bundle to one next hop: no fan-out)."""
+    if not isinstance(groups, dict):
+        raise ConfigError(src, "groups", groups, "must be a table of group name = [member node ids]")
+    out = {}
+    for g, members in groups.items():
+        where = f"groups.{check_name(src, 'groups', g)}"
+        if not isinstance(members, list) or len(members) < 2:
+            raise ConfigError(src, where, members, "must list at least two member node ids")
+        members = [check_name(src, where, m) for m in members]
+        if g in members or g == cfg.id:
+            raise ConfigError(src, where, g, "a group's name must not be a node id")
+        if cfg.id not in members:
+            raise ConfigError(src, where, members, f"this node ({cfg.id}) is not a member")
+        if g not in cfg.keys:
+            raise ConfigError(src, f"keys.{g}", None, f"group {g} needs a key shared by its members")
+        for m in members:
+            if m != cfg.id and m not in cfg.keys:
+                raise ConfigError(src, f"keys.{m}", None, f"member {m} of group {g} needs a pair key")
+        if cfg.routing != "epidemic":
+            raise ConfigError(src, "agent.routing", cfg.routing,
+                              "groups need routing = \"epidemic\": static routing sends a bundle to one next hop")
+        out[g] = tuple(m for m in members if m != cfg.id)
+    return out

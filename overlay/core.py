@@ -60,7 +60,7 @@ class OverlayCore:
         if dst == self.node:
             raise ValueError(f"destination {dst!r} is this node itself")
         if dst not in self.codec.keys:
-            raise ValueError(f"no key shared with destination node {dst!r} (known peers: "
+            raise ValueError(f"no key shared with destination node {dst!r} (known peers and groups: "
                              f"{', '.join(sorted(self.codec.keys)) or 'none'})")
         return self.store.submit(dst, body, now_ms, lifetime_ms, priority, supersede, app)
 
@@ -74,11 +74,13 @@ class OverlayCore:
         except EnvelopeError as e:
             self._reject(res, f"bundle of {len(payload)} bytes rejected ({e.reason}): {e}", e.reason)
             return res
+        if sender == self.node:
+            return res  # our own group bundle, handed back by the BPA (we are a member too)
         envs = []
         for i, item in enumerate(items):
             try:
                 env = self.codec.open(sender, item)
-                if env.dst != self.node:
+                if env.dst != self.node and env.dst not in self.codec.groups:
                     raise _Misrouted(f"envelope for {env.dst!r} reached {self.node!r}")
                 envs.append(env)
             except EnvelopeError as e:

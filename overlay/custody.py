@@ -10,7 +10,13 @@ What it keeps, per node:
   the origin releases custody); gotq: ids received and kept here but not yet
   taken ("got": the origin stops retransmitting them, and learns from what
   arrived after a missing one that it was lost);
-- reports: envelopes that ended without an ack (expired, superseded, dropped).
+- reports: envelopes that ended without an ack (expired, superseded, dropped);
+- member_acks: for an envelope sent to a group, which members said "got" or
+  "done"; it counts as received when all have it and is released when all took it.
+
+Order on the receiving side is kept per stream: an origin's envelopes for this
+node are one stream, its envelopes for each group another ("origin>group"), as
+the origin numbers them (cseq) per destination.
 
 No method reads the clock: every call that depends on time takes `now_ms`, so
 tests run hours of custody in milliseconds.  Each public method is one
@@ -86,6 +92,9 @@ CREATE TABLE IF NOT EXISTS reports(
   outcome TEXT NOT NULL, at_ms INTEGER NOT NULL, created_ms INTEGER NOT NULL, supersede TEXT);
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS marks(key TEXT PRIMARY KEY, digest BLOB NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS member_acks(
+  seq INTEGER NOT NULL, member TEXT NOT NULL, done INTEGER NOT NULL,
+  PRIMARY KEY(seq, member)) WITHOUT ROWID;
 """
 
 SCHEMA_VERSION = 1
@@ -160,9 +169,11 @@ _OUT_COLS = ("seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, sup
 
 
 class CustodyStore:
-    def __init__(self, path: str | Path, origin: str, quota: Quota = Quota()):
+    def __init__(self, path: str | Path, origin: str, quota: Quota = Quota(),
+                 groups: dict[str, tuple[str, ...]] | None = None):
         self.origin = origin
         self.quota = quota
+        self.groups = dict(groups or {})  # group -> the other members
         self.path = str(path)
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -279,6 +290,8 @@ class CustodyStore:
                 self._report(seq, dst, "superseded" if superseded else "expired", now_ms, created, sup)
             self.db.execute("DELETE FROM seen WHERE expires_ms <= ?", (now_ms,))
             self.db.execute("DELETE FROM marks WHERE at_ms <= ?", (now_ms - MARK_KEEP_MS,))
+            if self.groups:  # what ended without every member's ack
+                self.db.execute("DELETE FROM member_acks WHERE seq NOT IN (SELECT seq FROM outbox)")
         return [(r[0], r[1]) for r in rows]
 
     def queued(self, dst: str, limit: int = 1000) -> list[OutItem]:
@@ -300,6 +313,7 @@ class CustodyStore:
                                    "superseded=1 AND retry_ms <= ?", (now_ms,)).fetchall()
             for seq, dst, created, sup in rows:
                 self.db.execute("DELETE FROM outbox WHERE seq=?", (seq,))
+                self.db.execute("DELETE FROM member_acks WHERE seq=?", (seq,))
                 self._report(seq, dst, "superseded", now_ms, created, sup)
         return len(rows)
 
@@ -332,19 +346,6 @@ class CustodyStore:
                                 "WHERE seq=?", (now_ms, retry_at_ms[s], s))
             self._bump("sent", len(seqs))
 
-    def mark_received(self, seqs: Iterable[int]) -> list[OutItem]:
-        """The destination holds these (not yet taken by its application): no more
-        retransmissions, custody kept until the final ack.  Returns the ones newly marked."""
-        out = []
-        with self._tx(durable=False):
-            for s in seqs:
-                row = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE seq=? AND received=0", (s,)).fetchone()
-                if row is None:
-                    continue
-                self.db.execute("UPDATE outbox SET received=1 WHERE seq=?", (s,))
-                out.append(_item(row))
-        return out
-
     def fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int) -> int:
         """Envelopes sent before one the destination already has, and still not there:
         lost on the way, so due again now rather than at their timeout."""
@@ -361,19 +362,49 @@ class CustodyStore:
             self.db.execute("UPDATE outbox SET retry_ms=? WHERE dst=? AND inflight=1 AND received=0 AND retry_ms>?",
                             (at_ms, dst, at_ms))
 
-    def acked(self, seqs: Iterable[int], now_ms: int) -> list[OutItem]:
-        """Release custody of acked envelopes; returns what was released (for RTT and window)."""
-        out = []
+    def ack_from(self, member: str, done: Iterable[int], got: Iterable[int]) -> tuple[list[OutItem], list[OutItem]]:
+        """An ack from `member`: (released, arrived).  An envelope sent to that member alone is
+        released on "done" and stops being retransmitted on "got"; one sent to a group that
+        member is in waits for every member: received when all have it, released when all
+        took it.  `arrived` is what this member newly holds (round-trip samples, window).
+        Ids of envelopes for other destinations are ignored: a peer cannot release them."""
+        released, arrived = [], []
         with self._tx(durable=False):
-            for s in seqs:
+            for s, is_done in [(x, True) for x in done] + [(x, False) for x in got]:
                 row = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE seq=?", (s,)).fetchone()
                 if row is None:
                     continue  # a second ack, or one for an envelope that expired meanwhile
-                self.db.execute("DELETE FROM outbox WHERE seq=?", (s,))
-                out.append(_item(row))
-            if out:
-                self._bump("acked", len(out))
-        return out
+                it = _item(row)
+                if it.dst == member:
+                    if is_done:
+                        self.db.execute("DELETE FROM outbox WHERE seq=?", (s,))
+                        released.append(it)
+                    elif not it.received:
+                        self.db.execute("UPDATE outbox SET received=1 WHERE seq=?", (s,))
+                    if not it.received:
+                        arrived.append(it)
+                    continue
+                members = self.groups.get(it.dst)
+                if not members or member not in members:
+                    self._bump("acks_not_theirs")
+                    continue
+                prev = self.db.execute("SELECT done FROM member_acks WHERE seq=? AND member=?", (s, member)).fetchone()
+                if prev is None or (is_done and not prev[0]):
+                    self.db.execute("INSERT INTO member_acks(seq, member, done) VALUES(?,?,?) ON CONFLICT(seq, member)"
+                                    " DO UPDATE SET done=excluded.done", (s, member, int(is_done)))
+                if prev is None:
+                    arrived.append(it)
+                n, ndone = self.db.execute("SELECT count(*), coalesce(sum(done), 0) FROM member_acks WHERE seq=?",
+                                           (s,)).fetchone()
+                if ndone >= len(members):
+                    self.db.execute("DELETE FROM outbox WHERE seq=?", (s,))
+                    self.db.execute("DELETE FROM member_acks WHERE seq=?", (s,))
+                    released.append(it)
+                elif n >= len(members) and not it.received:
+                    self.db.execute("UPDATE outbox SET received=1 WHERE seq=?", (s,))
+            if released:
+                self._bump("acked", len(released))
+        return released, arrived
 
     def held_out(self) -> tuple[int, int]:
         return self.db.execute("SELECT count(*), coalesce(sum(size), 0) FROM outbox").fetchone()
@@ -390,6 +421,7 @@ class CustodyStore:
     # -- receiving side --------------------------------------------------
     def receive(self, env: Envelope, now_ms: int) -> Received:
         """Take one data envelope from a peer: dedupe, drop stale superseded, keep class order."""
+        stream = env.origin if env.dst == self.origin else f"{env.origin}>{env.dst}"
         with self._tx():
             if self.db.execute("SELECT 1 FROM seen WHERE origin=? AND seq=?", (env.origin, env.seq)).fetchone():
                 self._bump("duplicates")
@@ -410,40 +442,41 @@ class CustodyStore:
                     self._bump("received_stale")
                     self.db.execute("INSERT OR IGNORE INTO acks(origin, seq) VALUES(?,?)", (env.origin, env.seq))
                     # a stale envelope still fills its place in the class's order
-                    nxt = self._next(env.origin, int(env.priority))
-                    self._advance(env.origin, int(env.priority),
+                    nxt = self._next(stream, int(env.priority))
+                    self._advance(stream, int(env.priority),
                                   max(env.floor, env.cseq + 1 if env.cseq == nxt else 0), now_ms)
                     return Received("stale")
                 self.db.execute("INSERT INTO latest(origin, key, seq) VALUES(?,?,?) ON CONFLICT(origin, key) "
                                 "DO UPDATE SET seq=excluded.seq", (env.origin, env.supersede, env.seq))
             prio = int(env.priority)
             self.db.execute("INSERT OR IGNORE INTO gotq(origin, seq) VALUES(?,?)", (env.origin, env.seq))
-            nxt = self._next(env.origin, prio)
+            nxt = self._next(stream, prio)
             if env.cseq == 0 or env.cseq < max(nxt, env.floor):
                 # unordered, or older than what the order already passed: deliver as it is
                 self._to_inbox(env.origin, env.seq, prio, env.created_ms, env.lifetime_ms, env.supersede,
                                env.app, env.body, now_ms)
-                released = 1 + self._advance(env.origin, prio, env.floor, now_ms)
+                released = 1 + self._advance(stream, prio, env.floor, now_ms)
                 return Received("delivered", released)
             self.db.execute("INSERT OR IGNORE INTO held(origin, priority, cseq, seq, created_ms, lifetime_ms, "
                             "supersede, app, body, received_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                            (env.origin, prio, env.cseq, env.seq, env.created_ms, env.lifetime_ms, env.supersede,
+                            (stream, prio, env.cseq, env.seq, env.created_ms, env.lifetime_ms, env.supersede,
                              env.app, env.body, now_ms))
-            released = self._advance(env.origin, prio, env.floor, now_ms)
+            released = self._advance(stream, prio, env.floor, now_ms)
             return Received("delivered" if released else "held", released)
 
     def _pending(self, origin: str, seq: int) -> bool:
         return bool(self.db.execute("SELECT 1 FROM inbox WHERE origin=? AND seq=? UNION ALL "
-                                    "SELECT 1 FROM held WHERE origin=? AND seq=?",
-                                    (origin, seq, origin, seq)).fetchone())
+                                    "SELECT 1 FROM held WHERE (origin=? OR (origin>? AND origin<?)) AND seq=?",
+                                    (origin, seq, origin, origin + ">", origin + "?", seq)).fetchone())
 
     def _next(self, origin: str, prio: int) -> int:
         row = self.db.execute("SELECT next_cseq FROM orderq WHERE origin=? AND priority=?", (origin, prio)).fetchone()
         return row[0] if row else 1
 
     def _advance(self, origin: str, prio: int, floor: int, now_ms: int) -> int:
-        """Move the class's order up to at least `floor` (the sender holds nothing older),
-        releasing held envelopes while they are contiguous."""
+        """Move the class's order of a stream (`origin`, or `origin>group`) up to at least
+        `floor` (the sender holds nothing older), releasing held envelopes while they are
+        contiguous."""
         nxt = max(self._next(origin, prio), floor)
         released = 0
         while True:
@@ -454,7 +487,7 @@ class CustodyStore:
                 break
             cseq, seq, created, lifetime, sup, app, body = row
             self.db.execute("DELETE FROM held WHERE origin=? AND priority=? AND cseq=?", (origin, prio, cseq))
-            self._to_inbox(origin, seq, prio, created, lifetime, sup, app, body, now_ms)
+            self._to_inbox(origin.split(">", 1)[0], seq, prio, created, lifetime, sup, app, body, now_ms)
             released += 1
             nxt = max(nxt, cseq + 1)
         self.db.execute("INSERT INTO orderq(origin, priority, next_cseq) VALUES(?,?,?) ON CONFLICT(origin, priority) "

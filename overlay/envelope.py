@@ -197,12 +197,18 @@ class Codec:
 
     keys: peer node id -> shared secret (bytes).  An envelope is sealed with the
     key of its destination and opened with the key of the bundle's sender.
+    groups: group name -> the other members.  A group has a key of its own in
+    `keys`, shared by all members: an envelope for the group is sealed with it, and
+    a member opens an envelope from another member with the pair key or, failing
+    that, with the key of a group both are in (and then only if the envelope names
+    that group as its destination).
     zdict: optional zstd dictionary (e.g. trained on position reports); both
     ends must use the same one.
     """
 
     node: str
     keys: dict[str, bytes]
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     zdict_bytes: bytes | None = field(default_factory=lambda: builtin_dictionary(), repr=False)
     _zdict: object = field(default=None, repr=False)
 
@@ -283,14 +289,26 @@ class Codec:
             raise Oversize(f"envelope of {len(mb)} bytes exceeds {MAX_ENVELOPE_BYTES}")
         if len(tag) != TAG_BYTES:
             raise BadTag(f"tag of {len(tag)} bytes, expected {TAG_BYTES}")
-        want = hmac.new(self._key(sender), mb, hashlib.sha256).digest()[:TAG_BYTES]
-        if not hmac.compare_digest(want, tag):
-            raise BadTag(f"authentication tag does not match the key shared with {sender!r}")
+        signer = None
+        shared = [g for g, members in self.groups.items() if sender in members]
+        for name in [sender] + shared:
+            want = hmac.new(self._key(name), mb, hashlib.sha256).digest()[:TAG_BYTES]
+            if hmac.compare_digest(want, tag):
+                signer = name
+                break
+        if signer is None:
+            raise BadTag(f"authentication tag does not match the key shared with {sender!r}"
+                         + (f" nor the key of group {', '.join(shared)}" if shared else ""))
         try:
             m = cbor2.loads(mb)
         except Exception as e:
             raise Malformed(f"envelope map is not CBOR: {e}") from None
-        return self._from_map(m, sender)
+        env = self._from_map(m, sender)
+        if signer != sender and env.dst != signer:
+            raise BadTag(f"envelope for {env.dst!r} sealed with the key of group {signer!r}")
+        if signer == sender and env.dst in self.groups:
+            raise BadTag(f"envelope for group {env.dst!r} sealed with a pair key")
+        return env
 
     def _from_map(self, m: object, sender: str) -> Envelope:
         if not isinstance(m, dict):

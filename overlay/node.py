@@ -33,6 +33,10 @@ ENDPOINT = "c2dtn"
 # without adding delay to a lone message).
 
 
+def group_eid(group: str) -> str:
+    return f"dtn://{group}/~{ENDPOINT}"
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -45,8 +49,8 @@ class OverlayNode:
         self.agent = self.sup.agent
         self.core: OverlayCore | None = None
         if cfg.overlay:
-            store = CustodyStore(cfg.custody_db, cfg.id, cfg.quota)
-            self.core = OverlayCore(store, Codec(cfg.id, cfg.keys), cfg.scheduler)
+            store = CustodyStore(cfg.custody_db, cfg.id, cfg.quota, cfg.groups)
+            self.core = OverlayCore(store, Codec(cfg.id, cfg.keys, cfg.groups), cfg.scheduler)
         self._wake = asyncio.Event()
         self._inbox_event = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -62,8 +66,10 @@ class OverlayNode:
     async def run(self, stop: asyncio.Event) -> None:
         await self.sup.start()
         if self.core is not None:
-            await self.agent.register(ENDPOINT)
-            self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._pump())]
+            for ep in self._endpoints():
+                await self.agent.register(ep)
+            self._tasks = [asyncio.create_task(self._receive(ep)) for ep in self._endpoints()]
+            self._tasks.append(asyncio.create_task(self._pump()))
         await self._serve_api()
         for ext in self.extensions:
             await ext.start()
@@ -89,12 +95,21 @@ class OverlayNode:
 
     async def _agent_restarted(self) -> None:
         if self.core is not None:
-            await self.agent.register(ENDPOINT)
+            for ep in self._endpoints():
+                await self.agent.register(ep)
         self._wake.set()
 
+    def _endpoints(self) -> list[str]:
+        """Our own endpoint, and one group endpoint per group we are in (dtn://<group>/~c2dtn:
+        '~' marks a non-singleton endpoint, RFC 9171 4.2.5.1.1; every member registers it)."""
+        return [ENDPOINT] + [group_eid(g) for g in self.cfg.groups]
+
+    def _dst_endpoint(self, dst: str) -> tuple[str, str]:
+        return (dst, "~" + ENDPOINT) if dst in self.cfg.groups else (dst, ENDPOINT)
+
     # -- data path ---------------------------------------------------------
-    async def _receive(self) -> None:
-        async for d in self.agent.deliveries(ENDPOINT):
+    async def _receive(self, endpoint: str) -> None:
+        async for d in self.agent.deliveries(endpoint):
             try:
                 res = self.core.on_bundle(d.payload, now_ms())
             except Exception:  # a bug must not take the node down with it
@@ -128,7 +143,7 @@ class OverlayNode:
                 continue
             for b in out:
                 try:
-                    await self.agent.send(b.dst, ENDPOINT, b.payload, lifetime_s=3600)
+                    await self.agent.send(*self._dst_endpoint(b.dst), b.payload, lifetime_s=3600)
                 except AgentError as e:
                     # custody keeps the envelopes; they go again at their retransmission time
                     self.send_errors += 1

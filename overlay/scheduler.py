@@ -163,29 +163,36 @@ class Scheduler:
         return bundles
 
     # -- feedback ------------------------------------------------------------
-    def on_ack(self, dst: str, done: list[int], got: list[int], now_ms: int) -> int:
-        """An ack from `dst` arrived: release custody of what it took ("done"), stop
+    def on_ack(self, sender: str, done: list[int], got: list[int], now_ms: int) -> int:
+        """An ack from `sender` arrived: release custody of what it took ("done"), stop
         retransmitting what it holds ("got"), sample RTT, open the window, and resend at
-        once what was sent before something that arrived but did not arrive itself."""
-        released = self.store.acked(done, now_ms)
-        arrived = self.store.mark_received(got) + [it for it in released if not it.received]
+        once what was sent before something that arrived but did not arrive itself.
+        Envelopes sent to a group count per destination (the group's path): they are
+        released once every member took them (CustodyStore.ack_from)."""
+        released, arrived = self.store.ack_from(sender, done, got)
         if not arrived and not released:
             return 0
-        p = self.path(dst)
-        fresh = [it for it in arrived if it.attempts == 1 and it.sent_ms is not None]
-        if fresh:
-            p.sample(max(1.0, now_ms - max(it.sent_ms for it in fresh)), self.cfg)
-        # an ack proves the path works: what timed out into an outage need not
-        # wait out its backed-off timer any longer than one fresh timeout
-        self.store.pull_in_retries(dst, now_ms + int(p.rto_ms))
-        newest = max((it.sent_ms for it in arrived if it.sent_ms is not None), default=None)
-        if newest is not None:
-            self.store.fast_retransmit(dst, newest, now_ms)
-        nbytes = sum(it.size for it in arrived)
-        if p.window < p.ssthresh:
-            p.window = min(self.cfg.max_window, p.window + nbytes)
-        else:
-            p.window = min(self.cfg.max_window, p.window + nbytes * 1024 / p.window)
+        by_dst: dict[str, list[OutItem]] = {}
+        for it in arrived:
+            by_dst.setdefault(it.dst, []).append(it)
+        for dst, items in by_dst.items():
+            p = self.path(dst)
+            fresh = [it for it in items if it.attempts == 1 and it.sent_ms is not None]
+            if fresh:
+                p.sample(max(1.0, now_ms - max(it.sent_ms for it in fresh)), self.cfg)
+            # an ack proves the path works: what timed out into an outage need not
+            # wait out its backed-off timer any longer than one fresh timeout
+            self.store.pull_in_retries(dst, now_ms + int(p.rto_ms))
+            newest = max((it.sent_ms for it in items if it.sent_ms is not None), default=None)
+            if newest is not None and dst == sender:
+                # (for a group, an envelope missing at this member may have reached the others:
+                # its retransmission waits for its timer)
+                self.store.fast_retransmit(dst, newest, now_ms)
+            nbytes = sum(it.size for it in items)
+            if p.window < p.ssthresh:
+                p.window = min(self.cfg.max_window, p.window + nbytes)
+            else:
+                p.window = min(self.cfg.max_window, p.window + nbytes * 1024 / p.window)
         return len(released) + len(arrived)
 
     def _on_timeout(self, dst: str, now_ms: int) -> None:

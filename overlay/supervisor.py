@@ -52,8 +52,9 @@ def dtn7_argv(cfg: NodeConfig, dtnd: str) -> list[str]:
     """dtnd's command line for this node (cla_adapters translates the CLA specs)."""
     routes = cfg.agent_dir / "routes"
     argv = [dtnd, "-n", cfg.id, "-W", str(cfg.agent_dir), "-w", str(cfg.web_port), "-D", cfg.store,
-            "--disable_nd", "-j", cfg.janitor, "-r", "static", "-R", f"static.routes={routes}",
-            "-e", "c2dtn"]
+            "--disable_nd", "-j", cfg.janitor, "-e", "c2dtn"]
+    # epidemic: every peer that has not seen a bundle gets it (group bundles fan out)
+    argv += ["-r", "epidemic"] if cfg.routing == "epidemic" else ["-r", "static", "-R", f"static.routes={routes}"]
     for spec in cfg.listen:
         argv += ["-C", spec.dtn7_listen_arg()]
     for p in cfg.peers:

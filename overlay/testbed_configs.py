@@ -8,6 +8,7 @@ path, and every pair of overlay nodes gets a fresh shared key.
 
 from __future__ import annotations
 
+import json
 import secrets
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,11 @@ def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | Non
 
 def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
                   cla: str = "tcpcl", store: str = "sled", extra: str | dict[str, str] = "",
-                  per_link_cla: bool = True) -> dict[str, Path]:
-    """per_link_cla: follow the links' own `cla` (else use `cla` everywhere)."""
+                  per_link_cla: bool = True, groups: dict[str, list[str]] | None = None) -> dict[str, Path]:
+    """per_link_cla: follow the links' own `cla` (else use `cla` everywhere).
+    groups: group name -> overlay nodes; each member gets the group's key, and every BPA
+    routes by epidemic so that one bundle for the group reaches all members."""
+    groups = groups or {}
     if cla not in DEFAULT_PORTS or cla == "http":
         raise ConfigError("--cla", "--cla", cla, "unknown convergence layer", "tcpcl, mtcp or udp")
     for n in bpa_nodes + overlay_nodes:
@@ -52,6 +56,10 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
     for i, a in enumerate(overlay_nodes):
         for b in overlay_nodes[i + 1:]:
             keys[frozenset((a, b))] = secrets.token_hex(32)
+    for g, members in groups.items():
+        if any(m not in overlay_nodes for m in members):
+            raise ConfigError("--group", f"--group {g}", ",".join(members), "group members must run the overlay")
+        keys[frozenset((g,))] = secrets.token_hex(32)
     any_udp = cla == "udp" or (per_link_cla and any(ls.get("cla") == "udp" for ls in st["links"].values()))
     paths = {}
     for n in bpa_nodes:
@@ -76,7 +84,7 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
         # listen on every convergence layer a neighbour uses toward this node
         schemes = sorted({cla} | {c for _, c in peers.values()})
         lines += ["listen = [" + ", ".join(f'"{c}://0.0.0.0:{DEFAULT_PORTS[c]}"' for c in schemes) + "]",
-                  'janitor = "3s"', ""]
+                  'janitor = "3s"'] + (['routing = "epidemic"'] if groups else []) + [""]
         for m, (addr, c) in peers.items():
             lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{DEFAULT_PORTS[c]}"', ""]
         for m, via in routes:
@@ -86,7 +94,10 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             for m in overlay_nodes:
                 if m != n:
                     lines.append(f'{m} = "{keys[frozenset((n, m))]}"')
-            lines.append("")
+            mine = {g: ms for g, ms in groups.items() if n in ms}
+            lines += [f'{g} = "{keys[frozenset((g,))]}"' for g in mine] + [""]
+            if mine:
+                lines += ["[groups]"] + [f"{g} = {json.dumps(list(ms))}" for g, ms in mine.items()] + [""]
         if any_udp and n in overlay_nodes:
             # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose
             lines += ["[scheduler]", "aggregate_bytes = 1200", ""]

@@ -56,6 +56,7 @@ console = Console(width=None if sys.stdout.isatty() else 150)
 MODES = ("overlay", "mqtt-bridge")
 TOPOLOGIES = ("nps-chain", "fmn-2nations", "fmn-4nations")
 REPORT_FILTER = "/+/+/+/location"
+GROUP = "fmn"  # the overlay group of the nations' gateways
 
 
 @dataclass
@@ -156,12 +157,14 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
             extra = _mosquitto_bridge(brokers[main], f"c2bridge-{n}", "both", plan.qos)
         procs.append(start_mosquitto(f"c2-{n}-broker", workdir / f"broker-{n}", brokers[n], extra=extra))
     if mode == "overlay":
+        # the nations' gateways form one group: a report crosses its nation's uplink once and
+        # fans out at tacnet (see README, "Groups")
         gws = [f"{n}-gw" for n in nations]
         tables = {f"{n}-gw": (f'[gateway]\n\n[gateway.bridge]\nbroker = "{brokers[n]}:1883"\n'
-                              f'peers = {json.dumps([g for g in gws if g != f"{n}-gw"])}\nout = ["{REPORT_FILTER}"]\n'
+                              f'peers = ["{GROUP}"]\nout = ["{REPORT_FILTER}"]\n'
                               f"qos = {plan.qos}\n\n" + _topic_rule()) for n in nations}
         routers = [n for n, v in st["nodes"].items() if v.get("role") == "router"]
-        nodes = Nodes(st, gws + routers, gws, workdir / "nodes", gateways=tables)
+        nodes = Nodes(st, gws + routers, gws, workdir / "nodes", gateways=tables, groups={GROUP: gws})
     pubs = [(f"{n}-u1", n.upper(), brokers[n], REPORT_FILTER) for n in nations]
     receivers = [(f"{n.upper()}-S{u:03d}", n.upper()) for n in nations for u in range(1, plan.units + 1)]
     return Setup(procs, nodes, pubs, receivers, [], (f"{main}-gw", "tacnet"), dil, mode == "overlay")

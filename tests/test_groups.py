@@ -1,0 +1,186 @@
+"""Group destinations (one bundle reaches every member), driven with virtual time.
+
+The simulated BPA fans a group bundle out to every member but its sender, as dtnd's
+epidemic routing does through tacnet in fmn-4nations; per-member outages model one
+nation's link being cut.
+"""
+
+import pytest
+
+from c2dtn.errors import ConfigError
+from overlay.config import load_node_config
+from overlay.core import OverlayCore
+from overlay.custody import CustodyStore
+from overlay.envelope import BadTag, Codec, Envelope, Kind, Priority
+from overlay.scheduler import SchedulerConfig
+from overlay.testbed_configs import write_configs
+from topologies import model, testbed
+
+from test_custody import run
+
+NODES = ("deu", "nor", "prt")
+PAIR = b"p" * 32
+GROUP_KEY = b"g" * 32
+
+
+def make(tmp_path, name, cfg=SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000)):
+    groups = {"fmn": tuple(n for n in NODES if n != name)}
+    keys = {n: PAIR for n in NODES if n != name} | {"fmn": GROUP_KEY}
+    return OverlayCore(CustodyStore(tmp_path / f"{name}.db", name, groups=groups), Codec(name, keys, groups), cfg)
+
+
+class FanOut:
+    """A BPA path: a bundle for a group reaches every other member, one for a node that node;
+    `down[node]` lists (start, end) ms during which that node's link loses everything."""
+
+    def __init__(self, delay_ms=200):
+        self.delay_ms = delay_ms
+        self.down: dict[str, list[tuple[int, int]]] = {}
+        self.flight = []
+        self.sent = []  # (sender, dst) of every bundle handed over
+
+    def is_down(self, node, t):
+        return any(a <= t < b for a, b in self.down.get(node, []))
+
+    def send_from(self, sender, out, now):
+        for b in out:
+            self.sent.append((sender, b.dst))
+            if self.is_down(sender, now):
+                continue
+            for rx in (n for n in NODES if n != sender) if b.dst == "fmn" else [b.dst]:
+                self.flight.append((now + self.delay_ms, rx, b.payload))
+
+    def due(self, now):
+        ready = [f for f in self.flight if f[0] <= now]
+        self.flight = [f for f in self.flight if f[0] > now]
+        return [(rx, p) for t, rx, p in ready if not self.is_down(rx, t)]
+
+
+class _Bound:
+    """run() calls net.send(out, t) node after node; the container names its sender."""
+
+    def __init__(self, net):
+        self.net = net
+
+    def send(self, out, now):
+        for b in out:
+            self.net.send_from(Codec("x", {}).open_container(b.payload)[0], [b], now)
+
+    def due(self, now):
+        return self.net.due(now)
+
+
+def test_one_bundle_reaches_every_member_and_custody_waits_for_all(tmp_path):
+    cores = {n: make(tmp_path, n) for n in NODES}
+    net = FanOut()
+    reports = [(0, lambda t, i=i: cores["deu"].submit("fmn", f"pos {i}".encode(), t)) for i in range(10)]
+    got = run(cores, _Bound(net), 5_000, actions=reports)
+    assert [d.body for d in got["nor"]] == [f"pos {i}".encode() for i in range(10)]
+    assert [d.body for d in got["prt"]] == [f"pos {i}".encode() for i in range(10)]
+    assert {d.origin for d in got["nor"] + got["prt"]} == {"deu"}
+    data_from_deu = [d for s, d in net.sent if s == "deu"]
+    assert data_from_deu == ["fmn"]  # ten reports, one bundle, one copy on deu's link
+    assert cores["deu"].store.held_out()[0] == 0  # both members took them: custody released
+
+
+def test_a_member_cut_off_gets_everything_later_and_nobody_gets_a_duplicate(tmp_path):
+    cores = {n: make(tmp_path, n) for n in NODES}
+    net = FanOut()
+    net.down["prt"] = [(0, 30_000)]
+    reports = [(i * 1000, lambda t, i=i: cores["deu"].submit("fmn", f"order {i}".encode(), t,
+                                                              priority=Priority.IMMEDIATE)) for i in range(5)]
+    got = run(cores, _Bound(net), 20_000, actions=reports)
+    assert len(got["nor"]) == 5 and got["prt"] == []
+    assert cores["deu"].store.held_out()[0] == 5  # prt has not taken them: still in custody
+    got2 = run(cores, _Bound(net), 120_000, t0=20_100)
+    assert [d.body for d in got2["prt"]] == [f"order {i}".encode() for i in range(5)]  # in order
+    assert got2["nor"] == []  # the group retransmission reached nor again: not delivered twice
+    assert cores["nor"].store.count("duplicates") >= 1
+    assert cores["deu"].store.held_out()[0] == 0
+
+
+def test_group_and_direct_streams_keep_their_own_order(tmp_path):
+    cores = {n: make(tmp_path, n) for n in NODES}
+    deu, nor = cores["deu"], cores["nor"]
+    for i in range(3):
+        deu.submit("nor", f"direct {i}".encode(), 0, priority=Priority.PRIORITY)
+        deu.submit("fmn", f"group {i}".encode(), 0, priority=Priority.PRIORITY)
+    out = deu.poll(0)
+    assert sorted(b.dst for b in out) == ["fmn", "nor"]
+    group = next(b for b in out if b.dst == "fmn")
+    direct = next(b for b in out if b.dst == "nor")
+    # both streams number their envelopes 1, 2, 3: the receiver must not mix them up
+    assert nor.on_bundle(group.payload, 10).data == 3
+    assert nor.on_bundle(direct.payload, 20).data == 3
+    assert [d.body for d in nor.take()] == [b"group 0", b"group 1", b"group 2",
+                                            b"direct 0", b"direct 1", b"direct 2"]
+
+
+def test_acks_release_a_group_envelope_only_from_its_members_and_only_when_all_took_it(tmp_path):
+    deu = make(tmp_path, "deu")
+    seq = deu.submit("fmn", b"pos", 0)
+    deu.poll(0)
+    store = deu.store
+    assert store.ack_from("usa", [seq], []) == ([], [])  # not a member: ignored
+    assert store.count("acks_not_theirs") == 1
+    released, arrived = store.ack_from("nor", [], [seq])
+    assert released == [] and [i.seq for i in arrived] == [seq]
+    released, arrived = store.ack_from("nor", [seq], [])
+    assert released == [] and arrived == []  # nor took it; prt has not
+    released, _ = store.ack_from("prt", [seq], [])
+    assert [i.seq for i in released] == [seq]
+    assert store.held_out()[0] == 0
+
+
+def test_group_envelopes_are_sealed_with_the_group_key_and_checked_against_it():
+    groups = {"fmn": ("nor", "prt")}
+    deu = Codec("deu", {"nor": PAIR, "prt": PAIR, "fmn": GROUP_KEY}, groups)
+    nor = Codec("nor", {"deu": PAIR, "prt": PAIR, "fmn": GROUP_KEY}, {"fmn": ("deu", "prt")})
+    env = Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"pos")
+    assert nor.open("deu", deu.seal(env)).body == b"pos"
+    # a member cannot pass an envelope addressed to one node off under the group key
+    forged = Codec("deu", {"nor": GROUP_KEY, "fmn": GROUP_KEY})
+    with pytest.raises(BadTag, match="sealed with the key of group"):
+        nor.open("deu", forged.seal(Envelope(Kind.DATA, "deu", 2, "nor", 0, 60_000, body=b"x")))
+    # ... nor one for the group under a pair key
+    pair_only = Codec("deu", {"fmn": PAIR})
+    with pytest.raises(BadTag, match="sealed with a pair key"):
+        nor.open("deu", pair_only.seal(Envelope(Kind.DATA, "deu", 3, "fmn", 0, 60_000, body=b"x")))
+    outsider = Codec("nor", {"deu": PAIR})  # no group key: cannot read the group's envelopes
+    with pytest.raises(BadTag):
+        outsider.open("deu", deu.seal(env))
+
+
+def _node_toml(tmp_path, groups, routing="epidemic", keys=None):
+    keys = keys if keys is not None else {"nor": "ab" * 32, "prt": "cd" * 32, "fmn": "ef" * 32}
+    p = tmp_path / "deu.toml"
+    p.write_text('[node]\nid = "deu"\nstorage = "/tmp/c2-x"\n\n[agent]\n'
+                 f'routing = "{routing}"\n\n[keys]\n' + "".join(f'{k} = "{v}"\n' for k, v in keys.items())
+                 + "\n[groups]\n" + "".join(f"{g} = {m!r}\n".replace("'", '"') for g, m in groups.items()))
+    return p
+
+
+def test_group_config_errors_name_the_bad_value(tmp_path):
+    ok = load_node_config(_node_toml(tmp_path, {"fmn": ["deu", "nor", "prt"]}))
+    assert ok.groups == {"fmn": ("nor", "prt")} and ok.routing == "epidemic"
+    with pytest.raises(ConfigError, match="routing.*static routing sends a bundle to one next hop"):
+        load_node_config(_node_toml(tmp_path, {"fmn": ["deu", "nor", "prt"]}, routing="static"))
+    with pytest.raises(ConfigError, match="this node \\(deu\\) is not a member"):
+        load_node_config(_node_toml(tmp_path, {"fmn": ["nor", "prt"]}))
+    with pytest.raises(ConfigError, match="keys.usa.*member usa of group fmn needs a pair key"):
+        load_node_config(_node_toml(tmp_path, {"fmn": ["deu", "nor", "usa"]}))
+    with pytest.raises(ConfigError, match="group fmn needs a key"):
+        load_node_config(_node_toml(tmp_path, {"fmn": ["deu", "nor"]}, keys={"nor": "ab" * 32}))
+    with pytest.raises(ConfigError, match="unknown routing"):
+        load_node_config(_node_toml(tmp_path, {}, routing="flooding"))
+
+
+def test_testbed_configs_for_a_group_route_by_epidemic_everywhere(tmp_path):
+    st = testbed.state_of(model.load("fmn-4nations"), "userspace")
+    gws = ["deu-gw", "nor-gw", "prt-gw", "usa-gw"]
+    paths = write_configs(st, gws + ["tacnet"], gws, tmp_path / "n", groups={"fmn": gws})
+    cfgs = {n: load_node_config(p) for n, p in paths.items()}
+    assert {c.routing for c in cfgs.values()} == {"epidemic"}
+    assert cfgs["deu-gw"].groups == {"fmn": ("nor-gw", "prt-gw", "usa-gw")}
+    assert cfgs["deu-gw"].keys["fmn"] == cfgs["usa-gw"].keys["fmn"] != cfgs["deu-gw"].keys["nor-gw"]
+    assert cfgs["tacnet"].groups == {} and "fmn" not in cfgs["tacnet"].keys
