@@ -22,6 +22,13 @@ ACK_DELAY_MS = 100
 ACK_BATCH = 256
 ACK_BYTES = 16 * 1024  # ... and at once after this much data from one origin (as TCP acks every other segment)
 
+# An ack bundle lost on the way would make its origin resend what did arrive (a later
+# ack shows a gap) and, for a group, keep it in custody until a duplicate draws a new
+# ack.  So each ack also repeats the ids of the last ACK_REPEATS acks to the same
+# origin sent within ACK_REPEAT_MS (as TCP SACK repeats its blocks); id runs keep this small.
+ACK_REPEATS = 2
+ACK_REPEAT_MS = 10_000
+
 # Envelopes held behind a gap in their class's order are released after this
 # long, so one lost envelope whose sender gave up cannot stall a class forever.
 DEFAULT_MAX_HOLD_MS = 300_000
@@ -50,6 +57,7 @@ class OverlayCore:
         self._next_hold_check = 0
         self._ack_since: dict[str, int] = {}  # origin -> when its oldest unsent ack was queued
         self._ack_bytes: dict[str, int] = {}  # origin -> data bytes received since its last ack
+        self._acks_recent: dict[str, list[tuple[int, list[int], list[int]]]] = {}  # origin -> (sent, done, got)
 
     @property
     def node(self) -> str:
@@ -138,6 +146,15 @@ class OverlayCore:
             if (now_ms - since >= ACK_DELAY_MS or len(done) + len(got) >= ACK_BATCH
                     or self._ack_bytes.get(origin, 0) >= ACK_BYTES):
                 due.add(origin)
+        fresh = {o: (list(d), list(g)) for o, (d, g) in acks.items()}
+        for origin, (done, got) in acks.items():
+            recent = [r for r in self._acks_recent.get(origin, []) if now_ms - r[0] <= ACK_REPEAT_MS]
+            self._acks_recent[origin] = recent[len(recent) - ACK_REPEATS:] if ACK_REPEATS else []
+            for _, d, g in self._acks_recent[origin]:
+                done.extend(d)
+                got.extend(g)
+            done[:] = sorted(set(done))
+            got[:] = sorted(set(got) - set(done))
         with self.store.transaction(durable=False):
             out = self.sched.plan(now_ms, acks, due)
             for b in out:
@@ -145,6 +162,8 @@ class OverlayCore:
                     self.store.acks_sent(b.dst, *b.acks)
                     self._ack_since.pop(b.dst, None)
                     self._ack_bytes.pop(b.dst, None)
+                    if b.dst in fresh:
+                        self._acks_recent.setdefault(b.dst, []).append((now_ms, *fresh.pop(b.dst)))
         return out
 
     def take(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),

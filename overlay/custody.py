@@ -255,7 +255,11 @@ class CustodyStore:
                     self.db.execute("INSERT OR REPLACE INTO marks(key, digest, at_ms) VALUES(?,?,?)",
                                     (key, digest, now_ms))
                 seq = self._bump("next_seq")
-                cseq = self._bump(f"cseq:{dst}:{int(priority)}")
+                # An envelope with a supersession key is outside its class's order (cseq 0): the
+                # receiver takes it at once, never held behind a lost one, and drops an older
+                # copy of the key that arrives after a newer one (stale) -- newest wins, as
+                # supersession means; only envelopes without a key wait for their turn.
+                cseq = 0 if supersede is not None else self._bump(f"cseq:{dst}:{int(priority)}")
                 if supersede is not None:
                     old = self.db.execute(
                         "SELECT seq, created_ms FROM outbox WHERE dst=? AND supersede=? AND inflight=0",
@@ -335,8 +339,8 @@ class CustodyStore:
         """The oldest place in the class's order the receiver must still wait for.  Superseded
         copies do not count: they are never sent again, so a lost one must not hold back the
         newer envelopes behind it."""
-        row = self.db.execute("SELECT min(cseq) FROM outbox WHERE dst=? AND priority=? AND superseded=0",
-                              (dst, priority)).fetchone()
+        row = self.db.execute("SELECT min(cseq) FROM outbox WHERE dst=? AND priority=? AND superseded=0 "
+                              "AND cseq > 0", (dst, priority)).fetchone()
         return row[0] or 0
 
     def mark_sent(self, seqs: list[int], now_ms: int, retry_at_ms: dict[int, int]) -> None:
@@ -346,12 +350,15 @@ class CustodyStore:
                                 "WHERE seq=?", (now_ms, retry_at_ms[s], s))
             self._bump("sent", len(seqs))
 
-    def fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int) -> int:
+    def fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int, member: str | None = None) -> int:
         """Envelopes sent before one the destination already has, and still not there:
-        lost on the way, so due again now rather than at their timeout."""
+        lost on the way, so due again now rather than at their timeout.  For a group,
+        `member` is the one that acked: what it has not got is due again (for all)."""
+        not_at = "AND seq NOT IN (SELECT seq FROM member_acks WHERE member=?)" if member else ""
         with self._tx(durable=False):
             cur = self.db.execute("UPDATE outbox SET retry_ms=? WHERE dst=? AND inflight=1 AND received=0 AND "
-                                  "superseded=0 AND sent_ms < ? AND retry_ms > ?", (now_ms, dst, sent_before_ms, now_ms))
+                                  f"superseded=0 AND sent_ms < ? AND retry_ms > ? {not_at}",
+                                  (now_ms, dst, sent_before_ms, now_ms) + ((member,) if member else ()))
             if cur.rowcount:
                 self._bump("fast_retransmits", cur.rowcount)
         return cur.rowcount

@@ -184,10 +184,8 @@ class Scheduler:
             # wait out its backed-off timer any longer than one fresh timeout
             self.store.pull_in_retries(dst, now_ms + int(p.rto_ms))
             newest = max((it.sent_ms for it in items if it.sent_ms is not None), default=None)
-            if newest is not None and dst == sender:
-                # (for a group, an envelope missing at this member may have reached the others:
-                # its retransmission waits for its timer)
-                self.store.fast_retransmit(dst, newest, now_ms)
+            if newest is not None:
+                self.store.fast_retransmit(dst, newest, now_ms, member=None if dst == sender else sender)
             nbytes = sum(it.size for it in items)
             if p.window < p.ssthresh:
                 p.window = min(self.cfg.max_window, p.window + nbytes)

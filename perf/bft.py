@@ -238,8 +238,9 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
                 "link_bps": sum((st["links"][k].get("profile_ab") or {}).get("rate_bps") or 0 for k in s.dil_links),
                 "run_s": time.monotonic() - t0}
         if s.nodes:
-            info["gateway_counters"] = {n: s.nodes.status(n).get("mqtt", {}).get("counters", {})
-                                        for n in s.nodes.gateways}
+            status = {n: s.nodes.status(n) for n in s.nodes.gateways}
+            info["gateway_counters"] = {n: st_.get("mqtt", {}).get("counters", {}) for n, st_ in status.items()}
+            info["overlay_counters"] = {n: st_.get("counters", {}) for n, st_ in status.items()}
         for c in clients:
             if c.poll() is None:
                 c.terminate()
@@ -316,7 +317,10 @@ def summarize(events: list[dict], mode: str, info: dict, period: float = 2.0) ->
             "link_bytes_per_delivery": info["link_bytes"] / len(delivered) if delivered and info.get("link_bytes")
             else None,
             "goodput_fraction": len(reached) * report_bytes * 8 / (link_bps * run_s) if link_bps and run_s else None,
-            "aoi_series": series}
+            "aoi_series": series,
+            # each gateway's own counters (overlay custody and MQTT), for tracing a figure back
+            "counters": {n: {"overlay": info.get("overlay_counters", {}).get(n, {}), "mqtt": c}
+                         for n, c in (info.get("gateway_counters") or {}).items()}}
 
 
 def _newest_age_max(sent: dict, delivered: list, ts: dict, receivers: list) -> float | None:
@@ -418,7 +422,7 @@ def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     (out / "report.md").write_text("\n".join(md) + "\n")
     (out / "summary.json").write_text(json.dumps({"plan": asdict(plan), "modes": rows}, indent=1))
     with open(out / "summary.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k != "aoi_series"], extrasaction="ignore")
+        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k not in ("aoi_series", "counters")], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     plots(out, plan, events, rows)
