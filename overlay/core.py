@@ -16,9 +16,9 @@ from overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
 
 log = logging.getLogger("c2dtn.overlay")
 
-# Acks wait this long for data going the same way to ride on (or for more acks
-# to gather) before they travel in a bundle of their own; many pending go at once.
-ACK_DELAY_MS = 100
+# Acks wait SchedulerConfig.ack_delay_ms for data going the same way to ride on (or
+# for more acks to gather) before they travel in a bundle of their own; many pending
+# go at once.
 ACK_BATCH = 256
 ACK_BYTES = 16 * 1024  # ... and at once after this much data from one origin (as TCP acks every other segment)
 
@@ -143,7 +143,7 @@ class OverlayCore:
         due = set()
         for origin, (done, got) in acks.items():
             since = self._ack_since.setdefault(origin, now_ms)
-            if (now_ms - since >= ACK_DELAY_MS or len(done) + len(got) >= ACK_BATCH
+            if (now_ms - since >= self.sched.cfg.ack_delay_ms or len(done) + len(got) >= ACK_BATCH
                     or self._ack_bytes.get(origin, 0) >= ACK_BYTES):
                 due.add(origin)
         fresh = {o: (list(d), list(g)) for o, (d, g) in acks.items()}
@@ -174,7 +174,7 @@ class OverlayCore:
         self.store.consumed(ids)
 
     def next_wakeup_ms(self) -> int | None:
-        times = [t for t in [self.sched.next_wakeup_ms()] + [s + ACK_DELAY_MS for s in self._ack_since.values()]
+        times = [t for t in [self.sched.next_wakeup_ms()] + [s + self.sched.cfg.ack_delay_ms for s in self._ack_since.values()]
                  if t is not None]
         return min(times) if times else None
 

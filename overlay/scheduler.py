@@ -13,7 +13,8 @@ supersession, expiry and aggregation still act while the link is slow or down.
   Karn's rule: no samples from retransmitted envelopes), doubled per attempt,
   between min_rto_ms and max_rto_ms.
 - Aggregation: envelopes for one destination share a bundle up to
-  aggregate_bytes; pending acks for that node ride along.
+  aggregate_bytes; pending acks for that node ride along.  On slow links
+  linger_ms lets a few more gather first.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ class SchedulerConfig:
     initial_rto_ms: int = 60_000
     min_rto_ms: int = 20_000
     max_rto_ms: int = 600_000
+    # On a kbit/s radio every bundle costs ~100 bytes of headers (BPv7 blocks, UDP/IP):
+    # linger_ms holds priority and routine envelopes up to this long so that several
+    # share one bundle (flash and immediate never wait; 0: no linger, as on a LAN);
+    # ack_delay_ms is how long acks wait for data to ride on or for more acks.
+    linger_ms: int = 0
+    ack_delay_ms: int = 100
 
 
 @dataclass
@@ -75,6 +82,7 @@ class Scheduler:
         self.codec = codec
         self.cfg = cfg
         self.paths: dict[str, Path] = {}
+        self._linger_until: dict[str, int] = {}  # dst -> when its lingering envelopes go
 
     def path(self, dst: str) -> Path:
         p = self.paths.get(dst)
@@ -110,9 +118,13 @@ class Scheduler:
             retry = retries.get(dst, [])
             budget = p.window - (inflight.get(dst, 0) - sum(i.size for i in retry))
             chosen: list[OutItem] = []
+            self._linger_until.pop(dst, None)
             if budget > 0:
-                cands = sorted(retry + st.queued(dst, limit=max(16, int(budget // 64) + 16)),
-                               key=lambda i: (i.priority, i.seq))
+                queued = st.queued(dst, limit=max(16, int(budget // 64) + 16))
+                if queued and not retry and self._lingers(queued, now_ms):
+                    self._linger_until[dst] = min(i.created_ms for i in queued) + self.cfg.linger_ms
+                    queued = []
+                cands = sorted(retry + queued, key=lambda i: (i.priority, i.seq))
                 for it in cands:
                     if budget <= 0:
                         break
@@ -123,6 +135,12 @@ class Scheduler:
                 ack = ([], [])  # not worth a bundle of its own yet
             out.extend(self._bundle(dst, chosen, ack, now_ms))
         return out
+
+    def _lingers(self, queued: list[OutItem], now_ms: int) -> bool:
+        """Hold these back a little so more can join them in one bundle?"""
+        return (self.cfg.linger_ms > 0 and all(i.priority > Priority.IMMEDIATE for i in queued)
+                and now_ms - min(i.created_ms for i in queued) < self.cfg.linger_ms
+                and sum(i.size for i in queued) < self.cfg.aggregate_bytes // 2)
 
     def _bundle(self, dst: str, items: list[OutItem], ack_seqs: tuple[list[int], list[int]],
                 now_ms: int) -> list[Outgoing]:
@@ -203,5 +221,6 @@ class Scheduler:
         p.window = max(self.cfg.min_window, p.window / 2)
 
     def next_wakeup_ms(self) -> int | None:
-        times = [t for t in (self.store.next_retry_ms(), self.store.next_expiry_ms()) if t is not None]
+        times = [t for t in (self.store.next_retry_ms(), self.store.next_expiry_ms(),
+                             *self._linger_until.values()) if t is not None]
         return min(times) if times else None

@@ -99,8 +99,9 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             if mine:
                 lines += ["[groups]"] + [f"{g} = {json.dumps(list(ms))}" for g, ms in mine.items()] + [""]
         if any_udp and n in overlay_nodes:
-            # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose
-            lines += ["[scheduler]", "aggregate_bytes = 1200", ""]
+            # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose;
+            # on a radio link a second of linger and ack delay lets several envelopes and acks share a bundle
+            lines += ["[scheduler]", "aggregate_bytes = 1200", "linger_ms = 1000", "ack_delay_ms = 1000", ""]
         more = extra.get(n, "") if isinstance(extra, dict) else extra  # TOML for every node, or per node
         if more:
             lines.append(more)

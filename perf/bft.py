@@ -170,13 +170,15 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
     return Setup(procs, nodes, pubs, receivers, [], (f"{main}-gw", "tacnet"), dil, mode == "overlay")
 
 
-def _link_bytes(names: list[str]) -> int:
-    total = 0
+def _link_bytes(names: list[str]) -> dict[str, int]:
+    """Bytes each emulated link has delivered so far, per direction ("<link> ab" / "<link> ba")."""
+    out = {}
     for name, ls in testbed.status()["links"].items():
         live = ls.get("live") or {}
         if name in names and "error" not in live:
-            total += sum((live.get(d) or {}).get("delivered_bytes", 0) for d in ("ab", "ba"))
-    return total
+            for d in ("ab", "ba"):
+                out[f"{name} {d}"] = (live.get(d) or {}).get("delivered_bytes", 0)
+    return out
 
 
 def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
@@ -234,9 +236,11 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
             time.sleep(1.0)
         console.print()
         info = {"mode": mode, "supersedes": s.supersedes, "receivers": s.receivers,
-                "link_bytes": _link_bytes(s.dil_links) - bytes0, "dil_links": s.dil_links,
+                "link_bytes_by_dir": {k: v - bytes0.get(k, 0) for k, v in _link_bytes(s.dil_links).items()},
+                "dil_links": s.dil_links,
                 "link_bps": sum((st["links"][k].get("profile_ab") or {}).get("rate_bps") or 0 for k in s.dil_links),
                 "run_s": time.monotonic() - t0}
+        info["link_bytes"] = sum(info["link_bytes_by_dir"].values())
         if s.nodes:
             status = {n: s.nodes.status(n) for n in s.nodes.gateways}
             info["gateway_counters"] = {n: st_.get("mqtt", {}).get("counters", {}) for n, st_ in status.items()}
@@ -313,7 +317,7 @@ def summarize(events: list[dict], mode: str, info: dict, period: float = 2.0) ->
             "delay_p95_s": _pct(delays, 0.95), "delay_max_s": delays[-1] if delays else None,
             "aoi_mean_s": statistics.fmean(ages) if ages else None, "aoi_p95_s": _pct(ages, 0.95),
             "newest_age_max_s": _newest_age_max(sent, delivered, ts, receivers),
-            "link_bytes": info.get("link_bytes"),
+            "link_bytes": info.get("link_bytes"), "link_bytes_by_dir": info.get("link_bytes_by_dir"),
             "link_bytes_per_delivery": info["link_bytes"] / len(delivered) if delivered and info.get("link_bytes")
             else None,
             "goodput_fraction": len(reached) * report_bytes * 8 / (link_bps * run_s) if link_bps and run_s else None,
@@ -422,7 +426,7 @@ def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     (out / "report.md").write_text("\n".join(md) + "\n")
     (out / "summary.json").write_text(json.dumps({"plan": asdict(plan), "modes": rows}, indent=1))
     with open(out / "summary.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k not in ("aoi_series", "counters")], extrasaction="ignore")
+        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k not in ("aoi_series", "counters", "link_bytes_by_dir")], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     plots(out, plan, events, rows)

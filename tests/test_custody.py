@@ -301,3 +301,18 @@ def test_a_repeat_marked_like_an_earlier_envelope_is_taken_once_even_after_a_res
     # a new message reusing packet id 7 (no DUP) is always taken and becomes the id's mark
     assert a.store.submit_many([item], 4000, [("mqtt:c1:7", b"d7", False)])[0] is not None
     assert len(a.store.queued("gw4")) == 4
+
+
+def test_linger_lets_reports_share_a_bundle_but_flash_goes_at_once(tmp_path):
+    cfg = SchedulerConfig(linger_ms=1000)
+    a = OverlayCore(CustodyStore(tmp_path / "a.db", "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    a.submit("gw4", b"pos 1", 0, priority=Priority.PRIORITY, supersede="u1")
+    assert a.poll(0) == [] and a.next_wakeup_ms() == 1000
+    a.submit("gw4", b"pos 2", 300, priority=Priority.PRIORITY, supersede="u2")
+    assert a.poll(300) == []
+    (bundle,) = a.poll(1000)
+    assert len(bundle.seqs) == 2  # two reports, one bundle
+    a.submit("gw4", b"pos 3", 1100, priority=Priority.PRIORITY, supersede="u3")
+    a.submit("gw4", b"halt", 1200, priority=Priority.FLASH)
+    (bundle,) = a.poll(1200)  # a flash envelope does not wait, and takes the report with it
+    assert len(bundle.seqs) == 2
