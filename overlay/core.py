@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from overlay.custody import CustodyStore, Delivery, QuotaExceeded
-from overlay.envelope import Codec, EnvelopeError, Kind, Priority, decode_ack_body
+from overlay.envelope import Codec, EnvelopeError, Kind, Priority, decode_ack_body, decode_group_ack_body
 from overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
 
 log = logging.getLogger("c2dtn.overlay")
@@ -114,7 +114,10 @@ class OverlayCore:
         for env in envs:
             try:
                 if env.kind == Kind.ACK:
-                    done, got = decode_ack_body(env.body)
+                    if env.dst in self.codec.groups:  # one ack for every origin of the group: ours only
+                        done, got = decode_group_ack_body(env.body).get(self.node, ([], []))
+                    else:
+                        done, got = decode_ack_body(env.body)
                     self.sched.on_ack(sender, done, got, now_ms)
                     res.acks += 1
                 else:
@@ -155,16 +158,35 @@ class OverlayCore:
                 got.extend(g)
             done[:] = sorted(set(done))
             got[:] = sorted(set(got) - set(done))
+        # acks for origins in a group we share go to the group: one ack envelope for all of
+        # them, riding in the group's own data bundle (sealed with the group key)
+        plan_acks: dict = {}
+        plan_due: set[str] = set()
+        for origin, ack in acks.items():
+            g = self._ack_group(origin)
+            if g is None:
+                plan_acks[origin] = ack
+                if origin in due:
+                    plan_due.add(origin)
+            else:
+                plan_acks.setdefault(g, {})[origin] = ack
+                if origin in due:
+                    plan_due.add(g)
         with self.store.transaction(durable=False):
-            out = self.sched.plan(now_ms, acks, due)
+            out = self.sched.plan(now_ms, plan_acks, plan_due)
             for b in out:
-                if b.acks[0] or b.acks[1]:
-                    self.store.acks_sent(b.dst, *b.acks)
-                    self._ack_since.pop(b.dst, None)
-                    self._ack_bytes.pop(b.dst, None)
-                    if b.dst in fresh:
-                        self._acks_recent.setdefault(b.dst, []).append((now_ms, *fresh.pop(b.dst)))
+                for origin, (done, got) in (b.acks.items() if isinstance(b.acks, dict) else [(b.dst, b.acks)]):
+                    if not (done or got):
+                        continue
+                    self.store.acks_sent(origin, done, got)
+                    self._ack_since.pop(origin, None)
+                    self._ack_bytes.pop(origin, None)
+                    if origin in fresh:
+                        self._acks_recent.setdefault(origin, []).append((now_ms, *fresh.pop(origin)))
         return out
+
+    def _ack_group(self, origin: str) -> str | None:
+        return next((g for g, members in self.codec.groups.items() if origin in members), None)
 
     def take(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
              after: int = 0) -> list[Delivery]:

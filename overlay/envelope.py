@@ -385,11 +385,31 @@ def encode_ack_body(done: list[int], got: list[int] = ()) -> bytes:
     return cbor2.dumps([_runs(done), _runs(list(got))])
 
 
+def encode_group_ack_body(acks: dict[str, tuple[list[int], list[int]]]) -> bytes:
+    """An ack sent to a group: {origin: [done runs, got runs]}, each member reads its own
+    entry.  One ack envelope answers every origin of the group, in the group's bundle."""
+    return cbor2.dumps({o: [_runs(d), _runs(list(g))] for o, (d, g) in acks.items()})
+
+
+def decode_group_ack_body(body: bytes, max_ids: int = 1 << 20) -> dict[str, tuple[list[int], list[int]]]:
+    try:
+        obj = cbor2.loads(body)
+    except Exception as e:
+        raise Malformed(f"group ack body is not CBOR: {e}") from None
+    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+        raise Malformed("group ack body is not a map of origin -> [done runs, got runs]")
+    return {o: _decode_runs(v, max_ids) for o, v in obj.items()}
+
+
 def decode_ack_body(body: bytes, max_ids: int = 1 << 20) -> tuple[list[int], list[int]]:
     try:
         obj = cbor2.loads(body)
     except Exception as e:
         raise Malformed(f"ack body is not CBOR: {e}") from None
+    return _decode_runs(obj, max_ids)
+
+
+def _decode_runs(obj: object, max_ids: int) -> tuple[list[int], list[int]]:
     if not isinstance(obj, list) or len(obj) != 2 or not all(isinstance(x, list) for x in obj):
         raise Malformed("ack body is not [done runs, got runs]")
     lists: list[list[int]] = []

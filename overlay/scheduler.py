@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from overlay.custody import CustodyStore, OutItem
-from overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body
+from overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body, encode_group_ack_body
 
 ACK_LIFETIME_MS = 3600_000
 
@@ -72,7 +72,8 @@ class Outgoing:
     dst: str
     payload: bytes
     seqs: list[int]  # data envelopes inside
-    acks: tuple[list[int], list[int]] = ([], [])  # (done, got) seqs of dst's envelopes acked inside
+    # (done, got) seqs of dst's envelopes acked inside; for a group, origin -> (done, got)
+    acks: tuple[list[int], list[int]] | dict[str, tuple[list[int], list[int]]] = ([], [])
     retransmissions: int = 0
 
 
@@ -142,9 +143,9 @@ class Scheduler:
                 and now_ms - min(i.created_ms for i in queued) < self.cfg.linger_ms
                 and sum(i.size for i in queued) < self.cfg.aggregate_bytes // 2)
 
-    def _bundle(self, dst: str, items: list[OutItem], ack_seqs: tuple[list[int], list[int]],
-                now_ms: int) -> list[Outgoing]:
-        has_acks = bool(ack_seqs[0] or ack_seqs[1])
+    def _bundle(self, dst: str, items: list[OutItem], ack_seqs, now_ms: int) -> list[Outgoing]:
+        group_ack = isinstance(ack_seqs, dict)
+        has_acks = any(d or g for d, g in ack_seqs.values()) if group_ack else bool(ack_seqs[0] or ack_seqs[1])
         if not items and not has_acks:
             return []
         floors: dict[int, int] = {}
@@ -158,7 +159,7 @@ class Scheduler:
         rtx = 0
         if has_acks:
             ack = Envelope(Kind.ACK, self.codec.node, 0, dst, now_ms, ACK_LIFETIME_MS, Priority.FLASH,
-                           body=encode_ack_body(*ack_seqs))
+                           body=encode_group_ack_body(ack_seqs) if group_ack else encode_ack_body(*ack_seqs))
             sealed.append(self.codec.seal(ack))
             size = len(sealed[0])
         for it in items:
