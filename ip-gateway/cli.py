@@ -30,7 +30,8 @@ def _load(config: str):
 
 @gateway.command("run")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
-def run_cmd(config: str) -> None:
+@click.option("-v", "--verbose", is_flag=True, help="debug logging (every bundle handed to the agent)")
+def run_cmd(config: str, verbose: bool) -> None:
     """Run the node with its MQTT gateway until SIGTERM."""
     import logging
 
@@ -38,7 +39,7 @@ def run_cmd(config: str) -> None:
     from overlay.node import run_node
 
     cfg, gcfg = _load(config)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s")
     run_node(cfg, [lambda node: MqttGateway(node, gcfg)])
 
 

@@ -142,6 +142,8 @@ class OverlayNode:
                 log.exception("planning failed")
                 continue
             for b in out:
+                log.debug("bundle to %s: %d bytes, envelopes %s (%d resent), acks %s", b.dst, len(b.payload),
+                          b.seqs, b.retransmissions, b.acks)
                 try:
                     await self.agent.send(*self._dst_endpoint(b.dst), b.payload, lifetime_s=3600)
                 except AgentError as e:

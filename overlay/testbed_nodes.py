@@ -37,6 +37,7 @@ class Nodes:
         groups: group name -> member overlay nodes (see write_configs)."""
         self.st = st
         self.gateways = gateways or {}
+        self.verbose = False  # debug logs (each bundle handed to the agent) in <node>.node.log
         self.paths = write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla,
                                    extra=self.gateways, groups=groups)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -50,7 +51,8 @@ class Nodes:
         cfg = self.cfg(n)
         log = open(cfg.storage.parent / f"{n}.node.log", "ab")
         group = "gateway" if n in self.gateways else "node"
-        self.procs[n] = subprocess.Popen([sys.executable, "-m", "c2dtn.cli", group, "run", str(self.paths[n])],
+        self.procs[n] = subprocess.Popen([sys.executable, "-m", "c2dtn.cli", group, "run", str(self.paths[n])]
+                                         + (["-v"] if self.verbose else []),
                                          stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         if wait:
             self.wait_ready(n)
