@@ -363,6 +363,21 @@ class CustodyStore:
                 self._bump("fast_retransmits", cur.rowcount)
         return cur.rowcount
 
+    def tail(self, dst: str) -> tuple[int, int, int] | None:
+        """(seq, retry time) of the first envelope in flight to dst that it lacks, and the
+        last time anything was sent to dst; None when it lacks nothing."""
+        row = self.db.execute("SELECT seq, retry_ms FROM outbox WHERE dst=? AND inflight=1 AND received=0 AND "
+                              "superseded=0 ORDER BY priority, seq LIMIT 1", (dst,)).fetchone()
+        if row is None:
+            return None
+        last = self.db.execute("SELECT max(sent_ms) FROM outbox WHERE dst=? AND inflight=1", (dst,)).fetchone()[0]
+        return row[0], row[1], last or 0
+
+    def probe(self, seq: int, now_ms: int) -> None:
+        with self._tx(durable=False):
+            self.db.execute("UPDATE outbox SET retry_ms=? WHERE seq=?", (now_ms, seq))
+            self._bump("tail_probes")
+
     def pull_in_retries(self, dst: str, at_ms: int) -> None:
         """The path to dst works again: no in-flight envelope waits past at_ms for its retry."""
         with self._tx(durable=False):

@@ -55,8 +55,12 @@ class Path:
     rttvar_ms: float = 0.0
     rto_ms: float = 60_000
     last_timeout_ms: int = -1
+    min_rtt_ms: float | None = None
+    last_ack_ms: int = 0  # when an ack last showed progress
+    probed: bool = False  # a tail probe went since then
 
     def sample(self, rtt_ms: float, cfg: SchedulerConfig) -> None:
+        self.min_rtt_ms = rtt_ms if self.min_rtt_ms is None else min(self.min_rtt_ms, rtt_ms)
         if self.srtt_ms is None:
             self.srtt_ms, self.rttvar_ms = rtt_ms, rtt_ms / 2
         else:
@@ -84,6 +88,7 @@ class Scheduler:
         self.cfg = cfg
         self.paths: dict[str, Path] = {}
         self._linger_until: dict[str, int] = {}  # dst -> when its lingering envelopes go
+        self._probe_at: dict[str, int] = {}  # dst -> when a tail probe is due
 
     def path(self, dst: str) -> Path:
         p = self.paths.get(dst)
@@ -103,14 +108,16 @@ class Scheduler:
         next_expiry = st.next_expiry_ms()
         if next_expiry is not None and next_expiry <= now_ms:
             st.expire(now_ms)
+        probes = self._tail_probes(now_ms)
         retries: dict[str, list[OutItem]] = {}
         next_retry = st.next_retry_ms()
         if next_retry is not None and next_retry <= now_ms:
             st.drop_superseded_inflight(now_ms)
             for it in st.due_retries(now_ms):
                 retries.setdefault(it.dst, []).append(it)
-        for dst in retries:
-            self._on_timeout(dst, now_ms)
+        for dst, items in retries.items():
+            if any(i.seq not in probes for i in items):  # a probe is not a timeout
+                self._on_timeout(dst, now_ms)
         inflight = st.inflight_bytes()
         acks = dict(acks or {})
         out: list[Outgoing] = []
@@ -136,6 +143,32 @@ class Scheduler:
                 ack = ([], [])  # not worth a bundle of its own yet
             out.extend(self._bundle(dst, chosen, ack, now_ms))
         return out
+
+    def _tail_probes(self, now_ms: int) -> set[int]:
+        """Tail loss probe (after RFC 8985): when nothing was sent to a destination and no ack
+        came from it for two minimum round trips (plus the ack delay), while it still lacks
+        something, resend the oldest thing it lacks now -- once, until an ack shows progress.
+        Fast retransmission needs a later envelope to arrive; at the end of a burst (or for
+        a lost retransmission) there is none, and the timer, inflated by an outage's round
+        trips and doubled per attempt, can run for minutes while the receiver holds the
+        envelopes behind the gap."""
+        probed: set[int] = set()
+        self._probe_at: dict[str, int] = {}
+        for dst, p in self.paths.items():
+            if p.probed or p.min_rtt_ms is None:
+                continue
+            tail = self.store.tail(dst)
+            if tail is None:
+                continue
+            seq, retry_ms, last_sent = tail
+            at = max(last_sent, p.last_ack_ms) + int(2 * p.min_rtt_ms) + self.cfg.ack_delay_ms + 200
+            if at > now_ms:
+                self._probe_at[dst] = at
+            elif retry_ms > now_ms:
+                self.store.probe(seq, now_ms)
+                p.probed = True
+                probed.add(seq)
+        return probed
 
     def _lingers(self, queued: list[OutItem], now_ms: int) -> bool:
         """Hold these back a little so more can join them in one bundle?"""
@@ -196,6 +229,7 @@ class Scheduler:
             by_dst.setdefault(it.dst, []).append(it)
         for dst, items in by_dst.items():
             p = self.path(dst)
+            p.last_ack_ms, p.probed = now_ms, False
             fresh = [it for it in items if it.attempts == 1 and it.sent_ms is not None]
             if fresh:
                 p.sample(max(1.0, now_ms - max(it.sent_ms for it in fresh)), self.cfg)
@@ -223,5 +257,5 @@ class Scheduler:
 
     def next_wakeup_ms(self) -> int | None:
         times = [t for t in (self.store.next_retry_ms(), self.store.next_expiry_ms(),
-                             *self._linger_until.values()) if t is not None]
+                             *self._linger_until.values(), *self._probe_at.values()) if t is not None]
         return min(times) if times else None

@@ -11,10 +11,12 @@ Topologies:
   fmn-2nations, fmn-4nations  (seed 000 settings 1 and 2) 8 units per nation, a broker
                 per nation, every unit subscribed to every unit's reports.  overlay: each
                 nation's gateway bridges its broker (bridge mode) to every other
-                nation's gateway.  mqtt-bridge: the other nations' brokers bridge to the
-                first nation's (a star, as seed 000's Mosquitto set-up).  The 8 units of
+                nation's gateway, through the group.  mqtt-bridge: the other nations'
+                brokers bridge to the first nation's (a star, as seed 000's Mosquitto set-up).  The 8 units of
                 a nation run in one process in the namespace of its unit 1 (the units
                 share the nation's unlimited LAN, so this changes nothing on the links).
+                The gateways form one overlay group ("fmn"): a report crosses its nation's
+                link once and fans out at tacnet (dtnd epidemic routing).
 
 Figures per mode (deliveries count receiver x report pairs across an emulated link:
 every receiver in another nation than the report's):

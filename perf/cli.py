@@ -109,6 +109,20 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
     bft.main(bft.Plan(profile, units, period, duration, outage, drain, qos, topology=topology), ms)
 
 
+@perf.command("matrix")
+@click.option("--quick", is_flag=True, help="fmn-4nations, a report every 2 s, both profiles, 20 s each (~3 min)")
+@click.option("--duration", type=click.FloatRange(5, 7200), default=None,
+              help="seconds of reports per run  [default: 60; --quick: 20]")
+@click.option("--drain", type=click.FloatRange(0, 7200), default=None,
+              help="seconds allowed after the last report  [default: 30; --quick: 10]")
+@click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
+def matrix_cmd(quick: bool, duration: float | None, drain: float | None, qos: int) -> None:
+    """The seed 000 matrix: fmn-2nations and fmn-4nations x cnr-tactical-1 and -2 x every 2 and 10 s."""
+    from perf import matrix
+
+    matrix.main(quick, duration, drain, qos)
+
+
 def _list(value: str, known, what: str, hint: str) -> list[str]:
     items = [x.strip() for x in value.split(",") if x.strip()]
     for x in items:

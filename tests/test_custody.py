@@ -316,3 +316,22 @@ def test_linger_lets_reports_share_a_bundle_but_flash_goes_at_once(tmp_path):
     a.submit("gw4", b"halt", 1200, priority=Priority.FLASH)
     (bundle,) = a.poll(1200)  # a flash envelope does not wait, and takes the report with it
     assert len(bundle.seqs) == 2
+
+
+def test_a_lost_last_envelope_is_probed_for_long_before_its_timer(tmp_path):
+    cfg = SchedulerConfig(min_rto_ms=60_000, initial_rto_ms=120_000)
+    a = OverlayCore(CustodyStore(tmp_path / "a.db", "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(CustodyStore(tmp_path / "b.db", "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+
+    class DropTail(Net):
+        def send(self, out, now):
+            for o in out:
+                if o.seqs == [2] and not getattr(self, "dropped", False):
+                    self.dropped = True  # the last order of the burst is lost; nothing follows it
+                    continue
+                super().send([o], now)
+
+    got = run({"gw1": a, "gw4": b}, DropTail(delay_ms=200), 6_000,
+              actions=[(0, lambda t: a.submit("gw4", b"one", t)), (1_000, lambda t: a.submit("gw4", b"two", t))])
+    assert [d.body for d in got["gw4"]] == [b"one", b"two"]  # within seconds, not the 120 s timer
+    assert a.store.count("tail_probes") == 1 and a.store.held_out()[0] == 0
