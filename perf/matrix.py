@@ -112,8 +112,9 @@ def plots(out: Path, rows: list[dict]) -> None:
             lines.setdefault((r["topology"], r["period_s"], r["mode"]), []).append((r["loss_pct"], r["delivery_ratio"]))
     for (topo, period, mode), pts in sorted(lines.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if mode == "overlay" else "s",
-                ls="-" if mode == "overlay" else "--", label=f"{mode}, {topo}, every {period:g} s")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if period == 2 else "s",
+                ls="-" if topo == "fmn-4nations" else ":", color="tab:blue" if mode == "overlay" else "tab:orange",
+                label=f"{mode}, {topo}, every {period:g} s")
     ax.set_xlabel("packet loss on each radio link (%)")
     ax.set_ylabel("delivered / due (superseded count as not delivered)")
     ax.set_ylim(0, 1.05)
