@@ -109,6 +109,27 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
     bft.main(bft.Plan(profile, units, period, duration, outage, drain, qos, topology=topology), ms)
 
 
+@perf.command("orders")
+@click.option("--profile", default="narrowband-15k", show_default=True, help="profile of the leaders' link")
+@click.option("--modes", default="overlay,mqtt", show_default=True)
+@click.option("--span", type=click.FloatRange(10, 7200), default=240.0, show_default=True,
+              help="seconds the 97 messages are spread over")
+@click.option("--drain", type=click.FloatRange(0, 7200), default=60.0, show_default=True,
+              help="seconds allowed after the last message")
+@click.option("--seed", default=4, show_default=True, help="seeds the script and the links")
+def orders_cmd(profile: str, modes: str, span: float, drain: float, seed: int) -> None:
+    """C2 orders at QoS 1 between the platoons (seed 004's 97-message script shape), overlay vs direct MQTT."""
+    from c2dtn.errors import ConfigError
+    from perf import orders
+    from topologies.profiles import load_builtin_profiles
+
+    try:
+        load_builtin_profiles().get(profile, "--profile", "profile")
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint="--profile") from None
+    orders.main(profile, tuple(_list(modes, orders.MODES, "mode", "--modes")), drain, seed, span)
+
+
 @perf.command("matrix")
 @click.option("--quick", is_flag=True, help="fmn-4nations, a report every 2 s, both profiles, 20 s each (~3 min)")
 @click.option("--duration", type=click.FloatRange(5, 7200), default=None,

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
@@ -194,9 +195,47 @@ def units(a) -> None:
     os._exit(0)  # the clients' threads need not be waited for
 
 
+def script(a) -> None:
+    """One unit of a C2 message script (perf orders): subscribes to c2/orders/<unit> at QoS 1,
+    then at each of its own lines' times (seconds after --start, an epoch shared by every
+    unit) publishes the message to c2/orders/<to>.  Prints {"ev": "sent", "id", "from", "to",
+    "t"} per message and {"ev": "recv", "id", "rx", "from", "ts", "t"} per message received,
+    until --linger s after --start plus the script's end."""
+    lines = [m for m in json.loads(Path(a.script).read_text()) if m["from"] == a.unit]
+    lock = threading.Lock()
+
+    def on_message(cl, ud, msg):
+        try:
+            m = json.loads(msg.payload)
+            ev = {"ev": "recv", "id": m["id"], "rx": a.unit, "from": m["from"], "ts": m["ts"], "t": time.time()}
+        except (ValueError, KeyError, TypeError):
+            ev = {"ev": "recv", "rx": a.unit, "bad": msg.topic, "t": time.time()}
+        with lock:
+            print(json.dumps(ev), flush=True)
+
+    c = _client(f"{a.client_id}-{a.unit}", a.version)
+    c.max_queued_messages_set(0)
+    c.on_connect = lambda cl, ud, f, rc, p=None: cl.subscribe(f"c2/orders/{a.unit}", qos=a.qos)
+    c.on_message = on_message
+    c.connect_async(a.host, a.port, keepalive=a.keepalive)
+    c.loop_start()
+    for m in lines:
+        time.sleep(max(0.0, a.start + m["t"] - time.time()))
+        now = time.time()
+        body = json.dumps({"id": m["id"], "from": m["from"], "to": m["to"], "ts": now, "text": m["text"]})
+        c.publish(f"c2/orders/{m['to']}", body, qos=a.qos)
+        with lock:
+            print(json.dumps({"ev": "sent", "id": m["id"], "from": m["from"], "to": m["to"], "t": now}), flush=True)
+    time.sleep(max(0.0, a.start + a.linger - time.time()))
+    os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m perf.mqtt_clients")
-    ap.add_argument("mode", choices=["pub", "sub", "units"])
+    ap.add_argument("mode", choices=["pub", "sub", "units", "script"])
+    ap.add_argument("--unit", default="", help="script: this unit's name")
+    ap.add_argument("--script", default="", help="script: the JSON message script")
+    ap.add_argument("--start", type=float, default=0.0, help="script: epoch second the script's times count from")
     ap.add_argument("--host", required=True)
     ap.add_argument("--port", type=int, default=1883)
     ap.add_argument("--topic", default="#")
@@ -222,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--will-payload", default="gone")
     ap.add_argument("--die", action="store_true", help="end without DISCONNECT")
     a = ap.parse_args(argv)
-    {"pub": pub, "sub": sub, "units": units}[a.mode](a)
+    {"pub": pub, "sub": sub, "units": units, "script": script}[a.mode](a)
 
 
 if __name__ == "__main__":
