@@ -224,12 +224,14 @@ class Scheduler:
         released, arrived = self.store.ack_from(sender, done, got)
         if not arrived and not released:
             return 0
+        for dst in {it.dst for it in arrived + released}:  # progress: a tail probe may go again
+            p = self.path(dst)
+            p.last_ack_ms, p.probed = now_ms, False
         by_dst: dict[str, list[OutItem]] = {}
         for it in arrived:
             by_dst.setdefault(it.dst, []).append(it)
         for dst, items in by_dst.items():
             p = self.path(dst)
-            p.last_ack_ms, p.probed = now_ms, False
             fresh = [it for it in items if it.attempts == 1 and it.sent_ms is not None]
             if fresh:
                 p.sample(max(1.0, now_ms - max(it.sent_ms for it in fresh)), self.cfg)
