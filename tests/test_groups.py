@@ -226,3 +226,18 @@ def test_a_lost_ack_is_repeated_by_the_next_and_causes_no_resend(tmp_path):
     assert cores["deu"].store.count("fast_retransmits") == 0  # the next ack carried the lost one's ids
     assert cores["nor"].store.count("duplicates") == cores["prt"].store.count("duplicates") == 0
     assert cores["deu"].store.held_out()[0] == 0
+
+
+def test_a_malformed_group_ack_is_rejected_by_name_and_the_rest_of_the_bundle_taken(tmp_path):
+    import cbor2
+
+    cores = {n: make(tmp_path, n) for n in NODES}
+    deu, nor = cores["deu"], cores["nor"]
+    seq = deu.submit("fmn", b"pos", 0)
+    deu.poll(0)
+    bad = Envelope(Kind.ACK, "nor", 0, "fmn", 0, 60_000, Priority.FLASH, body=cbor2.dumps({"deu": "not runs"}))
+    good = Envelope(Kind.DATA, "nor", 1, "fmn", 0, 60_000, body=b"pos nor")
+    res = deu.on_bundle(nor.codec.container([nor.codec.seal(bad), nor.codec.seal(good)]), 10)
+    assert res.data == 1 and len(res.rejected) == 1 and "ack body is not [done runs, got runs]" in res.rejected[0]
+    assert [d.body for d in deu.take()] == [b"pos nor"]
+    assert deu.store.held_out()[0] == 1 and seq  # nothing released by the bad ack
