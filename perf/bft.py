@@ -183,6 +183,17 @@ def _link_bytes(names: list[str]) -> dict[str, int]:
     return out
 
 
+def _stop_clients(clients: list, readers: list) -> None:
+    """End the MQTT client processes and wait until their readers have taken every line."""
+    for c in clients:
+        if c.poll() is None:
+            c.terminate()
+    for c in clients:
+        c.wait(30)
+    for r in readers:
+        r.join(5)
+
+
 def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
     testbed.down()
     st = testbed.up(plan.topology, profile=plan.profile, seed=plan.seed)
@@ -247,13 +258,7 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
             status = {n: s.nodes.status(n) for n in s.nodes.gateways}
             info["gateway_counters"] = {n: st_.get("mqtt", {}).get("counters", {}) for n, st_ in status.items()}
             info["overlay_counters"] = {n: st_.get("counters", {}) for n, st_ in status.items()}
-        for c in clients:
-            if c.poll() is None:
-                c.terminate()
-        for c in clients:
-            c.wait(30)
-        for r in readers:
-            r.join(5)
+        _stop_clients(clients, readers)
         events.extend(mine)
         return info
     finally:

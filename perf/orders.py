@@ -107,13 +107,7 @@ def run_mode(mode: str, profile: str, msgs: list[dict], drain: float, seed: int,
                 break
             time.sleep(1.0)
         console.print()
-        for c in clients:
-            if c.poll() is None:
-                c.terminate()
-        for c in clients:
-            c.wait(30)
-        for r in readers:
-            r.join(5)
+        bft._stop_clients(clients, readers)
         events.extend(mine)
         return {"mode": mode}
     finally:
