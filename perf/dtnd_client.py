@@ -6,7 +6,7 @@
   source  send `count` bundles of `size` bytes to <dst>/bench as fast as dtnd takes them
   data    dtnperf-style data mode: `count` bundles of `size` bytes to <dst>/bench with at most
           `window` unacknowledged; the sink (run with --ack) answers each with a small
-          bundle to dtn://<src>/benchack
+          bundle to dtn://<src>/benchack; unacked after --ack-timeout counts as lost
 
 Each prints one JSON line with its figures.  Times are CLOCK_MONOTONIC, shared by
 every namespace, so a source and a sink in two namespaces can be compared.
@@ -116,7 +116,12 @@ async def source(agent: Dtn7Agent, dst: str, size: int, count: int) -> dict:
     return {"start": t0, "sent": count, "end": time.monotonic()}
 
 
-async def data(agent: Dtn7Agent, dst: str, size: int, count: int, window: int, timeout: float) -> dict:
+async def data(agent: Dtn7Agent, dst: str, size: int, count: int, window: int, timeout: float,
+               ack_timeout: float) -> dict:
+    """Throughput with at most `window` bundles unacknowledged.  A bundle whose ack has not come
+    back after `ack_timeout` s counts as lost and frees its window slot (dtnperf would stall on it
+    for good; an unreliable CLA loses bundles); an ack that still comes later counts it delivered
+    ("late").  The run ends at the last ack, so waiting for the lost ones is not counted."""
     await agent.register("benchack")
     acks: asyncio.Queue = asyncio.Queue()
 
@@ -126,20 +131,40 @@ async def data(agent: Dtn7Agent, dst: str, size: int, count: int, window: int, t
 
     feeder = asyncio.create_task(feed())
     t0 = time.monotonic()
-    sent = acked = 0
+    deadline = t0 + timeout
+    outstanding: dict[int, float] = {}  # id -> send time, oldest first
+    given_up: set[int] = set()
+    sent = acked = late = 0
+    last = t0
     try:
-        while acked < count:
-            while sent < count and sent - acked < window:
+        while (sent < count or outstanding) and time.monotonic() < deadline:
+            while sent < count and len(outstanding) < window:
                 stamp = f"{sent}:".encode()
                 await agent.send(dst, "bench", stamp + os.urandom(max(0, size - len(stamp))), 3600)
+                outstanding[sent] = time.monotonic()
                 sent += 1
-            await asyncio.wait_for(acks.get(), timeout)
-            acked += 1
-    except asyncio.TimeoutError:
-        pass
+            oldest = next(iter(outstanding.values()))
+            wait = min(oldest + ack_timeout, deadline) - time.monotonic()
+            try:
+                d = await asyncio.wait_for(acks.get(), max(wait, 0.001))
+            except asyncio.TimeoutError:
+                for i, t in list(outstanding.items()):
+                    if time.monotonic() - t >= ack_timeout:
+                        del outstanding[i]
+                        given_up.add(i)
+                continue
+            try:
+                i = int(d.payload.split(b":", 1)[0])
+            except ValueError:
+                continue
+            if outstanding.pop(i, None) is not None or i in given_up:
+                late += i in given_up
+                given_up.discard(i)
+                acked += 1
+                last = time.monotonic()
     finally:
         feeder.cancel()
-    return {"start": t0, "sent": sent, "acked": acked, "end": time.monotonic()}
+    return {"start": t0, "sent": sent, "acked": acked, "late": late, "lost": sent - acked, "end": last}
 
 
 async def main(args) -> dict:
@@ -153,7 +178,7 @@ async def main(args) -> dict:
         if args.mode == "sink":
             return await sink(agent, args.count, args.timeout, args.ack)
         if args.mode == "data":
-            return await data(agent, args.dst, args.size, args.count, args.window, args.timeout)
+            return await data(agent, args.dst, args.size, args.count, args.window, args.timeout, args.ack_timeout)
         return await source(agent, args.dst, args.size, args.count)
     finally:
         await agent.stop()
@@ -169,6 +194,7 @@ if __name__ == "__main__":
     ap.add_argument("--count", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--port", type=int, default=3000)
+    ap.add_argument("--ack-timeout", type=float, default=30.0, help="data: seconds before an unacked bundle is lost")
     out = asyncio.run(main(ap.parse_args()))
     print(json.dumps(out), flush=True)
     sys.exit(0)
