@@ -38,8 +38,10 @@ def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | Non
 
 def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
                   cla: str = "tcpcl", store: str = "sled", extra: str | dict[str, str] = "",
-                  per_link_cla: bool = True, groups: dict[str, list[str]] | None = None) -> dict[str, Path]:
+                  per_link_cla: bool = True, groups: dict[str, list[str]] | None = None,
+                  scheduler: dict[str, int] | None = None) -> dict[str, Path]:
     """per_link_cla: follow the links' own `cla` (else use `cla` everywhere).
+    scheduler: [scheduler] settings for every overlay node, over the defaults written here.
     groups: group name -> overlay nodes; each member gets the group's key, and every BPA
     routes by epidemic so that one bundle for the group reaches all members."""
     groups = groups or {}
@@ -98,10 +100,14 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             lines += [f'{g} = "{keys[frozenset((g,))]}"' for g in mine] + [""]
             if mine:
                 lines += ["[groups]"] + [f"{g} = {json.dumps(list(ms))}" for g, ms in mine.items()] + [""]
-        if any_udp and n in overlay_nodes:
+        sched = {}
+        if any_udp:
             # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose;
             # on a radio link a second of linger and ack delay lets several envelopes and acks share a bundle
-            lines += ["[scheduler]", "aggregate_bytes = 1200", "linger_ms = 1000", "ack_delay_ms = 1000", ""]
+            sched = {"aggregate_bytes": 1200, "linger_ms": 1000, "ack_delay_ms": 1000}
+        sched.update(scheduler or {})
+        if sched and n in overlay_nodes:
+            lines += ["[scheduler]"] + [f"{k} = {int(v)}" for k, v in sched.items()] + [""]
         more = extra.get(n, "") if isinstance(extra, dict) else extra  # TOML for every node, or per node
         if more:
             lines.append(more)

@@ -32,14 +32,14 @@ def dtnd_missing() -> str | None:
 class Nodes:
     def __init__(self, st: dict, bpa: list[str], overlay: list[str], workdir: Path, cla: str = "tcpcl",
                  per_link_cla: bool = True, gateways: dict[str, str] | None = None,
-                 groups: dict[str, list[str]] | None = None):
+                 groups: dict[str, list[str]] | None = None, scheduler: dict[str, int] | None = None):
         """gateways: node -> its [gateway] TOML table; those run `c2dtn gateway run`.
-        groups: group name -> member overlay nodes (see write_configs)."""
+        groups: group name -> member overlay nodes; scheduler: [scheduler] settings (see write_configs)."""
         self.st = st
         self.gateways = gateways or {}
         self.verbose = False  # debug logs (each bundle handed to the agent) in <node>.node.log
         self.paths = write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla,
-                                   extra=self.gateways, groups=groups)
+                                   extra=self.gateways, groups=groups, scheduler=scheduler)
         self.procs: dict[str, subprocess.Popen] = {}
         self.sock = {n: load_node_config(p).api_socket for n, p in self.paths.items()}
         self._conns: dict[tuple[str, int], _UnixHTTP] = {}

@@ -29,7 +29,10 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
 @click.option("--skip-tactical", is_flag=True)
 @click.option("--cla", type=click.Choice(["tcpcl", "mtcp", "udp"]), default="tcpcl", show_default=True,
               help="convergence layer between the BPAs for the cnr-tactical-2 transfer")
-def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip_tactical: bool, cla: str) -> None:
+@click.option("--scheduler", "sched", multiple=True, metavar="KEY=VALUE",
+              help="an overlay [scheduler] setting for this run, e.g. aggregate_bytes=65536 (repeatable)")
+def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip_tactical: bool, cla: str,
+                sched: tuple[str, ...]) -> None:
     """The overlay next to bare dtnd: round trip and throughput on lan, goodput on cnr-tactical-2."""
     from perf import overlay_bench
 
@@ -37,7 +40,27 @@ def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip
     if bad:
         raise click.BadParameter(f"unknown size {bad[0]!r}; choose from {', '.join(overlay_bench.SIZES)}",
                                  param_hint="--sizes")
-    overlay_bench.main(sizes.split(","), runs, tactical_bytes, skip_lan, skip_tactical, cla)
+    overlay_bench.main(sizes.split(","), runs, tactical_bytes, skip_lan, skip_tactical, cla, _scheduler(sched))
+
+
+def _scheduler(items: tuple[str, ...]) -> dict[str, int]:
+    """--scheduler KEY=VALUE pairs, checked against the overlay's SchedulerConfig fields."""
+    import dataclasses
+
+    from overlay.scheduler import SchedulerConfig
+
+    known = [f.name for f in dataclasses.fields(SchedulerConfig)]
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep or k not in known:
+            raise click.BadParameter(f"{it!r}: expected KEY=VALUE with KEY one of {', '.join(known)}",
+                                     param_hint="--scheduler")
+        try:
+            out[k] = int(v)
+        except ValueError:
+            raise click.BadParameter(f"{it!r}: {v!r} is not an integer", param_hint="--scheduler") from None
+    return out
 
 
 @perf.command("gateway")

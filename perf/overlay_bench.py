@@ -106,13 +106,16 @@ def overlay_throughput(nodes: Nodes, size: int, count: int, timeout: float = 600
     return sum(n for _, n in got) * 8 / secs, secs
 
 
+SCHEDULER: dict[str, int] = {}  # --scheduler settings for the overlay nodes of this invocation
+
+
 def _nodes(profile: str, workdir: Path, seed: int = 5, cla: str = "tcpcl", per_link_cla: bool = True,
            radio_cla: str | None = None) -> Nodes:
     testbed.down()
     st = testbed.up("nps-chain", profile=profile, seed=seed)
     if radio_cla:
         st["links"]["r2-r3"]["cla"] = radio_cla  # the BPAs' CLA across the radio link, for this run
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], workdir, cla=cla, per_link_cla=per_link_cla)
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], workdir, cla=cla, per_link_cla=per_link_cla, scheduler=SCHEDULER)
     for n in BPA:
         nodes.start(n, wait=False)
     for n in BPA:
@@ -188,7 +191,8 @@ def report(rows: list[dict], tac: dict | None, out: Path) -> None:
                   f"{tac['link_bps'] / 1e3:.1f} kbit/s", f"{tac['fraction']:.2f}", f"{tac.get('fraction_min', 0):.2f}",
                   f"{tac.get('fraction_max', 0):.2f}", str(tac.get("runs", 1)))
         console.print(g)
-    (out / "summary.json").write_text(json.dumps({"lan_runs": rows, "lan": summary, "tactical": tac}, indent=1))
+    (out / "summary.json").write_text(json.dumps({"lan_runs": rows, "lan": summary, "tactical": tac,
+                                                  "scheduler": SCHEDULER}, indent=1))
     with open(out / "summary.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["size", "bare_bps", "overlay_bps", "throughput_ratio", "bare_rtt_s", "overlay_rtt_s", "rtt_ratio"])
@@ -223,8 +227,10 @@ def report(rows: list[dict], tac: dict | None, out: Path) -> None:
 
 
 def main(sizes: list[str], runs: int, tactical_bytes: int, skip_lan: bool = False, skip_tactical: bool = False,
-         cla: str = "tcpcl") -> None:
+         cla: str = "tcpcl", scheduler: dict[str, int] | None = None) -> None:
     out = Path("results") / (time.strftime("%Y%m%d-%H%M%S") + "-overlay-bench")
+    SCHEDULER.clear()
+    SCHEDULER.update(scheduler or {})
     rows = [] if skip_lan else lan(sizes, runs)
     tac = None
     if not skip_tactical:

@@ -93,6 +93,10 @@ def test_configs_for_nps_chain_with_a_udp_radio_link(tmp_path):
     assert gw1.netns == "c2-gw1"
     tcp_only = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "tcp", cla="tcpcl")
     assert load_node_config(tcp_only["gw1"]).scheduler.aggregate_bytes == 1200  # the radio link stays udp
+    tuned = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "tuned",
+                          scheduler={"aggregate_bytes": 60000, "init_window": 65536})
+    sch = load_node_config(tuned["gw1"]).scheduler  # given settings win, the radio defaults stay for the rest
+    assert (sch.aggregate_bytes, sch.init_window, sch.linger_ms) == (60000, 65536, 1000)
 
 
 def test_configs_for_fmn_4nations_gateways_meet_at_tacnet(tmp_path):
