@@ -53,6 +53,7 @@ from rich.table import Table
 from ip_gateway.broker import start_mosquitto
 from overlay.testbed_nodes import Nodes
 from topologies import testbed
+from perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 MODES = ("overlay", "mqtt-bridge")
@@ -454,24 +455,17 @@ def _deliveries(events: list[dict], mode: str) -> list[tuple[str, str, float, fl
 
 def _finish(fig, ax, plan: Plan, path: Path, xlabel: str, ylabel: str, title: str) -> None:
     """A plot over the run's time: the outage shaded, labels, legend, saved and closed."""
-    import matplotlib.pyplot as plt
-
     if plan.outage:
         ax.axvspan(*plan.outage, color="grey", alpha=0.2, label="link down")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     modes = [r["mode"] for r in rows]
     t0 = min((e["t"] for e in events if e.get("ev") == "sent"), default=0.0)
@@ -500,9 +494,7 @@ def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     ax.set_ylabel("delay (s)")
     ax.set_title("Delay per sender -> receiver nation")
     ax.tick_params(axis="x", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "delay_box.png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, out / "delay_box.png")
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for r in rows:

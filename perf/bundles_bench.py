@@ -33,6 +33,7 @@ from perf.dtnd_client import result as _result
 from perf.dtnd_client import spawn as _client
 from topologies import testbed
 from topologies.profiles import load_builtin_profiles
+from perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 BPA = ["gw1", "r2", "r3", "gw4"]
@@ -212,10 +213,7 @@ def report(rows: list[dict], out: Path) -> list[dict]:
 
 
 def plot(summary: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for key in dict.fromkeys((s["agent"], s["cla"], s["profile"]) for s in summary):
@@ -239,9 +237,7 @@ def plot(summary: list[dict], path: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(agents, clas, profiles, sizes, runs, window, budget) -> Path:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from c2dtn.errors import C2Error
+from perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 170)
 
@@ -67,10 +68,7 @@ def main(dirs: list[str], out: str | None = None) -> None:
 
 
 def _plot_bft(bft, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels, lost, aoi = [], [], []
     for d, x in bft:
@@ -87,7 +85,5 @@ def _plot_bft(bft, path: Path) -> None:
     a2.set_xticks(range(len(labels)), labels, fontsize=7)
     a2.set_ylabel("age of information p95 (s)")
     a2.set_title("Age of information (p95), per run and mode")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
     console.print(f"plot in {path}")

@@ -34,6 +34,7 @@ from rich.table import Table
 from ip_gateway.broker import start_mosquitto
 from overlay.testbed_nodes import Nodes
 from topologies import testbed
+from perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 BPA = ["gw1", "r2", "r3", "gw4"]
@@ -145,10 +146,7 @@ def report(rows: list[dict], out: Path) -> list[dict]:
         w = csv.DictWriter(fh, fieldnames=list(summary[0]))
         w.writeheader()
         w.writerows(summary)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.2))
     qoss = sorted(base)
@@ -163,8 +161,7 @@ def report(rows: list[dict], out: Path) -> list[dict]:
     ax.set_ylabel("messages delivered per second")
     ax.set_title(f"Messages/s end to end, {PAYLOAD} B payloads on lan (median, min-max)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "plot.png", dpi=100)
+    save_figure(fig, out / "plot.png")
     console.print(f"results in {out}")
     return summary
 

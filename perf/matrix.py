@@ -23,6 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from perf import bft
 from topologies.profiles import load_builtin_profiles
+from perf.plots import pyplot, save_figure
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,7 @@ def write(out: Path, rows: list[dict], quick: bool, duration: float) -> None:
 
 
 def plots(out: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     lines: dict[tuple, list[tuple[float, float]]] = {}
@@ -120,17 +118,13 @@ def plots(out: Path, rows: list[dict]) -> None:
     ax.set_ylim(0, 1.05)
     ax.set_title("Delivery ratio against link loss")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "delivery_vs_loss.png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, out / "delivery_vs_loss.png")
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     labels = [f"{r['topology']}\n{r['profile']}\n{r['period_s']:g} s {r['mode']}" for r in rows]
-    ax.bar(range(len(rows)), [r["aoi_p95_s"] or 0 for r in rows],
+    ax.bar(range(len(rows)), [r["aoi_p95_s"] or 0 for r in rows], label="p95 age of information",
            color=["tab:blue" if r["mode"] == "overlay" else "tab:orange" for r in rows])
     ax.set_xticks(range(len(rows)), labels, fontsize=6)
     ax.set_ylabel("age of information p95 (s)")
     ax.set_title("Age of information p95 per run and mode (blue: overlay, orange: mqtt-bridge)")
-    fig.tight_layout()
-    fig.savefig(out / "aoi.png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, out / "aoi.png")

@@ -33,6 +33,7 @@ from perf.bft import _client, console
 from ip_gateway.broker import start_mosquitto
 from overlay.testbed_nodes import Nodes
 from topologies import testbed
+from perf.plots import pyplot, save_figure
 
 UNITS = [f"{g}-{u}" for g in ("a", "b") for u in ("lead", "v1", "v2", "v3", "v4")]
 MODES = ("overlay", "mqtt")
@@ -175,10 +176,7 @@ def report(out: Path, profile: str, msgs: list[dict], events: list[dict], rows: 
 
 
 def plots(out: Path, msgs: list[dict], events: list[dict], modes: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     by_id = {m["id"]: m for m in msgs}
     fig, ax = plt.subplots(figsize=(10, 4.5))
@@ -200,17 +198,13 @@ def plots(out: Path, msgs: list[dict], events: list[dict], modes: list[str]) -> 
     ax.set_ylabel("delay (s)")
     ax.set_title("Delay of each C2 message (lost ones are absent)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "delays.png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, out / "delays.png")
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.boxplot([b or [0.0] for b in box])
     ax.set_xticks(range(1, len(labels) + 1), labels, fontsize=8)
     ax.set_ylabel("delay (s)")
     ax.set_title("Delay per mode and scope")
-    fig.tight_layout()
-    fig.savefig(out / "delay_box.png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, out / "delay_box.png")
 
 
 def main(profile: str = "narrowband-15k", modes: tuple[str, ...] = MODES, drain: float = 60.0, seed: int = 4,

@@ -29,6 +29,7 @@ from overlay.testbed_nodes import Nodes
 from perf.dtnd_client import result as _result
 from perf.dtnd_client import spawn as _client
 from topologies import testbed
+from perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 BPA = ["gw1", "r2", "r3", "gw4"]
@@ -200,10 +201,7 @@ def report(rows: list[dict], tac: dict | None, out: Path) -> None:
             w.writerow([s["size"], s["bare_bps"], s["overlay_bps"], s["throughput_ratio"], s["bare_rtt_s"],
                         s["overlay_rtt_s"], s["rtt_ratio"]])
     if summary:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
         xs = [s["size"] for s in summary]
@@ -221,8 +219,7 @@ def report(rows: list[dict], tac: dict | None, out: Path) -> None:
         a2.set_ylabel("round trip (ms)")
         a2.set_title("Round trip by payload size (lan, 4 hops)")
         a2.legend()
-        fig.tight_layout()
-        fig.savefig(out / "plot.png", dpi=100)
+        save_figure(fig, out / "plot.png")
     console.print(f"results in {out}")
 
 

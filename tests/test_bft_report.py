@@ -3,6 +3,7 @@
 import json
 
 import matplotlib.image as mpimg
+import pytest
 
 from perf import bft
 
@@ -63,6 +64,22 @@ def test_report_writes_table_files_and_plots_that_open(tmp_path):
     for name in ("plot.png", "delay_box.png", "aoi.png"):
         img = mpimg.imread(tmp_path / name)
         assert img.shape[0] > 200 and img.shape[1] > 400 and img.std() > 0.01, name  # a picture, not a blank
+    # ... and each shows what its title says: the data drawn (plots.save_figure's .json) is the run's own
+    delays = json.loads((tmp_path / "plot.json").read_text())[0]
+    assert delays["title"] == "Delay of each position report delivery"
+    by_mode = {x["label"].split(":")[0]: x for x in delays["series"]}
+    # each delivery once, not the duplicate
+    assert sorted(by_mode["overlay"]["y"]) == pytest.approx([0.5, 0.5, 1.5, 1.5, 4.0, 4.0])
+    assert sorted(by_mode["mqtt-bridge"]["y"]) == pytest.approx([0.2, 0.2, 9.0, 9.0])
+    assert by_mode["overlay"]["label"] == "overlay: 6/8 delivered"
+    box = json.loads((tmp_path / "delay_box.json").read_text())[0]
+    assert box["title"] == "Delay per sender -> receiver nation"
+    assert box["xticks"] == ["overlay\nNOR->PRT", "overlay\nPRT->NOR", "mqtt-bridge\nNOR->PRT", "mqtt-bridge\nPRT->NOR"]
+    aoi = json.loads((tmp_path / "aoi.json").read_text())[0]
+    assert aoi["ylabel"] == "age of newest position held (s)"
+    mean = next(x for x in aoi["series"] if x["label"] == "overlay: mean")
+    assert list(zip(mean["x"], mean["y"])) == [(x, m) for x, m, _ in rows[0]["aoi_series"]]
+    assert any(x["label"] == "link down" for x in aoi["series"]) is False  # shaded spans are not series
 
 
 def test_perf_cli_names_the_bad_value():

@@ -71,3 +71,10 @@ def test_report_has_medians_min_max_skips_and_a_plot(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())[-1]["skipped"] == "too big for a datagram"
     img = mpimg.imread(tmp_path / "plot.png")
     assert img.shape[1] > 800 and img.std() > 0.01
+    tp, rtt = json.loads((tmp_path / "plot.json").read_text())
+    assert tp["title"].startswith("Throughput by payload size") and rtt["title"].startswith("Round trip by payload")
+    line = next(x for x in tp["series"] if x["label"] == "dtn7 tcpcl lan")
+    assert (line["x"], line["y"]) == ([1000.0, 10000.0], [900.0, 4500.0])  # medians in kbit/s, by payload
+    line = next(x for x in rtt["series"] if x["label"] == "dtn7 tcpcl lan")
+    assert line["y"] == [25.0, 50.0]  # ms
+    assert not any("udp" in x["label"] for x in tp["series"])  # the skipped size draws nothing

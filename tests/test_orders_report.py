@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 import matplotlib.image as mpimg
 
 from perf import orders
@@ -39,6 +41,11 @@ def test_orders_figures_count_lost_and_delays_per_scope(tmp_path):
     for name in ("delays.png", "delay_box.png"):
         img = mpimg.imread(tmp_path / name)
         assert img.shape[0] > 200 and img.shape[1] > 400 and img.std() > 0.01, name
+    shown = json.loads((tmp_path / "delays.json").read_text())[0]
+    assert shown["title"].startswith("Delay of each C2 message")
+    series = {x["label"]: x["y"] for x in shown["series"]}
+    assert len(series["mqtt, narrowband"]) == 17 - 3  # lost ones are absent
+    assert series["overlay, narrowband"] == pytest.approx([1.5] * 17)  # the first copy's delay
 
 
 def test_orders_cli_names_the_bad_value():

@@ -48,6 +48,14 @@ def test_quick_matrix_reports_every_run_and_the_overlay_keeps_positions_fresh(tm
     for png in ("delivery_vs_loss.png", "aoi.png"):
         img = mpimg.imread(out / png)
         assert img.shape[0] > 300 and img.shape[1] > 500 and img.std() > 0.01  # drawn, not blank
+    # the plots show the table's own figures (plots.save_figure writes what each one draws)
+    dl = json.loads((out / "delivery_vs_loss.json").read_text())[0]
+    assert dl["title"] == "Delivery ratio against link loss"
+    for r in rows:
+        line = next(x for x in dl["series"] if x["label"] == f"{r['mode']}, fmn-4nations, every 2 s")
+        assert r["delivery_ratio"] == pytest.approx(line["y"][line["x"].index(r["loss_pct"])])
+    bars = json.loads((out / "aoi.json").read_text())[0]["series"][0]
+    assert bars["y"] == pytest.approx([r["aoi_p95_s"] for r in rows])
     assert "matrix" in p.stdout and "runs" in p.stdout  # the progress bar and the table were shown
 
 
