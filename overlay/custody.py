@@ -51,7 +51,6 @@ CREATE TABLE IF NOT EXISTS outbox(
   expires_ms INTEGER NOT NULL,
   supersede TEXT,
   app TEXT NOT NULL DEFAULT '',
-  body BLOB NOT NULL,
   size INTEGER NOT NULL,
   inflight INTEGER NOT NULL DEFAULT 0,
   attempts INTEGER NOT NULL DEFAULT 0,
@@ -60,6 +59,11 @@ CREATE TABLE IF NOT EXISTS outbox(
   superseded INTEGER NOT NULL DEFAULT 0,
   received INTEGER NOT NULL DEFAULT 0
 );
+-- Bodies live apart from the outbox rows: marking a megabyte envelope sent, scanning sizes
+-- or retry times must not rewrite or walk the body's overflow pages (schema version 2).
+CREATE TABLE IF NOT EXISTS bodies(seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
+CREATE TRIGGER IF NOT EXISTS outbox_body_gone AFTER DELETE ON outbox
+  BEGIN DELETE FROM bodies WHERE seq = old.seq; END;
 CREATE INDEX IF NOT EXISTS outbox_queue ON outbox(dst, inflight, priority, seq);
 CREATE INDEX IF NOT EXISTS outbox_key ON outbox(dst, supersede);
 CREATE INDEX IF NOT EXISTS outbox_expiry ON outbox(expires_ms);
@@ -97,7 +101,13 @@ CREATE TABLE IF NOT EXISTS member_acks(
   PRIMARY KEY(seq, member)) WITHOUT ROWID;
 """
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# version 1 -> 2: envelope bodies moved from outbox.body to their own table
+MIGRATE_1_TO_2 = """
+CREATE TABLE bodies(seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
+INSERT INTO bodies(seq, body) SELECT seq, body FROM outbox;
+ALTER TABLE outbox DROP COLUMN body;
+"""
 
 # Seen ids are kept this long past the envelope's own expiry, so a copy that a
 # BPA delivers late is still recognised.
@@ -164,8 +174,10 @@ class Received:
 
 MARK_KEEP_MS = 7 * 24 * 3600 * 1000  # how long a mark (see submit_many) is remembered
 
-_OUT_COLS = ("seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, body, size, "
+_OUT_COLS = ("seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, size, "
              "inflight, attempts, sent_ms, retry_ms, received")
+# ... and the body, for what is about to be sealed
+_OUT_WITH_BODY = f"SELECT {_OUT_COLS}, body FROM outbox JOIN bodies USING(seq)"
 
 
 class CustodyStore:
@@ -182,6 +194,9 @@ class CustodyStore:
         self._tx_durable = False
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         fresh = not self.db.execute("SELECT 1 FROM sqlite_master WHERE name='outbox'").fetchone()
+        if not fresh and version == 1:  # one transaction: a power cut leaves version 1 or 2, whole
+            self.db.executescript("BEGIN IMMEDIATE;" + MIGRATE_1_TO_2 + "PRAGMA user_version=2; COMMIT;")
+            version = 2
         if not fresh and version != SCHEMA_VERSION:
             raise C2Error(f"custody store {self.path} has schema version {version}, this c2dtn uses "
                           f"{SCHEMA_VERSION}: deliver or export what it holds with the c2dtn that wrote it")
@@ -272,9 +287,10 @@ class CustodyStore:
                                     (dst, supersede))
                 self.db.execute(
                     "INSERT INTO outbox(seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, "
-                    "app, body, size) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                    "app, size) VALUES(?,?,?,?,?,?,?,?,?,?)",
                     (seq, dst, int(priority), cseq, now_ms, lifetime_ms, now_ms + lifetime_ms, supersede, app,
-                     body, len(body)))
+                     len(body)))
+                self.db.execute("INSERT INTO bodies(seq, body) VALUES(?,?)", (seq, body))
                 seqs.append(seq)
             self._bump("accepted", sum(1 for x in seqs if x is not None))
         return seqs
@@ -300,13 +316,13 @@ class CustodyStore:
 
     def queued(self, dst: str, limit: int = 1000) -> list[OutItem]:
         """Not yet sent, in sending order: strict priority, then oldest first."""
-        rows = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE dst=? AND inflight=0 "
+        rows = self.db.execute(f"{_OUT_WITH_BODY} WHERE dst=? AND inflight=0 "
                                "ORDER BY priority, seq LIMIT ?", (dst, limit)).fetchall()
         return [_item(r) for r in rows]
 
     def due_retries(self, now_ms: int) -> list[OutItem]:
         """In flight and past their retransmission time (superseded copies excluded)."""
-        rows = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE inflight=1 AND superseded=0 AND received=0 "
+        rows = self.db.execute(f"{_OUT_WITH_BODY} WHERE inflight=1 AND superseded=0 AND received=0 "
                                "AND retry_ms <= ? ORDER BY priority, seq", (now_ms,)).fetchall()
         return [_item(r) for r in rows]
 
@@ -582,8 +598,9 @@ class CustodyStore:
 
 
 def _item(r) -> OutItem:
-    return OutItem(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], bool(r[11]), r[12], r[13], r[14],
-                   bool(r[15]))
+    """An OutItem from _OUT_COLS (+ body when selected with _OUT_WITH_BODY; else b"")."""
+    return OutItem(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[15] if len(r) > 15 else b"", r[9],
+                   bool(r[10]), r[11], r[12], r[13], bool(r[14]))
 
 
 class _Tx:

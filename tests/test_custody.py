@@ -247,6 +247,37 @@ def test_a_store_of_another_schema_version_is_refused(tmp_path):
         CustodyStore(tmp_path / "old.db", "gw1")
 
 
+V1_OUTBOX = """CREATE TABLE outbox(seq INTEGER PRIMARY KEY, dst TEXT NOT NULL, priority INTEGER NOT NULL,
+  cseq INTEGER NOT NULL, created_ms INTEGER NOT NULL, lifetime_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
+  supersede TEXT, app TEXT NOT NULL DEFAULT '', body BLOB NOT NULL, size INTEGER NOT NULL,
+  inflight INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0, sent_ms INTEGER, retry_ms INTEGER,
+  superseded INTEGER NOT NULL DEFAULT 0, received INTEGER NOT NULL DEFAULT 0)"""
+
+
+def test_a_version_1_store_is_migrated_and_delivers_what_it_held(tmp_path):
+    """c2dtn before schema 2 kept bodies inside outbox rows: an upgrade must lose nothing held."""
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "gw1.db")
+    db.execute(V1_OUTBOX)
+    rows = [(1, "gw4", 3, 1, 0, 3_600_000, 3_600_000, None, "raw", b"queued", 6, 0, 0, None, None),
+            (2, "gw4", 3, 2, 0, 3_600_000, 3_600_000, None, "raw", b"in flight" * 1000, 9000, 1, 1, 10, 60_000)]
+    db.executemany("INSERT INTO outbox(seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, "
+                   "body, size, inflight, attempts, sent_ms, retry_ms) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+    db.execute("CREATE TABLE counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID")
+    db.executemany("INSERT INTO counters VALUES(?,?)", [("next_seq", 2), ("cseq:gw4:3", 2)])
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    assert a.store.db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert a.store.held_out() == (2, 9006)
+    got = run({"gw1": a, "gw4": b}, Net(delay_ms=100), 130_000)  # the in-flight one at its retry time
+    assert [d.body for d in got["gw4"]] == [b"queued", b"in flight" * 1000]
+    assert a.store.held_out() == (0, 0)
+    assert a.store.db.execute("SELECT count(*) FROM bodies").fetchone()[0] == 0  # released with their rows
+
+
 def test_a_bundle_that_fails_halfway_leaves_nothing_half_applied(tmp_path, monkeypatch):
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
     for i in range(5):
