@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from overlay.custody import CustodyStore, Delivery, QuotaExceeded
-from overlay.envelope import Codec, EnvelopeError, Kind, Priority, decode_ack_body, decode_group_ack_body
+from overlay.envelope import (Codec, Envelope, EnvelopeError, Kind, Priority, decode_ack_body,
+                              decode_group_ack_body)
 from overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
 
 log = logging.getLogger("c2dtn.overlay")
@@ -76,14 +77,31 @@ class OverlayCore:
         """Take one bundle payload from the BPA.  Never raises for what a peer sent:
         bad bundles and envelopes are counted, logged once each, and dropped; the
         good envelopes of the same bundle are still taken."""
+        return self.on_bundles([payload], now_ms)[0]
+
+    def on_bundles(self, payloads: list[bytes], now_ms: int) -> list[BundleResult]:
+        """Take several bundle payloads in one commit (group commit: one fsync for all
+        that arrived together), durable if any brought data, relaxed if only acks."""
+        opened = [self._open(p) for p in payloads]
+        with self.store.transaction(durable=any(e.kind != Kind.ACK for _, _, envs in opened for e in envs)):
+            pings = False
+            for res, sender, envs in opened:
+                self._apply(res, sender, envs, now_ms)
+                pings = pings or any(e.app == PING_APP and e.kind != Kind.ACK for e in envs)
+            if self.answer_pings and pings:
+                self._pong(now_ms)
+        return [res for res, _, _ in opened]
+
+    def _open(self, payload: bytes) -> tuple[BundleResult, str, list[Envelope]]:
+        """Check and open one bundle: (result so far, sender, the envelopes that passed)."""
         res = BundleResult()
         try:
             sender, items = self.codec.open_container(payload)
         except EnvelopeError as e:
             self._reject(res, f"bundle of {len(payload)} bytes rejected ({e.reason}): {e}", e.reason)
-            return res
+            return res, "", []
         if sender == self.node:
-            return res  # our own group bundle, handed back by the BPA (we are a member too)
+            return res, sender, []  # our own group bundle, handed back by the BPA (we are a member too)
         envs = []
         for i, item in enumerate(items):
             try:
@@ -93,12 +111,7 @@ class OverlayCore:
                 envs.append(env)
             except EnvelopeError as e:
                 self._reject(res, f"envelope {i} of a bundle from {sender!r} rejected ({e.reason}): {e}", e.reason)
-        # the whole bundle in one commit: durable (one fsync) if it brought data, relaxed if only acks
-        with self.store.transaction(durable=any(e.kind != Kind.ACK for e in envs)):
-            self._apply(res, sender, envs, now_ms)
-            if self.answer_pings and any(e.app == PING_APP and e.kind != Kind.ACK for e in envs):
-                self._pong(now_ms)
-        return res
+        return res, sender, envs
 
     def _pong(self, now_ms: int) -> None:
         """Answer pings in the commit that took them (an echo endpoint inside the node)."""

@@ -240,12 +240,16 @@ class Scheduler:
             self.store.pull_in_retries(dst, now_ms + int(p.rto_ms))
             newest = max((it.sent_ms for it in items if it.sent_ms is not None), default=None)
             if newest is not None:
-                self.store.fast_retransmit(dst, newest, now_ms, member=None if dst == sender else sender)
+                # a reordering window as RACK's (RFC 8985 6.2: a quarter of the minimum round
+                # trip): a BPA that hands over bundles a little out of order is not a loss
+                reo = int(p.min_rtt_ms / 4) if p.min_rtt_ms else 0
+                self.store.fast_retransmit(dst, newest - reo, now_ms, member=None if dst == sender else sender)
             nbytes = sum(it.size for it in items)
             if p.window < p.ssthresh:
                 p.window = min(self.cfg.max_window, p.window + nbytes)
-            else:
-                p.window = min(self.cfg.max_window, p.window + nbytes * 1024 / p.window)
+            else:  # about one envelope (of the size acked, at least 1 kB) per window's worth acked
+                seg = max(1024, nbytes / len(items))
+                p.window = min(self.cfg.max_window, p.window + nbytes * seg / p.window)
         return len(released) + len(arrived)
 
     def _on_timeout(self, dst: str, now_ms: int) -> None:
