@@ -63,6 +63,7 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             raise ConfigError("--group", f"--group {g}", ",".join(members), "group members must run the overlay")
         keys[frozenset((g,))] = secrets.token_hex(32)
     any_udp = cla == "udp" or (per_link_cla and any(ls.get("cla") == "udp" for ls in st["links"].values()))
+    rated = any(((ls.get(d) or {}).get("rate_bps")) for ls in st["links"].values() for d in ("profile_ab", "profile_ba"))
     paths = {}
     for n in bpa_nodes:
         peers: dict[str, tuple[str, str]] = {}  # node -> (address, cla)
@@ -105,6 +106,11 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose;
             # on a radio link a second of linger and ack delay lets several envelopes and acks share a bundle
             sched = {"aggregate_bytes": 1200, "linger_ms": 1000, "ack_delay_ms": 1000}
+        elif not rated:
+            # no link with a rate limit anywhere (a LAN): 64 kB bundles, so that 10 kB messages share
+            # them and the BPAs handle a sixth as many (measured: 0.58 -> 0.91 of bare dtnd's throughput);
+            # where a radio is on the way, a big bundle would hold flash traffic behind it for minutes
+            sched = {"aggregate_bytes": 65536}
         sched.update(scheduler or {})
         if sched and n in overlay_nodes:
             lines += ["[scheduler]"] + [f"{k} = {int(v)}" for k, v in sched.items()] + [""]

@@ -93,6 +93,14 @@ def test_configs_for_nps_chain_with_a_udp_radio_link(tmp_path):
     assert gw1.netns == "c2-gw1"
     tcp_only = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "tcp", cla="tcpcl")
     assert load_node_config(tcp_only["gw1"]).scheduler.aggregate_bytes == 1200  # the radio link stays udp
+    lan = testbed.state_of(model.load("nps-chain"), "userspace")
+    for ls in lan["links"].values():
+        ls["cla"], ls["profile_ab"], ls["profile_ba"] = None, {"rate_bps": None}, {"rate_bps": None}
+    on_lan = write_configs(lan, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "lan")
+    assert load_node_config(on_lan["gw1"]).scheduler.aggregate_bytes == 65536  # no radio anywhere: big bundles
+    rated_tcp = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "rtcp", cla="tcpcl",
+                              per_link_cla=False)  # tcpcl everywhere, but a 9.8 kbit/s hop on the way
+    assert load_node_config(rated_tcp["gw1"]).scheduler.aggregate_bytes == 16 * 1024  # the default
     tuned = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "tuned",
                           scheduler={"aggregate_bytes": 60000, "init_window": 65536})
     sch = load_node_config(tuned["gw1"]).scheduler  # given settings win, the radio defaults stay for the rest
