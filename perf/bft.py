@@ -12,7 +12,9 @@ Topologies:
                 per nation, every unit subscribed to every unit's reports.  overlay: each
                 nation's gateway bridges its broker (bridge mode) to every other
                 nation's gateway, through the group.  mqtt-bridge: the other nations'
-                brokers bridge to the first nation's (a star, as seed 000's Mosquitto set-up).  The 8 units of
+                brokers bridge to the first nation's (a star, as seed 000's Mosquitto set-up).
+                mqtt-single: one broker, the first nation's; every unit connects to it
+                across the links (nps-chain: h1's units straight to h4's broker).  The 8 units of
                 a nation run in one process in the namespace of its unit 1 (the units
                 share the nation's unlimited LAN, so this changes nothing on the links).
                 The gateways form one overlay group ("fmn"): a report crosses its nation's
@@ -56,7 +58,8 @@ from topologies import testbed
 from perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 150)
-MODES = ("overlay", "mqtt-bridge")
+MODES = ("overlay", "mqtt-bridge")  # what perf bft and perf matrix run unless told
+ALL_MODES = MODES + ("mqtt-single",)
 TOPOLOGIES = ("nps-chain", "fmn-2nations", "fmn-4nations")
 REPORT_FILTER = "/+/+/+/location"
 GROUP = "fmn"  # the overlay group of the nations' gateways
@@ -145,6 +148,8 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
                 "gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n'
                        + _topic_rule(), "gw4": "[gateway]\n\n" + _topic_rule()})
             target = h4
+        elif mode == "mqtt-single":  # the units publish straight to h4's broker, across the link
+            target = h4
         else:
             procs.append(start_mosquitto("c2-h1", workdir / "broker-h1", "127.0.0.1",
                                          extra=_mosquitto_bridge(h4, "c2bridge-h1", "out", plan.qos)))
@@ -155,6 +160,8 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
     brokers = {n: testbed.node_address(st, f"{n}-broker") for n in nations}
     main = nations[0]
     for n in nations:
+        if mode == "mqtt-single" and n != main:
+            continue  # one broker for all: every unit connects to the first nation's, across the links
         extra = ""
         if mode == "mqtt-bridge" and n != main:
             extra = _mosquitto_bridge(brokers[main], f"c2bridge-{n}", "both", plan.qos)
@@ -168,7 +175,7 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
                               f"qos = {plan.qos}\n\n" + _topic_rule()) for n in nations}
         routers = [n for n, v in st["nodes"].items() if v.get("role") == "router"]
         nodes = Nodes(st, gws + routers, gws, workdir / "nodes", gateways=tables, groups={GROUP: gws})
-    pubs = [(f"{n}-u1", n.upper(), brokers[n], REPORT_FILTER) for n in nations]
+    pubs = [(f"{n}-u1", n.upper(), brokers[main if mode == "mqtt-single" else n], REPORT_FILTER) for n in nations]
     receivers = [(f"{n.upper()}-S{u:03d}", n.upper()) for n in nations for u in range(1, plan.units + 1)]
     return Setup(procs, nodes, pubs, receivers, [], (f"{main}-gw", "tacnet"), dil, mode == "overlay")
 

@@ -108,7 +108,8 @@ def _outage(ctx, param, value: str):
 @click.option("--drain", default=60.0, show_default=True, type=click.FloatRange(0, 7200),
               help="seconds allowed after publishing ends for the backlog")
 @click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
-@click.option("--modes", default="overlay,mqtt-bridge", show_default=True)
+@click.option("--modes", default="overlay,mqtt-bridge", show_default=True,
+              help="any of overlay, mqtt-bridge (a broker per nation, bridged), mqtt-single (one broker for all)")
 def bft_cmd(topology: str, profile: str, units: int, period: float, duration: float, outage, drain: float, qos: int,
             modes: str) -> None:
     """Position reports (seed 000) across tactical links: c2dtn gateways next to Mosquitto bridges."""
@@ -122,8 +123,9 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
         raise click.BadParameter(str(e), param_hint="--profile") from None
     ms = modes.split(",")
     for m_ in ms:
-        if m_ not in bft.MODES:
-            raise click.BadParameter(f"unknown mode {m_!r}; choose from {', '.join(bft.MODES)}", param_hint="--modes")
+        if m_ not in bft.ALL_MODES:
+            raise click.BadParameter(f"unknown mode {m_!r}; choose from {', '.join(bft.ALL_MODES)}",
+                                     param_hint="--modes")
     if outage == "auto":
         outage = (20.0, 80.0) if topology == "nps-chain" else None
     if outage and outage[1] > duration:
