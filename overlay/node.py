@@ -142,8 +142,9 @@ class OverlayNode:
         t0 = time.monotonic()
         try:
             results = self.core.on_bundles([d.payload for d in batch], now_ms())
-            log.debug("took %d bundles from %s in one commit, %.1f ms", len(batch),
-                      ",".join(sorted({d.src_node for d in batch})), (time.monotonic() - t0) * 1000)
+            if log.isEnabledFor(logging.DEBUG):  # on the receive path: build the line only for -v
+                log.debug("took %d bundles from %s in one commit, %.1f ms", len(batch),
+                          ",".join(sorted({d.src_node for d in batch})), (time.monotonic() - t0) * 1000)
         except Exception:  # a bug must not take the node down, nor the rest of the batch with it
             log.exception("processing %d bundles together failed; taking them one by one", len(batch))
             results = []
