@@ -199,13 +199,11 @@ def ping_cmd(config, dst, size, count, interval, timeout) -> None:
         while time.monotonic() < deadline and not answered:
             items = api(config, "GET", f"/recv?app=pong&wait={min(5.0, deadline - time.monotonic()):.1f}",
                         timeout=timeout + 10)
-            for d in items:
-                if base64.b64decode(d["body"]).startswith(stamp):
-                    answered = True
+            answered = any(base64.b64decode(d["body"]).startswith(stamp) for d in items)
+            rtt = time.monotonic() - t0  # the answer is in hand; taking it off the inbox follows
             if items:
                 api(config, "POST", "/consumed", json.dumps({"ids": [d["id"] for d in items]}).encode())
         if answered:
-            rtt = time.monotonic() - t0
             rtts.append(rtt)
             click.echo(f"{size} bytes from {dst}: seq={i} time={rtt * 1000:.1f} ms")
         else:

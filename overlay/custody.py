@@ -28,11 +28,20 @@ that can only cause a harmless repeat if a power cut undoes it (marking sent,
 releasing acked envelopes, acks sent, retransmission times, expiry reports)
 commits without its own fsync; in WAL mode it still reaches the disk in order,
 with the next durable commit, so nothing is ever seen half done.
+
+Checkpoints (copying the WAL into the database file): by default SQLite's own,
+run inside whichever commit crosses 1,000 pages.  With background_checkpoints the
+commits leave that to checkpoint(), which the node calls from a thread on a
+second connection (PASSIVE: it neither waits for nor blocks a commit); a
+megabyte envelope otherwise made every few commits stop for a checkpoint of
+several megabytes on the message's path.  A commit still checkpoints itself past
+BACKSTOP_PAGES, should the thread fall behind.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,9 +189,12 @@ _OUT_COLS = ("seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, sup
 _OUT_WITH_BODY = f"SELECT {_OUT_COLS}, body FROM outbox JOIN bodies USING(seq)"
 
 
+BACKSTOP_PAGES = 16384  # 64 MB of WAL: with background checkpoints, a commit checkpoints only past this
+
+
 class CustodyStore:
     def __init__(self, path: str | Path, origin: str, quota: Quota = Quota(),
-                 groups: dict[str, tuple[str, ...]] | None = None):
+                 groups: dict[str, tuple[str, ...]] | None = None, background_checkpoints: bool = False):
         self.origin = origin
         self.quota = quota
         self.groups = dict(groups or {})  # group -> the other members
@@ -206,9 +218,27 @@ class CustodyStore:
                           f"{SCHEMA_VERSION}: deliver or export what it holds with the c2dtn that wrote it")
         self.db.executescript(SCHEMA)
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._ckpt_db: sqlite3.Connection | None = None
+        self._ckpt_lock = threading.Lock()
+        if background_checkpoints:
+            self.db.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
 
     def close(self) -> None:
-        self.db.close()
+        with self._ckpt_lock:  # not under a checkpoint running in another thread
+            if self._ckpt_db is not None:
+                self._ckpt_db.close()
+                self._ckpt_db = None
+            self.db.close()
+
+    def checkpoint(self) -> tuple[int, int]:
+        """Copy what the WAL holds into the database file (PASSIVE); safe to call from one
+        other thread than the store's own.  Returns (frames in the WAL, frames copied)."""
+        with self._ckpt_lock:
+            if self._ckpt_db is None:
+                self._ckpt_db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                self._ckpt_db.execute("PRAGMA synchronous=FULL")
+            _busy, frames, copied = self._ckpt_db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return frames, copied
 
     # -- helpers -------------------------------------------------------
     def _tx(self, durable: bool = True):
@@ -223,9 +253,8 @@ class CustodyStore:
         return row[0] if row else 0
 
     def _bump(self, name: str, by: int = 1) -> int:
-        self.db.execute("INSERT INTO counters(name, value) VALUES(?, ?) "
-                        "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (name, by))
-        return self._counter(name)
+        return self.db.execute("INSERT INTO counters(name, value) VALUES(?, ?) ON CONFLICT(name) "
+                               "DO UPDATE SET value = value + excluded.value RETURNING value", (name, by)).fetchone()[0]
 
     def counters(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT name, value FROM counters").fetchall())
@@ -493,11 +522,14 @@ class CustodyStore:
             prio = int(env.priority)
             self.db.execute("INSERT OR IGNORE INTO gotq(origin, seq) VALUES(?,?)", (env.origin, env.seq))
             nxt = self._next(stream, prio)
-            if env.cseq == 0 or env.cseq < max(nxt, env.floor):
-                # unordered, or older than what the order already passed: deliver as it is
+            in_turn = env.cseq == nxt and env.floor <= nxt  # the very one the order waits for
+            if env.cseq == 0 or env.cseq < max(nxt, env.floor) or in_turn:
+                # unordered, older than what the order already passed, or in its turn (the
+                # common case: straight to the inbox, never written to `held` and deleted;
+                # nothing held is older, held ones all wait for a later turn)
                 self._to_inbox(env.origin, env.seq, prio, env.created_ms, env.lifetime_ms, env.supersede,
                                env.app, env.body, now_ms)
-                released = 1 + self._advance(stream, prio, env.floor, now_ms)
+                released = 1 + self._advance(stream, prio, nxt + 1 if in_turn else env.floor, now_ms)
                 return Received("delivered", released)
             self.db.execute("INSERT OR IGNORE INTO held(origin, priority, cseq, seq, created_ms, lifetime_ms, "
                             "supersede, app, body, received_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",

@@ -159,7 +159,10 @@ def _compress(body: bytes, zdict: "zstandard.ZstdCompressionDict | None",
             kind, s = Compression.ZSTD, _zstd(19 if small else 3, None).compress(body)
         if len(s) < len(best[1]):
             best = (kind, s)
-    if zstandard is None or (small and len(best[1]) * 2 > len(body)):
+    # zlib only where zstd left a small body more than half its size, but not where zstd found
+    # nothing at all to take out (random or already compressed: zlib finds nothing either, and
+    # its level 9 costs more than the rest of sealing a 1 kB envelope)
+    if zstandard is None or (small and len(best[1]) * 2 > len(body) and len(best[1]) * 100 < len(body) * 97):
         z = zlib.compress(body, 9 if small else 1)
         if len(z) < len(best[1]):
             best = (Compression.ZLIB, z)

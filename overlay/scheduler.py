@@ -198,7 +198,9 @@ class Scheduler:
         for it in items:
             env = it.envelope(self.codec.node, floors[it.priority])
             s = self.codec.seal(env)
-            if sealed and size + len(s) > self.cfg.aggregate_bytes:
+            # full: close the bundle -- unless it holds only the acks and this envelope alone is
+            # over the aggregate size anyway (the acks ride along rather than go on their own)
+            if sealed and size + len(s) > self.cfg.aggregate_bytes and (seqs or len(s) <= self.cfg.aggregate_bytes):
                 bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else ([], []), rtx))
                 sealed, seqs, size, rtx = [], [], 0, 0
             sealed.append(s)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlencode
 
+import cbor2
+
 from overlay.cli import _UnixHTTP
 from overlay.config import load_node_config
 from overlay.supervisor import SupervisorError, find_dtnd
@@ -96,9 +98,12 @@ class Nodes:
             except subprocess.TimeoutExpired:
                 p.kill()
 
-    def api(self, n: str, method: str, path: str, body: bytes | None = None, timeout: float = 30.0):
-        """One request on a kept-alive connection to node n's API (a new one if it broke)."""
+    def api(self, n: str, method: str, path: str, body: bytes | None = None, timeout: float = 30.0,
+            cbor: bool = False):
+        """One request on a kept-alive connection to node n's API (a new one if it broke);
+        cbor: ask for CBOR (GET /recv: bodies as bytes, not base64)."""
         key = (n, threading.get_ident())
+        headers = {"Accept": "application/cbor"} if cbor else {}
         for attempt in (0, 1):
             conn = self._conns.get(key)
             if conn is None:
@@ -107,9 +112,11 @@ class Nodes:
             try:
                 if conn.sock is not None:
                     conn.sock.settimeout(timeout)
-                conn.request(method, path, body=body)
+                conn.request(method, path, body=body, headers=headers)
                 r = conn.getresponse()
-                data = json.loads(r.read() or b"null")
+                raw = r.read()
+                data = cbor2.loads(raw) if r.getheader("Content-Type", "").startswith("application/cbor") \
+                    else json.loads(raw or b"null")
                 break
             except (OSError, http.client.HTTPException):
                 conn.close()
@@ -127,12 +134,15 @@ class Nodes:
             qs["supersede"] = supersede
         return self.api(n, "POST", "/send?" + urlencode(qs), body)["seq"]
 
-    def recv(self, n: str, wait: float = 1.0) -> list[dict]:
-        items = self.api(n, "GET", f"/recv?wait={wait}&max=1000", timeout=wait + 30)
+    def recv(self, n: str, wait: float = 1.0, cbor: bool = True) -> list[dict]:
+        """What node n's inbox holds (taken off it), bodies as bytes; over the API's CBOR
+        answer, or its JSON one (base64 bodies) with cbor=False."""
+        items = self.api(n, "GET", f"/recv?wait={wait}&max=1000", timeout=wait + 30, cbor=cbor)
         if items:
             self.api(n, "POST", "/consumed", json.dumps({"ids": [d["id"] for d in items]}).encode())
-        for d in items:
-            d["body"] = base64.b64decode(d["body"])
+        if not cbor:
+            for d in items:
+                d["body"] = base64.b64decode(d["body"])
         return items
 
     def status(self, n: str) -> dict:

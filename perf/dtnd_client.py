@@ -1,7 +1,8 @@
 """Bare dtnd workloads (no overlay), run inside a node's namespace next to its dtnd:
 
   echo    answer every bundle on endpoint `bench` with the same payload to dtn://<src>/benchreply
-  rtt     send `count` bundles of `size` bytes to <dst>'s echo and time each round trip (bping style)
+  rtt     send `count` bundles of `size` bytes to <dst>'s echo and time each round trip (bping style);
+          --stepped: one round trip per line on stdin, each time printed as it is taken
   sink    receive `count` bundles on `bench`, print the time of the last one
   source  send `count` bundles of `size` bytes to <dst>/bench as fast as dtnd takes them
   data    dtnperf-style data mode: `count` bundles of `size` bytes to <dst>/bench with at most
@@ -24,17 +25,38 @@ import time
 from overlay.agents.dtn7 import Dtn7Agent
 
 
-def spawn(node: str, *args: str):
-    """Run this module with `args` inside testbed node `node`'s namespace (for benchmarks)."""
+def spawn(node: str, *args: str, stdin: bool = False):
+    """Run this module with `args` inside testbed node `node`'s namespace (for benchmarks);
+    stdin: a pipe to feed a --stepped client (its stderr then goes to a file, so that
+    reading its answers line by line cannot block on a full stderr pipe)."""
     import subprocess
+    import tempfile
 
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "perf.dtnd_client", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = tempfile.TemporaryFile("w+") if stdin else subprocess.PIPE
+    p = subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "perf.dtnd_client", *args],
+                         stdin=subprocess.PIPE if stdin else None, stdout=subprocess.PIPE, stderr=err, text=True)
+    p.errfile = err if stdin else None
+    return p
+
+
+def answer(p) -> dict:
+    """The next JSON line of a --stepped client."""
+    while True:
+        line = p.stdout.readline()
+        if not line:
+            p.wait()
+            p.errfile.seek(0)
+            raise RuntimeError(f"dtnd client ended (exit {p.returncode}): {p.errfile.read()[-1000:]}")
+        if line.startswith("{"):
+            return json.loads(line)
 
 
 def result(p, timeout: float) -> dict:
     """The JSON line a spawned client ends with."""
     out, err = p.communicate(timeout=timeout)
+    if getattr(p, "errfile", None) is not None:
+        p.errfile.seek(0)
+        err = p.errfile.read()
     lines = [x for x in out.splitlines() if x.startswith("{")]
     if not lines:
         raise RuntimeError(f"dtnd client failed: {err[-1000:]}")
@@ -58,7 +80,9 @@ async def echo(agent: Dtn7Agent, seconds: float) -> dict:
     return {"echoed": n}
 
 
-async def rtt(agent: Dtn7Agent, dst: str, size: int, count: int, timeout: float) -> dict:
+async def rtt(agent: Dtn7Agent, dst: str, size: int, count: int, timeout: float, stepped: bool = False) -> dict:
+    """`count` round trips; stepped: one per line read from stdin, its time printed as a
+    JSON line {"rtt": seconds or null} (so a benchmark can interleave them with others)."""
     await agent.register("benchreply")
     replies: asyncio.Queue = asyncio.Queue()
 
@@ -66,9 +90,7 @@ async def rtt(agent: Dtn7Agent, dst: str, size: int, count: int, timeout: float)
         async for d in agent.deliveries("benchreply"):
             await replies.put(d)
 
-    feeder = asyncio.create_task(feed())
-    rtts = []
-    for i in range(count):
+    async def one(i: int) -> float | None:
         stamp = f"{i}:".encode()
         payload = stamp + os.urandom(max(0, size - len(stamp)))
         t0 = time.monotonic()
@@ -77,11 +99,30 @@ async def rtt(agent: Dtn7Agent, dst: str, size: int, count: int, timeout: float)
             while True:
                 d = await asyncio.wait_for(replies.get(), timeout)
                 if d.payload.startswith(stamp):
-                    break
-            rtts.append(time.monotonic() - t0)
+                    return time.monotonic() - t0
         except asyncio.TimeoutError:
-            pass
-    feeder.cancel()
+            return None
+
+    feeder = asyncio.create_task(feed())
+    rtts = []
+    try:
+        if stepped:
+            loop = asyncio.get_running_loop()
+            print(json.dumps({"ready": True}), flush=True)
+            i = 0
+            while await loop.run_in_executor(None, sys.stdin.readline):
+                r = await one(i)
+                i += 1
+                print(json.dumps({"rtt": r}), flush=True)
+                if r is not None:
+                    rtts.append(r)
+        else:
+            for i in range(count):
+                r = await one(i)
+                if r is not None:
+                    rtts.append(r)
+    finally:
+        feeder.cancel()
     return {"rtts": rtts}
 
 
@@ -174,7 +215,7 @@ async def main(args) -> dict:
         if args.mode == "echo":
             return await echo(agent, args.timeout)
         if args.mode == "rtt":
-            return await rtt(agent, args.dst, args.size, args.count, args.timeout)
+            return await rtt(agent, args.dst, args.size, args.count, args.timeout, args.stepped)
         if args.mode == "sink":
             return await sink(agent, args.count, args.timeout, args.ack)
         if args.mode == "data":
@@ -189,6 +230,7 @@ if __name__ == "__main__":
     ap.add_argument("mode", choices=["echo", "rtt", "sink", "source", "data"])
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--ack", action="store_true", help="sink: acknowledge each bundle (for data mode)")
+    ap.add_argument("--stepped", action="store_true", help="rtt: one round trip per line on stdin")
     ap.add_argument("--dst", default="")
     ap.add_argument("--size", type=int, default=1000)
     ap.add_argument("--count", type=int, default=10)

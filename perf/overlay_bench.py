@@ -12,6 +12,7 @@ Writes results/<time>-overlay-bench/ with summary.json, summary.csv and plot.png
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -26,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from overlay.testbed_nodes import Nodes
+from perf.dtnd_client import answer as _answer
 from perf.dtnd_client import result as _result
 from perf.dtnd_client import spawn as _client
 from topologies import testbed
@@ -39,14 +41,33 @@ COUNTS = {"1k": 300, "10k": 150, "100k": 40, "1M": 8}
 
 
 
-def bare_rtt(size: int, count: int) -> list[float]:
-    echo = _client("gw4", "echo", "--timeout", str(30 + count * 10))
-    time.sleep(1.0)
-    r = _result(_client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--count", str(count),
-                        "--timeout", "30"), 600)
-    echo.kill()
-    echo.wait()
-    return r["rtts"]
+def rtt_pairs(nodes: Nodes, size: int, count: int) -> tuple[list[float], list[float]]:
+    """(bare, overlay) round trips, `count` of each, taking turns: one bare dtnd ping
+    (perf.dtnd_client rtt --stepped, answered by an echo client on gw4), then one
+    through the overlay, and so on, so that both see the same moments of a noisy
+    machine (run one after the other, the bare figures of two runs differed by 20 %)."""
+    echo = _client("gw4", "echo", "--timeout", str(60 + count * 10))
+    pinger = _client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--timeout", "30", "--stepped", stdin=True)
+    bare: list[float] = []
+    over: list[float] = []
+    try:
+        _answer(pinger)  # registered
+        time.sleep(1.0)  # and the echo too
+        for _ in range(count):
+            pinger.stdin.write("\n")
+            pinger.stdin.flush()
+            r = _answer(pinger)["rtt"]
+            if r is not None:
+                bare.append(r)
+            over.extend(overlay_rtt(nodes, size, 1))
+    finally:
+        with contextlib.suppress(OSError):
+            pinger.stdin.close()
+        with contextlib.suppress(Exception):
+            _result(pinger, 60)
+        echo.kill()
+        echo.wait()
+    return bare, over
 
 
 def bare_throughput(size: int, count: int) -> float:
@@ -60,6 +81,9 @@ def bare_throughput(size: int, count: int) -> float:
 
 
 def overlay_rtt(nodes: Nodes, size: int, count: int) -> list[float]:
+    """Round trips as bare_rtt's: from handing the ping over to having the answer in
+    hand (GET /recv returned it).  The application's POST /consumed (its ack to the
+    overlay, which dtnd's delivery has no counterpart of) follows, outside the time."""
     from urllib.parse import urlencode
 
     rtts = []
@@ -71,13 +95,13 @@ def overlay_rtt(nodes: Nodes, size: int, count: int) -> list[float]:
                                                       "lifetime": 600}), body)
         deadline = t0 + 60
         while time.monotonic() < deadline:
-            items = nodes.api("gw1", "GET", "/recv?app=pong&wait=5", timeout=30)
+            items = nodes.api("gw1", "GET", "/recv?app=pong&wait=5", timeout=30, cbor=True)
+            answered = any(d["body"].startswith(stamp) for d in items)
+            if answered:
+                rtts.append(time.monotonic() - t0)
             if items:
                 nodes.api("gw1", "POST", "/consumed", json.dumps({"ids": [d["id"] for d in items]}).encode())
-            import base64
-
-            if any(base64.b64decode(d["body"]).startswith(stamp) for d in items):
-                rtts.append(time.monotonic() - t0)
+            if answered:
                 break
     return rtts
 
@@ -124,7 +148,7 @@ def _nodes(profile: str, workdir: Path, seed: int = 5, cla: str = "tcpcl", per_l
     return nodes
 
 
-def lan(sizes: list[str], runs: int, rtt_count: int = 15) -> list[dict]:
+def lan(sizes: list[str], runs: int, rtt_count: int = 40) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as td:
         # on a LAN every hop speaks TCPCL (a megabyte bundle fits no UDP datagram)
@@ -135,8 +159,8 @@ def lan(sizes: list[str], runs: int, rtt_count: int = 15) -> list[dict]:
                 for r in range(runs):
                     console.print(f"[dim]lan {name}: run {r + 1}/{runs}[/dim]")
                     row = {"size": name, "bytes": size, "run": r + 1}
-                    row["bare_rtt_s"] = statistics.median(bare_rtt(size, rtt_count))
-                    row["overlay_rtt_s"] = statistics.median(overlay_rtt(nodes, size, rtt_count))
+                    bare, over = rtt_pairs(nodes, size, rtt_count)
+                    row["bare_rtt_s"], row["overlay_rtt_s"] = statistics.median(bare), statistics.median(over)
                     row["bare_bps"] = bare_throughput(size, count)
                     row["overlay_bps"], _ = overlay_throughput(nodes, size, count)
                     rows.append(row)

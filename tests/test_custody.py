@@ -190,11 +190,16 @@ def test_receiver_dedupes_holds_gaps_and_skips_what_the_sender_gave_up(tmp_path)
     assert [d.seq for d in st.inbox()] == [1, 2, 3, 4]
     # the sender expired cseq 5: its next envelope says so (floor 6) and nothing waits for 5
     assert st.receive(env(7, 6, floor=6), 0).outcome == "delivered"
+    # the sender gave up on cseq 7 and 8 while 9 waits here: 9 still comes out before 10
+    assert st.receive(env(11, 9), 0).outcome == "held"
+    r = st.receive(env(12, 10, floor=10), 0)
+    assert r.outcome == "delivered" and r.released == 2
+    assert [d.seq for d in st.inbox()] == [1, 2, 3, 4, 7, 11, 12]
     # an older copy of a superseded key is stale once a newer one arrived
     assert st.receive(env(20, 0, supersede="u1"), 0).outcome == "delivered"
     assert st.receive(env(19, 0, supersede="u1"), 0).outcome == "stale"
     # a gap nobody fills is released after max_hold
-    assert st.receive(env(30, 9), 1000).outcome == "held"
+    assert st.receive(env(30, 20), 1000).outcome == "held"
     assert st.release_held(older_than_ms=2000, now_ms=400_000) == 1
 
 
@@ -402,3 +407,47 @@ def test_bundles_taken_together_commit_once_and_a_bad_one_spoils_nothing(tmp_pat
     # (one bundle at a time would be four)
     assert len(commits) == 2
     assert [d.body for d in b.take()] == [b"m0", b"m1", b"m2"]
+
+
+def test_acks_ride_with_an_envelope_bigger_than_a_bundle_not_on_their_own(tmp_path):
+    import os
+
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")  # bundles of 16 kB
+    b.submit("gw1", b"order", 0)
+    for o in b.poll(0):
+        a.on_bundle(o.payload, 0)
+    a.consumed([d.id for d in a.take()])  # gw1 owes gw4 an ack ...
+    big = a.submit("gw4", os.urandom(40_000), 10)  # ... when a 40 kB envelope goes that way
+    out = a.poll(10)
+    assert len(out) == 1 and out[0].seqs == [big] and out[0].acks[0]  # one bundle: the envelope and the ack
+    # small envelopes still fill bundles up to the aggregate size, the acks in the first
+    b.submit("gw1", b"again", 20)
+    for o in b.poll(20):
+        a.on_bundle(o.payload, 20)
+    a.consumed([d.id for d in a.take()])
+    seqs = [a.submit("gw4", os.urandom(6_000), 30) for _ in range(3)]
+    a.sched.paths["gw4"].window = 1 << 20
+    out = a.poll(30)
+    assert [o.seqs for o in out] == [seqs[:2], seqs[2:]] and out[0].acks[0] and not out[1].acks[0]
+
+
+def test_background_checkpoints_take_the_wal_copy_off_the_commits(tmp_path):
+    import os
+    import threading
+
+    path = tmp_path / "c.db"
+    st = CustodyStore(path, "gw1", background_checkpoints=True)
+    seqs = [st.submit("gw4", os.urandom(1_000_000), 0, 10**9) for _ in range(6)]
+    # 6 MB committed, past the 1,000 pages (4 MB) where a commit would have checkpointed itself
+    assert path.stat().st_size < 1_000_000
+    got = []
+    t = threading.Thread(target=lambda: got.append(st.checkpoint()))  # as the node does it
+    t.start()
+    t.join()
+    frames, copied = got[0]
+    assert frames > 1400 and copied == frames
+    assert path.stat().st_size > 6_000_000
+    st.submit("gw4", b"after", 0, 10**9)  # the store goes on; the WAL starts over
+    st.close()
+    again = CustodyStore(path, "gw1")
+    assert [i.seq for i in again.queued("gw4")][:6] == seqs and again.held_out()[0] == 7
