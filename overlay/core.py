@@ -21,7 +21,9 @@ log = logging.getLogger("c2dtn.overlay")
 # for more acks to gather) before they travel in a bundle of their own; many pending
 # go at once.
 ACK_BATCH = 256
-ACK_BYTES = 16 * 1024  # ... and at once after this much data from one origin (as TCP acks every other segment)
+ACK_BYTES = 16 * 1024  # ... and at once after this much data from one origin (as TCP acks every other segment),
+# or after half the initial window if that is less: a sender whose whole first window is smaller
+# than ACK_BYTES would otherwise wait out ack_delay_ms for every window of its slow start
 
 # An ack bundle lost on the way would make its origin resend what did arrive (a later
 # ack shows a gap) and, for a group, keep it in custody until a duplicate draws a new
@@ -58,6 +60,12 @@ class OverlayCore:
         self._next_hold_check = 0
         self._ack_since: dict[str, int] = {}  # origin -> when its oldest unsent ack was queued
         self._ack_bytes: dict[str, int] = {}  # origin -> data bytes received since its last ack
+        self._ack_count: dict[str, int] = {}  # origin -> data envelopes received since its last ack
+        # set when what arrived calls for planning now (acks came in, answers were queued, or
+        # acks are owed past ACK_BATCH / ACK_BYTES); otherwise data that arrived only owes
+        # acks after ack_delay_ms, which next_wakeup_ms() already says
+        self.poll_due = False
+        self._ack_bytes_due = min(ACK_BYTES, cfg.init_window // 2)
         self._acks_recent: dict[str, list[tuple[int, list[int], list[int]]]] = {}  # origin -> (sent, done, got)
 
     @property
@@ -90,7 +98,22 @@ class OverlayCore:
                 pings = pings or any(e.app == PING_APP and e.kind != Kind.ACK for e in envs)
             if self.answer_pings and pings:
                 self._pong(now_ms)
+        self.poll_due = self.poll_due or self._plan_now(opened, pings and self.answer_pings)
         return [res for res, _, _ in opened]
+
+    def _plan_now(self, opened: list, answered: bool) -> bool:
+        """Does what just arrived call for planning at once?  Answers were queued; acks came
+        from a peer something is queued for (its window moved); or acks are owed past
+        ACK_BATCH / ACK_BYTES (or half the initial window).  Else the acks owed wait for
+        ack_delay_ms (next_wakeup_ms)."""
+        if answered:
+            return True
+        if any(self._ack_bytes.get(s, 0) >= self._ack_bytes_due or self._ack_count.get(s, 0) >= ACK_BATCH
+               for _, s, envs in opened if envs):
+            return True
+        acked_by = {s for res, s, _ in opened if res.acks}
+        dsts = acked_by | {g for g, members in self.codec.groups.items() if acked_by & set(members)}
+        return self.store.has_unsent(dsts)
 
     def _open(self, payload: bytes) -> tuple[BundleResult, str, list[Envelope]]:
         """Check and open one bundle: (result so far, sender, the envelopes that passed)."""
@@ -136,6 +159,8 @@ class OverlayCore:
                 else:
                     r = self.store.receive(env, now_ms)
                     self._ack_bytes[sender] = self._ack_bytes.get(sender, 0) + len(env.body)
+                    self._ack_count[sender] = self._ack_count.get(sender, 0) + 1
+                    self._ack_since.setdefault(env.origin, now_ms)  # an ack is owed from now
                     res.data += 1
                     res.duplicates += r.outcome == "duplicate"
             except EnvelopeError as e:
@@ -160,7 +185,7 @@ class OverlayCore:
         for origin, (done, got) in acks.items():
             since = self._ack_since.setdefault(origin, now_ms)
             if (now_ms - since >= self.sched.cfg.ack_delay_ms or len(done) + len(got) >= ACK_BATCH
-                    or self._ack_bytes.get(origin, 0) >= ACK_BYTES):
+                    or self._ack_bytes.get(origin, 0) >= self._ack_bytes_due):
                 due.add(origin)
         fresh = {o: (list(d), list(g)) for o, (d, g) in acks.items()}
         for origin, (done, got) in acks.items():
@@ -194,6 +219,7 @@ class OverlayCore:
                     self.store.acks_sent(origin, done, got)
                     self._ack_since.pop(origin, None)
                     self._ack_bytes.pop(origin, None)
+                    self._ack_count.pop(origin, None)
                     if origin in fresh:
                         self._acks_recent.setdefault(origin, []).append((now_ms, *fresh.pop(origin)))
         return out

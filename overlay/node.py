@@ -57,7 +57,8 @@ class OverlayNode:
         if cfg.overlay:
             store = CustodyStore(cfg.custody_db, cfg.id, cfg.quota, cfg.groups, background_checkpoints=True)
             self.core = OverlayCore(store, Codec(cfg.id, cfg.keys, cfg.groups), cfg.scheduler)
-        self._wake = asyncio.Event()
+        self._signal = asyncio.Event()  # the pump: look again (plan now if _poll_now, else re-arm its timer)
+        self._poll_now = False
         self._inbox_event = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._runner: web.AppRunner | None = None
@@ -104,7 +105,7 @@ class OverlayNode:
         if self.core is not None:
             for ep in self._endpoints():
                 await self.agent.register(ep)
-        self._wake.set()
+        self.wake()
 
     def _endpoints(self) -> list[str]:
         """Our own endpoint, and one group endpoint per group we are in (dtn://<group>/~c2dtn:
@@ -157,11 +158,16 @@ class OverlayNode:
                     results.append(self.core.on_bundle(d.payload, now_ms()))
                 except Exception:
                     log.exception("processing a bundle from %s failed", d.src_node)
+        if self.core.poll_due:  # acks came in, answers were queued, or acks are owed at once
+            self.core.poll_due = False
+            self.wake()
+        elif any(res.data or res.acks for res in results):
+            # acks owed after the ack delay, or acks came in with nothing queued to send (a fast
+            # retransmission shows as a wake-up due now): the pump re-arms its timer
+            self._signal.set()
         for res in results:
-            if res.data or res.acks:
-                self._inbox_event.set()
-                self._wake.set()
             if res.data:
+                self._inbox_event.set()
                 for app, handler in self.app_handlers.items():
                     try:
                         handler()
@@ -184,19 +190,27 @@ class OverlayNode:
 
     def wake(self) -> None:
         """Something was submitted or consumed: plan again now."""
-        self._wake.set()
+        self._poll_now = True
+        self._signal.set()
 
     async def _pump(self) -> None:
         while True:
             wake = self.core.next_wakeup_ms()
             timeout = 1.0 if wake is None else max(0.0, min(1.0, (wake - now_ms()) / 1000))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            # let the tasks woken with us go first: an application's GET /recv answered by
-            # what just arrived is not held up by planning (which sends nothing sooner for it)
-            for _ in range(4):
-                await asyncio.sleep(0)
-            self._wake.clear()
+            timed_out = False
+            try:  # asyncio.timeout, not wait_for: no extra task, so a wake() runs the pump next
+                async with asyncio.timeout(timeout):
+                    await self._signal.wait()
+            except TimeoutError:
+                timed_out = True
+            self._signal.clear()
+            if not (self._poll_now or timed_out):
+                # only the timer moved (data arrived, its ack is not due yet): no planning now,
+                # which would hold up the application's GET /recv of that very data
+                wake = self.core.next_wakeup_ms()
+                if wake is None or wake > now_ms():
+                    continue
+            self._poll_now = False
             try:
                 out = self.core.poll(now_ms())
             except Exception:
@@ -215,7 +229,7 @@ class OverlayNode:
     def submit(self, dst: str, body: bytes, lifetime_ms: int, priority: Priority, supersede: str | None,
                app: str) -> int:
         seq = self.core.submit(dst, body, now_ms(), lifetime_ms, priority, supersede, app)
-        self._wake.set()
+        self.wake()
         return seq
 
     # -- local API -----------------------------------------------------------
@@ -265,8 +279,9 @@ class OverlayNode:
             if items or time.monotonic() >= deadline:
                 break
             self._inbox_event.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._inbox_event.wait(), max(0.01, deadline - time.monotonic()))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.01, deadline - time.monotonic())):
+                    await self._inbox_event.wait()
         out = [{"id": d.id, "origin": d.origin, "seq": d.seq, "priority": d.priority.name.lower(),
                 "created_ms": d.created_ms, "received_ms": d.received_ms, "supersede": d.supersede, "app": d.app,
                 "body": d.body} for d in items]
@@ -284,7 +299,7 @@ class OverlayNode:
         except (ValueError, KeyError, TypeError) as e:
             return web.json_response({"error": f"expected {{\"ids\": [...]}}: {e}"}, status=400)
         self.core.consumed(ids)
-        self._wake.set()  # acks to send
+        self.wake()  # acks to send
         return web.json_response({"ok": len(ids)})
 
     async def _api_status(self, req: web.Request) -> web.Response:

@@ -161,6 +161,7 @@ def lan(sizes: list[str], runs: int, rtt_count: int = 40) -> list[dict]:
                     row = {"size": name, "bytes": size, "run": r + 1}
                     bare, over = rtt_pairs(nodes, size, rtt_count)
                     row["bare_rtt_s"], row["overlay_rtt_s"] = statistics.median(bare), statistics.median(over)
+                    row["bare_rtts"], row["overlay_rtts"] = bare, over
                     row["bare_bps"] = bare_throughput(size, count)
                     row["overlay_bps"], _ = overlay_throughput(nodes, size, count)
                     rows.append(row)
@@ -191,20 +192,24 @@ def tactical(profile: str = "cnr-tactical-2", total_bytes: int = 60_000, body: i
 
 def report(rows: list[dict], tac: dict | None, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    t = Table(title="overlay vs bare dtnd on lan (nps-chain, 4 dtnd hops), medians over runs")
-    for c in ("payload", "bare throughput", "overlay throughput", "ratio (>= 0.8)", "bare RTT", "overlay RTT",
-              "ratio (<= 1.5)", "runs"):
+    t = Table(title="overlay vs bare dtnd on lan (nps-chain, 4 dtnd hops): medians over runs, ratios per run "
+                    "(round trips: bare and overlay pings taking turns)")
+    for c in ("payload", "bare throughput", "overlay throughput", "ratio (>= 0.8)", "min-max", "bare RTT",
+              "overlay RTT", "ratio (<= 1.5)", "min-max", "runs"):
         t.add_column(c, justify="right")
     summary = []
     for name in dict.fromkeys(r["size"] for r in rows):
         rs = [r for r in rows if r["size"] == name]
         med = {k: statistics.median(r[k] for r in rs) for k in ("bare_bps", "overlay_bps", "bare_rtt_s", "overlay_rtt_s")}
-        tr = statistics.median(r["overlay_bps"] / r["bare_bps"] for r in rs)
-        rr = statistics.median(r["overlay_rtt_s"] / r["bare_rtt_s"] for r in rs)
-        summary.append({"size": name, **med, "throughput_ratio": tr, "rtt_ratio": rr, "runs": len(rs)})
+        trs = sorted(r["overlay_bps"] / r["bare_bps"] for r in rs)
+        rrs = sorted(r["overlay_rtt_s"] / r["bare_rtt_s"] for r in rs)
+        tr, rr = statistics.median(trs), statistics.median(rrs)
+        summary.append({"size": name, **med, "throughput_ratio": tr, "rtt_ratio": rr, "runs": len(rs),
+                        "throughput_ratio_min": trs[0], "throughput_ratio_max": trs[-1],
+                        "rtt_ratio_min": rrs[0], "rtt_ratio_max": rrs[-1]})
         t.add_row(name, f"{med['bare_bps'] / 1e6:.2f} Mbit/s", f"{med['overlay_bps'] / 1e6:.2f} Mbit/s",
-                  f"{tr:.2f}", f"{med['bare_rtt_s'] * 1000:.1f} ms", f"{med['overlay_rtt_s'] * 1000:.1f} ms",
-                  f"{rr:.2f}", str(len(rs)))
+                  f"{tr:.2f}", f"{trs[0]:.2f}-{trs[-1]:.2f}", f"{med['bare_rtt_s'] * 1000:.1f} ms",
+                  f"{med['overlay_rtt_s'] * 1000:.1f} ms", f"{rr:.2f}", f"{rrs[0]:.2f}-{rrs[-1]:.2f}", str(len(rs)))
     if rows:
         console.print(t)
     if tac:
@@ -220,10 +225,11 @@ def report(rows: list[dict], tac: dict | None, out: Path) -> None:
                                                   "scheduler": SCHEDULER}, indent=1))
     with open(out / "summary.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["size", "bare_bps", "overlay_bps", "throughput_ratio", "bare_rtt_s", "overlay_rtt_s", "rtt_ratio"])
+        cols = ["size", "bare_bps", "overlay_bps", "throughput_ratio", "throughput_ratio_min", "throughput_ratio_max",
+                "bare_rtt_s", "overlay_rtt_s", "rtt_ratio", "rtt_ratio_min", "rtt_ratio_max", "runs"]
+        w.writerow(cols)
         for s in summary:
-            w.writerow([s["size"], s["bare_bps"], s["overlay_bps"], s["throughput_ratio"], s["bare_rtt_s"],
-                        s["overlay_rtt_s"], s["rtt_ratio"]])
+            w.writerow([s[c] for c in cols])
     if summary:
         plt = pyplot()
 

@@ -451,3 +451,12 @@ def test_background_checkpoints_take_the_wal_copy_off_the_commits(tmp_path):
     st.close()
     again = CustodyStore(path, "gw1")
     assert [i.seq for i in again.queued("gw4")][:6] == seqs and again.held_out()[0] == 7
+
+
+def test_a_burst_bigger_than_the_first_window_is_not_held_up_by_the_ack_delay(tmp_path):
+    # 20 kB of routine orders, an 8 kB first window, acks delayed 100 ms unless owed for
+    # half a window's worth: the burst is through in a few round trips of 10 ms
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    sent = [a.submit("gw4", b"%04d" % i + bytes(996), 0) for i in range(20)]
+    got = run({"gw1": a, "gw4": b}, Net(delay_ms=5), until_ms=60, step_ms=1)
+    assert [d.seq for d in got["gw4"]] == sent

@@ -1,0 +1,30 @@
+"""perf overlay's report: medians over runs, ratios per run with their spread, CSV, plot data."""
+
+import csv
+import json
+
+from perf import overlay_bench as ob
+
+
+def test_report_gives_median_ratios_with_their_spread_and_a_plot_of_the_medians(tmp_path, capsys):
+    rows = []
+    for run, (bare_rtt, over_rtt, bare_bps, over_bps) in enumerate(
+            [(0.010, 0.014, 3e6, 2.7e6), (0.012, 0.018, 2e6, 2.0e6), (0.011, 0.0143, 2.5e6, 2.0e6)], 1):
+        rows.append({"size": "1k", "bytes": 1000, "run": run, "bare_rtt_s": bare_rtt, "overlay_rtt_s": over_rtt,
+                     "bare_bps": bare_bps, "overlay_bps": over_bps})
+    rows.append({"size": "1M", "bytes": 10**6, "run": 1, "bare_rtt_s": 0.080, "overlay_rtt_s": 0.100,
+                 "bare_bps": 150e6, "overlay_bps": 140e6})
+    ob.report(rows, None, tmp_path)
+    (s1k, s1m) = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    # per-run round-trip ratios 1.4, 1.5, 1.3: median 1.4 (not the ratio of the medians, 14.3/11)
+    assert abs(float(s1k["rtt_ratio"]) - 1.4) < 1e-9
+    assert (round(float(s1k["rtt_ratio_min"]), 3), round(float(s1k["rtt_ratio_max"]), 3)) == (1.3, 1.5)
+    assert (float(s1k["throughput_ratio"]), float(s1k["throughput_ratio_min"])) == (0.9, 0.8)
+    assert s1k["runs"] == "3" and abs(float(s1m["rtt_ratio"]) - 1.25) < 1e-9
+    out = capsys.readouterr().out
+    assert "1.40" in out and "1.30-1.50" in out and "0.80-1.00" in out
+    tp, rtt = json.loads((tmp_path / "plot.json").read_text())
+    over = next(x for x in rtt["series"] if x["label"] == "c2dtn overlay")
+    assert over["y"] == [14.3, 100.0]  # median round trips in ms, by payload
+    bare = next(x for x in tp["series"] if x["label"] == "bare dtnd")
+    assert bare["y"] == [2.5, 150.0]  # median throughput in Mbit/s
