@@ -36,7 +36,10 @@ from perf.plots import pyplot, save_figure
 console = Console(width=None if sys.stdout.isatty() else 140)
 BPA = ["gw1", "r2", "r3", "gw4"]
 SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
-COUNTS = {"1k": 300, "10k": 150, "100k": 40, "1M": 8}
+# envelopes (and bundles) per throughput run: about 3 s of transfer each, so that a stall of
+# a few hundred milliseconds on a shared machine does not decide a run (at 40 x 100 kB, runs
+# of 1.5 s, the same code measured 0.57 to 1.14 of bare)
+COUNTS = {"1k": 800, "10k": 400, "100k": 100, "1M": 24}
 
 
 
