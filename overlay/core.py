@@ -103,9 +103,9 @@ class OverlayCore:
 
     def _plan_now(self, opened: list, answered: bool) -> bool:
         """Does what just arrived call for planning at once?  Answers were queued; acks came
-        from a peer something is queued for (its window moved); or acks are owed past
-        ACK_BATCH / ACK_BYTES (or half the initial window).  Else the acks owed wait for
-        ack_delay_ms (next_wakeup_ms)."""
+        from a peer something is queued or still under way for (its window moved, a tail
+        probe is to be timed again); or acks are owed past ACK_BATCH / ACK_BYTES (or half
+        the initial window).  Else the acks owed wait for ack_delay_ms (next_wakeup_ms)."""
         if answered:
             return True
         if any(self._ack_bytes.get(s, 0) >= self._ack_bytes_due or self._ack_count.get(s, 0) >= ACK_BATCH
@@ -113,7 +113,7 @@ class OverlayCore:
             return True
         acked_by = {s for res, s, _ in opened if res.acks}
         dsts = acked_by | {g for g, members in self.codec.groups.items() if acked_by & set(members)}
-        return self.store.has_unsent(dsts)
+        return self.store.has_pending(dsts)
 
     def _open(self, payload: bytes) -> tuple[BundleResult, str, list[Envelope]]:
         """Check and open one bundle: (result so far, sender, the envelopes that passed)."""

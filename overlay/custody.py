@@ -370,10 +370,10 @@ class CustodyStore:
                 self._report(seq, dst, "superseded", now_ms, created, sup)
         return len(rows)
 
-    def has_unsent(self, dsts: Iterable[str]) -> bool:
-        """Is anything for these destinations accepted and not yet handed to the BPA?"""
-        return any(self.db.execute("SELECT 1 FROM outbox WHERE dst=? AND inflight=0 LIMIT 1", (d,)).fetchone()
-                   for d in dsts)
+    def has_pending(self, dsts: Iterable[str]) -> bool:
+        """Is anything for these destinations not yet sent, or sent and not yet there?"""
+        return any(self.db.execute("SELECT 1 FROM outbox WHERE dst=? AND (inflight=0 OR received=0) LIMIT 1",
+                                   (d,)).fetchone() for d in dsts)
 
     def next_retry_ms(self) -> int | None:
         row = self.db.execute("SELECT min(retry_ms) FROM outbox WHERE inflight=1 AND received=0").fetchone()

@@ -37,6 +37,11 @@ ENDPOINT = "c2dtn"
 
 RECEIVE_BATCH = 64  # bundles taken in one commit at most
 CHECKPOINT_EVERY_S = 0.5
+# Priority and routine envelopes submitted within this long of each other are planned
+# together (one bundle, one hand-over to the BPA, instead of one each: a stream of small
+# envelopes reached 0.78 of bare dtnd's throughput planned one by one); flash and immediate
+# ones are planned at once.
+SUBMIT_GATHER_S = 0.002
 
 
 def group_eid(group: str) -> str:
@@ -59,6 +64,7 @@ class OverlayNode:
             self.core = OverlayCore(store, Codec(cfg.id, cfg.keys, cfg.groups), cfg.scheduler)
         self._signal = asyncio.Event()  # the pump: look again (plan now if _poll_now, else re-arm its timer)
         self._poll_now = False
+        self._soon: asyncio.TimerHandle | None = None
         self._inbox_event = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._runner: web.AppRunner | None = None
@@ -229,8 +235,15 @@ class OverlayNode:
     def submit(self, dst: str, body: bytes, lifetime_ms: int, priority: Priority, supersede: str | None,
                app: str) -> int:
         seq = self.core.submit(dst, body, now_ms(), lifetime_ms, priority, supersede, app)
-        self.wake()
+        if priority <= Priority.IMMEDIATE:
+            self.wake()
+        elif self._soon is None:  # planned a moment later, with whatever else is submitted meanwhile
+            self._soon = asyncio.get_running_loop().call_later(SUBMIT_GATHER_S, self._wake_soon)
         return seq
+
+    def _wake_soon(self) -> None:
+        self._soon = None
+        self.wake()
 
     # -- local API -----------------------------------------------------------
     async def _serve_api(self) -> None:

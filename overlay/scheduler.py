@@ -58,6 +58,7 @@ class Path:
     min_rtt_ms: float | None = None
     last_ack_ms: int = 0  # when an ack last showed progress
     probed: bool = False  # a tail probe went since then
+    reo_steps: int = 1  # reordering window in quarters of the minimum round trip (RFC 8985 6.2)
 
     def sample(self, rtt_ms: float, cfg: SchedulerConfig) -> None:
         self.min_rtt_ms = rtt_ms if self.min_rtt_ms is None else min(self.min_rtt_ms, rtt_ms)
@@ -240,11 +241,20 @@ class Scheduler:
             # an ack proves the path works: what timed out into an outage need not
             # wait out its backed-off timer any longer than one fresh timeout
             self.store.pull_in_retries(dst, now_ms + int(p.rto_ms))
-            newest = max((it.sent_ms for it in items if it.sent_ms is not None), default=None)
+            # RACK (RFC 8985): what was sent well before the newest envelope that arrived, and
+            # has not arrived itself, is lost.  Only envelopes sent once say when "newest" was
+            # sent: an ack for a resent one may be for its first copy (as Karn's rule for RTT).
+            newest = max((it.sent_ms for it in fresh), default=None)
             if newest is not None:
-                # a reordering window as RACK's (RFC 8985 6.2: a quarter of the minimum round
-                # trip): a BPA that hands over bundles a little out of order is not a loss
-                reo = int(p.min_rtt_ms / 4) if p.min_rtt_ms else 0
+                # the reordering window, a quarter of the minimum round trip to start with (a
+                # BPA that hands bundles over a little out of order is not losing them), one
+                # quarter more each time a resent envelope proves to have arrived anyway
+                # (acked sooner after the resend than any round trip), up to the smoothed RTT
+                spurious = [it for it in items if it.attempts > 1 and it.sent_ms is not None
+                            and p.min_rtt_ms and now_ms - it.sent_ms < p.min_rtt_ms]
+                if spurious and p.srtt_ms and p.min_rtt_ms and p.reo_steps * p.min_rtt_ms / 4 < p.srtt_ms:
+                    p.reo_steps += 1
+                reo = int(p.reo_steps * p.min_rtt_ms / 4) if p.min_rtt_ms else 0
                 self.store.fast_retransmit(dst, newest - reo, now_ms, member=None if dst == sender else sender)
             nbytes = sum(it.size for it in items)
             if p.window < p.ssthresh:

@@ -460,3 +460,21 @@ def test_a_burst_bigger_than_the_first_window_is_not_held_up_by_the_ack_delay(tm
     sent = [a.submit("gw4", b"%04d" % i + bytes(996), 0) for i in range(20)]
     got = run({"gw1": a, "gw4": b}, Net(delay_ms=5), until_ms=60, step_ms=1)
     assert [d.seq for d in got["gw4"]] == sent
+
+
+def test_an_ack_for_a_resent_envelope_does_not_make_what_followed_its_first_copy_lost(tmp_path):
+    # env 1 goes at 0 and again at 100 (a probe); env 2 goes at 50 and is still on its way
+    # when env 1's first copy, merely slow, arrives: its ack may be for either copy, so it
+    # says nothing about env 2 (RACK only trusts envelopes sent once)
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    s1 = a.submit("gw4", b"one", 0)
+    first = a.poll(0)
+    s2 = a.submit("gw4", b"two", 50)
+    assert [o.seqs for o in a.poll(50)] == [[s2]]
+    a.store.probe(s1, 100)
+    assert [o.seqs for o in a.poll(100)] == [[s1]]
+    b.on_bundle(first[0].payload, 101)
+    acks = b.poll(300)  # after the ack delay
+    assert acks and a.on_bundle(acks[0].payload, 310).acks == 1
+    assert a.store.count("fast_retransmits") == 0
+    assert not any(s2 in o.seqs for o in a.poll(310))
