@@ -241,19 +241,19 @@ class Scheduler:
             # an ack proves the path works: what timed out into an outage need not
             # wait out its backed-off timer any longer than one fresh timeout
             self.store.pull_in_retries(dst, now_ms + int(p.rto_ms))
-            # RACK (RFC 8985): what was sent well before the newest envelope that arrived, and
-            # has not arrived itself, is lost.  Only envelopes sent once say when "newest" was
-            # sent: an ack for a resent one may be for its first copy (as Karn's rule for RTT).
+            # RACK's reordering window (RFC 8985 6.2): a quarter of the minimum round trip to start with (a BPA
+            # that hands bundles over a little out of order is not losing them), one quarter
+            # more each time a resent envelope proves to have arrived anyway (acked sooner
+            # after the resend than any round trip), up to the smoothed round trip
+            spurious = any(it.attempts > 1 and it.sent_ms is not None and p.min_rtt_ms
+                           and now_ms - it.sent_ms < p.min_rtt_ms for it in items)
+            if spurious and p.srtt_ms and p.reo_steps * p.min_rtt_ms / 4 < p.srtt_ms:
+                p.reo_steps += 1
+            # RACK: what was sent well before the newest envelope that arrived, and has not
+            # arrived itself, is lost.  Only envelopes sent once say when "newest" was sent: an
+            # ack for a resent one may be for its first copy (as Karn's rule for RTT samples).
             newest = max((it.sent_ms for it in fresh), default=None)
             if newest is not None:
-                # the reordering window, a quarter of the minimum round trip to start with (a
-                # BPA that hands bundles over a little out of order is not losing them), one
-                # quarter more each time a resent envelope proves to have arrived anyway
-                # (acked sooner after the resend than any round trip), up to the smoothed RTT
-                spurious = [it for it in items if it.attempts > 1 and it.sent_ms is not None
-                            and p.min_rtt_ms and now_ms - it.sent_ms < p.min_rtt_ms]
-                if spurious and p.srtt_ms and p.min_rtt_ms and p.reo_steps * p.min_rtt_ms / 4 < p.srtt_ms:
-                    p.reo_steps += 1
                 reo = int(p.reo_steps * p.min_rtt_ms / 4) if p.min_rtt_ms else 0
                 self.store.fast_retransmit(dst, newest - reo, now_ms, member=None if dst == sender else sender)
             nbytes = sum(it.size for it in items)

@@ -478,3 +478,33 @@ def test_an_ack_for_a_resent_envelope_does_not_make_what_followed_its_first_copy
     assert acks and a.on_bundle(acks[0].payload, 310).acks == 1
     assert a.store.count("fast_retransmits") == 0
     assert not any(s2 in o.seqs for o in a.poll(310))
+
+
+def test_the_reordering_window_widens_after_a_resend_proves_spurious(tmp_path):
+    import os
+
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+
+    def deliver(outs, at):  # bundles reach gw4 at `at`; its acks (5 kB owed: at once) reach gw1 5 ms later
+        for o in outs:
+            b.on_bundle(o.payload, at)
+        for o in b.poll(at):
+            a.on_bundle(o.payload, at + 5)
+
+    def send(t):
+        s = a.submit("gw4", os.urandom(5000), t)
+        out = a.poll(t)
+        assert [o.seqs for o in out] == [[s]]
+        return s, out
+
+    deliver(send(0)[1], 15)  # a round trip of 20 ms
+    s1, first = send(100)
+    s2, second = send(110)
+    deliver(second, 120)  # the BPA hands the later bundle over first: s1 looks lost ...
+    assert a.store.count("fast_retransmits") == 1 and [o.seqs for o in a.poll(125)] == [[s1]]
+    deliver(first, 127)  # ... but its first copy arrives, 7 ms after the resend: it was not lost
+    s3, third = send(200)
+    s4, fourth = send(205)
+    deliver(fourth, 215)  # the same 5 ms of reordering again: inside the wider window now
+    assert a.store.count("fast_retransmits") == 1
+    assert not any(s3 in o.seqs for o in a.poll(221))

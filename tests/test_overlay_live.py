@@ -145,6 +145,13 @@ def test_malformed_bundles_from_a_peer_are_counted_and_dropped(chain):
     lines = [l for l in nodes.log("gw4").splitlines() if "rejected" in l]
     assert len(lines) == len(garbage)
     assert nodes.procs["gw4"].poll() is None  # still running
+    # and still answers: c2dtn ping through the radio link, each round trip printed
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "c2dtn.cli", "ping", str(nodes.paths["gw1"]), "gw4", "--count", "3",
+                        "--interval", "0", "--size", "500", "--timeout", "60"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("500 bytes from gw4") == 3 and "3/3 answered" in r.stdout
 
 
 def test_supervisor_restarts_a_dead_agent_and_delivery_resumes(chain):
