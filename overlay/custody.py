@@ -220,11 +220,13 @@ class CustodyStore:
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._ckpt_db: sqlite3.Connection | None = None
         self._ckpt_lock = threading.Lock()
+        self._closed = False
         if background_checkpoints:
             self.db.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
 
     def close(self) -> None:
         with self._ckpt_lock:  # not under a checkpoint running in another thread
+            self._closed = True
             if self._ckpt_db is not None:
                 self._ckpt_db.close()
                 self._ckpt_db = None
@@ -234,6 +236,8 @@ class CustodyStore:
         """Copy what the WAL holds into the database file (PASSIVE); safe to call from one
         other thread than the store's own.  Returns (frames in the WAL, frames copied)."""
         with self._ckpt_lock:
+            if self._closed:  # a call queued in an executor before close() ran
+                return 0, 0
             if self._ckpt_db is None:
                 self._ckpt_db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
                 self._ckpt_db.execute("PRAGMA synchronous=FULL")

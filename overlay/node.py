@@ -5,7 +5,8 @@ core with the BPA's deliveries and the clock, hands the BPA what the core
 plans, and serves local applications on a Unix socket in the storage folder
 (HTTP: POST /send, GET /recv, POST /consumed, GET /status), reachable from any
 network namespace.  GET /recv answers JSON (bodies in base64), or CBOR (bodies as
-byte strings) to a client that sends Accept: application/cbor.  The core answers envelopes of app "ping" with "pong".
+byte strings) to a client that sends Accept: application/cbor.  The core answers
+envelopes of app "ping" with "pong".
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class OverlayNode:
         for ext in self.extensions:
             with contextlib.suppress(Exception):
                 await ext.stop()
+        if self._soon is not None:
+            self._soon.cancel()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
