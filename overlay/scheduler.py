@@ -241,10 +241,10 @@ class Scheduler:
             # an ack proves the path works: what timed out into an outage need not
             # wait out its backed-off timer any longer than one fresh timeout
             self.store.pull_in_retries(dst, now_ms + int(p.rto_ms))
-            # RACK's reordering window (RFC 8985 6.2): a quarter of the minimum round trip to start with (a BPA
-            # that hands bundles over a little out of order is not losing them), one quarter
-            # more each time a resent envelope proves to have arrived anyway (acked sooner
-            # after the resend than any round trip), up to the smoothed round trip
+            # RACK's reordering window (RFC 8985 6.2): a quarter of the minimum round trip to
+            # start with (a BPA that hands bundles over a little out of order is not losing
+            # them), one quarter more each time a resent envelope proves to have arrived anyway
+            # (acked sooner after the resend than any round trip), up to the smoothed round trip
             spurious = any(it.attempts > 1 and it.sent_ms is not None and p.min_rtt_ms
                            and now_ms - it.sent_ms < p.min_rtt_ms for it in items)
             if spurious and p.srtt_ms and p.reo_steps * p.min_rtt_ms / 4 < p.srtt_ms:

@@ -42,8 +42,6 @@ SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
 COUNTS = {"1k": 800, "10k": 400, "100k": 100, "1M": 24}
 
 
-
-
 def rtt_pairs(nodes: Nodes, size: int, count: int) -> tuple[list[float], list[float]]:
     """(bare, overlay) round trips, `count` of each, taking turns: one bare dtnd ping
     (perf.dtnd_client rtt --stepped, answered by an echo client on gw4), then one
@@ -84,8 +82,8 @@ def bare_throughput(size: int, count: int) -> float:
 
 
 def overlay_rtt(nodes: Nodes, size: int, count: int) -> list[float]:
-    """Round trips as bare_rtt's: from handing the ping over to having the answer in
-    hand (GET /recv returned it).  The application's POST /consumed (its ack to the
+    """Round trips as the bare pinger's: from handing the ping over to having the answer
+    in hand (GET /recv returned it).  The application's POST /consumed (its ack to the
     overlay, which dtnd's delivery has no counterpart of) follows, outside the time."""
     from urllib.parse import urlencode
 
