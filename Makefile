@@ -11,19 +11,20 @@ BIN := $(VENV)/bin
 APT_NEEDS := ip:iproute2 tc:iproute2 ethtool:ethtool ping:iputils-ping curl:curl nft:nftables \
   mosquitto:mosquitto mosquitto_pub:mosquitto-clients
 
-# dtn7-rs is built once per version into a cache outside the clone (about 4
-# minutes) and linked into .tools/; a fresh clone on the same machine reuses it.
+# dtn7-rs is built once per version into a cache outside the clone (about 7
+# minutes on a fresh machine) and linked into .tools/; a fresh clone on the same machine reuses it.
 DTN7_VERSION := 0.21.0
 C2DTN_CACHE ?= $(HOME)/.cache/c2dtn
 DTN7_ROOT := $(C2DTN_CACHE)/dtn7-$(DTN7_VERSION)
 
-.PHONY: demo test deps apt venv tools clean down
+.PHONY: demo test deps apt venv tools clean down lock
 
 demo: deps
 	$(BIN)/c2dtn perf bft
 
+# -v: each test's name as it starts (the live tests take minutes each), and the suite's progress
 test: deps
-	$(BIN)/pytest -ra
+	$(BIN)/pytest -ra -v --durations=10
 
 deps: apt venv tools
 
@@ -32,7 +33,7 @@ tools: $(DTN7_ROOT)/bin/dtnd
 
 $(DTN7_ROOT)/bin/dtnd:
 	@command -v cargo >/dev/null || { echo "cargo (Rust) is needed to build dtn7-rs $(DTN7_VERSION)" >&2; exit 1; }
-	@echo "building dtn7-rs $(DTN7_VERSION) into $(DTN7_ROOT) (once per machine, about 4 minutes)"
+	@echo "building dtn7-rs $(DTN7_VERSION) into $(DTN7_ROOT) (once per machine, about 7 minutes)"
 	rm -rf $(DTN7_ROOT).partial
 	cargo install dtn7 --version $(DTN7_VERSION) --locked --root $(DTN7_ROOT).partial
 	rm -rf $(DTN7_ROOT) && mv $(DTN7_ROOT).partial $(DTN7_ROOT)
@@ -51,11 +52,21 @@ apt:
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# The exact versions come from the lock file (requirements/dev.lock: the box's dependencies
+# plus the [perf] and [test] extras), so the versions behind a published figure can be named.
+$(VENV)/.installed: pyproject.toml requirements/dev.lock
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "c2dtn needs Python 3.11 or newer, found " + sys.version' 
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.lock
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
+
+# Re-resolve the lock files after a change of pyproject.toml's dependencies (pip-tools).
+LOCK_FLAGS := --strip-extras --no-emit-index-url --no-emit-find-links --unsafe-package c2dtn
+lock: venv
+	$(BIN)/pip install -q --disable-pip-version-check pip-tools
+	$(BIN)/pip-compile -q $(LOCK_FLAGS) -o requirements/box.lock pyproject.toml
+	$(BIN)/pip-compile -q $(LOCK_FLAGS) --extra perf --extra test -o requirements/dev.lock pyproject.toml
 
 down: venv
 	$(BIN)/c2dtn topo down

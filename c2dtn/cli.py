@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import click
@@ -16,15 +17,40 @@ def cli() -> None:
     """c2dtn: MQTT and CoAP C2 traffic over disrupted tactical links, carried as DTN bundles."""
 
 
+PERF_EXTRA = ("rich", "matplotlib", "paho")  # what pyproject's [perf] extra brings
+
+
+def _needs_extra(name: str, missing: str) -> click.Command:
+    """Stands in for a command group whose extra is not installed (a gateway box has none)."""
+
+    @click.command(name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+                   add_help_option=False)
+    def stand_in() -> None:
+        raise click.ClickException(f"`c2dtn {name}` is part of the testbed and benchmarks and needs {missing}, "
+                                   "which a gateway box does not install: pip install 'c2dtn[perf]'")
+
+    stand_in.help = f"(needs the [perf] extra: {missing} is not installed)"
+    return stand_in
+
+
 def _register() -> None:
-    from ip_gateway.cli import gateway
-    from overlay.cli import node, ping_cmd, recv_cmd, send_cmd
-    from perf.cli import perf
-    from topologies.cli import topo
+    from c2dtn.ip_gateway.cli import gateway
+    from c2dtn.overlay.cli import node, ping_cmd, recv_cmd, send_cmd
 
-    for cmd in (topo, node, gateway, send_cmd, recv_cmd, ping_cmd, perf):
+    for cmd in (node, gateway, send_cmd, recv_cmd, ping_cmd):
         cli.add_command(cmd)
+    # the testbed and perf: only where their extra is installed (a gateway box has none of it)
+    missing = next((m for m in PERF_EXTRA if importlib.util.find_spec(m) is None), None)
+    if missing:
+        cli.add_command(_needs_extra("topo", missing))
+        cli.add_command(_needs_extra("perf", missing))
+        return
+    from c2dtn.perf.cli import perf
+    from c2dtn.topologies.cli import node_configs_cmd, topo
 
+    cli.add_command(topo)
+    cli.add_command(perf)
+    node.add_command(node_configs_cmd)
 
 _register()
 

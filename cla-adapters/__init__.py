@@ -1,6 +1,6 @@
 """cla_adapters: convergence-layer specs (`tcpcl://host:port`, `udp://…`, `mtcp://…`)
 and their translation to each BPA's own configuration."""
 
-from cla_adapters.spec import ClaSpec, parse_cla
+from c2dtn.cla_adapters.spec import ClaSpec, parse_cla
 
 __all__ = ["ClaSpec", "parse_cla"]

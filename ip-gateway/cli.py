@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
-from rich.table import Table
 
+from c2dtn.tables import render
 from c2dtn.errors import ConfigError
 
 
@@ -17,8 +16,8 @@ def gateway() -> None:
 
 
 def _load(config: str):
-    from ip_gateway.policy import parse_gateway
-    from overlay.config import load_node_config
+    from c2dtn.ip_gateway.policy import parse_gateway
+    from c2dtn.overlay.config import load_node_config
 
     cfg = load_node_config(config)
     if cfg.gateway is None:
@@ -35,8 +34,8 @@ def run_cmd(config: str, verbose: bool) -> None:
     """Run the node with its MQTT gateway until SIGTERM."""
     import logging
 
-    from ip_gateway.gateway import MqttGateway
-    from overlay.node import run_node
+    from c2dtn.ip_gateway.gateway import MqttGateway
+    from c2dtn.overlay.node import run_node
 
     cfg, gcfg = _load(config)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s")
@@ -48,29 +47,24 @@ def run_cmd(config: str, verbose: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the raw status")
 def status_cmd(config: str, as_json: bool) -> None:
     """Client sessions, queues per class and destination, custody counts, link state."""
-    from overlay.cli import api
+    from c2dtn.overlay.cli import api
 
     st = api(config, "GET", "/status")
     if as_json:
         click.echo(json.dumps(st, indent=1))
         return
-    c = Console()
     g = st.get("mqtt", {})
-    t = Table(title=f"gateway {st['node']}: MQTT sessions")
-    for col in ("client", "side", "broker", "connected", "subscriptions"):
-        t.add_column(col)
-    for cl in g.get("clients", []):
-        t.add_row(cl, "near", "", "yes", "")
-    for k, f in g.get("sessions_far", {}).items():
-        t.add_row(k, "far", f["broker"], "yes" if f["connected"] else "no", ", ".join(f["subs"]))
-    c.print(t)
-    q = Table(title="queues (custody)")
-    for col in ("destination", "class", "queued", "in flight", "bytes"):
-        q.add_column(col, justify="right")
-    for r in st.get("queues", []):
-        q.add_row(r["dst"], r["priority"], str(r["queued"]), str(r["in_flight"]), str(r["bytes"]))
-    c.print(q)
-    peers = ", ".join(f"{p['name']} ({p['cla']})" for p in st.get("peers", [])) or "none"
-    c.print(f"peers: {peers}")
-    c.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted({**st.get('counters', {}),
-                                                                     **g.get('counters', {})}.items())))
+    rows = [(cl, "near", "", "yes", "") for cl in g.get("clients", [])]
+    rows += [(k, "far", f["broker"], "yes" if f["connected"] else "no", ", ".join(f["subs"]))
+             for k, f in g.get("sessions_far", {}).items()]
+    click.echo(render(("client", "side", "broker", "connected", "subscriptions"), rows,
+                      title=f"gateway {st['node']}: MQTT sessions"))
+    click.echo()
+    click.echo(render(("destination", "class", "queued", "in flight", "bytes"),
+                      [(r["dst"], r["priority"], r["queued"], r["in_flight"], r["bytes"]) for r in st.get("queues", [])],
+                      title="queues (custody)", right=(2, 3, 4)))
+    click.echo()
+    peers = ", ".join(f"{p['node']} ({p['cla']})" for p in st.get("peers", [])) or "none"
+    click.echo(f"peers: {peers}")
+    click.echo("counters: " + ", ".join(f"{k} {v}" for k, v in sorted({**st.get('counters', {}),
+                                                                      **g.get('counters', {})}.items())))

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 
 import cbor2
 
-from ip_gateway import mqtt as m
-from ip_gateway import session as s
-from ip_gateway.policy import BridgeConfig, GatewayConfig, TopicRule
-from overlay.custody import Delivery, QuotaExceeded
-from overlay.envelope import Priority
-from overlay.node import now_ms
+from c2dtn.ip_gateway import mqtt as m
+from c2dtn.ip_gateway import session as s
+from c2dtn.ip_gateway.policy import BridgeConfig, GatewayConfig, TopicRule
+from c2dtn.overlay.custody import Delivery, QuotaExceeded
+from c2dtn.overlay.envelope import Priority
+from c2dtn.overlay.node import now_ms
 
 log = logging.getLogger("c2dtn.gateway")
 
@@ -539,7 +539,7 @@ class MqttGateway:
             self._servers.append(srv)
             log.info("MQTT listener on %s:%d for broker %s:%d", *self.cfg.listen, *self.cfg.broker)
         if self.cfg.tproxy:
-            from ip_gateway import tproxy
+            from c2dtn.ip_gateway import tproxy
 
             self._tproxy = tproxy.install(self.cfg.tproxy_port)
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -562,7 +562,7 @@ class MqttGateway:
         for f in [*self.far.values(), *([self.bridge] if self.bridge else [])]:
             f.cancel()
         if self._tproxy:
-            from ip_gateway import tproxy
+            from c2dtn.ip_gateway import tproxy
 
             tproxy.remove(self._tproxy)
 

@@ -40,8 +40,8 @@ from typing import Any
 
 from c2dtn.errors import ConfigError
 from c2dtn.tomlfile import check_name, check_table
-from ip_gateway.mqtt import MqttError, check_topic_filter, topic_matches
-from overlay.envelope import Priority
+from c2dtn.ip_gateway.mqtt import MqttError, check_topic_filter, topic_matches
+from c2dtn.overlay.envelope import Priority
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import cbor2
 
-from ip_gateway import mqtt as m
+from c2dtn.ip_gateway import mqtt as m
 
 APP = "mqtt"
 OPS = ("conn", "sub", "unsub", "pub", "disc", "msg", "bpub")

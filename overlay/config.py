@@ -46,9 +46,9 @@ from typing import Any
 
 from c2dtn.errors import ConfigError
 from c2dtn.tomlfile import check_name, check_table, read_toml
-from cla_adapters import ClaSpec, parse_cla
-from overlay.custody import Quota
-from overlay.scheduler import SchedulerConfig
+from c2dtn.cla_adapters import ClaSpec, parse_cla
+from c2dtn.overlay.custody import Quota
+from c2dtn.overlay.scheduler import SchedulerConfig
 
 AGENTS = ("dtn7",)
 ROUTING = ("static", "epidemic")

@@ -10,10 +10,10 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from overlay.custody import CustodyStore, Delivery, QuotaExceeded
-from overlay.envelope import (Codec, Envelope, EnvelopeError, Kind, Priority, decode_ack_body,
+from c2dtn.overlay.custody import CustodyStore, Delivery, QuotaExceeded
+from c2dtn.overlay.envelope import (Codec, Envelope, EnvelopeError, Kind, Priority, decode_ack_body,
                               decode_group_ack_body)
-from overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
+from c2dtn.overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
 
 log = logging.getLogger("c2dtn.overlay")
 

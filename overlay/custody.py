@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from c2dtn.errors import C2Error
-from overlay.envelope import Envelope, Kind, Priority
+from c2dtn.overlay.envelope import Envelope, Kind, Priority
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox(

@@ -374,9 +374,9 @@ def _dictionary(raw: bytes):
 
 @functools.cache
 def builtin_dictionary(version: int = 2) -> bytes:
-    """A zstd dictionary for position reports that ships with c2dtn (overlay/train_dict.py)."""
+    """A zstd dictionary for position reports that ships with c2dtn (perf/train_dict.py)."""
     name = "position-reports.zdict" if version == 1 else f"position-reports-v{version}.zdict"
-    return resources.files("overlay").joinpath("data", name).read_bytes()
+    return resources.files("c2dtn.overlay").joinpath("data", name).read_bytes()
 
 
 def _array_header(n: int) -> bytes:

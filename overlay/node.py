@@ -21,12 +21,12 @@ from collections.abc import Callable
 import cbor2
 from aiohttp import web
 
-from overlay.agent import AgentError
-from overlay.config import NodeConfig
-from overlay.core import OverlayCore
-from overlay.custody import CustodyStore, QuotaExceeded
-from overlay.envelope import Codec, Priority
-from overlay.supervisor import Supervisor
+from c2dtn.overlay.agent import AgentError
+from c2dtn.overlay.config import NodeConfig
+from c2dtn.overlay.core import OverlayCore
+from c2dtn.overlay.custody import CustodyStore, QuotaExceeded
+from c2dtn.overlay.envelope import Codec, Priority
+from c2dtn.overlay.supervisor import Supervisor
 
 log = logging.getLogger("c2dtn.node")
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from overlay.custody import CustodyStore, OutItem
-from overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body, encode_group_ack_body
+from c2dtn.overlay.custody import CustodyStore, OutItem
+from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body, encode_group_ack_body
 
 ACK_LIFETIME_MS = 3600_000
 

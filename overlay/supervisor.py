@@ -18,8 +18,8 @@ import signal
 from pathlib import Path
 
 from c2dtn.errors import C2Error
-from overlay.agents.dtn7 import Dtn7Agent
-from overlay.config import NodeConfig
+from c2dtn.overlay.agents.dtn7 import Dtn7Agent
+from c2dtn.overlay.config import NodeConfig
 
 log = logging.getLogger("c2dtn.supervisor")
 

@@ -52,10 +52,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ip_gateway.broker import start_mosquitto
-from overlay.testbed_nodes import Nodes
-from topologies import testbed
-from perf.plots import pyplot, save_figure
+from c2dtn.topologies.broker import start_mosquitto
+from c2dtn.topologies.nodes import Nodes
+from c2dtn.topologies import testbed
+from c2dtn.perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 MODES = ("overlay", "mqtt-bridge")  # what perf bft and perf matrix run unless told
@@ -102,7 +102,7 @@ def _reader(p: subprocess.Popen, sink: list, mode: str, rx: str | None = None) -
 
 
 def _client(node: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "perf.mqtt_clients", *args],
+    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
@@ -320,12 +320,14 @@ def summarize(events: list[dict], mode: str, info: dict, period: float = 2.0) ->
         sup = sum(1 for rx, mid in expected if (rx, mid) not in first
                   and newest.get((rx, unit_of[mid]), 0) > seq_of[mid])
     lost = len(expected) - len(delivered) - (sup or 0)
+    last_sent = max((e["t"] for e in sent.values()), default=0.0)
+    in_drain = sum(1 for k in delivered if first[k] > last_sent)  # arrived after the last report was sent
     ages, series = age_of_information(sent, first, ts, receivers, period)
     report_bytes = 230  # a seed 000 report is about 255 characters; ours are 226-232
     reached = {mid for _, mid in delivered}
     link_bps, run_s = info.get("link_bps") or 0, info.get("run_s") or 0
     return {"mode": mode, "sent": len(sent), "expected": len(expected), "delivered": len(delivered),
-            "duplicates": dup, "superseded": sup, "lost": lost,
+            "duplicates": dup, "superseded": sup, "lost": lost, "in_drain": in_drain,
             "lost_pct": 100 * lost / len(expected) if expected else 0.0,
             "delay_min_s": delays[0] if delays else None,
             "delay_median_s": statistics.median(delays) if delays else None,
@@ -400,21 +402,52 @@ def _fmt(v, unit="s", nd=1) -> str:
     return "-" if v is None else f"{v:.{nd}f} {unit}".strip()
 
 
-COLS = ("mode", "sent", "deliveries due", "delivered", "superseded", "lost", "lost %", "delay min", "median",
-        "p95", "max", "AoI mean", "AoI p95", "link bytes / delivery", "goodput / capacity")
+def _delay(r: dict) -> str:
+    if r["delay_median_s"] is None:
+        return "-"
+    return " / ".join(f"{r[k]:.1f}" for k in ("delay_min_s", "delay_median_s", "delay_p95_s", "delay_max_s")) + " s"
 
 
-def _cells(r: dict) -> list[str]:
-    return [r["mode"], str(r["sent"]), str(r["expected"]), str(r["delivered"]),
-            "-" if r["superseded"] is None else str(r["superseded"]), str(r["lost"]), f"{r['lost_pct']:.1f}",
-            _fmt(r["delay_min_s"]), _fmt(r["delay_median_s"]), _fmt(r["delay_p95_s"]), _fmt(r["delay_max_s"]),
-            _fmt(r["aoi_mean_s"]), _fmt(r["aoi_p95_s"]), _fmt(r["link_bytes_per_delivery"], "B", 0),
-            _fmt(r["goodput_fraction"], "", 2)]
+def _aoi(r: dict) -> str:
+    return "-" if r["aoi_mean_s"] is None else f"{r['aoi_mean_s']:.1f} / {r['aoi_p95_s']:.1f} s"
+
+
+# One row per figure, one column per mode: full names that fit 100 columns, the same
+# table on the terminal, in report.md and in the README.
+FIGURES: list[tuple[str, object]] = [
+    ("reports sent", lambda r: str(r["sent"])),
+    ("deliveries due (receiver x report)", lambda r: str(r["expected"])),
+    ("delivered", lambda r: str(r["delivered"])),
+    ("  of them after the last report was sent", lambda r: str(r.get("in_drain", "-"))),
+    ("superseded (a newer report arrived)", lambda r: "-" if r["superseded"] is None else str(r["superseded"])),
+    ("not delivered by the end of the drain", lambda r: f"{r['lost']} ({r['lost_pct']:.1f} %)"),
+    ("delay min / median / p95 / max", _delay),
+    ("age of information mean / p95", _aoi),
+    ("link bytes per delivery", lambda r: _fmt(r["link_bytes_per_delivery"], "B", 0)),
+    ("goodput / link capacity", lambda r: _fmt(r["goodput_fraction"], "", 2)),
+]
+
+
+def figure_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the report's table: a row per figure, a column per mode."""
+    return ["figure"] + [r["mode"] for r in rows], [[name] + [fn(r) for r in rows] for name, fn in FIGURES]
+
+
+def _where(plan: Plan) -> str:
+    if plan.topology == "nps-chain":
+        return f"{plan.units} units on h1 reporting to the broker on h4"
+    return f"{plan.units} units per nation"
+
+
+def _place(plan: Plan, nation: str) -> str:
+    """How plots name a sender or receiver: on nps-chain, the hosts (the units' nation is
+    only a topic level there)."""
+    return "h1" if plan.topology == "nps-chain" and nation == "NOR" else nation
 
 
 def title_of(plan: Plan) -> str:
-    return (f"BFT on {plan.topology}: {plan.units} units per nation, report every {plan.period:g} s for "
-            f"{plan.duration:g} s, QoS {plan.qos}, links {plan.profile}"
+    return (f"BFT on {plan.topology}: {_where(plan)}, report every {plan.period:g} s for "
+            f"{plan.duration:g} s (drain {plan.drain:g} s), QoS {plan.qos}, links {plan.profile}"
             + (f", link down {plan.outage[0]:g}-{plan.outage[1]:g} s" if plan.outage else ""))
 
 
@@ -424,17 +457,20 @@ def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
         for e in events:
             fh.write(json.dumps(e) + "\n")
     title = title_of(plan)
+    header, table = figure_rows(rows)
     t = Table(title=title)
-    for c in COLS:
-        t.add_column(c, justify="right")
-    md = ["# " + title, "", "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
-    for r in rows:
-        t.add_row(*_cells(r))
-        md.append("| " + " | ".join(_cells(r)) + " |")
+    for i, c in enumerate(header):
+        t.add_column(c, justify="left" if i == 0 else "right")
+    md = ["# " + title, "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for cells in table:
+        t.add_row(*cells)
+        md.append("| " + " | ".join(c.replace("  ", "&nbsp;&nbsp;", 1) if c.startswith("  ") else c
+                                    for c in cells) + " |")
     console.print(t)
     md += ["", "Deliveries count receiver x report pairs across an emulated link. superseded (modes that "
-           "supersede): not delivered, but a newer report of the same unit reached that receiver. lost = due - "
-           "delivered - superseded. Delay = receipt - the report's timestamp. AoI: at each second, for each "
+           "supersede): not delivered, but a newer report of the same unit reached that receiver. Not delivered = "
+           "due - delivered - superseded, counted when the drain ended (a report still on its way then counts "
+           "here; 'after the last report was sent' shows how many came in the drain). Delay = receipt - the report's timestamp. AoI: at each second, for each "
            "receiver and unit of another nation, now - timestamp of the newest report held. Every figure is "
            "computed from events.jsonl.", "", "![delay of each delivery](plot.png)", "",
            "![delay per sender and receiver nation](delay_box.png)", "", "![age of information](aoi.png)"]
@@ -491,7 +527,7 @@ def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     for mode in modes:
         groups: dict[str, list[float]] = defaultdict(list)
         for a, b, _, d in _deliveries(events, mode):
-            groups[f"{a}->{b}"].append(d)
+            groups[f"{_place(plan, a)}->{_place(plan, b)}"].append(d)
         for g in sorted(groups):
             data.append(groups[g])
             labels.append(f"{mode}\n{g}")

@@ -28,12 +28,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from overlay.testbed_nodes import Nodes
-from perf.dtnd_client import result as _result
-from perf.dtnd_client import spawn as _client
-from topologies import testbed
-from topologies.profiles import load_builtin_profiles
-from perf.plots import pyplot, save_figure
+from c2dtn.topologies.nodes import Nodes
+from c2dtn.perf.dtnd_client import result as _result
+from c2dtn.perf.dtnd_client import spawn as _client
+from c2dtn.topologies import testbed
+from c2dtn.topologies.profiles import load_builtin_profiles
+from c2dtn.perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 BPA = ["gw1", "r2", "r3", "gw4"]

@@ -16,7 +16,7 @@ def perf() -> None:
 @click.option("--delay", default="50ms", show_default=True, help="one-way delay of the emulated link")
 def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
     """TCP goodput through the userspace channel emulator and its CPU cost per frame."""
-    from perf import emulator_bench
+    from c2dtn.perf import emulator_bench
 
     emulator_bench.main(seconds=seconds, runs=runs, delay=delay)
 
@@ -34,7 +34,7 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
 def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip_tactical: bool, cla: str,
                 sched: tuple[str, ...]) -> None:
     """The overlay next to bare dtnd: round trip and throughput on lan, goodput on cnr-tactical-2."""
-    from perf import overlay_bench
+    from c2dtn.perf import overlay_bench
 
     bad = [s for s in sizes.split(",") if s not in overlay_bench.SIZES]
     if bad:
@@ -47,7 +47,7 @@ def _scheduler(items: tuple[str, ...]) -> dict[str, int]:
     """--scheduler KEY=VALUE pairs, checked against the overlay's SchedulerConfig fields."""
     import dataclasses
 
-    from overlay.scheduler import SchedulerConfig
+    from c2dtn.overlay.scheduler import SchedulerConfig
 
     known = [f.name for f in dataclasses.fields(SchedulerConfig)]
     out = {}
@@ -70,7 +70,7 @@ def _scheduler(items: tuple[str, ...]) -> dict[str, int]:
 @click.option("--qos", "qos", default="0,1", show_default=True, help="QoS levels to measure")
 def gateway_cmd(count: int, runs: int, qos: str) -> None:
     """Messages per second through the c2dtn MQTT gateways next to mosquitto alone (lan, 256 B)."""
-    from perf import gateway_bench
+    from c2dtn.perf import gateway_bench
 
     levels = []
     for q in qos.split(","):
@@ -114,8 +114,8 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
             modes: str) -> None:
     """Position reports (seed 000) across tactical links: c2dtn gateways next to Mosquitto bridges."""
     from c2dtn.errors import ConfigError
-    from perf import bft
-    from topologies.profiles import load_builtin_profiles
+    from c2dtn.perf import bft
+    from c2dtn.topologies.profiles import load_builtin_profiles
 
     try:
         load_builtin_profiles().get(profile, "--profile", "profile")
@@ -145,8 +145,8 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
 def orders_cmd(profile: str, modes: str, span: float, drain: float, seed: int) -> None:
     """C2 orders at QoS 1 between the platoons (seed 004's 97-message script shape), overlay vs direct MQTT."""
     from c2dtn.errors import ConfigError
-    from perf import orders
-    from topologies.profiles import load_builtin_profiles
+    from c2dtn.perf import orders
+    from c2dtn.topologies.profiles import load_builtin_profiles
 
     try:
         load_builtin_profiles().get(profile, "--profile", "profile")
@@ -164,7 +164,7 @@ def orders_cmd(profile: str, modes: str, span: float, drain: float, seed: int) -
 @click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
 def matrix_cmd(quick: bool, duration: float | None, drain: float | None, qos: int) -> None:
     """The seed 000 matrix: fmn-2nations and fmn-4nations x cnr-tactical-1 and -2 x every 2 and 10 s."""
-    from perf import matrix
+    from c2dtn.perf import matrix
 
     matrix.main(quick, duration, drain, qos)
 
@@ -192,8 +192,8 @@ def _list(value: str, known, what: str, hint: str) -> list[str]:
 def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, window: int, budget: float) -> None:
     """Bundle throughput and round trip per agent x CLA x profile x size (fresh daemons per run)."""
     from c2dtn.errors import ConfigError
-    from perf import bundles_bench as b
-    from topologies.profiles import load_builtin_profiles
+    from c2dtn.perf import bundles_bench as b
+    from c2dtn.topologies.profiles import load_builtin_profiles
 
     lib = load_builtin_profiles()
     ps = [x.strip() for x in profiles.split(",") if x.strip()]
@@ -211,6 +211,6 @@ def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, wi
 @click.option("--plot", "plot", default=None, help="write a PNG comparing the BFT runs here")
 def report_cmd(dirs: tuple[str, ...], plot: str | None) -> None:
     """Put results folders of perf bft / perf bundles side by side."""
-    from perf import compare
+    from c2dtn.perf import compare
 
     compare.main(list(dirs), plot)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from c2dtn.errors import C2Error
-from perf.plots import pyplot, save_figure
+from c2dtn.perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 170)
 

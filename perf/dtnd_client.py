@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from overlay.agents.dtn7 import Dtn7Agent
+from c2dtn.overlay.agents.dtn7 import Dtn7Agent
 
 
 def spawn(node: str, *args: str, stdin: bool = False):
@@ -33,7 +33,7 @@ def spawn(node: str, *args: str, stdin: bool = False):
     import tempfile
 
     err = tempfile.TemporaryFile("w+") if stdin else subprocess.PIPE
-    p = subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "perf.dtnd_client", *args],
+    p = subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.dtnd_client", *args],
                          stdin=subprocess.PIPE if stdin else None, stdout=subprocess.PIPE, stderr=err, text=True)
     p.errfile = err if stdin else None
     return p
@@ -226,7 +226,7 @@ async def main(args) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m perf.dtnd_client")
+    ap = argparse.ArgumentParser(prog="python -m c2dtn.perf.dtnd_client")
     ap.add_argument("mode", choices=["echo", "rtt", "sink", "source", "data"])
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--ack", action="store_true", help="sink: acknowledge each bundle (for data mode)")

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from topologies import netns, testbed
+from c2dtn.topologies import netns, testbed
 
 TARGET_MBPS = 100.0
 PORT = 47100

@@ -31,10 +31,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ip_gateway.broker import start_mosquitto
-from overlay.testbed_nodes import Nodes
-from topologies import testbed
-from perf.plots import pyplot, save_figure
+from c2dtn.topologies.broker import start_mosquitto
+from c2dtn.topologies.nodes import Nodes
+from c2dtn.topologies import testbed
+from c2dtn.perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 BPA = ["gw1", "r2", "r3", "gw4"]

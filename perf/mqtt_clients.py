@@ -144,7 +144,7 @@ def units(a) -> None:
     until --linger s after its last report."""
     import random
 
-    from overlay.train_dict import position_report, report_topic
+    from c2dtn.perf.train_dict import position_report, report_topic
 
     rnd = random.Random(a.seed)
     lock = threading.Lock()
@@ -231,7 +231,7 @@ def script(a) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m perf.mqtt_clients")
+    ap = argparse.ArgumentParser(prog="python -m c2dtn.perf.mqtt_clients")
     ap.add_argument("mode", choices=["pub", "sub", "units", "script"])
     ap.add_argument("--unit", default="", help="script: this unit's name")
     ap.add_argument("--script", default="", help="script: the JSON message script")

@@ -28,12 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from perf import bft
-from perf.bft import _client, console
-from ip_gateway.broker import start_mosquitto
-from overlay.testbed_nodes import Nodes
-from topologies import testbed
-from perf.plots import pyplot, save_figure
+from c2dtn.perf import bft
+from c2dtn.perf.bft import _client, console
+from c2dtn.topologies.broker import start_mosquitto
+from c2dtn.topologies.nodes import Nodes
+from c2dtn.topologies import testbed
+from c2dtn.perf.plots import pyplot, save_figure
 
 UNITS = [f"{g}-{u}" for g in ("a", "b") for u in ("lead", "v1", "v2", "v3", "v4")]
 MODES = ("overlay", "mqtt")

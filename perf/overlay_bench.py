@@ -26,12 +26,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from overlay.testbed_nodes import Nodes
-from perf.dtnd_client import answer as _answer
-from perf.dtnd_client import result as _result
-from perf.dtnd_client import spawn as _client
-from topologies import testbed
-from perf.plots import pyplot, save_figure
+from c2dtn.topologies.nodes import Nodes
+from c2dtn.perf.dtnd_client import answer as _answer
+from c2dtn.perf.dtnd_client import result as _result
+from c2dtn.perf.dtnd_client import spawn as _client
+from c2dtn.topologies import testbed
+from c2dtn.perf.plots import pyplot, save_figure
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 BPA = ["gw1", "r2", "r3", "gw4"]
@@ -83,28 +83,8 @@ def bare_throughput(size: int, count: int) -> float:
 
 def overlay_rtt(nodes: Nodes, size: int, count: int) -> list[float]:
     """Round trips as the bare pinger's: from handing the ping over to having the answer
-    in hand (GET /recv returned it).  The application's POST /consumed (its ack to the
-    overlay, which dtnd's delivery has no counterpart of) follows, outside the time."""
-    from urllib.parse import urlencode
-
-    rtts = []
-    for i in range(count):
-        stamp = f"{time.time_ns()}:".encode()
-        body = stamp + os.urandom(max(0, size - len(stamp)))
-        t0 = time.monotonic()
-        nodes.api("gw1", "POST", "/send?" + urlencode({"dst": "gw4", "priority": "flash", "app": "ping",
-                                                      "lifetime": 600}), body)
-        deadline = t0 + 60
-        while time.monotonic() < deadline:
-            items = nodes.api("gw1", "GET", "/recv?app=pong&wait=5", timeout=30, cbor=True)
-            answered = any(d["body"].startswith(stamp) for d in items)
-            if answered:
-                rtts.append(time.monotonic() - t0)
-            if items:
-                nodes.api("gw1", "POST", "/consumed", json.dumps({"ids": [d["id"] for d in items]}).encode())
-            if answered:
-                break
-    return rtts
+    in hand (NodeClient.pings: the application's POST /consumed follows, outside the time)."""
+    return [r for r in nodes.client("gw1").pings("gw4", size, count, timeout=60) if r is not None]
 
 
 def overlay_throughput(nodes: Nodes, size: int, count: int, timeout: float = 600) -> tuple[float, float]:

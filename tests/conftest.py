@@ -19,13 +19,14 @@ def _netns_ok() -> str | None:
     return None
 
 
-NETNS_SKIP = _netns_ok()
-
-
 def pytest_collection_modifyitems(config, items):
-    if NETNS_SKIP is None:
+    # checked only when a selected test needs namespaces (no namespace made at every collection)
+    if not any("netns" in item.keywords for item in items):
         return
-    mark = pytest.mark.skip(reason=NETNS_SKIP)
+    why = _netns_ok()
+    if why is None:
+        return
+    mark = pytest.mark.skip(reason=why)
     for item in items:
         if "netns" in item.keywords:
             item.add_marker(mark)

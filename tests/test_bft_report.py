@@ -5,7 +5,7 @@ import json
 import matplotlib.image as mpimg
 import pytest
 
-from perf import bft
+from c2dtn.perf import bft
 
 
 def _events() -> list[dict]:
@@ -41,6 +41,7 @@ def test_summary_counts_delays_and_tells_superseded_from_lost():
            (8, 8, 6, 2, 2, 0)
     assert (o["delay_min_s"], o["delay_median_s"], o["delay_max_s"]) == (0.5, 1.5, 4.0)
     assert o["link_bytes_per_delivery"] == 400
+    assert o["in_drain"] == 2  # report 4 each way arrived after the last report was sent (t=1008)
     b = bft.summarize(ev, "mqtt-bridge", {"receivers": RECEIVERS})
     assert (b["sent"], b["delivered"], b["superseded"], b["lost"], b["lost_pct"]) == (8, 4, None, 4, 50.0)
     # each side's newest position of the other is report 4, sent at t=1008, the last report sent
@@ -59,7 +60,16 @@ def test_report_writes_table_files_and_plots_that_open(tmp_path):
     bft.report(tmp_path, plan, ev, rows)
     assert len((tmp_path / "events.jsonl").read_text().splitlines()) == len(ev)
     md = (tmp_path / "report.md").read_text()
-    assert "| overlay | 8 | 8 | 6 | 2 | 0 |" in md and "| mqtt-bridge | 8 | 8 | 4 | - | 4 |" in md
+    lines = md.splitlines()
+    assert "| figure | overlay | mqtt-bridge |" in lines
+    for row in ("| reports sent | 8 | 8 |", "| deliveries due (receiver x report) | 8 | 8 |", "| delivered | 6 | 4 |",
+                "| superseded (a newer report arrived) | 2 | - |",
+                "| not delivered by the end of the drain | 0 (0.0 %) | 4 (50.0 %) |"):
+        assert row in lines, row
+    # the table a person reads on a terminal fits 100 columns with full names
+    header, table = bft.figure_rows(rows)
+    widths = [max(len(r[i]) for r in [header] + table) for i in range(len(header))]
+    assert sum(widths) + 3 * len(widths) + 1 <= 100
     assert json.loads((tmp_path / "summary.json").read_text())["modes"][0]["delivered"] == 6
     for name in ("plot.png", "delay_box.png", "aoi.png"):
         img = mpimg.imread(tmp_path / name)
@@ -96,7 +106,7 @@ def test_perf_cli_names_the_bad_value():
 
 
 def test_perf_report_puts_runs_side_by_side(tmp_path, capsys):
-    from perf import compare
+    from c2dtn.perf import compare
 
     ev = _events()
     for name in ("run-a", "run-b"):
@@ -108,3 +118,10 @@ def test_perf_report_puts_runs_side_by_side(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("run-a") == 2 and out.count("run-b") == 2 and "50.0" in out
     assert mpimg.imread(tmp_path / "cmp.png").std() > 0.01
+
+
+def test_nps_chain_report_names_the_hosts_not_a_nation(tmp_path):
+    plan = bft.Plan(topology="nps-chain", duration=10, outage=None)
+    assert "8 units on h1 reporting to the broker on h4" in bft.title_of(plan)
+    assert "per nation" not in bft.title_of(plan)
+    assert bft._place(plan, "NOR") == "h1" and bft._place(bft.Plan(topology="fmn-2nations"), "NOR") == "NOR"

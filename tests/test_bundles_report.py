@@ -4,7 +4,7 @@ import json
 
 import matplotlib.image as mpimg
 
-from perf import bundles_bench as b
+from c2dtn.perf import bundles_bench as b
 
 
 def test_sizes_that_cannot_finish_or_cannot_be_carried_are_skipped_with_the_reason():
@@ -22,7 +22,7 @@ def test_lost_bundles_free_the_window_and_are_counted_not_waited_for():
     import time
     from types import SimpleNamespace
 
-    from perf import dtnd_client
+    from c2dtn.perf import dtnd_client
 
     class LossyAgent:
         """Acks every bundle after 10 ms, except bundles 3, 7 and 18 (never) and 5 (after 0.35 s: late,

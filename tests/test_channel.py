@@ -4,8 +4,8 @@ import statistics
 
 import pytest
 
-from topologies.channel import Direction
-from topologies.profiles import GilbertElliott, Profile, load_builtin_profiles
+from c2dtn.topologies.channel import Direction
+from c2dtn.topologies.profiles import GilbertElliott, Profile, load_builtin_profiles
 
 FRAME = bytes(242)  # 200-byte UDP payload + 42 bytes of headers
 

@@ -11,10 +11,10 @@ import cbor2
 
 import pytest
 
-from overlay.core import OverlayCore
-from overlay.custody import CustodyStore, Quota, QuotaExceeded
-from overlay.envelope import Codec, Envelope, Kind, Priority
-from overlay.scheduler import SchedulerConfig
+from c2dtn.overlay.core import OverlayCore
+from c2dtn.overlay.custody import CustodyStore, Quota, QuotaExceeded
+from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority
+from c2dtn.overlay.scheduler import SchedulerConfig
 
 KEY = b"k" * 32
 

@@ -3,8 +3,8 @@
 import cbor2
 import pytest
 
-from overlay import envelope as E
-from overlay.envelope import Codec, Envelope, Kind, Priority
+from c2dtn.overlay import envelope as E
+from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority
 
 KEYS = {"gw1": b"k1" * 16, "gw4": b"k4" * 16}
 REPORT = (b'{"type": "Feature", "geometry": {"type": "Point", "coordinates": [38.74691, -9.156418, 0]}, '
@@ -127,7 +127,7 @@ def test_ack_bodies_are_runs():
 
 
 def test_a_report_in_a_gateway_body_costs_about_a_fifth_of_its_size_on_the_wire():
-    from ip_gateway import session
+    from c2dtn.ip_gateway import session
 
     a, b = pair()
     body = session.pack("bpub", "c2bridge-prt-gw", "10.79.3.5:1883", t="/PRT/PRT-UNIT001/PRT-S003/location",

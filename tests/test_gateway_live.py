@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from ip_gateway import mqtt as m
-from ip_gateway.broker import mosquitto_missing, start_mosquitto
-from overlay.testbed_nodes import Nodes, dtnd_missing
-from topologies import netns, testbed
+from c2dtn.ip_gateway import mqtt as m
+from c2dtn.topologies.broker import mosquitto_missing, start_mosquitto
+from c2dtn.topologies.nodes import Nodes, dtnd_missing
+from c2dtn.topologies import netns, testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
               pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
@@ -64,7 +64,7 @@ def mqtt_chain(tmp_path_factory):
 
 
 def client(node: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "perf.mqtt_clients", *args],
+    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -3,9 +3,9 @@
 import pytest
 
 from c2dtn.errors import ConfigError
-from ip_gateway import session as s
-from ip_gateway.policy import parse_gateway
-from overlay.envelope import Priority
+from c2dtn.ip_gateway import session as s
+from c2dtn.ip_gateway.policy import parse_gateway
+from c2dtn.overlay.envelope import Priority
 
 GOOD = {"tproxy": True,
         "route": [{"prefix": "10.77.0.0/16", "via": "gw4"}, {"prefix": "10.77.9.0/24", "via": "gw9"}],

@@ -8,13 +8,13 @@ nation's link being cut.
 import pytest
 
 from c2dtn.errors import ConfigError
-from overlay.config import load_node_config
-from overlay.core import OverlayCore
-from overlay.custody import CustodyStore
-from overlay.envelope import BadTag, Codec, Envelope, Kind, Priority
-from overlay.scheduler import SchedulerConfig
-from overlay.testbed_configs import write_configs
-from topologies import model, testbed
+from c2dtn.overlay.config import load_node_config
+from c2dtn.overlay.core import OverlayCore
+from c2dtn.overlay.custody import CustodyStore
+from c2dtn.overlay.envelope import BadTag, Codec, Envelope, Kind, Priority
+from c2dtn.overlay.scheduler import SchedulerConfig
+from c2dtn.topologies.node_configs import write_configs
+from c2dtn.topologies import model, testbed
 
 from test_custody import run
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from c2dtn.errors import ConfigError
-from topologies.model import builtin_names, load
+from c2dtn.topologies.model import builtin_names, load
 
 
 def test_every_shipped_topology_loads():

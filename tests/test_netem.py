@@ -2,8 +2,8 @@
 
 from dataclasses import replace
 
-from topologies.netem import netem_args, outage_profile, tc_commands, tbf_args
-from topologies.profiles import GilbertElliott, Profile, load_builtin_profiles
+from c2dtn.topologies.netem import netem_args, outage_profile, tc_commands, tbf_args
+from c2dtn.topologies.profiles import GilbertElliott, Profile, load_builtin_profiles
 
 P = load_builtin_profiles().profiles
 

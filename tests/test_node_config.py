@@ -4,11 +4,11 @@ configs written for a topology (peers, routes, keys, per-link CLA)."""
 import pytest
 
 from c2dtn.errors import ConfigError
-from cla_adapters import parse_cla
-from overlay.config import load_node_config
-from overlay.supervisor import dtn7_argv, dtn7_routes
-from overlay.testbed_configs import write_configs
-from topologies import model, testbed
+from c2dtn.cla_adapters import parse_cla
+from c2dtn.overlay.config import load_node_config
+from c2dtn.overlay.supervisor import dtn7_argv, dtn7_routes
+from c2dtn.topologies.node_configs import write_configs
+from c2dtn.topologies import model, testbed
 
 
 def test_cla_specs_and_dtn7_translation():
@@ -118,3 +118,43 @@ def test_configs_for_fmn_4nations_gateways_meet_at_tacnet(tmp_path):
     assert sorted(deu.keys) == ["nor-gw", "prt-gw", "usa-gw"]
     with pytest.raises(ConfigError, match="overlay nodes must also run a BPA"):
         write_configs(st, ["tacnet"], ["deu-gw"], tmp_path / "m")
+
+
+def test_udp_on_a_lan_gets_one_datagram_bundles_but_no_radio_linger(tmp_path):
+    lan = testbed.state_of(model.load("nps-chain"), "userspace")
+    for ls in lan["links"].values():
+        ls["profile_ab"], ls["profile_ba"] = {"rate_bps": None}, {"rate_bps": None}
+    sch = load_node_config(write_configs(lan, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "l",
+                                         cla="udp", per_link_cla=False)["gw1"]).scheduler
+    assert (sch.aggregate_bytes, sch.linger_ms, sch.ack_delay_ms) == (1200, 0, 100)
+
+
+def test_node_configs_write_gateway_tables_that_the_gateway_reads(tmp_path):
+    from c2dtn.ip_gateway.policy import parse_gateway
+    from c2dtn.overlay.envelope import Priority
+    from c2dtn.topologies.node_configs import TopicSpec, gateway_tables
+
+    st = testbed.state_of(model.load("nps-chain"), "userspace")
+    topics = [TopicSpec.parse("bft/+/+/+/location=priority,600,supersede"), TopicSpec.parse("c2/#=immediate")]
+    tables = gateway_tables(st, ["gw1", "gw4"], ["gw1", "gw4"], tproxy=["gw1"],
+                            listen={"gw1": "127.0.0.1:1884>10.77.4.2:1883"}, bridge={"gw4": "10.77.4.2:1883"},
+                            topics=topics)
+    paths = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "g", extra=tables)
+    gw1 = parse_gateway(str(paths["gw1"]), load_node_config(paths["gw1"]).gateway)
+    assert gw1.tproxy and gw1.listen == ("127.0.0.1", 1884) and gw1.broker == ("10.77.4.2", 1883)
+    h4 = testbed.node_address(st, "h4")
+    assert gw1.policy.gateway_for(h4) == "gw4"  # the host behind gw4 is served by gw4
+    assert gw1.policy.gateway_for(testbed.node_address(st, "h1")) is None  # h1 is on gw1's own side
+    rule = gw1.policy.rule_for("bft/NOR/u1/n1/location")
+    assert (rule.priority, rule.lifetime_s, rule.key("t")) == (Priority.PRIORITY, 600, "mqtt:t")
+    assert gw1.policy.rule_for("c2/orders").priority == Priority.IMMEDIATE
+    gw4 = parse_gateway(str(paths["gw4"]), load_node_config(paths["gw4"]).gateway)
+    assert not gw4.tproxy and gw4.bridge.broker == ("10.77.4.2", 1883) and gw4.bridge.peers == ["gw1"]
+    assert gw4.bridge.out == ["bft/+/+/+/location", "c2/#"]
+    for bad, why in [("c2/#=urgent", "urgent"), ("c2/#=routine,-5", "positive"), ("c2/#=routine,5,later", "FILTER")]:
+        with pytest.raises(ConfigError, match=why):
+            TopicSpec.parse(bad)
+    with pytest.raises(ConfigError, match="at least one --topic"):
+        gateway_tables(st, ["gw1", "gw4"], ["gw1"], tproxy=["gw1"])
+    with pytest.raises(ConfigError, match="must be one of --gateway"):
+        gateway_tables(st, ["gw1", "gw4"], ["gw4"], tproxy=["gw1"], topics=topics)

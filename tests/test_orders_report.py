@@ -6,7 +6,7 @@ import pytest
 
 import matplotlib.image as mpimg
 
-from perf import orders
+from c2dtn.perf import orders
 
 
 def test_the_script_has_97_messages_17_of_them_across_the_narrowband_link():

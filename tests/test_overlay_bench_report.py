@@ -3,7 +3,7 @@
 import csv
 import json
 
-from perf import overlay_bench as ob
+from c2dtn.perf import overlay_bench as ob
 
 
 def test_report_gives_median_ratios_with_their_spread_and_a_plot_of_the_medians(tmp_path, capsys):

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from overlay.testbed_nodes import Nodes, dtnd_missing
-from topologies import testbed
+from c2dtn.topologies.nodes import Nodes, dtnd_missing
+from c2dtn.topologies import testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing()))]
 
@@ -159,7 +159,7 @@ def test_supervisor_restarts_a_dead_agent_and_delivery_resumes(chain):
     import os
     import signal
 
-    from topologies import netns
+    from c2dtn.topologies import netns
 
     pid = int((nodes.cfg("gw4").storage / "agent.pid").read_text())
     os.kill(pid, signal.SIGKILL)  # gw4's dtnd dies; its node process lives on

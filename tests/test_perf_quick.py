@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ip_gateway.broker import mosquitto_missing
-from overlay.testbed_nodes import dtnd_missing
-from perf import bft
+from c2dtn.topologies.broker import mosquitto_missing
+from c2dtn.topologies.nodes import dtnd_missing
+from c2dtn.perf import bft
 
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
               pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]

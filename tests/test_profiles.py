@@ -1,7 +1,7 @@
 import pytest
 
 from c2dtn.errors import ConfigError
-from topologies.profiles import load_builtin_profiles, load_profile_file, profile_from_table
+from c2dtn.topologies.profiles import load_builtin_profiles, load_profile_file, profile_from_table
 
 
 def test_named_profiles_match_the_architecture_table():

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from topologies import netns, probe, testbed
+from c2dtn.topologies import netns, probe, testbed
 
 pytestmark = pytest.mark.netns
 

@@ -28,7 +28,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from topologies.profiles import Profile
+from c2dtn.topologies.profiles import Profile
 
 ETH_HEADER = 14
 # Hard cap on frames held in the delay line, whatever the profile: with an

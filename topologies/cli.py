@@ -10,8 +10,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from topologies import model, testbed
-from topologies.profiles import Profile, format_rate, load_builtin_profiles
+from c2dtn.topologies import model, testbed
+from c2dtn.topologies.profiles import Profile, format_rate, load_builtin_profiles
 
 console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and CI logs get full tables
 
@@ -203,7 +203,7 @@ def check_cmd(src: str | None, dst: str | None, probes: int, saturate_s: float) 
 def run_check(st: dict, src: str, dst: str, probes: int, saturate_s: float) -> dict:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from topologies import probe
+    from c2dtn.topologies import probe
 
     with Progress(TextColumn("[bold]traffic check[/bold] {task.description}"), BarColumn(),
                   TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=console) as prog:
@@ -246,3 +246,46 @@ def demo_cmd(topology: str, profile: str, probes: int, link_backend: str) -> Non
         print_check(res)
     finally:
         testbed.down(progress=_say)
+
+
+def _pairs(opt: str, values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for v in values:
+        node, sep, rest = v.partition("=")
+        if not sep or not node or not rest:
+            raise click.BadParameter(f"{v!r} is not NODE=VALUE", param_hint=opt)
+        out[node] = rest
+    return out
+
+
+@click.command("configs")
+@click.option("--bpa", required=True, help="nodes that run a BPA, comma-separated (e.g. gw1,r2,r3,gw4)")
+@click.option("--overlay", "overlay_nodes", required=True, help="nodes that also run the overlay (e.g. gw1,gw4)")
+@click.option("--cla", default="tcpcl", show_default=True, help="tcpcl, mtcp or udp")
+@click.option("--store", default="sled", show_default=True, help="agent store: mem, sled or sneakers")
+@click.option("--dir", "out_dir", required=True, type=click.Path(file_okay=False), help="where to write them")
+@click.option("--gateway", "gateways", default="", help="overlay nodes that run the MQTT gateway too "
+              "(`c2dtn gateway run`), comma-separated; each replays what arrives to its brokers")
+@click.option("--tproxy", default="", help="gateways that intercept MQTT crossing them (TPROXY); routes to "
+              "the far gateways follow the topology")
+@click.option("--listen", multiple=True, metavar="NODE=ADDR:PORT>BROKER:PORT",
+              help="an explicit listener on NODE standing for BROKER (repeatable)")
+@click.option("--bridge", multiple=True, metavar="NODE=BROKER:PORT",
+              help="bridge mode on NODE: a client of BROKER exchanging the --topic filters with the other gateways")
+@click.option("--topic", "topics", multiple=True, metavar="FILTER[=PRIORITY[,LIFETIME_S[,supersede]]]",
+              help='what crosses the link (repeatable; first match wins), e.g. "bft/+/+/+/location=priority,600,supersede"')
+def node_configs_cmd(bpa: str, overlay_nodes: str, cla: str, store: str, out_dir: str, gateways: str,
+                     tproxy: str, listen: tuple[str, ...], bridge: tuple[str, ...], topics: tuple[str, ...]) -> None:
+    """Write node configurations (and [gateway] tables) for the running testbed topology."""
+    from c2dtn.topologies.node_configs import TopicSpec, gateway_tables, write_configs
+
+    st = testbed.read_state()
+    if st is None:
+        raise testbed.TestbedError("no topology is up (start one with: c2dtn topo up NAME)")
+    split = lambda v: [x for x in v.split(",") if x]  # noqa: E731
+    ov = split(overlay_nodes)
+    tables = gateway_tables(st, ov, split(gateways), split(tproxy), _pairs("--listen", listen),
+                            _pairs("--bridge", bridge), [TopicSpec.parse(t) for t in topics])
+    paths = write_configs(st, split(bpa), ov, out_dir, cla, store, extra=tables)
+    for n, p in paths.items():
+        click.echo(f"{n}: {p}" + ("  (run it with: c2dtn gateway run)" if n in tables else ""))

@@ -6,7 +6,7 @@ and written with AF_PACKET sockets; each direction goes through its own
 channel.Direction.  A Unix socket takes JSON-line commands (status, set, down,
 up) from `c2dtn topo link` and the schedule runner.
 
-Run as:  python -m topologies.emulator --link NAME --a-if c2a --b-if c2b
+Run as:  python -m c2dtn.topologies.emulator --link NAME --a-if c2a --b-if c2b
              --control PATH --profile-ab JSON --profile-ba JSON
 """
 
@@ -23,8 +23,8 @@ import socket
 import sys
 import time
 
-from topologies.channel import Direction
-from topologies.profiles import Profile
+from c2dtn.topologies.channel import Direction
+from c2dtn.topologies.profiles import Profile
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263  # linux/socket.h; Python 3.11 exports neither constant
@@ -189,7 +189,7 @@ class Emulator:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m topologies.emulator")
+    ap = argparse.ArgumentParser(prog="python -m c2dtn.topologies.emulator")
     ap.add_argument("--link", required=True)
     ap.add_argument("--a-if", required=True)
     ap.add_argument("--b-if", required=True)

@@ -50,7 +50,7 @@ from typing import Any
 
 from c2dtn.errors import ConfigError
 from c2dtn.tomlfile import check_name, check_table, read_toml
-from topologies.profiles import Profile, ProfileLibrary, load_builtin_profiles, parse_time, profile_from_table
+from c2dtn.topologies.profiles import Profile, ProfileLibrary, load_builtin_profiles, parse_time, profile_from_table
 
 ROLES = ("host", "gateway", "router", "broker")
 ACTIONS = ("down", "up", "set")
@@ -154,7 +154,7 @@ class Topology:
 
 
 def builtin_dir() -> Path:
-    return Path(str(resources.files("topologies").joinpath("data")))
+    return Path(str(resources.files("c2dtn.topologies").joinpath("data")))
 
 
 def builtin_names() -> list[str]:

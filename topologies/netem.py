@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import replace
 
-from topologies.profiles import Profile
+from c2dtn.topologies.profiles import Profile
 
 ETH_HEADER = 14
 

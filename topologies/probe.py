@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from topologies import netns, testbed
+from c2dtn.topologies import netns, testbed
 
 HEADER = struct.Struct("!IQ")  # sequence number, send time (ns, CLOCK_MONOTONIC)
 FRAME_OVERHEAD = 8 + 20 + 14

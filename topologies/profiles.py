@@ -253,7 +253,7 @@ class ProfileLibrary:
 
 
 def load_builtin_profiles() -> ProfileLibrary:
-    text = resources.files("topologies").joinpath("data/profiles.toml").read_text()
+    text = resources.files("c2dtn.topologies").joinpath("data/profiles.toml").read_text()
     lib = ProfileLibrary(source="topologies/data/profiles.toml")
     lib.add_tables(tomllib.loads(text).get("profiles", {}), lib.source)
     return lib

@@ -9,8 +9,8 @@ import logging
 import sys
 import time
 
-from topologies import testbed
-from topologies.profiles import Profile
+from c2dtn.topologies import testbed
+from c2dtn.topologies.profiles import Profile
 
 log = logging.getLogger("c2sched")
 

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from c2dtn.errors import C2Error, ConfigError
-from topologies import netem, netns
-from topologies.model import Topology, load
-from topologies.profiles import Profile
+from c2dtn.topologies import netem, netns
+from c2dtn.topologies.model import Topology, load
+from c2dtn.topologies.profiles import Profile
 
 NS_PREFIXES = ("c2-", "c2e-", "c2l-")
 BACKENDS = ("auto", "netem", "userspace")
@@ -120,7 +120,7 @@ def down(progress: Callable[[str], None] | None = None) -> list[str]:
     st = read_state()
     if st and st.get("scheduler_pid"):
         pid = st["scheduler_pid"]
-        if "topologies.scheduler" in _proc_cmdline(pid) or "c2sched" in _proc_cmdline(pid):
+        if "c2dtn.topologies.scheduler" in _proc_cmdline(pid) or "c2sched" in _proc_cmdline(pid):
             netns.stop_pids([pid])
     names = netns.list_ns(NS_PREFIXES)
     pids = netns.pids_in(names)
@@ -256,7 +256,7 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
         else:
             ctl = str(rd / f"emu-{link.name}.sock")
             log = open(rd / f"emu-{link.name}.log", "w")
-            cmd = ["ip", "netns", "exec", link.netns, sys.executable, "-m", "topologies.emulator",
+            cmd = ["ip", "netns", "exec", link.netns, sys.executable, "-m", "c2dtn.topologies.emulator",
                    "--link", link.name, "--a-if", "c2a", "--b-if", "c2b", "--control", ctl,
                    "--profile-ab", json.dumps(link.profile_ab.to_dict()),
                    "--profile-ba", json.dumps(link.profile_ba.to_dict())]
@@ -276,7 +276,7 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
     st["build_s"] = st["started_monotonic"] - t0
     if topo.schedule:
         log = open(rd / "scheduler.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "topologies.scheduler"], stdout=log, stderr=log,
+        proc = subprocess.Popen([sys.executable, "-m", "c2dtn.topologies.scheduler"], stdout=log, stderr=log,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         st["scheduler_pid"] = proc.pid

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import cbor2
 
-from overlay.agent import AgentDelivery, AgentError, BundleAgent, PeerInfo
+from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, PeerInfo
 
 log = logging.getLogger("c2dtn.dtn7")
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from c2dtn.errors import ConfigError
-from cla_adapters.spec import DEFAULT_PORTS
-from topologies import testbed
+from c2dtn.cla_adapters.spec import DEFAULT_PORTS
+from c2dtn.overlay.envelope import Priority
+from c2dtn.topologies import testbed
 
 
 def node_path(st: dict[str, Any], src: str, dst: str) -> list[str]:
@@ -103,9 +105,10 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
                 lines += ["[groups]"] + [f"{g} = {json.dumps(list(ms))}" for g, ms in mine.items()] + [""]
         sched = {}
         if any_udp:
-            # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose;
-            # on a radio link a second of linger and ack delay lets several envelopes and acks share a bundle
-            sched = {"aggregate_bytes": 1200, "linger_ms": 1000, "ack_delay_ms": 1000}
+            # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose
+            sched = {"aggregate_bytes": 1200}
+            if rated:  # on a radio link a second of linger and ack delay lets several envelopes and acks share a bundle
+                sched.update(linger_ms=1000, ack_delay_ms=1000)
         elif not rated:
             # no link with a rate limit anywhere (a LAN): 64 kB bundles, so that 10 kB messages share
             # them and the BPAs handle a sixth as many (measured: 0.58 -> 0.91 of bare dtnd's throughput);
@@ -122,3 +125,90 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
         p.chmod(0o600)  # holds keys
         paths[n] = p
     return paths
+
+
+# -- [gateway] tables -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One [[gateway.topic]] rule, from the CLI's FILTER[=PRIORITY[,LIFETIME[,supersede]]]."""
+    filter: str
+    priority: str = "routine"
+    lifetime: int = 3600
+    supersede: bool = False
+
+    @classmethod
+    def parse(cls, spec: str) -> TopicSpec:
+        filt, _, rest = spec.partition("=")
+        parts = [x.strip() for x in rest.split(",")] if rest else []
+        prio = parts[0] if parts else "routine"
+        try:
+            Priority.parse(prio)
+            life = int(parts[1]) if len(parts) > 1 else 3600
+            if life <= 0:
+                raise ValueError("a lifetime is a positive number of seconds")
+        except ValueError as e:
+            raise ConfigError("--topic", "--topic", spec, str(e), "write FILTER=PRIORITY,LIFETIME_S[,supersede]") from None
+        if len(parts) > 2 and parts[2:] != ["supersede"] or not filt:
+            raise ConfigError("--topic", "--topic", spec, "not FILTER[=PRIORITY[,LIFETIME_S[,supersede]]]",
+                              'e.g. "bft/+/+/+/location=priority,600,supersede"')
+        return cls(filt, prio, life, len(parts) > 2)
+
+    def toml(self) -> str:
+        return (f'[[gateway.topic]]\nfilter = {json.dumps(self.filter)}\npriority = "{self.priority}"\n'
+                f"lifetime = {self.lifetime}\n" + ('supersede = "topic"\n' if self.supersede else ""))
+
+
+def gateway_routes(st: dict[str, Any], node: str, overlay_nodes: list[str]) -> list[tuple[str, str]]:
+    """(prefix, via) for an intercepting gateway: every host of the topology whose IP path from
+    `node` passes another overlay node is served by the last overlay node on that path."""
+    routes = []
+    for h, v in sorted(st["nodes"].items()):
+        if h in overlay_nodes or v.get("role") not in ("host", "broker"):
+            continue
+        path = node_path(st, node, h)
+        via = [x for x in path[1:] if x in overlay_nodes]
+        if via:
+            routes.append((f"{testbed.node_address(st, h)}/32", via[-1]))
+    return routes
+
+
+def gateway_tables(st: dict[str, Any], overlay_nodes: list[str], gateways: list[str], tproxy: list[str] = (),
+                   listen: dict[str, str] | None = None, bridge: dict[str, str] | None = None,
+                   topics: list[TopicSpec] = ()) -> dict[str, str]:
+    """A [gateway] table per gateway node (far side for all of them; `tproxy`: intercept MQTT
+    crossing the node, routes from the topology; `listen`: node -> "ADDR:PORT>BROKER:PORT", an
+    explicit listener; `bridge`: node -> "BROKER:PORT", bridge mode with the other gateways as
+    peers and the topic filters as what goes out).  A gateway releases only what a topic rule
+    allows, so `topics` is required."""
+    listen, bridge = listen or {}, bridge or {}
+    named = set(tproxy) | set(listen) | set(bridge)
+    for n in named - set(gateways):
+        raise ConfigError("--gateway", "--gateway", n, "a --tproxy/--listen/--bridge node must be one of --gateway")
+    for n in gateways:
+        if n not in overlay_nodes:
+            raise ConfigError("--gateway", "--gateway", n, "a gateway must also run the overlay (--overlay)")
+    if gateways and not topics:
+        raise ConfigError("--topic", "--topic", None, "gateways carry only topics a rule releases",
+                          'give at least one --topic, e.g. --topic "#=routine"')
+    rules = "\n".join(t.toml() for t in topics)
+    out = {}
+    for n in gateways:
+        lines = ["[gateway]"]
+        if n in tproxy:
+            lines.append("tproxy = true")
+        if n in listen:
+            addr, sep, broker = listen[n].partition(">")
+            if not sep:
+                raise ConfigError("--listen", "--listen", listen[n], "must be NODE=ADDR:PORT>BROKER:PORT")
+            lines += [f'listen = "{addr}"', f'broker = "{broker}"']
+        lines.append("")
+        if n in tproxy:
+            for prefix, via in gateway_routes(st, n, overlay_nodes):
+                lines += ["[[gateway.route]]", f'prefix = "{prefix}"', f'via = "{via}"', ""]
+        if n in bridge:
+            peers = [g for g in gateways if g != n]
+            lines += ["[gateway.bridge]", f'broker = "{bridge[n]}"', f"peers = {json.dumps(peers)}",
+                      f"out = {json.dumps([t.filter for t in topics])}", ""]
+        out[n] = "\n".join(lines) + "\n" + rules
+    return out

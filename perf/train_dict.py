@@ -5,8 +5,8 @@ compress (zlib: 226 -> 168 bytes), with a dictionary trained on their shape
 zstd makes about 40 bytes of one.  Both ends must hold the same dictionary, so
 it ships as data; this script is how it was made:
 
-    python -m overlay.train_dict overlay/data/position-reports.zdict          (v1: reports)
-    python -m overlay.train_dict --v2 overlay/data/position-reports-v2.zdict  (v2: + gateway bodies)
+    python -m c2dtn.perf.train_dict overlay/data/position-reports.zdict          (v1: reports)
+    python -m c2dtn.perf.train_dict --v2 overlay/data/position-reports-v2.zdict  (v2: + gateway bodies)
 
 v1 knew only the bare report, so the MQTT gateway's bodies (the report inside a small
 CBOR map: op, client, broker, topic, QoS) came out at about 134 bytes; v2 is trained on

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import base64
-import http.client
-import json
 import os
-import threading
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlencode
 
-import cbor2
-
-from overlay.cli import _UnixHTTP
-from overlay.config import load_node_config
-from overlay.supervisor import SupervisorError, find_dtnd
-from overlay.testbed_configs import write_configs
-from topologies import netns
+from c2dtn.overlay.client import ApiError, NodeClient
+from c2dtn.overlay.config import load_node_config
+from c2dtn.overlay.supervisor import SupervisorError, find_dtnd
+from c2dtn.topologies.node_configs import write_configs
+from c2dtn.topologies import netns
 
 
 def dtnd_missing() -> str | None:
@@ -44,7 +37,7 @@ class Nodes:
                                    extra=self.gateways, groups=groups, scheduler=scheduler)
         self.procs: dict[str, subprocess.Popen] = {}
         self.sock = {n: load_node_config(p).api_socket for n, p in self.paths.items()}
-        self._conns: dict[tuple[str, int], _UnixHTTP] = {}
+        self._clients: dict[str, NodeClient] = {}
 
     def cfg(self, n: str):
         return load_node_config(self.paths[n])
@@ -65,9 +58,9 @@ class Nodes:
             if self.procs[n].poll() is not None:
                 raise RuntimeError(f"node {n} exited: " + self.log(n)[-2000:])
             try:
-                self.api(n, "GET", "/status", timeout=2)
+                self.client(n).status(timeout=2)
                 return
-            except (OSError, ValueError, RuntimeError):
+            except ApiError:
                 time.sleep(0.1)
         raise RuntimeError(f"node {n} not ready in {timeout} s: " + self.log(n)[-2000:])
 
@@ -98,52 +91,23 @@ class Nodes:
             except subprocess.TimeoutExpired:
                 p.kill()
 
-    def api(self, n: str, method: str, path: str, body: bytes | None = None, timeout: float = 30.0,
-            cbor: bool = False):
-        """One request on a kept-alive connection to node n's API (a new one if it broke);
-        cbor: ask for CBOR (GET /recv: bodies as bytes, not base64)."""
-        key = (n, threading.get_ident())
-        headers = {"Accept": "application/cbor"} if cbor else {}
-        for attempt in (0, 1):
-            conn = self._conns.get(key)
-            if conn is None:
-                conn = self._conns[key] = _UnixHTTP(str(self.sock[n]), timeout)
-            conn.timeout = timeout
-            try:
-                if conn.sock is not None:
-                    conn.sock.settimeout(timeout)
-                conn.request(method, path, body=body, headers=headers)
-                r = conn.getresponse()
-                raw = r.read()
-                data = cbor2.loads(raw) if r.getheader("Content-Type", "").startswith("application/cbor") \
-                    else json.loads(raw or b"null")
-                break
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                self._conns.pop(key, None)
-                if attempt:
-                    raise
-        if r.status != 200:
-            raise RuntimeError(f"{n} {path}: {data}")
-        return data
+    def client(self, n: str) -> NodeClient:
+        """Node n's API client (one kept-alive connection per thread)."""
+        if n not in self._clients:
+            self._clients[n] = NodeClient(self.sock[n], n)
+        return self._clients[n]
 
     def send(self, n: str, dst: str, body: bytes, priority: str = "routine", lifetime: float = 3600,
              supersede: str | None = None) -> int:
-        qs = {"dst": dst, "priority": priority, "lifetime": lifetime, "app": "test"}
-        if supersede:
-            qs["supersede"] = supersede
-        return self.api(n, "POST", "/send?" + urlencode(qs), body)["seq"]
+        return self.client(n).send(dst, body, priority, lifetime, supersede, app="test")["seq"]
 
     def recv(self, n: str, wait: float = 1.0, cbor: bool = True) -> list[dict]:
         """What node n's inbox holds (taken off it), bodies as bytes; over the API's CBOR
         answer, or its JSON one (base64 bodies) with cbor=False."""
-        items = self.api(n, "GET", f"/recv?wait={wait}&max=1000", timeout=wait + 30, cbor=cbor)
-        if items:
-            self.api(n, "POST", "/consumed", json.dumps({"ids": [d["id"] for d in items]}).encode())
-        if not cbor:
-            for d in items:
-                d["body"] = base64.b64decode(d["body"])
+        c = self.client(n)
+        items = c.recv(wait, 1000, cbor=cbor)
+        c.consumed(items)
         return items
 
     def status(self, n: str) -> dict:
-        return self.api(n, "GET", "/status")
+        return self.client(n).status()

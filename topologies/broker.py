@@ -28,7 +28,7 @@ def start_mosquitto(netns: str, workdir: Path, address: str, port: int = 1883, e
     p = subprocess.Popen(["ip", "netns", "exec", netns, "bash", "-c", f'exec -a c2mosquitto mosquitto -c "{conf}"'],
                          stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
-    from topologies import netns as nsmod
+    from c2dtn.topologies import netns as nsmod
 
     while time.monotonic() < deadline:
         if p.poll() is not None:
