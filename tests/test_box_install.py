@@ -8,7 +8,6 @@ import ast
 import os
 import signal
 import subprocess
-import sys
 import time
 import venv
 from pathlib import Path

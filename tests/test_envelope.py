@@ -127,7 +127,7 @@ def test_ack_bodies_are_runs():
 
 
 def test_a_report_in_a_gateway_body_costs_about_a_fifth_of_its_size_on_the_wire():
-    from c2dtn.ip_gateway import session
+    from c2dtn.ip_gateway import bodies as session
 
     a, b = pair()
     body = session.pack("bpub", "c2bridge-prt-gw", "10.79.3.5:1883", t="/PRT/PRT-UNIT001/PRT-S003/location",

@@ -238,9 +238,10 @@ def _answer(s: socket.socket, version: int = 5) -> tuple[list[m.Packet], bool]:
     (b"\x30\xff\xff\xff\xff\x01", m.Reason.MALFORMED_PACKET),  # remaining length of 5 bytes
     (b"\x30\x06\x00\x03a\xffb\x00", m.Reason.MALFORMED_PACKET),  # topic that is not UTF-8
     (m.encode(m.Publish("c2/+/x", b"x"), 5), m.Reason.TOPIC_NAME_INVALID),  # wildcard in a PUBLISH topic
+    (m.encode(m.Publish("c2/a", b"x", properties={"topic_alias": 0}), 5), m.Reason.TOPIC_ALIAS_INVALID),
     # oversize: its fixed header is enough to refuse it (the rest would only be read to be thrown away)
     (m.encode(m.Publish("c2/big", b"x" * (MAX_PACKET + 10)), 5)[:100], m.Reason.PACKET_TOO_LARGE),
-], ids=["bad-remaining-length", "topic-not-utf8", "wildcard-in-publish", "oversize"])
+], ids=["bad-remaining-length", "topic-not-utf8", "wildcard-in-publish", "topic-alias-0", "oversize"])
 def test_malformed_mqtt_closes_only_that_client_with_the_right_reason(mqtt_chain, bad, reason):
     nodes, h1, h4 = mqtt_chain
     tag = f"ok{int(reason)}"
@@ -303,3 +304,69 @@ def test_explicit_listener_clients_pointed_at_the_gateway_reach_the_far_broker(m
                      "--qos", "1", "--count", "10", "--client-id", "c2pub-explicit"), 60)[-1]
     assert p["acked"] == 10 and p["disconnects"] == []
     assert sorted(ids_of(lines(sub, 150))) == list(range(10))
+
+
+def _read_packets(s: socket.socket, parser: m.Parser, want: int, timeout: float) -> list[m.Packet]:
+    """Packets from the gateway until `want` of them came or `timeout` passed."""
+    got: list[m.Packet] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        s.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            data = s.recv(65536)
+        except (TimeoutError, socket.timeout):
+            break
+        if not data:
+            break
+        got += parser.feed(data)
+    return got
+
+
+def test_mqtt5_limits_and_session_expiry_of_a_client_hold_across_the_link(mqtt_chain):
+    """An MQTT 5 client behind gw1 (raw, so every packet is seen): its subscription id comes
+    back on publications from h4's broker, a publication over its Maximum Packet Size is
+    dropped for it, its Receive Maximum of 1 holds the next publication until it acks, and
+    after its connection breaks it gets its session back (Session Present) within the
+    Session Expiry Interval."""
+    nodes, h1, h4 = mqtt_chain
+    cid = "c2v5limits"
+    props = {"session_expiry_interval": 300, "receive_maximum": 1, "maximum_packet_size": 300}
+
+    def connect(clean: bool) -> tuple[socket.socket, m.Parser, m.ConnAck]:
+        s = netns.socket_in("c2-h1", socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(20)
+        s.connect((h4, 1883))
+        s.sendall(m.encode(m.Connect(cid, clean, 60, version=5, properties=props), 5))
+        parser = m.Parser(version=5)
+        (ack,) = _read_packets(s, parser, 1, 20)
+        return s, parser, ack
+
+    s, parser, ack = connect(clean=True)
+    assert ack.reason == 0 and ack.session_present is False
+    assert ack.properties["topic_alias_maximum"] >= 1
+    s.sendall(m.encode(m.Subscribe(1, [m.SubOption("c2/v5live/#", 1)], {"subscription_identifier": [42]}), 5))
+    assert _read_packets(s, parser, 1, 20) == [m.SubAck(1, [1])]
+    far_subscribed(nodes, cid, "c2/v5live/#")
+    for topic, size in (("c2/v5live/first", 20), ("c2/v5live/big", 600), ("c2/v5live/second", 20)):
+        p = lines(client("h4", "pub", "--host", "127.0.0.1", "--topic", topic, "--qos", "1", "--count", "1",
+                         "--size", str(size), "--client-id", f"c2pub-{topic.rsplit('/', 1)[1]}"), 60)[-1]
+        assert p["acked"] == 1
+    (first,) = _read_packets(s, parser, 1, 120)
+    assert first.topic == "c2/v5live/first" and first.properties["subscription_identifier"] == [42]
+    # Receive Maximum 1: nothing more while the first is unacknowledged (the rest has had time to cross)
+    time.sleep(20)
+    assert _read_packets(s, parser, 1, 2) == []
+    s.sendall(m.encode(m.PubAck(first.packet_id), 5))
+    (second,) = _read_packets(s, parser, 1, 60)
+    assert second.topic == "c2/v5live/second", "the publication over the client's maximum packet size came"
+    s.sendall(m.encode(m.PubAck(second.packet_id), 5))
+    assert _read_packets(s, parser, 1, 3) == []  # ... and the big one never does
+    assert nodes.status("gw1")["mqtt"]["counters"]["too_large_for_client"] >= 1
+    s.close()  # no DISCONNECT: the session outlives the connection by 300 s
+    time.sleep(1)
+    s, parser, ack = connect(clean=False)
+    try:
+        assert ack.reason == 0 and ack.session_present is True
+    finally:
+        s.sendall(m.encode(m.Disconnect(0, {"session_expiry_interval": 0}), 5))
+        s.close()

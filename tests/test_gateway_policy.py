@@ -3,7 +3,7 @@
 import pytest
 
 from c2dtn.errors import ConfigError
-from c2dtn.ip_gateway import session as s
+from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway.policy import parse_gateway
 from c2dtn.overlay.envelope import Priority
 

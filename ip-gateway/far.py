@@ -1,0 +1,299 @@
+"""The far side of the MQTT gateway (where the broker is): one MQTT connection per
+origin client at the real broker, with the client's own id, clean-start flag, keep
+alive and will.  An envelope is consumed (so its origin is acked) only once the
+broker accepted it (PUBACK, PUBCOMP, SUBACK); publications the broker sends are put
+in custody before the broker gets its PUBACK, and travel back as "msg" envelopes.
+
+An asyncio shell around the codec: the session's state is its params and
+subscriptions (kept in the session file by the gateway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from typing import TYPE_CHECKING
+
+from c2dtn.ip_gateway import mqtt as m
+from c2dtn.ip_gateway import bodies as s
+from c2dtn.ip_gateway.near_core import Envelope, aged, lifetime_ms
+from c2dtn.ip_gateway.policy import TopicRule
+from c2dtn.overlay.custody import Delivery, QuotaExceeded
+from c2dtn.overlay.node import now_ms
+
+if TYPE_CHECKING:
+    from c2dtn.ip_gateway.gateway import MqttGateway
+
+log = logging.getLogger("c2dtn.gateway")
+
+
+class FarSession:
+    """One origin client's connection to the real broker, at the far gateway."""
+
+    always_subscribe = False
+
+    def __init__(self, gw: "MqttGateway", origin: str, client: str, broker: str, state: dict | None = None):
+        self.gw, self.origin, self.client, self.broker = gw, origin, client, broker
+        self.params: dict = {"v": 4, "cs": False, "ka": 60}
+        self.subs: dict[str, list] = {}
+        self.queue: asyncio.Queue[tuple[Delivery, dict]] = asyncio.Queue()
+        self.writer: asyncio.StreamWriter | None = None
+        self.parser: m.Parser | None = None
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.inflight: dict[int, tuple[Delivery, dict]] = {}  # packet id -> publish awaiting PUBACK/PUBCOMP
+        self._conn: asyncio.StreamWriter | None = None  # the newest broker connection
+        self.connack: asyncio.Future | None = None
+        self.next_pid = 1
+        self.present = False  # the origin client is connected at its near gateway
+        self._lock = asyncio.Lock()
+        if state is not None:  # a session from before a restart: reconnect at once, with its subscriptions
+            self.params, self.subs = state["params"], state["subs"]
+            self.present = state.get("present", True)
+        self.task = asyncio.create_task(self._run(resume=state is not None))
+        self._pinger = asyncio.create_task(self._keepalive())
+
+    def key(self) -> str:
+        return f"{self.origin}/{self.client}"
+
+    def _pid(self) -> int:
+        pid = self.next_pid
+        self.next_pid = pid % 65535 + 1
+        return pid
+
+    async def _keepalive(self) -> None:
+        """PINGREQ within the keep alive; while the client is present and has subscriptions,
+        a lost broker connection is made again at once (publications wait for it there)."""
+        while True:
+            await asyncio.sleep(max(1.0, (self.params.get("ka") or 60) / 2))
+            if self.writer is not None:
+                self.writer.write(m.encode(m.PingReq(), self.params.get("v", 4)))
+            elif self.present and self.subs:
+                try:
+                    await self._ensure_connected()
+                except (ConnectionError, OSError, asyncio.TimeoutError) as e:
+                    log.warning("session %s: reconnecting failed: %s", self.key(), e)
+                    self._drop()
+
+    async def _ensure_connected(self) -> None:
+        async with self._lock:
+            if self.writer is None:
+                await self._connect()
+
+    def cancel(self) -> None:
+        self.task.cancel()
+        self._pinger.cancel()
+        self._drop_clean()
+
+    async def _connect(self) -> None:
+        host, port = self.broker.rsplit(":", 1)
+        backoff = 0.5
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+                break
+            except OSError as e:
+                log.warning("broker %s unreachable for %s: %s; retrying in %.1f s", self.broker, self.key(), e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(10.0, backoff * 2)
+        v = self.params.get("v", 4)
+        self._requeue_inflight()  # unacknowledged on the connection before: they go again on this one
+        for f in self.waiting.values():
+            if not f.done():
+                f.set_exception(ConnectionError("broker connection replaced"))
+        self.waiting.clear()
+        self.parser = m.Parser(self.gw.cfg.max_packet_size, version=v)
+        self.writer = self._conn = writer
+        self.connack = asyncio.get_running_loop().create_future()
+        props = {"session_expiry_interval": self.params["sx"]} if v == 5 and "sx" in self.params else {}
+        writer.write(m.encode(m.Connect(self.client, self.params.get("cs", False), self.params.get("ka", 60), None,
+                                        None, s.will_in(self.params.get("w")), v, props), v))
+        self._reader_task = asyncio.create_task(self._read(reader, writer))
+        ack = await asyncio.wait_for(self.connack, 30)
+        if ack.reason:
+            raise ConnectionError(f"broker {self.broker} refused client {self.client}: reason 0x{ack.reason:02x}")
+        self.params["cs"] = False  # a reconnect resumes the session the first connect started
+        if self.subs and (self.always_subscribe or not ack.session_present):
+            await self._request(m.Subscribe(self._pid(), [m.SubOption(f, *o) for f, o in self.subs.items()]))
+        log.info("session %s open at broker %s", self.key(), self.broker)
+
+    async def _read(self, reader, writer) -> None:
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for p in self.parser.feed(data):
+                    await self._from_broker(p, writer)
+        except (ConnectionError, OSError, m.MqttError) as e:
+            log.warning("broker connection of %s failed: %s", self.key(), e)
+        finally:
+            if self.writer is writer:
+                self.writer = None
+            if self._conn is writer:  # not yet replaced by a newer connection: its waiters fail
+                for f in list(self.waiting.values()) + ([self.connack] if self.connack else []):
+                    if not f.done():
+                        f.set_exception(ConnectionError("broker connection lost"))
+                self.waiting.clear()
+                self._requeue_inflight()
+
+    def _requeue_inflight(self) -> None:
+        """Publishes the broker never acknowledged go again, first and in their order."""
+        if not self.inflight:
+            return
+        again = sorted(self.inflight.values(), key=lambda x: x[0].id)
+        self.inflight.clear()
+        while not self.queue.empty():
+            again.append(self.queue.get_nowait())
+        for x in again:
+            self.queue.put_nowait(x)
+
+    async def _from_broker(self, p: m.Packet, writer) -> None:
+        v = self.params.get("v", 4)
+        if isinstance(p, m.ConnAck):
+            if self.connack and not self.connack.done():
+                self.connack.set_result(p)
+        elif isinstance(p, (m.PubAck, m.PubComp)) and p.packet_id in self.inflight:
+            self.gw.delivered(self.inflight.pop(p.packet_id)[0].id)
+        elif isinstance(p, (m.PubAck, m.PubComp, m.SubAck, m.UnsubAck)):
+            f = self.waiting.pop(p.packet_id, None)
+            if f and not f.done():
+                f.set_result(p)
+        elif isinstance(p, m.PubRec):
+            writer.write(m.encode(m.PubRel(p.packet_id), v))
+        elif isinstance(p, m.PubRel):
+            writer.write(m.encode(m.PubComp(p.packet_id), v))
+        elif isinstance(p, m.Publish):
+            # into custody before the broker hears PUBACK: it stays the broker's until then
+            rule = self.gw.cfg.policy.rule_for(p.topic)
+            if rule is None:
+                self.gw.counters["held_local"] += 1  # not on the allow-list: it does not cross
+            else:
+                try:
+                    self.gw.submit_many(self._envelopes(p, rule))
+                except QuotaExceeded as e:
+                    log.warning("custody full, broker publication for %s not taken: %s", self.key(), e)
+                    return  # no ack: the broker sends it again
+            if p.qos == 1:
+                writer.write(m.encode(m.PubAck(p.packet_id), v))
+            elif p.qos == 2:
+                writer.write(m.encode(m.PubRec(p.packet_id), v))
+
+    def _envelopes(self, p: m.Publish, rule: TopicRule) -> list[Envelope]:
+        """What a publication from the broker becomes: one "msg" back to the origin client."""
+        self.gw.counters["returned"] += 1
+        body = s.pack("msg", self.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
+                      x=s.props_out(p.properties))
+        key = rule.key(p.topic)
+        return [(self.origin, body, lifetime_ms(rule, p), rule.priority, key and f"{key}@{self.client}")]
+
+    async def _request(self, pkt) -> m.Packet:
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[pkt.packet_id] = fut
+        self.writer.write(m.encode(pkt, self.params.get("v", 4)))
+        return await asyncio.wait_for(fut, 60)
+
+    async def _run(self, resume: bool = False) -> None:
+        if resume:
+            try:
+                await self._ensure_connected()
+            except (ConnectionError, OSError, asyncio.TimeoutError) as e:
+                log.warning("session %s not resumed yet: %s", self.key(), e)
+                self._drop()
+        while True:
+            d, msg = await self.queue.get()
+            while True:
+                try:
+                    await self._apply(d, msg)
+                    break
+                except (ConnectionError, OSError, asyncio.TimeoutError) as e:
+                    log.warning("session %s: %s; reconnecting", self.key(), e)
+                    self._drop()
+                    await asyncio.sleep(0.5)
+                except (ValueError, TypeError, KeyError, IndexError, struct.error) as e:
+                    # what a peer gateway sent does not make an MQTT packet: count, drop, go on
+                    self.gw.counters["bad_bodies"] += 1
+                    log.warning("session %s: %s from %s dropped: %s", self.key(), msg.get("op"), self.origin, e)
+                    self.gw.delivered(d.id)
+                    break
+
+    def _drop(self) -> None:
+        if self.writer is not None:
+            self.writer.transport.abort()
+            self.writer = None
+
+    async def _apply(self, d: Delivery, msg: dict) -> None:
+        op = msg["op"]
+        if op == "conn":
+            self.params = {k: msg[k] for k in ("v", "cs", "ka", "sx", "w") if k in msg}
+            if self.params.get("cs"):
+                self.subs.clear()
+            self.present = True
+            await self._settle()  # what went on the old connection is the broker's before it ends
+            async with self._lock:
+                self._drop_clean()
+                await self._connect()
+            self.gw.far_changed(self)
+            self.gw.delivered(d.id)
+            return
+        if op == "disc":
+            self.present = False
+            self.gw.far_changed(self)
+            await self._settle()  # what the client published before it left is the broker's first
+            if self.writer is not None:
+                if msg.get("w"):
+                    self._drop()  # no DISCONNECT: the broker publishes the will
+                else:
+                    self._drop_clean()
+            self.gw.delivered(d.id)
+            return
+        await self._ensure_connected()
+        if op == "sub":
+            subs = [m.SubOption(x[0], *x[1:5]) for x in msg.get("s", []) if isinstance(x, list) and x]
+            await self._request(m.Subscribe(self._pid(), subs))
+            for so in subs:
+                self.subs[so.filter] = [so.qos, so.no_local, so.retain_as_published, so.retain_handling]
+            self.gw.far_changed(self)
+            self.gw.delivered(d.id)
+        elif op == "unsub":
+            flts = [f for f in msg.get("f", []) if isinstance(f, str)]
+            await self._request(m.Unsubscribe(self._pid(), flts))
+            for f in flts:
+                self.subs.pop(f, None)
+            self.gw.far_changed(self)
+            self.gw.delivered(d.id)
+        elif op == "pub":
+            pub = aged(s.publish_from(msg, self.params.get("v", 4)), d.created_ms, now_ms())
+            if pub.qos == 0:
+                self.writer.write(m.encode(pub, self.params.get("v", 4)))
+                self.gw.delivered(d.id)
+            else:
+                # pipelined: the next publish goes before this one's ack comes back; unacknowledged
+                # ones go again (in order) when the broker connection is lost
+                pub.packet_id = self._pid()
+                self.inflight[pub.packet_id] = (d, msg)
+                self.writer.write(m.encode(pub, self.params.get("v", 4)))
+                deadline = asyncio.get_running_loop().time() + 60
+                while len(self.inflight) > 200 and self.writer is not None:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise asyncio.TimeoutError("the broker acknowledged nothing for 60 s")
+                    await asyncio.sleep(0.005)
+
+    async def _settle(self) -> None:
+        """Wait until the broker has acknowledged every publish in flight on this connection
+        (ending the connection earlier would send them again on the next: duplicates)."""
+        deadline = asyncio.get_running_loop().time() + 30
+        while self.inflight and self.writer is not None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        if self.inflight and self.writer is not None:
+            raise ConnectionError(f"{len(self.inflight)} publishes not acknowledged by the broker in 30 s")
+
+    def _drop_clean(self) -> None:
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.write(m.encode(m.Disconnect(), self.params.get("v", 4)))
+                self.writer.close()
+            self.writer = None
+
+

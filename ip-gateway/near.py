@@ -1,0 +1,113 @@
+"""The near side's asyncio shell: client connections in, the I/O-free NearCore
+(near_core.py) deciding, and this file doing what its events say: writing to
+sockets, committing envelopes to custody, arming the keep-alive/expiry timer."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from c2dtn.ip_gateway import near_core as nc
+from c2dtn.overlay.custody import QuotaExceeded
+
+if TYPE_CHECKING:
+    from c2dtn.ip_gateway.gateway import MqttGateway
+
+log = logging.getLogger("c2dtn.gateway")
+
+
+class NearSide:
+    def __init__(self, gw: MqttGateway):
+        self.gw = gw
+        self.core = nc.NearCore(gw.cfg.policy, gw.cfg.max_packet_size)
+        self.writers: dict[int, asyncio.StreamWriter] = {}
+        self._ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     broker: tuple[str, int]) -> None:
+        """One client connection, until it or the core ends it."""
+        cid = next(self._ids)
+        self.writers[cid] = writer
+        self.core.open(cid, f"{broker[0]}:{broker[1]}", time.time())
+        try:
+            while cid in self.writers:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                self.run(self.core.data(cid, data, time.time()))
+                if cid in self.writers:
+                    await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.run(self.core.closed(cid, time.time()))
+            w = self.writers.pop(cid, None)
+            if w is not None:
+                w.close()
+
+    def run(self, events: list[nc.Event]) -> None:
+        """Do what the core's events say, in order (a commit's outcome goes back to the core
+        and its replies are done next)."""
+        q = deque(events)
+        save = False
+        while q:
+            ev = q.popleft()
+            if isinstance(ev, nc.Write):
+                w = self.writers.get(ev.conn)
+                if w is not None and not w.is_closing():
+                    w.write(ev.data)
+            elif isinstance(ev, nc.Close):
+                w = self.writers.pop(ev.conn, None)
+                if w is not None:
+                    w.close()
+            elif isinstance(ev, nc.Submit):
+                ok = True
+                try:
+                    self.gw.submit_many(ev.envelopes, ev.marks)
+                except QuotaExceeded as e:
+                    ok = False
+                    log.warning("custody full, %d envelopes not taken: %s", len(ev.envelopes), e)
+                if ev.conn is not None:
+                    q.extendleft(reversed(self.core.committed(ev.conn, ok, time.time())))
+            elif isinstance(ev, nc.Done):
+                self.gw.delivered(ev.inbox_id)
+            elif isinstance(ev, nc.Release):
+                self.gw.release(ev.inbox_ids)
+            elif isinstance(ev, nc.SessionsChanged):
+                save = True
+            elif isinstance(ev, nc.Resume):
+                asyncio.get_running_loop().call_soon(self.gw.on_inbox, True)  # what waited for this session
+        if save:
+            self.gw.save_sessions()
+        self._arm()
+
+    def _arm(self) -> None:
+        """The timer at the core's next deadline (keep alive, session expiry)."""
+        due = self.core.next_deadline()
+        if self._timer is not None:
+            if due is not None and abs(self._timer.when() - self._loop_time(due)) < 0.05:
+                return
+            self._timer.cancel()
+            self._timer = None
+        if due is not None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(self._loop_time(due) + 0.01, self._tick)
+
+    @staticmethod
+    def _loop_time(wall: float) -> float:
+        return asyncio.get_running_loop().time() + max(0.0, wall - time.time())
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.run(self.core.tick(time.time()))
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for w in list(self.writers.values()):
+            w.close()

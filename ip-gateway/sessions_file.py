@@ -1,0 +1,49 @@
+"""The MQTT session file, <storage>/mqtt-sessions.cbor: near sessions (subscriptions,
+subscription ids, expiry) and far sessions (params, subscriptions), so both survive
+restarts.  CBOR, because wills and properties carry bytes.  Written whole to a
+temporary file, fsynced and renamed: a power cut leaves the old file or the new one."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import cbor2
+
+from c2dtn.ip_gateway.near_core import NEVER, NearSession
+
+log = logging.getLogger("c2dtn.gateway")
+FAR_FIELDS = ("origin", "client", "broker", "params", "subs")
+
+
+def load(path: Path, now: float) -> tuple[dict[str, NearSession], dict[str, dict]]:
+    """(near sessions, far session states); empty, with one log line, for a missing,
+    unreadable or damaged file.  A near session that had a connection when the file was
+    written ends `expiry` seconds from `now` (its client is not connected any more)."""
+    try:
+        st = cbor2.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}, {}
+    except (ValueError, OSError, cbor2.CBORDecodeError) as e:
+        log.error("MQTT session file %s unreadable (%s): starting without sessions", path, e)
+        return {}, {}
+    try:
+        near = {c: NearSession.from_dict(n) for c, n in st.get("near", {}).items()}
+        far = {k: f for k, f in st.get("far", {}).items() if all(x in f for x in FAR_FIELDS)}
+    except (AttributeError, KeyError, TypeError) as e:
+        log.error("MQTT session file %s damaged (%s): starting without sessions", path, e)
+        return {}, {}
+    for sess in near.values():
+        if sess.expires_at is None and sess.expiry_s != NEVER:
+            sess.expires_at = now + sess.expiry_s
+    return near, far
+
+
+def save(path: Path, near: dict[str, NearSession], far: dict[str, dict]) -> None:
+    st = {"near": {c: n.to_dict() for c, n in near.items() if n.expiry_s}, "far": far}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(cbor2.dumps(st))
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    tmp.replace(path)
