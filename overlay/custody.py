@@ -408,39 +408,31 @@ class CustodyStore:
                                 "WHERE seq=?", (now_ms, retry_at_ms[s], s))
             self._bump("sent", len(seqs))
 
-    def fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int, member: str | None = None) -> int:
-        """Envelopes sent before one the destination already has, and still not there:
-        lost on the way, so due again now rather than at their timeout.  For a group,
-        `member` is the one that acked: what it has not got is due again (for all)."""
-        not_at = "AND seq NOT IN (SELECT seq FROM member_acks WHERE member=?)" if member else ""
-        with self._tx(durable=False):
-            cur = self.db.execute("UPDATE outbox SET retry_ms=? WHERE dst=? AND inflight=1 AND received=0 AND "
-                                  f"superseded=0 AND sent_ms < ? AND retry_ms > ? {not_at}",
-                                  (now_ms, dst, sent_before_ms, now_ms) + ((member,) if member else ()))
-            if cur.rowcount:
-                self._bump("fast_retransmits", cur.rowcount)
-        return cur.rowcount
+    def inflight(self, dst: str, lacking: str | None = None, sent_before_ms: int | None = None,
+                 retry_after_ms: int | None = None, limit: int = -1) -> list[OutItem]:
+        """What is in flight to dst and not there yet (superseded copies excluded), in
+        sending order, bodies left out; `lacking`: for a group, only what that member has
+        not acked; only what was sent before `sent_before_ms`, or is due for its retry after
+        `retry_after_ms`, when given.  The scheduler decides what of it is lost."""
+        where, args = "", [dst]
+        if lacking:
+            where, args = where + " AND seq NOT IN (SELECT seq FROM member_acks WHERE member=?)", args + [lacking]
+        if sent_before_ms is not None:
+            where, args = where + " AND sent_ms < ?", args + [sent_before_ms]
+        if retry_after_ms is not None:
+            where, args = where + " AND retry_ms > ?", args + [retry_after_ms]
+        rows = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE dst=? AND inflight=1 AND received=0 AND "
+                               f"superseded=0{where} ORDER BY priority, seq LIMIT ?", args + [limit]).fetchall()
+        return [_item(r) for r in rows]
 
-    def tail(self, dst: str) -> tuple[int, int, int] | None:
-        """(seq, retry time) of the first envelope in flight to dst that it lacks, and the
-        last time anything was sent to dst; None when it lacks nothing."""
-        row = self.db.execute("SELECT seq, retry_ms FROM outbox WHERE dst=? AND inflight=1 AND received=0 AND "
-                              "superseded=0 ORDER BY priority, seq LIMIT 1", (dst,)).fetchone()
-        if row is None:
-            return None
-        last = self.db.execute("SELECT max(sent_ms) FROM outbox WHERE dst=? AND inflight=1", (dst,)).fetchone()[0]
-        return row[0], row[1], last or 0
+    def last_sent_ms(self, dst: str) -> int:
+        """When anything in flight to dst (there or not) was last sent; 0 if nothing is."""
+        return self.db.execute("SELECT max(sent_ms) FROM outbox WHERE dst=? AND inflight=1", (dst,)).fetchone()[0] or 0
 
-    def probe(self, seq: int, now_ms: int) -> None:
+    def set_retry(self, retry_at_ms: dict[int, int]) -> None:
+        """New retransmission times for envelopes in flight."""
         with self._tx(durable=False):
-            self.db.execute("UPDATE outbox SET retry_ms=? WHERE seq=?", (now_ms, seq))
-            self._bump("tail_probes")
-
-    def pull_in_retries(self, dst: str, at_ms: int) -> None:
-        """The path to dst works again: no in-flight envelope waits past at_ms for its retry."""
-        with self._tx(durable=False):
-            self.db.execute("UPDATE outbox SET retry_ms=? WHERE dst=? AND inflight=1 AND received=0 AND retry_ms>?",
-                            (at_ms, dst, at_ms))
+            self.db.executemany("UPDATE outbox SET retry_ms=? WHERE seq=?", [(t, s) for s, t in retry_at_ms.items()])
 
     def ack_from(self, member: str, done: Iterable[int], got: Iterable[int]) -> tuple[list[OutItem], list[OutItem]]:
         """An ack from `member`: (released, arrived).  An envelope sent to that member alone is

@@ -158,17 +158,18 @@ class Scheduler:
         for dst, p in self.paths.items():
             if p.probed or p.min_rtt_ms is None:
                 continue
-            tail = self.store.tail(dst)
-            if tail is None:
+            lacking = self.store.inflight(dst, limit=1)  # the oldest thing it lacks, in sending order
+            if not lacking:
                 continue
-            seq, retry_ms, last_sent = tail
-            at = max(last_sent, p.last_ack_ms) + int(2 * p.min_rtt_ms) + self.cfg.ack_delay_ms + 200
+            first = lacking[0]
+            at = max(self.store.last_sent_ms(dst), p.last_ack_ms) + int(2 * p.min_rtt_ms) + self.cfg.ack_delay_ms + 200
             if at > now_ms:
                 self._probe_at[dst] = at
-            elif retry_ms > now_ms:
-                self.store.probe(seq, now_ms)
+            elif first.retry_ms > now_ms:
+                self.store.set_retry({first.seq: now_ms})
+                self.store.count_event("tail_probes")
                 p.probed = True
-                probed.add(seq)
+                probed.add(first.seq)
         return probed
 
     def _lingers(self, queued: list[OutItem], now_ms: int) -> bool:
@@ -240,7 +241,7 @@ class Scheduler:
                 p.sample(max(1.0, now_ms - max(it.sent_ms for it in fresh)), self.cfg)
             # an ack proves the path works: what timed out into an outage need not
             # wait out its backed-off timer any longer than one fresh timeout
-            self.store.pull_in_retries(dst, now_ms + int(p.rto_ms))
+            self._pull_in_retries(dst, now_ms + int(p.rto_ms))
             # RACK's reordering window (RFC 8985 6.2): a quarter of the minimum round trip to
             # start with (a BPA that hands bundles over a little out of order is not losing
             # them), one quarter more each time a resent envelope proves to have arrived anyway
@@ -255,7 +256,7 @@ class Scheduler:
             newest = max((it.sent_ms for it in fresh), default=None)
             if newest is not None:
                 reo = int(p.reo_steps * p.min_rtt_ms / 4) if p.min_rtt_ms else 0
-                self.store.fast_retransmit(dst, newest - reo, now_ms, member=None if dst == sender else sender)
+                self._fast_retransmit(dst, newest - reo, now_ms, member=None if dst == sender else sender)
             nbytes = sum(it.size for it in items)
             if p.window < p.ssthresh:
                 p.window = min(self.cfg.max_window, p.window + nbytes)
@@ -263,6 +264,23 @@ class Scheduler:
                 seg = max(1024, nbytes / len(items))
                 p.window = min(self.cfg.max_window, p.window + nbytes * seg / p.window)
         return len(released) + len(arrived)
+
+    def _fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int, member: str | None) -> int:
+        """Envelopes sent before one the destination already has, and still not there:
+        lost on the way, so due again now rather than at their timeout.  For a group,
+        `member` is the one that acked: what it has not got is due again (for all)."""
+        lost = {it.seq: now_ms for it in self.store.inflight(dst, lacking=member, sent_before_ms=sent_before_ms,
+                                                             retry_after_ms=now_ms)}
+        if lost:
+            self.store.set_retry(lost)
+            self.store.count_event("fast_retransmits", len(lost))
+        return len(lost)
+
+    def _pull_in_retries(self, dst: str, at_ms: int) -> None:
+        """The path to dst works again: no in-flight envelope waits past at_ms for its retry."""
+        late = {it.seq: at_ms for it in self.store.inflight(dst, retry_after_ms=at_ms)}
+        if late:
+            self.store.set_retry(late)
 
     def _on_timeout(self, dst: str, now_ms: int) -> None:
         p = self.path(dst)

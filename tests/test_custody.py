@@ -471,7 +471,7 @@ def test_an_ack_for_a_resent_envelope_does_not_make_what_followed_its_first_copy
     first = a.poll(0)
     s2 = a.submit("gw4", b"two", 50)
     assert [o.seqs for o in a.poll(50)] == [[s2]]
-    a.store.probe(s1, 100)
+    a.store.set_retry({s1: 100})  # as a tail probe would
     assert [o.seqs for o in a.poll(100)] == [[s1]]
     b.on_bundle(first[0].payload, 101)
     acks = b.poll(300)  # after the ack delay
