@@ -87,16 +87,18 @@ class NearSide:
         self._arm()
 
     def _arm(self) -> None:
-        """The timer at the core's next deadline (keep alive, session expiry)."""
+        """A timer at the core's next deadline (keep alive, session expiry).  One that fires
+        earlier is kept: the tick finds nothing due and arms the next (a deadline that moves
+        later with every packet must not cost a new timer per packet)."""
         due = self.core.next_deadline()
+        if due is None:
+            return
+        when = self._loop_time(due) + 0.01
         if self._timer is not None:
-            if due is not None and abs(self._timer.when() - self._loop_time(due)) < 0.05:
+            if self._timer.when() <= when:
                 return
             self._timer.cancel()
-            self._timer = None
-        if due is not None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_at(self._loop_time(due) + 0.01, self._tick)
+        self._timer = asyncio.get_running_loop().call_at(when, self._tick)
 
     @staticmethod
     def _loop_time(wall: float) -> float:

@@ -63,6 +63,31 @@ def _scheduler(items: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
+def _fills(ctx, param, value: str) -> list[int]:
+    out = []
+    for v in value.split(","):
+        try:
+            n = int(float(v))
+        except ValueError:
+            raise click.BadParameter(f"{v!r} is not a number of envelopes (e.g. 1e4)") from None
+        if not 100 <= n <= 10_000_000:
+            raise click.BadParameter(f"{v!r}: a fill is 100 to 10,000,000 envelopes")
+        out.append(n)
+    return out
+
+
+@perf.command("store")
+@click.option("--fills", default="1e4,1e5,1e6", show_default=True, callback=_fills,
+              help="envelopes held at each measurement, comma-separated")
+def store_cmd(fills: list[int]) -> None:
+    """What one custody operation costs against the envelopes the store holds (no network)."""
+    from rich.console import Console
+
+    from c2dtn.perf import store_bench
+
+    store_bench.main(fills, console=Console())
+
+
 @perf.command("gateway")
 @click.option("--count", default=20_000, show_default=True, type=click.IntRange(100, 10_000_000),
               help="messages per run")

@@ -370,3 +370,21 @@ def test_mqtt5_limits_and_session_expiry_of_a_client_hold_across_the_link(mqtt_c
     finally:
         s.sendall(m.encode(m.Disconnect(0, {"session_expiry_interval": 0}), 5))
         s.close()
+
+
+def test_a_client_silent_past_its_keep_alive_is_closed_by_the_gateway(mqtt_chain):
+    """The near gateway's timer (not the client, not the far side) ends a connection that
+    stays silent for 1.5 x its keep alive: MQTT 5 hears DISCONNECT 0x8D."""
+    nodes, h1, h4 = mqtt_chain
+    s = netns.socket_in("c2-h1", socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.connect((h4, 1883))
+    s.sendall(m.encode(m.Connect("c2silent", True, 2, version=5), 5))
+    parser = m.Parser(version=5)
+    (ack,) = _read_packets(s, parser, 1, 20)
+    assert ack.reason == 0
+    t0 = time.monotonic()
+    pkts, closed = _answer(s)
+    s.close()
+    assert closed and pkts == [m.Disconnect(m.Reason.KEEP_ALIVE_TIMEOUT)]
+    assert 2.5 <= time.monotonic() - t0 <= 6, f"closed after {time.monotonic() - t0:.1f} s"
