@@ -20,7 +20,7 @@ from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway.near_core import Envelope, aged, lifetime_ms
 from c2dtn.ip_gateway.policy import TopicRule
-from c2dtn.overlay.custody import Delivery, QuotaExceeded
+from c2dtn.overlay.store import Delivery, QuotaExceeded
 from c2dtn.overlay.node import now_ms
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from c2dtn.ip_gateway.far import FarSession
 from c2dtn.ip_gateway.near import NearSide
 from c2dtn.ip_gateway.near_core import Envelope
 from c2dtn.ip_gateway.policy import GatewayConfig
-from c2dtn.overlay.custody import Delivery
+from c2dtn.overlay.store import Delivery
 from c2dtn.overlay.node import now_ms
 
 log = logging.getLogger("c2dtn.gateway")

@@ -12,7 +12,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from c2dtn.ip_gateway import near_core as nc
-from c2dtn.overlay.custody import QuotaExceeded
+from c2dtn.overlay.store import QuotaExceeded
 
 if TYPE_CHECKING:
     from c2dtn.ip_gateway.gateway import MqttGateway

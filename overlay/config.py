@@ -47,7 +47,7 @@ from typing import Any
 from c2dtn.errors import ConfigError
 from c2dtn.tomlfile import check_name, check_table, read_toml
 from c2dtn.cla_adapters import ClaSpec, parse_cla
-from c2dtn.overlay.custody import Quota
+from c2dtn.overlay.store import Quota
 from c2dtn.overlay.scheduler import SchedulerConfig
 
 AGENTS = ("dtn7",)

@@ -10,7 +10,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from c2dtn.overlay.custody import CustodyStore, Delivery, QuotaExceeded
+from c2dtn.overlay.custody import Custody
+from c2dtn.overlay.store import Delivery, QuotaExceeded
 from c2dtn.overlay.envelope import (Codec, Envelope, EnvelopeError, Kind, Priority, decode_ack_body,
                               decode_group_ack_body)
 from c2dtn.overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
@@ -50,7 +51,7 @@ class BundleResult:
 
 
 class OverlayCore:
-    def __init__(self, store: CustodyStore, codec: Codec, cfg: SchedulerConfig = SchedulerConfig(),
+    def __init__(self, store: Custody, codec: Codec, cfg: SchedulerConfig = SchedulerConfig(),
                  max_hold_ms: int = DEFAULT_MAX_HOLD_MS, answer_pings: bool = True):
         self.store = store
         self.codec = codec

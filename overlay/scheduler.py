@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from c2dtn.overlay.custody import CustodyStore, OutItem
+from c2dtn.overlay.custody import Custody
+from c2dtn.overlay.store import OutItem
 from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body, encode_group_ack_body
 
 ACK_LIFETIME_MS = 3600_000
@@ -83,7 +84,7 @@ class Outgoing:
 
 
 class Scheduler:
-    def __init__(self, store: CustodyStore, codec: Codec, cfg: SchedulerConfig = SchedulerConfig()):
+    def __init__(self, store: Custody, codec: Codec, cfg: SchedulerConfig = SchedulerConfig()):
         self.store = store
         self.codec = codec
         self.cfg = cfg
@@ -224,7 +225,7 @@ class Scheduler:
         retransmitting what it holds ("got"), sample RTT, open the window, and resend at
         once what was sent before something that arrived but did not arrive itself.
         Envelopes sent to a group count per destination (the group's path): they are
-        released once every member took them (CustodyStore.ack_from)."""
+        released once every member took them (Custody.ack_from)."""
         released, arrived = self.store.ack_from(sender, done, got)
         if not arrived and not released:
             return 0

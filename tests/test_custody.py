@@ -12,16 +12,41 @@ import cbor2
 import pytest
 
 from c2dtn.overlay.core import OverlayCore
-from c2dtn.overlay.custody import CustodyStore, Quota, QuotaExceeded
+from c2dtn.overlay.custody import Custody, CustodyStore, Quota, QuotaExceeded
+from c2dtn.overlay.store_memory import MemoryStore
 from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority
 from c2dtn.overlay.scheduler import SchedulerConfig
 
 KEY = b"k" * 32
 
 
+# Every test runs on both stores, the SQLite one a node runs and the in-memory one; those
+# about the SQLite file itself (reopen, schema, commits, checkpoints) on SQLite alone.
+STORE = {"kind": "sqlite"}
+
+
+def pytest_generate_tests(metafunc):
+    if "store_kind" in metafunc.fixturenames:
+        kinds = ["sqlite"] if metafunc.definition.get_closest_marker("sqlite_only") else ["sqlite", "memory"]
+        metafunc.parametrize("store_kind", kinds, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def store_kind(request):
+    STORE["kind"] = request.param
+    yield request.param
+    STORE["kind"] = "sqlite"
+
+
+def custody(tmp_path, name, quota=Quota()):
+    if STORE["kind"] == "memory":
+        return Custody(MemoryStore(), name, quota)
+    return CustodyStore(tmp_path / f"{name}.db", name, quota)
+
+
 def make(tmp_path, name, peer, quota=Quota()):
-    store = CustodyStore(tmp_path / f"{name}.db", name, quota)
-    return OverlayCore(store, Codec(name, {peer: KEY}), SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000))
+    return OverlayCore(custody(tmp_path, name, quota), Codec(name, {peer: KEY}),
+                       SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000))
 
 
 class Net:
@@ -71,6 +96,7 @@ def run(nodes, net, until_ms, step_ms=100, t0=0, app=None, actions=()):
     return got
 
 
+@pytest.mark.sqlite_only
 def test_submit_is_durable_and_survives_reopen(tmp_path):
     a = make(tmp_path, "gw1", "gw4")
     seq = a.submit("gw4", b"order 1", 0, priority=Priority.IMMEDIATE)
@@ -113,6 +139,7 @@ def test_500_across_an_outage_with_loss_exactly_once_in_order(tmp_path):
     assert b.store.count("duplicates") >= 0 and net.bundles < 600
 
 
+@pytest.mark.sqlite_only
 def test_sender_restart_mid_outage_loses_nothing(tmp_path):
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
     net = Net(delay_ms=300, loss=0.05, seed=3)
@@ -219,8 +246,8 @@ def test_malformed_bundles_and_envelopes_are_counted_and_the_rest_kept(tmp_path,
 
 def test_a_lost_bundle_is_resent_as_soon_as_a_later_one_arrives(tmp_path):
     cfg = SchedulerConfig(min_rto_ms=60_000, initial_rto_ms=120_000)
-    a = OverlayCore(CustodyStore(tmp_path / "a.db", "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
-    b = OverlayCore(CustodyStore(tmp_path / "b.db", "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
 
     class DropFirst(Net):
         def send(self, out, now):
@@ -238,6 +265,7 @@ def test_a_lost_bundle_is_resent_as_soon_as_a_later_one_arrives(tmp_path):
     assert a.store.count("fast_retransmits") == 1
 
 
+@pytest.mark.sqlite_only
 def test_a_store_of_another_schema_version_is_refused(tmp_path):
     import sqlite3
 
@@ -259,6 +287,7 @@ V1_OUTBOX = """CREATE TABLE outbox(seq INTEGER PRIMARY KEY, dst TEXT NOT NULL, p
   superseded INTEGER NOT NULL DEFAULT 0, received INTEGER NOT NULL DEFAULT 0)"""
 
 
+@pytest.mark.sqlite_only
 def test_a_version_1_store_is_migrated_and_delivers_what_it_held(tmp_path):
     """c2dtn before schema 2 kept bodies inside outbox rows: an upgrade must lose nothing held."""
     import sqlite3
@@ -320,6 +349,7 @@ def test_the_node_answers_pings_in_the_commit_that_takes_them(tmp_path):
     assert [(d.origin, d.body, d.priority) for d in pongs] == [("gw4", b"1:probe", Priority.FLASH)]
 
 
+@pytest.mark.sqlite_only
 def test_a_repeat_marked_like_an_earlier_envelope_is_taken_once_even_after_a_restart(tmp_path):
     """An MQTT client resends a PUBLISH (DUP, same packet id) when the gateway died between
     its custody commit and the PUBACK: the mark committed with the first copy skips it."""
@@ -341,7 +371,7 @@ def test_a_repeat_marked_like_an_earlier_envelope_is_taken_once_even_after_a_res
 
 def test_linger_lets_reports_share_a_bundle_but_flash_goes_at_once(tmp_path):
     cfg = SchedulerConfig(linger_ms=1000)
-    a = OverlayCore(CustodyStore(tmp_path / "a.db", "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
     a.submit("gw4", b"pos 1", 0, priority=Priority.PRIORITY, supersede="u1")
     assert a.poll(0) == [] and a.next_wakeup_ms() == 1000
     a.submit("gw4", b"pos 2", 300, priority=Priority.PRIORITY, supersede="u2")
@@ -356,8 +386,8 @@ def test_linger_lets_reports_share_a_bundle_but_flash_goes_at_once(tmp_path):
 
 def test_a_lost_last_envelope_is_probed_for_long_before_its_timer(tmp_path):
     cfg = SchedulerConfig(min_rto_ms=60_000, initial_rto_ms=120_000)
-    a = OverlayCore(CustodyStore(tmp_path / "a.db", "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
-    b = OverlayCore(CustodyStore(tmp_path / "b.db", "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
 
     class DropTail(Net):
         def send(self, out, now):
@@ -391,6 +421,7 @@ def test_bundles_a_little_out_of_order_are_not_taken_for_lost(tmp_path):
     assert a.store.count("fast_retransmits") == 0 and a.store.count("sent") == 200  # nothing resent
 
 
+@pytest.mark.sqlite_only
 def test_bundles_taken_together_commit_once_and_a_bad_one_spoils_nothing(tmp_path):
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
     bundles = []
@@ -431,6 +462,7 @@ def test_acks_ride_with_an_envelope_bigger_than_a_bundle_not_on_their_own(tmp_pa
     assert [o.seqs for o in out] == [seqs[:2], seqs[2:]] and out[0].acks[0] and not out[1].acks[0]
 
 
+@pytest.mark.sqlite_only
 def test_background_checkpoints_take_the_wal_copy_off_the_commits(tmp_path):
     import os
     import threading
@@ -508,3 +540,21 @@ def test_the_reordering_window_widens_after_a_resend_proves_spurious(tmp_path):
     deliver(fourth, 215)  # the same 5 ms of reordering again: inside the wider window now
     assert a.store.count("fast_retransmits") == 1
     assert not any(s3 in o.seqs for o in a.poll(221))
+
+
+@pytest.mark.sqlite_only
+def test_stores_are_chosen_by_name_and_keep_the_one_interface(tmp_path):
+    from c2dtn.errors import C2Error
+    from c2dtn.overlay.store import STORES, Store, open_store
+
+    mem, sql = open_store("memory"), open_store("sqlite", tmp_path / "s.db")
+    assert sorted(STORES) == ["memory", "sqlite"]
+    assert isinstance(mem, Store) and isinstance(sql, Store)
+    with pytest.raises(C2Error, match="unknown custody store 'tape': stores are memory, sqlite"):
+        open_store("tape")
+    # custody over either keeps the same records the same way
+    for st in (mem, sql):
+        c = Custody(st, "gw1")
+        seq = c.submit("gw4", b"x", 0, 60_000)
+        assert [it.seq for it in c.queued("gw4")] == [seq] and c.held_out() == (1, 1)
+        st.close()

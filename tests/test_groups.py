@@ -10,7 +10,8 @@ import pytest
 from c2dtn.errors import ConfigError
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.core import OverlayCore
-from c2dtn.overlay.custody import CustodyStore
+from c2dtn.overlay.custody import Custody, CustodyStore
+from c2dtn.overlay.store_memory import MemoryStore
 from c2dtn.overlay.envelope import BadTag, Codec, Envelope, Kind, Priority
 from c2dtn.overlay.scheduler import SchedulerConfig
 from c2dtn.topologies.node_configs import write_configs
@@ -23,10 +24,23 @@ PAIR = b"p" * 32
 GROUP_KEY = b"g" * 32
 
 
+# each test on both stores: SQLite (a node's) and in-memory
+STORE = {"kind": "sqlite"}
+
+
+@pytest.fixture(autouse=True, params=["sqlite", "memory"])
+def store_kind(request):
+    STORE["kind"] = request.param
+    yield request.param
+    STORE["kind"] = "sqlite"
+
+
 def make(tmp_path, name, cfg=SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000)):
     groups = {"fmn": tuple(n for n in NODES if n != name)}
     keys = {n: PAIR for n in NODES if n != name} | {"fmn": GROUP_KEY}
-    return OverlayCore(CustodyStore(tmp_path / f"{name}.db", name, groups=groups), Codec(name, keys, groups), cfg)
+    store = Custody(MemoryStore(), name, groups=groups) if STORE["kind"] == "memory" else \
+        CustodyStore(tmp_path / f"{name}.db", name, groups=groups)
+    return OverlayCore(store, Codec(name, keys, groups), cfg)
 
 
 class FanOut:

@@ -1,0 +1,424 @@
+"""The SQLite custody store (WAL, synchronous commits): records only, see store.py.
+
+Durability: a durable transaction (what takes custody or records what arrived) is on
+disk when it returns (fsync of the WAL).  Bookkeeping that can only cause a harmless
+repeat if a power cut undoes it commits without its own fsync; in WAL mode it still
+reaches the disk in order, with the next durable commit, so nothing is ever seen
+half done.
+
+Checkpoints (copying the WAL into the database file): by default SQLite's own, run
+inside whichever commit crosses 1,000 pages.  With background_checkpoints the commits
+leave that to checkpoint(), which the node calls from a thread on a second connection
+(PASSIVE: it neither waits for nor blocks a commit); a megabyte envelope otherwise made
+every few commits stop for a checkpoint of several megabytes on the message's path.  A
+commit still checkpoints itself past BACKSTOP_PAGES, should the thread fall behind.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from c2dtn.errors import C2Error
+from c2dtn.overlay.envelope import Priority
+from c2dtn.overlay.store import Delivery, OutItem, register
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbox(
+  seq INTEGER PRIMARY KEY,
+  dst TEXT NOT NULL,
+  priority INTEGER NOT NULL,
+  cseq INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL,
+  lifetime_ms INTEGER NOT NULL,
+  expires_ms INTEGER NOT NULL,
+  supersede TEXT,
+  app TEXT NOT NULL DEFAULT '',
+  size INTEGER NOT NULL,
+  inflight INTEGER NOT NULL DEFAULT 0,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  sent_ms INTEGER,
+  retry_ms INTEGER,
+  superseded INTEGER NOT NULL DEFAULT 0,
+  received INTEGER NOT NULL DEFAULT 0
+);
+-- Bodies live apart from the outbox rows: marking a megabyte envelope sent, scanning sizes
+-- or retry times must not rewrite or walk the body's overflow pages (schema version 2).
+CREATE TABLE IF NOT EXISTS bodies(seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
+CREATE TRIGGER IF NOT EXISTS outbox_body_gone AFTER DELETE ON outbox
+  BEGIN DELETE FROM bodies WHERE seq = old.seq; END;
+CREATE INDEX IF NOT EXISTS outbox_queue ON outbox(dst, inflight, priority, seq);
+CREATE INDEX IF NOT EXISTS outbox_key ON outbox(dst, supersede);
+CREATE INDEX IF NOT EXISTS outbox_expiry ON outbox(expires_ms);
+CREATE TABLE IF NOT EXISTS seen(
+  origin TEXT NOT NULL, seq INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
+  PRIMARY KEY(origin, seq)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS seen_expiry ON seen(expires_ms);
+CREATE TABLE IF NOT EXISTS latest(
+  origin TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL,
+  PRIMARY KEY(origin, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS orderq(
+  origin TEXT NOT NULL, priority INTEGER NOT NULL, next_cseq INTEGER NOT NULL,
+  PRIMARY KEY(origin, priority)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS held(
+  origin TEXT NOT NULL, priority INTEGER NOT NULL, cseq INTEGER NOT NULL, seq INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL, lifetime_ms INTEGER NOT NULL, supersede TEXT, app TEXT NOT NULL,
+  body BLOB NOT NULL, received_ms INTEGER NOT NULL,
+  PRIMARY KEY(origin, priority, cseq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox(
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  origin TEXT NOT NULL, seq INTEGER NOT NULL, priority INTEGER NOT NULL, created_ms INTEGER NOT NULL,
+  lifetime_ms INTEGER NOT NULL, supersede TEXT, app TEXT NOT NULL, body BLOB NOT NULL,
+  received_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS acks(
+  origin TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(origin, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS gotq(
+  origin TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(origin, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS reports(
+  id INTEGER PRIMARY KEY AUTOINCREMENT, seq INTEGER NOT NULL, dst TEXT NOT NULL,
+  outcome TEXT NOT NULL, at_ms INTEGER NOT NULL, created_ms INTEGER NOT NULL, supersede TEXT);
+CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS marks(key TEXT PRIMARY KEY, digest BLOB NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS member_acks(
+  seq INTEGER NOT NULL, member TEXT NOT NULL, done INTEGER NOT NULL,
+  PRIMARY KEY(seq, member)) WITHOUT ROWID;
+"""
+
+SCHEMA_VERSION = 2
+# version 1 -> 2: envelope bodies moved from outbox.body to their own table
+MIGRATE_1_TO_2 = """
+CREATE TABLE bodies(seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
+INSERT INTO bodies(seq, body) SELECT seq, body FROM outbox;
+ALTER TABLE outbox DROP COLUMN body;
+"""
+
+BACKSTOP_PAGES = 16384  # 64 MB of WAL: with background checkpoints, a commit checkpoints only past this
+
+_OUT_COLS = ("seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, size, "
+             "inflight, attempts, sent_ms, retry_ms, received, superseded")
+# ... and the body, for what is about to be sealed
+_OUT_WITH_BODY = f"SELECT {_OUT_COLS}, body FROM outbox JOIN bodies USING(seq)"
+_UPDATABLE = {"inflight", "attempts", "sent_ms", "retry_ms", "received", "superseded"}
+_DELIVERY_COLS = "seq, priority, created_ms, lifetime_ms, supersede, app, body, received_ms"
+
+
+def _item(r) -> OutItem:
+    """An OutItem from _OUT_COLS (+ body when selected with _OUT_WITH_BODY; else b"")."""
+    return OutItem(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[16] if len(r) > 16 else b"", r[9],
+                   bool(r[10]), r[11], r[12], r[13], bool(r[14]), bool(r[15]))
+
+
+@register("sqlite")
+class SqliteStore:
+    def __init__(self, path: str | Path, background_checkpoints: bool = False):
+        self.path = str(path)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
+        # a delivered or released message is overwritten on disk, not left in free pages (Debian's
+        # SQLite does this by default, others do not: chosen here, whatever the build; costs a write
+        # of each body's pages when it goes)
+        self.db.execute("PRAGMA secure_delete=ON")
+        self._sync = "FULL"
+        self._tx_durable = False
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        fresh = not self.db.execute("SELECT 1 FROM sqlite_master WHERE name='outbox'").fetchone()
+        if not fresh and version == 1:  # one transaction: a power cut leaves version 1 or 2, whole
+            self.db.executescript("BEGIN IMMEDIATE;" + MIGRATE_1_TO_2 + "PRAGMA user_version=2; COMMIT;")
+            version = 2
+        if not fresh and version != SCHEMA_VERSION:
+            raise C2Error(f"custody store {self.path} has schema version {version}, this c2dtn uses "
+                          f"{SCHEMA_VERSION}: deliver or export what it holds with the c2dtn that wrote it")
+        self.db.executescript(SCHEMA)
+        self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._ckpt_db: sqlite3.Connection | None = None
+        self._ckpt_lock = threading.Lock()
+        self._closed = False
+        if background_checkpoints:
+            self.db.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def transaction(self, durable: bool = True):
+        return _Tx(self, durable)
+
+    def close(self) -> None:
+        with self._ckpt_lock:  # not under a checkpoint running in another thread
+            self._closed = True
+            if self._ckpt_db is not None:
+                self._ckpt_db.close()
+                self._ckpt_db = None
+            self.db.close()
+
+    def checkpoint(self) -> tuple[int, int]:
+        """Copy what the WAL holds into the database file (PASSIVE); safe to call from one
+        other thread than the store's own.  Returns (frames in the WAL, frames copied)."""
+        with self._ckpt_lock:
+            if self._closed:  # a call queued in an executor before close() ran
+                return 0, 0
+            if self._ckpt_db is None:
+                self._ckpt_db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                self._ckpt_db.execute("PRAGMA synchronous=FULL")
+            _busy, frames, copied = self._ckpt_db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return frames, copied
+
+    # -- counters and reports ----------------------------------------------------------------
+    def bump(self, name: str, by: int = 1) -> int:
+        return self.db.execute("INSERT INTO counters(name, value) VALUES(?, ?) ON CONFLICT(name) "
+                               "DO UPDATE SET value = value + excluded.value RETURNING value", (name, by)).fetchone()[0]
+
+    def counter(self, name: str) -> int:
+        row = self.db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
+        return row[0] if row else 0
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT name, value FROM counters").fetchall())
+
+    def report_add(self, seq, dst, outcome, at_ms, created_ms, supersede) -> None:
+        self.db.execute("INSERT INTO reports(seq, dst, outcome, at_ms, created_ms, supersede) VALUES(?,?,?,?,?,?)",
+                        (seq, dst, outcome, at_ms, created_ms, supersede))
+
+    def reports(self, since_id: int = 0) -> list[tuple]:
+        return self.db.execute("SELECT id, seq, dst, outcome, at_ms, created_ms, supersede FROM reports "
+                               "WHERE id > ? ORDER BY id", (since_id,)).fetchall()
+
+    # -- outbox ------------------------------------------------------------------------------
+    def out_add(self, it: OutItem) -> None:
+        self.db.execute(
+            "INSERT INTO outbox(seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, "
+            "app, size) VALUES(?,?,?,?,?,?,?,?,?,?)",
+            (it.seq, it.dst, it.priority, it.cseq, it.created_ms, it.lifetime_ms, it.expires_ms, it.supersede,
+             it.app, it.size))
+        self.db.execute("INSERT INTO bodies(seq, body) VALUES(?,?)", (it.seq, it.body))
+
+    def out_get(self, seq: int) -> OutItem | None:
+        row = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE seq=?", (seq,)).fetchone()
+        return _item(row) if row else None
+
+    def out_delete(self, seq: int) -> None:
+        self.db.execute("DELETE FROM outbox WHERE seq=?", (seq,))  # the trigger takes its body
+        self.db.execute("DELETE FROM member_acks WHERE seq=?", (seq,))
+
+    def out_update(self, seq: int, **fields) -> None:
+        bad = set(fields) - _UPDATABLE
+        if bad:
+            raise ValueError(f"outbox fields {sorted(bad)} cannot be updated")
+        cols = ", ".join(f"{k}=?" for k in fields)
+        self.db.execute(f"UPDATE outbox SET {cols} WHERE seq=?", (*(int(v) if isinstance(v, bool) else v
+                                                                    for v in fields.values()), seq))
+
+    def out_set_retry(self, retry_at_ms: dict[int, int]) -> None:
+        self.db.executemany("UPDATE outbox SET retry_ms=? WHERE seq=?", [(t, s) for s, t in retry_at_ms.items()])
+
+    def out_sent(self, seqs: list[int], sent_ms: int, retry_at_ms: dict[int, int]) -> None:
+        self.db.executemany("UPDATE outbox SET inflight=1, attempts=attempts+1, sent_ms=?, retry_ms=? WHERE seq=?",
+                            [(sent_ms, retry_at_ms[s], s) for s in seqs])
+
+    def out_totals(self) -> tuple[int, int]:
+        return self.db.execute("SELECT count(*), coalesce(sum(size), 0) FROM outbox").fetchone()
+
+    def out_by_key(self, dst: str, key: str) -> list[OutItem]:
+        return [_item(r) for r in self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE dst=? AND supersede=?",
+                                                  (dst, key)).fetchall()]
+
+    def out_queued(self, dst: str, limit: int) -> list[OutItem]:
+        rows = self.db.execute(f"{_OUT_WITH_BODY} WHERE dst=? AND inflight=0 ORDER BY priority, seq LIMIT ?",
+                               (dst, limit)).fetchall()
+        return [_item(r) for r in rows]
+
+    def out_due(self, now_ms: int) -> list[OutItem]:
+        rows = self.db.execute(f"{_OUT_WITH_BODY} WHERE inflight=1 AND retry_ms <= ? ORDER BY priority, seq",
+                               (now_ms,)).fetchall()
+        return [_item(r) for r in rows]
+
+    def out_expired(self, now_ms: int) -> list[OutItem]:
+        return [_item(r) for r in self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE expires_ms <= ?",
+                                                  (now_ms,)).fetchall()]
+
+    def out_inflight(self, dst: str, lacking: str | None = None, sent_before_ms: int | None = None,
+                     retry_after_ms: int | None = None, limit: int = -1) -> list[OutItem]:
+        where, args = "", [dst]
+        if lacking:
+            where, args = where + " AND seq NOT IN (SELECT seq FROM member_acks WHERE member=?)", args + [lacking]
+        if sent_before_ms is not None:
+            where, args = where + " AND sent_ms < ?", args + [sent_before_ms]
+        if retry_after_ms is not None:
+            where, args = where + " AND retry_ms > ?", args + [retry_after_ms]
+        rows = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE dst=? AND inflight=1 AND received=0 AND "
+                               f"superseded=0{where} ORDER BY priority, seq LIMIT ?", args + [limit]).fetchall()
+        return [_item(r) for r in rows]
+
+    def out_last_sent_ms(self, dst: str) -> int:
+        return self.db.execute("SELECT max(sent_ms) FROM outbox WHERE dst=? AND inflight=1", (dst,)).fetchone()[0] or 0
+
+    def out_next_retry_ms(self) -> int | None:
+        return self.db.execute("SELECT min(retry_ms) FROM outbox WHERE inflight=1 AND received=0").fetchone()[0]
+
+    def out_next_expiry_ms(self) -> int | None:
+        return self.db.execute("SELECT min(expires_ms) FROM outbox").fetchone()[0]
+
+    def out_destinations(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT DISTINCT dst FROM outbox").fetchall()]
+
+    def out_inflight_bytes(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT dst, sum(size) FROM outbox WHERE inflight=1 AND superseded=0 "
+                                    "AND received=0 GROUP BY dst").fetchall())
+
+    def out_min_cseq(self, dst: str, priority: int) -> int:
+        row = self.db.execute("SELECT min(cseq) FROM outbox WHERE dst=? AND priority=? AND superseded=0 "
+                              "AND cseq > 0", (dst, priority)).fetchone()
+        return row[0] or 0
+
+    def out_pending(self, dst: str) -> bool:
+        return bool(self.db.execute("SELECT 1 FROM outbox WHERE dst=? AND (inflight=0 OR received=0) LIMIT 1",
+                                    (dst,)).fetchone())
+
+    def out_summary(self) -> list[tuple[str, int, int, int, int]]:
+        return self.db.execute("SELECT dst, priority, sum(inflight=0), sum(inflight=1), sum(size) FROM outbox "
+                               "GROUP BY dst, priority ORDER BY dst, priority").fetchall()
+
+    def member_acks(self, seq: int) -> dict[str, bool]:
+        return {m: bool(d) for m, d in self.db.execute("SELECT member, done FROM member_acks WHERE seq=?",
+                                                       (seq,)).fetchall()}
+
+    def member_ack(self, seq: int, member: str, done: bool) -> None:
+        self.db.execute("INSERT INTO member_acks(seq, member, done) VALUES(?,?,?) ON CONFLICT(seq, member) "
+                        "DO UPDATE SET done=excluded.done", (seq, member, int(done)))
+
+    def member_acks_prune(self) -> None:
+        self.db.execute("DELETE FROM member_acks WHERE seq NOT IN (SELECT seq FROM outbox)")
+
+    def mark_get(self, key: str) -> bytes | None:
+        row = self.db.execute("SELECT digest FROM marks WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def mark_set(self, key: str, digest: bytes, at_ms: int) -> None:
+        self.db.execute("INSERT OR REPLACE INTO marks(key, digest, at_ms) VALUES(?,?,?)", (key, digest, at_ms))
+
+    def marks_prune(self, before_ms: int) -> None:
+        self.db.execute("DELETE FROM marks WHERE at_ms <= ?", (before_ms,))
+
+    # -- receiving side -------------------------------------------------------------------------
+    def seen_has(self, origin: str, seq: int) -> bool:
+        return bool(self.db.execute("SELECT 1 FROM seen WHERE origin=? AND seq=?", (origin, seq)).fetchone())
+
+    def seen_add(self, origin: str, seq: int, expires_ms: int) -> None:
+        self.db.execute("INSERT INTO seen(origin, seq, expires_ms) VALUES(?,?,?)", (origin, seq, expires_ms))
+
+    def seen_prune(self, now_ms: int) -> None:
+        self.db.execute("DELETE FROM seen WHERE expires_ms <= ?", (now_ms,))
+
+    def latest_get(self, origin: str, key: str) -> int | None:
+        row = self.db.execute("SELECT seq FROM latest WHERE origin=? AND key=?", (origin, key)).fetchone()
+        return row[0] if row else None
+
+    def latest_set(self, origin: str, key: str, seq: int) -> None:
+        self.db.execute("INSERT INTO latest(origin, key, seq) VALUES(?,?,?) ON CONFLICT(origin, key) "
+                        "DO UPDATE SET seq=excluded.seq", (origin, key, seq))
+
+    def order_next(self, stream: str, priority: int) -> int:
+        row = self.db.execute("SELECT next_cseq FROM orderq WHERE origin=? AND priority=?",
+                              (stream, priority)).fetchone()
+        return row[0] if row else 1
+
+    def order_set(self, stream: str, priority: int, nxt: int) -> None:
+        self.db.execute("INSERT INTO orderq(origin, priority, next_cseq) VALUES(?,?,?) ON CONFLICT(origin, priority) "
+                        "DO UPDATE SET next_cseq=excluded.next_cseq", (stream, priority, nxt))
+
+    def held_add(self, stream: str, cseq: int, d: Delivery) -> None:
+        self.db.execute("INSERT OR IGNORE INTO held(origin, priority, cseq, seq, created_ms, lifetime_ms, "
+                        "supersede, app, body, received_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                        (stream, int(d.priority), cseq, d.seq, d.created_ms, d.lifetime_ms, d.supersede, d.app,
+                         d.body, d.received_ms))
+
+    def held_first(self, stream: str, priority: int, upto: int) -> tuple[int, Delivery] | None:
+        row = self.db.execute(f"SELECT cseq, {_DELIVERY_COLS} FROM held WHERE origin=? AND priority=? AND cseq<=? "
+                              "ORDER BY cseq LIMIT 1", (stream, priority, upto)).fetchone()
+        if row is None:
+            return None
+        cseq, seq, prio, created, lifetime, sup, app, body, rcv = row
+        return cseq, Delivery(0, stream.split(">", 1)[0], seq, Priority(prio), created, lifetime, sup, app, body, rcv)
+
+    def held_delete(self, stream: str, priority: int, cseq: int) -> None:
+        self.db.execute("DELETE FROM held WHERE origin=? AND priority=? AND cseq=?", (stream, priority, cseq))
+
+    def held_older(self, received_before_ms: int) -> list[tuple[str, int]]:
+        return self.db.execute("SELECT DISTINCT origin, priority FROM held WHERE received_ms <= ?",
+                               (received_before_ms,)).fetchall()
+
+    def held_min(self, stream: str, priority: int) -> int | None:
+        return self.db.execute("SELECT min(cseq) FROM held WHERE origin=? AND priority=?",
+                               (stream, priority)).fetchone()[0]
+
+    def held_has(self, origin: str, seq: int) -> bool:
+        return bool(self.db.execute("SELECT 1 FROM held WHERE (origin=? OR (origin>? AND origin<?)) AND seq=?",
+                                    (origin, origin + ">", origin + "?", seq)).fetchone())
+
+    def inbox_add(self, d: Delivery) -> None:
+        self.db.execute("INSERT INTO inbox(origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
+                        "received_ms) VALUES(?,?,?,?,?,?,?,?,?)",
+                        (d.origin, d.seq, int(d.priority), d.created_ms, d.lifetime_ms, d.supersede, d.app, d.body,
+                         d.received_ms))
+
+    def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
+              after: int = 0) -> list[Delivery]:
+        exclude = list(exclude)
+        where, args = "WHERE id > ? ", [after]
+        if app is not None:
+            where, args = where + "AND app=? ", [*args, app]
+        elif exclude:
+            where, args = where + f"AND app NOT IN ({','.join('?' * len(exclude))}) ", [*args, *exclude]
+        rows = self.db.execute("SELECT id, origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
+                               f"received_ms FROM inbox {where}ORDER BY id LIMIT ?", [*args, limit]).fetchall()
+        return [Delivery(r[0], r[1], r[2], Priority(r[3]), *r[4:]) for r in rows]
+
+    def inbox_has(self, origin: str, seq: int) -> bool:
+        return bool(self.db.execute("SELECT 1 FROM inbox WHERE origin=? AND seq=?", (origin, seq)).fetchone())
+
+    def inbox_pop(self, inbox_id: int) -> tuple[str, int] | None:
+        row = self.db.execute("DELETE FROM inbox WHERE id=? RETURNING origin, seq", (inbox_id,)).fetchone()
+        return tuple(row) if row else None
+
+    def owed_add(self, kind: str, origin: str, seq: int) -> None:
+        self.db.execute(f"INSERT OR IGNORE INTO {_OWED[kind]}(origin, seq) VALUES(?,?)", (origin, seq))
+
+    def owed_remove(self, kind: str, origin: str, seqs: Iterable[int]) -> None:
+        self.db.executemany(f"DELETE FROM {_OWED[kind]} WHERE origin=? AND seq=?", [(origin, s) for s in seqs])
+
+    def owed(self, kind: str) -> list[tuple[str, int]]:
+        return self.db.execute(f"SELECT origin, seq FROM {_OWED[kind]} ORDER BY origin, seq").fetchall()
+
+
+_OWED = {"done": "acks", "got": "gotq"}
+
+
+class _Tx:
+    """BEGIN IMMEDIATE ... COMMIT; nested calls join the outer transaction.  SQLite
+    fixes the fsync policy before BEGIN, so the outermost caller decides whether
+    the commit is durable; a durable call inside a relaxed transaction is a bug."""
+
+    def __init__(self, store: SqliteStore, durable: bool):
+        self.store = store
+        self.durable = durable
+        self.outer = False
+
+    def __enter__(self):
+        st = self.store
+        if st.db.in_transaction:
+            if self.durable and not st._tx_durable:
+                raise RuntimeError("a durable custody change inside a relaxed transaction")
+            return self
+        want = "FULL" if self.durable else "NORMAL"
+        if want != st._sync:
+            st.db.execute(f"PRAGMA synchronous={want}")
+            st._sync = want
+        st.db.execute("BEGIN IMMEDIATE")
+        st._tx_durable = self.durable
+        self.outer = True
+        return self
+
+    def __exit__(self, et, ev, tb):
+        if self.outer:
+            self.store.db.execute("ROLLBACK" if et else "COMMIT")
+        return False
