@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from c2dtn.overlay.custody import Custody
 from c2dtn.overlay.store import Delivery, QuotaExceeded
 from c2dtn.overlay.envelope import (Codec, Envelope, EnvelopeError, Kind, Priority, decode_ack_body,
-                              decode_group_ack_body)
+                                    decode_group_ack_body)
 from c2dtn.overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
 
 log = logging.getLogger("c2dtn.overlay")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -49,7 +50,11 @@ def box_venv(tmp_path_factory):
     d = tmp_path_factory.mktemp("box") / "venv"
     venv.create(d, with_pip=True)
     py = d / "bin" / "python"
-    for args in (["-r", str(ROOT / "requirements" / "box.lock")], ["--no-deps", str(ROOT)]):
+    # built from a copy: setuptools leaves build/ and *.egg-info in the tree it builds
+    src = tmp_path_factory.mktemp("src") / "c2dtn"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".tools", "results", "docs", "build",
+                                                             "*.egg-info", "__pycache__", ".pytest_cache"))
+    for args in (["-r", str(ROOT / "requirements" / "box.lock")], ["--no-deps", str(src)]):
         r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
