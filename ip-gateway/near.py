@@ -80,8 +80,9 @@ class NearSide:
                 self.gw.release(ev.inbox_ids)
             elif isinstance(ev, nc.SessionsChanged):
                 save = True
-            elif isinstance(ev, nc.Resume):
-                asyncio.get_running_loop().call_soon(self.gw.on_inbox, True)  # what waited for this session
+            elif isinstance(ev, (nc.Resume, nc.Ended)):
+                # a pass over all that waits: handed to a session that is back, dropped for one that ended
+                asyncio.get_running_loop().call_soon(self.gw.on_inbox, True)
         if save:
             self.gw.save_sessions()
         self._arm()

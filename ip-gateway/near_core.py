@@ -18,7 +18,8 @@ envelopes, marks) (commit, then call committed() with the outcome: the replies t
 need the commit wait for it), Done(inbox id) (the client took a delivery, or it was
 dropped for this client), Release(ids) (deliveries a departed client never acked:
 hand them out again when it is back), SessionsChanged (persist), Resume(client)
-(a session is back: hand it what waited in custody).
+(a session is back: hand it what waited in custody), Ended(client) (a session expired:
+what waited for it is dropped).
 
 What MQTT 5 asks of a server here, beyond QoS 0/1/2 both ways and keep alive:
 session expiry (a session outlives its connection by its Session Expiry Interval;
@@ -92,7 +93,13 @@ class Resume:
     client: str
 
 
-Event = Write | Close | Submit | Done | Release | SessionsChanged | Resume
+@dataclass(frozen=True)
+class Ended:
+    """A session expired: what waits in custody for it is for nobody now."""
+    client: str
+
+
+Event = Write | Close | Submit | Done | Release | SessionsChanged | Resume | Ended
 
 
 # -- state ----------------------------------------------------------------------------------
@@ -497,6 +504,7 @@ class NearCore:
         for k in gone:
             del self.sessions[k]
             self.counters["sessions_expired"] += 1
+            evs.append(Ended(k))
         if gone:
             evs.append(SessionsChanged())
         return evs

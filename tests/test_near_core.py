@@ -36,6 +36,7 @@ class Net:
         self.released: list[int] = []
         self.saves = 0
         self.resumed: list[str] = []
+        self.ended: list[str] = []
         self.closed: set[int] = set()
         self.readers: dict[int, m.Parser] = {}
         self.inbox: dict[int, list[m.Packet]] = {}
@@ -81,6 +82,8 @@ class Net:
                 self.saves += 1
             elif isinstance(ev, nc.Resume):
                 self.resumed.append(ev.client)
+            elif isinstance(ev, nc.Ended):
+                self.ended.append(ev.client)
 
     def take(self, cid: int) -> list[m.Packet]:
         out, self.inbox[cid] = self.inbox[cid], []
@@ -246,6 +249,7 @@ def test_mqtt5_session_expiry_keeps_a_session_for_its_interval_only():
     assert n.core.next_deadline() == n.now + 60
     n.advance(61)
     assert "u5" not in n.core.sessions and n.core.counters["sessions_expired"] == 1
+    assert n.ended == ["u5"]  # what waited for it in custody is for nobody now
     c, ack = n.connect("u5", clean=False, props={"session_expiry_interval": 60})
     assert ack.session_present is False
 
