@@ -52,6 +52,12 @@ CREATE TRIGGER IF NOT EXISTS outbox_body_gone AFTER DELETE ON outbox
 CREATE INDEX IF NOT EXISTS outbox_queue ON outbox(dst, inflight, priority, seq);
 CREATE INDEX IF NOT EXISTS outbox_key ON outbox(dst, supersede);
 CREATE INDEX IF NOT EXISTS outbox_expiry ON outbox(expires_ms);
+-- schema version 3: what the scheduler asks on every plan answers from an index, whatever
+-- the backlog (partial indexes: only the few rows in flight, or the ordered ones)
+CREATE INDEX IF NOT EXISTS outbox_retry ON outbox(retry_ms) WHERE inflight=1;
+CREATE INDEX IF NOT EXISTS outbox_retry_open ON outbox(retry_ms) WHERE inflight=1 AND received=0;
+CREATE INDEX IF NOT EXISTS outbox_flight ON outbox(dst, size) WHERE inflight=1 AND superseded=0 AND received=0;
+CREATE INDEX IF NOT EXISTS outbox_floor ON outbox(dst, priority, cseq) WHERE superseded=0 AND cseq > 0;
 CREATE TABLE IF NOT EXISTS seen(
   origin TEXT NOT NULL, seq INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
   PRIMARY KEY(origin, seq)) WITHOUT ROWID;
@@ -86,7 +92,13 @@ CREATE TABLE IF NOT EXISTS member_acks(
   PRIMARY KEY(seq, member)) WITHOUT ROWID;
 """
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# version 2 -> 3: the outbox's totals kept in counters (the quota check no longer counts
+# the outbox on every submit); the indexes come with SCHEMA
+MIGRATE_2_TO_3 = """
+INSERT OR REPLACE INTO counters(name, value) SELECT 'held_envelopes', count(*) FROM outbox;
+INSERT OR REPLACE INTO counters(name, value) SELECT 'held_bytes', coalesce(sum(size), 0) FROM outbox;
+"""
 # version 1 -> 2: envelope bodies moved from outbox.body to their own table
 MIGRATE_1_TO_2 = """
 CREATE TABLE bodies(seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
@@ -128,6 +140,9 @@ class SqliteStore:
         if not fresh and version == 1:  # one transaction: a power cut leaves version 1 or 2, whole
             self.db.executescript("BEGIN IMMEDIATE;" + MIGRATE_1_TO_2 + "PRAGMA user_version=2; COMMIT;")
             version = 2
+        if not fresh and version == 2:
+            self.db.executescript("BEGIN IMMEDIATE;" + SCHEMA + MIGRATE_2_TO_3 + "PRAGMA user_version=3; COMMIT;")
+            version = 3
         if not fresh and version != SCHEMA_VERSION:
             raise C2Error(f"custody store {self.path} has schema version {version}, this c2dtn uses "
                           f"{SCHEMA_VERSION}: deliver or export what it holds with the c2dtn that wrote it")
@@ -191,14 +206,19 @@ class SqliteStore:
             (it.seq, it.dst, it.priority, it.cseq, it.created_ms, it.lifetime_ms, it.expires_ms, it.supersede,
              it.app, it.size))
         self.db.execute("INSERT INTO bodies(seq, body) VALUES(?,?)", (it.seq, it.body))
+        self.bump("held_envelopes")
+        self.bump("held_bytes", it.size)
 
     def out_get(self, seq: int) -> OutItem | None:
         row = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE seq=?", (seq,)).fetchone()
         return _item(row) if row else None
 
     def out_delete(self, seq: int) -> None:
-        self.db.execute("DELETE FROM outbox WHERE seq=?", (seq,))  # the trigger takes its body
+        row = self.db.execute("DELETE FROM outbox WHERE seq=? RETURNING size", (seq,)).fetchone()  # the trigger takes its body
         self.db.execute("DELETE FROM member_acks WHERE seq=?", (seq,))
+        if row:
+            self.bump("held_envelopes", -1)
+            self.bump("held_bytes", -row[0])
 
     def out_update(self, seq: int, **fields) -> None:
         bad = set(fields) - _UPDATABLE
@@ -216,7 +236,7 @@ class SqliteStore:
                             [(sent_ms, retry_at_ms[s], s) for s in seqs])
 
     def out_totals(self) -> tuple[int, int]:
-        return self.db.execute("SELECT count(*), coalesce(sum(size), 0) FROM outbox").fetchone()
+        return self.counter("held_envelopes"), self.counter("held_bytes")
 
     def out_by_key(self, dst: str, key: str) -> list[OutItem]:
         return [_item(r) for r in self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE dst=? AND supersede=?",
@@ -259,7 +279,11 @@ class SqliteStore:
         return self.db.execute("SELECT min(expires_ms) FROM outbox").fetchone()[0]
 
     def out_destinations(self) -> list[str]:
-        return [r[0] for r in self.db.execute("SELECT DISTINCT dst FROM outbox").fetchall()]
+        # a skip-scan of the queue index: one look-up per destination, not a walk of the outbox
+        return [r[0] for r in self.db.execute(
+            "WITH RECURSIVE d(x) AS (SELECT min(dst) FROM outbox UNION ALL "
+            "SELECT (SELECT min(dst) FROM outbox WHERE dst > d.x) FROM d WHERE d.x IS NOT NULL) "
+            "SELECT x FROM d WHERE x IS NOT NULL").fetchall()]
 
     def out_inflight_bytes(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT dst, sum(size) FROM outbox WHERE inflight=1 AND superseded=0 "

@@ -95,13 +95,13 @@ def _receiver_fill(st: CustodyStore, n: int, now: int, progress) -> int:
 def scans(st: CustodyStore) -> list[str]:
     """Statements the node runs per message or per plan whose plan scans a whole table."""
     qs = {
-        "quota (submit)": "SELECT count(*), coalesce(sum(size), 0) FROM outbox",
-        "due retries": "SELECT seq FROM outbox WHERE inflight=1 AND superseded=0 AND received=0 AND retry_ms <= 0",
+        "quota (submit)": "SELECT value FROM counters WHERE name='held_envelopes'",
+        "due retries": "SELECT seq FROM outbox WHERE inflight=1 AND retry_ms <= 0 ORDER BY priority, seq",
         "next retry": "SELECT min(retry_ms) FROM outbox WHERE inflight=1 AND received=0",
         "next expiry": "SELECT min(expires_ms) FROM outbox",
         "bytes in flight": "SELECT dst, sum(size) FROM outbox WHERE inflight=1 AND superseded=0 AND received=0 "
                            "GROUP BY dst",
-        "destinations": "SELECT DISTINCT dst FROM outbox",
+        "destinations": "SELECT min(dst) FROM outbox WHERE dst > ''",
         "queue of a destination": "SELECT seq FROM outbox WHERE dst='gw4' AND inflight=0 ORDER BY priority, seq "
                                   "LIMIT 64",
         "floor": "SELECT min(cseq) FROM outbox WHERE dst='gw4' AND priority=3 AND superseded=0 AND cseq > 0",

@@ -304,7 +304,7 @@ def test_a_version_1_store_is_migrated_and_delivers_what_it_held(tmp_path):
     db.commit()
     db.close()
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
-    assert a.store.db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert a.store.db.execute("PRAGMA user_version").fetchone()[0] == 3
     assert a.store.held_out() == (2, 9006)
     got = run({"gw1": a, "gw4": b}, Net(delay_ms=100), 130_000)  # the in-flight one at its retry time
     assert [d.body for d in got["gw4"]] == [b"queued", b"in flight" * 1000]
