@@ -558,3 +558,47 @@ def test_stores_are_chosen_by_name_and_keep_the_one_interface(tmp_path):
         seq = c.submit("gw4", b"x", 0, 60_000)
         assert [it.seq for it in c.queued("gw4")] == [seq] and c.held_out() == (1, 1)
         st.close()
+
+
+@pytest.mark.sqlite_only
+def test_the_outbox_totals_kept_in_counters_match_the_outbox_after_every_kind_of_change(tmp_path):
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+
+    def check():
+        n, nbytes = a.store.db.execute("SELECT count(*), coalesce(sum(size), 0) FROM outbox").fetchone()
+        assert a.store.held_out() == (n, nbytes)
+
+    for i in range(30):
+        a.submit("gw4", bytes(10 + i), 0, lifetime_ms=5_000 if i % 3 else 600_000)
+    a.submit("gw4", b"pos 1", 0, priority=Priority.PRIORITY, supersede="u1")
+    a.submit("gw4", b"pos 2!", 0, priority=Priority.PRIORITY, supersede="u1")  # replaces the queued one
+    check()
+    for out in a.poll(0)[:2]:
+        b.on_bundle(out.payload, 10)
+    b.take()
+    for out in b.poll(500):
+        a.on_bundle(out.payload, 510)  # acks release what b took
+    check()
+    a.store.expire(10_000)  # the short-lived ones end
+    check()
+    assert a.store.held_out()[0] < 31
+
+
+@pytest.mark.sqlite_only
+def test_what_a_plan_asks_the_store_is_answered_from_an_index(tmp_path):
+    """No statement the scheduler runs on every plan walks the outbox (perf store measures
+    what that costs with a backlog; here the plans themselves are checked)."""
+    st = custody(tmp_path, "gw1").records
+    plans = {
+        "next retry": ("SELECT min(retry_ms) FROM outbox WHERE inflight=1 AND received=0", ()),
+        "due": ("SELECT seq FROM outbox WHERE inflight=1 AND retry_ms <= ? ORDER BY priority, seq", (0,)),
+        "in flight": ("SELECT dst, sum(size) FROM outbox WHERE inflight=1 AND superseded=0 AND received=0 "
+                      "GROUP BY dst", ()),
+        "floor": ("SELECT min(cseq) FROM outbox WHERE dst=? AND priority=? AND superseded=0 AND cseq > 0", ("gw4", 3)),
+        "queue": ("SELECT seq FROM outbox WHERE dst=? AND inflight=0 ORDER BY priority, seq LIMIT 64", ("gw4",)),
+        "expiry": ("SELECT min(expires_ms) FROM outbox", ()),
+        "a destination": ("SELECT min(dst) FROM outbox WHERE dst > ?", ("",)),
+    }
+    for name, (q, args) in plans.items():
+        plan = " / ".join(r[-1] for r in st.db.execute("EXPLAIN QUERY PLAN " + q, args).fetchall())
+        assert "INDEX" in plan and "SCAN outbox" not in plan.replace("SCAN outbox USING", ""), f"{name}: {plan}"
