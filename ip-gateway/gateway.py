@@ -103,7 +103,8 @@ class MqttGateway:
         now = now_ms()
         self.core.store.submit_many([(dst, body, life, prio, sup, s.APP) for dst, body, life, prio, sup in items], now,
                                     marks)
-        self.node.wake()
+        if items:
+            self.node.submitted(min(prio for _dst, _body, _life, prio, _sup in items))
 
     def delivered(self, inbox_id: int | None) -> None:
         """Done with an envelope (the broker or client acknowledged it).  Consumption is

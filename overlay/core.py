@@ -94,6 +94,7 @@ class OverlayCore:
         opened = [self._open(p) for p in payloads]
         with self.store.transaction(durable=any(e.kind != Kind.ACK for _, _, envs in opened for e in envs)):
             pings = False
+            self.store.count_event("bundles_received", len(payloads))
             for res, sender, envs in opened:
                 self._apply(res, sender, envs, now_ms)
                 pings = pings or any(e.app == PING_APP and e.kind != Kind.ACK for e in envs)
@@ -213,6 +214,9 @@ class OverlayCore:
                     plan_due.add(g)
         with self.store.transaction(durable=False):
             out = self.sched.plan(now_ms, plan_acks, plan_due)
+            self.store.count_event("plans")
+            if out:
+                self.store.count_event("bundles_sent", len(out))
             for b in out:
                 for origin, (done, got) in (b.acks.items() if isinstance(b.acks, dict) else [(b.dst, b.acks)]):
                     if not (done or got):

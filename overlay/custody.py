@@ -110,14 +110,16 @@ class Custody:
                     f"custody store full: {n} envelopes / {nbytes} bytes held, {len(items)} / {add_bytes} more "
                     f"would pass the quota of {self.quota.max_envelopes} / {self.quota.max_bytes}; "
                     "nothing of this batch was accepted")
+            adds: list[OutItem] = []  # written together (one statement for the batch)
+            marked: dict[str, bytes] = {}
             for (dst, body, lifetime_ms, priority, supersede, app), mark in zip(items, marks):
                 if mark is not None:
                     key, digest, repeat = mark
-                    if repeat and st.mark_get(key) == digest:
+                    if repeat and (marked[key] if key in marked else st.mark_get(key)) == digest:
                         st.bump("repeats_skipped")
                         seqs.append(None)
                         continue
-                    st.mark_set(key, digest, now_ms)
+                    marked[key] = digest
                 seq = st.bump("next_seq")
                 # An envelope with a supersession key is outside its class's order (cseq 0): the
                 # receiver takes it at once, never held behind a lost one, and drops an older
@@ -125,15 +127,19 @@ class Custody:
                 # supersession means; only envelopes without a key wait for their turn.
                 cseq = 0 if supersede is not None else st.bump(f"cseq:{dst}:{int(priority)}")
                 if supersede is not None:
+                    st.out_add(adds)  # an older copy of the key may be in this very batch
+                    adds = []
                     for old in st.out_by_key(dst, supersede):
                         if not old.inflight:
-                            st.out_delete(old.seq)
+                            st.out_delete([old.seq])
                             self._report(old, "superseded", now_ms)
                         elif not old.superseded:  # copies already handed to the BPA are not sent again
-                            st.out_update(old.seq, superseded=True)
-                st.out_add(OutItem(seq, dst, int(priority), cseq, now_ms, lifetime_ms, now_ms + lifetime_ms,
-                                   supersede, app, body, len(body), False, 0, None, None))
+                            st.out_update([old.seq], superseded=True)
+                adds.append(OutItem(seq, dst, int(priority), cseq, now_ms, lifetime_ms, now_ms + lifetime_ms,
+                                    supersede, app, body, len(body), False, 0, None, None))
                 seqs.append(seq)
+            st.out_add(adds)
+            st.mark_set(marked, now_ms)
             st.bump("accepted", sum(1 for x in seqs if x is not None))
         return seqs
 
@@ -142,8 +148,8 @@ class Custody:
         st = self.records
         with st.transaction(durable=False):
             gone = st.out_expired(now_ms)
+            st.out_delete([it.seq for it in gone])
             for it in gone:
-                st.out_delete(it.seq)
                 self._report(it, "superseded" if it.superseded else "expired", now_ms)
             st.seen_prune(now_ms)
             st.marks_prune(now_ms - MARK_KEEP_MS)
@@ -164,13 +170,14 @@ class Custody:
         st = self.records
         with st.transaction(durable=False):
             gone = [it for it in st.out_due(now_ms) if it.superseded]
+            st.out_delete([it.seq for it in gone])
             for it in gone:
-                st.out_delete(it.seq)
                 self._report(it, "superseded", now_ms)
         return len(gone)
 
     def has_pending(self, dsts: Iterable[str]) -> bool:
-        """Is anything for these destinations not yet sent, or sent and not yet there?"""
+        """Is anything for these destinations not yet sent, or sent and not yet there?  (A
+        superseded copy in flight is not: it is never sent again.)"""
         return any(self.records.out_pending(d) for d in dsts)
 
     def next_retry_ms(self) -> int | None:
@@ -221,20 +228,24 @@ class Custody:
         took it.  `arrived` is what this member newly holds (round-trip samples, window).
         Ids of envelopes for other destinations are ignored: a peer cannot release them."""
         st = self.records
-        released, arrived = [], []
+        released, arrived, gone, received = [], [], [], []
+        done, got = list(done), list(got)
         with st.transaction(durable=False):
+            held = st.out_get(done + got)  # one question for the whole ack
             for s, is_done in [(x, True) for x in done] + [(x, False) for x in got]:
-                it = st.out_get(s)
+                it = held.get(s)
                 if it is None:
                     continue  # a second ack, or one for an envelope that expired meanwhile
                 if it.dst == member:
                     if is_done:
-                        st.out_delete(s)
+                        del held[s]
+                        gone.append(s)
                         released.append(it)
                     elif not it.received:
-                        st.out_update(s, received=True)
+                        received.append(s)
                     if not it.received:
                         arrived.append(it)
+                        it.received = True  # the same id twice in one ack counts once
                     continue
                 members = self.groups.get(it.dst)
                 if not members or member not in members:
@@ -248,10 +259,15 @@ class Custody:
                 if prev is None:
                     arrived.append(it)
                 if sum(acks.values()) >= len(members):
-                    st.out_delete(s)
+                    del held[s]
+                    gone.append(s)
                     released.append(it)
                 elif len(acks) >= len(members) and not it.received:
-                    st.out_update(s, received=True)
+                    received.append(s)
+                    it.received = True
+            st.out_delete(gone)
+            gone_ids = set(gone)
+            st.out_update([s for s in received if s not in gone_ids], received=True)
             if released:
                 st.bump("acked", len(released))
         return released, arrived

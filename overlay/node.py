@@ -238,11 +238,17 @@ class OverlayNode:
     def submit(self, dst: str, body: bytes, lifetime_ms: int, priority: Priority, supersede: str | None,
                app: str) -> int:
         seq = self.core.submit(dst, body, now_ms(), lifetime_ms, priority, supersede, app)
+        self.submitted(priority)
+        return seq
+
+    def submitted(self, priority: Priority) -> None:
+        """Envelopes of this priority (the most urgent of a batch) were submitted: flash and
+        immediate are planned at once; others a moment later, with whatever else is
+        submitted meanwhile (one bundle, one plan, one ack for many)."""
         if priority <= Priority.IMMEDIATE:
             self.wake()
-        elif self._soon is None:  # planned a moment later, with whatever else is submitted meanwhile
+        elif self._soon is None:
             self._soon = asyncio.get_running_loop().call_later(SUBMIT_GATHER_S, self._wake_soon)
-        return seq
 
     def _wake_soon(self) -> None:
         self._soon = None

@@ -64,30 +64,33 @@ class MemoryStore:
         out = sorted((it for it in self.s["out"].values() if pred(it)), key=_order)
         return [copy.copy(it) if body else _nobody(it) for it in out]
 
-    def out_add(self, it: OutItem) -> None:
-        if it.seq in self.s["out"]:
-            raise ValueError(f"outbox already holds seq {it.seq}")
-        self.s["out"][it.seq] = copy.copy(it)
+    def out_add(self, items: list[OutItem]) -> None:
+        for it in items:
+            if it.seq in self.s["out"]:
+                raise ValueError(f"outbox already holds seq {it.seq}")
+            self.s["out"][it.seq] = copy.copy(it)
 
-    def out_get(self, seq: int) -> OutItem | None:
-        it = self.s["out"].get(seq)
-        return _nobody(it) if it else None
+    def out_get(self, seqs: Iterable[int]) -> dict[int, OutItem]:
+        out = self.s["out"]
+        return {s: _nobody(out[s]) for s in seqs if s in out}
 
-    def out_delete(self, seq: int) -> None:
-        self.s["out"].pop(seq, None)
-        self.s["members"].pop(seq, None)
+    def out_delete(self, seqs: Iterable[int]) -> None:
+        for seq in seqs:
+            self.s["out"].pop(seq, None)
+            self.s["members"].pop(seq, None)
 
-    def out_update(self, seq: int, **fields) -> None:
+    def out_update(self, seqs: Iterable[int], **fields) -> None:
         bad = set(fields) - _UPDATABLE
         if bad:
             raise ValueError(f"outbox fields {sorted(bad)} cannot be updated")
-        it = self.s["out"].get(seq)
-        if it is not None:  # records are replaced, never changed in place (see _Tx's snapshot)
-            self.s["out"][seq] = replace(it, **fields)
+        for seq in seqs:
+            it = self.s["out"].get(seq)
+            if it is not None:  # records are replaced, never changed in place (see _Tx's snapshot)
+                self.s["out"][seq] = replace(it, **fields)
 
     def out_set_retry(self, retry_at_ms: dict[int, int]) -> None:
         for seq, at in retry_at_ms.items():
-            self.out_update(seq, retry_ms=at)
+            self.out_update([seq], retry_ms=at)
 
     def out_sent(self, seqs: list[int], sent_ms: int, retry_at_ms: dict[int, int]) -> None:
         for seq in seqs:
@@ -145,7 +148,8 @@ class MemoryStore:
                     and not it.superseded and it.cseq > 0), default=0)
 
     def out_pending(self, dst: str) -> bool:
-        return any(it.dst == dst and (not it.inflight or not it.received) for it in self.s["out"].values())
+        return any(it.dst == dst and (not it.inflight or not (it.received or it.superseded))
+                   for it in self.s["out"].values())
 
     def out_summary(self) -> list[tuple[str, int, int, int, int]]:
         rows: dict[tuple[str, int], list[int]] = {}
@@ -169,8 +173,9 @@ class MemoryStore:
         m = self.s["marks"].get(key)
         return m[0] if m else None
 
-    def mark_set(self, key: str, digest: bytes, at_ms: int) -> None:
-        self.s["marks"][key] = (digest, at_ms)
+    def mark_set(self, marks: dict[str, bytes], at_ms: int) -> None:
+        for key, digest in marks.items():
+            self.s["marks"][key] = (digest, at_ms)
 
     def marks_prune(self, before_ms: int) -> None:
         self.s["marks"] = {k: v for k, v in self.s["marks"].items() if v[1] > before_ms}
