@@ -60,6 +60,7 @@ class Path:
     last_ack_ms: int = 0  # when an ack last showed progress
     probed: bool = False  # a tail probe went since then
     reo_steps: int = 1  # reordering window in quarters of the minimum round trip (RFC 8985 6.2)
+    last_sent_ms: int | None = None  # when envelopes last went (from the store once after a start)
 
     def sample(self, rtt_ms: float, cfg: SchedulerConfig) -> None:
         self.min_rtt_ms = rtt_ms if self.min_rtt_ms is None else min(self.min_rtt_ms, rtt_ms)
@@ -163,7 +164,9 @@ class Scheduler:
             if not lacking:
                 continue
             first = lacking[0]
-            at = max(self.store.last_sent_ms(dst), p.last_ack_ms) + int(2 * p.min_rtt_ms) + self.cfg.ack_delay_ms + 200
+            if p.last_sent_ms is None:
+                p.last_sent_ms = self.store.last_sent_ms(dst)
+            at = max(p.last_sent_ms, p.last_ack_ms) + int(2 * p.min_rtt_ms) + self.cfg.ack_delay_ms + 200
             if at > now_ms:
                 self._probe_at[dst] = at
             elif first.retry_ms > now_ms:
@@ -214,6 +217,7 @@ class Scheduler:
             bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else ([], []), rtx))
         if items:
             p = self.path(dst)
+            p.last_sent_ms = now_ms
             retry_at = {it.seq: now_ms + int(min(self.cfg.max_rto_ms, p.rto_ms * (2 ** it.attempts)))
                         for it in items}
             self.store.mark_sent([it.seq for it in items], now_ms, retry_at)

@@ -124,7 +124,7 @@ class Store(Protocol):
     def out_totals(self) -> tuple[int, int]: ...  # (envelopes, bytes) held
     def out_by_key(self, dst: str, key: str) -> list[OutItem]: ...  # without bodies
     def out_queued(self, dst: str, limit: int) -> list[OutItem]: ...  # not sent; priority, seq order; bodies
-    def out_due(self, now_ms: int) -> list[OutItem]: ...  # in flight, retry time come; bodies
+    def out_due(self, now_ms: int) -> list[OutItem]: ...  # in flight, not there, retry time come; bodies
     def out_expired(self, now_ms: int) -> list[OutItem]: ...
     def out_inflight(self, dst: str, lacking: str | None = None, sent_before_ms: int | None = None,
                      retry_after_ms: int | None = None, limit: int = -1) -> list[OutItem]: ...

@@ -109,7 +109,7 @@ class MemoryStore:
         return self._items(True, lambda it: it.dst == dst and not it.inflight)[:limit]
 
     def out_due(self, now_ms: int) -> list[OutItem]:
-        return self._items(True, lambda it: it.inflight and it.retry_ms <= now_ms)
+        return self._items(True, lambda it: it.inflight and not it.received and it.retry_ms <= now_ms)
 
     def out_expired(self, now_ms: int) -> list[OutItem]:
         return self._items(False, lambda it: it.expires_ms <= now_ms)

@@ -621,7 +621,7 @@ def test_what_a_plan_or_an_ack_asks_the_store_costs_the_same_whatever_the_backlo
         "queue": lambda st: st.out_queued("gw4", 64),
         "oldest lacking gw4": lambda st: st.out_inflight("gw4", limit=1),
         "oldest lacking gw5": lambda st: st.out_inflight("gw5", limit=1),
-        "last sent gw5": lambda st: st.out_last_sent_ms("gw5"),
+        "a supersession key": lambda st: st.out_by_key("gw4", "pos/u1"),
         "pending gw5": lambda st: st.out_pending("gw5"),
         "totals": lambda st: st.out_totals(),
         "an ack's look-up": lambda st: st.out_get([5, 7, 9]),
