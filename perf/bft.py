@@ -56,6 +56,7 @@ from c2dtn.topologies.broker import start_mosquitto
 from c2dtn.topologies.nodes import Nodes
 from c2dtn.topologies import testbed
 from c2dtn.perf.plots import pyplot, save_figure
+from c2dtn.perf.runs import run_dir
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 MODES = ("overlay", "mqtt-bridge")  # what perf bft and perf matrix run unless told
@@ -550,7 +551,7 @@ def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
 
 
 def main(plan: Plan, modes: list[str]) -> Path:
-    out = Path("results") / (time.strftime("%Y%m%d-%H%M%S") + "-bft")
+    out = run_dir("bft")
     events: list[dict] = []
     infos = []
     with tempfile.TemporaryDirectory() as td:

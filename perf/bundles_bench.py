@@ -34,6 +34,7 @@ from c2dtn.perf.dtnd_client import spawn as _client
 from c2dtn.topologies import testbed
 from c2dtn.topologies.profiles import load_builtin_profiles
 from c2dtn.perf.plots import pyplot, save_figure
+from c2dtn.perf.runs import run_dir
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 BPA = ["gw1", "r2", "r3", "gw4"]
@@ -241,6 +242,6 @@ def plot(summary: list[dict], path: Path) -> None:
 
 
 def main(agents, clas, profiles, sizes, runs, window, budget) -> Path:
-    out = Path("results") / (time.strftime("%Y%m%d-%H%M%S") + "-bundles")
+    out = run_dir("bundles")
     report(bench(agents, clas, profiles, sizes, runs, window, budget), out)
     return out

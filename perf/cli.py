@@ -27,8 +27,9 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
 @click.option("--tactical-bytes", default=60_000, show_default=True, help="bulk transfer size on cnr-tactical-2")
 @click.option("--skip-lan", is_flag=True)
 @click.option("--skip-tactical", is_flag=True)
-@click.option("--cla", type=click.Choice(["tcpcl", "mtcp", "udp"]), default="tcpcl", show_default=True,
-              help="convergence layer between the BPAs for the cnr-tactical-2 transfer")
+@click.option("--cla", type=click.Choice(["tcpcl", "mtcp", "udp"]), default=None,
+              help="convergence layer between the BPAs across the cnr-tactical-2 radio link  "
+                   "[default: the topology's own, udp in nps-chain]")
 @click.option("--scheduler", "sched", multiple=True, metavar="KEY=VALUE",
               help="an overlay [scheduler] setting for this run, e.g. aggregate_bytes=65536 (repeatable)")
 def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip_tactical: bool, cla: str,

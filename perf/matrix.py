@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from c2dtn.perf import bft
 from c2dtn.topologies.profiles import load_builtin_profiles
 from c2dtn.perf.plots import pyplot, save_figure
+from c2dtn.perf.runs import run_dir
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def main(quick: bool = False, duration: float | None = None, drain: float | None
          modes: tuple[str, ...] = bft.MODES) -> Path:
     duration = duration or (20.0 if quick else 60.0)
     drain = drain if drain is not None else (10.0 if quick else 30.0)
-    out = Path("results") / (time.strftime("%Y%m%d-%H%M%S") + ("-matrix-quick" if quick else "-matrix"))
+    out = run_dir("matrix-quick" if quick else "matrix")
     todo = cells(quick)
     rows: list[dict] = []
     with Progress(TextColumn("[bold]matrix[/bold] {task.description}"), BarColumn(),
@@ -54,9 +54,9 @@ def main(quick: bool = False, duration: float | None = None, drain: float | None
         for c in todo:
             bar.update(task, description=f"{c.topology} {c.profile} every {c.period:g} s")
             plan = bft.Plan(c.profile, 8, c.period, duration, None, drain, qos, topology=c.topology)
-            run_dir = bft.main(plan, list(modes))
-            for r in json.loads((run_dir / "summary.json").read_text())["modes"]:
-                rows.append({"run": str(run_dir), "topology": c.topology, "profile": c.profile,
+            run = bft.main(plan, list(modes))
+            for r in json.loads((run / "summary.json").read_text())["modes"]:
+                rows.append({"run": str(run), "topology": c.topology, "profile": c.profile,
                              "loss_pct": _loss_pct(c.profile), "period_s": c.period, "mode": r["mode"],
                              "expected": r["expected"], "delivered": r["delivered"], "superseded": r["superseded"],
                              "lost": r["lost"], "lost_pct": r["lost_pct"],

@@ -34,6 +34,7 @@ from c2dtn.topologies.broker import start_mosquitto
 from c2dtn.topologies.nodes import Nodes
 from c2dtn.topologies import testbed
 from c2dtn.perf.plots import pyplot, save_figure
+from c2dtn.perf.runs import run_dir
 
 UNITS = [f"{g}-{u}" for g in ("a", "b") for u in ("lead", "v1", "v2", "v3", "v4")]
 MODES = ("overlay", "mqtt")
@@ -210,7 +211,7 @@ def plots(out: Path, msgs: list[dict], events: list[dict], modes: list[str]) -> 
 def main(profile: str = "narrowband-15k", modes: tuple[str, ...] = MODES, drain: float = 60.0, seed: int = 4,
          span: float = 240.0) -> Path:
     msgs = script(seed, span=span)
-    out = Path("results") / (time.strftime("%Y%m%d-%H%M%S") + "-orders")
+    out = run_dir("orders")
     events: list[dict] = []
     with tempfile.TemporaryDirectory() as td:
         for mode in modes:

@@ -1,0 +1,53 @@
+"""Run folders: results/<time>-<kind>/ with run.json saying when, on what code and by what
+command the figures in it were made, so that a figure quoted elsewhere can be re-run.
+
+run.json: {"kind", "started" (local ISO time), "command" (as typed, with `c2dtn` for the
+entry point), "commit" (git HEAD of the c2dtn source, "+dirty" when tracked files differ
+from it; null outside a git checkout), "python", "host": {"cpus", "kernel"}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent.parent  # the checkout c2dtn runs from (editable install)
+
+
+def commit(src: Path = SOURCE) -> str | None:
+    """git HEAD of the source, with "+dirty" when tracked files were changed; None if not a checkout."""
+    try:
+        head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode:
+            return None
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def command(argv: list[str] | None = None) -> str:
+    argv = list(sys.argv if argv is None else argv)
+    name = Path(argv[0]).name if argv else ""
+    if name in ("c2dtn", "cli.py", "__main__.py") or name.endswith("-c"):
+        argv = ["c2dtn", *argv[1:]]
+    return shlex.join(argv)
+
+
+def run_dir(kind: str, root: Path = Path("results")) -> Path:
+    """A new results/<time>-<kind>/ with its run.json."""
+    out = root / (time.strftime("%Y%m%d-%H%M%S") + f"-{kind}")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"kind": kind, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command(),
+            "commit": commit(), "python": platform.python_version(),
+            "host": {"cpus": os.cpu_count(), "kernel": platform.release()}}
+    (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return out

@@ -1,0 +1,27 @@
+"""run.json: the command as typed and the code it ran on."""
+
+import json
+import subprocess
+
+from c2dtn.perf import runs
+
+
+def test_run_json_names_the_command_and_the_commit(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["/x/.venv/bin/c2dtn", "perf", "store", "--fills", "1e4,1e5"])
+    out = runs.run_dir("store", root=tmp_path)
+    meta = json.loads((out / "run.json").read_text())
+    assert out.name.endswith("-store") and meta["command"] == "c2dtn perf store --fills 1e4,1e5"
+    assert meta["commit"] == runs.commit() and meta["host"]["cpus"] >= 1
+
+
+def test_the_commit_is_marked_dirty_when_tracked_files_differ(tmp_path):
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@c2", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert runs.commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert runs.commit(tmp_path) == head + "+dirty"
+    assert runs.commit(tmp_path / "nowhere") is None
