@@ -59,6 +59,9 @@ class TopicRule:
 class Policy:
     routes: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]] = field(default_factory=list)
     topics: list[TopicRule] = field(default_factory=list)
+    # topic -> its rule: every publish asks, and a gateway sees the same topics again and
+    # again (the rules are fixed once the policy is made; bounded, cleared when full)
+    _rules: dict[str, TopicRule | None] = field(default_factory=dict, repr=False, compare=False)
 
     def gateway_for(self, ip: str) -> str | None:
         """The far gateway serving a broker address (longest prefix wins)."""
@@ -70,10 +73,15 @@ class Policy:
         return best[1] if best else None
 
     def rule_for(self, topic: str) -> TopicRule | None:
-        for r in self.topics:
-            if topic_matches(r.filter, topic):
-                return r
-        return None
+        try:
+            return self._rules[topic]
+        except KeyError:
+            pass
+        rule = next((r for r in self.topics if topic_matches(r.filter, topic)), None)
+        if len(self._rules) >= 4096:
+            self._rules.clear()
+        self._rules[topic] = rule
+        return rule
 
 
 @dataclass

@@ -252,7 +252,7 @@ class Codec:
         if env.floor:
             m[K_FLOOR] = env.floor
         mb = cbor2.dumps(m)
-        tag = hmac.new(self._key(env.dst), mb, hashlib.sha256).digest()[:TAG_BYTES]
+        tag = hmac.digest(self._key(env.dst), mb, "sha256")[:TAG_BYTES]  # one-shot: OpenSSL, no HMAC object
         return cbor2.dumps([mb, tag])
 
     def container(self, sealed: list[bytes]) -> bytes:
@@ -303,7 +303,7 @@ class Codec:
         signer = None
         shared = [g for g, members in self.groups.items() if sender in members]
         for name in [sender] + shared:
-            want = hmac.new(self._key(name), mb, hashlib.sha256).digest()[:TAG_BYTES]
+            want = hmac.digest(self._key(name), mb, "sha256")[:TAG_BYTES]
             if hmac.compare_digest(want, tag):
                 signer = name
                 break

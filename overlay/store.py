@@ -50,7 +50,7 @@ class Quota:
     max_bytes: int = 256 << 20
 
 
-@dataclass
+@dataclass(slots=True)
 class OutItem:
     seq: int
     dst: str

@@ -93,23 +93,20 @@ def _receiver_fill(st: CustodyStore, n: int, now: int, progress) -> int:
     return seq
 
 
-def scans(st: CustodyStore) -> list[str]:
-    """Statements the node runs per message or per plan whose plan scans a whole table."""
-    qs = {
-        "quota (submit)": "SELECT value FROM counters WHERE name='held_envelopes'",
-        "due retries": "SELECT seq FROM outbox WHERE inflight=1 AND retry_ms <= 0 ORDER BY priority, seq",
-        "next retry": "SELECT min(retry_ms) FROM outbox WHERE inflight=1 AND received=0",
-        "next expiry": "SELECT min(expires_ms) FROM outbox",
-        "bytes in flight": "SELECT dst, sum(size) FROM outbox WHERE inflight=1 AND superseded=0 AND received=0 "
-                           "GROUP BY dst",
-        "destinations": "SELECT min(dst) FROM outbox WHERE dst > ''",
-        "queue of a destination": "SELECT seq FROM outbox WHERE dst='gw4' AND inflight=0 ORDER BY priority, seq "
-                                  "LIMIT 64",
-        "floor": "SELECT min(cseq) FROM outbox WHERE dst='gw4' AND priority=3 AND superseded=0 AND cseq > 0",
-        "acks owed": "SELECT origin, seq FROM acks ORDER BY origin, seq",
-    }
+def scans(st: CustodyStore, calls) -> list[str]:
+    """Statements that the given calls run (the plan's questions, the receiver's), as SQLite
+    saw them, whose query plan scans a whole table."""
+    seen: dict[str, str] = {}  # statement -> the call that ran it
+    for name, call in calls:
+        st.db.set_trace_callback(lambda q, name=name: seen.setdefault(q, name))
+        try:
+            call()
+        finally:
+            st.db.set_trace_callback(None)
     out = []
-    for name, q in qs.items():
+    for q, name in seen.items():
+        if not q.lstrip().upper().startswith(("SELECT", "WITH", "UPDATE", "DELETE", "INSERT")):
+            continue
         plan = " / ".join(r[-1] for r in st.db.execute("EXPLAIN QUERY PLAN " + q).fetchall())
         if "SCAN" in plan and "USING" not in plan.split("SCAN", 1)[1][:60]:
             out.append(f"{name}: {plan}")
@@ -135,7 +132,7 @@ def measure(n: int, workdir: Path, progress=lambda done: None) -> dict:
             call(st, now + 2000)
             ts.append((time.perf_counter() - t0) * 1000)
         plan[name] = statistics.median(ts)
-    scanning = scans(st)
+    scanning = scans(st, [(name, lambda call=call: call(st, now + 2000)) for name, call in PLAN_QUERIES])
     rss = _rss_mb()
     st.close()
     size = sum(p.stat().st_size for p in workdir.glob(f"send-{n}.db*"))
@@ -160,6 +157,7 @@ def measure(n: int, workdir: Path, progress=lambda done: None) -> dict:
         rst.pending_acks()
         ts.append((time.perf_counter() - t0) * 1000)
     acks_owed = statistics.median(ts)
+    scanning += scans(rst, [("acks owed", rst.pending_acks)])
     rst.close()
     for p in workdir.glob("*.db*"):
         p.unlink()
