@@ -2,8 +2,8 @@
 command the figures in it were made, so that a figure quoted elsewhere can be re-run.
 
 run.json: {"kind", "started" (local ISO time), "command" (as typed, with `c2dtn` for the
-entry point), "commit" (git HEAD of the c2dtn source, "+dirty" when tracked files differ
-from it; null outside a git checkout), "python", "host": {"cpus", "kernel"}}
+entry point), "commit" (git HEAD of the c2dtn source, "+dirty" when tracked files other than
+docs/, tests/ and Markdown differ from it; null outside a git checkout), "python", "host": {"cpus", "kernel"}}
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ SOURCE = Path(__file__).resolve().parent.parent  # the checkout c2dtn runs from 
 
 
 def commit(src: Path = SOURCE) -> str | None:
-    """git HEAD of the source, with "+dirty" when tracked files were changed; None if not a checkout."""
+    """git HEAD of the source, "+dirty" when tracked code was changed; None if not a checkout."""
     try:
         head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10)
         if head.returncode:
             return None
-        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+        # what a run measures is the code: notes, evidence and tests changing beside it do not count
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)docs", ":(exclude)tests", ":(exclude)*.md"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -47,4 +48,28 @@ def test_every_local_link_and_image_in_the_readme_is_a_tracked_file():
                 bad.append(f"{target}: a folder with no tracked file")
         elif rel not in tracked:
             bad.append(f"{target}: " + ("exists but is not tracked (ignored?)" if p.exists() else "missing"))
+    assert not bad, "\n".join(bad)
+
+
+def test_every_run_the_readme_cites_says_its_command_and_commit():
+    """A figure quoted from docs/results/<run>/ can be re-run: the run's own run.json names
+    the command and the commit, or (runs older than run.json) the evidence index does."""
+    runs = sorted({m for t in local_links((ROOT / "README.md").read_text())
+                   for m in re.findall(r"docs/results/([^/]+)/", t)})
+    assert runs, "the README cites no run"
+    index = (ROOT / "docs/results/README.md").read_text()
+    bad = []
+    for run in runs:
+        meta = ROOT / "docs/results" / run / "run.json"
+        if meta.exists():
+            m = json.loads(meta.read_text())
+            if not (m.get("command", "").startswith(("c2dtn ", "make ")) and re.fullmatch(
+                    r"[0-9a-f]{40}(\+dirty)?", m.get("commit") or "")):
+                bad.append(f"{run}: run.json lacks the command or the commit: {m}")
+            elif m["commit"].endswith("+dirty"):
+                bad.append(f"{run}: measured on uncommitted changes ({m['commit']})")
+            continue
+        row = next((line for line in index.splitlines() if line.startswith(f"| {run} |")), None)
+        if row is None or not re.search(r"\| `[^`]+`[^|]* \| [0-9a-f]{7,40} \|", row):
+            bad.append(f"{run}: no run.json and no row with command and commit in docs/results/README.md")
     assert not bad, "\n".join(bad)

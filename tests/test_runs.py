@@ -22,6 +22,12 @@ def test_the_commit_is_marked_dirty_when_tracked_files_differ(tmp_path):
     subprocess.run([*git, "commit", "-qm", "a"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert runs.commit(tmp_path) == head
+    (tmp_path / "notes.md").write_text("n\n")
+    subprocess.run([*git, "add", "notes.md"], check=True)
+    subprocess.run([*git, "commit", "-qm", "n"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "notes.md").write_text("a note changed beside the code\n")
+    assert runs.commit(tmp_path) == head
     (tmp_path / "a.py").write_text("x = 2\n")
     assert runs.commit(tmp_path) == head + "+dirty"
     assert runs.commit(tmp_path / "nowhere") is None
