@@ -19,8 +19,6 @@ from urllib.parse import urlsplit
 from c2dtn.errors import ConfigError
 
 DEFAULT_PORTS = {"tcpcl": 4556, "mtcp": 16162, "udp": 4556, "http": 3000}
-# dtn7-rs names its CLAs differently from the specs
-DTN7_NAMES = {"tcpcl": "tcp", "mtcp": "mtcp", "udp": "udp", "http": "http"}
 
 
 @dataclass(frozen=True)
@@ -32,17 +30,7 @@ class ClaSpec:
     def __str__(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
 
-    # -- dtn7-rs ---------------------------------------------------------
-    def dtn7_listen_arg(self) -> str:
-        """`dtnd -C` value: tcp:port=4556:bind=0.0.0.0"""
-        name = DTN7_NAMES[self.scheme]
-        if self.scheme == "http":
-            return "http"  # served on dtnd's web port
-        return f"{name}:port={self.port}:bind={self.host}"
-
-    def dtn7_peer_arg(self, node_id: str) -> str:
-        """`dtnd -s` value: tcp://10.77.1.2:4556/r2"""
-        return f"{DTN7_NAMES[self.scheme]}://{self.host}:{self.port}/{node_id}"
+    # each agent's driver translates specs into its own notation (overlay/agents/)
 
 
 def parse_cla(value: object, source: str = "CLA", field: str = "cla") -> ClaSpec:

@@ -1,14 +1,25 @@
 """BundleAgent: the one interface the overlay uses for any BPA.
 
-A driver per agent implements it (overlay.agents.dtn7 for dtn7-rs).  Node ids
-are plain names ("gw4"); each driver maps them to its agent's EIDs.
+A driver per agent implements it and registers under its `[agent] kind`
+(overlay.agents: dtn7 for dtn7-rs), as dtn7-rs registers its CLAs.  A driver
+owns everything particular to its agent: its `[agent.<kind>]` settings, the
+daemon's configuration files and command line (the supervisor starts, watches
+and stops whatever `prepare` says), readiness, the translation of the CLA specs
+and the naming of endpoints.  Node ids are plain names ("gw4"); each driver
+maps them to its agent's EIDs (dtn://gw4/..., ipn:N.M).
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from c2dtn.overlay.config import NodeConfig
 
 
 @dataclass(frozen=True)
@@ -31,8 +42,85 @@ class AgentError(Exception):
     """The agent refused or could not be reached."""
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What an agent can do, for the node and the tests to ask rather than assume."""
+
+    bp_version: int  # 6 or 7
+    max_bundle_bytes: int  # the largest payload it takes in one bundle
+    groups: bool  # non-singleton endpoints: one bundle reaches every member
+    own_custody: bool  # bundles it holds survive a SIGKILL of its daemon (persistent store)
+    delivery_ack: bool = False  # a delivery must be acknowledged to it (IBR-DTN's `bundle delivered`)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start an agent's daemon: the supervisor runs this and watches it."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # added to the node's environment
+    cwd: Path | None = None
+
+
 class BundleAgent(abc.ABC):
     name: str = "abstract"
+    capabilities: Capabilities = Capabilities(7, 1 << 20, False, False)
+    endpoint: str = "c2dtn"  # the overlay's own endpoint on every node
+
+    # -- made from a node's configuration -------------------------------------------------
+    @classmethod
+    def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
+        """Check this agent's own settings (the `[agent.<kind>]` table) and return them with
+        defaults filled in; ConfigError names a bad one."""
+        if table:
+            from c2dtn.errors import ConfigError
+
+            key = next(iter(table))
+            raise ConfigError(source, f"agent.{cls.name}.{key}", table[key], f"{cls.name} takes no settings here")
+        return {}
+
+    @classmethod
+    def for_node(cls, cfg: NodeConfig) -> BundleAgent:
+        """The driver of this node's agent (its daemon, its configuration)."""
+        raise NotImplementedError(f"{cls.name} cannot run a node's agent")
+
+    # -- the daemon ----------------------------------------------------------------------------
+    def prepare(self) -> Launch:
+        """Write the daemon's configuration files; return how to start it."""
+        raise NotImplementedError(f"{self.name} has no daemon of its own to start")
+
+    def owns(self, cmdline: bytes) -> bool:
+        """Is a process with this command line (found by PID after a crash) this node's daemon?"""
+        return False
+
+    async def ready(self) -> None:
+        """Return once the daemon answers as this node; raise AgentError while it does not."""
+
+    async def shutdown(self, proc: asyncio.subprocess.Process) -> None:
+        """Stop the daemon the supervisor started (SIGTERM, SIGKILL after 5 s)."""
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+    # -- naming ----------------------------------------------------------------------------------
+    def endpoints(self, groups: list[str]) -> list[str]:
+        """Local endpoints to register: the overlay's own, and one per group this node is in."""
+        return [self.endpoint] + [self.group_endpoint(g) for g in groups]
+
+    def group_endpoint(self, group: str) -> str:
+        raise AgentError(f"{self.name} has no group endpoints")
+
+    def destination(self, dst: str, is_group: bool) -> tuple[str, str]:
+        """(node or group, endpoint) that `send` takes for an overlay destination."""
+        if is_group:
+            raise AgentError(f"{self.name} cannot send to a group")
+        return dst, self.endpoint
+
+    # -- bundles -------------------------------------------------------------------------------
 
     @abc.abstractmethod
     async def start(self) -> None:

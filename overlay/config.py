@@ -7,12 +7,14 @@
     overlay = true                   # false: run only the BPA (a relay such as r2)
 
     [agent]
-    kind = "dtn7"
-    store = "sled"                   # mem | sled | sneakers (persistent: sled, sneakers)
-    web_port = 3000
+    kind = "dtn7"                    # which BPA (overlay.agents: its driver reads the rest)
     listen = ["tcpcl://0.0.0.0:4556"]
-    janitor = "5s"
     routing = "static"               # static | epidemic (groups need epidemic: see [groups])
+
+    [agent.dtn7]                     # the agent's own settings (see its driver; dtn7 reads
+    store = "sled"                   #   them from [agent] too, as older configs have them)
+    web_port = 3000
+    janitor = "5s"
 
     [[agent.peers]]                  # neighbours the agent keeps contact with
     node = "r2"
@@ -44,15 +46,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from c2dtn.errors import ConfigError
+from c2dtn.errors import C2Error, ConfigError
+from c2dtn.overlay.agents import agent_class, kinds
 from c2dtn.tomlfile import check_name, check_table, read_toml
 from c2dtn.cla_adapters import ClaSpec, parse_cla
 from c2dtn.overlay.store import Quota
 from c2dtn.overlay.scheduler import SchedulerConfig
 
-AGENTS = ("dtn7",)
 ROUTING = ("static", "epidemic")
-STORES = ("mem", "sled", "sneakers")
+# settings an agent's driver also takes from [agent] itself (configs written before [agent.<kind>])
+LEGACY_KEYS = {"dtn7": {"store", "web_port", "janitor"}}
 
 
 @dataclass
@@ -75,10 +78,8 @@ class NodeConfig:
     netns: str | None = None
     overlay: bool = True
     agent: str = "dtn7"
-    store: str = "sled"
-    web_port: int = 3000
+    agent_options: dict = field(default_factory=dict)  # [agent.<kind>], checked by the agent's driver
     listen: list[ClaSpec] = field(default_factory=list)
-    janitor: str = "5s"
     peers: list[Peer] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)
     routing: str = "static"
@@ -130,22 +131,30 @@ def load_node_config(path: str | Path) -> NodeConfig:
         if not isinstance(node["overlay"], bool):
             raise ConfigError(src, "node.overlay", node["overlay"], "must be true or false")
         cfg.overlay = node["overlay"]
-    agent = check_table(src, "agent", data.get("agent", {}),
-                   {"kind", "store", "web_port", "listen", "janitor", "peers", "routes", "routing"})
-    cfg.agent = agent.get("kind", "dtn7")
-    if cfg.agent not in AGENTS:
-        raise ConfigError(src, "agent.kind", cfg.agent, "no driver for this agent", "drivers: " + ", ".join(AGENTS))
-    cfg.store = agent.get("store", "sled")
-    if cfg.store not in STORES:
-        raise ConfigError(src, "agent.store", cfg.store, "unknown store", "stores: " + ", ".join(STORES))
-    cfg.web_port = _int(src, "agent.web_port", agent.get("web_port", 3000), 1, 65535)
+    agent = data.get("agent", {})
+    cfg.agent = agent.get("kind", "dtn7") if isinstance(agent, dict) else "dtn7"
+    try:
+        driver = agent_class(cfg.agent)
+    except C2Error:
+        raise ConfigError(src, "agent.kind", cfg.agent, "no driver for this agent",
+                          "agents: " + ", ".join(kinds())) from None
+    legacy = LEGACY_KEYS.get(cfg.agent, set())
+    agent = check_table(src, "agent", agent, {"kind", "listen", "peers", "routes", "routing", cfg.agent} | legacy)
+    own = agent.get(cfg.agent, {})
+    if not isinstance(own, dict):
+        raise ConfigError(src, f"agent.{cfg.agent}", own, "must be a table of the agent's settings")
+    old = {k: agent[k] for k in legacy if k in agent and k not in own}
+    try:
+        cfg.agent_options = driver.options(src, {**old, **own})
+    except ConfigError as e:  # name the field where the file has it
+        key = e.field.rsplit(".", 1)[-1]
+        if key in old:
+            raise ConfigError(src, f"agent.{key}", e.value, e.problem, e.hint) from None
+        raise
     listen = agent.get("listen", ["tcpcl://0.0.0.0:4556"])
     if not isinstance(listen, list) or not listen:
         raise ConfigError(src, "agent.listen", listen, "must be a non-empty array of CLA specs")
     cfg.listen = [parse_cla(v, src, f"agent.listen[{i}]") for i, v in enumerate(listen)]
-    cfg.janitor = str(agent.get("janitor", "5s"))
-    if not re.fullmatch(r"\d+(ms|s|m)", cfg.janitor):
-        raise ConfigError(src, "agent.janitor", cfg.janitor, "not a duration", 'write e.g. "5s"')
     cfg.routing = agent.get("routing", "static")
     if cfg.routing not in ROUTING:
         raise ConfigError(src, "agent.routing", cfg.routing, "unknown routing", "routing: " + ", ".join(ROUTING))

@@ -30,7 +30,6 @@ from c2dtn.overlay.supervisor import Supervisor
 
 log = logging.getLogger("c2dtn.node")
 
-ENDPOINT = "c2dtn"
 # No deliberate linger: while one bundle is being handed to the agent, envelopes
 # submitted meanwhile gather and go together in the next one (aggregation
 # without adding delay to a lone message).
@@ -43,10 +42,6 @@ CHECKPOINT_EVERY_S = 0.5
 # envelopes reached 0.78 of bare dtnd's throughput planned one by one); flash and immediate
 # ones are planned at once.
 SUBMIT_GATHER_S = 0.002
-
-
-def group_eid(group: str) -> str:
-    return f"dtn://{group}/~{ENDPOINT}"
 
 
 def now_ms() -> int:
@@ -117,12 +112,12 @@ class OverlayNode:
         self.wake()
 
     def _endpoints(self) -> list[str]:
-        """Our own endpoint, and one group endpoint per group we are in (dtn://<group>/~c2dtn:
-        '~' marks a non-singleton endpoint, RFC 9171 4.2.5.1.1; every member registers it)."""
-        return [ENDPOINT] + [group_eid(g) for g in self.cfg.groups]
+        """Our own endpoint, and one group endpoint per group we are in (named by the agent's
+        driver: every member registers it)."""
+        return self.agent.endpoints(list(self.cfg.groups))
 
     def _dst_endpoint(self, dst: str) -> tuple[str, str]:
-        return (dst, "~" + ENDPOINT) if dst in self.cfg.groups else (dst, ENDPOINT)
+        return self.agent.destination(dst, dst in self.cfg.groups)
 
     # -- data path ---------------------------------------------------------
     async def _receive(self, endpoint: str) -> None:

@@ -1,5 +1,6 @@
-"""Node supervisor: writes the agent's configuration, starts the daemon, waits
-until it answers, restarts it when it dies, stops it cleanly.
+"""Node supervisor: has the node's agent driver write its configuration, starts the
+daemon the driver names, waits until the driver says it answers, restarts it when it
+dies, stops it the driver's way.  It knows no particular agent.
 
 The daemon is a child of the node process and is told (PR_SET_PDEATHSIG) to
 die with it, so a node killed with SIGKILL leaves no orphan agent holding its
@@ -13,62 +14,21 @@ import contextlib
 import ctypes
 import logging
 import os
-import shutil
 import signal
 from pathlib import Path
 
 from c2dtn.errors import C2Error
-from c2dtn.overlay.agents.dtn7 import Dtn7Agent
+from c2dtn.overlay.agent import BundleAgent
+from c2dtn.overlay.agents import make_agent
 from c2dtn.overlay.config import NodeConfig
 
 log = logging.getLogger("c2dtn.supervisor")
 
-DTN7_VERSION = "0.21.0"
 PR_SET_PDEATHSIG = 1
 
 
 class SupervisorError(C2Error):
     pass
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("C2DTN_CACHE", Path.home() / ".cache" / "c2dtn"))
-
-
-def find_dtnd() -> str:
-    """dtnd from $C2DTN_DTND, the project's .tools/, the version-keyed cache, or PATH."""
-    cands = [os.environ.get("C2DTN_DTND", ""),
-             str(Path(__file__).resolve().parent.parent / ".tools" / "dtn7" / "bin" / "dtnd"),
-             str(cache_dir() / f"dtn7-{DTN7_VERSION}" / "bin" / "dtnd"),
-             shutil.which("dtnd") or ""]
-    for c in cands:
-        if c and os.access(c, os.X_OK):
-            return c
-    raise SupervisorError(f"dtnd (dtn7-rs {DTN7_VERSION}) is not installed: run `make tools` "
-                          f"(cargo install dtn7 --version {DTN7_VERSION} --locked), or set C2DTN_DTND")
-
-
-def dtn7_argv(cfg: NodeConfig, dtnd: str) -> list[str]:
-    """dtnd's command line for this node (cla_adapters translates the CLA specs)."""
-    routes = cfg.agent_dir / "routes"
-    argv = [dtnd, "-n", cfg.id, "-W", str(cfg.agent_dir), "-w", str(cfg.web_port), "-D", cfg.store,
-            "--disable_nd", "-j", cfg.janitor, "-e", "c2dtn"]
-    # epidemic: every peer that has not seen a bundle gets it (group bundles fan out)
-    argv += ["-r", "epidemic"] if cfg.routing == "epidemic" else ["-r", "static", "-R", f"static.routes={routes}"]
-    for spec in cfg.listen:
-        argv += ["-C", spec.dtn7_listen_arg()]
-    for p in cfg.peers:
-        argv += ["-s", p.cla.dtn7_peer_arg(p.node)]
-    return argv
-
-
-def dtn7_routes(cfg: NodeConfig) -> str:
-    """dtnd static routes: `idx src-glob dst-glob via-eid`; glob `**` crosses '/'."""
-    lines = ["# written by c2dtn from " + cfg.source]
-    for i, r in enumerate(cfg.routes, 1):
-        dst = "**" if r.to == "*" else f"dtn://{r.to}/**"
-        lines.append(f"{i} ** {dst} dtn://{r.via}/")
-    return "\n".join(lines) + "\n"
 
 
 def _pdeathsig() -> None:
@@ -77,21 +37,15 @@ def _pdeathsig() -> None:
 
 
 class Supervisor:
-    def __init__(self, cfg: NodeConfig, on_restart=None):
+    def __init__(self, cfg: NodeConfig, on_restart=None, agent: BundleAgent | None = None):
         self.cfg = cfg
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
         self.stopping = False
-        self.agent = Dtn7Agent(f"http://127.0.0.1:{cfg.web_port}")
+        self.agent = agent or make_agent(cfg)
         self._task: asyncio.Task | None = None
         self.on_restart = on_restart
         self.pidfile = cfg.storage / "agent.pid"
-
-    def prepare(self) -> list[str]:
-        self.cfg.agent_dir.mkdir(parents=True, exist_ok=True)
-        (self.cfg.agent_dir / "routes").write_text(dtn7_routes(self.cfg))
-        self._stop_stale()
-        return dtn7_argv(self.cfg, find_dtnd())
 
     def _stop_stale(self) -> None:
         """An agent left running by an earlier node process: stop it (by its recorded PID)."""
@@ -100,19 +54,25 @@ class Supervisor:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError):
             return
-        if b"dtnd" in cmd and str(self.cfg.agent_dir).encode() in cmd:
+        if self.agent.owns(cmd):
             log.warning("stopping agent pid %d left by an earlier run", pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
     async def _spawn(self) -> None:
-        argv = self.prepare()
+        try:
+            launch = self.agent.prepare()
+        except C2Error as e:
+            raise SupervisorError(str(e)) from None
+        self._stop_stale()
         logf = open(self.cfg.storage / "agent.log", "ab")
-        self.proc = await asyncio.create_subprocess_exec(*argv, stdout=logf, stderr=logf,
-                                                         stdin=asyncio.subprocess.DEVNULL, preexec_fn=_pdeathsig)
+        self.proc = await asyncio.create_subprocess_exec(
+            *launch.argv, stdout=logf, stderr=logf, stdin=asyncio.subprocess.DEVNULL, preexec_fn=_pdeathsig,
+            env={**os.environ, **launch.env} if launch.env else None, cwd=launch.cwd)
         logf.close()
         self.pidfile.write_text(str(self.proc.pid))
-        log.info("started dtnd pid %d for node %s", self.proc.pid, self.cfg.id)
+        log.info("started %s (%s) pid %d for node %s", self.agent.name, Path(launch.argv[0]).name, self.proc.pid,
+                 self.cfg.id)
 
     async def wait_ready(self, timeout_s: float = 20.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -120,16 +80,15 @@ class Supervisor:
         while asyncio.get_running_loop().time() < deadline:
             if self.proc is not None and self.proc.returncode is not None:
                 tail = (self.cfg.storage / "agent.log").read_bytes()[-1500:].decode(errors="replace")
-                raise SupervisorError(f"dtnd exited with {self.proc.returncode} at start:\n{tail}")
+                raise SupervisorError(f"the {self.agent.name} daemon exited with {self.proc.returncode} at start:\n{tail}")
             try:
-                node = await self.agent.ready()
-                if node.rstrip("/").endswith(self.cfg.id):
-                    return
-                last = f"answers as {node}"
+                await self.agent.ready()
+                return
             except Exception as e:  # not up yet
                 last = e
             await asyncio.sleep(0.1)
-        raise SupervisorError(f"dtnd for {self.cfg.id} did not answer within {timeout_s:.0f} s: {last}")
+        raise SupervisorError(f"the {self.agent.name} daemon for {self.cfg.id} did not answer within "
+                              f"{timeout_s:.0f} s: {last}")
 
     async def start(self) -> None:
         await self._spawn()
@@ -143,8 +102,8 @@ class Supervisor:
             if self.stopping:
                 return
             self.restarts += 1
-            log.warning("dtnd for %s exited with %s; restarting in %.1f s (restart %d)",
-                        self.cfg.id, rc, backoff, self.restarts)
+            log.warning("the %s daemon for %s exited with %s; restarting in %.1f s (restart %d)",
+                        self.agent.name, self.cfg.id, rc, backoff, self.restarts)
             await asyncio.sleep(backoff)
             backoff = min(30.0, backoff * 2)
             try:
@@ -154,19 +113,14 @@ class Supervisor:
                 if self.on_restart:
                     await self.on_restart()
             except Exception as e:  # keep trying; the node stays up
-                log.error("restarting dtnd failed: %s", e)
+                log.error("restarting the %s daemon failed: %s", self.agent.name, e)
 
     async def stop(self) -> None:
         self.stopping = True
         if self._task:
             self._task.cancel()
-        if self.proc and self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                await asyncio.wait_for(self.proc.wait(), 5)
-            except asyncio.TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+        if self.proc:
+            await self.agent.shutdown(self.proc)
         with contextlib.suppress(FileNotFoundError):
             self.pidfile.unlink()
         await self.agent.stop()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from c2dtn.overlay.supervisor import find_dtnd
+from c2dtn.overlay.agents.dtn7 import find_dtnd
 from c2dtn.topologies.nodes import dtnd_missing
 
 ROOT = Path(__file__).resolve().parent.parent

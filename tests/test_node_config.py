@@ -6,7 +6,7 @@ import pytest
 from c2dtn.errors import ConfigError
 from c2dtn.cla_adapters import parse_cla
 from c2dtn.overlay.config import load_node_config
-from c2dtn.overlay.supervisor import dtn7_argv, dtn7_routes
+from c2dtn.overlay.agents.dtn7 import dtnd_argv, dtnd_routes, listen_arg, peer_arg
 from c2dtn.topologies.node_configs import write_configs
 from c2dtn.topologies import model, testbed
 
@@ -14,8 +14,8 @@ from c2dtn.topologies import model, testbed
 def test_cla_specs_and_dtn7_translation():
     s = parse_cla("tcpcl://10.77.1.2")
     assert (s.scheme, s.host, s.port) == ("tcpcl", "10.77.1.2", 4556)
-    assert s.dtn7_peer_arg("r2") == "tcp://10.77.1.2:4556/r2"
-    assert parse_cla("udp://0.0.0.0:5000").dtn7_listen_arg() == "udp:port=5000:bind=0.0.0.0"
+    assert peer_arg(s, "r2") == "tcp://10.77.1.2:4556/r2"
+    assert listen_arg(parse_cla("udp://0.0.0.0:5000")) == "udp:port=5000:bind=0.0.0.0"
     assert parse_cla("mtcp://10.0.0.1").port == 16162
     for bad, why in [("bundle://10.0.0.1", "unknown convergence layer"), ("tcpcl://", "no address"),
                      ("tcpcl://radio-1:4556", "not an IP address"), ("tcpcl://10.0.0.1:99999", "bad port"),
@@ -53,17 +53,19 @@ def test_node_config_to_dtnd_command_line(tmp_path):
     cfg = load_node_config(_write(tmp_path, GOOD))
     assert cfg.keys["gw4"] == bytes.fromhex("00112233445566778899aabbccddeeff" * 2)
     assert cfg.scheduler.aggregate_bytes == 1200
-    argv = dtn7_argv(cfg, "/x/dtnd")
+    argv = dtnd_argv(cfg, "/x/dtnd")
     assert argv[:3] == ["/x/dtnd", "-n", "gw1"]
     assert ["-D", "sled"] == argv[argv.index("-D"):argv.index("-D") + 2]
     assert "tcp:port=4556:bind=0.0.0.0" in argv and "udp:port=4556:bind=0.0.0.0" in argv
     assert "tcp://10.77.1.2:4556/r2" in argv
-    assert dtn7_routes(cfg).splitlines()[1] == "1 ** ** dtn://r2/"
+    assert dtnd_routes(cfg).splitlines()[1] == "1 ** ** dtn://r2/"
 
 
 @pytest.mark.parametrize("change, field, value", [
     (("id = \"gw1\"", "id = \"gw 1\""), "node.id", "gw 1"),
     (("[agent]", "[agent]\nstore = \"tape\""), "agent.store", "tape"),
+    (("[keys]", "[agent.dtn7]\nweb_port = 70000\n[keys]"), "agent.dtn7.web_port", 70000),
+    (("[keys]", "[agent.dtn7]\ncolour = \"red\"\n[keys]"), "agent.dtn7.colour", "red"),
     (("[agent]", "[agent]\nkind = \"ion\""), "agent.kind", "ion"),
     (("via = \"r2\"", "via = \"r9\""), "agent.routes[0].via", "r9"),
     (("cla = \"tcpcl://10.77.1.2:4556\"", "cla = \"tcp://10.77.1.2\""), "agent.peers[0].cla", "tcp://10.77.1.2"),

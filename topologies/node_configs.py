@@ -84,12 +84,13 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             f"# c2dtn node {n} on topology {st['topology']} (written by c2dtn node configs)",
             "[node]", f'id = "{n}"', f'storage = "{(out / n).resolve()}"',
             f'netns = "{testbed.node_netns(st, n)}"', f"overlay = {'true' if n in overlay_nodes else 'false'}", "",
-            "[agent]", 'kind = "dtn7"', f'store = "{store}"', "web_port = 3000",
+            "[agent]", 'kind = "dtn7"',
         ]
         # listen on every convergence layer a neighbour uses toward this node
         schemes = sorted({cla} | {c for _, c in peers.values()})
-        lines += ["listen = [" + ", ".join(f'"{c}://0.0.0.0:{DEFAULT_PORTS[c]}"' for c in schemes) + "]",
-                  'janitor = "3s"'] + (['routing = "epidemic"'] if groups else []) + [""]
+        lines += ["listen = [" + ", ".join(f'"{c}://0.0.0.0:{DEFAULT_PORTS[c]}"' for c in schemes) + "]"]
+        lines += (['routing = "epidemic"'] if groups else []) + [""]
+        lines += ["[agent.dtn7]", f'store = "{store}"', "web_port = 3000", 'janitor = "3s"', ""]
         for m, (addr, c) in peers.items():
             lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{DEFAULT_PORTS[c]}"', ""]
         for m, via in routes:

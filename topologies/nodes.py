@@ -11,7 +11,8 @@ from pathlib import Path
 
 from c2dtn.overlay.client import ApiError, NodeClient
 from c2dtn.overlay.config import load_node_config
-from c2dtn.overlay.supervisor import SupervisorError, find_dtnd
+from c2dtn.errors import C2Error
+from c2dtn.overlay.agents.dtn7 import find_dtnd
 from c2dtn.topologies.node_configs import write_configs
 from c2dtn.topologies import netns
 
@@ -20,7 +21,7 @@ def dtnd_missing() -> str | None:
     try:
         find_dtnd()
         return None
-    except SupervisorError as e:
+    except C2Error as e:
         return str(e)
 
 

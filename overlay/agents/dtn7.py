@@ -1,4 +1,10 @@
-"""dtn7-rs driver: sends over dtnd's HTTP API, receives over its WebSocket API.
+"""dtn7-rs driver: runs dtnd for a node, sends over its HTTP API, receives over its
+WebSocket API.
+
+Settings (`[agent.dtn7]`; older configs put them in `[agent]` itself, still read):
+  store = "sled"      mem | sled | sneakers (sled and sneakers persist across a SIGKILL)
+  web_port = 3000     dtnd's HTTP and WebSocket API (and its http CLA)
+  janitor = "5s"      how often dtnd walks its store
 
 Facts about dtnd 0.21 this driver is built around (read from its source):
 - POST /send?dst=<eid>&lifetime=<humantime> sends from the node's own EID;
@@ -14,15 +20,83 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
+import shutil
 from collections.abc import AsyncIterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import cbor2
 
-from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, PeerInfo
+from c2dtn.cla_adapters import ClaSpec
+from c2dtn.errors import C2Error, ConfigError
+from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
+from c2dtn.overlay.agents import register
+
+if TYPE_CHECKING:
+    from c2dtn.overlay.config import NodeConfig
 
 log = logging.getLogger("c2dtn.dtn7")
+
+DTN7_VERSION = "0.21.0"
+STORES = ("mem", "sled", "sneakers")
+# dtn7-rs names its CLAs differently from the specs
+CLA_NAMES = {"tcpcl": "tcp", "mtcp": "mtcp", "udp": "udp", "http": "http"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("C2DTN_CACHE", Path.home() / ".cache" / "c2dtn"))
+
+
+def find_dtnd() -> str:
+    """dtnd from $C2DTN_DTND, the project's .tools/, the version-keyed cache, or PATH."""
+    cands = [os.environ.get("C2DTN_DTND", ""),
+             str(Path(__file__).resolve().parent.parent.parent / ".tools" / "dtn7" / "bin" / "dtnd"),
+             str(cache_dir() / f"dtn7-{DTN7_VERSION}" / "bin" / "dtnd"),
+             shutil.which("dtnd") or ""]
+    for c in cands:
+        if c and os.access(c, os.X_OK):
+            return c
+    raise C2Error(f"dtnd (dtn7-rs {DTN7_VERSION}) is not installed: run `make tools` "
+                  f"(cargo install dtn7 --version {DTN7_VERSION} --locked), or set C2DTN_DTND")
+
+
+def listen_arg(spec: ClaSpec) -> str:
+    """`dtnd -C` value: tcp:port=4556:bind=0.0.0.0"""
+    if spec.scheme == "http":
+        return "http"  # served on dtnd's web port
+    return f"{CLA_NAMES[spec.scheme]}:port={spec.port}:bind={spec.host}"
+
+
+def peer_arg(spec: ClaSpec, node_id: str) -> str:
+    """`dtnd -s` value: tcp://10.77.1.2:4556/r2"""
+    return f"{CLA_NAMES[spec.scheme]}://{spec.host}:{spec.port}/{node_id}"
+
+
+def dtnd_argv(cfg: NodeConfig, dtnd: str) -> list[str]:
+    """dtnd's command line for this node."""
+    o = cfg.agent_options
+    argv = [dtnd, "-n", cfg.id, "-W", str(cfg.agent_dir), "-w", str(o["web_port"]), "-D", o["store"],
+            "--disable_nd", "-j", o["janitor"], "-e", Dtn7Agent.endpoint]
+    # epidemic: every peer that has not seen a bundle gets it (group bundles fan out)
+    routes = cfg.agent_dir / "routes"
+    argv += ["-r", "epidemic"] if cfg.routing == "epidemic" else ["-r", "static", "-R", f"static.routes={routes}"]
+    for spec in cfg.listen:
+        argv += ["-C", listen_arg(spec)]
+    for p in cfg.peers:
+        argv += ["-s", peer_arg(p.cla, p.node)]
+    return argv
+
+
+def dtnd_routes(cfg: NodeConfig) -> str:
+    """dtnd static routes: `idx src-glob dst-glob via-eid`; glob `**` crosses '/'."""
+    lines = ["# written by c2dtn from " + cfg.source]
+    for i, r in enumerate(cfg.routes, 1):
+        dst = "**" if r.to == "*" else f"dtn://{r.to}/**"
+        lines.append(f"{i} ** {dst} dtn://{r.via}/")
+    return "\n".join(lines) + "\n"
 
 
 def node_eid(node: str) -> str:
@@ -50,13 +124,65 @@ def bundle_payload(raw: bytes) -> tuple[str, bytes]:
     raise ValueError("bundle has no payload block")
 
 
+@register("dtn7")
 class Dtn7Agent(BundleAgent):
-    name = "dtn7"
+    # BPv7; dtnd's web API takes a bundle of up to 16 MB; group endpoints (dtn://group/~x);
+    # its sled/sneakers stores keep bundles across a SIGKILL
+    capabilities = Capabilities(bp_version=7, max_bundle_bytes=16 << 20, groups=True, own_custody=True)
 
-    def __init__(self, base_url: str = "http://127.0.0.1:3000", timeout_s: float = 10.0):
+    def __init__(self, base_url: str = "http://127.0.0.1:3000", timeout_s: float = 10.0,
+                 cfg: NodeConfig | None = None):
         self.base = base_url.rstrip("/")
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self.cfg = cfg
+
+    # -- configuration ---------------------------------------------------------------------
+    @classmethod
+    def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
+        from c2dtn.tomlfile import check_table
+
+        check_table(source, "agent.dtn7", table, {"store", "web_port", "janitor"})
+        o = {"store": table.get("store", "sled"), "web_port": table.get("web_port", 3000),
+             "janitor": str(table.get("janitor", "5s"))}
+        if o["store"] not in STORES:
+            raise ConfigError(source, "agent.dtn7.store", o["store"], "unknown store", "stores: " + ", ".join(STORES))
+        if not isinstance(o["web_port"], int) or isinstance(o["web_port"], bool) or not 1 <= o["web_port"] <= 65535:
+            raise ConfigError(source, "agent.dtn7.web_port", o["web_port"], "not a port", "1 to 65535")
+        if not re.fullmatch(r"\d+(ms|s|m)", o["janitor"]):
+            raise ConfigError(source, "agent.dtn7.janitor", o["janitor"], "not a duration", 'write e.g. "5s"')
+        return o
+
+    @classmethod
+    def for_node(cls, cfg: NodeConfig) -> Dtn7Agent:
+        return cls(f"http://127.0.0.1:{cfg.agent_options['web_port']}", cfg=cfg)
+
+    # -- the daemon ----------------------------------------------------------------------------
+    def prepare(self) -> Launch:
+        cfg = self._node()
+        cfg.agent_dir.mkdir(parents=True, exist_ok=True)
+        (cfg.agent_dir / "routes").write_text(dtnd_routes(cfg))
+        return Launch(dtnd_argv(cfg, find_dtnd()))
+
+    def owns(self, cmdline: bytes) -> bool:
+        return b"dtnd" in cmdline and str(self._node().agent_dir).encode() in cmdline
+
+    async def ready(self) -> None:
+        node = (await self._get("/status/nodeid")).strip()
+        if not node.rstrip("/").endswith(self._node().id):
+            raise AgentError(f"dtnd answers as {node}, not as {self._node().id}")
+
+    def _node(self) -> NodeConfig:
+        if self.cfg is None:
+            raise AgentError("this dtn7 client was made for a dtnd it does not run")
+        return self.cfg
+
+    # -- naming ----------------------------------------------------------------------------------
+    def group_endpoint(self, group: str) -> str:
+        return f"dtn://{group}/~{self.endpoint}"  # ~: a non-singleton endpoint (RFC 9171 4.2.5.1)
+
+    def destination(self, dst: str, is_group: bool) -> tuple[str, str]:
+        return (dst, "~" + self.endpoint) if is_group else (dst, self.endpoint)
 
     async def start(self) -> None:
         if self._session is None or self._session.closed:
@@ -77,10 +203,6 @@ class Dtn7Agent(BundleAgent):
                 return text
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise AgentError(f"dtnd at {self.base} does not answer {path}: {e or type(e).__name__}") from None
-
-    async def ready(self) -> str:
-        """The agent's node id once its HTTP API answers."""
-        return (await self._get("/status/nodeid")).strip()
 
     async def register(self, endpoint: str) -> None:
         await self._get(f"/register?{endpoint}")
