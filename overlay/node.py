@@ -60,6 +60,8 @@ class OverlayNode:
             self.core = OverlayCore(store, Codec(cfg.id, cfg.keys, cfg.groups), cfg.scheduler)
         self._signal = asyncio.Event()  # the pump: look again (plan now if _poll_now, else re-arm its timer)
         self._poll_now = False
+        self._handing = asyncio.Lock()  # held while bundles are planned and handed to the agent
+        self._handovers: set[asyncio.Task] = set()
         self._soon: asyncio.TimerHandle | None = None
         self._inbox_event = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -94,9 +96,10 @@ class OverlayNode:
                 await ext.stop()
         if self._soon is not None:
             self._soon.cancel()
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._handovers]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         if self._runner:
@@ -164,7 +167,7 @@ class OverlayNode:
                     log.exception("processing a bundle from %s failed", d.src_node)
         if self.core.poll_due:  # acks came in, answers were queued, or acks are owed at once
             self.core.poll_due = False
-            self.wake()
+            self._plan_at_once()
         elif any(res.data or res.acks for res in results):
             # acks owed after the ack delay, or acks came in with nothing queued to send (a fast
             # retransmission shows as a wake-up due now): the pump re-arms its timer
@@ -215,20 +218,45 @@ class OverlayNode:
                 if wake is None or wake > now_ms():
                     continue
             self._poll_now = False
+            async with self._handing:
+                await self._hand_over(self._plan())
+
+    def _plan(self) -> list:
+        try:
+            return self.core.poll(now_ms())
+        except Exception:
+            log.exception("planning failed")
+            return []
+
+    async def _hand_over(self, out: list) -> None:
+        for b in out:
+            log.debug("bundle to %s: %d bytes, envelopes %s (%d resent), acks %s", b.dst, len(b.payload),
+                      b.seqs, b.retransmissions, b.acks)
             try:
-                out = self.core.poll(now_ms())
-            except Exception:
-                log.exception("planning failed")
-                continue
-            for b in out:
-                log.debug("bundle to %s: %d bytes, envelopes %s (%d resent), acks %s", b.dst, len(b.payload),
-                          b.seqs, b.retransmissions, b.acks)
-                try:
-                    await self.agent.send(*self._dst_endpoint(b.dst), b.payload, lifetime_s=3600)
-                except AgentError as e:
-                    # custody keeps the envelopes; they go again at their retransmission time
-                    self.send_errors += 1
-                    log.warning("%s", e)
+                await self.agent.send(*self._dst_endpoint(b.dst), b.payload, lifetime_s=3600)
+            except AgentError as e:
+                # custody keeps the envelopes; they go again at their retransmission time
+                self.send_errors += 1
+                log.warning("%s", e)
+
+    def _plan_at_once(self) -> None:
+        """Plan in this turn of the loop (an urgent submit, an arrival that calls for an answer)
+        and hand the bundles over in a task, rather than wake the pump for the next turn: a
+        round trip crosses two such steps.  While the pump is handing bundles over, it is
+        woken instead, so what arrives meanwhile still goes together in its next plan."""
+        if self._handing.locked():
+            self.wake()
+            return
+        self._poll_now = False
+        out = self._plan()
+        if out:
+            task = asyncio.get_running_loop().create_task(self._hand_over_locked(out))
+            self._handovers.add(task)
+            task.add_done_callback(self._handovers.discard)
+
+    async def _hand_over_locked(self, out: list) -> None:
+        async with self._handing:
+            await self._hand_over(out)
 
     def submit(self, dst: str, body: bytes, lifetime_ms: int, priority: Priority, supersede: str | None,
                app: str) -> int:
@@ -241,7 +269,7 @@ class OverlayNode:
         immediate are planned at once; others a moment later, with whatever else is
         submitted meanwhile (one bundle, one plan, one ack for many)."""
         if priority <= Priority.IMMEDIATE:
-            self.wake()
+            self._plan_at_once()
         elif self._soon is None:
             self._soon = asyncio.get_running_loop().call_later(SUBMIT_GATHER_S, self._wake_soon)
 
