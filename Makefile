@@ -56,6 +56,15 @@ bpas: apt-bpas
 	@scripts/build-bpa.sh ibrdtn "$(IBRDTN_SRC)" "$(C2DTN_CACHE)/ibrdtn-$(IBRDTN_VERSION)"
 	@mkdir -p .tools && for b in ion-$(ION_VERSION) ibrdtn-$(IBRDTN_VERSION); do \
 	  if [ -e "$(C2DTN_CACHE)/$$b/.built" ]; then ln -sfn "$(C2DTN_CACHE)/$$b" ".tools/$${b%%-*}"; fi; done
+	@$(MAKE) --no-print-directory .tools/c2dtn-ionbp
+
+# the ION driver's hand on libbp (overlay/agents/ion_bp.c), built against the ION above
+ION_ROOT := $(C2DTN_CACHE)/ion-$(ION_VERSION)
+.tools/c2dtn-ionbp: overlay/agents/ion_bp.c
+	@if [ -e "$(ION_ROOT)/.built" ]; then \
+	  mkdir -p .tools && gcc -O2 -Wall -Werror -o $@ $< -I"$(ION_ROOT)/include" -L"$(ION_ROOT)/lib" \
+	    -Wl,-rpath,"$(ION_ROOT)/lib" -lbp -lici -lpthread && echo "built $@"; \
+	else echo "c2dtn-ionbp: not built (ION $(ION_VERSION) is not)"; fi
 
 apt-bpas:
 	@missing=""; for pkg in $(APT_BPAS); do \

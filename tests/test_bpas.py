@@ -40,3 +40,21 @@ def test_ibrdtn_was_built_with_its_daemon_and_sqlite_storage():
     home = _home("ibrdtn")
     out = subprocess.run([home / "sbin" / "dtnd", "--version"], capture_output=True, text=True, timeout=10)
     assert "IBR-DTN" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_the_ion_helper_says_in_a_frame_when_there_is_no_node_to_attach_to(tmp_path):
+    """c2dtn-ionbp (overlay/agents/ion_bp.c) keeps ION's own messages off its frame channel.
+    Run in an IPC namespace of its own with a private /dev/shm: ION's global semaphore table
+    and working memory are made for it and go with it, whatever else runs on the host."""
+    _home("ion")
+    helper = ROOT / ".tools" / "c2dtn-ionbp"
+    if not helper.exists():
+        pytest.skip("c2dtn-ionbp is not built: run `make bpas`")
+    p = subprocess.run(["unshare", "--ipc", "--mount", "sh", "-c",
+                        f"mount -t tmpfs c2-ionshm /dev/shm && exec {helper} ipn:9.1"],
+                       capture_output=True, timeout=30, cwd=tmp_path, env={"ION_NODE_LIST_DIR": str(tmp_path)})
+    if p.returncode and b"unshare" in p.stderr and b"Operation not permitted" in p.stderr:
+        pytest.skip("needs root for an IPC namespace: " + p.stderr.decode().strip())
+    n = int.from_bytes(p.stdout[:4], "big")
+    assert p.stdout[4:5] == b"X" and n == len(p.stdout) - 4, p.stdout[:200]
+    assert b"cannot attach to ION" in p.stdout and p.returncode == 1
