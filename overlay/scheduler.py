@@ -91,6 +91,10 @@ class Scheduler:
         self.cfg = cfg
         self.paths: dict[str, Path] = {}
         self._linger_until: dict[str, int] = {}  # dst -> when its lingering envelopes go
+        # dst -> {seq: (size, due again at)} of retransmissions that were due when the window
+        # had no room for them: lost as far as the window goes (as TCP counts what timed out),
+        # waiting for an ack (on_ack makes them due at once) or one RTO
+        self._deferred: dict[str, dict[int, tuple[int, int]]] = {}
         self._probe_at: dict[str, int] = {}  # dst -> when a tail probe is due
 
     def path(self, dst: str) -> Path:
@@ -119,7 +123,8 @@ class Scheduler:
             for it in st.due_retries(now_ms):
                 retries.setdefault(it.dst, []).append(it)
         for dst, items in retries.items():
-            if any(i.seq not in probes for i in items):  # a probe is not a timeout
+            # a probe is not a timeout, nor is a retry that was only waiting for room
+            if any(i.seq not in probes and i.seq not in self._deferred.get(dst, ()) for i in items):
                 self._on_timeout(dst, now_ms)
         inflight = st.inflight_bytes()
         acks = dict(acks or {})
@@ -127,7 +132,12 @@ class Scheduler:
         for dst in sorted(set(st.destinations()) | set(acks)):
             p = self.path(dst)
             retry = retries.get(dst, [])
-            budget = p.window - (inflight.get(dst, 0) - sum(i.size for i in retry))
+            due = {i.seq for i in retry}
+            deferred = self._deferred.get(dst, {})
+            for seq in [q for q, (_, at) in deferred.items() if at <= now_ms and q not in due]:
+                del deferred[seq]  # due again but not among the retries: acked, expired or superseded
+            lost = {**{q: size for q, (size, _) in deferred.items()}, **{i.seq: i.size for i in retry}}
+            budget = p.window - (inflight.get(dst, 0) - sum(lost.values()))
             chosen: list[OutItem] = []
             self._linger_until.pop(dst, None)
             if budget > 0:
@@ -141,6 +151,21 @@ class Scheduler:
                         break
                     chosen.append(it)
                     budget -= it.size
+            if retry:
+                going = {it.seq for it in chosen}
+                deferred = self._deferred.setdefault(dst, {})
+                for seq in going:
+                    deferred.pop(seq, None)
+                waiting = [it for it in retry if it.seq not in going]
+                if waiting:
+                    # due, but the window has no room: left due, the wake-up would be "now" and
+                    # the pump would plan again at once, and again, for as long as the path is
+                    # down; they wait for an ack (on_ack brings them back at once) or one RTO
+                    at = now_ms + int(p.rto_ms)
+                    self.store.set_retry({it.seq: at for it in waiting})
+                    deferred.update((it.seq, (it.size, at)) for it in waiting)
+                if not deferred:
+                    del self._deferred[dst]
             ack = acks.pop(dst, ([], []))
             if not chosen and acks_due is not None and dst not in acks_due:
                 ack = ([], [])  # not worth a bundle of its own yet
@@ -236,6 +261,13 @@ class Scheduler:
         for dst in {it.dst for it in arrived + released}:  # progress: a tail probe may go again
             p = self.path(dst)
             p.last_ack_ms, p.probed = now_ms, False
+            waiting = self._deferred.get(dst)
+            if waiting:  # the window moved: what waited for room is due again
+                for it in released + arrived:
+                    waiting.pop(it.seq, None)
+                for seq, (size, _) in waiting.items():
+                    waiting[seq] = (size, now_ms)
+                self.store.set_retry({seq: now_ms for seq in waiting})
         by_dst: dict[str, list[OutItem]] = {}
         for it in arrived:
             by_dst.setdefault(it.dst, []).append(it)

@@ -671,3 +671,31 @@ def test_counters_commit_with_their_transaction_and_roll_back_with_it(tmp_path):
         again = CustodyStore(tmp_path / "gw1.db", "gw1")
         assert again.counters() == held and again.held_out() == (2, 6)
         assert again.submit_many([("gw4", b"three", 1000, Priority.ROUTINE, None, "")], 0) == [second + 1]
+
+
+def test_a_retransmission_the_window_has_no_room_for_does_not_leave_a_wake_up_due(tmp_path):
+    """Timed out during an outage, more envelopes are due than the shrunken window takes: those
+    left wait for an ack or one more RTO.  Left due, every plan would end with its next wake-up
+    already past, and the node would plan in a loop while the path is down (seen live: a
+    gateway ran 375,000 plans in two minutes).  Every envelope still arrives."""
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    net = Net(delay_ms=300, loss=0.10)
+    net.down.append((20_000, 80_000))
+    nodes = {"gw1": a, "gw4": b}
+    late, got = [], []
+    for t in range(0, 400_000, 100):
+        if t % 5000 == 0 and t <= 45_000:
+            for i in range(30):
+                a.submit("gw4", f"m{t}-{i}".encode(), t, priority=Priority.IMMEDIATE)
+        for core in nodes.values():
+            net.send(core.poll(t), t)
+            wake = core.next_wakeup_ms()
+            if wake is not None and wake <= t:
+                late.append((t, wake))
+        for dst, payload in net.due(t):
+            nodes[dst].on_bundle(payload, t)
+        items = b.take()
+        got += items
+        b.consumed([i.id for i in items])
+    assert not late, f"{len(late)} plans left a wake-up already due, first {late[:3]}"
+    assert len(got) == 300 and len({d.seq for d in got}) == 300

@@ -18,6 +18,7 @@ import pytest
 
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.topologies.broker import mosquitto_missing, start_mosquitto
+from c2dtn.overlay.config import load_node_config
 from c2dtn.topologies.nodes import Nodes, dtnd_missing
 from c2dtn.topologies import netns, testbed
 
@@ -61,6 +62,26 @@ def mqtt_chain(tmp_path_factory):
         b.terminate()
         b.wait(10)
     testbed.down()
+
+
+def _custody_state(nodes: Nodes) -> str:
+    """What the gateways hold, for a failure's message: status, and gw1's receiving side."""
+    import sqlite3
+
+    out = []
+    for n in ("gw1", "gw4"):
+        st = nodes.status(n)
+        out.append(f"{n}: counters {st.get('counters')}, queues {st.get('queues')}, windows {st.get('windows')}, "
+                   f"inbox {st.get('inbox')}, mqtt {st.get('mqtt', {}).get('counters')}")
+    db = sqlite3.connect(f"file:{load_node_config(nodes.paths['gw1']).custody_db}?mode=ro", uri=True)
+    try:
+        out.append(f"gw1 order {db.execute('SELECT * FROM orderq').fetchall()}, held "
+                   f"{db.execute('SELECT origin, priority, cseq, seq FROM held').fetchall()}")
+    except sqlite3.Error as e:
+        out.append(f"gw1 custody.db: {e}")
+    finally:
+        db.close()
+    return "\n".join(out)
 
 
 def client(node: str, *args: str) -> subprocess.Popen:
@@ -166,7 +187,7 @@ def test_near_subscriber_gets_far_publications_across_an_outage(mqtt_chain):
     outage(30, publish_at_far_broker)
     rows = lines(sub, 300)
     ids = ids_of(rows)
-    assert sorted(ids) == list(range(20)), f"near subscriber got {ids}"
+    assert sorted(ids) == list(range(20)), f"near subscriber got {ids}; {_custody_state(nodes)}"
     assert rows[-1]["disconnects"] == [], "the near subscriber saw the outage"
 
 
