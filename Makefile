@@ -66,28 +66,26 @@ ION_ROOT := $(C2DTN_CACHE)/ion-$(ION_VERSION)
 	    -Wl,-rpath,"$(ION_ROOT)/lib" -lbp -lici -lpthread && echo "built $@"; \
 	else echo "c2dtn-ionbp: not built (ION $(ION_VERSION) is not)"; fi
 
-apt-bpas:
-	@missing=""; for pkg in $(APT_BPAS); do \
-	  dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q "ok installed" || missing="$$missing $$pkg"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages for the BPA builds:$$missing"; \
+# apt-get install what the recipe gathered in $$missing (root only); $(1) says what for
+apt_install = if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages$(if $(1), $(1)):$$missing"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install$$missing" >&2; exit 1; fi; \
 	  DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+
+apt-bpas:
+	@missing=""; for pkg in $(APT_BPAS); do \
+	  dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q "ok installed" || missing="$$missing $$pkg"; \
+	done; \
+	$(call apt_install,for the BPA builds)
 
 apt:
 	@missing=""; for need in $(APT_NEEDS); do \
 	  cmd=$${need%%:*}; pkg=$${need##*:}; \
 	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; \
 	done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages:$$missing"; \
-	  if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install$$missing" >&2; exit 1; fi; \
-	  DEBIAN_FRONTEND=noninteractive apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
-	fi
+	$(call apt_install,)
 
 venv: $(VENV)/.installed
 

@@ -21,6 +21,7 @@ class NotBuilt(C2Error):
 
 
 def cache_dir() -> Path:
+    """The agents' build cache (dtn7-rs's too): $C2DTN_CACHE, else ~/.cache/c2dtn."""
     return Path(os.environ.get("C2DTN_CACHE", Path.home() / ".cache" / "c2dtn"))
 
 

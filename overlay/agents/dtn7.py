@@ -34,6 +34,7 @@ from c2dtn.cla_adapters import ClaSpec
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
 from c2dtn.overlay.agents import register
+from c2dtn.overlay.agents.builds import cache_dir
 
 if TYPE_CHECKING:
     from c2dtn.overlay.config import NodeConfig
@@ -44,10 +45,6 @@ DTN7_VERSION = "0.21.0"
 STORES = ("mem", "sled", "sneakers")
 # dtn7-rs names its CLAs differently from the specs
 CLA_NAMES = {"tcpcl": "tcp", "mtcp": "mtcp", "udp": "udp", "http": "http"}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("C2DTN_CACHE", Path.home() / ".cache" / "c2dtn"))
 
 
 def find_dtnd() -> str:
