@@ -80,6 +80,11 @@ class BundleAgent(abc.ABC):
         return {}
 
     @classmethod
+    def missing(cls) -> str | None:
+        """Why this agent cannot run on this machine (not installed, not built), else None."""
+        return None
+
+    @classmethod
     def for_node(cls, cfg: NodeConfig) -> BundleAgent:
         """The driver of this node's agent (its daemon, its configuration)."""
         raise NotImplementedError(f"{cls.name} cannot run a node's agent")

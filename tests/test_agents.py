@@ -69,3 +69,109 @@ def test_drivers_are_chosen_by_kind_and_say_what_they_can_do(tmp_path):
     assert agent.endpoints(["fmn"]) == ["c2dtn", "dtn://fmn/~c2dtn"]
     assert agent.destination("fmn", True) == ("fmn", "~c2dtn") and agent.destination("gw4", False) == ("gw4", "c2dtn")
     assert agent.owns(b"/x/dtnd\0-W\0" + str(cfg.agent_dir).encode()) and not agent.owns(b"/x/dtnd\0-W\0/elsewhere")
+
+
+def _node(tmp_path, kind: str, extra: str = "") -> object:
+    f = tmp_path / f"{kind}.toml"
+    f.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n[agent]\nkind = "{kind}"\n'
+                 'listen = ["tcpcl://0.0.0.0:4556", "udp://0.0.0.0:4556"]\n'
+                 '[[agent.peers]]\nnode = "r2"\ncla = "tcpcl://10.77.1.2:4556"\n'
+                 '[[agent.peers]]\nnode = "r5"\ncla = "udp://10.77.5.2:4600"\n'
+                 '[[agent.routes]]\nto = "r2"\nvia = "r2"\n[[agent.routes]]\nto = "gw4"\nvia = "r2"\n'
+                 '[keys]\ngw4 = "' + "ab" * 32 + '"\n' + extra)
+    return load_node_config(f)
+
+
+def test_ion_node_files_follow_the_node_config(tmp_path):
+    from c2dtn.overlay.agents.ion import derived_number, ion_files
+
+    cfg = _node(tmp_path, "ion", '[agent.ion]\nnumbers = { gw4 = 4 }\n')
+    files = ion_files(cfg, tmp_path / "bin")
+    me, r2, r5 = derived_number("gw1"), derived_number("r2"), derived_number("r5")
+    assert f"1 {me} " in files["node.ionrc"]
+    assert "configFlags 14" in files["node.ionconfig"]  # the SDR in a file: it outlives a SIGKILL
+    bp = files["node.bprc"].splitlines()
+    assert f"a endpoint ipn:{me}.1 q" in bp
+    assert "a induct tcp 0.0.0.0:4556 tcpcli" in bp and "a induct udp 0.0.0.0:4556 udpcli" in bp
+    assert "a outduct tcp 10.77.1.2:4556 tcpclo" in bp and "a outduct udp 10.77.5.2:4600 udpclo" in bp
+    ipn = files["node.ipnrc"].splitlines()
+    assert f"a plan {r2} tcp/10.77.1.2:4556 12500000" in ipn and f"a plan {r5} udp/10.77.5.2:4600 12500000" in ipn
+    assert f"a exit 4 4 ipn:{r2}.0" in ipn  # gw4 by the number the table gives, through r2
+    assert not [line for line in ipn if line.startswith(f"a exit {r2}")]  # a neighbour needs no exit
+    assert make_agent(cfg).eid == f"ipn:{me}.1"
+
+
+def test_ion_refuses_what_it_cannot_do_naming_it(tmp_path):
+    from c2dtn.errors import ConfigError
+    from c2dtn.overlay.agents.ion import ion_files
+
+    cfg = _node(tmp_path, "ion")
+    cfg.peers[0].cla = type(cfg.peers[0].cla)("mtcp", "10.77.1.2", 16162)
+    with pytest.raises(C2Error, match="ION has no mtcp convergence layer.*mtcp://10.77.1.2:16162"):
+        ion_files(cfg, tmp_path)
+    with pytest.raises(ConfigError, match="agent.ion.sdr_mb"):
+        _node(tmp_path, "ion", '[agent.ion]\nsdr_mb = -3\n')
+    with pytest.raises(ConfigError, match="same ipn number"):
+        make_agent(_node(tmp_path, "ion", '[agent.ion]\nnumbers = { gw4 = 7, r2 = 7 }\n'))
+    grouped = tmp_path / "grouped.toml"
+    grouped.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "g"}"\n[agent]\nkind = "ion"\nrouting = "epidemic"\n'
+                       '[keys]\ngw4 = "' + "ab" * 32 + '"\nfmn = "' + "cd" * 32 + '"\n[groups]\nfmn = ["gw1", "gw4"]\n')
+    with pytest.raises(ConfigError, match="no group endpoints"):
+        make_agent(load_node_config(grouped))
+
+
+def test_ion_helper_frames_are_read_however_the_pipe_cuts_them():
+    from c2dtn.overlay.agent import AgentError
+    from c2dtn.overlay.agents.ion import FrameReader, parse_delivery, send_frame
+
+    src = b"ipn:5.1"
+    d = b"D" + len(src).to_bytes(2, "big") + src + (1234).to_bytes(8, "big") + b"pay\x00load"
+    stream = (len(b"Ripn:9.1")).to_bytes(4, "big") + b"Ripn:9.1" + len(d).to_bytes(4, "big") + d \
+        + (3).to_bytes(4, "big") + b"A\x00x"
+    r = FrameReader()
+    frames = [f for i in range(len(stream)) for f in r.feed(stream[i:i + 1])]  # one byte at a time
+    assert [k for k, _ in frames] == ["R", "D", "A"]
+    assert parse_delivery(frames[1][1]) == ("ipn:5.1", 1234, b"pay\x00load")
+    assert frames[2][1] == b"\x00x"
+    s = send_frame("ipn:4.1", b"xyz", 60)
+    assert s[4:5] == b"S" and int.from_bytes(s[:4], "big") == len(s) - 4 and s.endswith(b"ipn:4.1xyz")
+    with pytest.raises(AgentError, match="out of step"):
+        FrameReader().feed(b"\xff\xff\xff\xffS")
+    with pytest.raises(AgentError, match="short delivery"):
+        parse_delivery(b"\x00")
+
+
+def test_ibrdtn_config_names_its_neighbours_routes_and_sqlite_store(tmp_path):
+    from c2dtn.overlay.agents.ibrdtn import ibrdtn_conf
+
+    conf = ibrdtn_conf(_node(tmp_path, "ibrdtn", '[agent.ibrdtn]\napi_port = 4999\n'), ["c2-r2", "c2-r5"]).splitlines()
+    for line in ("local_uri = dtn://gw1", "api_port = 4999", "storage = sqlite", "net_interfaces = cl0 cl1u1 cl1u2",
+                 "net_cl0_type = tcp", "net_cl1u1_type = udp", "net_cl1u1_interface = c2-r2",
+                 "net_cl1u2_interface = c2-r5", "static1_uri = dtn://r2", "static1_proto = tcp",
+                 "static2_address = 10.77.5.2", "static2_port = 4600", "static2_proto = udp",
+                 "route1 = ^dtn://gw4/.* dtn://r2"):
+        assert line in conf, line
+    assert len([line for line in conf if line.startswith("route")]) == 1  # r2 is a neighbour
+
+
+def test_ibrdtn_api_replies_notifications_and_raw_payloads_are_told_apart():
+    from c2dtn.overlay.agents.ibrdtn import ApiReader, plain_bundle
+
+    payload = b"line\n602 NOTIFY BUNDLE fake\n\n\x00\xff"  # a payload that looks like API lines
+    stream = (b"IBR-DTN 1.0.1 API 1.0\n200 SWITCHED TO EXTENDED\n100 PUT BUNDLE PLAIN\n"
+              b"602 NOTIFY BUNDLE 123 4 dtn://r3/c2dtn\n200 BUNDLE IN REGISTER\n"
+              b"200 PAYLOAD GET\nLength: " + str(len(payload)).encode() + b"\nEncoding: raw\n\n" + payload
+              + b"\n\n404 BUNDLE NOT FOUND\n")
+    api = ApiReader()
+    replies, notes = [], []
+    for i in range(len(stream)):
+        r, n = api.feed(stream[i:i + 1])
+        replies += r
+        notes += n
+    assert api.greeting.startswith("IBR-DTN")
+    assert [(r.code, r.text) for r in replies] == [(200, "SWITCHED TO EXTENDED"), (100, "PUT BUNDLE PLAIN"),
+                                                   (200, "BUNDLE IN REGISTER"), (200, "PAYLOAD GET"),
+                                                   (404, "BUNDLE NOT FOUND")]
+    assert replies[3].data == payload and notes == ["123 4 dtn://r3/c2dtn"]
+    b = plain_bundle("dtn://gw1/c2dtn", "dtn://gw4/c2dtn", b"ab\ncd", 60)
+    assert b"Destination: dtn://gw4/c2dtn\n" in b and b"Length: 5\nEncoding: raw\n\nab\ncd\n\n" in b

@@ -41,8 +41,9 @@ def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | Non
 def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
                   cla: str = "tcpcl", store: str = "sled", extra: str | dict[str, str] = "",
                   per_link_cla: bool = True, groups: dict[str, list[str]] | None = None,
-                  scheduler: dict[str, int] | None = None) -> dict[str, Path]:
-    """per_link_cla: follow the links' own `cla` (else use `cla` everywhere).
+                  scheduler: dict[str, int] | None = None, agent: str | dict[str, str] = "dtn7") -> dict[str, Path]:
+    """agent: the BPA every node runs (`[agent] kind`), or node -> kind (the others run dtn7).
+    per_link_cla: follow the links' own `cla` (else use `cla` everywhere).
     scheduler: [scheduler] settings for every overlay node, over the defaults written here.
     groups: group name -> overlay nodes; each member gets the group's key, and every BPA
     routes by epidemic so that one bundle for the group reaches all members."""
@@ -68,6 +69,7 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
     rated = any(((ls.get(d) or {}).get("rate_bps")) for ls in st["links"].values() for d in ("profile_ab", "profile_ba"))
     paths = {}
     for n in bpa_nodes:
+        kind = agent if isinstance(agent, str) else agent.get(n, "dtn7")
         peers: dict[str, tuple[str, str]] = {}  # node -> (address, cla)
         routes: list[tuple[str, str]] = []
         for m in bpa_nodes:
@@ -84,13 +86,14 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             f"# c2dtn node {n} on topology {st['topology']} (written by c2dtn node configs)",
             "[node]", f'id = "{n}"', f'storage = "{(out / n).resolve()}"',
             f'netns = "{testbed.node_netns(st, n)}"', f"overlay = {'true' if n in overlay_nodes else 'false'}", "",
-            "[agent]", 'kind = "dtn7"',
+            "[agent]", f'kind = "{kind}"',
         ]
         # listen on every convergence layer a neighbour uses toward this node
         schemes = sorted({cla} | {c for _, c in peers.values()})
         lines += ["listen = [" + ", ".join(f'"{c}://0.0.0.0:{DEFAULT_PORTS[c]}"' for c in schemes) + "]"]
         lines += (['routing = "epidemic"'] if groups else []) + [""]
-        lines += ["[agent.dtn7]", f'store = "{store}"', "web_port = 3000", 'janitor = "3s"', ""]
+        if kind == "dtn7":
+            lines += ["[agent.dtn7]", f'store = "{store}"', "web_port = 3000", 'janitor = "3s"', ""]
         for m, (addr, c) in peers.items():
             lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{DEFAULT_PORTS[c]}"', ""]
         for m, via in routes:

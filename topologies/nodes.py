@@ -28,14 +28,15 @@ def dtnd_missing() -> str | None:
 class Nodes:
     def __init__(self, st: dict, bpa: list[str], overlay: list[str], workdir: Path, cla: str = "tcpcl",
                  per_link_cla: bool = True, gateways: dict[str, str] | None = None,
-                 groups: dict[str, list[str]] | None = None, scheduler: dict[str, int] | None = None):
+                 groups: dict[str, list[str]] | None = None, scheduler: dict[str, int] | None = None,
+                 agent: str | dict[str, str] = "dtn7"):
         """gateways: node -> its [gateway] TOML table; those run `c2dtn gateway run`.
         groups: group name -> member overlay nodes; scheduler: [scheduler] settings (see write_configs)."""
         self.st = st
         self.gateways = gateways or {}
         self.verbose = False  # debug logs (each bundle handed to the agent) in <node>.node.log
         self.paths = write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla,
-                                   extra=self.gateways, groups=groups, scheduler=scheduler)
+                                   extra=self.gateways, groups=groups, scheduler=scheduler, agent=agent)
         self.procs: dict[str, subprocess.Popen] = {}
         self.sock = {n: load_node_config(p).api_socket for n, p in self.paths.items()}
         self._clients: dict[str, NodeClient] = {}

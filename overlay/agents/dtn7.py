@@ -151,6 +151,14 @@ class Dtn7Agent(BundleAgent):
         return o
 
     @classmethod
+    def missing(cls) -> str | None:
+        try:
+            find_dtnd()
+            return None
+        except C2Error as e:
+            return str(e)
+
+    @classmethod
     def for_node(cls, cfg: NodeConfig) -> Dtn7Agent:
         return cls(f"http://127.0.0.1:{cfg.agent_options['web_port']}", cfg=cfg)
 

@@ -34,7 +34,6 @@
 #include <unistd.h>
 
 #define MAX_PAYLOAD (16u << 20)
-#define WRITE_PIECE (64 * 1024)
 
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 static BpSAP sap;
@@ -171,33 +170,20 @@ static void send_one(unsigned char *body, uint32_t n)
 	eid[elen] = '\0';
 	unsigned char *payload = body + 7 + elen;
 	vast plen = n - 7 - elen;
+	/* allocated and written in one transaction, as ION's own bpsource does (a bounded SDR lets a
+	   transaction write only what it allocated); the node's SDR working memory is sized for a
+	   16 MB payload's log (sdrWmSize in the driver's .ionconfig) */
 	Sdr sdr = bp_get_sdr();
 	if (!sdr_begin_xn(sdr)) {
 		answer(0, "ION's SDR refused a transaction");
 		return;
 	}
 	Object extent = sdr_malloc(sdr, plen ? plen : 1);
+	if (extent)
+		sdr_write(sdr, extent, (char *) payload, plen);
 	if (sdr_end_xn(sdr) < 0 || extent == 0) {
 		answer(0, "no space in ION's SDR for the payload");
 		return;
-	}
-	/* written in pieces, one transaction each: a reversible SDR logs what a transaction
-	   writes in its working memory, which a megabyte in one transaction overflows */
-	for (vast off = 0; off < plen; off += WRITE_PIECE) {
-		vast n = plen - off < WRITE_PIECE ? plen - off : WRITE_PIECE;
-		if (!sdr_begin_xn(sdr)) {
-			answer(0, "ION's SDR refused a transaction");
-			return;
-		}
-		sdr_write(sdr, extent + off, (char *) payload + off, n);
-		if (sdr_end_xn(sdr) < 0) {
-			if (sdr_begin_xn(sdr)) {
-				sdr_free(sdr, extent);
-				sdr_end_xn(sdr);
-			}
-			answer(0, "writing the payload into ION's SDR failed");
-			return;
-		}
 	}
 	/* no attendant: when ZCO space is short, refuse now (the overlay keeps custody and resends) */
 	Object zco = ionCreateZco(ZcoSdrSource, extent, 0, plen, cos, 0, ZcoOutbound, NULL);

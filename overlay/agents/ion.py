@@ -1,0 +1,465 @@
+"""ION-DTN 4.1.3 driver: one ION node per overlay node, reached through c2dtn-ionbp.
+
+ION has no network API for applications: an application is a process attached to the
+node's shared memory.  This driver therefore
+- writes the node's .ionconfig and its ionadmin, bpadmin and ipnadmin command files from
+  the node config (`prepare`);
+- starts the node in namespaces of its own: `unshare --ipc --mount --pid --fork` runs
+  `ion-run.sh`, which puts a private tmpfs on /dev/shm, starts ION with the three admin
+  programs and waits.  ION's working memory, semaphores and SDR catalogue are global to an
+  IPC namespace (docs/ion-notes.md): in a namespace of its own each node has them to itself
+  and several nodes run on one host without sharing a wmKey.  The PID namespace ties the
+  node's daemons (rfxclock, bpclock, ipnfw, the CL tasks...) to the script: when it dies,
+  by SIGKILL too, the kernel ends every one of them, and a restart starts clean (the SDR
+  stays, in a file);
+- speaks to the node through the helper c2dtn-ionbp (overlay/agents/ion_bp.c, linked with
+  libbp, built by `make bpas`), started with nsenter into those namespaces, over its
+  stdin/stdout in length-prefixed frames (see that file).
+
+Settings (`[agent.ion]`):
+  number = 0            this node's ipn node number (0: derived from the node id, below)
+  numbers = {}          other nodes' numbers, by node id, where they are not derived
+  sdr_mb = 64           size of the SDR file (bundles held by ION; created once)
+  rate_bytes = 12500000 nominal rate of every egress plan (bytes/s; the link is the limit)
+
+Node numbers: ipn EIDs name nodes by number.  Unless a table says otherwise a node's
+number is derived from its id, so that every node config agrees without listing all
+others: 1 + (CRC-32 of the id) mod 2**31.  EIDs: the overlay's endpoint is ipn:N.1.
+
+CLAs: tcpcl is ION's "tcp" (TCPCLv3, RFC 7242: not the TCPCLv4 of dtn7-rs), udp is "udp"
+(one bundle per datagram); ION has no mtcp or http.  Neighbours get an egress plan
+(ipnadmin `a plan`); a node reached through another gets an exit via that neighbour (static
+routing, as the node config's routes say).  ION's own contact-graph routing is not used: the
+testbed's links are cut by the emulator, not by a contact plan.  Groups (imc) are not
+supported yet: a node config with groups is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import struct
+import zlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from c2dtn.errors import C2Error, ConfigError
+from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
+from c2dtn.overlay.agents import register
+from c2dtn.overlay.agents.builds import built
+
+if TYPE_CHECKING:
+    from c2dtn.overlay.config import NodeConfig
+
+log = logging.getLogger("c2dtn.ion")
+
+SERVICE = 1  # the overlay's endpoint on every ION node: ipn:N.1
+CLA_NAMES = {"tcpcl": "tcp", "udp": "udp"}
+HELPER = Path(__file__).resolve().parent.parent.parent / ".tools" / "c2dtn-ionbp"
+MAX_FRAME = (16 << 20) + 1024
+
+
+def derived_number(node: str) -> int:
+    return 1 + zlib.crc32(node.encode()) % (1 << 31)
+
+
+def node_numbers(cfg: NodeConfig) -> dict[str, int]:
+    """ipn node number of this node and of every node its config names."""
+    o = cfg.agent_options
+    names = {cfg.id} | {p.node for p in cfg.peers} | {r.to for r in cfg.routes if r.to != "*"} \
+        | {r.via for r in cfg.routes} | set(cfg.keys)
+    nums = {n: o["numbers"].get(n) or derived_number(n) for n in sorted(names)}
+    if o["number"]:
+        nums[cfg.id] = o["number"]
+    seen: dict[int, str] = {}
+    for n, k in nums.items():
+        if k in seen:
+            raise ConfigError(cfg.source, "agent.ion.numbers", k, f"nodes {seen[k]!r} and {n!r} have the same ipn number",
+                              "give one of them its own in [agent.ion] numbers")
+        seen[k] = n
+    return nums
+
+
+def _duct(spec) -> str:
+    try:
+        return CLA_NAMES[spec.scheme]
+    except KeyError:
+        raise C2Error(f"ION has no {spec.scheme} convergence layer ({spec}): use tcpcl (TCPCLv3) or udp") from None
+
+
+def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
+    """The files of one ION node: name -> text (in the agent folder)."""
+    o = cfg.agent_options
+    nums = node_numbers(cfg)
+    me = nums[cfg.id]
+    d = cfg.agent_dir
+    files = {}
+    files["node.ionconfig"] = "\n".join([
+        f"# written by c2dtn from {cfg.source}",
+        # sdrName and wmKey stay ION's defaults ("ion", 0xff01): ION refuses others without
+        # ION_NODE_LIST_DIR, and in its own IPC namespace the node shares them with no one
+        "configFlags 14",  # SDR in a file, reversible, bounded: what ION held survives a SIGKILL
+        f"pathName {d}",
+        f"heapWords {o['sdr_mb'] * (1 << 20) // 8}",
+        "wmSize 20000000",
+        # a node in its own IPC namespace sizes its SDR working memory itself: room for the log
+        # of a transaction that writes a 16 MB payload (c2dtn-ionbp writes each in one)
+        "sdrWmSize 40000000",
+        ""])
+    files["node.ionrc"] = "\n".join([f"# written by c2dtn from {cfg.source}", f"1 {me} {d / 'node.ionconfig'}",
+                                     "s", ""])
+    bp = [f"# written by c2dtn from {cfg.source}", "1", "a scheme ipn 'ipnfw' 'ipnadminep'",
+          f"a endpoint ipn:{me}.{SERVICE} q"]
+    protocols = sorted({_duct(s) for s in cfg.listen} | {_duct(p.cla) for p in cfg.peers})
+    for proto in protocols:
+        bp.append(f"a protocol {proto}")
+    for s in cfg.listen:
+        cli = "tcpcli" if _duct(s) == "tcp" else "udpcli"
+        bp.append(f"a induct {_duct(s)} {s.host}:{s.port} {cli}")
+    for p in cfg.peers:
+        clo = "tcpclo" if _duct(p.cla) == "tcp" else "udpclo"
+        bp.append(f"a outduct {_duct(p.cla)} {p.cla.host}:{p.cla.port} {clo}")
+    bp += ["s", ""]
+    files["node.bprc"] = "\n".join(bp)
+    ipn = [f"# written by c2dtn from {cfg.source}"]
+    for p in cfg.peers:
+        ipn.append(f"a plan {nums[p.node]} {_duct(p.cla)}/{p.cla.host}:{p.cla.port} {o['rate_bytes']}")
+    neighbours = {p.node for p in cfg.peers}
+    for r in cfg.routes:
+        if r.to in neighbours or r.to == r.via:
+            continue
+        first, last = (1, (1 << 63) - 1) if r.to == "*" else (nums[r.to], nums[r.to])
+        ipn.append(f"a exit {first} {last} ipn:{nums[r.via]}.0")
+    files["node.ipnrc"] = "\n".join(ipn + [""])
+    # the keeper: runs as PID 1 of the node's PID namespace (nothing of ION outlives it)
+    files["ion-run.sh"] = f"""#!/bin/sh
+# written by c2dtn: one ION node in IPC, mount and PID namespaces of its own
+mount -t tmpfs c2-ionshm /dev/shm || exit 2
+mount -t proc c2-ionproc /proc || exit 2
+cd {d}
+export PATH={ion_bin}:$PATH
+rm -f ready
+stop() {{ bpadmin . >>admin.log 2>&1; ionadmin . >>admin.log 2>&1; touch clean; exit 0; }}
+trap stop TERM INT
+start() {{
+    ionadmin node.ionrc >>admin.log 2>&1 && bpadmin node.bprc >>admin.log 2>&1 \
+        && ipnadmin node.ipnrc >>admin.log 2>&1 && pidof rfxclock >/dev/null && pidof bpclock >/dev/null
+}}
+if [ ! -e clean ] && [ -e ion.sdr ]; then
+    # the node ended without `bpadmin .` / `ionadmin .` (SIGKILL, power cut): ION 4.1.3 came back
+    # from that here with a damaged SDR ("Dataspace read failed", list assertions in tcpcli), so
+    # it starts empty; the overlay holds every envelope in its own custody and sends again
+    echo "c2dtn: the last run did not stop cleanly; starting ION with an empty SDR" >>admin.log
+    rm -f ion.sdr ion.sdrlog
+fi
+rm -f clean
+if ! start; then
+    # ION could not take up its SDR again (a transaction it could not reverse): start empty; the
+    # overlay still holds every envelope in its own custody and sends again what was lost here
+    echo "c2dtn: ION did not start on its SDR; starting with an empty one" >>admin.log
+    ionadmin . >>admin.log 2>&1 || true
+    rm -f ion.sdr ion.sdrlog
+    start || exit 3
+fi
+echo started >ready
+# ION's daemons end when its SDR is wrecked: then end too, so that the supervisor restarts the node
+while pidof rfxclock >/dev/null && pidof bpclock >/dev/null; do sleep 1 & wait $! || true; done
+echo "c2dtn: ION's rfxclock or bpclock ended; stopping the node for a restart" >>admin.log
+exit 4
+"""
+    return files
+
+
+# -- the frames of c2dtn-ionbp (overlay/agents/ion_bp.c) ----------------------------------------------
+
+def send_frame(eid: str, payload: bytes, lifetime_s: int, cos: int = 1) -> bytes:
+    e = eid.encode()
+    body = struct.pack(">IBH", lifetime_s, cos, len(e)) + e
+    return struct.pack(">IB", 1 + len(body) + len(payload), ord("S")) + body + payload
+
+
+class FrameReader:
+    """Bytes from the helper in, (type, body) frames out: no I/O, fed as data arrives."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[str, bytes]]:
+        self._buf += data
+        out = []
+        while len(self._buf) >= 5:
+            n = int.from_bytes(self._buf[:4], "big")
+            if n < 1 or n > MAX_FRAME:
+                raise AgentError(f"c2dtn-ionbp sent a frame of {n} bytes: the stream is out of step")
+            if len(self._buf) < 4 + n:
+                break
+            out.append((chr(self._buf[4]), bytes(self._buf[5:4 + n])))
+            del self._buf[:4 + n]
+        return out
+
+
+def parse_delivery(body: bytes) -> tuple[str, int, bytes]:
+    """'D' body -> (source EID, creation ms since 2000, payload)."""
+    if len(body) < 10:
+        raise AgentError(f"short delivery frame ({len(body)} bytes)")
+    n = int.from_bytes(body[:2], "big")
+    if 2 + n + 8 > len(body):
+        raise AgentError("delivery frame: source EID runs past the frame")
+    return body[2:2 + n].decode(errors="replace"), int.from_bytes(body[2 + n:10 + n], "big"), body[10 + n:]
+
+
+@register("ion")
+class IonAgent(BundleAgent):
+    # BPv7; the helper takes payloads up to 16 MB; no groups yet; the SDR is a file
+    capabilities = Capabilities(bp_version=7, max_bundle_bytes=16 << 20, groups=False, own_custody=True)
+    endpoint = str(SERVICE)
+
+    def __init__(self, cfg: NodeConfig):
+        self.cfg = cfg
+        self.nums = node_numbers(cfg)
+        self.names = {v: k for k, v in self.nums.items()}
+        self.eid = f"ipn:{self.nums[cfg.id]}.{SERVICE}"
+        self._helper: asyncio.subprocess.Process | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._acks: list[asyncio.Future] = []  # one per 'S' frame, answered in order
+        self._deliveries: asyncio.Queue = asyncio.Queue(maxsize=256)
+        self._lock = asyncio.Lock()
+        self._attached = asyncio.Event()
+
+    # -- configuration ---------------------------------------------------------------------
+    @classmethod
+    def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
+        from c2dtn.tomlfile import check_table
+
+        check_table(source, "agent.ion", table, {"number", "numbers", "sdr_mb", "rate_bytes"})
+        o = {"number": table.get("number", 0), "numbers": table.get("numbers", {}),
+             "sdr_mb": table.get("sdr_mb", 64), "rate_bytes": table.get("rate_bytes", 12_500_000)}
+        for key in ("number", "sdr_mb", "rate_bytes"):
+            v = o[key]
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "number" else 1):
+                raise ConfigError(source, f"agent.ion.{key}", v, "must be a positive whole number")
+        if not isinstance(o["numbers"], dict) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in o["numbers"].values()):
+            raise ConfigError(source, "agent.ion.numbers", o["numbers"], "must map node ids to positive ipn numbers")
+        return o
+
+    @classmethod
+    def missing(cls) -> str | None:
+        try:
+            built("ion")
+        except C2Error as e:
+            return str(e)
+        if not HELPER.exists():
+            return f"c2dtn-ionbp is not built ({HELPER}): run `make bpas`"
+        return None
+
+    @classmethod
+    def for_node(cls, cfg: NodeConfig) -> IonAgent:
+        if cfg.groups:
+            raise ConfigError(cfg.source, "groups", ", ".join(cfg.groups), "the ion agent has no group endpoints yet",
+                              "run groups over dtn7")
+        return cls(cfg)
+
+    # -- the daemon ----------------------------------------------------------------------------
+    def prepare(self) -> Launch:
+        why = self.missing()
+        if why:
+            raise C2Error(why)
+        home = built("ion")
+        d = self.cfg.agent_dir
+        d.mkdir(parents=True, exist_ok=True)
+        for name, text in ion_files(self.cfg, home / "bin").items():
+            (d / name).write_text(text)
+        (d / "ion-run.sh").chmod(0o755)
+        with contextlib.suppress(FileNotFoundError):
+            (d / "ready").unlink()
+        return Launch(["unshare", "--ipc", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
+                       str(d / "ion-run.sh")], cwd=d)
+
+    def owns(self, cmdline: bytes) -> bool:
+        return b"unshare" in cmdline and str(self.cfg.agent_dir / "ion-run.sh").encode() in cmdline
+
+    def _keeper(self) -> int:
+        """PID (on the host) of ion-run.sh, PID 1 of the node's namespaces: the only child of unshare."""
+        try:
+            pid = int((self.cfg.storage / "agent.pid").read_text())
+            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except (OSError, ValueError) as e:
+            raise AgentError(f"the ION node of {self.cfg.id} is not running: {e}") from None
+        if not kids:
+            raise AgentError(f"the ION node of {self.cfg.id} is not running (unshare has no child)")
+        return int(kids[0])
+
+    async def ready(self) -> None:
+        if not (self.cfg.agent_dir / "ready").exists():
+            raise AgentError(f"ION node {self.eid} is still starting (see {self.cfg.agent_dir / 'admin.log'})")
+        await self.start()
+
+    async def shutdown(self, proc: asyncio.subprocess.Process) -> None:
+        """`bpadmin .` and `ionadmin .` in the node's namespaces (ion-run.sh does them on SIGTERM),
+        then the namespaces go; never ionstop or killm, which end every ION node on the host."""
+        await self.stop()
+        with contextlib.suppress(AgentError, ProcessLookupError):
+            os.kill(self._keeper(), signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except asyncio.TimeoutError:
+            log.warning("ION node %s did not stop in 15 s: killing its namespace", self.eid)
+            proc.kill()
+            await proc.wait()
+
+    # -- naming ----------------------------------------------------------------------------------
+    def destination(self, dst: str, is_group: bool) -> tuple[str, str]:
+        if is_group:
+            raise AgentError("the ion agent cannot send to a group")
+        return dst, self.endpoint
+
+    def _dst_eid(self, node: str, endpoint: str) -> str:
+        try:
+            return f"ipn:{self.nums[node]}.{endpoint}"
+        except KeyError:
+            return f"ipn:{derived_number(node)}.{endpoint}"
+
+    # -- the helper ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        async with self._lock:
+            if self._helper is not None and self._helper.returncode is None and self._attached.is_set():
+                return
+            await self._close_helper()
+            keeper = self._keeper()
+            home = built("ion")
+            self._attached.clear()
+            env = {**os.environ, "PATH": f"{home / 'bin'}:{os.environ.get('PATH', '')}"}
+            errlog = open(self.cfg.agent_dir / "helper.log", "ab")
+            try:
+                self._helper = await asyncio.create_subprocess_exec(
+                    "nsenter", "-t", str(keeper), "--ipc", "--mount", "--pid", "--", str(HELPER), self.eid,
+                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errlog,
+                    cwd=self.cfg.agent_dir, env=env, limit=MAX_FRAME)
+            finally:
+                errlog.close()
+            self._reader_task = asyncio.create_task(self._read(self._helper))
+            try:
+                await asyncio.wait_for(self._attached.wait(), 10)
+            except asyncio.TimeoutError:
+                await self._close_helper()
+                raise AgentError(f"c2dtn-ionbp did not attach to ION node {self.eid} within 10 s "
+                                 f"(see {self.cfg.agent_dir / 'helper.log'})") from None
+            if self._helper is None:
+                raise AgentError(f"c2dtn-ionbp could not attach to ION node {self.eid}: {self._fatal}")
+
+    _fatal = ""
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        frames = FrameReader()
+        try:
+            while True:
+                data = await proc.stdout.read(1 << 20)
+                if not data:
+                    break
+                for kind, body in frames.feed(data):
+                    if kind == "R":
+                        self._attached.set()
+                    elif kind == "A":
+                        fut = self._acks.pop(0) if self._acks else None
+                        if fut is not None and not fut.done():
+                            fut.set_result((body[:1] == b"\x01", body[1:].decode(errors="replace")))
+                    elif kind == "D":
+                        try:
+                            src, _, payload = parse_delivery(body)
+                        except AgentError as e:
+                            log.warning("%s", e)
+                            continue
+                        node = self.names.get(_eid_number(src), src)
+                        await self._deliveries.put(AgentDelivery(node, self.endpoint, payload))
+                    elif kind == "X":
+                        self._fatal = body.decode(errors="replace")
+                        log.warning("c2dtn-ionbp for %s: %s", self.eid, self._fatal)
+                    else:
+                        log.warning("c2dtn-ionbp sent an unknown frame %r", kind)
+        except AgentError as e:
+            log.warning("%s", e)
+        finally:
+            for fut in self._acks:
+                if not fut.done():
+                    fut.set_exception(AgentError(f"c2dtn-ionbp for {self.eid} ended: {self._fatal or 'no answer'}"))
+            self._acks.clear()
+            self._attached.set()  # wakes start(), which sees the helper gone
+            if self._helper is proc:
+                self._helper = None
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+
+    async def _close_helper(self) -> None:
+        proc, self._helper = self._helper, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(Exception):
+                proc.stdin.write(struct.pack(">IB", 1, ord("Q")))
+                await asyncio.wait_for(proc.wait(), 2)
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+            self._reader_task = None
+
+    async def stop(self) -> None:
+        async with self._lock:
+            await self._close_helper()
+
+    async def register(self, endpoint: str) -> None:
+        if endpoint != self.endpoint:
+            raise AgentError(f"the ion agent serves only its own endpoint {self.eid}, not {endpoint!r}")
+        await self.start()
+
+    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float,
+                   priority: int = 3) -> None:
+        await self.start()
+        proc = self._helper
+        if proc is None:
+            raise AgentError(f"ION node {self.eid} is not attached")
+        fut = asyncio.get_running_loop().create_future()
+        self._acks.append(fut)
+        try:
+            proc.stdin.write(send_frame(self._dst_eid(dst_node, endpoint), payload, max(1, int(lifetime_s))))
+            await proc.stdin.drain()
+            ok, why = await asyncio.wait_for(fut, 30)
+        except (OSError, ConnectionError, asyncio.TimeoutError) as e:
+            raise AgentError(f"ION node {self.eid} did not take a bundle for {dst_node}: {e or type(e).__name__}") from None
+        if not ok:
+            raise AgentError(f"ION node {self.eid} refused a bundle for {dst_node}: {why}")
+
+    async def deliveries(self, endpoint: str) -> AsyncIterator[AgentDelivery]:
+        while True:
+            if self._helper is None:
+                try:
+                    await self.start()
+                except AgentError as e:
+                    log.info("ION node %s not reachable (%s); retrying", self.eid, e)
+                    await asyncio.sleep(1.0)
+                    continue
+            try:
+                d = await asyncio.wait_for(self._deliveries.get(), 1.0)
+            except asyncio.TimeoutError:
+                continue
+            yield d
+
+    async def peers(self) -> list[PeerInfo]:
+        return [PeerInfo(p.node, p.cla.host, f"{_duct(p.cla)}:{p.cla.port}", "static") for p in self.cfg.peers]
+
+    async def stored(self) -> int:
+        raise AgentError("the ion driver does not count ION's bundles (bpstats would)")
+
+
+def _eid_number(eid: str) -> int:
+    try:
+        return int(eid.split(":", 1)[1].split(".", 1)[0])
+    except (IndexError, ValueError):
+        return -1
