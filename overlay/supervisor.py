@@ -92,7 +92,16 @@ class Supervisor:
 
     async def start(self) -> None:
         await self._spawn()
-        await self.wait_ready()
+        try:
+            await self.wait_ready()
+        except SupervisorError as e:
+            if self.proc is None or self.proc.returncode is None:
+                raise
+            # the daemon ended at its first start (an agent whose store a crash left unusable
+            # clears it and ends, to start clean in a fresh process): once more, then give up
+            log.warning("%s; starting it once more", str(e).splitlines()[0])
+            await self._spawn()
+            await self.wait_ready()
         self._task = asyncio.create_task(self._watch())
 
     async def _watch(self) -> None:

@@ -66,7 +66,7 @@ def test_node_config_to_dtnd_command_line(tmp_path):
     (("[agent]", "[agent]\nstore = \"tape\""), "agent.store", "tape"),
     (("[keys]", "[agent.dtn7]\nweb_port = 70000\n[keys]"), "agent.dtn7.web_port", 70000),
     (("[keys]", "[agent.dtn7]\ncolour = \"red\"\n[keys]"), "agent.dtn7.colour", "red"),
-    (("[agent]", "[agent]\nkind = \"ion\""), "agent.kind", "ion"),
+    (("[agent]", "[agent]\nkind = \"spindle\""), "agent.kind", "spindle"),
     (("via = \"r2\"", "via = \"r9\""), "agent.routes[0].via", "r9"),
     (("cla = \"tcpcl://10.77.1.2:4556\"", "cla = \"tcp://10.77.1.2\""), "agent.peers[0].cla", "tcp://10.77.1.2"),
     (("aggregate_bytes = 1200", "aggregate_bytes = -5"), "scheduler.aggregate_bytes", -5),

@@ -147,23 +147,20 @@ stop() {{ bpadmin . >>admin.log 2>&1; ionadmin . >>admin.log 2>&1; touch clean; 
 trap stop TERM INT
 start() {{
     ionadmin node.ionrc >>admin.log 2>&1 && bpadmin node.bprc >>admin.log 2>&1 \
-        && ipnadmin node.ipnrc >>admin.log 2>&1 && pidof rfxclock >/dev/null && pidof bpclock >/dev/null
+        && ipnadmin node.ipnrc >>admin.log 2>&1 || return 1
+    for i in 1 2 3 4 5 6 7 8 9 10; do  # the admin programs start the daemons in the background
+        pidof rfxclock >/dev/null && pidof bpclock >/dev/null && return 0
+        sleep 0.5
+    done
+    return 1
 }}
-if [ ! -e clean ] && [ -e ion.sdr ]; then
-    # the node ended without `bpadmin .` / `ionadmin .` (SIGKILL, power cut): ION 4.1.3 came back
-    # from that here with a damaged SDR ("Dataspace read failed", list assertions in tcpcli), so
-    # it starts empty; the overlay holds every envelope in its own custody and sends again
-    echo "c2dtn: the last run did not stop cleanly; starting ION with an empty SDR" >>admin.log
-    rm -f ion.sdr ion.sdrlog
-fi
-rm -f clean
 if ! start; then
-    # ION could not take up its SDR again (a transaction it could not reverse): start empty; the
-    # overlay still holds every envelope in its own custody and sends again what was lost here
-    echo "c2dtn: ION did not start on its SDR; starting with an empty one" >>admin.log
-    ionadmin . >>admin.log 2>&1 || true
+    # ION could not take up its SDR again: the next start (by the supervisor, in fresh
+    # namespaces: this one's working memory still catalogues the SDR) is with an empty one;
+    # the overlay holds every envelope in its own custody and sends again what was lost here
+    echo "c2dtn: ION did not start on its SDR; the next start is with an empty one" >>admin.log
     rm -f ion.sdr ion.sdrlog
-    start || exit 3
+    exit 3
 fi
 echo started >ready
 # ION's daemons end when its SDR is wrecked: then end too, so that the supervisor restarts the node
