@@ -26,6 +26,9 @@ from c2dtn.overlay.store import OutItem
 from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body, encode_group_ack_body
 
 ACK_LIFETIME_MS = 3600_000
+# tail probes while no ack shows progress go at doubling intervals of at most this long
+# (Scheduler._tail_probes)
+PROBE_MAX_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class Path:
     last_timeout_ms: int = -1
     min_rtt_ms: float | None = None
     last_ack_ms: int = 0  # when an ack last showed progress
-    probed: bool = False  # a tail probe went since then
+    probes: int = 0  # tail probes sent since an ack last showed progress
     reo_steps: int = 1  # reordering window in quarters of the minimum round trip (RFC 8985 6.2)
     last_sent_ms: int | None = None  # when envelopes last went (from the store once after a start)
 
@@ -175,29 +178,33 @@ class Scheduler:
     def _tail_probes(self, now_ms: int) -> set[int]:
         """Tail loss probe (after RFC 8985): when nothing was sent to a destination and no ack
         came from it for two minimum round trips (plus the ack delay), while it still lacks
-        something, resend the oldest thing it lacks now -- once, until an ack shows progress.
-        Fast retransmission needs a later envelope to arrive; at the end of a burst (or for
-        a lost retransmission) there is none, and the timer, inflated by an outage's round
-        trips and doubled per attempt, can run for minutes while the receiver holds the
-        envelopes behind the gap."""
+        something, resend the oldest thing it lacks now.  Fast retransmission needs a later
+        envelope to arrive; at the end of a burst (or for a lost retransmission) there is none,
+        and the timer, inflated by an outage's round trips and doubled per attempt, can run
+        for minutes while the receiver holds the envelopes behind the gap.  While no ack shows
+        progress (a link that is down), the probe goes again at doubling intervals up to
+        PROBE_MAX_MS, like TCP's persist timer: one envelope per half minute at most, and the
+        first probe after the link is back finds it within that long (the backed-off
+        retransmission timers would wait minutes)."""
         probed: set[int] = set()
         self._probe_at: dict[str, int] = {}
         for dst, p in self.paths.items():
-            if p.probed or p.min_rtt_ms is None:
-                continue
             lacking = self.store.inflight(dst, limit=1)  # the oldest thing it lacks, in sending order
             if not lacking:
                 continue
             first = lacking[0]
             if p.last_sent_ms is None:
                 p.last_sent_ms = self.store.last_sent_ms(dst)
-            at = max(p.last_sent_ms, p.last_ack_ms) + int(2 * p.min_rtt_ms) + self.cfg.ack_delay_ms + 200
+            if p.min_rtt_ms is None:
+                continue  # no round trip measured yet (a node that just started): its timers decide
+            base = 2 * p.min_rtt_ms + self.cfg.ack_delay_ms + 200
+            at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** p.probes)))
             if at > now_ms:
                 self._probe_at[dst] = at
             elif first.retry_ms > now_ms:
                 self.store.set_retry({first.seq: now_ms})
                 self.store.count_event("tail_probes")
-                p.probed = True
+                p.probes += 1
                 probed.add(first.seq)
         return probed
 
@@ -258,9 +265,12 @@ class Scheduler:
         released, arrived = self.store.ack_from(sender, done, got)
         if not arrived and not released:
             return 0
+        probing = set()  # destinations whose tail probes were going (no progress since the first)
         for dst in {it.dst for it in arrived + released}:  # progress: a tail probe may go again
             p = self.path(dst)
-            p.last_ack_ms, p.probed = now_ms, False
+            if p.probes:
+                probing.add(dst)
+            p.last_ack_ms, p.probes = now_ms, 0
             waiting = self._deferred.get(dst)
             if waiting:  # the window moved: what waited for room is due again
                 for it in released + arrived:
@@ -279,6 +289,16 @@ class Scheduler:
             # an ack proves the path works: what timed out into an outage need not
             # wait out its backed-off timer any longer than one fresh timeout
             self._pull_in_retries(dst, now_ms + int(p.rto_ms))
+            if dst in probing:
+                # a probe got through after a silence (an outage): what was sent before it and
+                # has not arrived was lost on the way, and goes again now, not a timer later
+                # (RACK cannot tell: the probe was a resent envelope)
+                cutoff = max((it.sent_ms for it in items if it.sent_ms is not None), default=None)
+                if cutoff is not None:
+                    lost = {it.seq: now_ms for it in self.store.inflight(dst, retry_after_ms=now_ms)
+                            if it.sent_ms is not None and it.sent_ms < cutoff}
+                    if lost:
+                        self.store.set_retry(lost)
             # RACK's reordering window (RFC 8985 6.2): a quarter of the minimum round trip to
             # start with (a BPA that hands bundles over a little out of order is not losing
             # them), one quarter more each time a resent envelope proves to have arrived anyway

@@ -407,6 +407,27 @@ def test_a_lost_last_envelope_is_probed_for_long_before_its_timer(tmp_path):
     assert a.store.count("tail_probes") == 1 and a.store.held_out()[0] == 0
 
 
+def test_after_a_long_outage_delivery_resumes_within_half_a_minute_not_the_backed_off_timers(tmp_path):
+    """Envelopes sent into an outage of 10.5 minutes: their retransmission timers back off to many
+    minutes, but tail probes keep going (at doubling intervals up to 30 s, one envelope each),
+    so the first one after the link is back gets through, its ack pulls the rest in, and all
+    arrive within about 30 s of the link's return; probes during the outage stay few."""
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), SchedulerConfig())
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), SchedulerConfig())
+    net = Net(delay_ms=200)
+    net.down = [(5_000, 640_000)]
+    acts = [(0, lambda t: a.submit("gw4", b"before", t))]  # a round trip is measured first
+    acts += [(6_000 + 100 * i, lambda t, i=i: a.submit("gw4", f"order {i}".encode(), t)) for i in range(20)]
+    nodes = {"gw1": a, "gw4": b}
+    got = run(nodes, net, 639_900, actions=acts)
+    assert [d.body for d in got["gw4"]] == [b"before"]
+    assert a.store.count("tail_probes") <= 635_000 // 30_000 + 6  # one per 30 s once backed off
+    got = run(nodes, net, 640_000 + 40_000, t0=640_000)["gw4"]
+    assert [d.body for d in got] == [f"order {i}".encode() for i in range(20)]
+    last = max(d.received_ms for d in got)
+    assert last - 640_000 <= 35_000, f"the last envelope arrived {last - 640_000} ms after the link came back"
+
+
 class Reordering(Net):
     """Every second bundle overtakes the one before it by 30 ms (a BPA that forwards out of order)."""
 
