@@ -44,24 +44,29 @@ def gateway_tables(h1: str, h4: str) -> dict[str, str]:
             "gw4": f'[gateway]\n\n[gateway.bridge]\nbroker = "{h4}:1883"\npeers = ["gw1"]\nout = ["nat/#"]\n\n{TOPICS}'}
 
 
-@pytest.fixture(scope="module")
-def mqtt_chain(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("mqtt")
+def _mqtt_chain(tmp, agent: str = "dtn7"):
     testbed.down()
     st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=13)
     h1, h4 = testbed.node_address(st, "h1"), testbed.node_address(st, "h4")
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=gateway_tables(h1, h4))
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=gateway_tables(h1, h4), agent=agent)
     brokers = [start_mosquitto("c2-h4", tmp / "broker4", h4), start_mosquitto("c2-h1", tmp / "broker1", h1)]
-    for n in BPA:
-        nodes.start(n, wait=False)
-    for n in BPA:
-        nodes.wait_ready(n)
-    yield nodes, h1, h4
-    nodes.stop_all()
-    for b in brokers:
-        b.terminate()
-        b.wait(10)
-    testbed.down()
+    try:
+        for n in BPA:
+            nodes.start(n, wait=False)
+        for n in BPA:
+            nodes.wait_ready(n, timeout=60)
+        yield nodes, h1, h4
+    finally:
+        nodes.stop_all()
+        for b in brokers:
+            b.terminate()
+            b.wait(10)
+        testbed.down()
+
+
+@pytest.fixture(scope="module")
+def mqtt_chain(tmp_path_factory):
+    yield from _mqtt_chain(tmp_path_factory.mktemp("mqtt"))
 
 
 def _custody_state(nodes: Nodes) -> str:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from c2dtn.overlay.agents import agent_class
-from c2dtn.topologies.nodes import Nodes, dtnd_missing
+from c2dtn.topologies.nodes import AGENTS, Nodes, dtnd_missing
 from c2dtn.topologies import testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing()))]
@@ -17,16 +17,10 @@ pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, 
 BPA = ["gw1", "r2", "r3", "gw4"]
 
 
-# ION 4.1.3's TCPCLv3 (tcpcli) asserted in bpDequeue after a refused connection here (a neighbour
-# not yet listening, or restarting after a SIGKILL) and passed no bundle again: ION runs over UDP
-UDP_ONLY = {"ion"}
-
-
 def _chain(tmp_path, agent: str = "dtn7"):
     testbed.down()
     st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=11)
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", agent=agent,
-                  **({"cla": "udp", "per_link_cla": False} if agent in UDP_ONLY else {}))
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", agent=agent)
     try:
         for n in BPA:
             nodes.start(n, wait=False)
@@ -41,11 +35,6 @@ def _chain(tmp_path, agent: str = "dtn7"):
 @pytest.fixture
 def chain(tmp_path):
     yield from _chain(tmp_path)
-
-
-# the agents the overlay's promises are proved on, each with the same tests (issue 15); an agent
-# this machine could not build is skipped with the build's own error line
-AGENTS = ["dtn7", "ion", "ibrdtn"]
 
 
 @pytest.fixture(params=AGENTS)

@@ -1,0 +1,29 @@
+"""The MQTT gateway's outage test over every agent other than dtn7 (whose run is in
+test_gateway_live.py): the same nps-chain, brokers and gateways, every BPA of one kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from c2dtn.overlay.agents import agent_class
+from c2dtn.topologies.broker import mosquitto_missing
+from c2dtn.topologies.nodes import AGENTS
+from test_gateway_live import _300_across_an_outage, _mqtt_chain
+
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
+
+
+@pytest.fixture(params=[a for a in AGENTS if a != "dtn7"])
+def mqtt_agent_chain(request, tmp_path):
+    why = agent_class(request.param).missing()
+    if why:
+        pytest.skip(f"{request.param}: {why}")
+    yield from _mqtt_chain(tmp_path, request.param)
+
+
+def test_300_qos1_publishes_across_a_60s_outage_all_arrive_once_over_the_agent(mqtt_agent_chain):
+    nodes, h1, h4 = mqtt_agent_chain
+    p, ids = _300_across_an_outage(nodes, h4, "agents")
+    assert p["acked"] == 300 and p["disconnects"] == [], "the publisher saw the outage"
+    assert len(ids) == len(set(ids)), "a message arrived twice"
+    assert sorted(ids) == list(range(300)), f"missing {sorted(set(range(300)) - set(ids))[:10]}"
