@@ -86,8 +86,14 @@ class BundleAgent(abc.ABC):
 
     @classmethod
     def for_node(cls, cfg: NodeConfig) -> BundleAgent:
-        """The driver of this node's agent (its daemon, its configuration)."""
-        raise NotImplementedError(f"{cls.name} cannot run a node's agent")
+        """The driver of this node's agent (its daemon, its configuration); a node in groups
+        needs an agent with group endpoints."""
+        if cfg.groups and not cls.capabilities.groups:
+            from c2dtn.errors import ConfigError
+
+            raise ConfigError(cfg.source, "groups", ", ".join(cfg.groups), f"the {cls.name} agent has no group endpoints",
+                              "run groups over an agent that has (dtn7)")
+        return cls(cfg)
 
     # -- the daemon ----------------------------------------------------------------------------
     def prepare(self) -> Launch:

@@ -35,3 +35,12 @@ def built(name: str) -> Path:
         raise NotBuilt(f"{name} {VERSIONS[name]} did not build: {failed.read_text().strip()} "
                        f"(log: {folder}.log; `BPA_RETRY=1 make bpas` tries again)")
     raise NotBuilt(f"{name} {VERSIONS[name]} is not built: run `make bpas` (from ../shared/bpa-src/)")
+
+
+def not_built(name: str) -> str | None:
+    """Why a BPA `make bpas` builds is not there (its build's own error line), else None."""
+    try:
+        built(name)
+        return None
+    except NotBuilt as e:
+        return str(e)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
 from c2dtn.overlay.agents import register
-from c2dtn.overlay.agents.builds import built
+from c2dtn.overlay.agents.builds import built, not_built
 
 if TYPE_CHECKING:
     from c2dtn.overlay.config import NodeConfig
@@ -114,6 +114,7 @@ class ApiReader:
         self._buf = bytearray()
         self._payload: Reply | None = None  # a PAYLOAD GET whose data is still coming
         self._need = -1  # bytes of that data (-1: its header lines are still coming)
+        self._payload_len = 0  # what its Length line said
         self.greeting: str | None = None
 
     def feed(self, data: bytes) -> tuple[list[Reply], list[str]]:
@@ -197,18 +198,7 @@ class IbrdtnAgent(BundleAgent):
 
     @classmethod
     def missing(cls) -> str | None:
-        try:
-            built("ibrdtn")
-        except C2Error as e:
-            return str(e)
-        return None
-
-    @classmethod
-    def for_node(cls, cfg: NodeConfig) -> IbrdtnAgent:
-        if cfg.groups:
-            raise ConfigError(cfg.source, "groups", ", ".join(cfg.groups), "the ibrdtn agent has no group endpoints",
-                              "run groups over dtn7")
-        return cls(cfg)
+        return not_built("ibrdtn")
 
     # -- the daemon ----------------------------------------------------------------------------
     def prepare(self) -> Launch:

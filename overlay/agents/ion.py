@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
 from c2dtn.overlay.agents import register
-from c2dtn.overlay.agents.builds import built
+from c2dtn.overlay.agents.builds import built, not_built
 
 if TYPE_CHECKING:
     from c2dtn.overlay.config import NodeConfig
@@ -226,6 +226,7 @@ class IonAgent(BundleAgent):
         self._deliveries: asyncio.Queue = asyncio.Queue(maxsize=256)
         self._lock = asyncio.Lock()
         self._attached = asyncio.Event()
+        self._fatal = ""  # the helper's last 'X' frame
 
     # -- configuration ---------------------------------------------------------------------
     @classmethod
@@ -246,20 +247,12 @@ class IonAgent(BundleAgent):
 
     @classmethod
     def missing(cls) -> str | None:
-        try:
-            built("ion")
-        except C2Error as e:
-            return str(e)
+        why = not_built("ion")
+        if why:
+            return why
         if not HELPER.exists():
             return f"c2dtn-ionbp is not built ({HELPER}): run `make bpas`"
         return None
-
-    @classmethod
-    def for_node(cls, cfg: NodeConfig) -> IonAgent:
-        if cfg.groups:
-            raise ConfigError(cfg.source, "groups", ", ".join(cfg.groups), "the ion agent has no group endpoints yet",
-                              "run groups over dtn7")
-        return cls(cfg)
 
     # -- the daemon ----------------------------------------------------------------------------
     def prepare(self) -> Launch:
@@ -348,8 +341,6 @@ class IonAgent(BundleAgent):
                                  f"(see {self.cfg.agent_dir / 'helper.log'})") from None
             if self._helper is None:
                 raise AgentError(f"c2dtn-ionbp could not attach to ION node {self.eid}: {self._fatal}")
-
-    _fatal = ""
 
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         frames = FrameReader()
