@@ -51,6 +51,9 @@ class Capabilities:
     groups: bool  # non-singleton endpoints: one bundle reaches every member
     own_custody: bool  # bundles it holds survive a SIGKILL of its daemon (persistent store)
     delivery_ack: bool = False  # a delivery must be acknowledged to it (IBR-DTN's `bundle delivered`)
+    clas: tuple[str, ...] = ("tcpcl", "udp")  # the convergence layers (c2dtn's scheme names) it speaks
+    udp_bundle_max: int | None = None  # its UDP CLA sends a bundle as one datagram of at most this many
+    # bytes (None: it fragments larger bundles)
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,12 @@ r2-r3 on the chosen profile (the LAN hops stay lan).  Per run:
   throughput  dtnperf-style data mode: gw1 sends bundles with at most --window
               unacknowledged (gw4 answers each with a small ack bundle); payload bits
               over the time from the first send to the last ack
-A size that cannot finish within --budget seconds on the profile's rate (or that the
-CLA cannot carry: dtn7's UDP CLA puts one bundle in one datagram) is reported as
-skipped, with the reason.  Writes results/<time>-bundles/: runs.jsonl, summary.json,
+Every agent runs through its driver (perf.dtnd_client --config: the node's own agent,
+its own endpoint), on each asked-for CLA it speaks.  A size that cannot finish within
+--budget seconds on the profile's rate, that the CLA cannot carry (dtn7's and ION's UDP
+CLAs put one bundle in one datagram), an agent x CLA the agent lacks (or that the harness
+does not run: ION's TCPCLv3, topologies.nodes.UDP_ONLY) or an agent not built here is
+reported as skipped, with the reason.  Writes results/<time>-bundles/: runs.jsonl, summary.json,
 summary.csv, report.md, plot.png.
 """
 
@@ -28,7 +31,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from c2dtn.topologies.nodes import Nodes
+from c2dtn.overlay.agents import agent_class
+from c2dtn.topologies.nodes import AGENTS, UDP_ONLY, Nodes
 from c2dtn.perf.dtnd_client import result as _result
 from c2dtn.perf.dtnd_client import spawn as _client
 from c2dtn.topologies import testbed
@@ -38,21 +42,30 @@ from c2dtn.perf.runs import run_dir
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 BPA = ["gw1", "r2", "r3", "gw4"]
-AGENTS = ("dtn7",)
 CLAS = ("tcpcl", "udp", "mtcp")
 SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
 LAN_COUNTS = {"1k": 200, "10k": 100, "100k": 30, "1M": 8}
-UDP_MAX = 60_000
 
 
+def cannot_run(agent: str, cla: str) -> str | None:
+    """Why `agent` cannot be measured over `cla` here (no such CLA, not run by the harness,
+    not built), else None."""
+    cls = agent_class(agent)
+    if cla not in cls.capabilities.clas:
+        return f"{agent} has no {cla} convergence layer (it speaks {', '.join(cls.capabilities.clas)})"
+    if agent in UDP_ONLY and cla != "udp":
+        return f"{agent} runs over UDP only here (see topologies.nodes.UDP_ONLY)"
+    return cls.missing()
 
 
-def plan_run(cla: str, rate_bps: float | None, size: int, name: str, budget: float) -> tuple[int, int, str | None]:
+def plan_run(cla: str, rate_bps: float | None, size: int, name: str, budget: float,
+             agent: str = "dtn7") -> tuple[int, int, str | None]:
     """(bundles for throughput, round trips, reason to skip or None) for one size on one link.
     On a rated link the transfer is sized to about a sixth of the budget (at least 3 bundles),
     so that 10 runs of every size and CLA on a 9.8 kbit/s radio take about an hour, not a day."""
-    if cla == "udp" and size > UDP_MAX:
-        return 0, 0, f"dtn7's UDP CLA sends a bundle as one datagram (at most ~{UDP_MAX // 1000} kB)"
+    udp_max = agent_class(agent).capabilities.udp_bundle_max
+    if cla == "udp" and udp_max and size > udp_max:
+        return 0, 0, f"{agent}'s UDP CLA sends a bundle as one datagram (at most ~{udp_max // 1000} kB)"
     if not rate_bps:
         return LAN_COUNTS[name], 10, None
     one = link_seconds(size, rate_bps)
@@ -80,31 +93,32 @@ def one_run(agent: str, cla: str, profile: str, name: str, run: int, window: int
     size = SIZES[name]
     rate = load_builtin_profiles().get(profile, "--profiles", "profile").rate_bps
     row = {"agent": agent, "cla": cla, "profile": profile, "size": name, "bytes": size, "run": run}
-    count, rtt_n, skip = plan_run(cla, rate, size, name, budget)
+    skip = cannot_run(agent, cla)
+    count, rtt_n, skip = (0, 0, skip) if skip else plan_run(cla, rate, size, name, budget, agent)
     if skip:
         return {**row, "skipped": skip}
     testbed.down()
     st = testbed.up("nps-chain", profile=profile, seed=run)
-    nodes = Nodes(st, BPA, [], workdir / f"{cla}-{profile}-{name}-{run}", cla=cla, per_link_cla=False)
+    nodes = Nodes(st, BPA, [], workdir / f"{agent}-{cla}-{profile}-{name}-{run}", cla=cla, per_link_cla=False,
+                  agent=agent)
+    conf = {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
     try:
         for n in BPA:
             nodes.start(n, wait=False)
         for n in BPA:
             nodes.wait_ready(n)
-        echo = _client("gw4", "echo", "--timeout", str(budget))
+        echo = _client("gw4", "echo", "--timeout", str(budget), *conf["gw4"])
         time.sleep(1.0)
         rtt_wait, lost_after = ack_timeouts(size, rate, window, count)
         r = _result(_client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--count", str(rtt_n),
-                            "--timeout", str(rtt_wait)), budget * 2)
-        echo.kill()
-        echo.wait()
-        sink = _client("gw4", "sink", "--count", str(count), "--timeout", str(budget), "--ack")
+                            "--timeout", str(rtt_wait), *conf["gw1"]), budget * 2)
+        _end(echo)
+        sink = _client("gw4", "sink", "--count", str(count), "--timeout", str(budget), "--ack", *conf["gw4"])
         time.sleep(1.0)
         d = _result(_client("gw1", "data", "--dst", "gw4", "--size", str(size), "--count", str(count),
-                            "--window", str(window), "--timeout", str(budget), "--ack-timeout", str(lost_after)),
-                    budget * 2)
-        sink.kill()
-        sink.wait()
+                            "--window", str(window), "--timeout", str(budget), "--ack-timeout", str(lost_after),
+                            *conf["gw1"]), budget * 2)
+        _end(sink)
     finally:
         nodes.stop_all()
         testbed.down()
@@ -117,6 +131,17 @@ def one_run(agent: str, cla: str, profile: str, name: str, run: int, window: int
     if d["acked"] < count:
         row["note"] = f"{d['acked']} of {count} acknowledged"
     return row
+
+
+def _end(p) -> None:
+    """End a client that serves until its timeout (echo, sink) before the next one opens the
+    same endpoint: SIGTERM first, so that ION's helper it runs detaches from the node."""
+    p.terminate()
+    try:
+        p.wait(5)
+    except Exception:
+        p.kill()
+        p.wait()
 
 
 def bench(agents, clas, profiles, sizes, runs, window, budget) -> list[dict]:

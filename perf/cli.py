@@ -206,7 +206,8 @@ def _list(value: str, known, what: str, hint: str) -> list[str]:
 
 
 @perf.command("bundles")
-@click.option("--agents", default="dtn7", show_default=True, help="BPAs to compare (drivers: dtn7)")
+@click.option("--agents", default="dtn7", show_default=True,
+              help="BPAs to compare, each on the asked-for CLAs it speaks (dtn7, ion, ibrdtn)")
 @click.option("--cla", "clas", default="tcpcl,udp,mtcp", show_default=True, help="convergence layers")
 @click.option("--profiles", default="lan,cnr-tactical-1", show_default=True, help="profiles of the radio hop")
 @click.option("--sizes", default="1k,10k,100k,1M", show_default=True)

@@ -1,4 +1,4 @@
-"""Bare dtnd workloads (no overlay), run inside a node's namespace next to its dtnd:
+"""Bare BPA workloads (no overlay), run inside a node's namespace next to its agent:
 
   echo    answer every bundle on endpoint `bench` with the same payload to dtn://<src>/benchreply
   rtt     send `count` bundles of `size` bytes to <dst>'s echo and time each round trip (bping style);
@@ -11,6 +11,11 @@
 
 Each prints one JSON line with its figures.  Times are CLOCK_MONOTONIC, shared by
 every namespace, so a source and a sink in two namespaces can be compared.
+
+Without --config the client speaks to dtn7-rs's dtnd on --port, on the endpoints above (so
+that it can run beside an overlay node on the same dtnd).  With --config NODE.toml it uses
+that node's agent through its driver (any agent), and every workload uses the agent's own
+endpoint: ION and IBR-DTN serve one endpoint per node, so the node must run no overlay then.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ import os
 import sys
 import time
 
+from c2dtn.overlay.agent import BundleAgent
 from c2dtn.overlay.agents.dtn7 import Dtn7Agent
+
+ENDPOINTS = {"request": "bench", "reply": "benchreply", "ack": "benchack"}
 
 
 def spawn(node: str, *args: str, stdin: bool = False):
@@ -63,14 +71,14 @@ def result(p, timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
-async def echo(agent: Dtn7Agent, seconds: float) -> dict:
-    await agent.register("bench")
+async def echo(agent: BundleAgent, seconds: float) -> dict:
+    await agent.register(ENDPOINTS["request"])
     n = 0
 
     async def loop():
         nonlocal n
-        async for d in agent.deliveries("bench"):
-            await agent.send(d.src_node, "benchreply", d.payload, 600)
+        async for d in agent.deliveries(ENDPOINTS["request"]):
+            await agent.send(d.src_node, ENDPOINTS["reply"], d.payload, 600)
             n += 1
 
     try:
@@ -80,21 +88,21 @@ async def echo(agent: Dtn7Agent, seconds: float) -> dict:
     return {"echoed": n}
 
 
-async def rtt(agent: Dtn7Agent, dst: str, size: int, count: int, timeout: float, stepped: bool = False) -> dict:
+async def rtt(agent: BundleAgent, dst: str, size: int, count: int, timeout: float, stepped: bool = False) -> dict:
     """`count` round trips; stepped: one per line read from stdin, its time printed as a
     JSON line {"rtt": seconds or null} (so a benchmark can interleave them with others)."""
-    await agent.register("benchreply")
+    await agent.register(ENDPOINTS["reply"])
     replies: asyncio.Queue = asyncio.Queue()
 
     async def feed():  # a timeout must not cancel the delivery stream itself
-        async for d in agent.deliveries("benchreply"):
+        async for d in agent.deliveries(ENDPOINTS["reply"]):
             await replies.put(d)
 
     async def one(i: int) -> float | None:
         stamp = f"{i}:".encode()
         payload = stamp + os.urandom(max(0, size - len(stamp)))
         t0 = time.monotonic()
-        await agent.send(dst, "bench", payload, 600)
+        await agent.send(dst, ENDPOINTS["request"], payload, 600)
         try:
             while True:
                 d = await asyncio.wait_for(replies.get(), timeout)
@@ -126,19 +134,19 @@ async def rtt(agent: Dtn7Agent, dst: str, size: int, count: int, timeout: float,
     return {"rtts": rtts}
 
 
-async def sink(agent: Dtn7Agent, count: int, timeout: float, ack: bool = False) -> dict:
-    await agent.register("bench")
+async def sink(agent: BundleAgent, count: int, timeout: float, ack: bool = False) -> dict:
+    await agent.register(ENDPOINTS["request"])
     n, nbytes, first, last = 0, 0, None, None
 
     async def loop():
         nonlocal n, nbytes, first, last
-        async for d in agent.deliveries("bench"):
+        async for d in agent.deliveries(ENDPOINTS["request"]):
             last = time.monotonic()
             first = first or last
             n += 1
             nbytes += len(d.payload)
             if ack:
-                await agent.send(d.src_node, "benchack", d.payload[:16], 600)
+                await agent.send(d.src_node, ENDPOINTS["ack"], d.payload[:16], 600)
             if n >= count:
                 return
 
@@ -149,25 +157,25 @@ async def sink(agent: Dtn7Agent, count: int, timeout: float, ack: bool = False) 
     return {"received": n, "bytes": nbytes, "first": first, "last": last}
 
 
-async def source(agent: Dtn7Agent, dst: str, size: int, count: int) -> dict:
+async def source(agent: BundleAgent, dst: str, size: int, count: int) -> dict:
     payload = os.urandom(size)
     t0 = time.monotonic()
     for _ in range(count):
-        await agent.send(dst, "bench", payload, 3600)
+        await agent.send(dst, ENDPOINTS["request"], payload, 3600)
     return {"start": t0, "sent": count, "end": time.monotonic()}
 
 
-async def data(agent: Dtn7Agent, dst: str, size: int, count: int, window: int, timeout: float,
+async def data(agent: BundleAgent, dst: str, size: int, count: int, window: int, timeout: float,
                ack_timeout: float) -> dict:
     """Throughput with at most `window` bundles unacknowledged.  A bundle whose ack has not come
     back after `ack_timeout` s counts as lost and frees its window slot (dtnperf would stall on it
     for good; an unreliable CLA loses bundles); an ack that still comes later counts it delivered
     ("late").  The run ends at the last ack, so waiting for the lost ones is not counted."""
-    await agent.register("benchack")
+    await agent.register(ENDPOINTS["ack"])
     acks: asyncio.Queue = asyncio.Queue()
 
     async def feed():
-        async for d in agent.deliveries("benchack"):
+        async for d in agent.deliveries(ENDPOINTS["ack"]):
             await acks.put(d)
 
     feeder = asyncio.create_task(feed())
@@ -181,7 +189,7 @@ async def data(agent: Dtn7Agent, dst: str, size: int, count: int, window: int, t
         while (sent < count or outstanding) and time.monotonic() < deadline:
             while sent < count and len(outstanding) < window:
                 stamp = f"{sent}:".encode()
-                await agent.send(dst, "bench", stamp + os.urandom(max(0, size - len(stamp))), 3600)
+                await agent.send(dst, ENDPOINTS["request"], stamp + os.urandom(max(0, size - len(stamp))), 3600)
                 outstanding[sent] = time.monotonic()
                 sent += 1
             oldest = next(iter(outstanding.values()))
@@ -208,8 +216,21 @@ async def data(agent: Dtn7Agent, dst: str, size: int, count: int, window: int, t
     return {"start": t0, "sent": sent, "acked": acked, "late": late, "lost": sent - acked, "end": last}
 
 
+def make_client(config: str | None, port: int) -> BundleAgent:
+    """The agent to run a workload on (see the module's docstring); with a node config, every
+    workload goes to that agent's own endpoint."""
+    if not config:
+        return Dtn7Agent(f"http://127.0.0.1:{port}")
+    from c2dtn.overlay.agents import make_agent
+    from c2dtn.overlay.config import load_node_config
+
+    agent = make_agent(load_node_config(config))
+    ENDPOINTS.update(dict.fromkeys(ENDPOINTS, agent.endpoint))
+    return agent
+
+
 async def main(args) -> dict:
-    agent = Dtn7Agent(f"http://127.0.0.1:{args.port}")
+    agent = make_client(args.config, args.port)
     await agent.start()
     try:
         if args.mode == "echo":
@@ -235,7 +256,8 @@ if __name__ == "__main__":
     ap.add_argument("--size", type=int, default=1000)
     ap.add_argument("--count", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=60.0)
-    ap.add_argument("--port", type=int, default=3000)
+    ap.add_argument("--port", type=int, default=3000, help="dtnd's web port (without --config)")
+    ap.add_argument("--config", default=None, help="the node's config: use its agent, whichever it is")
     ap.add_argument("--ack-timeout", type=float, default=30.0, help="data: seconds before an unacked bundle is lost")
     out = asyncio.run(main(ap.parse_args()))
     print(json.dumps(out), flush=True)

@@ -124,8 +124,9 @@ def bundle_payload(raw: bytes) -> tuple[str, bytes]:
 @register("dtn7")
 class Dtn7Agent(BundleAgent):
     # BPv7; dtnd's web API takes a bundle of up to 16 MB; group endpoints (dtn://group/~x);
-    # its sled/sneakers stores keep bundles across a SIGKILL
-    capabilities = Capabilities(bp_version=7, max_bundle_bytes=16 << 20, groups=True, own_custody=True)
+    # its sled/sneakers stores keep bundles across a SIGKILL; its UDP CLA puts one bundle in one datagram
+    capabilities = Capabilities(bp_version=7, max_bundle_bytes=16 << 20, groups=True, own_custody=True,
+                                clas=("tcpcl", "udp", "mtcp"), udp_bundle_max=60_000)
 
     def __init__(self, base_url: str = "http://127.0.0.1:3000", timeout_s: float = 10.0,
                  cfg: NodeConfig | None = None):

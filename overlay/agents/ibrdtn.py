@@ -171,7 +171,8 @@ class ApiReader:
 @register("ibrdtn")
 class IbrdtnAgent(BundleAgent):
     # BPv6; payloads up to 16 MB through the API here; no group endpoints in this driver;
-    # sqlite storage keeps bundles across a SIGKILL; deliveries are marked `bundle delivered`
+    # sqlite storage keeps bundles across a SIGKILL; deliveries are marked `bundle delivered`; its UDP
+    # CL cuts a bundle larger than the interface's mtu (1,280 by default) into fragments
     capabilities = Capabilities(bp_version=6, max_bundle_bytes=MAX_PAYLOAD, groups=False, own_custody=True,
                                 delivery_ack=True)
 
@@ -216,6 +217,8 @@ class IbrdtnAgent(BundleAgent):
 
     async def ready(self) -> None:
         await self.start()
+        if not self.cfg.overlay:  # a node without the overlay leaves the endpoint to other clients
+            await self.stop()
 
     # -- the API connection ------------------------------------------------------------------------
     async def start(self) -> None:

@@ -212,7 +212,9 @@ def parse_delivery(body: bytes) -> tuple[str, int, bytes]:
 @register("ion")
 class IonAgent(BundleAgent):
     # BPv7; the helper takes payloads up to 16 MB; no groups yet; the SDR is a file
-    capabilities = Capabilities(bp_version=7, max_bundle_bytes=16 << 20, groups=False, own_custody=True)
+    # udpclo sends a bundle as one datagram of at most UDPCLA_BUFSZ (65,535) bytes
+    capabilities = Capabilities(bp_version=7, max_bundle_bytes=16 << 20, groups=False, own_custody=True,
+                                udp_bundle_max=65_000)
     endpoint = str(SERVICE)
 
     def __init__(self, cfg: NodeConfig):
@@ -288,6 +290,8 @@ class IonAgent(BundleAgent):
         if not (self.cfg.agent_dir / "ready").exists():
             raise AgentError(f"ION node {self.eid} is still starting (see {self.cfg.agent_dir / 'admin.log'})")
         await self.start()
+        if not self.cfg.overlay:  # a node without the overlay leaves ipn:N.1 to other clients (benchmarks)
+            await self.stop()
 
     async def shutdown(self, proc: asyncio.subprocess.Process) -> None:
         """`bpadmin .` and `ionadmin .` in the node's namespaces (ion-run.sh does them on SIGTERM),
