@@ -9,6 +9,12 @@ r2-r3 on the chosen profile (the LAN hops stay lan).  Per run:
   throughput  dtnperf-style data mode: gw1 sends bundles with at most --window
               unacknowledged (gw4 answers each with a small ack bundle); payload bits
               over the time from the first send to the last ack
+Outage runs (--outage S, --outage-runs N; on lan, 1 kB bundles): gw1 sends one stamped
+bundle a second for 10 s, through an S-second silent cut of r2-r3 and 10 s after it; gw4's
+sink takes them for 60 s more.  Per run: bundles delivered (of those sent into the outage),
+each one's latency, and how long after the link's return the last one arrived: what the
+BPA does with bundles it cannot pass on (holds and retries, or sends them into the void).
+
 Every agent runs through its driver (perf.dtnd_client --config: the node's own agent,
 its own endpoint), on each asked-for CLA it speaks.  A size that cannot finish within
 --budget seconds on the profile's rate, that the CLA cannot carry (dtn7's and ION's UDP
@@ -32,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from c2dtn.overlay.agents import agent_class
-from c2dtn.topologies.nodes import AGENTS, UDP_ONLY, Nodes
+from c2dtn.topologies.nodes import AGENTS, UDP_ONLY, Nodes  # noqa: F401  (AGENTS: the CLI's choices)
 from c2dtn.perf.dtnd_client import result as _result
 from c2dtn.perf.dtnd_client import spawn as _client
 from c2dtn.topologies import testbed
@@ -45,6 +51,18 @@ BPA = ["gw1", "r2", "r3", "gw4"]
 CLAS = ("tcpcl", "udp", "mtcp")
 SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
 LAN_COUNTS = {"1k": 200, "10k": 100, "100k": 30, "1M": 8}
+
+
+def pairs(agents: list[str], clas: list[str]) -> list[tuple[str, str]]:
+    """(agent, cla) to measure: every agent on every plain CLA named, and an `agent:cla` item
+    for that agent only (`--cla tcpcl,ion:udp`: each agent on the CLA seed 002 would use)."""
+    out = []
+    for a in agents:
+        for c in clas:
+            who, _, cla = c.rpartition(":")
+            if who in ("", a) and (a, cla) not in out:
+                out.append((a, cla))
+    return out
 
 
 def cannot_run(agent: str, cla: str) -> str | None:
@@ -144,32 +162,103 @@ def _end(p) -> None:
         p.wait()
 
 
-def bench(agents, clas, profiles, sizes, runs, window, budget) -> list[dict]:
+OUTAGE_AT = 10.0  # seconds of the paced stream before the cut
+OUTAGE_TAIL = 10.0  # ... and after the link's return
+OUTAGE_DRAIN = 60.0  # the sink waits this long after the last send
+OUTAGE_BYTES = 1000
+
+
+def outage_run(agent: str, cla: str, run: int, outage_s: float, workdir: Path) -> dict:
+    """One paced stream through a cut of the radio hop (see the module's docstring)."""
+    row = {"agent": agent, "cla": cla, "profile": f"lan, {outage_s:g} s outage", "mode": "outage",
+           "size": "1k", "bytes": OUTAGE_BYTES, "run": run, "outage_s": outage_s}
+    skip = cannot_run(agent, cla)
+    if skip:
+        return {**row, "skipped": skip}
+    count = int(OUTAGE_AT + outage_s + OUTAGE_TAIL)  # one a second
+    testbed.down()
+    st = testbed.up("nps-chain", profile="lan", seed=run)
+    nodes = Nodes(st, BPA, [], workdir / f"{agent}-{cla}-outage-{run}", cla=cla, per_link_cla=False, agent=agent)
+    conf = {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
+    try:
+        for n in BPA:
+            nodes.start(n, wait=False)
+        for n in BPA:
+            nodes.wait_ready(n)
+        sink = _client("gw4", "sink", "--count", str(count), "--timeout", str(count + OUTAGE_DRAIN + 5), "--stamps",
+                       *conf["gw4"])
+        time.sleep(1.0)
+        src = _client("gw1", "source", "--dst", "gw4", "--size", str(OUTAGE_BYTES), "--count", str(count),
+                      "--interval", "1", *conf["gw1"])
+        time.sleep(OUTAGE_AT + 0.5)  # the client's start takes about half a second
+        down_at = time.monotonic()
+        testbed.change_link("r2", "r3", "down")
+        console.print(f"[dim]  r2-r3 down for {outage_s:g} s[/dim]")
+        time.sleep(outage_s)
+        testbed.change_link("r2", "r3", "up")
+        up_at = time.monotonic()
+        s = _result(src, count + 60)
+        k = _result(sink, count + OUTAGE_DRAIN + 60)
+    finally:
+        nodes.stop_all()
+        testbed.down()
+    return {**row, **outage_figures(k.get("stamps", []), s["sent"], s.get("refused", 0), down_at, up_at)}
+
+
+def outage_figures(stamps: list[list[float]], sent: int, refused: int, down_at: float, up_at: float) -> dict:
+    """From the sink's [number, sent, received] list: what arrived, of what went into the cut,
+    latencies, and the last arrival of those after the link's return (seconds)."""
+    lat = [r - s for _, s, r in stamps]
+    into = [x for x in stamps if down_at <= x[1] < up_at]
+    n_into = max(0, round(up_at - down_at))  # one a second went into the cut
+    return {"sent": sent, "refused": refused, "delivered": len(stamps), "lost": sent - len(stamps),
+            "into_outage": n_into, "into_outage_delivered": len(into),
+            "latency_s": statistics.median(lat) if lat else None, "latency_max_s": max(lat) if lat else None,
+            "cleared_after_up_s": (max(r for _, _, r in into) - up_at) if into else None,
+            "stamps": [[round(s - down_at, 3), round(r - s, 3)] for _, s, r in stamps]}
+
+
+def bench(agents, clas, profiles, sizes, runs, window, budget, outage_s: float = 0,
+          outage_runs: int = 0) -> list[dict]:
     rows = []
-    total = len(agents) * len(clas) * len(profiles) * len(sizes) * runs
+    total = len(pairs(agents, clas)) * (len(profiles) * len(sizes) * runs + (outage_runs if outage_s else 0))
     with tempfile.TemporaryDirectory() as td:
         for profile in profiles:  # one profile at a time: the lan runs are not slowed by anything else
-            for agent in agents:
-                for cla in clas:
-                    for name in sizes:
-                        for run in range(1, runs + 1):
-                            console.print(f"[dim][{len(rows) + 1}/{total}] {agent} {cla} {profile} {name} "
-                                          f"run {run}/{runs}[/dim]")
-                            row = one_run(agent, cla, profile, name, run, window, budget, Path(td))
-                            if "skipped" in row:
-                                console.print(f"[yellow]  skipped: {row['skipped']}[/yellow]")
-                                rows.append(row)
-                                rows.extend({**row, "run": r} for r in range(run + 1, runs + 1))
-                                break
-                            console.print(f"[dim]  {row['throughput_bps'] / 1e3:.1f} kbit/s, round trip "
-                                          f"{(row['rtt_s'] or 0) * 1000:.0f} ms, {row['lost']} of {row['count']} "
-                                          f"bundles lost[/dim]")
+            for agent, cla in pairs(agents, clas):
+                for name in sizes:
+                    for run in range(1, runs + 1):
+                        console.print(f"[dim][{len(rows) + 1}/{total}] {agent} {cla} {profile} {name} "
+                                      f"run {run}/{runs}[/dim]")
+                        row = one_run(agent, cla, profile, name, run, window, budget, Path(td))
+                        if "skipped" in row:
+                            console.print(f"[yellow]  skipped: {row['skipped']}[/yellow]")
                             rows.append(row)
+                            rows.extend({**row, "run": r} for r in range(run + 1, runs + 1))
+                            break
+                        console.print(f"[dim]  {row['throughput_bps'] / 1e3:.1f} kbit/s, round trip "
+                                      f"{(row['rtt_s'] or 0) * 1000:.0f} ms, {row['lost']} of {row['count']} "
+                                      f"bundles lost[/dim]")
+                        rows.append(row)
+        for agent, cla in pairs(agents, clas) if outage_s else ():
+            for run in range(1, outage_runs + 1):
+                console.print(f"[dim][{len(rows) + 1}/{total}] {agent} {cla} lan, {outage_s:g} s outage "
+                              f"run {run}/{outage_runs}[/dim]")
+                row = outage_run(agent, cla, run, outage_s, Path(td))
+                rows.append(row)
+                if "skipped" in row:
+                    console.print(f"[yellow]  skipped: {row['skipped']}[/yellow]")
+                    rows.extend({**row, "run": r} for r in range(run + 1, outage_runs + 1))
+                    break
+                console.print(f"[dim]  {row['delivered']} of {row['sent']} delivered, "
+                              f"{row['into_outage_delivered']} of {row['into_outage']} sent into the outage; "
+                              f"latency median {row['latency_s'] or 0:.1f} s, max {row['latency_max_s'] or 0:.1f} s"
+                              f"[/dim]")
     return rows
 
 
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
+    rows = [r for r in rows if r.get("mode") != "outage"]
     keys = list(dict.fromkeys((r["agent"], r["cla"], r["profile"], r["size"]) for r in rows))
     for k in keys:
         rs = [r for r in rows if (r["agent"], r["cla"], r["profile"], r["size"]) == k]
@@ -198,6 +287,55 @@ def _lost(s: dict) -> str:
     return f"{s['lost']} of {s['sent']} ({100 * s['lost'] / s['sent']:.1f} %)" if s["sent"] else "-"
 
 
+# seed 002 (NPS, 2017: ION and IBR-DTN over their TCP CLAs, memory storage, 10 runs per size,
+# dtnperf), the figures its text gives: round trip ranges (ms) and ION's throughput at 1 MB
+SEED_002_RTT_MS = {"ion": (70, 99), "ibrdtn": (8, 12)}  # IBR-DTN "on the order of 10 ms" (more at 100k, 1M)
+SEED_002_ION_1M_BPS = 100e6  # "over 100 Mbit/s"
+
+
+def seed_002(summary: list[dict]) -> list[list[str]]:
+    """Rows (agent, figure, seed 002, ours on lan) where seed 002 gives a figure for the agent."""
+    lan = [s for s in summary if s["profile"] == "lan" and "skipped" not in s]
+    out = []
+    for agent, (lo, hi) in SEED_002_RTT_MS.items():
+        rt = [s["rtt_s"] * 1000 for s in lan if s["agent"] == agent and s["rtt_s"] is not None
+              and s["bytes"] <= 10_000]
+        if rt:
+            mine = f"{min(rt):.0f}-{max(rt):.0f} ms (1k and 10k, medians of CLAs and sizes)"
+            out.append([agent, "round trip, small bundles", f"{lo}-{hi} ms" if agent == "ion" else "~10 ms", mine])
+    one_m = [s for s in lan if s["agent"] == "ion" and s["size"] == "1M"]
+    out.append(["ion", "throughput at 1 MB", "over 100 Mbit/s",
+                ", ".join(f"{_rate(s['throughput_bps'])} over {s['cla']}" for s in one_m) or
+                "not measured: ION runs over UDP only here, whose datagram takes at most ~65 kB"])
+    return out
+
+
+def summarize_outage(rows: list[dict]) -> list[dict]:
+    out = []
+    rows = [r for r in rows if r.get("mode") == "outage"]
+    for k in dict.fromkeys((r["agent"], r["cla"], r["profile"]) for r in rows):
+        rs = [r for r in rows if (r["agent"], r["cla"], r["profile"]) == k]
+        s = {"agent": k[0], "cla": k[1], "profile": k[2], "runs": len(rs)}
+        done = [r for r in rs if "skipped" not in r]
+        if not done:
+            out.append({**s, "skipped": rs[0]["skipped"]})
+            continue
+        lat = [r["latency_s"] for r in done if r["latency_s"] is not None]
+        clear = [r["cleared_after_up_s"] for r in done if r["cleared_after_up_s"] is not None]
+        s.update(sent=sum(r["sent"] for r in done), delivered=sum(r["delivered"] for r in done),
+                 into_outage=sum(r["into_outage"] for r in done),
+                 into_outage_delivered=sum(r["into_outage_delivered"] for r in done),
+                 latency_s=statistics.median(lat) if lat else None,
+                 latency_max_s=max((r["latency_max_s"] for r in done if r["latency_max_s"] is not None), default=None),
+                 cleared_after_up_s=statistics.median(clear) if clear else None)
+        out.append(s)
+    return out
+
+
+def _secs(v) -> str:
+    return "-" if v is None else f"{v:.1f} s"
+
+
 def report(rows: list[dict], out: Path) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
@@ -223,7 +361,36 @@ def report(rows: list[dict], out: Path) -> list[dict]:
         t.add_row(*cells)
         md.append("| " + " | ".join(cells) + " |")
     console.print(t)
-    (out / "report.md").write_text("\n".join(md) + "\n\n![throughput and round trip](plot.png)\n")
+    md += ["", "![throughput and round trip](plot.png)", ""]
+    seed = seed_002(summary) if any(s["agent"] in SEED_002_RTT_MS for s in summary) else []
+    if seed:
+        md += ["## Seed 002 beside these runs", "",
+               "Seed 002 (NPS 2017) ran ION and IBR-DTN over their TCP CLAs with memory storage on a LAN testbed; "
+               "these runs use disk stores and 4 BPA hops.", "",
+               "| agent | figure | seed 002 | here (lan) |", "|---|---|---|---|"]
+        md += ["| " + " | ".join(r) + " |" for r in seed] + [""]
+    outage = summarize_outage(rows)
+    if outage:
+        cols = ("agent", "CLA", "profile", "runs", "delivered", "of those sent into the outage",
+                "latency median", "latency max", "last of the outage's after the link's return")
+        t = Table(title="Bundles sent into an outage of the radio hop (1 kB, one a second)")
+        for c in cols:
+            t.add_column(c, justify="right")
+        md += ["## Bundles sent into an outage (1 kB, one a second, the radio hop r2-r3 silently cut)", "",
+               "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for s in outage:
+            cells = ([s["agent"], s["cla"], s["profile"], str(s["runs"]), "skipped: " + s["skipped"], "-", "-", "-", "-"]
+                     if "skipped" in s else
+                     [s["agent"], s["cla"], s["profile"], str(s["runs"]), f"{s['delivered']} of {s['sent']}",
+                      f"{s['into_outage_delivered']} of {s['into_outage']}", _secs(s["latency_s"]),
+                      _secs(s["latency_max_s"]), _secs(s["cleared_after_up_s"])])
+            t.add_row(*cells)
+            md.append("| " + " | ".join(cells) + " |")
+        console.print(t)
+        md += ["", "![latency of each bundle by when it was sent](outage.png)", ""]
+        (out / "outage.json").write_text(json.dumps(outage, indent=1))
+        plot_outage([r for r in rows if r.get("mode") == "outage"], out / "outage.png")
+    (out / "report.md").write_text("\n".join(md) + "\n")
     with open(out / "runs.jsonl", "w") as fh:
         for r in rows:
             fh.write(json.dumps(r) + "\n")
@@ -266,7 +433,27 @@ def plot(summary: list[dict], path: Path) -> None:
     save_figure(fig, path)
 
 
-def main(agents, clas, profiles, sizes, runs, window, budget) -> Path:
+def plot_outage(rows: list[dict], path: Path) -> None:
+    """Each delivered bundle's latency against when it was sent (0: the cut), every run."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    outage_s = max((r["outage_s"] for r in rows), default=60)
+    ax.axvspan(0, outage_s, color="0.85", label=f"radio hop down ({outage_s:g} s)")
+    markers = iter("osD^v<>ph*")
+    for key in dict.fromkeys((r["agent"], r["cla"]) for r in rows):
+        pts = [p for r in rows if (r["agent"], r["cla"]) == key and "skipped" not in r for p in r["stamps"]]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, marker=next(markers, "o"),
+                       label=f"{key[0]} {key[1]}")
+    ax.set_yscale("log")
+    ax.set_xlabel("sent at (s, relative to the cut)")
+    ax.set_ylabel("latency (s)")
+    ax.set_title("Latency of bundles by when they were sent (lost ones are absent)")
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def main(agents, clas, profiles, sizes, runs, window, budget, outage_s: float = 0, outage_runs: int = 0) -> Path:
     out = run_dir("bundles")
-    report(bench(agents, clas, profiles, sizes, runs, window, budget), out)
+    report(bench(agents, clas, profiles, sizes, runs, window, budget, outage_s, outage_runs), out)
     return out

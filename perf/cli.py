@@ -208,7 +208,8 @@ def _list(value: str, known, what: str, hint: str) -> list[str]:
 @perf.command("bundles")
 @click.option("--agents", default="dtn7", show_default=True,
               help="BPAs to compare, each on the asked-for CLAs it speaks (dtn7, ion, ibrdtn)")
-@click.option("--cla", "clas", default="tcpcl,udp,mtcp", show_default=True, help="convergence layers")
+@click.option("--cla", "clas", default="tcpcl,udp,mtcp", show_default=True,
+              help="convergence layers; AGENT:CLA for one agent only (e.g. tcpcl,ion:udp)")
 @click.option("--profiles", default="lan,cnr-tactical-1", show_default=True, help="profiles of the radio hop")
 @click.option("--sizes", default="1k,10k,100k,1M", show_default=True)
 @click.option("--runs", default=10, show_default=True, type=click.IntRange(1, 1000))
@@ -216,7 +217,12 @@ def _list(value: str, known, what: str, hint: str) -> list[str]:
               help="bundles in flight in data mode")
 @click.option("--budget", default=180.0, show_default=True, type=click.FloatRange(10, 36_000),
               help="seconds one run may take; sizes that cannot fit are reported as skipped")
-def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, window: int, budget: float) -> None:
+@click.option("--outage", default=60.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="seconds of the radio hop's cut in the outage runs (0: none)")
+@click.option("--outage-runs", default=3, show_default=True, type=click.IntRange(0, 100),
+              help="outage runs per agent and CLA (1 kB bundles, one a second, on lan)")
+def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, window: int, budget: float,
+                outage: float, outage_runs: int) -> None:
     """Bundle throughput and round trip per agent x CLA x profile x size (fresh daemons per run)."""
     from c2dtn.errors import ConfigError
     from c2dtn.perf import bundles_bench as b
@@ -229,8 +235,13 @@ def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, wi
             lib.get(x, "--profiles", "profile")
         except ConfigError as e:
             raise click.BadParameter(str(e), param_hint="--profiles") from None
-    b.main(_list(agents, b.AGENTS, "agent", "--agents"), _list(clas, b.CLAS, "CLA", "--cla"), ps,
-           _list(sizes, list(b.SIZES), "size", "--sizes"), runs, window, budget)
+    agent_list = _list(agents, b.AGENTS, "agent", "--agents")
+    cla_list = [x.strip() for x in clas.split(",") if x.strip()]
+    _list(",".join(x.rpartition(":")[2] for x in cla_list), b.CLAS, "CLA", "--cla")
+    _list(",".join(x.rpartition(":")[0] for x in cla_list if ":" in x) or agent_list[0], agent_list,
+          "agent (of AGENT:CLA; not in --agents)", "--cla")
+    b.main(agent_list, cla_list, ps,
+           _list(sizes, list(b.SIZES), "size", "--sizes"), runs, window, budget, outage, outage_runs)
 
 
 @perf.command("report")

@@ -4,7 +4,9 @@
   rtt     send `count` bundles of `size` bytes to <dst>'s echo and time each round trip (bping style);
           --stepped: one round trip per line on stdin, each time printed as it is taken
   sink    receive `count` bundles on `bench`, print the time of the last one
-  source  send `count` bundles of `size` bytes to <dst>/bench as fast as dtnd takes them
+  source  send `count` bundles of `size` bytes to <dst>/bench as fast as dtnd takes them;
+          --interval S: one every S seconds instead, each stamped with its number and send time
+          (a sink run with --stamps then gives each one's latency)
   data    dtnperf-style data mode: `count` bundles of `size` bytes to <dst>/bench with at most
           `window` unacknowledged; the sink (run with --ack) answers each with a small
           bundle to dtn://<src>/benchack; unacked after --ack-timeout counts as lost
@@ -27,7 +29,7 @@ import os
 import sys
 import time
 
-from c2dtn.overlay.agent import BundleAgent
+from c2dtn.overlay.agent import AgentError, BundleAgent
 from c2dtn.overlay.agents.dtn7 import Dtn7Agent
 
 ENDPOINTS = {"request": "bench", "reply": "benchreply", "ack": "benchack"}
@@ -134,9 +136,24 @@ async def rtt(agent: BundleAgent, dst: str, size: int, count: int, timeout: floa
     return {"rtts": rtts}
 
 
-async def sink(agent: BundleAgent, count: int, timeout: float, ack: bool = False) -> dict:
+def stamp(i: int, t: float) -> bytes:
+    return f"{i}:{t:.6f}:".encode()
+
+
+def unstamp(payload: bytes) -> tuple[int, float] | None:
+    """(number, send time) of a paced source's bundle, None for any other payload."""
+    try:
+        i, t, _ = payload.split(b":", 2)
+        return int(i), float(t)
+    except ValueError:
+        return None
+
+
+async def sink(agent: BundleAgent, count: int, timeout: float, ack: bool = False, stamps: bool = False) -> dict:
+    """stamps: also list [number, sent, received] of each stamped bundle (first arrival only)."""
     await agent.register(ENDPOINTS["request"])
     n, nbytes, first, last = 0, 0, None, None
+    got: dict[int, list[float]] = {}
 
     async def loop():
         nonlocal n, nbytes, first, last
@@ -145,6 +162,9 @@ async def sink(agent: BundleAgent, count: int, timeout: float, ack: bool = False
             first = first or last
             n += 1
             nbytes += len(d.payload)
+            st = unstamp(d.payload) if stamps else None
+            if st and st[0] not in got:
+                got[st[0]] = [st[1], last]
             if ack:
                 await agent.send(d.src_node, ENDPOINTS["ack"], d.payload[:16], 600)
             if n >= count:
@@ -154,15 +174,31 @@ async def sink(agent: BundleAgent, count: int, timeout: float, ack: bool = False
         await asyncio.wait_for(loop(), timeout)
     except asyncio.TimeoutError:
         pass
-    return {"received": n, "bytes": nbytes, "first": first, "last": last}
+    out = {"received": n, "bytes": nbytes, "first": first, "last": last}
+    if stamps:
+        out["stamps"] = sorted([i, s, r] for i, (s, r) in got.items())
+    return out
 
 
-async def source(agent: BundleAgent, dst: str, size: int, count: int) -> dict:
+async def source(agent: BundleAgent, dst: str, size: int, count: int, interval: float = 0.0) -> dict:
+    """`count` bundles as fast as the agent takes them, or (interval > 0) one every `interval` s,
+    each stamped; a bundle the agent refuses (its link down, say) is counted, not fatal."""
     payload = os.urandom(size)
     t0 = time.monotonic()
-    for _ in range(count):
-        await agent.send(dst, ENDPOINTS["request"], payload, 3600)
-    return {"start": t0, "sent": count, "end": time.monotonic()}
+    refused = 0
+    for i in range(count):
+        if interval:
+            await asyncio.sleep(max(0.0, t0 + i * interval - time.monotonic()))
+            st = stamp(i, time.monotonic())
+            payload = st + os.urandom(max(0, size - len(st)))
+        try:
+            await agent.send(dst, ENDPOINTS["request"], payload, 3600)
+        except AgentError as e:
+            if not interval:
+                raise
+            refused += 1
+            print(f"bundle {i} refused: {e}", file=sys.stderr, flush=True)
+    return {"start": t0, "sent": count - refused, "refused": refused, "end": time.monotonic()}
 
 
 async def data(agent: BundleAgent, dst: str, size: int, count: int, window: int, timeout: float,
@@ -238,10 +274,10 @@ async def main(args) -> dict:
         if args.mode == "rtt":
             return await rtt(agent, args.dst, args.size, args.count, args.timeout, args.stepped)
         if args.mode == "sink":
-            return await sink(agent, args.count, args.timeout, args.ack)
+            return await sink(agent, args.count, args.timeout, args.ack, args.stamps)
         if args.mode == "data":
             return await data(agent, args.dst, args.size, args.count, args.window, args.timeout, args.ack_timeout)
-        return await source(agent, args.dst, args.size, args.count)
+        return await source(agent, args.dst, args.size, args.count, args.interval)
     finally:
         await agent.stop()
 
@@ -252,6 +288,8 @@ if __name__ == "__main__":
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--ack", action="store_true", help="sink: acknowledge each bundle (for data mode)")
     ap.add_argument("--stepped", action="store_true", help="rtt: one round trip per line on stdin")
+    ap.add_argument("--stamps", action="store_true", help="sink: list each stamped bundle's send and arrival")
+    ap.add_argument("--interval", type=float, default=0.0, help="source: seconds between bundles (stamped)")
     ap.add_argument("--dst", default="")
     ap.add_argument("--size", type=int, default=1000)
     ap.add_argument("--count", type=int, default=10)
