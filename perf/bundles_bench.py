@@ -218,9 +218,27 @@ def outage_figures(stamps: list[list[float]], sent: int, refused: int, down_at: 
             "stamps": [[round(s - down_at, 3), round(r - s, 3)] for _, s, r in stamps]}
 
 
+class _Rows(list):
+    """The runs so far, each also appended to `path` as it ends (a stopped campaign keeps them)."""
+
+    def __init__(self, path: Path | None):
+        super().__init__()
+        self.path = path
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        if self.path:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+
+    def extend(self, rows) -> None:
+        for r in rows:
+            self.append(r)
+
+
 def bench(agents, clas, profiles, sizes, runs, window, budget, outage_s: float = 0,
-          outage_runs: int = 0) -> list[dict]:
-    rows = []
+          outage_runs: int = 0, log: Path | None = None) -> list[dict]:
+    rows = _Rows(log)
     total = len(pairs(agents, clas)) * (len(profiles) * len(sizes) * runs + (outage_runs if outage_s else 0))
     with tempfile.TemporaryDirectory() as td:
         for profile in profiles:  # one profile at a time: the lan runs are not slowed by anything else
@@ -388,7 +406,7 @@ def report(rows: list[dict], out: Path) -> list[dict]:
             md.append("| " + " | ".join(cells) + " |")
         console.print(t)
         md += ["", "![latency of each bundle by when it was sent](outage.png)", ""]
-        (out / "outage.json").write_text(json.dumps(outage, indent=1))
+        (out / "outage-summary.json").write_text(json.dumps(outage, indent=1))
         plot_outage([r for r in rows if r.get("mode") == "outage"], out / "outage.png")
     (out / "report.md").write_text("\n".join(md) + "\n")
     with open(out / "runs.jsonl", "w") as fh:
@@ -455,5 +473,8 @@ def plot_outage(rows: list[dict], path: Path) -> None:
 
 def main(agents, clas, profiles, sizes, runs, window, budget, outage_s: float = 0, outage_runs: int = 0) -> Path:
     out = run_dir("bundles")
-    report(bench(agents, clas, profiles, sizes, runs, window, budget, outage_s, outage_runs), out)
+    out.mkdir(parents=True, exist_ok=True)
+    report(bench(agents, clas, profiles, sizes, runs, window, budget, outage_s, outage_runs,
+                 out / "runs-so-far.jsonl"), out)
+    (out / "runs-so-far.jsonl").unlink(missing_ok=True)  # report() wrote runs.jsonl
     return out

@@ -78,3 +78,86 @@ def test_report_has_medians_min_max_skips_and_a_plot(tmp_path):
     line = next(x for x in rtt["series"] if x["label"] == "dtn7 tcpcl lan")
     assert line["y"] == [25.0, 50.0]  # ms
     assert not any("udp" in x["label"] for x in tp["series"])  # the skipped size draws nothing
+
+
+def test_each_agent_runs_on_the_clas_asked_for_it_and_says_why_it_cannot_on_others():
+    assert b.pairs(["dtn7", "ion", "ibrdtn"], ["dtn7:tcpcl", "ion:udp", "ibrdtn:tcpcl"]) == [
+        ("dtn7", "tcpcl"), ("ion", "udp"), ("ibrdtn", "tcpcl")]
+    assert b.pairs(["dtn7", "ion"], ["tcpcl", "ion:udp"]) == [("dtn7", "tcpcl"), ("ion", "tcpcl"), ("ion", "udp")]
+    assert "no mtcp convergence layer" in b.cannot_run("ibrdtn", "mtcp")
+    assert "UDP only" in b.cannot_run("ion", "tcpcl")
+    # each agent's UDP limit is its own: ION's datagram holds ~65 kB, IBR-DTN fragments
+    assert "ion's UDP CLA" in b.plan_run("udp", None, 100_000, "100k", 180, agent="ion")[2]
+    assert b.plan_run("udp", None, 10_000, "10k", 180, agent="ion")[2] is None
+    assert b.plan_run("udp", None, 1_000_000, "1M", 180, agent="ibrdtn")[2] is None
+
+
+def test_a_paced_source_stamps_each_bundle_and_the_sink_gives_each_ones_latency():
+    import asyncio
+
+    from c2dtn.overlay.agent import AgentError
+    from c2dtn.perf import dtnd_client
+
+    class Link:
+        """Passes bundles after 50 ms; refuses bundle 2 (the agent's error is counted, not fatal)."""
+        def __init__(self):
+            self.q = asyncio.Queue()
+            self.n = 0
+
+        async def register(self, ep):
+            pass
+
+        async def send(self, dst, ep, payload, lifetime):
+            self.n += 1
+            if self.n == 3:
+                raise AgentError("no route")
+            asyncio.get_running_loop().call_later(0.05, self.q.put_nowait, type("D", (), {"payload": payload})())
+
+        async def deliveries(self, ep):
+            while True:
+                yield await self.q.get()
+
+    async def run():
+        link = Link()
+        sink = asyncio.create_task(dtnd_client.sink(link, 5, timeout=3, stamps=True))
+        src = await dtnd_client.source(link, "gw4", 100, 5, interval=0.05)
+        return src, await sink
+
+    src, got = asyncio.run(run())
+    assert (src["sent"], src["refused"]) == (4, 1)
+    assert [s[0] for s in got["stamps"]] == [0, 1, 3, 4]
+    assert all(0.04 < r - s < 0.5 for _, s, r in got["stamps"])
+
+
+def test_outage_figures_count_what_went_into_the_cut_and_when_the_last_of_it_came():
+    # sent one a second from t=0; cut from 10 to 70; 3 sent into it arrive at 75, 76, 77; the rest before
+    stamps = [[i, float(i), i + 0.01] for i in range(10)] + [[i, float(i), 65.0 + i] for i in (10, 11, 12)]
+    f = b.outage_figures(stamps, sent=80, refused=0, down_at=10.0, up_at=70.0)
+    assert (f["delivered"], f["lost"], f["into_outage"], f["into_outage_delivered"]) == (13, 67, 60, 3)
+    assert abs(f["cleared_after_up_s"] - 7.0) < 1e-9 and f["latency_max_s"] == 65.0
+    assert f["stamps"][0] == [-10.0, 0.01]  # sent 10 s before the cut, 10 ms on the way
+
+
+def test_report_has_the_outage_table_its_plot_and_seed_002_beside_our_round_trips(tmp_path):
+    rows = [{"agent": a, "cla": c, "profile": "lan", "size": "1k", "bytes": 1000, "run": 1, "count": 10, "lost": 0,
+             "throughput_bps": 1e6, "rtt_s": rtt, "rtts": [rtt], "link_bps": None}
+            for a, c, rtt in (("ion", "udp", 0.093), ("ibrdtn", "tcpcl", 0.018))]
+    for run, into in ((1, 60), (2, 58)):
+        stamps = [[-1.0, 0.01]] + [[float(t), 70.0 - t] for t in range(into)]
+        rows.append({"agent": "ibrdtn", "cla": "tcpcl", "profile": "lan, 60 s outage", "mode": "outage", "size": "1k",
+                     "bytes": 1000, "run": run, "outage_s": 60.0, "sent": 80, "refused": 0, "delivered": 20 + into,
+                     "lost": 60 - into, "into_outage": 60, "into_outage_delivered": into, "latency_s": 1.0 * run,
+                     "latency_max_s": 70.0, "cleared_after_up_s": 10.0 * run, "stamps": stamps})
+    rows.append({"agent": "ion", "cla": "tcpcl", "profile": "lan, 60 s outage", "mode": "outage", "size": "1k",
+                 "bytes": 1000, "run": 1, "outage_s": 60.0, "skipped": "ion runs over UDP only here"})
+    b.report(rows, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "| ion | round trip, small bundles | 70-99 ms | 93-93 ms" in md
+    assert "| ibrdtn | round trip, small bundles | ~10 ms | 18-18 ms" in md
+    assert "| ibrdtn | tcpcl | lan, 60 s outage | 2 | 158 of 160 | 118 of 120 | 1.5 s | 70.0 s | 15.0 s |" in md
+    assert "skipped: ion runs over UDP only here" in md
+    assert json.loads((tmp_path / "outage-summary.json").read_text())[0]["into_outage_delivered"] == 118
+    panel, = json.loads((tmp_path / "outage.json").read_text())  # the data the plot draws
+    line = next(x for x in panel["series"] if x["label"] == "ibrdtn tcpcl")
+    assert len(line["x"]) == 1 + 60 + 1 + 58 and max(line["y"]) == 70.0
+    assert mpimg.imread(tmp_path / "outage.png").std() > 0.01
