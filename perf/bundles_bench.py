@@ -106,6 +106,24 @@ def ack_timeouts(size: int, rate_bps: float | None, window: int, count: int) -> 
     return 15 + 4 * one, 15 + 2 * (min(window, count) + 1) * one
 
 
+def _chain(agent: str, cla: str, profile: str, run: int, workdir: Path) -> tuple[Nodes, dict]:
+    """nps-chain afresh, `agent` on every BPA node over `cla`, all ready; and the --config
+    arguments of the clients on gw1 and gw4.  The caller stops the nodes and the testbed."""
+    testbed.down()
+    st = testbed.up("nps-chain", profile=profile, seed=run)
+    nodes = Nodes(st, BPA, [], workdir, cla=cla, per_link_cla=False, agent=agent)
+    try:
+        for n in BPA:
+            nodes.start(n, wait=False)
+        for n in BPA:
+            nodes.wait_ready(n)
+    except BaseException:
+        nodes.stop_all()
+        testbed.down()
+        raise
+    return nodes, {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
+
+
 def one_run(agent: str, cla: str, profile: str, name: str, run: int, window: int, budget: float,
             workdir: Path) -> dict:
     size = SIZES[name]
@@ -115,16 +133,8 @@ def one_run(agent: str, cla: str, profile: str, name: str, run: int, window: int
     count, rtt_n, skip = (0, 0, skip) if skip else plan_run(cla, rate, size, name, budget, agent)
     if skip:
         return {**row, "skipped": skip}
-    testbed.down()
-    st = testbed.up("nps-chain", profile=profile, seed=run)
-    nodes = Nodes(st, BPA, [], workdir / f"{agent}-{cla}-{profile}-{name}-{run}", cla=cla, per_link_cla=False,
-                  agent=agent)
-    conf = {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
+    nodes, conf = _chain(agent, cla, profile, run, workdir / f"{agent}-{cla}-{profile}-{name}-{run}")
     try:
-        for n in BPA:
-            nodes.start(n, wait=False)
-        for n in BPA:
-            nodes.wait_ready(n)
         echo = _client("gw4", "echo", "--timeout", str(budget), *conf["gw4"])
         time.sleep(1.0)
         rtt_wait, lost_after = ack_timeouts(size, rate, window, count)
@@ -176,15 +186,8 @@ def outage_run(agent: str, cla: str, run: int, outage_s: float, workdir: Path) -
     if skip:
         return {**row, "skipped": skip}
     count = int(OUTAGE_AT + outage_s + OUTAGE_TAIL)  # one a second
-    testbed.down()
-    st = testbed.up("nps-chain", profile="lan", seed=run)
-    nodes = Nodes(st, BPA, [], workdir / f"{agent}-{cla}-outage-{run}", cla=cla, per_link_cla=False, agent=agent)
-    conf = {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
+    nodes, conf = _chain(agent, cla, "lan", run, workdir / f"{agent}-{cla}-outage-{run}")
     try:
-        for n in BPA:
-            nodes.start(n, wait=False)
-        for n in BPA:
-            nodes.wait_ready(n)
         sink = _client("gw4", "sink", "--count", str(count), "--timeout", str(count + OUTAGE_DRAIN + 5), "--stamps",
                        *conf["gw4"])
         time.sleep(1.0)
@@ -440,6 +443,14 @@ def plot(summary: list[dict], path: Path) -> None:
         a2.errorbar([s["bytes"] for s in rt], [s["rtt_s"] * 1000 for s in rt], capsize=3, marker="s", label=label,
                     yerr=[[(s["rtt_s"] - s["rtt_min"]) * 1000 for s in rt],
                           [(s["rtt_max"] - s["rtt_s"]) * 1000 for s in rt]])
+    agents = {s["agent"] for s in summary if s["profile"] == "lan"}
+    if "ion" in agents:  # seed 002's figures, where it gives them for an agent measured here
+        lo, hi = SEED_002_RTT_MS["ion"]
+        a2.axhspan(lo, hi, color="tab:orange", alpha=0.15, label=f"seed 002: ION round trip {lo}-{hi} ms")
+        a1.plot([1e6], [SEED_002_ION_1M_BPS / 1e3], marker="*", markersize=12, linestyle="none", color="tab:orange",
+                label="seed 002: ION at 1 MB, over 100 Mbit/s")
+    if "ibrdtn" in agents:
+        a2.axhline(10, color="tab:green", linestyle=":", label="seed 002: IBR-DTN round trip ~10 ms")
     for ax, ylabel, title in ((a1, "throughput (kbit/s)", "Throughput by payload size (median, min-max)"),
                               (a2, "round trip (ms)", "Round trip by payload size (median, min-max)")):
         ax.set_xscale("log")

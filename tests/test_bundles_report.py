@@ -161,3 +161,6 @@ def test_report_has_the_outage_table_its_plot_and_seed_002_beside_our_round_trip
     line = next(x for x in panel["series"] if x["label"] == "ibrdtn tcpcl")
     assert len(line["x"]) == 1 + 60 + 1 + 58 and max(line["y"]) == 70.0
     assert mpimg.imread(tmp_path / "outage.png").std() > 0.01
+    tp, rt = json.loads((tmp_path / "plot.json").read_text())  # seed 002's figures drawn beside ours
+    assert next(x for x in tp["series"] if x["label"].startswith("seed 002: ION at 1 MB"))["y"] == [100e3]
+    assert next(x for x in rt["series"] if x["label"].startswith("seed 002: IBR-DTN"))["y"] == [10.0, 10.0]
