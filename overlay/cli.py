@@ -130,3 +130,23 @@ def ping_cmd(config, dst, size, count, interval, timeout) -> None:
                    f"{statistics.median(rtts) * 1000:.1f}/{max(rtts) * 1000:.1f} ms")
     if len(rtts) < count:
         sys.exit(1)
+
+
+@click.group("relay")
+def relay() -> None:
+    """Relays between agent islands (a BPv6 IBR-DTN island and a BPv7 one, say)."""
+
+
+@relay.command("run")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@click.option("-v", "--verbose", is_flag=True)
+def relay_run_cmd(config: str, verbose: bool) -> None:
+    """Run the relay CONFIG describes (one agent per island) until SIGTERM or Ctrl-C."""
+    import logging
+
+    from c2dtn.overlay.relay import load_relay_config, run_relay
+
+    cfg = load_relay_config(config)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s")
+    run_relay(cfg)

@@ -24,6 +24,9 @@
     to = "gw4"                       # a node id, or "*" for everything else
     via = "r2"
 
+    [relays]                         # optional: nodes of another agent's island (a BPv6 one,
+    prt-gw = "tacnet"                #   say) are reached through this relay (overlay.relay)
+
     [keys]                           # HMAC keys shared with the overlay nodes we talk to
     gw4 = "64 hex digits"
     fmn = "64 hex digits"            # ... and one per group, shared by all its members
@@ -84,6 +87,7 @@ class NodeConfig:
     routes: list[Route] = field(default_factory=list)
     routing: str = "static"
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group -> members other than this node
+    relays: dict[str, str] = field(default_factory=dict)  # node of another island -> the relay its bundles go to
     keys: dict[str, bytes] = field(default_factory=dict)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota: Quota = field(default_factory=Quota)
@@ -119,7 +123,8 @@ def parse_key(src: str, where: str, v: Any) -> bytes:
 def load_node_config(path: str | Path) -> NodeConfig:
     src = str(path)
     data = read_toml(path)
-    check_table(src, "(top level)", data, {"node", "agent", "keys", "groups", "scheduler", "quota", "gateway"},
+    check_table(src, "(top level)", data, {"node", "agent", "keys", "groups", "relays", "scheduler", "quota",
+                                              "gateway"},
                 {"node"})
     node = check_table(src, "node", data["node"], {"id", "storage", "netns", "overlay"}, {"id", "storage"})
     cfg = NodeConfig(source=src, id=check_name(src, "node.id", node["id"]), storage=Path(str(node["storage"])))
@@ -175,6 +180,14 @@ def load_node_config(path: str | Path) -> NodeConfig:
         raise ConfigError(src, "keys", keys, "must be a table of node id = hex key")
     cfg.keys = {check_name(src, f"keys.{k}", k): parse_key(src, f"keys.{k}", v) for k, v in keys.items()}
     cfg.groups = _groups(src, data.get("groups", {}), cfg)
+    relays = data.get("relays", {})
+    if not isinstance(relays, dict):
+        raise ConfigError(src, "relays", relays, "must be a table of node id = relay node id")
+    for k, v in relays.items():
+        dst, via = check_name(src, "relays", k), check_name(src, f"relays.{k}", v)
+        if dst == cfg.id or via == cfg.id:
+            raise ConfigError(src, f"relays.{k}", v, "a node neither relays to itself nor through itself")
+        cfg.relays[dst] = via
     sch = data.get("scheduler", {})
     known = {f.name: f for f in fields(SchedulerConfig)}
     check_table(src, "scheduler", sch, set(known))

@@ -120,7 +120,9 @@ class OverlayNode:
         return self.agent.endpoints(list(self.cfg.groups))
 
     def _dst_endpoint(self, dst: str) -> tuple[str, str]:
-        return self.agent.destination(dst, dst in self.cfg.groups)
+        # a node of another agent's island: the bundle goes to the relay, which reads the
+        # destination from the container and carries it across (overlay.relay)
+        return self.agent.destination(self.cfg.relays.get(dst, dst), dst in self.cfg.groups)
 
     # -- data path ---------------------------------------------------------
     async def _receive(self, endpoint: str) -> None:

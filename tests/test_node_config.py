@@ -160,3 +160,32 @@ def test_node_configs_write_gateway_tables_that_the_gateway_reads(tmp_path):
         gateway_tables(st, ["gw1", "gw4"], ["gw1"], tproxy=["gw1"])
     with pytest.raises(ConfigError, match="must be one of --gateway"):
         gateway_tables(st, ["gw1", "gw4"], ["gw4"], tproxy=["gw1"], topics=topics)
+
+
+def test_configs_for_mixed_nations_meet_at_a_relay_with_one_agent_and_port_per_island(tmp_path):
+    from c2dtn.overlay.relay import island_members, load_relay_config
+
+    st = testbed.state_of(model.load("fmn-4nations"), "userspace")
+    gws = ["deu-gw", "nor-gw", "prt-gw", "usa-gw"]
+    kinds = {"deu-gw": "dtn7", "nor-gw": "ion", "prt-gw": "ibrdtn", "usa-gw": "dtn7"}
+    paths = write_configs(st, gws + ["tacnet"], gws, tmp_path / "n", agent=kinds, relay="tacnet")
+    relay = load_relay_config(paths["tacnet"])
+    isl = {c.agent: c for c in relay.islands}
+    assert {k: island_members(c) for k, c in isl.items()} == {
+        "dtn7": {"deu-gw", "usa-gw"}, "ibrdtn": {"prt-gw"}, "ion": {"nor-gw"}}
+    # one namespace, three agents: each island's agent on ports of its own (ION: UDP only)
+    assert {k: [str(s) for s in c.listen] for k, c in isl.items()} == {
+        "dtn7": ["tcpcl://0.0.0.0:4556", "udp://0.0.0.0:4556"],
+        "ibrdtn": ["tcpcl://0.0.0.0:4557", "udp://0.0.0.0:4557"], "ion": ["udp://0.0.0.0:4558"]}
+    assert len({c.storage for c in isl.values()} | {relay.storage}) == 4 and not any(c.overlay for c in isl.values())
+    deu, nor, prt = (load_node_config(paths[n]) for n in ("deu-gw", "nor-gw", "prt-gw"))
+    assert [(p.node, p.cla.port) for p in prt.peers] == [("tacnet", 4557)]
+    assert [(p.node, p.cla.port) for p in nor.peers] == [("tacnet", 4558)]
+    # deu reaches usa in its own island (through tacnet's dtn7 as a plain BPA hop), the others via the relay
+    assert deu.relays == {"nor-gw": "tacnet", "prt-gw": "tacnet"} and "usa-gw" in {r.to for r in deu.routes}
+    assert prt.relays == {"deu-gw": "tacnet", "nor-gw": "tacnet", "usa-gw": "tacnet"}
+    assert deu.keys["prt-gw"] == prt.keys["deu-gw"]  # end to end: the relay holds no key
+    with pytest.raises(ConfigError, match="cannot exchange bundles"):
+        write_configs(st, gws + ["tacnet"], gws, tmp_path / "m", agent=kinds)
+    with pytest.raises(ConfigError, match="relay must be a BPA node that runs no overlay"):
+        write_configs(st, gws + ["tacnet"], gws, tmp_path / "m", agent=kinds, relay="deu-gw")

@@ -38,12 +38,22 @@ def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | Non
     return testbed.node_address(st, node), None
 
 
+# ION 4.1.3's TCPCLv3 (tcpcli) asserted in bpDequeue after a refused connection here (a neighbour
+# not yet listening, or restarting after a SIGKILL) and passed no bundle again: ION runs over UDP
+UDP_ONLY = {"ion"}
+
+
 def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
                   cla: str = "tcpcl", store: str = "sled", extra: str | dict[str, str] = "",
                   per_link_cla: bool = True, groups: dict[str, list[str]] | None = None,
-                  scheduler: dict[str, int] | None = None, agent: str | dict[str, str] = "dtn7") -> dict[str, Path]:
+                  scheduler: dict[str, int] | None = None, agent: str | dict[str, str] = "dtn7",
+                  relay: str | None = None) -> dict[str, Path]:
     """agent: the BPA every node runs (`[agent] kind`), or node -> kind (the others run dtn7).
-    per_link_cla: follow the links' own `cla` (else use `cla` everywhere).
+    Nodes of one kind form an island; islands of different kinds meet at `relay` (a BPA node
+    that runs one agent per island, each on its own ports: overlay.relay), whose file is a
+    relay configuration naming one node configuration per island.
+    per_link_cla: follow the links' own `cla` (else use `cla` everywhere); an agent in
+    UDP_ONLY uses UDP everywhere.
     scheduler: [scheduler] settings for every overlay node, over the defaults written here.
     groups: group name -> overlay nodes; each member gets the group's key, and every BPA
     routes by epidemic so that one bundle for the group reaches all members."""
@@ -55,6 +65,19 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
     missing = [n for n in overlay_nodes if n not in bpa_nodes]
     if missing:
         raise ConfigError("--overlay", "--overlay", ",".join(missing), "overlay nodes must also run a BPA")
+    islands: dict[str, list[str]] = {}  # agent kind -> its nodes (the relay is in every island)
+    for n in bpa_nodes:
+        if n != relay:
+            islands.setdefault(agent if isinstance(agent, str) else agent.get(n, "dtn7"), []).append(n)
+    if relay is not None:
+        if relay not in bpa_nodes or relay in overlay_nodes:
+            raise ConfigError("--relay", "--relay", relay, "the relay must be a BPA node that runs no overlay")
+        if len(islands) < 2 or groups:
+            raise ConfigError("--relay", "--relay", relay, "a relay joins islands of different agents (without groups)",
+                              f"agents here: {', '.join(islands)}")
+    elif len(islands) > 1:
+        raise ConfigError("--agent", "--agent", agent, "nodes of different agents cannot exchange bundles",
+                          "name a relay node between their islands")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     keys: dict[frozenset, str] = {}
@@ -65,70 +88,100 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
         if any(m not in overlay_nodes for m in members):
             raise ConfigError("--group", f"--group {g}", ",".join(members), "group members must run the overlay")
         keys[frozenset((g,))] = secrets.token_hex(32)
-    any_udp = cla == "udp" or (per_link_cla and any(ls.get("cla") == "udp" for ls in st["links"].values()))
+    any_udp = cla == "udp" or any(k in UDP_ONLY for k in islands) \
+        or (per_link_cla and any(ls.get("cla") == "udp" for ls in st["links"].values()))
     rated = any(((ls.get(d) or {}).get("rate_bps")) for ls in st["links"].values() for d in ("profile_ab", "profile_ba"))
     paths = {}
-    for n in bpa_nodes:
-        kind = agent if isinstance(agent, str) else agent.get(n, "dtn7")
-        peers: dict[str, tuple[str, str]] = {}  # node -> (address, cla)
-        routes: list[tuple[str, str]] = []
-        for m in bpa_nodes:
-            if m == n:
-                continue
-            path = node_path(st, n, m)
-            first = next(x for x in path[1:] if x in bpa_nodes)
-            if first == m:
-                prev = path[path.index(m) - 1]
-                addr, link_cla = _facing(st, m, prev)
-                peers[m] = (addr, (link_cla if per_link_cla else None) or cla)
-            routes.append((m, first))
-        lines = [
-            f"# c2dtn node {n} on topology {st['topology']} (written by c2dtn node configs)",
-            "[node]", f'id = "{n}"', f'storage = "{(out / n).resolve()}"',
-            f'netns = "{testbed.node_netns(st, n)}"', f"overlay = {'true' if n in overlay_nodes else 'false'}", "",
-            "[agent]", f'kind = "{kind}"',
-        ]
-        # listen on every convergence layer a neighbour uses toward this node
-        schemes = sorted({cla} | {c for _, c in peers.values()})
-        lines += ["listen = [" + ", ".join(f'"{c}://0.0.0.0:{DEFAULT_PORTS[c]}"' for c in schemes) + "]"]
-        lines += (['routing = "epidemic"'] if groups else []) + [""]
-        if kind == "dtn7":
-            lines += ["[agent.dtn7]", f'store = "{store}"', "web_port = 3000", 'janitor = "3s"', ""]
-        for m, (addr, c) in peers.items():
-            lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{DEFAULT_PORTS[c]}"', ""]
-        for m, via in routes:
-            lines += ["[[agent.routes]]", f'to = "{m}"', f'via = "{via}"', ""]
-        if n in overlay_nodes:
-            lines.append("[keys]")
-            for m in overlay_nodes:
-                if m != n:
-                    lines.append(f'{m} = "{keys[frozenset((n, m))]}"')
-            mine = {g: ms for g, ms in groups.items() if n in ms}
-            lines += [f'{g} = "{keys[frozenset((g,))]}"' for g in mine] + [""]
-            if mine:
-                lines += ["[groups]"] + [f"{g} = {json.dumps(list(ms))}" for g, ms in mine.items()] + [""]
-        sched = {}
-        if any_udp:
-            # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose
-            sched = {"aggregate_bytes": 1200}
-            if rated:  # on a radio link a second of linger and ack delay lets several envelopes and acks share a bundle
-                sched.update(linger_ms=1000, ack_delay_ms=1000)
-        elif not rated:
-            # no link with a rate limit anywhere (a LAN): 64 kB bundles, so that 10 kB messages share
-            # them and the BPAs handle a sixth as many (measured: 0.58 -> 0.91 of bare dtnd's throughput);
-            # where a radio is on the way, a big bundle would hold flash traffic behind it for minutes
-            sched = {"aggregate_bytes": 65536}
-        sched.update(scheduler or {})
-        if sched and n in overlay_nodes:
-            lines += ["[scheduler]"] + [f"{k} = {int(v)}" for k, v in sched.items()] + [""]
-        more = extra.get(n, "") if isinstance(extra, dict) else extra  # TOML for every node, or per node
-        if more:
-            lines.append(more)
-        p = out / f"{n}.toml"
-        p.write_text("\n".join(lines) + "\n")
-        p.chmod(0o600)  # holds keys
-        paths[n] = p
+    relay_files = []
+    for k_index, (kind, members) in enumerate(sorted(islands.items())):
+        island = members + ([relay] if relay else [])
+        k_cla, k_per_link = ("udp", False) if kind in UDP_ONLY else (cla, per_link_cla)
+
+        def port(node: str, c: str) -> int:  # the relay's agents take one port each (same namespace)
+            return DEFAULT_PORTS[c] + (k_index if node == relay else 0)
+
+        for n in island:
+            peers: dict[str, tuple[str, str]] = {}  # node -> (address, cla)
+            routes: list[tuple[str, str]] = []
+            for m in island:
+                if m == n:
+                    continue
+                path = node_path(st, n, m)
+                first = next(x for x in path[1:] if x in island)
+                if first == m:
+                    prev = path[path.index(m) - 1]
+                    addr, link_cla = _facing(st, m, prev)
+                    peers[m] = (addr, (link_cla if k_per_link else None) or k_cla)
+                routes.append((m, first))
+            name = f"{n}.{kind}" if n == relay else n
+            lines = [
+                f"# c2dtn node {n} on topology {st['topology']} (written by c2dtn node configs)"
+                + (f": the relay's {kind} island" if n == relay else ""),
+                "[node]", f'id = "{n}"', f'storage = "{(out / name).resolve()}"',
+                f'netns = "{testbed.node_netns(st, n)}"', f"overlay = {'true' if n in overlay_nodes else 'false'}", "",
+                "[agent]", f'kind = "{kind}"',
+            ]
+            # listen on every convergence layer a neighbour uses toward this node
+            schemes = sorted({k_cla} | {c for _, c in peers.values()})
+            lines += ["listen = [" + ", ".join(f'"{c}://0.0.0.0:{port(n, c)}"' for c in schemes) + "]"]
+            lines += (['routing = "epidemic"'] if groups else []) + [""]
+            if kind == "dtn7":
+                lines += ["[agent.dtn7]", f'store = "{store}"', "web_port = 3000", 'janitor = "3s"', ""]
+            for m, (addr, c) in peers.items():
+                lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{port(m, c)}"', ""]
+            for m, via in routes:
+                lines += ["[[agent.routes]]", f'to = "{m}"', f'via = "{via}"', ""]
+            if n in overlay_nodes:
+                lines += _overlay_tables(n, overlay_nodes, keys, groups)
+                far = [m for m in overlay_nodes if m not in island]
+                if far:
+                    lines += ["[relays]"] + [f'{m} = "{relay}"' for m in far] + [""]
+                sched = {}
+                if any_udp:
+                    # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose
+                    sched = {"aggregate_bytes": 1200}
+                    if rated:  # on a radio link a second of linger and ack delay lets several envelopes and acks share a bundle
+                        sched.update(linger_ms=1000, ack_delay_ms=1000)
+                elif not rated:
+                    # no link with a rate limit anywhere (a LAN): 64 kB bundles, so that 10 kB messages share
+                    # them and the BPAs handle a sixth as many (measured: 0.58 -> 0.91 of bare dtnd's throughput);
+                    # where a radio is on the way, a big bundle would hold flash traffic behind it for minutes
+                    sched = {"aggregate_bytes": 65536}
+                sched.update(scheduler or {})
+                if sched:
+                    lines += ["[scheduler]"] + [f"{k} = {int(v)}" for k, v in sched.items()] + [""]
+            more = extra.get(n, "") if isinstance(extra, dict) else extra  # TOML for every node, or per node
+            if more and n != relay:
+                lines.append(more)
+            p = out / f"{name}.toml"
+            p.write_text("\n".join(lines) + "\n")
+            p.chmod(0o600)  # holds keys
+            if n == relay:
+                relay_files.append(p.name)
+            else:
+                paths[n] = p
+    if relay:
+        p = out / f"{relay}.relay.toml"
+        p.write_text(f"# c2dtn relay {relay} on topology {st['topology']} (written by c2dtn node configs)\n"
+                     f'[relay]\nid = "{relay}"\nstorage = "{(out / relay).resolve()}"\n'
+                     f'netns = "{testbed.node_netns(st, relay)}"\n'
+                     "islands = [" + ", ".join(f'"{f}"' for f in relay_files) + "]\n")
+        paths[relay] = p
     return paths
+
+
+def _overlay_tables(n: str, overlay_nodes: list[str], keys: dict[frozenset, str],
+                    groups: dict[str, list[str]]) -> list[str]:
+    """[keys] (one per other overlay node and per group of n's) and [groups] of overlay node n."""
+    lines = ["[keys]"]
+    for m in overlay_nodes:
+        if m != n:
+            lines.append(f'{m} = "{keys[frozenset((n, m))]}"')
+    mine = {g: ms for g, ms in groups.items() if n in ms}
+    lines += [f'{g} = "{keys[frozenset((g,))]}"' for g in mine] + [""]
+    if mine:
+        lines += ["[groups]"] + [f"{g} = {json.dumps(list(ms))}" for g, ms in mine.items()] + [""]
+    return lines
 
 
 # -- [gateway] tables -----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,9 +12,10 @@ from pathlib import Path
 
 from c2dtn.overlay.client import ApiError, NodeClient
 from c2dtn.overlay.config import load_node_config
+from c2dtn.overlay.relay import load_relay_config
 from c2dtn.errors import C2Error
 from c2dtn.overlay.agents.dtn7 import find_dtnd
-from c2dtn.topologies.node_configs import write_configs
+from c2dtn.topologies.node_configs import UDP_ONLY, write_configs
 from c2dtn.topologies import netns
 
 
@@ -28,36 +30,39 @@ def dtnd_missing() -> str | None:
 # the agents the live tests prove the overlay on (each skipped, with its build's error, where
 # it was not built)
 AGENTS = ["dtn7", "ion", "ibrdtn"]
-# ION 4.1.3's TCPCLv3 (tcpcli) asserted in bpDequeue after a refused connection here (a neighbour
-# not yet listening, or restarting after a SIGKILL) and passed no bundle again: ION runs over UDP
-UDP_ONLY = {"ion"}
 
 
 class Nodes:
     def __init__(self, st: dict, bpa: list[str], overlay: list[str], workdir: Path, cla: str = "tcpcl",
                  per_link_cla: bool = True, gateways: dict[str, str] | None = None,
                  groups: dict[str, list[str]] | None = None, scheduler: dict[str, int] | None = None,
-                 agent: str | dict[str, str] = "dtn7"):
+                 agent: str | dict[str, str] = "dtn7", relay: str | None = None):
         """gateways: node -> its [gateway] TOML table; those run `c2dtn gateway run`.
-        groups: group name -> member overlay nodes; scheduler: [scheduler] settings (see write_configs)."""
+        groups: group name -> member overlay nodes; scheduler: [scheduler] settings; agent, relay:
+        one agent, or one per node with a relay between the islands (see write_configs)."""
         self.st = st
         self.gateways = gateways or {}
         self.verbose = False  # debug logs (each bundle handed to the agent) in <node>.node.log
         if isinstance(agent, str) and agent in UDP_ONLY:
             cla, per_link_cla = "udp", False
         self.paths = write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla,
-                                   extra=self.gateways, groups=groups, scheduler=scheduler, agent=agent)
+                                   extra=self.gateways, groups=groups, scheduler=scheduler, agent=agent, relay=relay)
+        self.relay = relay
         self.procs: dict[str, subprocess.Popen] = {}
-        self.sock = {n: load_node_config(p).api_socket for n, p in self.paths.items()}
+        self._log_from: dict[str, int] = {}
+        self.sock = {n: load_node_config(p).api_socket for n, p in self.paths.items() if n != relay}
         self._clients: dict[str, NodeClient] = {}
 
     def cfg(self, n: str):
+        if n == self.relay:
+            return load_relay_config(self.paths[n])
         return load_node_config(self.paths[n])
 
     def start(self, n: str, wait: bool = True) -> None:
         cfg = self.cfg(n)
         log = open(cfg.storage.parent / f"{n}.node.log", "ab")
-        group = "gateway" if n in self.gateways else "node"
+        self._log_from[n] = log.tell()  # where this run's lines begin
+        group = "gateway" if n in self.gateways else "relay" if n == self.relay else "node"
         self.procs[n] = subprocess.Popen([sys.executable, "-m", "c2dtn.cli", group, "run", str(self.paths[n])]
                                          + (["-v"] if self.verbose else []),
                                          stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -69,6 +74,11 @@ class Nodes:
         while time.monotonic() < deadline:
             if self.procs[n].poll() is not None:
                 raise RuntimeError(f"node {n} exited: " + self.log(n)[-2000:])
+            if n == self.relay:  # no API: its log says when every island's agent answers
+                if f" relay {n} up:".encode() in self._log_path(n).read_bytes()[self._log_from.get(n, 0):]:
+                    return
+                time.sleep(0.2)
+                continue
             try:
                 self.client(n).status(timeout=2)
                 return
@@ -76,21 +86,24 @@ class Nodes:
                 time.sleep(0.1)
         raise RuntimeError(f"node {n} not ready in {timeout} s: " + self.log(n)[-2000:])
 
+    def _log_path(self, n: str) -> Path:
+        return self.cfg(n).storage.parent / f"{n}.node.log"
+
     def log(self, n: str) -> str:
-        return (self.cfg(n).storage.parent / f"{n}.node.log").read_text(errors="replace")
+        return self._log_path(n).read_text(errors="replace")
 
     def kill(self, n: str) -> None:
-        """SIGKILL the node process and its agent, as a power cut would."""
+        """SIGKILL the node process and its agent (a relay's agents), as a power cut would."""
         cfg = self.cfg(n)
-        agent_pid = int((cfg.storage / "agent.pid").read_text())
+        stores = [c.storage for c in cfg.islands] if n == self.relay else [cfg.storage]
+        agent_pids = [int((s / "agent.pid").read_text()) for s in stores]
         self.procs[n].kill()
         self.procs[n].wait()
-        try:
-            os.kill(agent_pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for pid in agent_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
-        while netns._alive(agent_pid) and time.monotonic() < deadline:
+        while any(netns._alive(p) for p in agent_pids) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def stop_all(self) -> None:

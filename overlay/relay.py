@@ -1,0 +1,342 @@
+"""The relay between agent islands: one box, one agent per island, bundles carried across.
+
+A BPv6 agent (IBR-DTN) and a BPv7 one (dtn7-rs, ION) cannot exchange bundles, and agents
+of different kinds do not share EID schemes, CLAs or routing; a mission whose nations
+bring different BPAs meets at a relay.  The relay runs one agent per island (each from an
+ordinary node configuration, its own ports and storage) and forwards the overlay's bundle
+payloads between them unchanged:
+
+    [relay]
+    id = "tacnet"
+    storage = "/var/lib/c2dtn/tacnet"          # the relay's durable queue (relay.db)
+    netns = "c2-tacnet"                        # optional
+    islands = ["tacnet.dtn7.toml", "tacnet.ibrdtn.toml"]   # node configs, one per agent kind
+    max_bytes = 268435456                      # optional bound on what it holds
+
+An island's members are the nodes its node configuration names (peers, route targets); a
+route to "*" makes an island the one for every node no island names.  An overlay node of
+one island reaches a node of another by addressing the relay (`[relays] prt-gw = "tacnet"`
+in its node configuration).
+
+Why the relay needs no keys: a container carries its sender in the clear and each sealed
+envelope's map (destination included) in the clear beside its HMAC tag (overlay.envelope);
+the relay reads the destination, never opens or changes anything, and the end nodes check
+the tags with the keys only they share.  Acknowledgements are envelopes too and cross the
+same way, so custody stays end to end: the relay holds a payload durably from the moment
+its agent delivered it until the other island's agent has taken it, and what it loses in a
+crash before its commit the origin sends again.
+
+RelayCore is the I/O-free part (which island a payload goes to, what the queue holds);
+Relay is the asyncio shell that supervises the agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import sqlite3
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cbor2
+
+from c2dtn.errors import C2Error, ConfigError
+from c2dtn.overlay.agent import AgentError
+from c2dtn.overlay.config import NodeConfig, load_node_config
+from c2dtn.overlay.envelope import CONTAINER_VERSION, K_DST, MAX_CONTAINER_BYTES
+from c2dtn.tomlfile import check_name, check_table, read_toml
+
+log = logging.getLogger("c2dtn.relay")
+
+FORWARD_BATCH = 64  # rows taken from the queue per round
+HOLD_S = 3600.0  # what an island's agent has not taken in an hour is dropped (its origin resends)
+
+
+class Unroutable(C2Error):
+    """A payload the relay cannot carry: names why (malformed, unknown destination, a loop)."""
+
+
+@dataclass
+class RelayConfig:
+    source: str
+    id: str
+    storage: Path
+    islands: list[NodeConfig]
+    netns: str | None = None
+    max_bytes: int = 256 << 20
+
+    @property
+    def db(self) -> Path:
+        return self.storage / "relay.db"
+
+
+def load_relay_config(path: str | Path) -> RelayConfig:
+    src = str(path)
+    data = read_toml(path)
+    check_table(src, "(top level)", data, {"relay"}, {"relay"})
+    r = check_table(src, "relay", data["relay"], {"id", "storage", "netns", "islands", "max_bytes"},
+                    {"id", "storage", "islands"})
+    isl = r["islands"]
+    if not isinstance(isl, list) or len(isl) < 2 or not all(isinstance(p, str) for p in isl):
+        raise ConfigError(src, "relay.islands", isl, "must list at least two node configuration files")
+    base = Path(src).parent
+    islands = [load_node_config(p if Path(p).is_absolute() else base / p) for p in isl]
+    kinds = Counter(c.agent for c in islands)
+    dup = next((k for k, n in kinds.items() if n > 1), None)
+    if dup:
+        raise ConfigError(src, "relay.islands", isl, f"two islands run {dup}: one island per agent kind")
+    stores = Counter(c.storage.resolve() for c in islands)
+    if any(n > 1 for n in stores.values()):
+        raise ConfigError(src, "relay.islands", isl, "each island needs its own [node] storage")
+    cfg = RelayConfig(src, check_name(src, "relay.id", r["id"]), Path(str(r["storage"])), islands)
+    if "netns" in r:
+        if not isinstance(r["netns"], str) or not r["netns"]:
+            raise ConfigError(src, "relay.netns", r["netns"], "must be a namespace name")
+        cfg.netns = r["netns"]
+    mb = r.get("max_bytes", cfg.max_bytes)
+    if not isinstance(mb, int) or isinstance(mb, bool) or mb < 1 << 16:
+        raise ConfigError(src, "relay.max_bytes", mb, "must be a whole number of at least 65536")
+    cfg.max_bytes = mb
+    return cfg
+
+
+def island_members(cfg: NodeConfig) -> set[str]:
+    """The nodes an island's node configuration names (its agent reaches them)."""
+    return ({p.node for p in cfg.peers} | {r.to for r in cfg.routes}) - {cfg.id}
+
+
+def payload_destination(payload: bytes) -> str:
+    """The destination node of an overlay bundle payload, read without any key: the first
+    sealed envelope's map (every envelope of a container has the same destination)."""
+    if len(payload) > MAX_CONTAINER_BYTES:
+        raise Unroutable(f"payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
+    try:
+        obj = cbor2.loads(payload)
+        version, sender, envs = obj
+        if version != CONTAINER_VERSION:
+            raise Unroutable(f"container version {version!r}, the relay reads {CONTAINER_VERSION}")
+        mb = envs[0][0]
+        dst = cbor2.loads(mb)[K_DST]
+    except Unroutable:
+        raise
+    except Exception as e:  # cbor2 and the unpacking raise many types on garbage
+        raise Unroutable(f"not an overlay container ({type(e).__name__}: {e})"[:200]) from None
+    if not isinstance(dst, str) or not dst:
+        raise Unroutable(f"destination is not a node id: {dst!r:.60}")
+    return dst
+
+
+@dataclass
+class RelayCore:
+    """Which island a payload goes to, and the durable queue of what waits for an island's
+    agent (SQLite; one row per payload).  No sockets, no clock of its own."""
+
+    members: dict[str, set[str]]  # island -> nodes it reaches (may hold "*")
+    db: sqlite3.Connection
+    max_bytes: int = 256 << 20
+    held_bytes: int = 0
+    counters: Counter = field(default_factory=Counter)
+
+    @classmethod
+    def open(cls, path: Path | str, members: dict[str, set[str]], max_bytes: int = 256 << 20) -> RelayCore:
+        db = sqlite3.connect(str(path), isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("CREATE TABLE IF NOT EXISTS held (id INTEGER PRIMARY KEY AUTOINCREMENT, island TEXT NOT NULL, "
+                   "dst TEXT NOT NULL, payload BLOB NOT NULL, held_ms INTEGER NOT NULL)")
+        db.execute("CREATE INDEX IF NOT EXISTS held_island ON held (island, id)")
+        core = cls(members, db, max_bytes)
+        core.held_bytes = db.execute("SELECT coalesce(sum(length(payload)), 0) FROM held").fetchone()[0]
+        return core
+
+    def route(self, from_island: str, payload: bytes) -> tuple[str, str]:
+        """(island, destination node) for a payload that arrived from `from_island`."""
+        dst = payload_destination(payload)
+        to = next((i for i, m in self.members.items() if dst in m), None)
+        if to is None:
+            to = next((i for i, m in self.members.items() if "*" in m and i != from_island), None)
+        if to is None:
+            raise Unroutable(f"no island reaches node {dst!r} (islands: "
+                             + "; ".join(f"{i}: {', '.join(sorted(m))}" for i, m in self.members.items()) + ")")
+        if to == from_island:
+            raise Unroutable(f"node {dst!r} is in island {from_island}, where the bundle came from (a loop)")
+        return to, dst
+
+    def accept(self, from_island: str, payloads: list[bytes], now_ms: int) -> list[str]:
+        """Queue what arrived from one island, in one commit; returns the islands to wake.
+        A payload that cannot be routed, or that the bound has no room for, is dropped with
+        one log line (its origin sends it again)."""
+        rows = []
+        for p in payloads:
+            try:
+                to, dst = self.route(from_island, p)
+            except Unroutable as e:
+                self.counters["unroutable"] += 1
+                log.warning("dropped a %d-byte bundle from island %s: %s", len(p), from_island, e)
+                continue
+            if self.held_bytes + len(p) > self.max_bytes:
+                self.counters["dropped_full"] += 1
+                log.warning("dropped a %d-byte bundle for %s: the relay holds %d bytes (max_bytes %d)",
+                            len(p), dst, self.held_bytes, self.max_bytes)
+                continue
+            rows.append((to, dst, p, now_ms))
+            self.held_bytes += len(p)
+        if rows:
+            with self.db:
+                self.db.executemany("INSERT INTO held (island, dst, payload, held_ms) VALUES (?, ?, ?, ?)", rows)
+            self.counters["accepted"] += len(rows)
+        return sorted({r[0] for r in rows})
+
+    def take(self, island: str, limit: int = FORWARD_BATCH) -> list[tuple[int, str, bytes, int]]:
+        """The oldest rows waiting for `island`'s agent: (id, dst, payload, held_ms)."""
+        return self.db.execute("SELECT id, dst, payload, held_ms FROM held WHERE island = ? ORDER BY id LIMIT ?",
+                               (island, limit)).fetchall()
+
+    def done(self, rows: list[tuple[int, str, bytes, int]], counter: str = "forwarded") -> None:
+        """The agent took these (or they expired): they leave the queue."""
+        if not rows:
+            return
+        with self.db:
+            self.db.executemany("DELETE FROM held WHERE id = ?", [(r[0],) for r in rows])
+        self.held_bytes -= sum(len(r[2]) for r in rows)
+        self.counters[counter] += len(rows)
+
+    def held(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT island, count(*) FROM held GROUP BY island").fetchall())
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class Relay:
+    """The asyncio shell: a supervisor per island, a receiver and a forwarder per island."""
+
+    def __init__(self, cfg: RelayConfig):
+        from c2dtn.overlay.supervisor import Supervisor
+
+        self.cfg = cfg
+        cfg.storage.mkdir(parents=True, exist_ok=True)
+        # the relay takes each agent's endpoint itself: to the drivers it is the overlay there
+        self.islands = {c.agent: dataclasses.replace(c, overlay=True) for c in cfg.islands}
+        for c in self.islands.values():
+            c.storage.mkdir(parents=True, exist_ok=True)
+        self.core = RelayCore.open(cfg.db, {k: island_members(c) for k, c in self.islands.items()}, cfg.max_bytes)
+        self.sups = {k: Supervisor(c, on_restart=self._restarted(k)) for k, c in self.islands.items()}
+        self.wake = {k: asyncio.Event() for k in self.islands}
+        self._tasks: list[asyncio.Task] = []
+
+    def _restarted(self, island: str):
+        async def again() -> None:
+            agent = self.sups[island].agent
+            await agent.register(agent.endpoint)
+            self.wake[island].set()
+        return again
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            for k, sup in self.sups.items():
+                await sup.start()
+                await sup.agent.start()
+                await sup.agent.register(sup.agent.endpoint)
+            for k in self.islands:
+                self._tasks += [asyncio.create_task(self._receive(k)), asyncio.create_task(self._forward(k))]
+            log.info("relay %s up: %s", self.cfg.id, "; ".join(
+                f"{k} island ({', '.join(sorted(self.core.members[k]))})" for k in self.islands))
+            held = self.core.held()
+            if held:
+                log.info("holding from before: %s", ", ".join(f"{n} for {k}" for k, n in held.items()))
+            await stop.wait()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for sup in self.sups.values():
+            with contextlib.suppress(Exception):
+                await sup.stop()
+        self.core.close()
+
+    async def _receive(self, island: str) -> None:
+        agent = self.sups[island].agent
+        q: asyncio.Queue = asyncio.Queue(maxsize=FORWARD_BATCH)
+
+        async def read() -> None:
+            while True:
+                try:
+                    async for d in agent.deliveries(agent.endpoint):
+                        await q.put(d.payload)
+                except AgentError as e:  # the agent is restarting: its supervisor brings it back
+                    log.warning("island %s: %s", island, e)
+                    await asyncio.sleep(1.0)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                batch = [await q.get()]
+                while not q.empty() and len(batch) < FORWARD_BATCH:
+                    batch.append(q.get_nowait())
+                try:
+                    for to in self.core.accept(island, batch, int(time.time() * 1000)):
+                        self.wake[to].set()
+                except sqlite3.Error:  # a full disk: the origins send again; the relay carries on
+                    log.exception("could not queue %d bundles from island %s", len(batch), island)
+        finally:
+            reader.cancel()
+
+    async def _forward(self, island: str) -> None:
+        agent = self.sups[island].agent
+        backoff = 0.5
+        while True:
+            rows = self.core.take(island)
+            if not rows:
+                self.wake[island].clear()
+                await self.wake[island].wait()
+                continue
+            now = int(time.time() * 1000)
+            old = [r for r in rows if now - r[3] > HOLD_S * 1000]
+            self.core.done(old, "expired")
+            sent = []
+            try:
+                for r in rows:
+                    if r in old:
+                        continue
+                    await agent.send(r[1], agent.endpoint, r[2], lifetime_s=HOLD_S)
+                    sent.append(r)
+                backoff = 0.5
+            except AgentError as e:  # the agent is down or refuses: keep the rest, try again
+                log.warning("island %s: %s; %d bundles wait (retrying in %.1f s)", island, e, len(rows) - len(sent),
+                            backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(10.0, backoff * 2)
+            finally:
+                self.core.done(sent)
+
+
+def run_relay(cfg: RelayConfig) -> None:
+    import signal
+
+    if cfg.netns:
+        from pyroute2 import netns
+
+        netns.setns(cfg.netns)  # the whole process, before any thread or socket exists
+    with contextlib.suppress(ImportError):  # cosmetic only
+        import setproctitle
+
+        setproctitle.setproctitle(f"c2relay {cfg.id}")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for s in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(s, stop.set)
+        await Relay(cfg).run(stop)
+
+    asyncio.run(main())

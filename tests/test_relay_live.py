@@ -1,0 +1,70 @@
+"""Two agent islands joined by a relay, on real daemons: nps-chain with dtn7-rs on gw1 and
+r2 (BPv7), IBR-DTN on gw4 (BPv6), and the relay on r3 running one of each.  The r2=r3
+radio link (cnr-tactical-2) is cut; the relay is SIGKILLed while it is."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from c2dtn.overlay.agents import agent_class
+from c2dtn.topologies import testbed
+from c2dtn.topologies.nodes import Nodes
+from tests.test_overlay_live import collect, outage
+
+KINDS = {"gw1": "dtn7", "r2": "dtn7", "gw4": "ibrdtn"}
+BPA = ["gw1", "r2", "r3", "gw4"]
+_why = next((f"{k}: {w}" for k in ("dtn7", "ibrdtn") if (w := agent_class(k).missing())), None)
+
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(_why is not None, reason=str(_why))]
+
+
+@pytest.fixture
+def islands(tmp_path):
+    testbed.down()
+    st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=12)
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", agent=KINDS, relay="r3")
+    try:
+        for n in BPA:
+            nodes.start(n, wait=False)
+        for n in BPA:
+            nodes.wait_ready(n, timeout=60)
+        yield nodes
+    finally:
+        nodes.stop_all()
+        testbed.down()
+
+
+def _send(nodes: Nodes, src: str, dst: str, n: int) -> list[int]:
+    out = []
+    for i in range(n):
+        out.append(nodes.send(src, dst, f"{src} order {i:03d} ".encode() + bytes(24)))
+        if i % 20 == 19:
+            time.sleep(1)
+    return out
+
+
+def _assert_once_in_order(nodes: Nodes, at: str, sent: list[int]) -> None:
+    got = collect(nodes, at, len(sent), timeout=300, progress=f"at {at}")
+    seqs = [d["seq"] for d in got]
+    assert len(seqs) == len(set(seqs)), f"something reached {at} twice"
+    assert sorted(seqs) == sorted(sent), f"{at} misses {sorted(set(sent) - set(seqs))[:10]}"
+    assert seqs == sorted(seqs), f"out of order at {at}"
+
+
+def test_both_ways_across_the_relay_through_an_outage_and_a_relay_killed_in_it(islands):
+    nodes = islands
+    cut = outage(2, 40)
+    to_gw4 = _send(nodes, "gw1", "gw4", 100)  # BPv7 -> relay -> BPv6, into the cut
+    to_gw1 = _send(nodes, "gw4", "gw1", 60)  # BPv6 -> relay (its bundles wait there) -> BPv7
+    time.sleep(3)
+    nodes.kill("r3")  # the relay and both its agents, as a power cut would, while the link is down
+    time.sleep(2)
+    nodes.start("r3")
+    cut.join()
+    _assert_once_in_order(nodes, "gw4", to_gw4)
+    _assert_once_in_order(nodes, "gw1", to_gw1)
+    relay_log = nodes.log("r3")
+    assert relay_log.count("relay r3 up: dtn7 island (gw1, r2); ibrdtn island (gw4)") == 2
+    assert "dropped" not in relay_log
