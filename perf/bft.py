@@ -17,6 +17,8 @@ Topologies:
                 across the links (nps-chain: h1's units straight to h4's broker).  The 8 units of
                 a nation run in one process in the namespace of its unit 1 (the units
                 share the nation's unlimited LAN, so this changes nothing on the links).
+  fmn-4nations-mixed  fmn-4nations with a BPA per nation (DEU, USA dtn7-rs; NOR ION; PRT
+                IBR-DTN) and the relay at tacnet: each report goes to each other nation's gateway.
                 The gateways form one overlay group ("fmn"): a report crosses its nation's
                 link once and fans out at tacnet (dtnd epidemic routing).
 
@@ -53,6 +55,7 @@ from rich.console import Console
 from rich.table import Table
 
 from c2dtn.topologies.broker import start_mosquitto
+from c2dtn.topologies.node_configs import topology_agents
 from c2dtn.topologies.nodes import Nodes
 from c2dtn.topologies import testbed
 from c2dtn.perf.plots import pyplot, save_figure
@@ -61,7 +64,7 @@ from c2dtn.perf.runs import run_dir
 console = Console(width=None if sys.stdout.isatty() else 150)
 MODES = ("overlay", "mqtt-bridge")  # what perf bft and perf matrix run unless told
 ALL_MODES = MODES + ("mqtt-single",)
-TOPOLOGIES = ("nps-chain", "fmn-2nations", "fmn-4nations")
+TOPOLOGIES = ("nps-chain", "fmn-2nations", "fmn-4nations", "fmn-4nations-mixed")
 REPORT_FILTER = "/+/+/+/location"
 GROUP = "fmn"  # the overlay group of the nations' gateways
 
@@ -169,13 +172,18 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
         procs.append(start_mosquitto(f"c2-{n}-broker", workdir / f"broker-{n}", brokers[n], extra=extra))
     if mode == "overlay":
         # the nations' gateways form one group: a report crosses its nation's uplink once and
-        # fans out at tacnet (see README, "Groups")
+        # fans out at tacnet (see README, "Groups"); where the nations run different agents
+        # (fmn-4nations-mixed), which have no common group endpoints, each report goes to each
+        # other nation's gateway, through the relay at tacnet
         gws = [f"{n}-gw" for n in nations]
+        mixed = topology_agents(st)[1] is not None
+        peers = {g: [x for x in gws if x != g] if mixed else [GROUP] for g in gws}
         tables = {f"{n}-gw": (f'[gateway]\n\n[gateway.bridge]\nbroker = "{brokers[n]}:1883"\n'
-                              f'peers = ["{GROUP}"]\nout = ["{REPORT_FILTER}"]\n'
+                              f'peers = {json.dumps(peers[f"{n}-gw"])}\nout = ["{REPORT_FILTER}"]\n'
                               f"qos = {plan.qos}\n\n" + _topic_rule()) for n in nations}
         routers = [n for n, v in st["nodes"].items() if v.get("role") == "router"]
-        nodes = Nodes(st, gws + routers, gws, workdir / "nodes", gateways=tables, groups={GROUP: gws})
+        nodes = Nodes(st, gws + routers, gws, workdir / "nodes", gateways=tables,
+                      groups=None if mixed else {GROUP: gws})
     pubs = [(f"{n}-u1", n.upper(), brokers[main if mode == "mqtt-single" else n], REPORT_FILTER) for n in nations]
     receivers = [(f"{n.upper()}-S{u:03d}", n.upper()) for n in nations for u in range(1, plan.units + 1)]
     return Setup(procs, nodes, pubs, receivers, [], (f"{main}-gw", "tacnet"), dil, mode == "overlay")

@@ -121,7 +121,8 @@ def _outage(ctx, param, value: str):
 
 
 @perf.command("bft")
-@click.option("--topology", type=click.Choice(["nps-chain", "fmn-2nations", "fmn-4nations"]), default="nps-chain",
+@click.option("--topology", type=click.Choice(["nps-chain", "fmn-2nations", "fmn-4nations", "fmn-4nations-mixed"]),
+              default="nps-chain", help="fmn-4nations-mixed: a different BPA per nation, a relay at tacnet",
               show_default=True)
 @click.option("--profile", default="cnr-tactical-2", show_default=True,
               help="profile of the emulated links (nps-chain: r2-r3; fmn: each nation's)")

@@ -11,7 +11,7 @@ from c2dtn.topologies.model import builtin_names, load
 
 
 def test_every_shipped_topology_loads():
-    assert set(builtin_names()) == {"nps-chain", "fmn-2nations", "fmn-4nations", "platoons"}
+    assert set(builtin_names()) == {"nps-chain", "fmn-2nations", "fmn-4nations", "fmn-4nations-mixed", "platoons"}
     for name in builtin_names():
         t = load(name)
         assert t.nodes and t.links
@@ -141,3 +141,21 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "c2dtn.cli", "topo", "up", "nps-chain", "--link-backend", "magic"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "magic" in r.stderr
+
+
+def test_a_topology_names_each_nodes_agent_and_its_relay(tmp_path):
+    from c2dtn.errors import ConfigError
+    from c2dtn.topologies import testbed
+    from c2dtn.topologies.node_configs import topology_agents
+
+    mixed = load("fmn-4nations-mixed")
+    assert {n: v.agent for n, v in mixed.nodes.items() if v.agent} == {
+        "tacnet": "relay", "deu-gw": "dtn7", "nor-gw": "ion", "prt-gw": "ibrdtn", "usa-gw": "dtn7"}
+    assert topology_agents(testbed.state_of(mixed, "userspace")) == (
+        {"deu-gw": "dtn7", "nor-gw": "ion", "prt-gw": "ibrdtn", "usa-gw": "dtn7"}, "tacnet")
+    assert topology_agents(testbed.state_of(load("fmn-4nations"), "userspace")) == ({}, None)
+    bad = tmp_path / "t.toml"
+    bad.write_text('name = "t"\n[[nodes]]\nname = "a"\nagent = "spindle"\n[[nodes]]\nname = "b"\n'
+                   '[[links]]\na = "a"\nb = "b"\n')
+    with pytest.raises(ConfigError, match=r"nodes\[0\]\.agent.*'spindle'.*unknown agent"):
+        load(str(bad))

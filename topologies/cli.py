@@ -277,7 +277,7 @@ def _pairs(opt: str, values: tuple[str, ...]) -> dict[str, str]:
 def node_configs_cmd(bpa: str, overlay_nodes: str, cla: str, store: str, out_dir: str, gateways: str,
                      tproxy: str, listen: tuple[str, ...], bridge: tuple[str, ...], topics: tuple[str, ...]) -> None:
     """Write node configurations (and [gateway] tables) for the running testbed topology."""
-    from c2dtn.topologies.node_configs import TopicSpec, gateway_tables, write_configs
+    from c2dtn.topologies.node_configs import TopicSpec, gateway_tables, topology_agents, write_configs
 
     st = testbed.read_state()
     if st is None:
@@ -286,6 +286,10 @@ def node_configs_cmd(bpa: str, overlay_nodes: str, cla: str, store: str, out_dir
     ov = split(overlay_nodes)
     tables = gateway_tables(st, ov, split(gateways), split(tproxy), _pairs("--listen", listen),
                             _pairs("--bridge", bridge), [TopicSpec.parse(t) for t in topics])
-    paths = write_configs(st, split(bpa), ov, out_dir, cla, store, extra=tables)
+    agents, relay = topology_agents(st)  # the agents the topology's nodes name (dtn7 where none)
+    bpa_nodes = split(bpa)
+    relay = relay if relay in bpa_nodes else None
+    paths = write_configs(st, bpa_nodes, ov, out_dir, cla, store, extra=tables, agent=agents, relay=relay)
     for n, p in paths.items():
-        click.echo(f"{n}: {p}" + ("  (run it with: c2dtn gateway run)" if n in tables else ""))
+        run = "c2dtn gateway run" if n in tables else "c2dtn relay run" if n == relay else "c2dtn node run"
+        click.echo(f"{n}: {p}  (run it with: {run})")

@@ -10,6 +10,8 @@ A topology file looks like:
     [[nodes]]
     name = "h1"
     role = "host"                  # host | gateway | router | broker
+    agent = "ion"                  # optional: the BPA this node runs (dtn7 if none is named);
+                                   #   "relay": one agent per island of neighbours (overlay.relay)
 
     [[links]]                      # a point-to-point link, emulated by default
     a = "r2"
@@ -71,6 +73,7 @@ class Iface:
 class Node:
     name: str
     role: str
+    agent: str | None = None  # the BPA it runs where the topology names one ("relay": one per island)
     ifaces: list[Iface] = field(default_factory=list)
     routes: list[tuple[str, str]] = field(default_factory=list)  # (destination subnet, gateway address)
 
@@ -235,7 +238,7 @@ def load(name_or_file: str, profile_override: str | None = None,
         raise ConfigError(src, "nodes", raw_nodes, "must be a non-empty array of [[nodes]] tables")
     for i, n in enumerate(raw_nodes):
         where = f"nodes[{i}]"
-        check_table(src, where, n, {"name", "role"}, {"name"})
+        check_table(src, where, n, {"name", "role", "agent"}, {"name"})
         nm = check_name(src, f"{where}.name", n["name"])
         if len(f"{PREFIX}-{nm}") > 40:
             raise ConfigError(src, f"{where}.name", nm, "too long")
@@ -244,7 +247,13 @@ def load(name_or_file: str, profile_override: str | None = None,
         role = n.get("role", "host")
         if role not in ROLES:
             raise ConfigError(src, f"{where}.role", role, "unknown role", "roles: " + ", ".join(ROLES))
-        nodes[nm] = Node(nm, role)
+        agent = n.get("agent")
+        if agent is not None:
+            from c2dtn.overlay.agents import kinds
+
+            if agent not in kinds() + ["relay"]:
+                raise ConfigError(src, f"{where}.agent", agent, "unknown agent", "agents: " + ", ".join(kinds() + ["relay"]))
+        nodes[nm] = Node(nm, role, agent)
 
     def node_ref(where: str, v: Any) -> str:
         if v not in nodes:

@@ -43,6 +43,17 @@ def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | Non
 UDP_ONLY = {"ion"}
 
 
+def topology_agents(st: dict[str, Any]) -> tuple[dict[str, str], str | None]:
+    """The BPA the topology names per node (a node it names none for runs dtn7), and its
+    relay node (`agent = "relay"`), if it has one."""
+    named = {n: v["agent"] for n, v in st["nodes"].items() if v.get("agent")}
+    relays = sorted(n for n, a in named.items() if a == "relay")
+    if len(relays) > 1:
+        raise ConfigError(st.get("source", st["topology"]), "nodes.agent", ", ".join(relays),
+                          "one relay node per topology: islands meet there")
+    return {n: a for n, a in named.items() if a != "relay"}, (relays[0] if relays else None)
+
+
 def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
                   cla: str = "tcpcl", store: str = "sled", extra: str | dict[str, str] = "",
                   per_link_cla: bool = True, groups: dict[str, list[str]] | None = None,

@@ -15,7 +15,7 @@ from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.relay import load_relay_config
 from c2dtn.errors import C2Error
 from c2dtn.overlay.agents.dtn7 import find_dtnd
-from c2dtn.topologies.node_configs import UDP_ONLY, write_configs
+from c2dtn.topologies.node_configs import UDP_ONLY, topology_agents, write_configs
 from c2dtn.topologies import netns
 
 
@@ -36,10 +36,14 @@ class Nodes:
     def __init__(self, st: dict, bpa: list[str], overlay: list[str], workdir: Path, cla: str = "tcpcl",
                  per_link_cla: bool = True, gateways: dict[str, str] | None = None,
                  groups: dict[str, list[str]] | None = None, scheduler: dict[str, int] | None = None,
-                 agent: str | dict[str, str] = "dtn7", relay: str | None = None):
+                 agent: str | dict[str, str] | None = None, relay: str | None = None):
         """gateways: node -> its [gateway] TOML table; those run `c2dtn gateway run`.
         groups: group name -> member overlay nodes; scheduler: [scheduler] settings; agent, relay:
-        one agent, or one per node with a relay between the islands (see write_configs)."""
+        one agent, or one per node with a relay between the islands (see write_configs); by default
+        what the topology's nodes name (`agent = ...`, dtn7 where none), its relay if it runs a BPA."""
+        if agent is None:
+            agent, named_relay = topology_agents(st)
+            relay = relay or (named_relay if named_relay in bpa else None)
         self.st = st
         self.gateways = gateways or {}
         self.verbose = False  # debug logs (each bundle handed to the agent) in <node>.node.log

@@ -300,7 +300,7 @@ def state_of(topo: Topology, backend: str) -> dict[str, Any]:
         links_state[link.name] = ls
     st: dict[str, Any] = {
         "topology": topo.name, "source": topo.source, "backend": backend,
-        "nodes": {n.name: {"role": n.role, "netns": n.netns,
+        "nodes": {n.name: {"role": n.role, "netns": n.netns, "agent": n.agent,
                            "ifaces": [{"name": i.name, "address": i.address, "prefixlen": i.prefixlen,
                                        "attached": i.attached} for i in n.ifaces],
                            "routes": n.routes} for n in topo.nodes.values()},
