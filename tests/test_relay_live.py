@@ -55,7 +55,7 @@ def _assert_once_in_order(nodes: Nodes, at: str, sent: list[int]) -> None:
 
 def test_both_ways_across_the_relay_through_an_outage_and_a_relay_killed_in_it(islands):
     nodes = islands
-    cut = outage(2, 40)
+    cut = outage(2, 30)
     to_gw4 = _send(nodes, "gw1", "gw4", 100)  # BPv7 -> relay -> BPv6, into the cut
     to_gw1 = _send(nodes, "gw4", "gw1", 60)  # BPv6 -> relay (its bundles wait there) -> BPv7
     time.sleep(3)
