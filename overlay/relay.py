@@ -238,10 +238,7 @@ class Relay:
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
-            for k, sup in self.sups.items():
-                await sup.start()
-                await sup.agent.start()
-                await sup.agent.register(sup.agent.endpoint)
+            await asyncio.gather(*(self._start(sup) for sup in self.sups.values()))  # agents start side by side
             for k in self.islands:
                 self._tasks += [asyncio.create_task(self._receive(k)), asyncio.create_task(self._forward(k))]
             log.info("relay %s up: %s", self.cfg.id, "; ".join(
@@ -252,6 +249,12 @@ class Relay:
             await stop.wait()
         finally:
             await self.close()
+
+    @staticmethod
+    async def _start(sup) -> None:
+        await sup.start()
+        await sup.agent.start()
+        await sup.agent.register(sup.agent.endpoint)
 
     async def close(self) -> None:
         for t in self._tasks:

@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from c2dtn.overlay.agents import agent_class
-from c2dtn.topologies.nodes import AGENTS, UDP_ONLY, Nodes  # noqa: F401  (AGENTS: the CLI's choices)
+from c2dtn.topologies.nodes import UDP_ONLY, Nodes
 from c2dtn.perf.dtnd_client import result as _result
 from c2dtn.perf.dtnd_client import spawn as _client
 from c2dtn.topologies import testbed

@@ -197,9 +197,10 @@ def matrix_cmd(quick: bool, duration: float | None, drain: float | None, qos: in
 
 
 def _list(value: str, known, what: str, hint: str) -> list[str]:
+    """The comma-separated items of an option, each one of `known` (None: anything)."""
     items = [x.strip() for x in value.split(",") if x.strip()]
     for x in items:
-        if x not in known:
+        if known is not None and x not in known:
             raise click.BadParameter(f"unknown {what} {x!r}; choose from {', '.join(known)}", param_hint=hint)
     if not items:
         raise click.BadParameter(f"no {what} given", param_hint=hint)
@@ -227,6 +228,7 @@ def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, wi
     """Bundle throughput and round trip per agent x CLA x profile x size (fresh daemons per run)."""
     from c2dtn.errors import ConfigError
     from c2dtn.perf import bundles_bench as b
+    from c2dtn.topologies.nodes import AGENTS
     from c2dtn.topologies.profiles import load_builtin_profiles
 
     lib = load_builtin_profiles()
@@ -236,11 +238,16 @@ def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, wi
             lib.get(x, "--profiles", "profile")
         except ConfigError as e:
             raise click.BadParameter(str(e), param_hint="--profiles") from None
-    agent_list = _list(agents, b.AGENTS, "agent", "--agents")
-    cla_list = [x.strip() for x in clas.split(",") if x.strip()]
-    _list(",".join(x.rpartition(":")[2] for x in cla_list), b.CLAS, "CLA", "--cla")
-    _list(",".join(x.rpartition(":")[0] for x in cla_list if ":" in x) or agent_list[0], agent_list,
-          "agent (of AGENT:CLA; not in --agents)", "--cla")
+    agent_list = _list(agents, AGENTS, "agent", "--agents")
+    cla_list = _list(clas, None, "CLA", "--cla")
+    for item in cla_list:  # CLA or AGENT:CLA
+        agent, _, cla = item.rpartition(":")
+        if cla not in b.CLAS:
+            raise click.BadParameter(f"unknown CLA {cla!r} in {item!r}; choose from {', '.join(b.CLAS)}",
+                                     param_hint="--cla")
+        if agent and agent not in agent_list:
+            raise click.BadParameter(f"agent {agent!r} of {item!r} is not in --agents ({', '.join(agent_list)})",
+                                     param_hint="--cla")
     b.main(agent_list, cla_list, ps,
            _list(sizes, list(b.SIZES), "size", "--sizes"), runs, window, budget, outage, outage_runs)
 

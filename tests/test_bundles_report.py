@@ -3,6 +3,7 @@
 import json
 
 import matplotlib.image as mpimg
+import pytest
 
 from c2dtn.perf import bundles_bench as b
 
@@ -164,3 +165,18 @@ def test_report_has_the_outage_table_its_plot_and_seed_002_beside_our_round_trip
     tp, rt = json.loads((tmp_path / "plot.json").read_text())  # seed 002's figures drawn beside ours
     assert next(x for x in tp["series"] if x["label"].startswith("seed 002: ION at 1 MB"))["y"] == [100e3]
     assert next(x for x in rt["series"] if x["label"].startswith("seed 002: IBR-DTN"))["y"] == [10.0, 10.0]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--cla", "ion:tcpx", "--agents", "ion"], "unknown CLA 'tcpx' in 'ion:tcpx'"),
+    (["--agents", "dtn7", "--cla", "ion:udp"], "agent 'ion' of 'ion:udp' is not in --agents (dtn7)"),
+    (["--agents", "dtn7,spindle"], "unknown agent 'spindle'"),
+    (["--cla", ",,"], "no CLA given"),
+])
+def test_bad_agents_and_clas_are_named_before_anything_runs(args, says):
+    from click.testing import CliRunner
+
+    from c2dtn.cli import cli
+
+    res = CliRunner().invoke(cli, ["perf", "bundles", *args])
+    assert res.exit_code == 2 and says in res.output, res.output
