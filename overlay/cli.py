@@ -30,14 +30,19 @@ def node() -> None:
 @click.option("-v", "--verbose", is_flag=True)
 def run_cmd(config: str, verbose: bool) -> None:
     """Run the node described by CONFIG until SIGTERM or Ctrl-C."""
-    import logging
-
     from c2dtn.overlay.node import run_node
 
     cfg = load_node_config(config)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s")
+    _log_as(cfg.id, verbose)
     run_node(cfg)
+
+
+def _log_as(node_id: str, verbose: bool) -> None:
+    """A daemon's log lines, each naming its node."""
+    import logging
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format=f"%(asctime)s {node_id} %(name)s %(levelname)s %(message)s")
 
 
 @node.command("status")
@@ -142,11 +147,8 @@ def relay() -> None:
 @click.option("-v", "--verbose", is_flag=True)
 def relay_run_cmd(config: str, verbose: bool) -> None:
     """Run the relay CONFIG describes (one agent per island) until SIGTERM or Ctrl-C."""
-    import logging
-
     from c2dtn.overlay.relay import load_relay_config, run_relay
 
     cfg = load_relay_config(config)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s")
+    _log_as(cfg.id, verbose)
     run_relay(cfg)

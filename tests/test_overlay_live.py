@@ -20,11 +20,16 @@ BPA = ["gw1", "r2", "r3", "gw4"]
 def _chain(tmp_path, agent: str = "dtn7"):
     testbed.down()
     st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=11)
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", agent=agent)
+    yield from running(Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", agent=agent))
+
+
+def running(nodes: Nodes):
+    """Start every node of `nodes` side by side, yield them once all answer, stop them and the
+    testbed after."""
     try:
-        for n in BPA:
+        for n in nodes.paths:
             nodes.start(n, wait=False)
-        for n in BPA:
+        for n in nodes.paths:
             nodes.wait_ready(n, timeout=60)
         yield nodes
     finally:

@@ -11,7 +11,7 @@ import pytest
 from c2dtn.overlay.agents import agent_class
 from c2dtn.topologies import testbed
 from c2dtn.topologies.nodes import Nodes
-from tests.test_overlay_live import collect, outage
+from tests.test_overlay_live import collect, outage, running
 
 KINDS = {"gw1": "dtn7", "r2": "dtn7", "gw4": "ibrdtn"}
 BPA = ["gw1", "r2", "r3", "gw4"]
@@ -24,16 +24,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.skipif(_why is not None, reason=str
 def islands(tmp_path):
     testbed.down()
     st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=12)
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", agent=KINDS, relay="r3")
-    try:
-        for n in BPA:
-            nodes.start(n, wait=False)
-        for n in BPA:
-            nodes.wait_ready(n, timeout=60)
-        yield nodes
-    finally:
-        nodes.stop_all()
-        testbed.down()
+    yield from running(Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", agent=KINDS, relay="r3"))
 
 
 def _send(nodes: Nodes, src: str, dst: str, n: int) -> list[int]:
