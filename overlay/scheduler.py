@@ -178,7 +178,8 @@ class Scheduler:
     def _tail_probes(self, now_ms: int) -> set[int]:
         """Tail loss probe (after RFC 8985): when nothing was sent to a destination and no ack
         came from it for two minimum round trips (plus the ack delay), while it still lacks
-        something, resend the oldest thing it lacks now.  Fast retransmission needs a later
+        something, resend the oldest thing it lacks now (once acks came but before a round
+        trip is measured, the shortest retransmission timeout stands for the two round trips).  Fast retransmission needs a later
         envelope to arrive; at the end of a burst (or for a lost retransmission) there is none,
         and the timer, inflated by an outage's round trips and doubled per attempt, can run
         for minutes while the receiver holds the envelopes behind the gap.  While no ack shows
@@ -195,9 +196,17 @@ class Scheduler:
             first = lacking[0]
             if p.last_sent_ms is None:
                 p.last_sent_ms = self.store.last_sent_ms(dst)
-            if p.min_rtt_ms is None:
-                continue  # no round trip measured yet (a node that just started): its timers decide
-            base = 2 * p.min_rtt_ms + self.cfg.ack_delay_ms + 200
+            if p.min_rtt_ms is not None:
+                base = 2 * p.min_rtt_ms + self.cfg.ack_delay_ms + 200
+            elif p.last_ack_ms > 0:
+                # acks came, but no round trip is measured: a node that started into an outage,
+                # whose acks since were all for resent envelopes (Karn's rule takes no sample
+                # from them).  The shortest retransmission timeout stands in for the round trip;
+                # without it, an envelope lost again after the outage waits out its doubled
+                # timer (minutes) while the receiver holds everything behind it.
+                base = self.cfg.min_rto_ms
+            else:
+                continue  # nothing heard from it yet (a node that just started): its timers decide
             at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** p.probes)))
             if at > now_ms:
                 self._probe_at[dst] = at

@@ -428,6 +428,37 @@ def test_after_a_long_outage_delivery_resumes_within_half_a_minute_not_the_backe
     assert last - 640_000 <= 35_000, f"the last envelope arrived {last - 640_000} ms after the link came back"
 
 
+def test_a_node_that_started_into_an_outage_resends_a_twice_lost_envelope_in_seconds_not_its_doubled_timer(tmp_path):
+    """The live near-subscriber failure (CI, 2026-11-23): a gateway sends its first envelopes into
+    an outage, so every ack it ever gets is for a resent one and Karn's rule leaves it without a
+    round trip.  One envelope is lost again after the link is back: the receiver holds all that
+    follow it, and the sender must not wait out its doubled timer (about 5 minutes here) to send it
+    again: tail probes, 20 s after the last ack and then every 30 s, bring it in 85 s after the link
+    is back (the first resend waits for the 60 s initial timer)."""
+    cfg = SchedulerConfig(aggregate_bytes=1)  # one envelope per bundle, so one can be lost alone
+    a = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+
+    class LoseSeven(Net):
+        copies = 0
+
+        def send(self, out, now):
+            for o in out:
+                if 7 in o.seqs and self.copies < 3:  # the first copy goes into the outage
+                    self.copies += 1
+                    continue
+                super().send([o], now)
+
+    net = LoseSeven(delay_ms=200)
+    net.down = [(0, 30_000)]
+    acts = [(2_000 + 100 * i, lambda t, i=i: a.submit("gw1", b"news %d" % i, t)) for i in range(20)]
+    got = run({"gw4": a, "gw1": b}, net, 300_000, actions=acts)["gw1"]
+    assert [d.body for d in got] == [b"news %d" % i for i in range(20)]
+    assert net.copies == 3 and a.sched.paths["gw1"].min_rtt_ms is None  # the case above, not an easier one
+    last = max(d.received_ms for d in got)
+    assert last - 30_000 <= 90_000, f"the last envelope arrived {last - 30_000} ms after the link came back"
+
+
 class Reordering(Net):
     """Every second bundle overtakes the one before it by 30 ms (a BPA that forwards out of order)."""
 
