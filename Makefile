@@ -37,7 +37,7 @@ demo: deps
 
 # -v: each test's name as it starts (the live tests take minutes each), and the suite's progress
 test: deps
-	$(BIN)/pytest -ra -v --durations=10
+	$(BIN)/pytest -ra -v --durations=30
 
 deps: apt venv tools bpas
 

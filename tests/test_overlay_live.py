@@ -92,6 +92,10 @@ def assert_all_once_in_order(nodes: Nodes, sent: list[int]) -> None:
     assert seqs == sorted(seqs), "out of order within the class"
 
 
+# dtn7-rs alone: the other agents run the kill test below, which sends the same steady stream
+# into the same 60 s outage and asserts the same (all, once, in order) with a crash on top
+# (running both per agent cost CI almost 4 minutes)
+@pytest.mark.parametrize("agent_chain", ["dtn7"], indirect=True)
 def test_500_envelopes_across_a_60s_outage_exactly_once_in_order(agent_chain):
     cut = outage(10, 60)
     sent = send_orders(agent_chain, 0, 500, pause_every=50, pause_s=2)  # a steady stream into the outage
