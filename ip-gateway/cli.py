@@ -12,7 +12,7 @@ from c2dtn.errors import ConfigError
 
 @click.group()
 def gateway() -> None:
-    """MQTT split-session gateway over the overlay (explicit listener or TPROXY interception)."""
+    """MQTT and CoAP split-session gateway over the overlay (explicit listeners, or TPROXY interception of MQTT)."""
 
 
 def _load(config: str):
@@ -31,7 +31,7 @@ def _load(config: str):
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("-v", "--verbose", is_flag=True, help="debug logging (every bundle handed to the agent)")
 def run_cmd(config: str, verbose: bool) -> None:
-    """Run the node with its MQTT gateway until SIGTERM."""
+    """Run the node with its MQTT gateway (and CoAP gateway, with [gateway.coap]) until SIGTERM."""
     import logging
 
     from c2dtn.ip_gateway.gateway import MqttGateway
@@ -39,7 +39,12 @@ def run_cmd(config: str, verbose: bool) -> None:
 
     cfg, gcfg = _load(config)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s")
-    run_node(cfg, [lambda node: MqttGateway(node, gcfg)])
+    gateways = [lambda node: MqttGateway(node, gcfg)]
+    if gcfg.coap is not None:
+        from c2dtn.ip_gateway.coap import CoapGateway
+
+        gateways.append(lambda node: CoapGateway(node, gcfg))
+    run_node(cfg, gateways)
 
 
 @gateway.command("status")

@@ -1,4 +1,4 @@
-"""Gateway policy (I/O-free): which gateway serves which brokers, and what crosses the link.
+"""Gateway policy (I/O-free): which gateway serves which brokers and servers, and what crosses the link.
 
     [gateway]
     listen = "0.0.0.0:1883"        # explicit listener: clients point here ...
@@ -23,6 +23,16 @@
     in = ["/+/+/+/location"]       # filters accepted from peers and published here (default: out)
     qos = 1                        # QoS of the bridge's subscriptions (0-2)
     client_id = "c2bridge-gw1"     # default: c2bridge-<node id>
+
+    [gateway.coap]                 # the CoAP gateway (an empty table: far side only)
+    listen = "0.0.0.0:5683"        # explicit listener: clients send here ...
+    server = "10.77.9.2:5683"      # ... and mean this server
+
+    [[gateway.coap.resource]]      # first match wins; a request that matches none stays local (4.03)
+    path = "/orders/*"             # shell-style pattern on the Uri-Path ("*" also spans "/")
+    priority = "immediate"
+    lifetime = 3600                # seconds
+    allow = true                   # false: answered here with 4.03 Forbidden
 
 In bridge mode, too, a publication crosses only if a [[gateway.topic]] rule releases
 it (and that rule gives its priority, lifetime and supersession).
@@ -95,6 +105,13 @@ class BridgeConfig:
 
 
 @dataclass
+class CoapConfig:
+    listen: tuple[str, int] | None = None
+    server: tuple[str, int] | None = None
+    resources: list = field(default_factory=list)  # coap_core.ResourceRule, first match wins
+
+
+@dataclass
 class GatewayConfig:
     listen: tuple[str, int] | None = None
     broker: tuple[str, int] | None = None
@@ -103,6 +120,7 @@ class GatewayConfig:
     policy: Policy = field(default_factory=Policy)
     max_packet_size: int = 1 << 20
     bridge: BridgeConfig | None = None
+    coap: CoapConfig | None = None
 
 
 def _hostport(src: str, where: str, v: Any) -> tuple[str, int]:
@@ -150,9 +168,50 @@ def parse_bridge(src: str, raw: Any) -> BridgeConfig:
                         _filters(src, "gateway.bridge.in", b["in"]) if "in" in b else out, qos, cid)
 
 
+def _priority(src: str, where: str, v: Any) -> Priority:
+    try:
+        return Priority.parse(v)
+    except ValueError as e:
+        raise ConfigError(src, where, v, str(e)) from None
+
+
+def _lifetime(src: str, where: str, v: Any) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise ConfigError(src, where, v, "must be a positive number of seconds")
+    return v
+
+
+def parse_coap(src: str, raw: Any) -> CoapConfig:
+    from c2dtn.ip_gateway.coap_core import ResourceRule
+
+    c = check_table(src, "gateway.coap", raw, {"listen", "server", "resource"})
+    cfg = CoapConfig()
+    if "listen" in c:
+        cfg.listen = _hostport(src, "gateway.coap.listen", c["listen"])
+        if "server" not in c:
+            raise ConfigError(src, "gateway.coap.server", None, "an explicit listener needs the server it stands for",
+                              'add server = "address:5683"')
+    if "server" in c:
+        cfg.server = _hostport(src, "gateway.coap.server", c["server"])
+    rules = c.get("resource", [])
+    if not isinstance(rules, list):
+        raise ConfigError(src, "gateway.coap.resource", rules, "must be an array of tables ([[gateway.coap.resource]])")
+    for i, r in enumerate(rules):
+        w = f"gateway.coap.resource[{i}]"
+        check_table(src, w, r, {"path", "priority", "lifetime", "allow"}, {"path"})
+        if not isinstance(r["path"], str) or not r["path"].startswith("/"):
+            raise ConfigError(src, w + ".path", r["path"], 'must be a path pattern starting with "/"', 'e.g. "/orders/*"')
+        allow = r.get("allow", True)
+        if not isinstance(allow, bool):
+            raise ConfigError(src, w + ".allow", allow, "must be true or false")
+        cfg.resources.append(ResourceRule(r["path"], _priority(src, w + ".priority", r.get("priority", "routine")),
+                                          _lifetime(src, w + ".lifetime", r.get("lifetime", 3600)), allow))
+    return cfg
+
+
 def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     g = check_table(src, "gateway", raw, {"listen", "broker", "tproxy", "tproxy_port", "route", "topic",
-                                          "max_packet_size", "bridge"})
+                                          "max_packet_size", "bridge", "coap"})
     cfg = GatewayConfig()
     if "listen" in g:
         cfg.listen = _hostport(src, "gateway.listen", g["listen"])
@@ -174,6 +233,8 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
         cfg.max_packet_size = v
     if "bridge" in g:
         cfg.bridge = parse_bridge(src, g["bridge"])
+    if "coap" in g:
+        cfg.coap = parse_coap(src, g["coap"])
     for i, r in enumerate(g.get("route", [])):
         w = f"gateway.route[{i}]"
         check_table(src, w, r, {"prefix", "via"}, {"prefix", "via"})
@@ -191,13 +252,8 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
             check_topic_filter(t["filter"])
         except MqttError as e:
             raise ConfigError(src, w + ".filter", t["filter"], f"not an MQTT topic filter ({e})") from None
-        try:
-            prio = Priority.parse(t.get("priority", "routine"))
-        except ValueError as e:
-            raise ConfigError(src, w + ".priority", t.get("priority"), str(e)) from None
-        life = t.get("lifetime", 3600)
-        if not isinstance(life, int) or isinstance(life, bool) or life <= 0:
-            raise ConfigError(src, w + ".lifetime", life, "must be a positive number of seconds")
+        prio = _priority(src, w + ".priority", t.get("priority", "routine"))
+        life = _lifetime(src, w + ".lifetime", t.get("lifetime", 3600))
         sup = t.get("supersede")
         if sup not in (None, "topic"):
             raise ConfigError(src, w + ".supersede", sup, 'the only supersession key is "topic"')

@@ -1,0 +1,208 @@
+"""The CoAP gateway (shell), inside the overlay node process beside the MQTT gateway: a UDP
+socket for the clients (the explicit listener) over the I/O-free coap_core.NearCoap, and
+the far side's CoAP client (aiocoap) that replays requests to their server.
+
+Near side: a request's envelope is committed to custody before its empty ACK goes; the
+response envelope, when it comes, is sent to the client and consumed once the client
+ACKed it (or gave up).  Far side: a request's envelope is consumed only once the server
+answered and the response's envelope is committed; while the server cannot be reached
+the request is tried again every RETRY_S until its lifetime is over, then 5.04 goes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from c2dtn.ip_gateway import coap_core as cc
+from c2dtn.ip_gateway.policy import GatewayConfig
+from c2dtn.overlay.store import QuotaExceeded
+from c2dtn.overlay.node import now_ms
+from c2dtn.overlay.store import Delivery
+
+log = logging.getLogger("c2dtn.gateway.coap")
+
+RETRY_S = 5.0  # between attempts to reach a far server that did not answer
+REQUEST_TIMEOUT_S = 60.0  # one attempt (aiocoap's own CON retransmissions run inside it)
+MAX_REPLAYS = 16  # requests replayed to servers at once
+
+
+class _Listener(asyncio.DatagramProtocol):
+    def __init__(self, gw: "CoapGateway", server: cc.Addr):
+        self.gw, self.server = gw, server
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        try:
+            self.gw.run(self.gw.near.datagram(data, (addr[0], addr[1]), self.server, now_ms()), self)
+        except Exception:  # a daemon never dies of what a client sent: log it and carry on
+            log.exception("CoAP datagram from %s:%d", addr[0], addr[1])
+
+    def error_received(self, exc) -> None:
+        log.debug("CoAP socket: %s", exc)
+
+
+class CoapGateway:
+    name = "coap"
+
+    def __init__(self, node, cfg: GatewayConfig):
+        self.node, self.cfg, self.ccfg = node, cfg, cfg.coap
+        self.core = node.core
+        self.near = cc.NearCoap(self.ccfg.resources, cfg.policy.gateway_for)
+        self.listeners: dict[cc.Addr, _Listener] = {}  # the server address a listener answers from
+        self._taken: set[int] = set()
+        self._mark = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._client = None  # aiocoap client context, made on the first replay
+        self._replays = asyncio.Semaphore(MAX_REPLAYS)
+
+    async def start(self) -> None:
+        self.node.app_handlers[cc.APP] = self.on_inbox
+        if self.ccfg.listen:
+            loop = asyncio.get_running_loop()
+            _, proto = await loop.create_datagram_endpoint(lambda: _Listener(self, self.ccfg.server),
+                                                           local_addr=self.ccfg.listen)
+            self.listeners[self.ccfg.server] = proto
+            log.info("CoAP listener on %s:%d for server %s:%d", *self.ccfg.listen, *self.ccfg.server)
+        self.on_inbox()
+
+    async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for lst in self.listeners.values():
+            if lst.transport:
+                lst.transport.close()
+        if self._timer:
+            self._timer.cancel()
+        if self._client is not None:
+            await self._client.shutdown()
+
+    # -- near side --------------------------------------------------------------------
+    def run(self, actions: list, via: _Listener | None = None) -> None:
+        for a in actions:
+            if isinstance(a, cc.Reply):
+                lst = via or self.listeners.get(a.server)
+                if lst is None or lst.transport is None:
+                    self.near.counters["no_listener"] += 1
+                    log.warning("no socket answers for %s:%d: reply to %s:%d dropped", *a.server, *a.client)
+                    continue
+                lst.transport.sendto(a.data, a.client)
+            elif isinstance(a, cc.Submit):
+                self._submit(a, via)
+            elif isinstance(a, cc.Consume):
+                self._consume(a.inbox_id)
+            elif isinstance(a, cc.Drop):
+                log.warning("%s", a.why)
+        self._arm()
+
+    def _submit(self, a: cc.Submit, via: _Listener | None) -> None:
+        try:
+            seq = self.core.store.submit_many([(a.dst, a.body, a.lifetime_ms, a.priority, None, cc.APP)], now_ms(),
+                                              [a.mark])[0]
+        except QuotaExceeded as e:
+            self.near.exchanges.pop(a.key, None)
+            self.near.counters["refused_quota"] += 1
+            log.warning("CoAP request from %s:%d refused: %s", *a.key[0], e)
+            return  # no ACK: the client retransmits, and may find room then
+        self.near.committed(a.key, seq is not None)
+        if seq is not None:
+            self.node.submitted(a.priority)
+        self.run(a.then, via)
+
+    def _consume(self, inbox_id: int) -> None:
+        self.core.consumed([inbox_id])
+        self._taken.discard(inbox_id)
+        self.node.wake()
+
+    def _arm(self) -> None:
+        at = self.near.next_deadline_ms()
+        if self._timer:
+            self._timer.cancel()
+            self._timer = None
+        if at is not None:
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, (at - now_ms()) / 1000), self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.run(self.near.poll(now_ms()))
+
+    # -- envelopes from the other side --------------------------------------------------
+    def on_inbox(self) -> None:
+        while True:
+            batch = self.core.take(10_000, app=cc.APP, after=self._mark)
+            if not batch:
+                break
+            self._mark = batch[-1].id
+            for d in batch:
+                if d.id not in self._taken:
+                    self._hand_out(d)
+        self._arm()
+
+    def _hand_out(self, d: Delivery) -> None:
+        try:
+            body = cc.unpack(d.body)
+            if body["op"] == "rsp":
+                actions = self.near.response(d.id, body, now_ms())
+                self._taken.add(d.id)
+                self.run(actions)
+                return
+        except (ValueError, cc.CoapError) as e:
+            self.near.counters["bad_bodies"] += 1
+            log.warning("CoAP envelope %s:%d dropped: %s", d.origin, d.seq, e)
+            self._consume(d.id)
+            return
+        self._taken.add(d.id)
+        t = asyncio.get_running_loop().create_task(self._replay(d, body))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # -- far side -----------------------------------------------------------------------
+    async def _replay(self, d: Delivery, body: dict) -> None:
+        """Ask the server until it answers or the request's lifetime is over; then the response
+        envelope is committed and the request's consumed (its origin acked)."""
+        import aiocoap
+
+        deadline = time.time() + (d.created_ms + d.lifetime_ms - now_ms()) / 1000
+        req, server = cc.request_of(body)
+        async with self._replays:
+            if self._client is None:
+                self._client = await aiocoap.Context.create_client_context()
+            while True:
+                left = deadline - time.time()
+                if left <= 0:
+                    self.near.counters["server_timeouts"] += 1
+                    log.warning("CoAP %s %s to %s: no answer within the request's lifetime: 5.04 back to %s",
+                                req.code, cc.path_of(req), server, d.origin)
+                    out = cc.timeout_body(body, f"{server} did not answer within the request's lifetime")
+                    break
+                msg = cc.strip(req)
+                msg.unresolved_remote = server
+                try:
+                    resp = await asyncio.wait_for(self._client.request(msg).response, min(left, REQUEST_TIMEOUT_S))
+                except (aiocoap.error.Error, OSError, asyncio.TimeoutError) as e:
+                    self.near.counters["server_retries"] += 1
+                    log.info("CoAP %s %s to %s: %s; again in %.0f s", req.code, cc.path_of(req), server,
+                             type(e).__name__, RETRY_S)
+                    await asyncio.sleep(min(RETRY_S, max(0.0, deadline - time.time())))
+                    continue
+                self.near.counters["replayed"] += 1
+                out = cc.response_body(body, resp)
+                break
+        life = max(60_000, d.created_ms + d.lifetime_ms - now_ms())
+        try:
+            self.core.store.submit_many([(d.origin, out, life, d.priority, None, cc.APP)], now_ms())
+        except QuotaExceeded as e:
+            log.warning("CoAP response for %s:%d not kept (%s): the request is asked again", d.origin, d.seq, e)
+            self._taken.discard(d.id)
+            return
+        self.node.submitted(d.priority)
+        self._consume(d.id)
+
+    def status(self) -> dict:
+        return {"counters": dict(self.near.counters), "pending_responses": len(self.near.pending),
+                "replaying": len(self._tasks)}

@@ -1,0 +1,93 @@
+"""CoAP test clients and server (aiocoap), run inside a node's namespace by the tests and
+benchmarks: `python -m c2dtn.perf.coap_clients server|post ...`.  Each prints one JSON
+line per event (flushed), so a test reads what a CoAP application saw.
+
+    server --host H [--port 5683]        every request: {"path", "payload", "t"}; answers 2.04 "ack <payload>"
+    post --host H --count N [--path /orders/{n}] [--interval S] [--timeout S] [--non]
+                                          every response: {"n", "code", "payload", "s"}; last: {"done", "answered"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+
+def emit(**kv) -> None:
+    print(json.dumps(kv), flush=True)
+
+
+async def serve(host: str, port: int) -> None:
+    import aiocoap
+    import aiocoap.resource as resource
+
+    class Any(resource.Resource):
+        async def render(self, request):  # every method
+            path = "/" + "/".join(request.opt.uri_path)
+            emit(path=path, payload=request.payload.decode(errors="replace"), code=str(request.code), t=time.time())
+            return aiocoap.Message(code=aiocoap.CHANGED, payload=b"ack " + request.payload)
+
+    # the resource as the whole site: every path is it
+    await aiocoap.Context.create_server_context(Any(), bind=(host, port))
+    emit(listening=f"{host}:{port}")
+    await asyncio.get_running_loop().create_future()
+
+
+async def post(host: str, port: int, count: int, path: str, interval: float, timeout: float, non: bool) -> None:
+    import aiocoap
+
+    ctx = await aiocoap.Context.create_client_context()
+    answered = 0
+
+    async def one(n: int) -> None:
+        nonlocal answered
+        p = path.format(n=n)
+        msg = aiocoap.Message(code=aiocoap.POST, payload=f"order {n}".encode(), uri=f"coap://{host}:{port}{p}",
+                              transport_tuning=aiocoap.Unreliable if non else aiocoap.Reliable)
+        t0 = time.monotonic()
+        try:
+            r = await asyncio.wait_for(ctx.request(msg).response, timeout - (time.monotonic() - start))
+        except Exception as e:  # what the application saw, as a line: the test counts it
+            emit(n=n, error=type(e).__name__, s=round(time.monotonic() - t0, 3))
+            return
+        answered += 1
+        emit(n=n, code=str(r.code), payload=r.payload.decode(errors="replace"), s=round(time.monotonic() - t0, 3))
+
+    start = time.monotonic()
+    tasks = []
+    for n in range(count):
+        tasks.append(asyncio.create_task(one(n)))
+        await asyncio.sleep(interval)
+    await asyncio.gather(*tasks)
+    emit(done=count, answered=answered, s=round(time.monotonic() - start, 3))
+    await ctx.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="coap_clients")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("server")
+    s.add_argument("--host", required=True)
+    s.add_argument("--port", type=int, default=5683)
+    p = sub.add_parser("post")
+    p.add_argument("--host", required=True)
+    p.add_argument("--port", type=int, default=5683)
+    p.add_argument("--count", type=int, default=1)
+    p.add_argument("--path", default="/orders/{n}")
+    p.add_argument("--interval", type=float, default=0.1)
+    p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--non", action="store_true", help="NON requests (default CON)")
+    a = ap.parse_args(argv)
+    if a.cmd == "server":
+        asyncio.run(serve(a.host, a.port))
+    else:
+        if a.count < 1 or a.timeout <= 0:
+            sys.exit(f"coap_clients: --count {a.count} / --timeout {a.timeout}: both must be positive")
+        asyncio.run(post(a.host, a.port, a.count, a.path, a.interval, a.timeout, a.non))
+
+
+if __name__ == "__main__":
+    main()

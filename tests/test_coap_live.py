@@ -1,0 +1,117 @@
+"""The CoAP gateway on real daemons: nps-chain, r2=r3 on cnr-tactical-2, an aiocoap server
+on h4 behind gw4, aiocoap clients on h1 pointed at gw1's explicit CoAP listener (standing
+for h4's server).  The radio link is cut for 60 s while 100 confirmable POSTs cross, and
+gw1 (gateway, overlay node and dtnd) is SIGKILLed and restarted inside the cut: every
+request reaches the server exactly once and every client gets its response."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from c2dtn.topologies.nodes import Nodes, dtnd_missing
+from c2dtn.topologies import testbed
+
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing()))]
+
+BPA = ["gw1", "r2", "r3", "gw4"]
+
+
+def coap(node: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.coap_clients", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def tables(h4: str) -> dict[str, str]:
+    prefix = h4.rsplit(".", 1)[0] + ".0/24"
+    return {"gw1": f'[gateway]\n\n[gateway.coap]\nlisten = "0.0.0.0:5683"\nserver = "{h4}:5683"\n\n'
+                   '[[gateway.coap.resource]]\npath = "/secret/*"\nallow = false\n\n'
+                   '[[gateway.coap.resource]]\npath = "/orders/*"\npriority = "immediate"\nlifetime = 3600\n\n'
+                   f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n',
+            "gw4": "[gateway]\n\n[gateway.coap]\n"}
+
+
+@pytest.fixture(scope="module")
+def coap_chain(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("coap")
+    testbed.down()
+    st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=13)
+    h4, gw1 = testbed.node_address(st, "h4"), testbed.node_address(st, "gw1")
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=tables(h4))
+    server = coap("h4", "server", "--host", h4)
+    try:
+        assert "listening" in server.stdout.readline(), server.stderr.read()[-1500:]
+        for n in BPA:
+            nodes.start(n, wait=False)
+        for n in BPA:
+            nodes.wait_ready(n, timeout=60)
+        yield nodes, server, gw1
+    finally:
+        nodes.stop_all()
+        server.terminate()
+        server.wait(10)
+        testbed.down()
+
+
+def rows(p: subprocess.Popen, timeout: float) -> list[dict]:
+    out, err = p.communicate(timeout=timeout)
+    got = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert got, f"client printed nothing: {err[-1500:]}"
+    return got
+
+
+def server_lines(server: subprocess.Popen, want: int, timeout: float) -> list[dict]:
+    """What the server printed until `want` requests or `timeout` (read on a thread: the pipe blocks)."""
+    got: list[dict] = []
+
+    def read():
+        while len(got) < want:
+            line = server.stdout.readline()
+            if not line:
+                return
+            got.append(json.loads(line))
+
+    th = threading.Thread(target=read, daemon=True)
+    th.start()
+    th.join(timeout)
+    return list(got)
+
+
+def test_100_con_posts_across_a_60s_outage_with_the_near_gateway_killed_each_reach_the_server_once(coap_chain):
+    nodes, server, gw1 = coap_chain
+    client = coap("h1", "post", "--host", gw1, "--count", "100", "--interval", "0.2", "--timeout", "300")
+    time.sleep(3)
+    testbed.change_link("r2", "r3", "down")
+    t0 = time.monotonic()
+    try:
+        time.sleep(20)
+        nodes.kill("gw1")  # gateway, overlay and its dtnd: SIGKILL, as a power cut
+        time.sleep(5)
+        nodes.start("gw1")
+        time.sleep(max(0.0, 60 - (time.monotonic() - t0)))
+    finally:
+        testbed.change_link("r2", "r3", "up")
+    got = rows(client, 320)
+    answered = {r["n"]: r for r in got if "code" in r}
+    failed = [r for r in got if "error" in r]
+    seen = server_lines(server, 100, 30)
+    paths = [s["path"] for s in seen]
+    print("client:", got[-1], "gw1:", nodes.status("gw1").get("coap"), "gw4:", nodes.status("gw4").get("coap"))
+    assert not failed, f"{len(failed)} requests failed at the client: {failed[:5]}"
+    assert sorted(answered) == list(range(100)), f"unanswered: {sorted(set(range(100)) - set(answered))[:10]}"
+    assert all(r["code"] == "2.04 Changed" and r["payload"] == f"ack order {n}" for n, r in answered.items())
+    assert len(paths) == len(set(paths)), f"a request reached the server twice: {sorted(p for p in paths if paths.count(p) > 1)[:5]}"
+    assert sorted(paths) == sorted(f"/orders/{n}" for n in range(100))
+    assert max(r["s"] for r in answered.values()) > 55  # the responses really waited for the link
+
+
+def test_a_request_no_rule_releases_is_refused_at_once_and_never_reaches_the_server(coap_chain):
+    nodes, server, gw1 = coap_chain
+    got = rows(coap("h1", "post", "--host", gw1, "--count", "1", "--path", "/secret/plan", "--timeout", "10"), 30)
+    assert got[0]["code"] == "4.03 Forbidden" and got[0]["s"] < 1
+    assert nodes.status("gw1")["coap"]["counters"]["forbidden"] == 1
