@@ -1,6 +1,8 @@
-"""The CoAP gateway (shell), inside the overlay node process beside the MQTT gateway: a UDP
-socket for the clients (the explicit listener) over the I/O-free coap_core.NearCoap, and
-the far side's CoAP client (aiocoap) that replays requests to their server.
+"""The CoAP gateway (shell), inside the overlay node process beside the MQTT gateway: UDP
+sockets for the clients (the explicit listener; under TPROXY a transparent socket that reads
+each datagram's original destination, and per server a transparent socket bound to that
+server's address to answer from it) over the I/O-free coap_core.NearCoap, and the far
+side's CoAP client (aiocoap) that replays requests to their server.
 
 Near side: a request's envelope is committed to custody before its empty ACK goes; the
 response envelope, when it comes, is sent to the client and consumed once the client
@@ -13,9 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
+from collections import OrderedDict
 
 from c2dtn.ip_gateway import coap_core as cc
+from c2dtn.ip_gateway import tproxy
 from c2dtn.ip_gateway.policy import GatewayConfig
 from c2dtn.overlay.store import QuotaExceeded
 from c2dtn.overlay.node import now_ms
@@ -26,24 +31,54 @@ log = logging.getLogger("c2dtn.gateway.coap")
 RETRY_S = 5.0  # between attempts to reach a far server that did not answer
 REQUEST_TIMEOUT_S = 60.0  # one attempt (aiocoap's own CON retransmissions run inside it)
 MAX_REPLAYS = 16  # requests replayed to servers at once
+MAX_SPOOF_SOCKETS = 256  # servers answered for under TPROXY with a socket kept open
 
 
 class _Listener(asyncio.DatagramProtocol):
-    def __init__(self, gw: "CoapGateway", server: cc.Addr):
-        self.gw, self.server = gw, server
+    """The explicit listener: clients send to `via` and mean `server`."""
+
+    def __init__(self, gw: "CoapGateway", server: cc.Addr, via: cc.Addr):
+        self.gw, self.server, self.via = gw, server, via
         self.transport: asyncio.DatagramTransport | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def datagram_received(self, data: bytes, addr) -> None:
-        try:
-            self.gw.run(self.gw.near.datagram(data, (addr[0], addr[1]), self.server, now_ms()), self)
-        except Exception:  # a daemon never dies of what a client sent: log it and carry on
-            log.exception("CoAP datagram from %s:%d", addr[0], addr[1])
+        self.gw.datagram(data, (addr[0], addr[1]), self.server, self.via)
 
     def error_received(self, exc) -> None:
         log.debug("CoAP socket: %s", exc)
+
+
+class _Interceptor:
+    """The TPROXY socket: datagrams to any server's UDP 5683 routed through this box, each
+    with its original destination (asyncio's datagram transport drops ancillary data, so
+    this reads with recvmsg itself)."""
+
+    def __init__(self, gw: "CoapGateway", port: int):
+        self.gw = gw
+        self.sock = tproxy.transparent_socket(socket.SOCK_DGRAM, ("0.0.0.0", port), orig_dst=True)
+        asyncio.get_running_loop().add_reader(self.sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        for _ in range(256):  # then let the loop run others
+            try:
+                data, anc, _flags, addr = self.sock.recvmsg(65536, socket.CMSG_SPACE(16))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # an ICMP error queued on the socket: nothing to read
+                log.debug("CoAP TPROXY socket: %s", e)
+                return
+            dst = tproxy.orig_dst(anc)
+            if dst is None:
+                self.gw.near.counters["no_original_destination"] += 1
+                continue
+            self.gw.datagram(data, (addr[0], addr[1]), dst, dst)
+
+    def close(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.sock.fileno())
+        self.sock.close()
 
 
 class CoapGateway:
@@ -53,7 +88,9 @@ class CoapGateway:
         self.node, self.cfg, self.ccfg = node, cfg, cfg.coap
         self.core = node.core
         self.near = cc.NearCoap(self.ccfg.resources, cfg.policy.gateway_for)
-        self.listeners: dict[cc.Addr, _Listener] = {}  # the server address a listener answers from
+        self.listeners: dict[cc.Addr, _Listener] = {}  # by the address clients send to
+        self._spoof: OrderedDict[cc.Addr, socket.socket] = OrderedDict()  # TPROXY: answer as these servers
+        self._interceptor: _Interceptor | None = None
         self._taken: set[int] = set()
         self._mark = 0
         self._tasks: set[asyncio.Task] = set()
@@ -65,10 +102,18 @@ class CoapGateway:
         self.node.app_handlers[cc.APP] = self.on_inbox
         if self.ccfg.listen:
             loop = asyncio.get_running_loop()
-            _, proto = await loop.create_datagram_endpoint(lambda: _Listener(self, self.ccfg.server),
-                                                           local_addr=self.ccfg.listen)
-            self.listeners[self.ccfg.server] = proto
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            # shared with the TPROXY sockets bound to servers' addresses on the same port
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(self.ccfg.listen)
+            _, proto = await loop.create_datagram_endpoint(
+                lambda: _Listener(self, self.ccfg.server, self.ccfg.listen), sock=sock)
+            self.listeners[self.ccfg.listen] = proto
             log.info("CoAP listener on %s:%d for server %s:%d", *self.ccfg.listen, *self.ccfg.server)
+        if self.ccfg.tproxy:
+            self._interceptor = _Interceptor(self, self.ccfg.tproxy_port)
+            tproxy.intercept("udp", 5683, self.ccfg.tproxy_port)
+            log.info("intercepting CoAP (UDP 5683) crossing this box, TPROXY to port %d", self.ccfg.tproxy_port)
         self.on_inbox()
 
     async def stop(self) -> None:
@@ -77,30 +122,55 @@ class CoapGateway:
         for lst in self.listeners.values():
             if lst.transport:
                 lst.transport.close()
+        if self._interceptor:
+            tproxy.release("udp", 5683)
+            self._interceptor.close()
+        for sock in self._spoof.values():
+            sock.close()
         if self._timer:
             self._timer.cancel()
         if self._client is not None:
             await self._client.shutdown()
 
     # -- near side --------------------------------------------------------------------
-    def run(self, actions: list, via: _Listener | None = None) -> None:
+    def datagram(self, data: bytes, client: cc.Addr, server: cc.Addr, via: cc.Addr) -> None:
+        try:
+            self.run(self.near.datagram(data, client, server, now_ms(), via))
+        except Exception:  # a daemon never dies of what a client sent: log it and carry on
+            log.exception("CoAP datagram from %s:%d", *client)
+
+    def _send(self, a: cc.Reply) -> None:
+        lst = self.listeners.get(a.via)
+        if lst is not None and lst.transport is not None:
+            lst.transport.sendto(a.data, a.client)
+            return
+        if not self.ccfg.tproxy:
+            self.near.counters["no_listener"] += 1
+            log.warning("no socket answers for %s:%d: reply to %s:%d dropped", *a.via, *a.client)
+            return
+        try:
+            sock = self._spoof.pop(a.via, None) or tproxy.transparent_socket(socket.SOCK_DGRAM, a.via)
+            self._spoof[a.via] = sock
+            if len(self._spoof) > MAX_SPOOF_SOCKETS:
+                self._spoof.popitem(last=False)[1].close()
+            sock.sendto(a.data, a.client)
+        except OSError as e:  # lost like a datagram on the wire: retransmissions cover it
+            self.near.counters["send_errors"] += 1
+            log.warning("CoAP reply to %s:%d from %s:%d not sent: %s", *a.client, *a.via, e)
+
+    def run(self, actions: list) -> None:
         for a in actions:
             if isinstance(a, cc.Reply):
-                lst = via or self.listeners.get(a.server)
-                if lst is None or lst.transport is None:
-                    self.near.counters["no_listener"] += 1
-                    log.warning("no socket answers for %s:%d: reply to %s:%d dropped", *a.server, *a.client)
-                    continue
-                lst.transport.sendto(a.data, a.client)
+                self._send(a)
             elif isinstance(a, cc.Submit):
-                self._submit(a, via)
+                self._submit(a)
             elif isinstance(a, cc.Consume):
                 self._consume(a.inbox_id)
             elif isinstance(a, cc.Drop):
                 log.warning("%s", a.why)
         self._arm()
 
-    def _submit(self, a: cc.Submit, via: _Listener | None) -> None:
+    def _submit(self, a: cc.Submit) -> None:
         try:
             seq = self.core.store.submit_many([(a.dst, a.body, a.lifetime_ms, a.priority, None, cc.APP)], now_ms(),
                                               [a.mark])[0]
@@ -112,7 +182,7 @@ class CoapGateway:
         self.near.committed(a.key, seq is not None)
         if seq is not None:
             self.node.submitted(a.priority)
-        self.run(a.then, via)
+        self.run(a.then)
 
     def _consume(self, inbox_id: int) -> None:
         self.core.consumed([inbox_id])

@@ -116,11 +116,12 @@ class ResourceRule:
 # -- actions --------------------------------------------------------------------
 @dataclass
 class Reply:
-    """Send data to the client, from the server address it spoke to."""
+    """Send data to the client from `via`, the address it spoke to (a listener's, or under
+    TPROXY the server's own)."""
 
     data: bytes
     client: Addr
-    server: Addr
+    via: Addr
 
 
 @dataclass
@@ -176,7 +177,11 @@ class NearCoap:
         return self.mid
 
     # -- datagrams from clients --------------------------------------------------
-    def datagram(self, data: bytes, client: Addr, server: Addr, now_ms: int) -> list:
+    def datagram(self, data: bytes, client: Addr, server: Addr, now_ms: int, via: Addr | None = None) -> list:
+        """A datagram from `client` meaning `server`, received at `via` (default: the server's
+        address, as under TPROXY)."""
+        server = tuple(server)
+        via = tuple(via or server)
         try:
             m = decode(data)
         except CoapError as e:
@@ -191,7 +196,7 @@ class NearCoap:
             return [Consume(p.inbox_id)]
         if m.code == Code.EMPTY:
             if m.mtype == Type.CON:  # a CoAP ping (RFC 7252 4.3): answered with a reset
-                return [Reply(empty(Type.RST, m.mid), client, server)]
+                return [Reply(empty(Type.RST, m.mid), client, via)]
             self.counters["unexpected"] += 1
             return []
         if not m.code.is_request():
@@ -204,20 +209,20 @@ class NearCoap:
         if ex is not None and ex[0] == digest and ex[1] > now_ms:
             self.counters["duplicates"] += 1
             # answered again once its envelope is committed; before that the commit's ACK is coming
-            return [Reply(empty(Type.ACK, m.mid), client, server)] if con and ex[2] else []
+            return [Reply(empty(Type.ACK, m.mid), client, via)] if con and ex[2] else []
         path = path_of(m)
         rule = next((r for r in self.rules if r.matches(path)), None)
         if rule is None or not rule.allow:
             self.counters["forbidden"] += 1
-            return [self._answer(m, Code.FORBIDDEN, f"{path}: not released across the link", client, server)]
+            return [self._answer(m, Code.FORBIDDEN, f"{path}: not released across the link", client, via)]
         dst = self.gateway_for(server[0])
         if dst is None:
             self.counters["no_route"] += 1
-            return [self._answer(m, Code.BAD_GATEWAY, f"no gateway serves {server[0]}", client, server)]
+            return [self._answer(m, Code.BAD_GATEWAY, f"no gateway serves {server[0]}", client, via)]
         self.exchanges[key] = (digest, now_ms + EXCHANGE_LIFETIME_MS, False)
-        body = cbor2.dumps({"op": "req", "m": data, "c": list(client), "s": list(server), "con": con})
+        body = cbor2.dumps({"op": "req", "m": data, "c": list(client), "s": list(server), "v": list(via), "con": con})
         self.counters["requests"] += 1
-        then = [Reply(empty(Type.ACK, m.mid), client, server)] if con else []
+        then = [Reply(empty(Type.ACK, m.mid), client, via)] if con else []
         mark = (f"coap:{client[0]}:{client[1]}:{m.mid}", digest, True)
         return [Submit(dst, body, rule.lifetime_s * 1000, rule.priority, mark, then, key)]
 
@@ -231,21 +236,21 @@ class NearCoap:
             self.counters["requests"] -= 1
             self.counters["duplicates"] += 1
 
-    def _answer(self, m: Message, code: Code, why: str, client: Addr, server: Addr) -> Reply:
+    def _answer(self, m: Message, code: Code, why: str, client: Addr, via: Addr) -> Reply:
         """A response made here: piggybacked on the ACK of a CON, a NON for a NON."""
         r = Message(code=code, payload=why.encode())
         if m.mtype == Type.CON:
-            return Reply(encode(r, Type.ACK, m.mid, m.token), client, server)
-        return Reply(encode(r, Type.NON, self._next_mid(), m.token), client, server)
+            return Reply(encode(r, Type.ACK, m.mid, m.token), client, via)
+        return Reply(encode(r, Type.NON, self._next_mid(), m.token), client, via)
 
     # -- responses from the far side ------------------------------------------------
     def response(self, inbox_id: int, body: dict, now_ms: int) -> list:
         """A response envelope arrived: send it to its client (CON: until ACKed)."""
         resp = decode(body["m"])
-        client, server = tuple(body["c"]), tuple(body["s"])
+        client, via = tuple(body["c"]), tuple(body.get("v", body["s"]))
         con = bool(body["con"])
         data = encode(strip(resp), Type.CON if con else Type.NON, self._next_mid(), body["t"])
-        reply = Reply(data, client, server)
+        reply = Reply(data, client, via)
         self.counters["responses"] += 1
         if not con:
             return [reply, Consume(inbox_id)]
@@ -293,7 +298,7 @@ def response_body(req: dict, resp: Message) -> bytes:
     """The response envelope's body: the response (token and message id are the near side's)."""
     client_tok = decode(req["m"]).token
     return cbor2.dumps({"op": "rsp", "m": encode(strip(resp), Type.NON, 0, b""), "c": req["c"], "s": req["s"],
-                        "con": req["con"], "t": client_tok})
+                        "v": req.get("v", req["s"]), "con": req["con"], "t": client_tok})
 
 
 def timeout_body(req: dict, why: str) -> bytes:
@@ -312,7 +317,9 @@ def unpack(body: bytes) -> dict:
     for k, t in (("m", bytes), ("c", list), ("s", list), ("con", bool)):
         if not isinstance(d.get(k), t):
             raise ValueError(f"field {k!r} missing or of the wrong type")
-    for k in ("c", "s"):
+    if not isinstance(d.setdefault("v", d["s"]), list):
+        raise ValueError("field 'v' of the wrong type")
+    for k in ("c", "s", "v"):
         if len(d[k]) != 2 or not isinstance(d[k][0], str) or not isinstance(d[k][1], int):
             raise ValueError(f"field {k!r} is not [address, port]")
     if d["op"] == "rsp" and not isinstance(d.get("t"), bytes):

@@ -31,8 +31,6 @@ from c2dtn.overlay.node import now_ms
 
 log = logging.getLogger("c2dtn.gateway")
 
-IP_TRANSPARENT = 19  # not in Python 3.11's socket module
-
 
 class MqttGateway:
     name = "mqtt"
@@ -68,11 +66,9 @@ class MqttGateway:
         if self.cfg.tproxy:
             from c2dtn.ip_gateway import tproxy
 
-            self._tproxy = tproxy.install(self.cfg.tproxy_port)
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
-            sock.bind(("0.0.0.0", self.cfg.tproxy_port))
+            tproxy.intercept("tcp", 1883, self.cfg.tproxy_port)
+            self._tproxy = True
+            sock = tproxy.transparent_socket(socket.SOCK_STREAM, ("0.0.0.0", self.cfg.tproxy_port))
             srv = await asyncio.start_server(lambda r, w: self.near.accept(r, w, w.get_extra_info("sockname")[:2]),
                                              sock=sock)
             self._servers.append(srv)
@@ -90,7 +86,7 @@ class MqttGateway:
         if self._tproxy:
             from c2dtn.ip_gateway import tproxy
 
-            tproxy.remove(self._tproxy)
+            tproxy.release("tcp", 1883)
 
     def save_sessions(self) -> None:
         far = {k: {"origin": f.origin, "client": f.client, "broker": f.broker, "params": f.params,

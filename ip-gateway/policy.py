@@ -27,6 +27,8 @@
     [gateway.coap]                 # the CoAP gateway (an empty table: far side only)
     listen = "0.0.0.0:5683"        # explicit listener: clients send here ...
     server = "10.77.9.2:5683"      # ... and mean this server
+    tproxy = false                 # true: intercept UDP 5683 crossing the box (TPROXY)
+    tproxy_port = 15683            # where intercepted datagrams land
 
     [[gateway.coap.resource]]      # first match wins; a request that matches none stays local (4.03)
     path = "/orders/*"             # shell-style pattern on the Uri-Path ("*" also spans "/")
@@ -109,6 +111,8 @@ class CoapConfig:
     listen: tuple[str, int] | None = None
     server: tuple[str, int] | None = None
     resources: list = field(default_factory=list)  # coap_core.ResourceRule, first match wins
+    tproxy: bool = False
+    tproxy_port: int = 15683
 
 
 @dataclass
@@ -181,11 +185,21 @@ def _lifetime(src: str, where: str, v: Any) -> int:
     return v
 
 
+def _tproxy(src: str, where: str, t: dict, port: int) -> tuple[bool, int]:
+    on = t.get("tproxy", False)
+    if not isinstance(on, bool):
+        raise ConfigError(src, where + ".tproxy", on, "must be true or false")
+    if "tproxy_port" in t:
+        port = _hostport(src, where + ".tproxy_port", f"0.0.0.0:{t['tproxy_port']}")[1]
+    return on, port
+
+
 def parse_coap(src: str, raw: Any) -> CoapConfig:
     from c2dtn.ip_gateway.coap_core import ResourceRule
 
-    c = check_table(src, "gateway.coap", raw, {"listen", "server", "resource"})
+    c = check_table(src, "gateway.coap", raw, {"listen", "server", "resource", "tproxy", "tproxy_port"})
     cfg = CoapConfig()
+    cfg.tproxy, cfg.tproxy_port = _tproxy(src, "gateway.coap", c, cfg.tproxy_port)
     if "listen" in c:
         cfg.listen = _hostport(src, "gateway.coap.listen", c["listen"])
         if "server" not in c:
@@ -220,12 +234,7 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     if cfg.listen and not cfg.broker:
         raise ConfigError(src, "gateway.broker", None, "an explicit listener needs the broker it stands for",
                           'add broker = "address:1883"')
-    if "tproxy" in g:
-        if not isinstance(g["tproxy"], bool):
-            raise ConfigError(src, "gateway.tproxy", g["tproxy"], "must be true or false")
-        cfg.tproxy = g["tproxy"]
-    if "tproxy_port" in g:
-        cfg.tproxy_port = _hostport(src, "gateway.tproxy_port", f"0.0.0.0:{g['tproxy_port']}")[1]
+    cfg.tproxy, cfg.tproxy_port = _tproxy(src, "gateway", g, cfg.tproxy_port)
     if "max_packet_size" in g:
         v = g["max_packet_size"]
         if not isinstance(v, int) or isinstance(v, bool) or not 64 <= v <= 1 << 28:

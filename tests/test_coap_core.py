@@ -174,3 +174,14 @@ def test_coap_config_errors_name_the_bad_value():
                        ({"resource": [{"path": "/a", "allow": "yes"}]}, "yes"), ({"port": 5683}, "port")]:
         with pytest.raises(ConfigError, match=value):
             parse_gateway("gw.toml", {"coap": bad})
+
+
+def test_answers_go_from_the_address_the_client_spoke_to_a_listener_or_under_tproxy_the_server():
+    n = near()
+    listener = ("0.0.0.0", 5683)
+    sub = only(n.datagram(request(), CLIENT, SERVER, 0, via=listener), cc.Submit)
+    assert only(sub.then, cc.Reply).via == listener
+    assert only(n.response(47, response_envelope(n, request(mid=101)), 0), cc.Reply).via == SERVER  # TPROXY: the server's
+    rsp = cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CHANGED)))
+    assert only(n.response(48, rsp, 0), cc.Reply).via == listener  # the response goes the way the request came
+    assert only(n.datagram(request("/secret/x", mid=5), CLIENT, SERVER, 0, via=listener), cc.Reply).via == listener

@@ -1,8 +1,9 @@
 """The CoAP gateway on real daemons: nps-chain, r2=r3 on cnr-tactical-2, an aiocoap server
-on h4 behind gw4, aiocoap clients on h1 pointed at gw1's explicit CoAP listener (standing
-for h4's server).  The radio link is cut for 60 s while 100 confirmable POSTs cross, and
-gw1 (gateway, overlay node and dtnd) is SIGKILLed and restarted inside the cut: every
-request reaches the server exactly once and every client gets its response."""
+on h4 behind gw4, aiocoap clients on h1 sending to h4's server, intercepted by TPROXY at
+gw1 (and once to gw1's explicit CoAP listener, standing for h4's server).  The radio link
+is cut for 60 s while 100 confirmable POSTs cross, and gw1 (gateway, overlay node and
+dtnd) is SIGKILLed and restarted inside the cut: every request reaches the server exactly
+once and every client gets its response, from the server's address."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def coap(node: str, *args: str) -> subprocess.Popen:
 
 def tables(h4: str) -> dict[str, str]:
     prefix = h4.rsplit(".", 1)[0] + ".0/24"
-    return {"gw1": f'[gateway]\n\n[gateway.coap]\nlisten = "0.0.0.0:5683"\nserver = "{h4}:5683"\n\n'
+    return {"gw1": f'[gateway]\n\n[gateway.coap]\nlisten = "0.0.0.0:5683"\nserver = "{h4}:5683"\ntproxy = true\n\n'
                    '[[gateway.coap.resource]]\npath = "/secret/*"\nallow = false\n\n'
                    '[[gateway.coap.resource]]\npath = "/orders/*"\npriority = "immediate"\nlifetime = 3600\n\n'
                    f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n',
@@ -50,7 +51,7 @@ def coap_chain(tmp_path_factory):
             nodes.start(n, wait=False)
         for n in BPA:
             nodes.wait_ready(n, timeout=60)
-        yield nodes, server, gw1
+        yield nodes, server, gw1, h4
     finally:
         nodes.stop_all()
         server.terminate()
@@ -82,9 +83,10 @@ def server_lines(server: subprocess.Popen, want: int, timeout: float) -> list[di
     return list(got)
 
 
-def test_100_con_posts_across_a_60s_outage_with_the_near_gateway_killed_each_reach_the_server_once(coap_chain):
-    nodes, server, gw1 = coap_chain
-    client = coap("h1", "post", "--host", gw1, "--count", "100", "--interval", "0.2", "--timeout", "300")
+def test_100_con_posts_through_tproxy_across_a_60s_outage_with_the_near_gateway_killed_each_reach_the_server_once(
+        coap_chain):
+    nodes, server, gw1, h4 = coap_chain
+    client = coap("h1", "post", "--host", h4, "--count", "100", "--interval", "0.2", "--timeout", "300")
     time.sleep(3)
     testbed.change_link("r2", "r3", "down")
     t0 = time.monotonic()
@@ -108,10 +110,12 @@ def test_100_con_posts_across_a_60s_outage_with_the_near_gateway_killed_each_rea
     assert len(paths) == len(set(paths)), f"a request reached the server twice: {sorted(p for p in paths if paths.count(p) > 1)[:5]}"
     assert sorted(paths) == sorted(f"/orders/{n}" for n in range(100))
     assert max(r["s"] for r in answered.values()) > 55  # the responses really waited for the link
+    # every one was intercepted at gw1 and replayed by gw4 (none went past gw1 on its own)
+    assert nodes.status("gw4")["coap"]["counters"]["replayed"] == 100
 
 
 def test_a_request_no_rule_releases_is_refused_at_once_and_never_reaches_the_server(coap_chain):
-    nodes, server, gw1 = coap_chain
+    nodes, server, gw1, _ = coap_chain
     got = rows(coap("h1", "post", "--host", gw1, "--count", "1", "--path", "/secret/plan", "--timeout", "10"), 30)
     assert got[0]["code"] == "4.03 Forbidden" and got[0]["s"] < 1
     assert nodes.status("gw1")["coap"]["counters"]["forbidden"] == 1
