@@ -9,6 +9,13 @@ response envelope, when it comes, is sent to the client and consumed once the cl
 ACKed it (or gave up).  Far side: a request's envelope is consumed only once the server
 answered and the response's envelope is committed; while the server cannot be reached
 the request is tried again every RETRY_S until its lifetime is over, then 5.04 goes back.
+
+Observe, far side: a registration's envelope stays unconsumed in the inbox while its
+observation lives (until the client cancels or the request's lifetime ends), so a far
+gateway that restarts registers again; the observation is renewed at the server every
+RETRY_S when the server ends it or cannot be reached.  Each notification is a response
+envelope with a supersession key per client and token, so in custody only the newest
+waits.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ class CoapGateway:
         self._timer: asyncio.TimerHandle | None = None
         self._client = None  # aiocoap client context, made on the first replay
         self._replays = asyncio.Semaphore(MAX_REPLAYS)
+        self._observations: dict[tuple, tuple[asyncio.Task, int]] = {}  # observation_key -> (task, inbox id)
 
     async def start(self) -> None:
         self.node.app_handlers[cc.APP] = self.on_inbox
@@ -175,6 +183,9 @@ class CoapGateway:
             seq = self.core.store.submit_many([(a.dst, a.body, a.lifetime_ms, a.priority, None, cc.APP)], now_ms(),
                                               [a.mark])[0]
         except QuotaExceeded as e:
+            if a.key is None:  # a cancel: the far side's observation ends with the request's lifetime
+                log.warning("CoAP observation cancel not kept: %s", e)
+                return
             self.near.exchanges.pop(a.key, None)
             self.near.counters["refused_quota"] += 1
             log.warning("CoAP request from %s:%d refused: %s", *a.key[0], e)
@@ -188,6 +199,12 @@ class CoapGateway:
         self.core.consumed([inbox_id])
         self._taken.discard(inbox_id)
         self.node.wake()
+
+    def _start(self, coro) -> asyncio.Task:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
 
     def _arm(self) -> None:
         at = self.near.next_deadline_ms()
@@ -217,19 +234,33 @@ class CoapGateway:
         try:
             body = cc.unpack(d.body)
             if body["op"] == "rsp":
-                actions = self.near.response(d.id, body, now_ms())
+                actions = self.near.response(d.id, body, now_ms(), d.origin, d.created_ms)
                 self._taken.add(d.id)
                 self.run(actions)
                 return
+            key = cc.observation_key(d.origin, body)
         except (ValueError, cc.CoapError) as e:
             self.near.counters["bad_bodies"] += 1
             log.warning("CoAP envelope %s:%d dropped: %s", d.origin, d.seq, e)
             self._consume(d.id)
             return
         self._taken.add(d.id)
-        t = asyncio.get_running_loop().create_task(self._replay(d, body))
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        if body["op"] == "cancel" or body.get("obs") is not None:
+            self._end_observation(key, body.get("why", "deregistered by the client"))
+        if body["op"] == "cancel":
+            self._consume(d.id)
+        elif body.get("obs") == 0:
+            self._observations[key] = (self._start(self._observe(d, body, key)), d.id)
+        else:
+            self._start(self._replay(d, body))
+
+    def _end_observation(self, key: tuple, why: str) -> None:
+        task, inbox_id = self._observations.pop(key, (None, None))
+        if task is not None:
+            log.info("CoAP observation of %s:%d (token %s) ended: %s", *key[1], key[2].hex(), why)
+            self.near.counters["observations_ended"] += 1
+            task.cancel()
+            self._consume(inbox_id)
 
     # -- far side -----------------------------------------------------------------------
     async def _replay(self, d: Delivery, body: dict) -> None:
@@ -273,6 +304,55 @@ class CoapGateway:
         self.node.submitted(d.priority)
         self._consume(d.id)
 
+    async def _observe(self, d: Delivery, body: dict, key: tuple) -> None:
+        """Keep the client's observation registered at the server until it is ended or its
+        lifetime is over; every notification goes back as a supersedable envelope."""
+        import aiocoap
+
+        deadline = time.time() + (d.created_ms + d.lifetime_ms - now_ms()) / 1000
+        req, server = cc.request_of(body)
+        supersede = f"coap-obs:{key[1][0]}:{key[1][1]}:{key[2].hex()}"
+        if self._client is None:
+            self._client = await aiocoap.Context.create_client_context()
+        try:
+            while time.time() < deadline:
+                msg = cc.strip(req)
+                msg.opt.observe = 0
+                msg.unresolved_remote = server
+                pr = self._client.request(msg)
+                try:
+                    first = await asyncio.wait_for(pr.response, min(deadline - time.time(), REQUEST_TIMEOUT_S))
+                    self._notify(d, body, first, supersede)
+                    if first.opt.observe is None or not first.code.is_successful():
+                        return  # not observable: that answer was the response
+                    self.near.counters["observations"] += 1
+                    async for n in pr.observation:
+                        self._notify(d, body, n, supersede)
+                    log.info("CoAP observation at %s ended by the server; registering again in %.0f s", server, RETRY_S)
+                except (aiocoap.error.Error, OSError, asyncio.TimeoutError) as e:
+                    log.info("CoAP observe %s at %s: %s; again in %.0f s", cc.path_of(req), server,
+                             type(e).__name__, RETRY_S)
+                finally:
+                    if not pr.observation.cancelled:
+                        pr.observation.cancel()
+                self.near.counters["observe_retries"] += 1
+                await asyncio.sleep(RETRY_S)
+        finally:
+            if self._observations.get(key, (None,))[0] is asyncio.current_task():
+                del self._observations[key]
+                self._consume(d.id)
+
+    def _notify(self, d: Delivery, body: dict, resp, supersede: str) -> None:
+        life = max(60_000, d.created_ms + d.lifetime_ms - now_ms())
+        try:
+            self.core.store.submit_many([(d.origin, cc.response_body(body, resp), life, d.priority, supersede, cc.APP)],
+                                        now_ms())
+        except QuotaExceeded as e:  # a later notification will carry the state
+            self.near.counters["notifications_refused"] += 1
+            log.warning("CoAP notification for %s not kept: %s", d.origin, e)
+            return
+        self.node.submitted(d.priority)
+
     def status(self) -> dict:
         return {"counters": dict(self.near.counters), "pending_responses": len(self.near.pending),
-                "replaying": len(self._tasks)}
+                "replaying": len(self._tasks) - len(self._observations), "observing": len(self._observations)}

@@ -17,12 +17,30 @@ Near side (clients here), `NearCoap`: datagrams and `now` in, actions out.
   allow-list is the list of rules, as for MQTT topics).  A server no route reaches gets 5.02.
 - Malformed datagrams are dropped and counted (the shell logs one line naming the source).
 
+- Observe (RFC 7641): a GET with Observe 0 crosses once as a registration; the far side
+  keeps it registered at the server and sends each notification back as a supersedable
+  envelope (keyed by client and token), so after an outage the newest state comes first.
+  Here each notification goes to the client with an Observe value from this gateway's
+  clock (increasing across restarts); a newer one replaces an unacknowledged older one
+  (RFC 7641 4.5.2); a reset from the client, a notification never acknowledged, or a GET
+  with Observe 1 ends the observation at the far side too (a `cancel` envelope).
+  Supersession clears what waits in custody, but copies already handed to the BPAs
+  before a cut still arrive after it, ahead of the newest; so a notification older than
+  its Max-Age when it gets here (stale, RFC 7641 4.3.1) is held up to STALE_HOLD_MS and
+  sent only if nothing newer came meanwhile (with Max-Age 0); a fresh one goes at once
+  and replaces it.  Every response's Max-Age is reduced by its age (RFC 7252 5.6.1),
+  measured from the envelope's creation (the gateways' clocks agree, as BPv7's do).
+- Block-wise (RFC 7959): a request body sent in Block1 blocks is gathered here (each
+  block but the last answered 2.31 Continue) and crosses as one envelope; a response
+  body larger than a block (1024 bytes, or what the client asked for) is sent in Block2
+  blocks, the first in the response, the rest from a copy kept here for
+  EXCHANGE_LIFETIME (a later block asked for when that copy is gone crosses again as a
+  whole request, and the block is cut from its answer).  Across the link and to the
+  server, bodies travel whole (the far side's aiocoap client does the server's blocks).
+
 Far side (server here): the request's envelope is replayed to the server by a CoAP client
 (the shell, over aiocoap), and the response goes back as an envelope; `response_body`
 and `timeout_body` build it.
-
-Not carried yet: Observe (RFC 7641) and block-wise transfer (RFC 7959); a request that
-carries either option is forwarded without it.
 """
 
 from __future__ import annotations
@@ -46,9 +64,13 @@ ACK_TIMEOUT_MS = 2000
 ACK_RANDOM_FACTOR = 1.5
 MAX_RETRANSMIT = 4
 EXCHANGE_LIFETIME_MS = 247_000
-# options not carried across yet (see the module's docstring)
+# options this gateway acts on itself and does not pass on as they came
 OBSERVE, BLOCK2, BLOCK1, SIZE2, SIZE1 = 6, 23, 27, 28, 60
 NOT_CARRIED = {OBSERVE, BLOCK2, BLOCK1, SIZE2, SIZE1}
+BLOCK_SZX = 6  # 1024-byte blocks unless the client asks for smaller
+MAX_BODY = 1 << 20  # a request body gathered from Block1 blocks (larger: 4.13)
+MAX_KEPT = 256  # response bodies kept for later Block2 blocks, and uploads being gathered
+STALE_HOLD_MS = 5000  # a stale notification waits this long for a newer one before it goes
 
 Addr = tuple[str, int]
 
@@ -100,6 +122,14 @@ def strip(m: Message) -> Message:
 
 def path_of(m: Message) -> str:
     return "/" + "/".join(m.opt.uri_path)
+
+
+def resource_key(m: Message) -> bytes:
+    """What tells one request's blocks from another's: code and options less the block-wise
+    and Observe ones (RFC 7959 2.4: the block option is not part of it)."""
+    kept = copy(m, NOT_CARRIED)
+    kept.payload = b""
+    return hashlib.blake2b(encode(kept, Type.CON, 0, b""), digest_size=16).digest()
 
 
 @dataclass(frozen=True)
@@ -158,6 +188,13 @@ class _Pending:  # a CON response waiting for the client's ACK
     timeout_ms: float
     next_ms: int
     sent: int = 1
+    observation: tuple | None = None  # a notification: (client, token, far gateway, server)
+
+
+@dataclass
+class _Kept:  # a response body kept for the client's later Block2 blocks, or an upload being gathered
+    message: Message
+    until_ms: int
 
 
 @dataclass
@@ -170,7 +207,12 @@ class NearCoap:
     def __post_init__(self) -> None:
         self.exchanges: dict[tuple[Addr, int], tuple[bytes, int, bool]] = {}  # (digest, until, committed)
         self.pending: dict[tuple[Addr, int], _Pending] = {}
+        self.notifying: dict[tuple[Addr, bytes], tuple[Addr, int]] = {}  # observation -> its pending key
+        self.bodies: dict[tuple[Addr, bytes], _Kept] = {}  # (client, resource_key) -> response for Block2
+        self.uploads: dict[tuple[Addr, bytes], _Kept] = {}  # (client, resource_key) -> Block1 so far
+        self.held: dict[tuple[Addr, bytes], list] = {}  # observation -> [inbox_id, body, origin, created, until]
         self.mid = self.rng.randrange(1 << 16)
+        self.obs_value = 0
 
     def _next_mid(self) -> int:
         self.mid = (self.mid + 1) & 0xFFFF
@@ -188,11 +230,13 @@ class NearCoap:
             self.counters["malformed"] += 1
             return [Drop(f"malformed CoAP datagram from {client[0]}:{client[1]} dropped: {e}")]
         if m.mtype in (Type.ACK, Type.RST):
-            p = self.pending.pop((client, m.mid), None)
+            p = self._settle((client, m.mid))
             if p is None:
                 self.counters["acks_unmatched"] += 1
                 return []
             self.counters["responses_acked" if m.mtype == Type.ACK else "responses_reset"] += 1
+            if m.mtype == Type.RST and p.observation:  # RFC 7641 3.6: the client is done observing
+                return [Consume(p.inbox_id), *self._cancel(p.observation, "reset by the client")]
             return [Consume(p.inbox_id)]
         if m.code == Code.EMPTY:
             if m.mtype == Type.CON:  # a CoAP ping (RFC 7252 4.3): answered with a reset
@@ -219,12 +263,85 @@ class NearCoap:
         if dst is None:
             self.counters["no_route"] += 1
             return [self._answer(m, Code.BAD_GATEWAY, f"no gateway serves {server[0]}", client, via)]
+        b2 = m.opt.block2
+        if b2 is not None and b2.block_number > 0:
+            kept = self.bodies.get((client, resource_key(m)))
+            if kept is not None and kept.until_ms > now_ms:  # a later block of a body kept here
+                self.counters["blocks_served"] += 1
+                return [Reply(self._block(kept.message, m, b2.block_number, b2.size_exponent), client, via)]
+        if m.opt.block1 is not None:
+            got = self._gather(m, client, via, now_ms)
+            if isinstance(got, Reply):
+                return [got]
+            data = got
         self.exchanges[key] = (digest, now_ms + EXCHANGE_LIFETIME_MS, False)
-        body = cbor2.dumps({"op": "req", "m": data, "c": list(client), "s": list(server), "v": list(via), "con": con})
+        body = cbor2.dumps({"op": "req", "m": data, "c": list(client), "s": list(server), "v": list(via), "con": con,
+                            **({"obs": m.opt.observe} if m.opt.observe in (0, 1) and m.code == Code.GET else {})})
         self.counters["requests"] += 1
         then = [Reply(empty(Type.ACK, m.mid), client, via)] if con else []
         mark = (f"coap:{client[0]}:{client[1]}:{m.mid}", digest, True)
         return [Submit(dst, body, rule.lifetime_s * 1000, rule.priority, mark, then, key)]
+
+    def _gather(self, m: Message, client: Addr, via: Addr, now_ms: int) -> Reply | bytes:
+        """A Block1 block (RFC 7959 2.5): gathered; every block but the last is answered 2.31
+        Continue here, the last gives the whole request (as a datagram) to send across."""
+        b1, rkey = m.opt.block1, (client, resource_key(m))
+        kept = self.uploads.get(rkey)
+        so_far = kept.message.payload if kept is not None and kept.until_ms > now_ms else b""
+        start = b1.block_number * b1.size
+        if start > len(so_far):
+            self.counters["blocks_out_of_order"] += 1
+            return self._answer(m, Code.REQUEST_ENTITY_INCOMPLETE, f"block {b1.block_number} before the ones ahead of it",
+                                client, via)
+        if b1.more and start + len(m.payload) <= len(so_far):  # a block had already (resent): same answer
+            whole = so_far
+        else:
+            whole = so_far[:start] + m.payload
+        if len(whole) > MAX_BODY:
+            self.uploads.pop(rkey, None)
+            self.counters["bodies_too_large"] += 1
+            return self._answer(m, Code.REQUEST_ENTITY_TOO_LARGE, f"more than {MAX_BODY} bytes", client, via)
+        if b1.more:
+            full = copy(m, {BLOCK1, SIZE1})
+            full.payload = whole
+            self.uploads[rkey] = _Kept(full, now_ms + EXCHANGE_LIFETIME_MS)
+            self._bound(self.uploads)
+            self.counters["blocks_gathered"] += 1
+            r = Message(code=Code.CONTINUE)
+            r.opt.block1 = b1
+            return self._reply(m, r, client, via)
+        self.uploads.pop(rkey, None)
+        full = copy(m, {SIZE1})  # Block1 stays: the response echoes it (RFC 7959 2.3); stripped when replayed
+        full.payload = whole
+        return encode(full, m.mtype, m.mid, m.token)
+
+    @staticmethod
+    def _bound(table: dict) -> None:
+        while len(table) > MAX_KEPT:
+            del table[next(iter(table))]
+
+    def _block(self, resp: Message, req: Message | None, num: int, szx: int):
+        """Block `num` of a kept response: a Message, or (for `req`, a later block's GET) its answer."""
+        out = copy(resp, NOT_CARRIED)
+        size = 1 << (szx + 4)
+        out.payload = resp.payload[num * size:(num + 1) * size]
+        out.opt.block2 = _blockwise(num, int(len(resp.payload) > (num + 1) * size), szx)
+        out.opt.size2 = len(resp.payload)
+        if resp.opt.observe is not None and num == 0:
+            out.opt.observe = resp.opt.observe
+        if resp.opt.block1 is not None:
+            out.opt.block1 = resp.opt.block1
+        if req is None:
+            return out
+        if req.mtype == Type.CON:
+            return encode(out, Type.ACK, req.mid, req.token)
+        return encode(out, Type.NON, self._next_mid(), req.token)
+
+    def _reply(self, m: Message, r: Message, client: Addr, via: Addr) -> Reply:
+        """A response made here: piggybacked on the ACK of a CON, a NON for a NON."""
+        if m.mtype == Type.CON:
+            return Reply(encode(r, Type.ACK, m.mid, m.token), client, via)
+        return Reply(encode(r, Type.NON, self._next_mid(), m.token), client, via)
 
     def committed(self, key: tuple[Addr, int], took: bool) -> None:
         """The request's envelope is in custody (`took`: new; else a repeat of one taken
@@ -237,38 +354,96 @@ class NearCoap:
             self.counters["duplicates"] += 1
 
     def _answer(self, m: Message, code: Code, why: str, client: Addr, via: Addr) -> Reply:
-        """A response made here: piggybacked on the ACK of a CON, a NON for a NON."""
-        r = Message(code=code, payload=why.encode())
-        if m.mtype == Type.CON:
-            return Reply(encode(r, Type.ACK, m.mid, m.token), client, via)
-        return Reply(encode(r, Type.NON, self._next_mid(), m.token), client, via)
+        return self._reply(m, Message(code=code, payload=why.encode()), client, via)
 
     # -- responses from the far side ------------------------------------------------
-    def response(self, inbox_id: int, body: dict, now_ms: int) -> list:
-        """A response envelope arrived: send it to its client (CON: until ACKed)."""
+    def response(self, inbox_id: int, body: dict, now_ms: int, origin: str = "", created_ms: int | None = None,
+                 stale: bool = False) -> list:
+        """A response envelope arrived (from gateway `origin`, made at `created_ms`): send it
+        to its client (CON: until ACKed).  A notification replaces an older one of its
+        observation still waiting for its ACK, or held as stale."""
         resp = decode(body["m"])
         client, via = tuple(body["c"]), tuple(body.get("v", body["s"]))
         con = bool(body["con"])
-        data = encode(strip(resp), Type.CON if con else Type.NON, self._next_mid(), body["t"])
+        out: list = []
+        observation = None
+        msg = strip(resp)
+        age_s = max(0, now_ms - created_ms) // 1000 if created_ms is not None else 0
+        max_age = msg.opt.max_age if msg.opt.max_age is not None else 60  # RFC 7252 5.10.5's default
+        obs_key = (client, body["t"])
+        if body.get("obs"):
+            held = self.held.pop(obs_key, None)
+            if held is not None:
+                out.append(Consume(held[0]))
+                self.counters["notifications_replaced"] += 1
+            if age_s >= max_age and not stale and (held is None or held[4] > now_ms):
+                # stale: wait a little for a newer one (until the first stale one's deadline)
+                self.held[obs_key] = [inbox_id, body, origin, created_ms, held[4] if held else now_ms + STALE_HOLD_MS]
+                self.counters["notifications_stale"] += 1
+                return out
+        msg.opt.max_age = 0 if stale else max(0, max_age - age_s)
+        if body.get("obs"):
+            observation = (client, body["t"], origin, tuple(body["s"]))
+            older = self.notifying.get(obs_key)
+            if older is not None and older in self.pending:
+                out.append(Consume(self._settle(older).inbox_id))
+                self.counters["notifications_replaced"] += 1
+            self.obs_value = max(self.obs_value + 1, now_ms // 32) & 0xFFFFFF  # 24 bits, RFC 7641 4.4
+            msg.opt.observe = self.obs_value
+            self.counters["notifications"] += 1
+        else:
+            self.counters["responses"] += 1
+        if body.get("b1"):
+            msg.opt.block1 = _blockwise(*body["b1"])
+        num, szx = body.get("b2") or (0, BLOCK_SZX)
+        if len(resp.payload) > (1 << (szx + 4)) or num > 0:
+            self.bodies[(client, body.get("k", b""))] = _Kept(msg, now_ms + EXCHANGE_LIFETIME_MS)
+            self._bound(self.bodies)
+            msg = self._block(msg, None, num, szx)
+        data = encode(msg, Type.CON if con else Type.NON, self._next_mid(), body["t"])
         reply = Reply(data, client, via)
-        self.counters["responses"] += 1
         if not con:
-            return [reply, Consume(inbox_id)]
+            return [*out, reply, Consume(inbox_id)]
         timeout = ACK_TIMEOUT_MS * self.rng.uniform(1.0, ACK_RANDOM_FACTOR)
-        self.pending[(client, self.mid)] = _Pending(inbox_id, reply, timeout, now_ms + int(timeout))
-        return [reply]
+        self.pending[(client, self.mid)] = _Pending(inbox_id, reply, timeout, now_ms + int(timeout),
+                                                    observation=observation)
+        if observation:
+            self.notifying[obs_key] = (client, self.mid)
+        return [*out, reply]
+
+    def _settle(self, key: tuple[Addr, int]) -> _Pending | None:
+        p = self.pending.pop(key, None)
+        if p is not None and p.observation and self.notifying.get(p.observation[:2]) == key:
+            del self.notifying[p.observation[:2]]
+        return p
+
+    def _cancel(self, observation: tuple, why: str) -> list:
+        """End an observation at the far side (a `cancel` envelope to the gateway that sent it)."""
+        client, token, origin, server = observation
+        if not origin:
+            return []
+        self.counters["observations_cancelled"] += 1
+        body = cbor2.dumps({"op": "cancel", "m": b"", "c": list(client), "s": list(server), "v": list(server),
+                            "con": False, "t": token, "why": why})
+        return [Submit(origin, body, EXCHANGE_LIFETIME_MS, Priority.IMMEDIATE, None, [], None)]
 
     def poll(self, now_ms: int) -> list:
         """Retransmissions due (RFC 7252 4.2); a response unacknowledged after MAX_RETRANSMIT
         is given up (the client is gone or gave up its exchange) and its envelope consumed."""
         out: list = []
+        for key, (inbox_id, body, origin, created_ms, until) in list(self.held.items()):
+            if until <= now_ms:  # nothing newer came: the stale one is the newest there is
+                del self.held[key]
+                out += self.response(inbox_id, body, now_ms, origin, stale=True)
         for key, p in list(self.pending.items()):
             if p.next_ms > now_ms:
                 continue
             if p.sent > MAX_RETRANSMIT:
-                del self.pending[key]
+                self._settle(key)
                 self.counters["responses_unacknowledged"] += 1
                 out.append(Consume(p.inbox_id))
+                if p.observation:  # RFC 7641 4.5: a client that does not ACK is no longer observing
+                    out += self._cancel(p.observation, "notification not acknowledged")
                 continue
             p.sent += 1
             p.timeout_ms *= 2
@@ -277,16 +452,25 @@ class NearCoap:
             out.append(p.reply)
         for key in [k for k, ex in self.exchanges.items() if ex[1] <= now_ms]:
             del self.exchanges[key]
+        for table in (self.bodies, self.uploads):
+            for key in [k for k, kept in table.items() if kept.until_ms <= now_ms]:
+                del table[key]
         return out
 
     def next_deadline_ms(self) -> int | None:
-        return min((p.next_ms for p in self.pending.values()), default=None)
+        return min([p.next_ms for p in self.pending.values()] + [h[4] for h in self.held.values()], default=None)
 
     def waiting_for(self, inbox_id: int) -> bool:
         return any(p.inbox_id == inbox_id for p in self.pending.values())
 
 
 # -- far side -------------------------------------------------------------------------
+def _blockwise(num: int, more: int, szx: int):
+    from aiocoap.optiontypes import BlockOption
+
+    return BlockOption.BlockwiseTuple(num, more, szx)
+
+
 def request_of(body: dict) -> tuple[Message, str]:
     """The request to replay and the server's "address:port" (from a request envelope)."""
     m = strip(decode(body["m"]))
@@ -294,11 +478,25 @@ def request_of(body: dict) -> tuple[Message, str]:
     return m, f"{host}:{port}"
 
 
+def observation_key(origin: str, body: dict) -> tuple:
+    """An observation at the far side: the near gateway, its client and the client's token."""
+    token = body["t"] if body["op"] == "cancel" else decode(body["m"]).token
+    return origin, tuple(body["c"]), token
+
+
 def response_body(req: dict, resp: Message) -> bytes:
-    """The response envelope's body: the response (token and message id are the near side's)."""
-    client_tok = decode(req["m"]).token
-    return cbor2.dumps({"op": "rsp", "m": encode(strip(resp), Type.NON, 0, b""), "c": req["c"], "s": req["s"],
-                        "v": req.get("v", req["s"]), "con": req["con"], "t": client_tok})
+    """The response envelope's body: the response (token and message id are the near side's),
+    and what the near side needs to answer the way it was asked (Observe, the blocks)."""
+    m = decode(req["m"])
+    out = {"op": "rsp", "m": encode(strip(resp), Type.NON, 0, b""), "c": req["c"], "s": req["s"],
+           "v": req.get("v", req["s"]), "con": req["con"], "t": m.token, "k": resource_key(m)}
+    if req.get("obs") == 0 and resp.opt.observe is not None:
+        out["obs"] = True
+    if m.opt.block2 is not None:
+        out["b2"] = [m.opt.block2.block_number, min(m.opt.block2.size_exponent, BLOCK_SZX)]
+    if m.opt.block1 is not None:
+        out["b1"] = [m.opt.block1.block_number, 0, m.opt.block1.size_exponent]
+    return cbor2.dumps(out)
 
 
 def timeout_body(req: dict, why: str) -> bytes:
@@ -312,7 +510,7 @@ def unpack(body: bytes) -> dict:
         d = cbor2.loads(body)
     except Exception as e:  # cbor2 raises several types for garbage
         raise ValueError(f"not CBOR ({e})") from None
-    if not isinstance(d, dict) or d.get("op") not in ("req", "rsp"):
+    if not isinstance(d, dict) or d.get("op") not in ("req", "rsp", "cancel"):
         raise ValueError("not a CoAP envelope body")
     for k, t in (("m", bytes), ("c", list), ("s", list), ("con", bool)):
         if not isinstance(d.get(k), t):
@@ -322,6 +520,13 @@ def unpack(body: bytes) -> dict:
     for k in ("c", "s", "v"):
         if len(d[k]) != 2 or not isinstance(d[k][0], str) or not isinstance(d[k][1], int):
             raise ValueError(f"field {k!r} is not [address, port]")
-    if d["op"] == "rsp" and not isinstance(d.get("t"), bytes):
+    if d["op"] in ("rsp", "cancel") and not isinstance(d.get("t"), bytes):
         raise ValueError("response without the client's token")
+    if not isinstance(d.get("k", b""), bytes) or not isinstance(d.get("obs", False), (bool, int)):
+        raise ValueError("field 'k' or 'obs' of the wrong type")
+    for k, n in (("b1", 3), ("b2", 2)):
+        v = d.get(k)
+        if v is not None and not (isinstance(v, list) and len(v) == n and v[-1] in range(7) and
+                                  all(isinstance(x, int) and 0 <= x < 1 << 20 for x in v)):
+            raise ValueError(f"field {k!r} is not a block number and size")
     return d

@@ -2,18 +2,26 @@
 benchmarks: `python -m c2dtn.perf.coap_clients server|post ...`.  Each prints one JSON
 line per event (flushed), so a test reads what a CoAP application saw.
 
-    server --host H [--port 5683]        every request: {"path", "payload", "t"}; answers 2.04 "ack <payload>"
+    server --host H [--port 5683]        every request: {"path", "payload", "t"}; answers 2.04 "ack <payload>";
+                                          GET /clock: the time its state was made (it changes every
+                                          second, observable, Max-Age 2); GET /big: 20,000 bytes (block-wise)
     post --host H --count N [--path /orders/{n}] [--interval S] [--timeout S] [--non]
                                           every response: {"n", "code", "payload", "s"}; last: {"done", "answered"}
+    observe --host H [--path /clock] --duration S
+                                          every notification: {"code", "payload", "t"}; last: {"done", "notifications"}
+    get --host H --path P [--timeout S]   the response: {"code", "size", "sha256", "s"}
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import sys
 import time
+
+BIG = bytes(range(256)) * 78 + b"twenty thousand bytes, the end.."  # 20,000 bytes, /big
 
 
 def emit(**kv) -> None:
@@ -24,16 +32,26 @@ async def serve(host: str, port: int) -> None:
     import aiocoap
     import aiocoap.resource as resource
 
-    class Any(resource.Resource):
+    start = time.time()
+
+    class Any(resource.ObservableResource):
         async def render(self, request):  # every method
             path = "/" + "/".join(request.opt.uri_path)
-            emit(path=path, payload=request.payload.decode(errors="replace"), code=str(request.code), t=time.time())
+            emit(path=path, payload=request.payload.decode(errors="replace"), code=str(request.code), t=time.time(),
+                 observe=request.opt.observe)
+            if path == "/clock" and request.code == aiocoap.GET:
+                return aiocoap.Message(payload=f"{start + int(time.time() - start):.3f}".encode(), max_age=2)
+            if path == "/big" and request.code == aiocoap.GET:
+                return aiocoap.Message(payload=BIG)
             return aiocoap.Message(code=aiocoap.CHANGED, payload=b"ack " + request.payload)
 
-    # the resource as the whole site: every path is it
-    await aiocoap.Context.create_server_context(Any(), bind=(host, port))
+    site = Any()
+    # the resource as the whole site: every path is it (only GET /clock registrations observe)
+    await aiocoap.Context.create_server_context(site, bind=(host, port))
     emit(listening=f"{host}:{port}")
-    await asyncio.get_running_loop().create_future()
+    while True:
+        await asyncio.sleep(1 - (time.time() - start) % 1)
+        site.updated_state()
 
 
 async def post(host: str, port: int, count: int, path: str, interval: float, timeout: float, non: bool) -> None:
@@ -66,6 +84,49 @@ async def post(host: str, port: int, count: int, path: str, interval: float, tim
     await ctx.shutdown()
 
 
+async def observe(host: str, port: int, path: str, duration: float) -> None:
+    import aiocoap
+
+    ctx = await aiocoap.Context.create_client_context()
+    got = 0
+    msg = aiocoap.Message(code=aiocoap.GET, observe=0, uri=f"coap://{host}:{port}{path}")
+    req = ctx.request(msg)
+
+    async def follow():
+        nonlocal got
+        r = await req.response
+        got += 1
+        emit(code=str(r.code), payload=r.payload.decode(errors="replace"), t=time.time(), observe=r.opt.observe)
+        async for n in req.observation:
+            got += 1
+            emit(code=str(n.code), payload=n.payload.decode(errors="replace"), t=time.time(), observe=n.opt.observe)
+
+    try:
+        await asyncio.wait_for(follow(), duration)
+    except asyncio.TimeoutError:
+        pass
+    except Exception as e:  # what the application saw, as a line
+        emit(error=type(e).__name__, t=time.time())
+    emit(done=True, notifications=got)
+    req.observation.cancel()
+    await ctx.shutdown()
+
+
+async def get(host: str, port: int, path: str, timeout: float) -> None:
+    import aiocoap
+
+    ctx = await aiocoap.Context.create_client_context()
+    t0 = time.monotonic()
+    try:
+        r = await asyncio.wait_for(ctx.request(aiocoap.Message(code=aiocoap.GET, uri=f"coap://{host}:{port}{path}")).response,
+                                   timeout)
+        emit(code=str(r.code), size=len(r.payload), sha256=hashlib.sha256(r.payload).hexdigest(),
+             s=round(time.monotonic() - t0, 3))
+    except Exception as e:  # what the application saw, as a line
+        emit(error=type(e).__name__, s=round(time.monotonic() - t0, 3))
+    await ctx.shutdown()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="coap_clients")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -80,9 +141,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--interval", type=float, default=0.1)
     p.add_argument("--timeout", type=float, default=60)
     p.add_argument("--non", action="store_true", help="NON requests (default CON)")
+    o = sub.add_parser("observe")
+    o.add_argument("--host", required=True)
+    o.add_argument("--port", type=int, default=5683)
+    o.add_argument("--path", default="/clock")
+    o.add_argument("--duration", type=float, required=True)
+    g = sub.add_parser("get")
+    g.add_argument("--host", required=True)
+    g.add_argument("--port", type=int, default=5683)
+    g.add_argument("--path", required=True)
+    g.add_argument("--timeout", type=float, default=60)
     a = ap.parse_args(argv)
     if a.cmd == "server":
         asyncio.run(serve(a.host, a.port))
+    elif a.cmd == "observe":
+        asyncio.run(observe(a.host, a.port, a.path, a.duration))
+    elif a.cmd == "get":
+        asyncio.run(get(a.host, a.port, a.path, a.timeout))
     else:
         if a.count < 1 or a.timeout <= 0:
             sys.exit(f"coap_clients: --count {a.count} / --timeout {a.timeout}: both must be positive")

@@ -185,3 +185,122 @@ def test_answers_go_from_the_address_the_client_spoke_to_a_listener_or_under_tpr
     rsp = cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CHANGED)))
     assert only(n.response(48, rsp, 0), cc.Reply).via == listener  # the response goes the way the request came
     assert only(n.datagram(request("/secret/x", mid=5), CLIENT, SERVER, 0, via=listener), cc.Reply).via == listener
+
+
+# -- Observe (RFC 7641) ------------------------------------------------------------------
+def observe_request(mid=200, token=b"\x0b\x5e", observe=0):
+    m = Message(code=Code.GET, observe=observe, uri_path=("orders", "state"))
+    return cc.encode(m, Type.CON, mid, token)
+
+
+def notification(n, req_body, payload, max_age=None):
+    m = Message(code=Code.CONTENT, payload=payload, observe=7)
+    if max_age is not None:
+        m.opt.max_age = max_age
+    return cc.unpack(cc.response_body(req_body, m))
+
+
+def test_an_observation_crosses_once_and_each_notification_replaces_the_one_not_yet_acked():
+    n = near()
+    sub = only(n.datagram(observe_request(), CLIENT, SERVER, 0), cc.Submit)
+    req = cc.unpack(sub.body)
+    assert req["obs"] == 0 and cc.decode(only(sub.then, cc.Reply).data).code == Code.EMPTY
+    first = cc.decode(only(n.response(50, notification(n, req, b"1"), 10_000, "gw4", 9_900), cc.Reply).data)
+    assert (first.mtype, first.token, first.payload) == (Type.CON, b"\x0b\x5e", b"1") and first.opt.observe is not None
+    acts = n.response(51, notification(n, req, b"2"), 10_500, "gw4", 10_400)
+    assert only(acts, cc.Consume).inbox_id == 50  # the older one, never ACKed, is dropped for the newer
+    second = cc.decode(only(acts, cc.Reply).data)
+    assert second.payload == b"2" and second.opt.observe > first.opt.observe
+    assert len(n.pending) == 1 and n.counters["notifications_replaced"] == 1
+    assert only(n.datagram(cc.empty(Type.ACK, second.mid), CLIENT, SERVER, 10_600), cc.Consume).inbox_id == 51
+    # a plain response is not a notification and carries no Observe option
+    plain = cc.decode(only(n.response(52, response_envelope(n, request(mid=300)), 11_000), cc.Reply).data)
+    assert plain.opt.observe is None
+
+
+def test_a_reset_or_a_notification_never_acked_ends_the_observation_at_the_far_side():
+    n = near()
+    req = cc.unpack(only(n.datagram(observe_request(), CLIENT, SERVER, 0), cc.Submit).body)
+    r = cc.decode(only(n.response(60, notification(n, req, b"1"), 0, "gw4", 0), cc.Reply).data)
+    acts = n.datagram(cc.empty(Type.RST, r.mid), CLIENT, SERVER, 100)
+    assert only(acts, cc.Consume).inbox_id == 60
+    cancel = only(acts, cc.Submit)
+    body = cc.unpack(cancel.body)
+    assert cancel.dst == "gw4" and body["op"] == "cancel" and body["t"] == b"\x0b\x5e"
+    assert cc.observation_key("gw1", body) == cc.observation_key("gw1", req)  # the far side finds it by this
+    n.response(61, notification(n, req, b"2"), 1000, "gw4", 1000)
+    t, acts = 1000, []
+    while n.next_deadline_ms() is not None:
+        t = n.next_deadline_ms()
+        acts = n.poll(t)
+    assert only(acts, cc.Consume).inbox_id == 61 and cc.unpack(only(acts, cc.Submit).body)["op"] == "cancel"
+    assert n.counters["observations_cancelled"] == 2
+
+
+def test_after_an_outage_a_stale_notification_waits_for_a_newer_one_and_goes_alone_if_none_comes():
+    n = near()
+    req = cc.unpack(only(n.datagram(observe_request(), CLIENT, SERVER, 0), cc.Submit).body)
+    # made 50 s ago with Max-Age 2 (a copy the BPAs held through the cut): held, not sent
+    assert n.response(70, notification(n, req, b"old", max_age=2), 100_000, "gw4", 50_000) == []
+    assert n.next_deadline_ms() == 100_000 + cc.STALE_HOLD_MS
+    # the newest, made 1 s ago, comes 2 s later: it goes at once and the stale one is dropped
+    acts = n.response(71, notification(n, req, b"new", max_age=2), 102_000, "gw4", 101_000)
+    assert only(acts, cc.Consume).inbox_id == 70
+    fresh = cc.decode(only(acts, cc.Reply).data)
+    assert fresh.payload == b"new" and fresh.opt.max_age == 1  # Max-Age less its age
+    # a stale one with nothing newer behind it still goes, after the hold, as Max-Age 0
+    n2 = near()
+    req2 = cc.unpack(only(n2.datagram(observe_request(), CLIENT, SERVER, 0), cc.Submit).body)
+    assert n2.response(72, notification(n2, req2, b"only", max_age=2), 100_000, "gw4", 40_000) == []
+    assert n2.poll(100_000 + cc.STALE_HOLD_MS - 1) == []
+    late = cc.decode(only(n2.poll(100_000 + cc.STALE_HOLD_MS), cc.Reply).data)
+    assert late.payload == b"only" and late.opt.max_age == 0 and late.opt.observe is not None
+
+
+# -- block-wise (RFC 7959) ---------------------------------------------------------------
+def test_a_large_response_goes_block_by_block_and_later_blocks_are_served_here():
+    n = near()
+    big = bytes(range(256)) * 80  # 20,480 bytes
+    get = Message(code=Code.GET, uri_path=("orders", "big"))
+    sub = only(n.datagram(cc.encode(get, Type.CON, 400, b"\x42"), CLIENT, SERVER, 0), cc.Submit)
+    rsp = cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CONTENT, payload=big)))
+    r = cc.decode(only(n.response(80, rsp, 1000), cc.Reply).data)
+    assert r.mtype == Type.CON and r.opt.block2.block_number == 0 and r.opt.block2.more and r.opt.size2 == len(big)
+    got, num = r.payload, 1
+    while True:
+        nxt = Message(code=Code.GET, uri_path=("orders", "big"), block2=cc._blockwise(num, 0, 6))
+        acts = n.datagram(cc.encode(nxt, Type.CON, 400 + num, b"\x43"), CLIENT, SERVER, 1000 + num)
+        b = cc.decode(only(acts, cc.Reply).data)  # answered here, nothing crosses
+        assert (b.mtype, b.mid, b.token) == (Type.ACK, 400 + num, b"\x43") and b.opt.block2.block_number == num
+        got += b.payload
+        if not b.opt.block2.more:
+            break
+        num += 1
+    assert got == big and num == 19 and n.counters["blocks_served"] == 19
+    # a client that asks for 256-byte blocks gets them
+    small = Message(code=Code.GET, uri_path=("orders", "big"), block2=cc._blockwise(0, 0, 4))
+    sub = only(n.datagram(cc.encode(small, Type.CON, 500, b"\x44"), CLIENT, SERVER, 0), cc.Submit)
+    rsp = cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CONTENT, payload=big)))
+    assert len(cc.decode(only(n.response(81, rsp, 1000), cc.Reply).data).payload) == 256
+
+
+def test_a_request_body_in_block1_blocks_is_gathered_here_and_crosses_once_whole():
+    n = near()
+    body = b"x" * 2500
+    acts = []
+    for num in range(3):
+        m = Message(code=Code.POST, uri_path=("orders", "plan"), payload=body[num * 1024:(num + 1) * 1024],
+                    block1=cc._blockwise(num, int(num < 2), 6))
+        acts = n.datagram(cc.encode(m, Type.CON, 600 + num, b"\x51"), CLIENT, SERVER, num)
+        if num < 2:
+            c = cc.decode(only(acts, cc.Reply).data)
+            assert (c.code, c.mid, c.opt.block1.block_number) == (Code.CONTINUE, 600 + num, num)
+    sub = only(acts, cc.Submit)
+    req = cc.unpack(sub.body)
+    assert cc.request_of(req)[0].payload == body and cc.request_of(req)[0].opt.block1 is None
+    final = cc.decode(only(n.response(90, cc.unpack(cc.response_body(req, Message(code=Code.CHANGED))), 10), cc.Reply).data)
+    assert final.code == Code.CHANGED and final.opt.block1.block_number == 2 and not final.opt.block1.more
+    # a block out of order is refused 4.08, not gathered wrong
+    m = Message(code=Code.POST, uri_path=("orders", "other"), payload=b"y" * 1024, block1=cc._blockwise(2, 1, 6))
+    assert cc.decode(only(n.datagram(cc.encode(m, Type.CON, 700, b"\x52"), CLIENT, SERVER, 0), cc.Reply).data).code \
+        == Code.REQUEST_ENTITY_INCOMPLETE

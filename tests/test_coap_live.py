@@ -33,6 +33,8 @@ def tables(h4: str) -> dict[str, str]:
     return {"gw1": f'[gateway]\n\n[gateway.coap]\nlisten = "0.0.0.0:5683"\nserver = "{h4}:5683"\ntproxy = true\n\n'
                    '[[gateway.coap.resource]]\npath = "/secret/*"\nallow = false\n\n'
                    '[[gateway.coap.resource]]\npath = "/orders/*"\npriority = "immediate"\nlifetime = 3600\n\n'
+                   '[[gateway.coap.resource]]\npath = "/clock"\npriority = "priority"\nlifetime = 3600\n\n'
+                   '[[gateway.coap.resource]]\npath = "/big"\n\n'
                    f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n',
             "gw4": "[gateway]\n\n[gateway.coap]\n"}
 
@@ -119,3 +121,42 @@ def test_a_request_no_rule_releases_is_refused_at_once_and_never_reaches_the_ser
     got = rows(coap("h1", "post", "--host", gw1, "--count", "1", "--path", "/secret/plan", "--timeout", "10"), 30)
     assert got[0]["code"] == "4.03 Forbidden" and got[0]["s"] < 1
     assert nodes.status("gw1")["coap"]["counters"]["forbidden"] == 1
+
+
+def test_an_observation_through_a_60s_outage_gives_the_newest_state_first_within_10s_of_link_up(coap_chain):
+    nodes, server, gw1, h4 = coap_chain
+    client = coap("h1", "observe", "--host", h4, "--path", "/clock", "--duration", "100")
+    time.sleep(10)
+    testbed.change_link("r2", "r3", "down")
+    try:
+        time.sleep(60)
+    finally:
+        testbed.change_link("r2", "r3", "up")
+    up = time.time()
+    got = rows(client, 130)
+    print("client:", [(round(r["t"] - up, 1), r.get("code"), r.get("payload")) for r in got if "t" in r],
+          "gw1:", nodes.status("gw1").get("coap"), "gw4:", nodes.status("gw4").get("coap"))
+    assert not [r for r in got if "error" in r or ("code" in r and r["code"] != "2.05 Content")], got[-3:]
+    notes = [r for r in got if "payload" in r]
+    before = [r for r in notes if r["t"] < up - 62]
+    assert len(before) >= 5, "notifications did not flow before the cut"
+    after = [r for r in notes if r["t"] > up]
+    assert after, "no notification after the link returned"
+    first = after[0]
+    assert first["t"] - up < 10, f"the first notification after the cut came {first['t'] - up:.1f} s after link-up"
+    # the newest state there was: made after the link returned, or just before it (it changes every second)
+    assert float(first["payload"]) > up - 2.5, f"first after the cut is state from {float(first['payload']) - up:.1f} s"
+    # and none from the backlog of the cut reached the client after it
+    assert all(float(r["payload"]) >= float(first["payload"]) for r in after)
+    assert len(after) >= 10  # and the observation goes on
+
+
+def test_a_20kB_blockwise_get_across_the_radio_link_arrives_intact(coap_chain):
+    import hashlib
+
+    from c2dtn.perf.coap_clients import BIG
+
+    nodes, server, gw1, h4 = coap_chain
+    got = rows(coap("h1", "get", "--host", h4, "--path", "/big", "--timeout", "120"), 150)
+    assert got[0].get("code") == "2.05 Content", got
+    assert got[0]["size"] == len(BIG) == 20_000 and got[0]["sha256"] == hashlib.sha256(BIG).hexdigest()
