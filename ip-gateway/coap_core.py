@@ -26,9 +26,9 @@ Near side (clients here), `NearCoap`: datagrams and `now` in, actions out.
   with Observe 1 ends the observation at the far side too (a `cancel` envelope).
   Supersession clears what waits in custody, but copies already handed to the BPAs
   before a cut still arrive after it, ahead of the newest; so a notification older than
-  its Max-Age when it gets here (stale, RFC 7641 4.3.1) is held up to STALE_HOLD_MS and
-  sent only if nothing newer came meanwhile (with Max-Age 0); a fresh one goes at once
-  and replaces it.  Every response's Max-Age is reduced by its age (RFC 7252 5.6.1),
+  its Max-Age when it gets here (stale, RFC 7641 4.3.1) is held until STALE_HOLD_MS pass
+  with nothing newer (at most STALE_HOLD_MAX_MS from the first one held) and then sent
+  (with Max-Age 0); a fresh one goes at once and replaces it.  Every response's Max-Age is reduced by its age (RFC 7252 5.6.1),
   measured from the envelope's creation (the gateways' clocks agree, as BPv7's do).
 - Block-wise (RFC 7959): a request body sent in Block1 blocks is gathered here (each
   block but the last answered 2.31 Continue) and crosses as one envelope; a response
@@ -70,7 +70,8 @@ NOT_CARRIED = {OBSERVE, BLOCK2, BLOCK1, SIZE2, SIZE1}
 BLOCK_SZX = 6  # 1024-byte blocks unless the client asks for smaller
 MAX_BODY = 1 << 20  # a request body gathered from Block1 blocks (larger: 4.13)
 MAX_KEPT = 256  # response bodies kept for later Block2 blocks, and uploads being gathered
-STALE_HOLD_MS = 5000  # a stale notification waits this long for a newer one before it goes
+STALE_HOLD_MS = 5000  # a stale notification waits this long for a newer one before it goes ...
+STALE_HOLD_MAX_MS = 30_000  # ... each newer stale one restarting the wait, up to this long in all
 
 Addr = tuple[str, int]
 
@@ -210,7 +211,7 @@ class NearCoap:
         self.notifying: dict[tuple[Addr, bytes], tuple[Addr, int]] = {}  # observation -> its pending key
         self.bodies: dict[tuple[Addr, bytes], _Kept] = {}  # (client, resource_key) -> response for Block2
         self.uploads: dict[tuple[Addr, bytes], _Kept] = {}  # (client, resource_key) -> Block1 so far
-        self.held: dict[tuple[Addr, bytes], list] = {}  # observation -> [inbox_id, body, origin, created, until]
+        self.held: dict[tuple[Addr, bytes], list] = {}  # observation -> [inbox_id, body, origin, until, first held]
         self.mid = self.rng.randrange(1 << 16)
         self.obs_value = 0
 
@@ -376,9 +377,11 @@ class NearCoap:
             if held is not None:
                 out.append(Consume(held[0]))
                 self.counters["notifications_replaced"] += 1
-            if age_s >= max_age and not stale and (held is None or held[4] > now_ms):
-                # stale: wait a little for a newer one (until the first stale one's deadline)
-                self.held[obs_key] = [inbox_id, body, origin, created_ms, held[4] if held else now_ms + STALE_HOLD_MS]
+            if age_s >= max_age and not stale:
+                # stale (a backlog flushed after a cut): wait a little for a newer one; each newer
+                # stale one restarts the wait, but not past STALE_HOLD_MAX_MS from the first
+                first = held[4] if held else now_ms
+                self.held[obs_key] = [inbox_id, body, origin, min(now_ms + STALE_HOLD_MS, first + STALE_HOLD_MAX_MS), first]
                 self.counters["notifications_stale"] += 1
                 return out
         msg.opt.max_age = 0 if stale else max(0, max_age - age_s)
@@ -388,8 +391,8 @@ class NearCoap:
             if older is not None and older in self.pending:
                 out.append(Consume(self._settle(older).inbox_id))
                 self.counters["notifications_replaced"] += 1
-            self.obs_value = max(self.obs_value + 1, now_ms // 32) & 0xFFFFFF  # 24 bits, RFC 7641 4.4
-            msg.opt.observe = self.obs_value
+            self.obs_value = max(self.obs_value + 1, now_ms // 32)
+            msg.opt.observe = self.obs_value & 0xFFFFFF  # 24 bits, RFC 7641 4.4
             self.counters["notifications"] += 1
         else:
             self.counters["responses"] += 1
@@ -431,7 +434,7 @@ class NearCoap:
         """Retransmissions due (RFC 7252 4.2); a response unacknowledged after MAX_RETRANSMIT
         is given up (the client is gone or gave up its exchange) and its envelope consumed."""
         out: list = []
-        for key, (inbox_id, body, origin, created_ms, until) in list(self.held.items()):
+        for key, (inbox_id, body, origin, until, _) in list(self.held.items()):
             if until <= now_ms:  # nothing newer came: the stale one is the newest there is
                 del self.held[key]
                 out += self.response(inbox_id, body, now_ms, origin, stale=True)
@@ -458,7 +461,7 @@ class NearCoap:
         return out
 
     def next_deadline_ms(self) -> int | None:
-        return min([p.next_ms for p in self.pending.values()] + [h[4] for h in self.held.values()], default=None)
+        return min([p.next_ms for p in self.pending.values()] + [h[3] for h in self.held.values()], default=None)
 
     def waiting_for(self, inbox_id: int) -> bool:
         return any(p.inbox_id == inbox_id for p in self.pending.values())

@@ -37,12 +37,11 @@ async def serve(host: str, port: int) -> None:
     class Any(resource.ObservableResource):
         async def render(self, request):  # every method
             path = "/" + "/".join(request.opt.uri_path)
-            emit(path=path, payload=request.payload.decode(errors="replace"), code=str(request.code), t=time.time(),
-                 observe=request.opt.observe)
-            if path == "/clock" and request.code == aiocoap.GET:
-                return aiocoap.Message(payload=f"{start + int(time.time() - start):.3f}".encode(), max_age=2)
+            if path == "/clock" and request.code == aiocoap.GET:  # (rendered again for every notification: no line)
+                return aiocoap.Message(code=aiocoap.CONTENT, payload=f"{start + int(time.time() - start):.3f}".encode(), max_age=2)
+            emit(path=path, payload=request.payload.decode(errors="replace"), code=str(request.code), t=time.time())
             if path == "/big" and request.code == aiocoap.GET:
-                return aiocoap.Message(payload=BIG)
+                return aiocoap.Message(code=aiocoap.CONTENT, payload=BIG)
             return aiocoap.Message(code=aiocoap.CHANGED, payload=b"ack " + request.payload)
 
     site = Any()
@@ -108,7 +107,8 @@ async def observe(host: str, port: int, path: str, duration: float) -> None:
     except Exception as e:  # what the application saw, as a line
         emit(error=type(e).__name__, t=time.time())
     emit(done=True, notifications=got)
-    req.observation.cancel()
+    if not req.observation.cancelled:
+        req.observation.cancel()
     await ctx.shutdown()
 
 

@@ -255,6 +255,19 @@ def test_after_an_outage_a_stale_notification_waits_for_a_newer_one_and_goes_alo
     assert n2.poll(100_000 + cc.STALE_HOLD_MS - 1) == []
     late = cc.decode(only(n2.poll(100_000 + cc.STALE_HOLD_MS), cc.Reply).data)
     assert late.payload == b"only" and late.opt.max_age == 0 and late.opt.observe is not None
+    # a backlog of stale ones flushed one after another: the wait restarts with each, up to its cap
+    n3 = near()
+    req3 = cc.unpack(only(n3.datagram(observe_request(), CLIENT, SERVER, 0), cc.Submit).body)
+    t = 100_000
+    for i in range(20):  # one every 3 s for a minute, each made during the cut
+        acts = n3.response(200 + i, notification(n3, req3, str(i).encode(), max_age=2), t, "gw4", 40_000 + i * 1000)
+        assert not [a for a in acts if isinstance(a, cc.Reply)]
+        sent = [a for a in n3.poll(t + 2999) if isinstance(a, cc.Reply)]
+        if sent:
+            break
+        t += 3000
+    assert t - 100_000 <= cc.STALE_HOLD_MAX_MS  # never held past the cap
+    assert cc.decode(sent[0].data).payload == str(i).encode()  # the newest of them
 
 
 # -- block-wise (RFC 7959) ---------------------------------------------------------------
@@ -304,3 +317,14 @@ def test_a_request_body_in_block1_blocks_is_gathered_here_and_crosses_once_whole
     m = Message(code=Code.POST, uri_path=("orders", "other"), payload=b"y" * 1024, block1=cc._blockwise(2, 1, 6))
     assert cc.decode(only(n.datagram(cc.encode(m, Type.CON, 700, b"\x52"), CLIENT, SERVER, 0), cc.Reply).data).code \
         == Code.REQUEST_ENTITY_INCOMPLETE
+
+
+def test_notifications_sent_in_the_same_instant_still_get_increasing_observe_values():
+    n = near()
+    req = cc.unpack(only(n.datagram(observe_request(), CLIENT, SERVER, 0), cc.Submit).body)
+    now = 1_790_000_000_000  # a real clock's milliseconds: past 24 bits, as values always are
+    seen = []
+    for i in range(5):
+        acts = n.response(100 + i, notification(n, req, str(i).encode()), now, "gw4", now)
+        seen.append(cc.decode(only(acts, cc.Reply).data).opt.observe)
+    assert all(0 < b - a < 1 << 23 for a, b in zip(seen, seen[1:])), seen
