@@ -64,6 +64,7 @@ class Path:
     probes: int = 0  # tail probes sent since an ack last showed progress
     reo_steps: int = 1  # reordering window in quarters of the minimum round trip (RFC 8985 6.2)
     last_sent_ms: int | None = None  # when envelopes last went (from the store once after a start)
+    inherited: bool = False  # the store held envelopes in flight to it when this process started
 
     def sample(self, rtt_ms: float, cfg: SchedulerConfig) -> None:
         self.min_rtt_ms = rtt_ms if self.min_rtt_ms is None else min(self.min_rtt_ms, rtt_ms)
@@ -104,6 +105,7 @@ class Scheduler:
         p = self.paths.get(dst)
         if p is None:
             p = self.paths[dst] = Path(self.cfg.init_window, self.cfg.max_window, rto_ms=self.cfg.initial_rto_ms)
+            p.inherited = bool(self.store.last_sent_ms(dst))  # once per destination per process
         return p
 
     # -- planning ----------------------------------------------------------
@@ -198,15 +200,17 @@ class Scheduler:
                 p.last_sent_ms = self.store.last_sent_ms(dst)
             if p.min_rtt_ms is not None:
                 base = 2 * p.min_rtt_ms + self.cfg.ack_delay_ms + 200
-            elif p.last_ack_ms > 0:
-                # acks came, but no round trip is measured: a node that started into an outage,
-                # whose acks since were all for resent envelopes (Karn's rule takes no sample
-                # from them).  The shortest retransmission timeout stands in for the round trip;
-                # without it, an envelope lost again after the outage waits out its doubled
-                # timer (minutes) while the receiver holds everything behind it.
+            elif p.last_ack_ms > 0 or p.inherited:
+                # no round trip measured: a node that started into an outage, whose acks since
+                # were all for resent envelopes (Karn's rule takes no sample from them), or a
+                # restarted one (SIGKILL, power) that has heard nothing yet, whose store holds
+                # envelopes already sent two or three times: their timers, the initial timeout
+                # doubled per attempt, run for minutes.  The shortest retransmission timeout
+                # stands in for the round trip; without it, what the outage lost waits out those
+                # timers while the receiver holds everything behind it.
                 base = self.cfg.min_rto_ms
             else:
-                continue  # nothing heard from it yet (a node that just started): its timers decide
+                continue  # a fresh node that has heard nothing yet: its initial timeout decides
             at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** p.probes)))
             if at > now_ms:
                 self._probe_at[dst] = at

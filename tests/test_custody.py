@@ -751,3 +751,32 @@ def test_a_retransmission_the_window_has_no_room_for_does_not_leave_a_wake_up_du
         b.consumed([i.id for i in items])
     assert not late, f"{len(late)} plans left a wake-up already due, first {late[:3]}"
     assert len(got) == 300 and len({d.seq for d in got}) == 300
+
+
+@pytest.mark.sqlite_only
+def test_a_sender_restarted_inside_an_outage_delivers_within_half_a_minute_of_the_link_not_its_timers(tmp_path):
+    """The live near-gateway SIGKILL test took 243 s and 347 s in CI (112 s without the kill).
+    A restarted node has no round trip measured and has heard nothing yet, but its store holds
+    envelopes already sent two or three times (backed-off attempts); resent by the new
+    process, their timers are the 60 s initial timeout doubled per attempt (minutes).  Tail
+    probes go for such a node too (a half minute after its last send at most), so the first
+    probe after the link is back gets through and its ack brings the rest at once."""
+    cfg = SchedulerConfig()
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    net = Net(delay_ms=300)
+    net.down = [(5_000, 65_000)]  # and everything sent into it is lost (a BPA that keeps nothing)
+    nodes = {"gw1": a, "gw4": b}
+
+    def crash(t):
+        nodes["gw1"].store.db.close()
+        nodes["gw1"] = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+
+    acts = [(0, lambda t: nodes["gw1"].submit("gw4", b"before", t))]  # a round trip is measured first
+    acts += [(5_500 + 100 * i, lambda t, i=i: nodes["gw1"].submit("gw4", b"order %d" % i, t)) for i in range(30)]
+    got = run(nodes, net, 64_900, actions=acts + [(25_000, crash)])
+    assert [d.body for d in got["gw4"]] == [b"before"]
+    got = run(nodes, net, 65_000 + 120_000, t0=65_000)["gw4"]
+    assert [d.body for d in got] == [b"order %d" % i for i in range(30)]
+    last = max(d.received_ms for d in got)
+    assert last - 65_000 <= 35_000, f"the last envelope arrived {last - 65_000} ms after the link came back"
