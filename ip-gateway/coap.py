@@ -39,6 +39,7 @@ RETRY_S = 5.0  # between attempts to reach a far server that did not answer
 REQUEST_TIMEOUT_S = 60.0  # one attempt (aiocoap's own CON retransmissions run inside it)
 MAX_REPLAYS = 16  # requests replayed to servers at once
 MAX_SPOOF_SOCKETS = 256  # servers answered for under TPROXY with a socket kept open
+DROP_LOG_EVERY_S = 10.0  # dropped datagrams: at most one log line per source per this long
 
 
 class _Listener(asyncio.DatagramProtocol):
@@ -97,6 +98,7 @@ class CoapGateway:
         self.near = cc.NearCoap(self.ccfg.resources, cfg.policy.gateway_for)
         self.listeners: dict[cc.Addr, _Listener] = {}  # by the address clients send to
         self._spoof: OrderedDict[cc.Addr, socket.socket] = OrderedDict()  # TPROXY: answer as these servers
+        self._drops: OrderedDict[str, tuple[float, int]] = OrderedDict()  # source -> last logged, not logged since
         self._interceptor: _Interceptor | None = None
         self._taken: set[int] = set()
         self._mark = 0
@@ -175,8 +177,22 @@ class CoapGateway:
             elif isinstance(a, cc.Consume):
                 self._consume(a.inbox_id)
             elif isinstance(a, cc.Drop):
-                log.warning("%s", a.why)
+                self._log_drop(a)
         self._arm()
+
+    def _log_drop(self, a: cc.Drop) -> None:
+        """One line per source per DROP_LOG_EVERY_S (a flood does not flood the log; the
+        counters have every datagram), saying how many it left out since the last."""
+        now = time.monotonic()
+        last, quiet = self._drops.pop(a.source, (float("-inf"), 0))
+        if now - last < DROP_LOG_EVERY_S:
+            self._drops[a.source] = (last, quiet + 1)
+            return
+        log.warning("%s%s", a.why, f" ({quiet} more from {a.source} not logged in the last {now - last:.0f} s)"
+                    if quiet else "")
+        self._drops[a.source] = (now, 0)
+        if len(self._drops) > 4096:
+            self._drops.popitem(last=False)
 
     def _submit(self, a: cc.Submit) -> None:
         try:

@@ -26,7 +26,7 @@ Near side (clients here), `NearCoap`: datagrams and `now` in, actions out.
   with Observe 1 ends the observation at the far side too (a `cancel` envelope).
   Supersession clears what waits in custody, but copies already handed to the BPAs
   before a cut still arrive after it, ahead of the newest; so a notification older than
-  its Max-Age when it gets here (stale, RFC 7641 4.3.1) is held until STALE_HOLD_MS pass
+  its Max-Age by more than STALE_HOLD_MS when it gets here (stale, RFC 7641 4.3.1) is held until STALE_HOLD_MS pass
   with nothing newer (at most STALE_HOLD_MAX_MS from the first one held) and then sent
   (with Max-Age 0); a fresh one goes at once and replaces it.  Every response's Max-Age is reduced by its age (RFC 7252 5.6.1),
   measured from the envelope's creation (the gateways' clocks agree, as BPv7's do).
@@ -55,6 +55,7 @@ import cbor2
 from aiocoap import Code, Message
 from aiocoap.error import UnparsableMessage
 from aiocoap.numbers.types import Type
+from aiocoap.optiontypes import BlockOption
 
 from c2dtn.overlay.envelope import Priority
 
@@ -180,6 +181,7 @@ class Drop:
     """A datagram dropped; `why` names the source and the reason (for the log)."""
 
     why: str
+    source: str = ""  # the sender's address (a flood from it is logged in few lines)
 
 
 @dataclass
@@ -229,7 +231,7 @@ class NearCoap:
             m = decode(data)
         except CoapError as e:
             self.counters["malformed"] += 1
-            return [Drop(f"malformed CoAP datagram from {client[0]}:{client[1]} dropped: {e}")]
+            return [Drop(f"malformed CoAP datagram from {client[0]}:{client[1]} dropped: {e}", client[0])]
         if m.mtype in (Type.ACK, Type.RST):
             p = self._settle((client, m.mid))
             if p is None:
@@ -246,7 +248,7 @@ class NearCoap:
             return []
         if not m.code.is_request():
             self.counters["unexpected"] += 1
-            return [Drop(f"CoAP {m.code} from {client[0]}:{client[1]} dropped: a response is not a request")]
+            return [Drop(f"CoAP {m.code} from {client[0]}:{client[1]} dropped: a response is not a request", client[0])]
         con = m.mtype == Type.CON
         digest = hashlib.blake2b(data[4:], digest_size=16).digest()  # token, options, payload
         key = (client, m.mid)
@@ -269,7 +271,7 @@ class NearCoap:
             kept = self.bodies.get((client, resource_key(m)))
             if kept is not None and kept.until_ms > now_ms:  # a later block of a body kept here
                 self.counters["blocks_served"] += 1
-                return [Reply(self._block(kept.message, m, b2.block_number, b2.size_exponent), client, via)]
+                return [self._reply(m, self._block(kept.message, b2.block_number, b2.size_exponent), client, via)]
         if m.opt.block1 is not None:
             got = self._gather(m, client, via, now_ms)
             if isinstance(got, Reply):
@@ -321,8 +323,9 @@ class NearCoap:
         while len(table) > MAX_KEPT:
             del table[next(iter(table))]
 
-    def _block(self, resp: Message, req: Message | None, num: int, szx: int):
-        """Block `num` of a kept response: a Message, or (for `req`, a later block's GET) its answer."""
+    @staticmethod
+    def _block(resp: Message, num: int, szx: int) -> Message:
+        """Block `num` of a kept response."""
         out = copy(resp, NOT_CARRIED)
         size = 1 << (szx + 4)
         out.payload = resp.payload[num * size:(num + 1) * size]
@@ -332,11 +335,7 @@ class NearCoap:
             out.opt.observe = resp.opt.observe
         if resp.opt.block1 is not None:
             out.opt.block1 = resp.opt.block1
-        if req is None:
-            return out
-        if req.mtype == Type.CON:
-            return encode(out, Type.ACK, req.mid, req.token)
-        return encode(out, Type.NON, self._next_mid(), req.token)
+        return out
 
     def _reply(self, m: Message, r: Message, client: Addr, via: Addr) -> Reply:
         """A response made here: piggybacked on the ACK of a CON, a NON for a NON."""
@@ -377,9 +376,12 @@ class NearCoap:
             if held is not None:
                 out.append(Consume(held[0]))
                 self.counters["notifications_replaced"] += 1
-            if age_s >= max_age and not stale:
-                # stale (a backlog flushed after a cut): wait a little for a newer one; each newer
-                # stale one restarts the wait, but not past STALE_HOLD_MAX_MS from the first
+            if age_s >= max_age + STALE_HOLD_MS // 1000 and not stale:
+                # stale by more than the hold (a backlog flushed after a cut): wait a little for a
+                # newer one; each newer stale one restarts the wait, but not past STALE_HOLD_MAX_MS
+                # from the first.  One stale by less is a slow link's usual lateness (libcoap's
+                # /time has Max-Age 1, the radio link takes longer): waiting for a newer one, as
+                # late, would only hold every notification to the cap; it goes now, Max-Age 0.
                 first = held[4] if held else now_ms
                 self.held[obs_key] = [inbox_id, body, origin, min(now_ms + STALE_HOLD_MS, first + STALE_HOLD_MAX_MS), first]
                 self.counters["notifications_stale"] += 1
@@ -402,7 +404,7 @@ class NearCoap:
         if len(resp.payload) > (1 << (szx + 4)) or num > 0:
             self.bodies[(client, body.get("k", b""))] = _Kept(msg, now_ms + EXCHANGE_LIFETIME_MS)
             self._bound(self.bodies)
-            msg = self._block(msg, None, num, szx)
+            msg = self._block(msg, num, szx)
         data = encode(msg, Type.CON if con else Type.NON, self._next_mid(), body["t"])
         reply = Reply(data, client, via)
         if not con:
@@ -468,9 +470,7 @@ class NearCoap:
 
 
 # -- far side -------------------------------------------------------------------------
-def _blockwise(num: int, more: int, szx: int):
-    from aiocoap.optiontypes import BlockOption
-
+def _blockwise(num: int, more: int, szx: int) -> BlockOption.BlockwiseTuple:
     return BlockOption.BlockwiseTuple(num, more, szx)
 
 

@@ -10,6 +10,8 @@ line per event (flushed), so a test reads what a CoAP application saw.
     observe --host H [--path /clock] --duration S
                                           every notification: {"code", "payload", "t"}; last: {"done", "notifications"}
     get --host H --path P [--timeout S]   the response: {"code", "size", "sha256", "s"}
+    flood --host H --count N [--rate R] [--seed S]
+                                          N malformed datagrams (MALFORMED's kinds, in turn): {"sent", "kinds"}
 """
 
 from __future__ import annotations
@@ -22,6 +24,55 @@ import sys
 import time
 
 BIG = bytes(range(256)) * 78 + b"twenty thousand bytes, the end.."  # 20,000 bytes, /big
+
+
+# What RFC 7252 section 3 makes a message format error, one generator per kind; each datagram
+# is otherwise a plausible request (random type, code, message id, token and options).
+def _head(rng, ver: int = 1, tkl: int | None = None) -> bytes:
+    tkl = rng.randrange(9) if tkl is None else tkl
+    return bytes([ver << 6 | rng.randrange(4) << 4 | tkl, rng.choice((1, 2, 3, 4)), rng.randrange(256),
+                  rng.randrange(256)]) + rng.randbytes(min(tkl, 8))
+
+
+def _path(rng) -> bytes:
+    seg = b"orders"
+    return bytes([0xB0 | len(seg)]) + seg  # Uri-Path (11), delta 11
+
+
+MALFORMED = {
+    "bad version": lambda rng: _head(rng, ver=rng.choice((0, 2, 3))) + _path(rng),
+    "token length 9-15": lambda rng: _head(rng, tkl=rng.randrange(9, 16)) + rng.randbytes(rng.randrange(16)),
+    # an option whose length runs past the end of the datagram
+    "truncated option": lambda rng: (lambda n: _head(rng) + bytes([0xB0 | n]) + rng.randbytes(rng.randrange(n)))(
+        rng.randrange(1, 13)),
+    # delta or length nibble 15 (reserved) in an option that is not the payload marker
+    "option delta 15": lambda rng: _head(rng) + _path(rng) + bytes([rng.choice((0xF0 | rng.randrange(15),
+                                                                                  rng.randrange(1, 15) << 4 | 0xF))])
+                                   + rng.randbytes(rng.randrange(4)),
+    "payload marker, no payload": lambda rng: _head(rng) + _path(rng) + b"\xff",
+}
+
+
+def malformed(n: int, seed: int = 0) -> list[tuple[str, bytes]]:
+    """n malformed datagrams, the kinds in turn."""
+    import random
+
+    rng = random.Random(seed)
+    kinds = list(MALFORMED)
+    return [(kinds[i % len(kinds)], MALFORMED[kinds[i % len(kinds)]](rng)) for i in range(n)]
+
+
+def flood(host: str, port: int, count: int, rate: float, seed: int) -> None:
+    import socket
+
+    kinds: dict[str, int] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        t0 = time.monotonic()
+        for i, (kind, data) in enumerate(malformed(count, seed)):
+            sock.sendto(data, (host, port))
+            kinds[kind] = kinds.get(kind, 0) + 1
+            time.sleep(max(0.0, t0 + (i + 1) / rate - time.monotonic()))
+    emit(sent=count, kinds=kinds, s=round(time.monotonic() - t0, 3))
 
 
 def emit(**kv) -> None:
@@ -151,6 +202,12 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--port", type=int, default=5683)
     g.add_argument("--path", required=True)
     g.add_argument("--timeout", type=float, default=60)
+    f = sub.add_parser("flood")
+    f.add_argument("--host", required=True)
+    f.add_argument("--port", type=int, default=5683)
+    f.add_argument("--count", type=int, default=3000)
+    f.add_argument("--rate", type=float, default=1000.0, help="datagrams per second")
+    f.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.cmd == "server":
         asyncio.run(serve(a.host, a.port))
@@ -158,6 +215,10 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(observe(a.host, a.port, a.path, a.duration))
     elif a.cmd == "get":
         asyncio.run(get(a.host, a.port, a.path, a.timeout))
+    elif a.cmd == "flood":
+        if a.count < 1 or a.rate <= 0:
+            sys.exit(f"coap_clients: --count {a.count} / --rate {a.rate}: both must be positive")
+        flood(a.host, a.port, a.count, a.rate, a.seed)
     else:
         if a.count < 1 or a.timeout <= 0:
             sys.exit(f"coap_clients: --count {a.count} / --timeout {a.timeout}: both must be positive")

@@ -158,6 +158,22 @@ def test_generated_garbage_never_raises_and_a_well_formed_client_loses_nothing(d
     assert cc.decode(cc.unpack(sub.body)["m"]).payload == b"attack at dawn"
 
 
+def test_the_flood_generators_kinds_are_each_dropped_and_a_client_between_them_loses_nothing():
+    """The datagrams the live flood sends (perf/coap_clients.py): every one of each RFC 7252
+    format error is dropped and counted here, and requests interleaved with them are taken."""
+    from c2dtn.perf.coap_clients import MALFORMED, malformed
+
+    n = near()
+    flood = malformed(3000, seed=7)
+    taken = []
+    for i, (kind, data) in enumerate(flood):
+        assert [type(a) for a in n.datagram(data, ("10.77.1.66", 999), SERVER, i)] == [cc.Drop], (kind, data.hex())
+        if i % 300 == 0:
+            taken.append(only(n.datagram(request(mid=i, token=b"ok"), CLIENT, SERVER, i), cc.Submit))
+    assert {k for k, _ in flood} == set(MALFORMED) and n.counters["malformed"] == 3000
+    assert len(taken) == 10 and n.counters["requests"] == 10
+
+
 def test_envelope_bodies_that_are_not_coap_ones_are_refused_by_name():
     with pytest.raises(ValueError, match="not CBOR"):
         cc.unpack(b"\xff\xff")
@@ -268,6 +284,21 @@ def test_after_an_outage_a_stale_notification_waits_for_a_newer_one_and_goes_alo
         t += 3000
     assert t - 100_000 <= cc.STALE_HOLD_MAX_MS  # never held past the cap
     assert cc.decode(sent[0].data).payload == str(i).encode()  # the newest of them
+
+
+def test_notifications_a_little_older_than_their_max_age_on_a_slow_link_go_at_once():
+    """libcoap's /time (Max-Age 1) across the radio link: every notification arrives 1-2 s after
+    it was made.  Each goes at once with Max-Age 0 (the first version held each for a newer
+    one, as late, so the client saw one notification per 30 s)."""
+    n = near()
+    req = cc.unpack(only(n.datagram(observe_request(), CLIENT, SERVER, 0), cc.Submit).body)
+    for i in range(5):
+        made = 10_000 + 1000 * i
+        acts = n.response(90 + i, notification(n, req, b"%d" % i, max_age=1), made + 1500 + 300 * (i % 2), "gw4", made)
+        r = cc.decode(only(acts, cc.Reply).data)
+        assert r.payload == b"%d" % i and r.opt.max_age == 0
+        n.datagram(cc.empty(Type.ACK, r.mid), CLIENT, SERVER, made + 1900)
+    assert n.counters["notifications_stale"] == 0
 
 
 # -- block-wise (RFC 7959) ---------------------------------------------------------------

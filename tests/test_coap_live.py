@@ -8,6 +8,8 @@ once and every client gets its response, from the server's address."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,6 +37,7 @@ def tables(h4: str) -> dict[str, str]:
                    '[[gateway.coap.resource]]\npath = "/orders/*"\npriority = "immediate"\nlifetime = 3600\n\n'
                    '[[gateway.coap.resource]]\npath = "/clock"\npriority = "priority"\nlifetime = 3600\n\n'
                    '[[gateway.coap.resource]]\npath = "/big"\n\n'
+                   '[[gateway.coap.resource]]\npath = "/time"\n\n'
                    f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n',
             "gw4": "[gateway]\n\n[gateway.coap]\n"}
 
@@ -194,3 +197,73 @@ def test_a_20kB_blockwise_get_across_the_radio_link_arrives_intact(coap_chain):
     got = rows(coap("h1", "get", "--host", h4, "--path", "/big", "--timeout", "120"), 150)
     assert got[0].get("code") == "2.05 Content", got
     assert got[0]["size"] == len(BIG) == 20_000 and got[0]["sha256"] == hashlib.sha256(BIG).hexdigest()
+
+
+def server_paths(server: subprocess.Popen, prefix: str, want: int, timeout: float) -> list[str]:
+    """The paths starting with `prefix` the server printed, until `want` of them or `timeout`."""
+    got: list[str] = []
+
+    def read():
+        while len(got) < want:
+            line = server.stdout.readline()
+            if not line:
+                return
+            path = json.loads(line)["path"]
+            if path.startswith(prefix):
+                got.append(path)
+
+    th = threading.Thread(target=read, daemon=True)
+    th.start()
+    th.join(timeout)
+    return list(got)
+
+
+def test_a_flood_of_malformed_datagrams_is_dropped_and_counted_while_a_good_client_loses_nothing(coap_chain):
+    """3,000 datagrams of RFC 7252's format errors (bad version, token length 9-15, truncated
+    options, option delta or length 15, payload marker with no payload) at 1,000 a second from
+    h1 to h4's server, intercepted at gw1, while 20 well-formed POSTs go the same way."""
+    nodes, server, gw1, h4, _ = coap_chain
+    before = nodes.status("gw1")["coap"]["counters"].get("malformed", 0)
+    good = coap("h1", "post", "--host", h4, "--count", "20", "--interval", "0.15", "--path", "/orders/f{n}",
+                "--timeout", "120")
+    flood = rows(coap("h1", "flood", "--host", h4, "--count", "3000", "--rate", "1000"), 60)[-1]
+    got = rows(good, 150)
+    answered = {r["n"]: r for r in got if "code" in r}
+    assert flood["sent"] == 3000 and len(flood["kinds"]) == 5
+    assert sorted(answered) == list(range(20)), got[-3:]
+    assert all(r["code"] == "2.04 Changed" and r["payload"] == f"ack order {n}" for n, r in answered.items())
+    seen = server_paths(server, "/orders/f", 20, 30)
+    assert sorted(seen) == sorted(f"/orders/f{n}" for n in range(20))  # each once, nothing of the flood
+    st = nodes.status("gw1")["coap"]["counters"]
+    assert st["malformed"] - before == 3000, st
+    log = nodes.log("gw1")
+    lines = [x for x in log.splitlines() if "malformed CoAP datagram from" in x]
+    assert 1 <= len(lines) <= 3, lines[:5]  # named, but the log is not flooded (one line per source per 10 s)
+
+
+@pytest.mark.skipif(shutil.which("coap-client-notls") is None or shutil.which("coap-server-notls") is None,
+                    reason="libcoap's coap-client-notls / coap-server-notls missing (make test installs libcoap3-bin)")
+def test_libcoap_client_and_server_work_through_the_gateways(coap_chain):
+    """libcoap's own client and server (Debian's libcoap3-bin), not aiocoap: its client POSTs to
+    h4's server through gw1's interception, and observes its server's /time (on gw4's LAN
+    address, across the link) for 15 s."""
+    nodes, server, gw1, h4, _ = coap_chain
+    st = testbed.read_state()
+    lan = h4.rsplit(".", 1)[0] + "."
+    far = next(i["address"] for i in st["nodes"]["gw4"]["ifaces"] if i["address"].startswith(lan))
+    ex = lambda node, *cmd: ["ip", "netns", "exec", f"c2-{node}", *cmd]  # noqa: E731
+    srv = subprocess.Popen(ex("gw4", "coap-server-notls", "-A", far, "-p", "5683"),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        out = subprocess.run(ex("h1", "coap-client-notls", "-m", "post", "-e", "order libcoap", "-B", "150",
+                                f"coap://{h4}/orders/libcoap"), capture_output=True, text=True, timeout=180)
+        assert out.stdout.strip() == "ack order libcoap", (out.returncode, out.stdout, out.stderr[-500:])
+        assert server_paths(server, "/orders/libcoap", 1, 10) == ["/orders/libcoap"]
+        out = subprocess.run(ex("h1", "coap-client-notls", "-m", "get", "-s", "15", "-B", "30", f"coap://{far}/time"),
+                             capture_output=True, text=True, timeout=60)
+        stamps = re.findall(r"\w{3} +\d+ \d\d:\d\d:\d\d(?!\.)", out.stdout)
+        assert len(stamps) >= 5, (out.returncode, out.stdout, out.stderr[-500:])  # its server notifies once a second
+        assert len(set(stamps)) == len(stamps) and stamps == sorted(stamps), stamps  # each newer, none twice
+    finally:
+        srv.terminate()
+        srv.wait(10)
