@@ -119,11 +119,17 @@ class CoapGateway:
             _, proto = await loop.create_datagram_endpoint(
                 lambda: _Listener(self, self.ccfg.server, self.ccfg.listen), sock=sock)
             self.listeners[self.ccfg.listen] = proto
-            log.info("CoAP listener on %s:%d for server %s:%d", *self.ccfg.listen, *self.ccfg.server)
+            log.info("CoAP listener on %s:%d for %s", *self.ccfg.listen,
+                     "server %s:%d" % self.ccfg.server if self.ccfg.server else "forward-proxy requests only")
         if self.ccfg.tproxy:
             self._interceptor = _Interceptor(self, self.ccfg.tproxy_port)
-            tproxy.intercept("udp", 5683, self.ccfg.tproxy_port)
-            log.info("intercepting CoAP (UDP 5683) crossing this box, TPROXY to port %d", self.ccfg.tproxy_port)
+            # only to servers a route names: the rest (a server on this side) is routed as before
+            nets = [str(net) for net, _ in self.cfg.policy.routes if net.version == 4]
+            tproxy.intercept("udp", 5683, self.ccfg.tproxy_port, nets)
+            if not nets:
+                log.warning("[gateway.coap] tproxy = true but no [[gateway.route]]: no CoAP is intercepted")
+            log.info("intercepting CoAP (UDP 5683) crossing this box to %s, TPROXY to port %d",
+                     ", ".join(nets) or "nothing", self.ccfg.tproxy_port)
         self.on_inbox()
 
     async def stop(self) -> None:

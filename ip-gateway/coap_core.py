@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import ipaddress
 import random
+import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -67,6 +69,7 @@ MAX_RETRANSMIT = 4
 EXCHANGE_LIFETIME_MS = 247_000
 # options this gateway acts on itself and does not pass on as they came
 OBSERVE, BLOCK2, BLOCK1, SIZE2, SIZE1 = 6, 23, 27, 28, 60
+URI_HOST, URI_PORT, PROXY_URI, PROXY_SCHEME = 3, 7, 35, 39
 NOT_CARRIED = {OBSERVE, BLOCK2, BLOCK1, SIZE2, SIZE1}
 BLOCK_SZX = 6  # 1024-byte blocks unless the client asks for smaller
 MAX_BODY = 1 << 20  # a request body gathered from Block1 blocks (larger: 4.13)
@@ -115,6 +118,32 @@ def copy(m: Message, drop: set[int] = frozenset()) -> Message:
         if int(opt.number) not in drop:
             out.opt.add_option(opt)
     return out
+
+
+def forward_target(m: Message) -> tuple[Message, Addr] | str:
+    """A forward-proxy request (RFC 7252 5.7.2) as the request its server gets, and that
+    server's address; or why it cannot be forwarded (answered 5.05).  Servers are named by
+    IPv4 address: the gateway resolves no names (its routes are prefixes)."""
+    out = copy(m, {PROXY_URI, PROXY_SCHEME, URI_HOST, URI_PORT})
+    out.mtype, out.mid, out.token = m.mtype, m.mid, m.token
+    if m.opt.proxy_uri is not None:
+        uri = m.opt.proxy_uri
+    else:
+        host = m.opt.uri_host or ""
+        uri = f"{m.opt.proxy_scheme}://{f'[{host}]' if ':' in host else host}" \
+              f"{f':{m.opt.uri_port}' if m.opt.uri_port else ''}/"
+    try:
+        parsed = urllib.parse.urlsplit(uri)
+        port = parsed.port or 5683
+        if parsed.scheme != "coap":
+            return f"{uri}: only coap:// is forwarded"
+        ipaddress.IPv4Address(parsed.hostname or "")
+    except ValueError:
+        return f"{uri}: not coap://<IPv4 address>[:port]/path"
+    if m.opt.proxy_uri is not None:  # the path and query come from the URI
+        out.opt.uri_path = [urllib.parse.unquote(x) for x in parsed.path.split("/")[1:] if x]
+        out.opt.uri_query = [urllib.parse.unquote(x) for x in parsed.query.split("&") if x]
+    return out, (parsed.hostname, port)
 
 
 def strip(m: Message) -> Message:
@@ -222,10 +251,13 @@ class NearCoap:
         return self.mid
 
     # -- datagrams from clients --------------------------------------------------
-    def datagram(self, data: bytes, client: Addr, server: Addr, now_ms: int, via: Addr | None = None) -> list:
+    def datagram(self, data: bytes, client: Addr, server: Addr | None, now_ms: int, via: Addr | None = None) -> list:
         """A datagram from `client` meaning `server`, received at `via` (default: the server's
-        address, as under TPROXY)."""
-        server = tuple(server)
+        address, as under TPROXY).  At an explicit listener (`via` given) a forward-proxy
+        request (Proxy-Uri, or Proxy-Scheme with Uri-Host) means the server it names;
+        `server` None: such requests only."""
+        listener = via is not None
+        server = tuple(server) if server is not None else None
         via = tuple(via or server)
         try:
             m = decode(data)
@@ -257,6 +289,17 @@ class NearCoap:
             self.counters["duplicates"] += 1
             # answered again once its envelope is committed; before that the commit's ACK is coming
             return [Reply(empty(Type.ACK, m.mid), client, via)] if con and ex[2] else []
+        if listener and (m.opt.proxy_uri is not None or m.opt.proxy_scheme is not None):
+            target = forward_target(m)
+            if isinstance(target, str):
+                self.counters["proxy_refused"] += 1
+                return [self._answer(m, Code.PROXYING_NOT_SUPPORTED, target, client, via)]
+            m, server = target
+            data = encode(m, m.mtype, m.mid, m.token)
+        elif server is None:
+            self.counters["proxy_refused"] += 1
+            return [self._answer(m, Code.NOT_FOUND, "this listener is a forward proxy: name the server in Proxy-Uri",
+                                 client, via)]
         path = path_of(m)
         rule = next((r for r in self.rules if r.matches(path)), None)
         if rule is None or not rule.allow:

@@ -26,8 +26,8 @@
 
     [gateway.coap]                 # the CoAP gateway (an empty table: far side only)
     listen = "0.0.0.0:5683"        # explicit listener: clients send here ...
-    server = "10.77.9.2:5683"      # ... and mean this server
-    tproxy = false                 # true: intercept UDP 5683 crossing the box (TPROXY)
+    server = "10.77.9.2:5683"      # ... and mean this server (a Proxy-Uri names another; no server: those only)
+    tproxy = false                 # true: intercept UDP 5683 crossing the box to servers a route names (TPROXY)
     tproxy_port = 15683            # where intercepted datagrams land
 
     [[gateway.coap.resource]]      # first match wins; a request that matches none stays local (4.03)
@@ -201,10 +201,7 @@ def parse_coap(src: str, raw: Any) -> CoapConfig:
     cfg = CoapConfig()
     cfg.tproxy, cfg.tproxy_port = _tproxy(src, "gateway.coap", c, cfg.tproxy_port)
     if "listen" in c:
-        cfg.listen = _hostport(src, "gateway.coap.listen", c["listen"])
-        if "server" not in c:
-            raise ConfigError(src, "gateway.coap.server", None, "an explicit listener needs the server it stands for",
-                              'add server = "address:5683"')
+        cfg.listen = _hostport(src, "gateway.coap.listen", c["listen"])  # no server: forward-proxy requests only
     if "server" in c:
         cfg.server = _hostport(src, "gateway.coap.server", c["server"])
     rules = c.get("resource", [])

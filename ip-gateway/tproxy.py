@@ -24,7 +24,7 @@ MARK, RT_TABLE = "1", "100"
 IP_TRANSPARENT, IP_RECVORIGDSTADDR = 19, 20
 IP_ORIGDSTADDR = IP_RECVORIGDSTADDR
 
-_rules: dict[tuple[str, int], int] = {}  # (tcp|udp, intercepted port) -> where it lands
+_rules: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}  # (tcp|udp, port) -> (where it lands, to whom)
 _nft: bool | None = None  # what the rules were installed with (None: nothing installed)
 
 
@@ -34,10 +34,11 @@ def _run(*cmd: str, check: bool = True) -> None:
         raise C2Error(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
 
 
-def intercept(proto: str, dport: int, port: int) -> None:
+def intercept(proto: str, dport: int, port: int, daddrs: list[str] | None = None) -> None:
     """Send `proto` traffic to `dport` crossing the box to local port `port` (with the
-    other gateways' rules kept)."""
-    _rules[(proto, dport)] = port
+    other gateways' rules kept); only traffic to the prefixes `daddrs` when they are given
+    (an empty list intercepts nothing)."""
+    _rules[(proto, dport)] = (port, tuple(daddrs) if daddrs is not None else ("0.0.0.0/0",))
     _apply()
 
 
@@ -55,11 +56,13 @@ def _apply() -> None:
         return
     if shutil.which("nft"):
         lines = []
-        for (proto, dport), port in sorted(_rules.items()):
+        for (proto, dport), (port, daddrs) in sorted(_rules.items()):
             lines += [f"  {proto} dport {dport} fib daddr type local accept"]
             if proto == "tcp":  # packets of a flow already accepted go to its socket
                 lines += [f"  tcp dport {dport} socket transparent 1 meta mark set {MARK} accept"]
-            lines += [f"  {proto} dport {dport} tproxy to :{port} meta mark set {MARK} accept"]
+            to = "" if daddrs == ("0.0.0.0/0",) else f"ip daddr {{ {', '.join(daddrs)} }} "
+            if daddrs:
+                lines += [f"  {to}{proto} dport {dport} tproxy to :{port} meta mark set {MARK} accept"]
         rules = (f"table ip {TABLE} {{\n chain prerouting {{\n  type filter hook prerouting priority mangle; "
                  "policy accept;\n" + "\n".join(lines) + "\n }\n}\n")
         r = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True)
@@ -68,11 +71,12 @@ def _apply() -> None:
         _nft = True
     elif shutil.which("iptables"):
         _run("iptables", "-t", "mangle", "-N", TABLE, check=False)
-        for (proto, dport), port in sorted(_rules.items()):
+        for (proto, dport), (port, daddrs) in sorted(_rules.items()):
             _run("iptables", "-t", "mangle", "-A", TABLE, "-p", proto, "--dport", str(dport), "-m", "addrtype",
                  "--dst-type", "LOCAL", "-j", "RETURN")
-            _run("iptables", "-t", "mangle", "-A", TABLE, "-p", proto, "--dport", str(dport), "-j", "TPROXY",
-                 "--on-port", str(port), "--tproxy-mark", MARK)
+            for net in daddrs:
+                _run("iptables", "-t", "mangle", "-A", TABLE, "-p", proto, "-d", net, "--dport", str(dport), "-j",
+                     "TPROXY", "--on-port", str(port), "--tproxy-mark", MARK)
         _run("iptables", "-t", "mangle", "-I", "PREROUTING", "-j", TABLE)
         _nft = False
     else:

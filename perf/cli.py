@@ -163,14 +163,20 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
 
 @perf.command("orders")
 @click.option("--profile", default="narrowband-15k", show_default=True, help="profile of the leaders' link")
-@click.option("--modes", default="overlay,mqtt", show_default=True)
+@click.option("--protocols", default="mqtt,coap,http", show_default=True,
+              help="MQTT QoS 1, CoAP CON POSTs, HTTP POSTs (HTTP runs direct only: the overlay carries MQTT and CoAP)")
+@click.option("--modes", default="direct,overlay", show_default=True,
+              help="direct: across the links; overlay: through c2dtn gateways at the leaders")
+@click.option("--outage", default="none", show_default=True, callback=_outage,
+              help="the leaders' link down from START to END seconds into the script (e.g. 60-120), or none")
 @click.option("--span", type=click.FloatRange(10, 7200), default=240.0, show_default=True,
               help="seconds the 97 messages are spread over")
 @click.option("--drain", type=click.FloatRange(0, 7200), default=60.0, show_default=True,
               help="seconds allowed after the last message")
 @click.option("--seed", default=4, show_default=True, help="seeds the script and the links")
-def orders_cmd(profile: str, modes: str, span: float, drain: float, seed: int) -> None:
-    """C2 orders at QoS 1 between the platoons (seed 004's 97-message script shape), overlay vs direct MQTT."""
+def orders_cmd(profile: str, protocols: str, modes: str, outage, span: float, drain: float, seed: int) -> None:
+    """C2 orders between the platoons (seed 004's 97-message script shape): MQTT, CoAP and HTTP, direct and
+    through the overlay."""
     from c2dtn.errors import ConfigError
     from c2dtn.perf import orders
     from c2dtn.topologies.profiles import load_builtin_profiles
@@ -179,7 +185,15 @@ def orders_cmd(profile: str, modes: str, span: float, drain: float, seed: int) -
         load_builtin_profiles().get(profile, "--profile", "profile")
     except ConfigError as e:
         raise click.BadParameter(str(e), param_hint="--profile") from None
-    orders.main(profile, tuple(_list(modes, orders.MODES, "mode", "--modes")), drain, seed, span)
+    if outage and outage[1] > span + drain:
+        raise click.BadParameter(f"the outage {outage[0]:g}-{outage[1]:g} s ends after the run "
+                                 f"({span + drain:g} s)", param_hint="--outage")
+    chosen = orders.runs(tuple(_list(protocols, orders.PROTOCOLS, "protocol", "--protocols")),
+                         tuple(_list(modes, orders.PATHS, "mode", "--modes")))
+    if not chosen:
+        raise click.BadParameter("HTTP runs direct only (the overlay carries MQTT and CoAP): add mqtt or coap, "
+                                 "or --modes direct", param_hint="--protocols")
+    orders.main(profile, tuple(chosen), drain, seed, span, outage)
 
 
 @perf.command("matrix")

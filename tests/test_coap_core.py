@@ -185,7 +185,8 @@ def test_coap_config_errors_name_the_bad_value():
     g = parse_gateway("gw.toml", {"coap": {"listen": "0.0.0.0:5683", "server": "10.77.9.2:5683",
                                            "resource": [{"path": "/orders/*", "priority": "flash", "lifetime": 60}]}})
     assert g.coap.server == ("10.77.9.2", 5683) and g.coap.resources[0].priority == Priority.FLASH
-    for bad, value in [({"listen": "0.0.0.0:5683"}, "server"), ({"resource": [{"path": "orders"}]}, "orders"),
+    assert parse_gateway("gw.toml", {"coap": {"listen": "127.0.0.1:5684"}}).coap.server is None  # a forward proxy
+    for bad, value in [({"listen": "0.0.0.0"}, "0.0.0.0"), ({"resource": [{"path": "orders"}]}, "orders"),
                        ({"resource": [{"path": "/a", "priority": "urgent"}]}, "urgent"),
                        ({"resource": [{"path": "/a", "allow": "yes"}]}, "yes"), ({"port": 5683}, "port")]:
         with pytest.raises(ConfigError, match=value):
@@ -201,6 +202,31 @@ def test_answers_go_from_the_address_the_client_spoke_to_a_listener_or_under_tpr
     rsp = cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CHANGED)))
     assert only(n.response(48, rsp, 0), cc.Reply).via == listener  # the response goes the way the request came
     assert only(n.datagram(request("/secret/x", mid=5), CLIENT, SERVER, 0, via=listener), cc.Reply).via == listener
+
+
+def test_a_listener_forwards_a_proxy_request_to_the_server_its_uri_names_and_refuses_what_it_cannot():
+    n, listener = near(), ("127.0.0.1", 5684)
+    m = Message(code=Code.POST, payload=b"move", proxy_uri="coap://10.77.9.7:5690/orders/b-v1?urgent")
+    sub = only(n.datagram(cc.encode(m, Type.CON, 300, b"\x01"), CLIENT, None, 0, via=listener), cc.Submit)
+    body = cc.unpack(sub.body)
+    assert tuple(body["s"]) == ("10.77.9.7", 5690) and sub.dst == "gw4" and tuple(body["v"]) == listener
+    replay = cc.decode(body["m"])  # the server gets an ordinary request: no proxy options, the URI's path
+    assert (replay.opt.proxy_uri, replay.opt.uri_path, replay.opt.uri_query) == (None, ("orders", "b-v1"), ("urgent",))
+    assert replay.payload == b"move" and only(sub.then, cc.Reply).via == listener
+    # Proxy-Scheme with Uri-Host and Uri-Path (RFC 7252 5.7.2), to the default port
+    m = Message(code=Code.POST, payload=b"x", proxy_scheme="coap", uri_host="10.77.9.8", uri_path=("orders", "a"))
+    body = cc.unpack(only(n.datagram(cc.encode(m, Type.CON, 301, b"\x02"), CLIENT, None, 0, via=listener),
+                          cc.Submit).body)
+    assert tuple(body["s"]) == ("10.77.9.8", 5683) and cc.decode(body["m"]).opt.uri_host is None
+    for uri, why in (("http://10.77.9.7/orders/1", "only coap://"), ("coap://hq.example/orders/1", "IPv4"),
+                     ("coap://10.77.9.7:99999/orders/1", "not coap://")):
+        m = Message(code=Code.POST, payload=b"x", proxy_uri=uri)
+        r = cc.decode(only(n.datagram(cc.encode(m, Type.CON, 302, b"\x03"), CLIENT, None, 0, via=listener),
+                           cc.Reply).data)
+        assert r.code == Code.PROXYING_NOT_SUPPORTED and why in r.payload.decode(), (uri, r.payload)
+    r = cc.decode(only(n.datagram(request(mid=303), CLIENT, None, 0, via=listener), cc.Reply).data)
+    assert r.code == Code.NOT_FOUND and b"Proxy-Uri" in r.payload  # a proxy-only listener has no resources
+    assert n.counters["proxy_refused"] == 4 and n.counters["requests"] == 2
 
 
 # -- Observe (RFC 7641) ------------------------------------------------------------------
