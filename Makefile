@@ -20,15 +20,20 @@ DTN7_ROOT := $(C2DTN_CACHE)/dtn7-$(DTN7_VERSION)
 # ION-DTN, IBR-DTN and HDTN come from their public source archives (no registry carries
 # them): ../shared/bpa-src/ unless ION_SRC / IBRDTN_SRC / HDTN_SRC name others. Each is
 # built once per machine into the cache beside dtn7-rs (ION about 6 minutes, IBR-DTN about
-# 8); a build that fails is recorded (<cache>/<bpa>-<version>.failed, its own error line)
+# 8, HDTN about 17: only its hdtn-one-process); a build that fails is recorded (<cache>/<bpa>-<version>.failed, its own error line)
 # and not retried until BPA_RETRY=1, and the tests that need that agent skip with the line.
 BPA_SRC ?= $(abspath ../shared/bpa-src)
 ION_VERSION := 4.1.3
 ION_SRC ?= $(BPA_SRC)/ion-open-source-$(ION_VERSION).tar.xz
 IBRDTN_VERSION := 103bab3d
 IBRDTN_SRC ?= $(BPA_SRC)/ibrdtn-$(IBRDTN_VERSION).tar.xz
+HDTN_VERSION := 1.3.1
+HDTN_SRC ?= $(BPA_SRC)/HDTN-$(HDTN_VERSION).tar.xz
 # Debian packages the BPA builds need (checked with dpkg; only missing ones are installed)
-APT_BPAS := autoconf automake libtool pkg-config make g++ libsqlite3-dev libssl-dev zlib1g-dev
+APT_BPAS := autoconf automake libtool pkg-config make g++ libsqlite3-dev libssl-dev zlib1g-dev \
+	cmake libzmq3-dev libboost-system-dev libboost-date-time-dev libboost-filesystem-dev libboost-timer-dev \
+	libboost-thread-dev libboost-regex-dev libboost-program-options-dev libboost-test-dev \
+	libboost-iostreams-dev libboost-random-dev libboost-log-dev
 
 .PHONY: demo test deps apt venv tools bpas apt-bpas clean down lock
 
@@ -54,7 +59,8 @@ $(DTN7_ROOT)/bin/dtnd:
 bpas: apt-bpas
 	@scripts/build-bpa.sh ion "$(ION_SRC)" "$(C2DTN_CACHE)/ion-$(ION_VERSION)"
 	@scripts/build-bpa.sh ibrdtn "$(IBRDTN_SRC)" "$(C2DTN_CACHE)/ibrdtn-$(IBRDTN_VERSION)"
-	@mkdir -p .tools && for b in ion-$(ION_VERSION) ibrdtn-$(IBRDTN_VERSION); do \
+	@scripts/build-bpa.sh hdtn "$(HDTN_SRC)" "$(C2DTN_CACHE)/hdtn-$(HDTN_VERSION)"
+	@mkdir -p .tools && for b in ion-$(ION_VERSION) ibrdtn-$(IBRDTN_VERSION) hdtn-$(HDTN_VERSION); do \
 	  if [ -e "$(C2DTN_CACHE)/$$b/.built" ]; then ln -sfn "$(C2DTN_CACHE)/$$b" ".tools/$${b%%-*}"; fi; done
 	@$(MAKE) --no-print-directory .tools/c2dtn-ionbp
 

@@ -23,7 +23,7 @@ def _home(name: str) -> Path:
 
 def test_the_makefile_builds_the_versions_the_drivers_look_for():
     mk = (ROOT / "Makefile").read_text()
-    for name, var in (("ion", "ION_VERSION"), ("ibrdtn", "IBRDTN_VERSION")):
+    for name, var in (("ion", "ION_VERSION"), ("ibrdtn", "IBRDTN_VERSION"), ("hdtn", "HDTN_VERSION")):
         assert re.search(rf"^{var} := {re.escape(builds.VERSIONS[name])}$", mk, re.M), var
 
 
@@ -40,6 +40,13 @@ def test_ibrdtn_was_built_with_its_daemon_and_sqlite_storage():
     home = _home("ibrdtn")
     out = subprocess.run([home / "sbin" / "dtnd", "--version"], capture_output=True, text=True, timeout=10)
     assert "IBR-DTN" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_hdtn_was_built_with_its_one_process_daemon():
+    home = _home("hdtn")
+    out = subprocess.run([home / "bin" / "hdtn-one-process", "--help"], capture_output=True, text=True, timeout=20)
+    text = out.stdout + out.stderr
+    assert "This is HDTN version 1.3.1" in text and "--contact-plan-file" in text, text[-2000:]
 
 
 def test_the_ion_helper_says_in_a_frame_when_there_is_no_node_to_attach_to(tmp_path):

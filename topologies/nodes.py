@@ -29,7 +29,7 @@ def dtnd_missing() -> str | None:
 
 # the agents the live tests prove the overlay on (each skipped, with its build's error, where
 # it was not built)
-AGENTS = ["dtn7", "ion", "ibrdtn"]
+AGENTS = ["dtn7", "ion", "ibrdtn", "hdtn"]
 
 
 class Nodes:

@@ -28,7 +28,7 @@ def register(kind: str) -> Callable[[type[BundleAgent]], type[BundleAgent]]:
 
 
 def _load() -> None:
-    from c2dtn.overlay.agents import dtn7, ibrdtn, ion  # noqa: F401  (the drivers register themselves)
+    from c2dtn.overlay.agents import dtn7, hdtn, ibrdtn, ion  # noqa: F401  (the drivers register themselves)
 
 
 def kinds() -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from c2dtn.errors import C2Error
 
-VERSIONS = {"ion": "4.1.3", "ibrdtn": "103bab3d"}  # the Makefile's ION_VERSION, IBRDTN_VERSION
+VERSIONS = {"ion": "4.1.3", "ibrdtn": "103bab3d", "hdtn": "1.3.1"}  # the Makefile's ION_VERSION, IBRDTN_VERSION, HDTN_VERSION
 
 
 class NotBuilt(C2Error):

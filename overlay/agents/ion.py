@@ -67,19 +67,21 @@ def derived_number(node: str) -> int:
     return 1 + zlib.crc32(node.encode()) % (1 << 31)
 
 
-def node_numbers(cfg: NodeConfig) -> dict[str, int]:
-    """ipn node number of this node and of every node its config names."""
+def node_numbers(cfg: NodeConfig, derive=derived_number) -> dict[str, int]:
+    """ipn node number of this node and of every node its config names (`[agent.<kind>]` number
+    and numbers, else `derive(id)`); the HDTN driver names its nodes the same way."""
     o = cfg.agent_options
     names = {cfg.id} | {p.node for p in cfg.peers} | {r.to for r in cfg.routes if r.to != "*"} \
         | {r.via for r in cfg.routes} | set(cfg.keys)
-    nums = {n: o["numbers"].get(n) or derived_number(n) for n in sorted(names)}
+    nums = {n: o["numbers"].get(n) or derive(n) for n in sorted(names)}
     if o["number"]:
         nums[cfg.id] = o["number"]
     seen: dict[int, str] = {}
     for n, k in nums.items():
         if k in seen:
-            raise ConfigError(cfg.source, "agent.ion.numbers", k, f"nodes {seen[k]!r} and {n!r} have the same ipn number",
-                              "give one of them its own in [agent.ion] numbers")
+            raise ConfigError(cfg.source, f"agent.{cfg.agent}.numbers", k,
+                              f"nodes {seen[k]!r} and {n!r} have the same ipn number",
+                              f"give one of them its own in [agent.{cfg.agent}] numbers")
         seen[k] = n
     return nums
 

@@ -1,0 +1,83 @@
+"""BPv7 bundles (RFC 9171 §4) for an agent the driver must speak to as a BP node (HDTN).
+
+Only what a driver needs: a bundle of one payload block from an ipn endpoint to another, and
+the source, destination and payload of one received (whatever other blocks it carries).  No
+I/O.  Written here because no maintained Python BPv7 codec is on PyPI (the CBOR is cbor2's,
+the CRC-32C the crc32c package's).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import cbor2
+import crc32c
+
+DTN_EPOCH_MS = 946_684_800_000  # 2000-01-01T00:00:00Z in Unix milliseconds (RFC 9171 §4.2.6)
+MUST_NOT_FRAGMENT = 0x04  # bundle processing control flag: the overlay takes an envelope whole
+CRC32C = 2
+PAYLOAD = 1  # block type code of the payload block
+
+
+class BundleError(ValueError):
+    """Bytes that are not a BPv7 bundle this driver can take; the message names what is wrong."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    src: tuple[int, int]  # ipn (node, service)
+    dst: tuple[int, int]
+    created_ms: int  # DTN time (ms since 2000) of its creation, 0 where the source has no clock
+    seq: int
+    lifetime_ms: int
+    payload: bytes
+
+
+def _ipn(node: int, service: int) -> list:
+    return [2, [node, service]]
+
+
+def encode(src: tuple[int, int], dst: tuple[int, int], payload: bytes, lifetime_ms: int, created_ms: int,
+           seq: int) -> bytes:
+    """One bundle: a primary block with a CRC-32C (RFC 9171 §4.3.1 wants a CRC on it) and one
+    payload block; the report-to endpoint is the source."""
+    primary = [7, MUST_NOT_FRAGMENT, CRC32C, _ipn(*dst), _ipn(*src), _ipn(*src), [created_ms, seq], lifetime_ms,
+               b"\0\0\0\0"]
+    blank = cbor2.dumps(primary)
+    # the CRC is over the block's encoding with the CRC field zeroed; it is the last 4 bytes
+    crc = struct.pack(">I", crc32c.crc32c(blank))
+    body = cbor2.dumps([PAYLOAD, 1, 0, 0, payload])
+    return b"\x9f" + blank[:-4] + crc + body + b"\xff"
+
+
+def _eid(v, what: str) -> tuple[int, int]:
+    if (isinstance(v, list) and len(v) == 2 and v[0] == 2 and isinstance(v[1], list) and len(v[1]) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v[1])):
+        return v[1][0], v[1][1]
+    raise BundleError(f"{what} is not an ipn endpoint: {v!r:.80}")
+
+
+def decode(raw: bytes) -> Bundle:
+    """The bundle in `raw`.  The CRCs are not checked again: the bundle came over TCP from the
+    agent, which checked them when it took the bundle from the network."""
+    try:
+        blocks = cbor2.loads(raw)
+    except Exception as e:  # cbor2 raises several types for bad input
+        raise BundleError(f"not CBOR: {e}") from None
+    if not isinstance(blocks, list) or len(blocks) < 2 or not isinstance(blocks[0], list):
+        raise BundleError("not a BPv7 bundle (an array of blocks, the primary first)")
+    p = blocks[0]
+    if len(p) < 8 or p[0] != 7:
+        raise BundleError(f"primary block of version {p[0] if p else '?'!r} with {len(p)} fields (BPv7 has 7 and 8+)")
+    created = p[6]
+    if not (isinstance(created, list) and len(created) == 2 and all(isinstance(x, int) for x in created)):
+        raise BundleError(f"creation timestamp {created!r:.60}")
+    if not isinstance(p[7], int):
+        raise BundleError(f"lifetime {p[7]!r:.40}")
+    for b in blocks[1:]:
+        if isinstance(b, list) and len(b) >= 5 and b[0] == PAYLOAD:
+            if not isinstance(b[4], bytes):
+                raise BundleError("payload block data is not a byte string")
+            return Bundle(_eid(p[4], "source"), _eid(p[3], "destination"), created[0], created[1], p[7], b[4])
+    raise BundleError("bundle has no payload block")

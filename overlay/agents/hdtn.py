@@ -1,0 +1,379 @@
+"""HDTN 1.3.1 driver: one hdtn-one-process per overlay node, spoken to as a BP node over TCPCLv4.
+
+HDTN has no API for local applications: an application is a BP node of its own that reaches
+HDTN over a convergence layer (its bpgen and bpsink tools do that).  This driver therefore
+- writes the node's hdtn.json (inducts, outducts, a disk store) and its contact plan from the
+  node config (`prepare`);
+- is itself the node's application: a BP node `ipn:A.0` (A = the HDTN node's number + 1)
+  with a TCPCLv4 session (overlay/agents/tcpcl4.py) to a tcpcl_v4 induct HDTN runs on
+  127.0.0.1:`app_port`.  Bundles go in as transfers on that session, acknowledged by HDTN's
+  XFER_ACK once it has the whole bundle; HDTN hands back the bundles for ipn:A.* over the same
+  session (its "opportunistic link" to a node that connected to it) and keeps them in its
+  store while no session is up.
+
+Settings (`[agent.hdtn]`):
+  number = 0          this node's HDTN node number, even (0: derived from the node id, below)
+  numbers = {}        other nodes' HDTN numbers, by node id, where they are not derived
+  app_port = 4560     the induct the overlay connects to (TCPCLv4, on every address: HDTN's
+                      inducts bind no single one)
+  store_mb = 256      HDTN's disk store (totalStorageCapacityBytes)
+  rate_bits = 0       every contact's rate in bit/s (0: unlimited; HDTN paces UDP outducts by it)
+
+Node numbers: HDTN names nodes by ipn number.  Unless a table says otherwise a node's number is
+derived from its id, so that every node config agrees without listing all others: 2 + 2 × (CRC-32
+of the id mod 2^29), even and below 2^31 (HDTN reads contact plan node numbers as C ints); the
+overlay's endpoint on that node is ipn:<number+1>.1.
+
+Routing: HDTN routes by contact graph (CGR) over its contact plan.  The plan written here has, for
+every neighbour P, a contact from this node to P and one from P to P's application node, and for
+every route to X via V a contact from V to X's application node (a `*` route: to the application
+node of every node the config names), all from HDTN's start for 63 years, so that CGR finds the
+next hop the node config says.  The testbed cuts links, not the plan: HDTN sees a TCPCLv4 session
+fail, marks the link down and stores what waits for it until the session is back.
+
+CLAs: tcpcl is HDTN's tcpcl_v4 (RFC 9174), udp is its udp (one bundle per datagram).  Groups: no.
+HDTN's internal ZeroMQ ports (10200, 10305) are fixed here, so one HDTN node runs per network
+namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import zlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from c2dtn.errors import C2Error, ConfigError
+from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
+from c2dtn.overlay.agents import bpv7, register, tcpcl4
+from c2dtn.overlay.agents.builds import built, not_built
+from c2dtn.overlay.agents.ion import node_numbers
+
+if TYPE_CHECKING:
+    from c2dtn.overlay.config import NodeConfig
+
+log = logging.getLogger("c2dtn.hdtn")
+
+SERVICE = 1  # the overlay's endpoint: ipn:<application node>.1
+CLA_NAMES = {"tcpcl": "tcpcl_v4", "udp": "udp"}
+MAX_BUNDLE = 10_000_000  # HDTN's maxBundleSizeBytes here (its examples' value)
+FOREVER_S = 2_000_000_000  # a contact's end, in seconds from HDTN's start (read as a C int)
+
+
+def derived_number(node: str) -> int:
+    return 2 + 2 * (zlib.crc32(node.encode()) % (1 << 29))
+
+
+def app_number(hdtn_number: int) -> int:
+    return hdtn_number + 1
+
+
+def _cl(spec) -> str:
+    try:
+        return CLA_NAMES[spec.scheme]
+    except KeyError:
+        raise C2Error(f"HDTN has no {spec.scheme} convergence layer here ({spec}): use tcpcl (TCPCLv4) or udp") from None
+
+
+def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
+    """The files of one HDTN node: name -> text (in the agent folder)."""
+    o = cfg.agent_options
+    nums = node_numbers(cfg, derived_number)
+    me = nums[cfg.id]
+    d = cfg.agent_dir
+    inducts = [{"name": "c2dtn_app", "convergenceLayer": "tcpcl_v4", "boundPort": o["app_port"],
+                "numRxCircularBufferElements": 200, "numRxCircularBufferBytesPerElement": 20000,
+                "keepAliveIntervalSeconds": 15, "tcpclV4MyMaxRxSegmentSizeBytes": 200000, "tlsIsRequired": False,
+                "certificatePemFile": "", "privateKeyPemFile": "", "diffieHellmanParametersPemFile": ""}]
+    for i, s in enumerate(cfg.listen):
+        if _cl(s) == "udp":
+            inducts.append({"name": f"udp{i}", "convergenceLayer": "udp", "boundPort": s.port,
+                            "numRxCircularBufferElements": 2000, "numRxCircularBufferBytesPerElement": 65535})
+        else:
+            inducts.append({**inducts[0], "name": f"tcpcl{i}", "boundPort": s.port})
+    outducts = []
+    for p in cfg.peers:
+        base = {"name": f"to_{p.node}", "convergenceLayer": _cl(p.cla), "nextHopNodeId": nums[p.node],
+                "remoteHostname": p.cla.host, "remotePort": p.cla.port, "maxNumberOfBundlesInPipeline": 50,
+                "maxSumOfBundleBytesInPipeline": 50_000_000}
+        if _cl(p.cla) == "tcpcl_v4":
+            base.update({"keepAliveIntervalSeconds": 15, "tcpclAllowOpportunisticReceiveBundles": True,
+                         "tcpclV4MyMaxRxSegmentSizeBytes": 200000, "tryUseTls": False, "tlsIsRequired": False,
+                         "useTlsVersion1_3": False, "doX509CertificateVerification": False,
+                         "verifySubjectAltNameInX509Certificate": False,
+                         "certificationAuthorityPemFileForVerification": ""})
+        outducts.append(base)
+    config = {
+        "hdtnConfigName": f"c2dtn {cfg.id} (written from {cfg.source})", "userInterfaceOn": False,
+        "mySchemeName": "unused_scheme_name", "myNodeId": me, "myBpEchoServiceId": 2047,
+        "myCustodialSsp": "unused_custodial_ssp", "myCustodialServiceId": 0, "myRouterServiceId": 100,
+        "isAcsAware": True, "acsMaxFillsPerAcsPacket": 100, "acsSendPeriodMilliseconds": 1000,
+        "retransmitBundleAfterNoCustodySignalMilliseconds": 10000, "maxBundleSizeBytes": MAX_BUNDLE,
+        "maxIngressBundleWaitOnEgressMilliseconds": 2000, "bufferRxToStorageOnLinkUpSaturation": False,
+        "maxLtpReceiveUdpPacketSizeBytes": 65536, "neighborDepletedStorageDelaySeconds": 0,
+        "fragmentBundlesLargerThanBytes": 0, "enforceBundlePriority": False,
+        "zmqBoundRouterPubSubPortPath": 10200, "zmqBoundTelemApiPortPath": 10305,
+        "inductsConfig": {"inductConfigName": "c2dtn", "inductVector": inducts},
+        "outductsConfig": {"outductConfigName": "c2dtn", "outductVector": outducts},
+        "storageConfig": {
+            # restored from its files at start: what HDTN held when it was killed
+            "storageImplementation": "asio_single_threaded", "tryToRestoreFromDisk": True,
+            "autoDeleteFilesOnExit": False, "totalStorageCapacityBytes": o["store_mb"] << 20,
+            "storageDeletionPolicy": "never",
+            "storageDiskConfigVector": [{"name": "d1", "storeFilePath": str(d / "store1.bin")}]},
+    }
+    links: list[tuple[int, int]] = []
+    for p in cfg.peers:
+        links += [(me, nums[p.node]), (nums[p.node], app_number(nums[p.node]))]
+    neighbours = {p.node for p in cfg.peers}
+    routed = set(neighbours) | {cfg.id}
+    for r in cfg.routes:
+        if r.to != "*" and r.to not in neighbours and r.to != r.via and r.via in nums:
+            links.append((nums[r.via], app_number(nums[r.to])))
+            routed.add(r.to)
+    for r in cfg.routes:
+        if r.to == "*" and r.via in nums:
+            links += [(nums[r.via], app_number(nums[n])) for n in sorted(nums) if n not in routed]
+    contacts = [{"contact": i, "source": a, "dest": b, "startTime": 0, "endTime": FOREVER_S,
+                 "rateBitsPerSec": o["rate_bits"], "owlt": 1} for i, (a, b) in enumerate(dict.fromkeys(links))]
+    return {"hdtn.json": json.dumps(config, indent=1) + "\n",
+            "contacts.json": json.dumps({"contacts": contacts}, indent=1) + "\n"}
+
+
+@register("hdtn")
+class HdtnAgent(BundleAgent):
+    # BPv7; bundles up to HDTN's maxBundleSizeBytes here; no groups; its disk store is restored
+    # at start (tryToRestoreFromDisk); its UDP CL sends a bundle as one datagram
+    capabilities = Capabilities(bp_version=7, max_bundle_bytes=MAX_BUNDLE - 4096, groups=False, own_custody=True,
+                                udp_bundle_max=65_000)
+    endpoint = str(SERVICE)
+
+    def __init__(self, cfg: NodeConfig):
+        self.cfg = cfg
+        self.nums = node_numbers(cfg, derived_number)
+        self.me = app_number(self.nums[cfg.id])
+        self.names = {app_number(v): k for k, v in self.nums.items()}
+        self.port = cfg.agent_options["app_port"]
+        self._session: tcpcl4.Session | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._acks: dict[int, asyncio.Future] = {}
+        self._deliveries: asyncio.Queue = asyncio.Queue(maxsize=256)
+        self._lock = asyncio.Lock()
+        self._seq = 0
+        self._last_ms = 0
+
+    # -- configuration ---------------------------------------------------------------------
+    @classmethod
+    def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
+        from c2dtn.tomlfile import check_table
+
+        check_table(source, "agent.hdtn", table, {"number", "numbers", "app_port", "store_mb", "rate_bits"})
+        o = {"number": table.get("number", 0), "numbers": table.get("numbers", {}), "app_port": table.get("app_port", 4560),
+             "store_mb": table.get("store_mb", 256), "rate_bits": table.get("rate_bits", 0)}
+        for key, low, high in (("number", 0, (1 << 31) - 2), ("app_port", 1, 65535), ("store_mb", 1, 1 << 20),
+                               ("rate_bits", 0, 1 << 40)):
+            v = o[key]
+            if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
+                raise ConfigError(source, f"agent.hdtn.{key}", v, f"must be a whole number from {low} to {high}")
+        nums = o["numbers"]
+        if not isinstance(nums, dict) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 < v < (1 << 31) - 1 and v % 2 == 0
+                for v in nums.values()) or o["number"] % 2:
+            raise ConfigError(source, "agent.hdtn.numbers", nums if o["number"] % 2 == 0 else o["number"],
+                              "HDTN node numbers must be even and below 2^31 - 1 (the odd one above each is "
+                              "its overlay endpoint's node)")
+        return o
+
+    @classmethod
+    def missing(cls) -> str | None:
+        return not_built("hdtn")
+
+    # -- the daemon ----------------------------------------------------------------------------
+    def prepare(self) -> Launch:
+        home = built("hdtn")
+        d = self.cfg.agent_dir
+        d.mkdir(parents=True, exist_ok=True)
+        for name, text in hdtn_files(self.cfg).items():
+            (d / name).write_text(text)
+        return Launch([str(home / "bin" / "hdtn-one-process"), f"--hdtn-config-file={d / 'hdtn.json'}",
+                       f"--contact-plan-file={d / 'contacts.json'}"], env={"HDTN_SOURCE_ROOT": str(home)}, cwd=d)
+
+    def owns(self, cmdline: bytes) -> bool:
+        return b"hdtn-one-process" in cmdline and str(self.cfg.agent_dir / "hdtn.json").encode() in cmdline
+
+    async def ready(self) -> None:
+        await self.start()
+        if not self.cfg.overlay:  # a node without the overlay leaves ipn:A.0 to other clients (benchmarks)
+            await self.stop()
+
+    # -- the session ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        async with self._lock:
+            if self._session is not None and self._session.established and self._writer is not None \
+                    and not self._writer.is_closing():
+                return
+            await self._close()
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 5)
+            except (OSError, asyncio.TimeoutError) as e:
+                raise AgentError(f"HDTN's induct at 127.0.0.1:{self.port} does not answer: {e or type(e).__name__}") from None
+            session = tcpcl4.Session(f"ipn:{self.me}.0", time.monotonic(), transfer_mru=MAX_BUNDLE)
+            self._session, self._writer = session, writer
+            up = asyncio.get_running_loop().create_future()
+            writer.write(session.start())
+            self._tasks = [asyncio.create_task(self._read(reader, writer, session, up)),
+                           asyncio.create_task(self._keepalive(writer, session))]
+            try:
+                await asyncio.wait_for(asyncio.shield(up), 10)
+            except (asyncio.TimeoutError, AgentError) as e:
+                await self._close()
+                raise AgentError(f"HDTN at 127.0.0.1:{self.port} did not open a TCPCLv4 session: "
+                                 f"{e or 'no SESS_INIT in 10 s'}") from None
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: tcpcl4.Session,
+                    up: asyncio.Future) -> None:
+        why = "HDTN closed the session"
+        try:
+            while True:
+                data = await reader.read(1 << 20)
+                if not data:
+                    break
+                out, events = session.feed(data, time.monotonic())
+                if out:
+                    writer.write(out)
+                for ev in events:
+                    if isinstance(ev, tcpcl4.Established):
+                        if not up.done():
+                            up.set_result(ev)
+                    elif isinstance(ev, tcpcl4.Received):
+                        await self._deliver(ev.bundle)
+                    elif isinstance(ev, (tcpcl4.Acked, tcpcl4.Refused)):
+                        fut = self._acks.pop(ev.transfer_id, None)
+                        if fut is not None and not fut.done():
+                            fut.set_result(ev)
+                    elif isinstance(ev, tcpcl4.Ended):
+                        why = ev.reason
+                if not session.established and up.done():
+                    break
+                await writer.drain()
+        except (OSError, tcpcl4.ProtocolError) as e:
+            why = f"TCPCLv4 session with HDTN: {e}"
+            log.warning("%s", why)
+        finally:
+            if not up.done():
+                up.set_exception(AgentError(why))
+            for fut in self._acks.values():
+                if not fut.done():
+                    fut.set_exception(AgentError(why))
+            self._acks.clear()
+            writer.close()
+
+    async def _deliver(self, raw: bytes) -> None:
+        try:
+            b = bpv7.decode(raw)
+        except bpv7.BundleError as e:
+            log.warning("HDTN handed over a bundle this driver cannot read (%s): dropped", e)
+            return
+        node = self.names.get(b.src[0], f"ipn:{b.src[0]}.{b.src[1]}")
+        await self._deliveries.put(AgentDelivery(node, self.endpoint, b.payload, f"{b.src[0]}.{b.created_ms}.{b.seq}"))
+
+    async def _keepalive(self, writer: asyncio.StreamWriter, session: tcpcl4.Session) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            while not writer.is_closing():
+                due = session.deadline()
+                await asyncio.sleep(1.0 if due is None else max(0.05, due - time.monotonic()))
+                try:
+                    out = session.tick(time.monotonic())
+                except tcpcl4.ProtocolError as e:
+                    log.warning("TCPCLv4 session with HDTN: %s", e)
+                    writer.close()
+                    return
+                if out:
+                    writer.write(out)
+
+    async def _close(self) -> None:
+        writer, self._writer, self._session = self._writer, None, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    async def stop(self) -> None:
+        async with self._lock:
+            if self._session is not None and self._writer is not None and not self._writer.is_closing():
+                with contextlib.suppress(Exception):
+                    self._writer.write(self._session.terminate())
+            await self._close()
+
+    async def register(self, endpoint: str) -> None:
+        if endpoint != self.endpoint:
+            raise AgentError(f"the hdtn agent serves only its own endpoint ipn:{self.me}.{SERVICE}, not {endpoint!r}")
+        await self.start()
+
+    def _dst(self, node: str) -> int:
+        return app_number(self.nums.get(node) or derived_number(node))
+
+    def _stamp(self) -> tuple[int, int]:
+        now = int(time.time() * 1000) - bpv7.DTN_EPOCH_MS
+        if now == self._last_ms:
+            self._seq += 1
+        else:
+            self._last_ms, self._seq = now, 0
+        return now, self._seq
+
+    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float,
+                   priority: int = 3) -> None:
+        await self.start()
+        session, writer = self._session, self._writer
+        if session is None or writer is None:
+            raise AgentError(f"no TCPCLv4 session with HDTN for {self.cfg.id}")
+        created, seq = self._stamp()
+        raw = bpv7.encode((self.me, SERVICE), (self._dst(dst_node), int(endpoint)), payload,
+                          max(1000, int(lifetime_s * 1000)), created, seq)
+        try:
+            tid, data = session.send(raw, time.monotonic())
+        except tcpcl4.ProtocolError as e:
+            raise AgentError(f"HDTN cannot take a bundle for {dst_node}: {e}") from None
+        fut = asyncio.get_running_loop().create_future()
+        self._acks[tid] = fut
+        try:
+            writer.write(data)
+            await writer.drain()
+            ev = await asyncio.wait_for(fut, 30)
+        except (OSError, ConnectionError, asyncio.TimeoutError) as e:
+            self._acks.pop(tid, None)
+            raise AgentError(f"HDTN did not take a bundle for {dst_node}: {e or type(e).__name__}") from None
+        if isinstance(ev, tcpcl4.Refused):
+            raise AgentError(f"HDTN refused a bundle for {dst_node} (XFER_REFUSE reason {ev.reason})")
+
+    async def deliveries(self, endpoint: str) -> AsyncIterator[AgentDelivery]:
+        while True:
+            if self._session is None or not self._session.established:
+                try:
+                    await self.start()
+                except AgentError as e:
+                    log.info("HDTN for %s not reachable (%s); retrying", self.cfg.id, e)
+                    await asyncio.sleep(1.0)
+                    continue
+            try:
+                d = await asyncio.wait_for(self._deliveries.get(), 1.0)
+            except asyncio.TimeoutError:
+                continue
+            yield d
+
+    async def peers(self) -> list[PeerInfo]:
+        return [PeerInfo(p.node, p.cla.host, f"{_cl(p.cla)}:{p.cla.port}", "static") for p in self.cfg.peers]
+
+    async def stored(self) -> int:
+        raise AgentError("the hdtn driver does not count HDTN's bundles (its telemetry API would)")
