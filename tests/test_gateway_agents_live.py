@@ -3,6 +3,8 @@ test_gateway_live.py): the same nps-chain, brokers and gateways, every BPA of on
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from c2dtn.overlay.agents import agent_class
@@ -13,11 +15,19 @@ from test_gateway_live import _300_across_an_outage, _mqtt_chain, assert_300_onc
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
 
 
+# hdtn passed this test here on 2026-11-23 (README); it is left out of `make test` to keep the
+# suite within its 35-minute budget, and C2DTN_ALL_AGENT_TESTS=1 runs it
+EVERY_AGENT = os.environ.get("C2DTN_ALL_AGENT_TESTS") == "1"
+
+
 @pytest.fixture(params=[a for a in AGENTS if a != "dtn7"])
 def mqtt_agent_chain(request, tmp_path):
     why = agent_class(request.param).missing()
     if why:
         pytest.skip(f"{request.param}: {why}")
+    if request.param == "hdtn" and not EVERY_AGENT:
+        pytest.skip("hdtn: left out of make test for the suite's 35-minute budget (passed 2026-11-23); "
+                    "C2DTN_ALL_AGENT_TESTS=1 runs it")
     yield from _mqtt_chain(tmp_path, request.param)
 
 

@@ -92,17 +92,10 @@ def assert_all_once_in_order(nodes: Nodes, sent: list[int]) -> None:
     assert seqs == sorted(seqs), "out of order within the class"
 
 
-# dtn7-rs alone: the other agents run the kill test below, which sends the same steady stream
-# into the same 60 s outage and asserts the same (all, once, in order) with a crash on top
-# (running both per agent cost CI almost 4 minutes)
-@pytest.mark.parametrize("agent_chain", ["dtn7"], indirect=True)
-def test_500_envelopes_across_a_60s_outage_exactly_once_in_order(agent_chain):
-    cut = outage(10, 60)
-    sent = send_orders(agent_chain, 0, 500, pause_every=50, pause_s=2)  # a steady stream into the outage
-    cut.join()
-    assert_all_once_in_order(agent_chain, sent)
-
-
+# One test per agent: a steady stream of 500 envelopes into a 60 s outage of the radio link,
+# all delivered once and in order, with the sending node and its agent SIGKILLed in the outage
+# on top (the same stream without the kill, run on dtn7-rs until 2026-11-23, asserted a subset
+# of this and cost CI two minutes)
 def test_sender_killed_mid_outage_and_restarted_still_all_500(agent_chain):
     nodes = agent_chain
     cut = outage(5, 60)
