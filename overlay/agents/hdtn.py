@@ -207,9 +207,18 @@ class HdtnAgent(BundleAgent):
         return b"hdtn-one-process" in cmdline and str(self.cfg.agent_dir / "hdtn.json").encode() in cmdline
 
     async def ready(self) -> None:
-        await self.start()
-        if not self.cfg.overlay:  # a node without the overlay leaves ipn:A.0 to other clients (benchmarks)
-            await self.stop()
+        if self.cfg.overlay:
+            await self.start()
+            return
+        # a node without the overlay leaves ipn:A.0 to other clients (benchmarks): only see that
+        # the induct answers.  A session opened and closed here races the client's: HDTN 1.3.1
+        # deleted the opportunistic link of the closed one after adding the new one's (same node
+        # id), and then held every bundle for the client in its store
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 5)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise AgentError(f"HDTN's induct at 127.0.0.1:{self.port} does not answer: {e or type(e).__name__}") from None
+        writer.close()
 
     # -- the session ---------------------------------------------------------------------------
     async def start(self) -> None:
