@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,3 +164,28 @@ class BundleAgent(abc.ABC):
     @abc.abstractmethod
     async def stored(self) -> int:
         """Bundles the agent holds in its store."""
+
+
+async def queued_deliveries(agent: BundleAgent, queue: asyncio.Queue, connected, who: str) -> AsyncIterator[AgentDelivery]:
+    """The deliveries a driver's reader task puts on `queue`, for as long as the caller
+    iterates; while `connected()` is false, `agent.start()` is tried again every second."""
+    log = logging.getLogger(f"c2dtn.{agent.name}")
+    while True:
+        if not connected():
+            try:
+                await agent.start()
+            except AgentError as e:
+                log.info("%s not reachable (%s); retrying", who, e)
+                await asyncio.sleep(1.0)
+                continue
+        try:
+            d = await asyncio.wait_for(queue.get(), 1.0)
+        except asyncio.TimeoutError:
+            continue
+        yield d
+
+
+def static_peers(cfg: NodeConfig, cla_name) -> list[PeerInfo]:
+    """The node config's neighbours, each on the agent's name for its convergence layer."""
+    return [PeerInfo(p.node, p.cla.host, f"{cla_name(p.cla)}:{p.cla.port}", "static") for p in cfg.peers]
+

@@ -48,7 +48,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from c2dtn.errors import C2Error, ConfigError
-from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
+from c2dtn.overlay.agent import (AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo,
+                                queued_deliveries, static_peers)
 from c2dtn.overlay.agents import bpv7, register, tcpcl4
 from c2dtn.overlay.agents.builds import built, not_built
 from c2dtn.overlay.agents.ion import node_numbers
@@ -366,23 +367,12 @@ class HdtnAgent(BundleAgent):
         if isinstance(ev, tcpcl4.Refused):
             raise AgentError(f"HDTN refused a bundle for {dst_node} (XFER_REFUSE reason {ev.reason})")
 
-    async def deliveries(self, endpoint: str) -> AsyncIterator[AgentDelivery]:
-        while True:
-            if self._session is None or not self._session.established:
-                try:
-                    await self.start()
-                except AgentError as e:
-                    log.info("HDTN for %s not reachable (%s); retrying", self.cfg.id, e)
-                    await asyncio.sleep(1.0)
-                    continue
-            try:
-                d = await asyncio.wait_for(self._deliveries.get(), 1.0)
-            except asyncio.TimeoutError:
-                continue
-            yield d
+    def deliveries(self, endpoint: str) -> AsyncIterator[AgentDelivery]:
+        return queued_deliveries(self, self._deliveries,
+                                 lambda: self._session is not None and self._session.established, f"HDTN for {self.cfg.id}")
 
     async def peers(self) -> list[PeerInfo]:
-        return [PeerInfo(p.node, p.cla.host, f"{_cl(p.cla)}:{p.cla.port}", "static") for p in self.cfg.peers]
+        return static_peers(self.cfg, _cl)
 
     async def stored(self) -> int:
         raise AgentError("the hdtn driver does not count HDTN's bundles (its telemetry API would)")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from c2dtn.errors import C2Error, ConfigError
-from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
+from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo, static_peers
 from c2dtn.overlay.agents import register
 from c2dtn.overlay.agents.builds import built, not_built
 
@@ -357,7 +357,7 @@ class IbrdtnAgent(BundleAgent):
                 await asyncio.sleep(1.0)
 
     async def peers(self) -> list[PeerInfo]:
-        return [PeerInfo(p.node, p.cla.host, f"{_proto(p.cla)}:{p.cla.port}", "static") for p in self.cfg.peers]
+        return static_peers(self.cfg, _proto)
 
     async def stored(self) -> int:
         raise AgentError("the ibrdtn driver does not count IBR-DTN's bundles")

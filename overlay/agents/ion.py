@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from c2dtn.errors import C2Error, ConfigError
-from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
+from c2dtn.overlay.agent import (AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo,
+                                queued_deliveries, static_peers)
 from c2dtn.overlay.agents import register
 from c2dtn.overlay.agents.builds import built, not_built
 
@@ -430,23 +431,11 @@ class IonAgent(BundleAgent):
         if not ok:
             raise AgentError(f"ION node {self.eid} refused a bundle for {dst_node}: {why}")
 
-    async def deliveries(self, endpoint: str) -> AsyncIterator[AgentDelivery]:
-        while True:
-            if self._helper is None:
-                try:
-                    await self.start()
-                except AgentError as e:
-                    log.info("ION node %s not reachable (%s); retrying", self.eid, e)
-                    await asyncio.sleep(1.0)
-                    continue
-            try:
-                d = await asyncio.wait_for(self._deliveries.get(), 1.0)
-            except asyncio.TimeoutError:
-                continue
-            yield d
+    def deliveries(self, endpoint: str) -> AsyncIterator[AgentDelivery]:
+        return queued_deliveries(self, self._deliveries, lambda: self._helper is not None, f"ION node {self.eid}")
 
     async def peers(self) -> list[PeerInfo]:
-        return [PeerInfo(p.node, p.cla.host, f"{_duct(p.cla)}:{p.cla.port}", "static") for p in self.cfg.peers]
+        return static_peers(self.cfg, _duct)
 
     async def stored(self) -> int:
         raise AgentError("the ion driver does not count ION's bundles (bpstats would)")
