@@ -163,3 +163,27 @@ def test_hdtn_refuses_settings_it_cannot_use_naming_them(tmp_path):
     cfg = _node(tmp_path, "hdtn", "[agent.hdtn]\nnumbers = { gw4 = 8, r2 = 8 }\n")
     with pytest.raises(ConfigError, match="same ipn number"):
         make_agent(cfg)
+
+
+def test_deliveries_reconnect_when_hdtn_died_without_ending_the_session(tmp_path):
+    # HDTN SIGKILLed sends no SESS_TERM: the session still says established, the writer is closed
+    import asyncio
+    from types import SimpleNamespace
+
+    agent = make_agent(_node(tmp_path, "hdtn"))
+    agent._session = SimpleNamespace(established=True)
+    agent._writer = SimpleNamespace(is_closing=lambda: True)
+    tried = asyncio.Event()
+
+    async def start():
+        tried.set()
+
+    agent.start = start
+
+    async def main():
+        it = agent.deliveries(agent.endpoint).__aiter__()
+        task = asyncio.ensure_future(it.__anext__())
+        await asyncio.wait_for(tried.wait(), 3)
+        task.cancel()
+
+    asyncio.run(main())

@@ -222,10 +222,15 @@ class HdtnAgent(BundleAgent):
         writer.close()
 
     # -- the session ---------------------------------------------------------------------------
+    def _connected(self) -> bool:
+        # HDTN killed sends no SESS_TERM: the session still says established while the reader
+        # has closed the writer, so both are looked at
+        return self._session is not None and self._session.established and self._writer is not None \
+            and not self._writer.is_closing()
+
     async def start(self) -> None:
         async with self._lock:
-            if self._session is not None and self._session.established and self._writer is not None \
-                    and not self._writer.is_closing():
+            if self._connected():
                 return
             await self._close()
             try:
@@ -368,8 +373,7 @@ class HdtnAgent(BundleAgent):
             raise AgentError(f"HDTN refused a bundle for {dst_node} (XFER_REFUSE reason {ev.reason})")
 
     def deliveries(self, endpoint: str) -> AsyncIterator[AgentDelivery]:
-        return queued_deliveries(self, self._deliveries,
-                                 lambda: self._session is not None and self._session.established, f"HDTN for {self.cfg.id}")
+        return queued_deliveries(self, self._deliveries, self._connected, f"HDTN for {self.cfg.id}")
 
     async def peers(self) -> list[PeerInfo]:
         return static_peers(self.cfg, _cl)
