@@ -45,6 +45,34 @@ def _log_as(node_id: str, verbose: bool) -> None:
                         format=f"%(asctime)s {node_id} %(name)s %(levelname)s %(message)s")
 
 
+@node.command("renew-incarnation")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+def renew_incarnation_cmd(config: str) -> None:
+    """Give the custody store of the node CONFIG describes a new incarnation.
+
+    Do this, with the node stopped, after putting its store back from a copy: the copy
+    reuses ids the receivers have seen, and under its old incarnation they would take its
+    new envelopes for duplicates.  What the store holds is sent again under the new one
+    (a receiver may then get some of it twice; nothing is lost)."""
+    from c2dtn.overlay.custody import CustodyStore
+
+    cfg = load_node_config(config)
+    try:
+        NodeClient.for_config(config).request("GET", "/status", timeout=2)
+    except ApiError:
+        pass  # not running: the store is ours
+    else:
+        raise click.ClickException(f"node {cfg.id} is running: stop it before renewing its store's incarnation")
+    if not cfg.custody_db.exists():
+        raise click.ClickException(f"no custody store at {cfg.custody_db} (a new store gets an incarnation of its own)")
+    st = CustodyStore(cfg.custody_db, cfg.id)
+    try:
+        old, new = st.inc, st.renew_incarnation()
+    finally:
+        st.close()
+    click.echo(f"{cfg.id}: custody store {cfg.custody_db}: incarnation {old:08x} -> {new:08x}")
+
+
 @node.command("status")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from c2dtn.overlay.custody import Custody
 from c2dtn.overlay.store import Delivery, QuotaExceeded
 from c2dtn.overlay.envelope import (Codec, Envelope, EnvelopeError, Kind, Priority, decode_ack_body,
-                                    decode_group_ack_body)
+                                    source_node)
 from c2dtn.overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
 
 log = logging.getLogger("c2dtn.overlay")
@@ -59,15 +59,15 @@ class OverlayCore:
         self.max_hold_ms = max_hold_ms
         self.answer_pings = answer_pings
         self._next_hold_check = 0
-        self._ack_since: dict[str, int] = {}  # origin -> when its oldest unsent ack was queued
-        self._ack_bytes: dict[str, int] = {}  # origin -> data bytes received since its last ack
-        self._ack_count: dict[str, int] = {}  # origin -> data envelopes received since its last ack
+        self._ack_since: dict[str, int] = {}  # source (origin, incarnation) -> when its oldest unsent ack was queued
+        self._ack_bytes: dict[str, int] = {}  # source -> data bytes received since its last ack
+        self._ack_count: dict[str, int] = {}  # source -> data envelopes received since its last ack
         # set when what arrived calls for planning now (acks came in, answers were queued, or
         # acks are owed past ACK_BATCH / ACK_BYTES); otherwise data that arrived only owes
         # acks after ack_delay_ms, which next_wakeup_ms() already says
         self.poll_due = False
         self._ack_bytes_due = min(ACK_BYTES, cfg.init_window // 2)
-        self._acks_recent: dict[str, list[tuple[int, list[int], list[int]]]] = {}  # origin -> (sent, done, got)
+        self._acks_recent: dict[str, list[tuple[int, list[int], list[int]]]] = {}  # source -> (sent, done, got)
 
     @property
     def node(self) -> str:
@@ -110,8 +110,8 @@ class OverlayCore:
         the initial window).  Else the acks owed wait for ack_delay_ms (next_wakeup_ms)."""
         if answered:
             return True
-        if any(self._ack_bytes.get(s, 0) >= self._ack_bytes_due or self._ack_count.get(s, 0) >= ACK_BATCH
-               for _, s, envs in opened if envs):
+        if any(self._ack_bytes.get(src, 0) >= self._ack_bytes_due or self._ack_count.get(src, 0) >= ACK_BATCH
+               for src in {e.source for _, _, envs in opened for e in envs if e.kind != Kind.ACK}):
             return True
         acked_by = {s for res, s, _ in opened if res.acks}
         dsts = acked_by | {g for g, members in self.codec.groups.items() if acked_by & set(members)}
@@ -152,17 +152,23 @@ class OverlayCore:
         for env in envs:
             try:
                 if env.kind == Kind.ACK:
-                    if env.dst in self.codec.groups:  # one ack for every origin of the group: ours only
-                        done, got = decode_group_ack_body(env.body).get(self.node, ([], []))
-                    else:
-                        done, got = decode_ack_body(env.body)
+                    # one ack may answer every origin of a group: ours only, and only for this
+                    # store's incarnation (an ack for a lost store's ids must not release ours)
+                    acks = decode_ack_body(env.body)
+                    mine = acks.get(self.store.source)
+                    if mine is None:
+                        if any(source_node(k) == self.node for k in acks):
+                            self.store.count_event("acks_other_incarnation")
+                        mine = ([], [])
+                    done, got = mine
                     self.sched.on_ack(sender, done, got, now_ms)
                     res.acks += 1
                 else:
                     r = self.store.receive(env, now_ms)
-                    self._ack_bytes[sender] = self._ack_bytes.get(sender, 0) + len(env.body)
-                    self._ack_count[sender] = self._ack_count.get(sender, 0) + 1
-                    self._ack_since.setdefault(env.origin, now_ms)  # an ack is owed from now
+                    src = env.source  # acks are owed per origin and incarnation
+                    self._ack_bytes[src] = self._ack_bytes.get(src, 0) + len(env.body)
+                    self._ack_count[src] = self._ack_count.get(src, 0) + 1
+                    self._ack_since.setdefault(src, now_ms)  # an ack is owed from now
                     res.data += 1
                     res.duplicates += r.outcome == "duplicate"
             except EnvelopeError as e:
@@ -198,20 +204,17 @@ class OverlayCore:
                 got.extend(g)
             done[:] = sorted(set(done))
             got[:] = sorted(set(got) - set(done))
-        # acks for origins in a group we share go to the group: one ack envelope for all of
-        # them, riding in the group's own data bundle (sealed with the group key)
+        # acks go to their origin's node, keyed by source (origin and incarnation); those for
+        # origins in a group we share go to the group: one ack envelope for all of them, riding
+        # in the group's own data bundle (sealed with the group key)
         plan_acks: dict = {}
         plan_due: set[str] = set()
-        for origin, ack in acks.items():
-            g = self._ack_group(origin)
-            if g is None:
-                plan_acks[origin] = ack
-                if origin in due:
-                    plan_due.add(origin)
-            else:
-                plan_acks.setdefault(g, {})[origin] = ack
-                if origin in due:
-                    plan_due.add(g)
+        for src, ack in acks.items():
+            node = source_node(src)
+            to = self._ack_group(node) or node
+            plan_acks.setdefault(to, {})[src] = ack
+            if src in due:
+                plan_due.add(to)
         with self.store.transaction(durable=False):
             out = self.sched.plan(now_ms, plan_acks, plan_due)
             self.store.count_event("plans")
@@ -219,6 +222,7 @@ class OverlayCore:
                 self.store.count_event("bundles_sent", len(out))
             for b in out:
                 for origin, (done, got) in (b.acks.items() if isinstance(b.acks, dict) else [(b.dst, b.acks)]):
+                    # origin: the source key (node and incarnation) the acks were owed to
                     if not (done or got):
                         continue
                     self.store.acks_sent(origin, done, got)

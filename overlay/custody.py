@@ -18,6 +18,18 @@ Order on the receiving side is kept per stream: an origin's envelopes for this
 node are one stream, its envelopes for each group another ("origin>group"), as
 the origin numbers them (cseq) per destination.
 
+Every store has an incarnation, a random number chosen when it is created and sent
+in every envelope.  The receiving side keys ids, order, supersession and acks by the
+origin's source key, its node and incarnation (envelope.source_key): a node whose
+store was lost (or replaced) starts its seqs at 1 again under a new incarnation, and
+what it sends is new, never taken for a duplicate of the old store's ids, never held
+behind the old store's order, and never released by an ack for the old store's ids.
+A store made before incarnations existed gets one when first opened; what it had sent
+and not yet had acked may then be delivered a second time (never lost).  A store put
+back from a copy keeps the copy's incarnation: give it a new one (`c2dtn node
+renew-incarnation CONFIG`) before the node starts, or the receivers take its
+reused seqs for duplicates.
+
 No method reads the clock: every call that depends on time takes `now_ms`, so
 tests run hours of custody in milliseconds.  Each public method is one
 transaction (callers may group several in `transaction()`).  What takes custody or
@@ -32,10 +44,11 @@ not fsynced on its own (see store_sqlite.py).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
-from c2dtn.overlay.envelope import Envelope, Priority
+from c2dtn.overlay.envelope import INC_BITS, Envelope, Priority, source_key, source_node
 from c2dtn.overlay.store import Delivery, OutItem, Quota, QuotaExceeded, Received, Store
 from c2dtn.overlay.store_sqlite import SqliteStore
 
@@ -54,6 +67,24 @@ class Custody:
         self.origin = origin
         self.quota = quota
         self.groups = dict(groups or {})  # group -> the other members
+        self.inc = store.counter("incarnation") or self.renew_incarnation()
+
+    def renew_incarnation(self) -> int:
+        """Choose a new random incarnation (a new store, or one put back from a copy): from now
+        on every envelope, those still held included, goes out under it."""
+        with self.records.transaction():
+            old = self.records.counter("incarnation")
+            new = old
+            while new in (0, old):
+                new = secrets.randbits(INC_BITS)
+            self.records.bump("incarnation", new - old)
+        self.inc = new
+        return new
+
+    @property
+    def source(self) -> str:
+        """What receivers key this store's ids and acks by (envelope.source_key)."""
+        return source_key(self.origin, self.inc)
 
     # -- lifecycle ---------------------------------------------------------------------
     def transaction(self, durable: bool = True):
@@ -286,34 +317,35 @@ class Custody:
     def receive(self, env: Envelope, now_ms: int) -> Received:
         """Take one data envelope from a peer: dedupe, drop stale superseded, keep class order."""
         st = self.records
-        stream = env.origin if env.dst == self.origin else f"{env.origin}>{env.dst}"
+        src = env.source  # the origin and its store's incarnation: ids, order and acks are per source
+        stream = src if env.dst == self.origin else f"{src}>{env.dst}"
         with st.transaction():
-            if st.seen_has(env.origin, env.seq):
+            if st.seen_has(src, env.seq):
                 st.bump("duplicates")
                 # the origin did not hear: tell it again, "got" if still here, "done" if taken
-                kept = st.inbox_has(env.origin, env.seq) or st.held_has(env.origin, env.seq)
-                st.owed_add("got" if kept else "done", env.origin, env.seq)
+                kept = st.inbox_has(src, env.seq) or st.held_has(src, env.seq)
+                st.owed_add("got" if kept else "done", src, env.seq)
                 return Received("duplicate")
-            st.seen_add(env.origin, env.seq, max(env.expires_ms(), now_ms) + SEEN_MARGIN_MS)
+            st.seen_add(src, env.seq, max(env.expires_ms(), now_ms) + SEEN_MARGIN_MS)
             if env.expires_ms() <= now_ms:
                 st.bump("received_expired")
-                st.owed_add("done", env.origin, env.seq)
+                st.owed_add("done", src, env.seq)
                 return Received("expired")
             prio = int(env.priority)
             if env.supersede is not None:
-                newest = st.latest_get(env.origin, env.supersede)
+                newest = st.latest_get(src, env.supersede)
                 if newest is not None and newest > env.seq:
                     st.bump("received_stale")
-                    st.owed_add("done", env.origin, env.seq)
+                    st.owed_add("done", src, env.seq)
                     # a stale envelope still fills its place in the class's order
                     nxt = st.order_next(stream, prio)
                     self._advance(stream, prio, max(env.floor, env.cseq + 1 if env.cseq == nxt else 0), now_ms)
                     return Received("stale")
-                st.latest_set(env.origin, env.supersede, env.seq)
-            st.owed_add("got", env.origin, env.seq)
+                st.latest_set(src, env.supersede, env.seq)
+            st.owed_add("got", src, env.seq)
             nxt = st.order_next(stream, prio)
             in_turn = env.cseq == nxt and env.floor <= nxt  # the very one the order waits for
-            d = Delivery(0, env.origin, env.seq, env.priority, env.created_ms, env.lifetime_ms, env.supersede,
+            d = Delivery(0, src, env.seq, env.priority, env.created_ms, env.lifetime_ms, env.supersede,
                          env.app, env.body, now_ms)
             if env.cseq == 0 or env.cseq < max(nxt, env.floor) or in_turn:
                 # unordered, older than what the order already passed, or in its turn (the
@@ -367,8 +399,12 @@ class Custody:
     def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
               after: int = 0) -> list[Delivery]:
         """Envelopes waiting for the application, oldest first (only those of `app` when given,
-        none of the apps in `exclude`, only ids above `after`)."""
-        return self.records.inbox(limit, app, exclude, after)
+        none of the apps in `exclude`, only ids above `after`).  Their origin is the node (the
+        store keeps the source key)."""
+        out = self.records.inbox(limit, app, exclude, after)
+        for d in out:
+            d.origin = source_node(d.origin)
+        return out
 
     def consumed(self, ids: Iterable[int]) -> None:
         """The application has taken these: they leave the inbox and their origin gets an ack."""
@@ -381,7 +417,7 @@ class Custody:
                     st.owed_add("done", *gone)
 
     def pending_acks(self) -> dict[str, tuple[list[int], list[int]]]:
-        """origin -> (done, got): what each origin must hear about."""
+        """source key (origin and incarnation) -> (done, got): what each origin must hear about."""
         out: dict[str, tuple[list[int], list[int]]] = {}
         for i, kind in enumerate(("done", "got")):
             for origin, seq in self.records.owed(kind):

@@ -75,7 +75,8 @@ class Compression(IntEnum):
 
 # map keys
 K_VERSION, K_KIND, K_ORIGIN, K_SEQ, K_CREATED, K_LIFETIME, K_PRIORITY = 0, 1, 2, 3, 4, 5, 6
-K_SUPERSEDE, K_BODY, K_COMPRESSION, K_DST, K_APP, K_CSEQ, K_FLOOR = 7, 8, 9, 10, 11, 12, 13
+K_SUPERSEDE, K_BODY, K_COMPRESSION, K_DST, K_APP, K_CSEQ, K_FLOOR, K_INC = 7, 8, 9, 10, 11, 12, 13, 14
+INC_BITS = 32  # an incarnation is 1 .. 2**32 - 1 (0: none, what a store before incarnations sent)
 
 
 class EnvelopeError(ValueError):
@@ -108,7 +109,7 @@ class BadVersion(EnvelopeError):
 class Envelope:
     kind: Kind
     origin: str  # node id of the gateway that created it
-    seq: int  # per origin, unique: (origin, seq) is the message id
+    seq: int  # per origin and incarnation, unique: (origin, inc, seq) is the message id
     dst: str  # destination node id
     created_ms: int
     lifetime_ms: int
@@ -119,14 +120,31 @@ class Envelope:
     cseq: int = 0  # per (origin, dst, priority) order number
     floor: int = 0  # lowest cseq of that class the sender still holds: below it, nothing more will come
     compression: Compression = Compression.NONE  # how the body travels; `body` here is always plain
+    # the origin's store's incarnation (random, chosen when the store was created): a node whose
+    # store was lost starts its seqs again under a new one, and its envelopes are new, not duplicates
+    inc: int = 0
 
     @property
-    def msg_id(self) -> tuple[str, int]:
-        return (self.origin, self.seq)
+    def msg_id(self) -> tuple[str, int, int]:
+        return (self.origin, self.inc, self.seq)
+
+    @property
+    def source(self) -> str:
+        return source_key(self.origin, self.inc)
 
     def expires_ms(self) -> int:
         return self.created_ms + self.lifetime_ms
 
+
+def source_key(origin: str, inc: int) -> str:
+    """What a receiver keys an origin's ids, order and acks by: the node and its store's
+    incarnation ('gw1/1f2e3d4c'); node ids cannot hold '/' (tomlfile.NAME)."""
+    return f"{origin}/{inc:x}" if inc else origin
+
+
+def source_node(key: str) -> str:
+    """The node of a source key."""
+    return key.split("/", 1)[0]
 
 SMALL_BODY = 4096  # up to this size, try hard (every byte counts on a 9.8 kbit/s link)
 _compressors: dict[tuple[int, int], object] = {}
@@ -251,6 +269,8 @@ class Codec:
             m[K_CSEQ] = env.cseq
         if env.floor:
             m[K_FLOOR] = env.floor
+        if env.inc:
+            m[K_INC] = env.inc
         mb = cbor2.dumps(m)
         tag = hmac.digest(self._key(env.dst), mb, "sha256")[:TAG_BYTES]  # one-shot: OpenSSL, no HMAC object
         return cbor2.dumps([mb, tag])
@@ -347,9 +367,10 @@ class Codec:
         created = get(K_CREATED, int, "creation time")
         lifetime = get(K_LIFETIME, int, "lifetime")
         prio = get(K_PRIORITY, int, "priority", int(Priority.ROUTINE))
-        if seq < 0 or created < 0 or lifetime < 0 or prio not in tuple(Priority):
+        inc = get(K_INC, int, "incarnation", 0)
+        if seq < 0 or created < 0 or lifetime < 0 or prio not in tuple(Priority) or not 0 <= inc < 1 << INC_BITS:
             raise Malformed(f"envelope field out of range (seq {seq}, created {created}, "
-                            f"lifetime {lifetime}, priority {prio})")
+                            f"lifetime {lifetime}, priority {prio}, incarnation {inc})")
         comp = get(K_COMPRESSION, int, "compression", 0)
         body = _decompress(comp, get(K_BODY, bytes, "body", b""), self._zdicts)
         return Envelope(
@@ -357,7 +378,7 @@ class Codec:
             created_ms=created, lifetime_ms=lifetime, priority=Priority(prio),
             supersede=get(K_SUPERSEDE, str, "supersession key", None), body=body,
             app=get(K_APP, str, "app", ""), cseq=get(K_CSEQ, int, "cseq", 0),
-            floor=get(K_FLOOR, int, "floor", 0), compression=Compression(comp),
+            floor=get(K_FLOOR, int, "floor", 0), compression=Compression(comp), inc=inc,
         )
 
 
@@ -410,36 +431,25 @@ def wire_key(key: str) -> str:
     return "#" + base64.urlsafe_b64encode(hashlib.blake2b(key.encode(), digest_size=9).digest()).decode()
 
 
-def encode_ack_body(done: list[int], got: list[int] = ()) -> bytes:
-    """[done runs, got runs], each run [first, last]: one ack covers many ids.
+def encode_ack_body(acks: dict[str, tuple[list[int], list[int]]]) -> bytes:
+    """An ack: {source key: [done runs, got runs]}, each run [first, last], so one ack covers
+    many ids; each origin reads the entry under its own source key (its node and its store's
+    incarnation, source_key), so an ack for a lost store's ids never releases a new store's.
+    One ack envelope answers every origin of a group, in the group's bundle.
 
     done: taken by the destination's application (the origin releases custody);
     got: held at the destination, not yet taken (the origin stops retransmitting)."""
-    return cbor2.dumps([_runs(done), _runs(list(got))])
-
-
-def encode_group_ack_body(acks: dict[str, tuple[list[int], list[int]]]) -> bytes:
-    """An ack sent to a group: {origin: [done runs, got runs]}, each member reads its own
-    entry.  One ack envelope answers every origin of the group, in the group's bundle."""
     return cbor2.dumps({o: [_runs(d), _runs(list(g))] for o, (d, g) in acks.items()})
 
 
-def decode_group_ack_body(body: bytes, max_ids: int = 1 << 20) -> dict[str, tuple[list[int], list[int]]]:
-    try:
-        obj = cbor2.loads(body)
-    except Exception as e:
-        raise Malformed(f"group ack body is not CBOR: {e}") from None
-    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
-        raise Malformed("group ack body is not a map of origin -> [done runs, got runs]")
-    return {o: _decode_runs(v, max_ids) for o, v in obj.items()}
-
-
-def decode_ack_body(body: bytes, max_ids: int = 1 << 20) -> tuple[list[int], list[int]]:
+def decode_ack_body(body: bytes, max_ids: int = 1 << 20) -> dict[str, tuple[list[int], list[int]]]:
     try:
         obj = cbor2.loads(body)
     except Exception as e:
         raise Malformed(f"ack body is not CBOR: {e}") from None
-    return _decode_runs(obj, max_ids)
+    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+        raise Malformed(f"ack body is not a map of source -> [done runs, got runs]: {type(obj).__name__}")
+    return {o: _decode_runs(v, max_ids) for o, v in obj.items()}
 
 
 def _decode_runs(obj: object, max_ids: int) -> tuple[list[int], list[int]]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from c2dtn.overlay.custody import Custody
 from c2dtn.overlay.store import OutItem
-from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body, encode_group_ack_body
+from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body
 
 ACK_LIFETIME_MS = 3600_000
 # tail probes while no ack shows progress go at doubling intervals of at most this long
@@ -83,7 +83,8 @@ class Outgoing:
     dst: str
     payload: bytes
     seqs: list[int]  # data envelopes inside
-    # (done, got) seqs of dst's envelopes acked inside; for a group, origin -> (done, got)
+    # (done, got) seqs of dst's envelopes acked inside (dst's store before incarnations); or
+    # source key (origin and incarnation, envelope.source_key) -> (done, got)
     acks: tuple[list[int], list[int]] | dict[str, tuple[list[int], list[int]]] = ([], [])
     retransmissions: int = 0
 
@@ -236,6 +237,7 @@ class Scheduler:
         for it in items:
             if it.priority not in floors:
                 floors[it.priority] = self.store.floor(dst, it.priority)
+        none = {} if group_ack else ([], [])  # the acks ride in the first bundle only
         bundles: list[Outgoing] = []
         sealed: list[bytes] = []
         seqs: list[int] = []
@@ -243,23 +245,23 @@ class Scheduler:
         rtx = 0
         if has_acks:
             ack = Envelope(Kind.ACK, self.codec.node, 0, dst, now_ms, ACK_LIFETIME_MS, Priority.FLASH,
-                           body=encode_group_ack_body(ack_seqs) if group_ack else encode_ack_body(*ack_seqs))
+                           body=encode_ack_body(ack_seqs if group_ack else {dst: ack_seqs}))
             sealed.append(self.codec.seal(ack))
             size = len(sealed[0])
         for it in items:
-            env = it.envelope(self.codec.node, floors[it.priority])
+            env = it.envelope(self.codec.node, floors[it.priority], self.store.inc)
             s = self.codec.seal(env)
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
             # over the aggregate size anyway (the acks ride along rather than go on their own)
             if sealed and size + len(s) > self.cfg.aggregate_bytes and (seqs or len(s) <= self.cfg.aggregate_bytes):
-                bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else ([], []), rtx))
+                bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else none, rtx))
                 sealed, seqs, size, rtx = [], [], 0, 0
             sealed.append(s)
             seqs.append(it.seq)
             size += len(s)
             rtx += it.attempts > 0
         if sealed:
-            bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else ([], []), rtx))
+            bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else none, rtx))
         if items:
             p = self.path(dst)
             p.last_sent_ms = now_ms

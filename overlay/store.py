@@ -70,9 +70,9 @@ class OutItem:
     received: bool = False
     superseded: bool = False
 
-    def envelope(self, origin: str, floor: int) -> Envelope:
+    def envelope(self, origin: str, floor: int, inc: int = 0) -> Envelope:
         return Envelope(Kind.DATA, origin, self.seq, self.dst, self.created_ms, self.lifetime_ms,
-                        Priority(self.priority), self.supersede, self.body, self.app, self.cseq, floor)
+                        Priority(self.priority), self.supersede, self.body, self.app, self.cseq, floor, inc=inc)
 
 
 @dataclass

@@ -506,7 +506,7 @@ def test_acks_ride_with_an_envelope_bigger_than_a_bundle_not_on_their_own(tmp_pa
     a.consumed([d.id for d in a.take()])  # gw1 owes gw4 an ack ...
     big = a.submit("gw4", os.urandom(40_000), 10)  # ... when a 40 kB envelope goes that way
     out = a.poll(10)
-    assert len(out) == 1 and out[0].seqs == [big] and out[0].acks[0]  # one bundle: the envelope and the ack
+    assert len(out) == 1 and out[0].seqs == [big] and out[0].acks[b.store.source][0]  # one bundle: the envelope and the ack
     # small envelopes still fill bundles up to the aggregate size, the acks in the first
     b.submit("gw1", b"again", 20)
     for o in b.poll(20):
@@ -515,7 +515,7 @@ def test_acks_ride_with_an_envelope_bigger_than_a_bundle_not_on_their_own(tmp_pa
     seqs = [a.submit("gw4", os.urandom(6_000), 30) for _ in range(3)]
     a.sched.paths["gw4"].window = 1 << 20
     out = a.poll(30)
-    assert [o.seqs for o in out] == [seqs[:2], seqs[2:]] and out[0].acks[0] and not out[1].acks[0]
+    assert [o.seqs for o in out] == [seqs[:2], seqs[2:]] and out[0].acks[b.store.source][0] and not out[1].acks
 
 
 @pytest.mark.sqlite_only
@@ -780,3 +780,51 @@ def test_a_sender_restarted_inside_an_outage_delivers_within_half_a_minute_of_th
     assert [d.body for d in got] == [b"order %d" % i for i in range(30)]
     last = max(d.received_ms for d in got)
     assert last - 65_000 <= 35_000, f"the last envelope arrived {last - 65_000} ms after the link came back"
+
+
+def test_a_node_whose_store_was_lost_is_heard_again_not_taken_for_duplicates(tmp_path):
+    # gw1 sends three envelopes (the last superseding a position); gw4 takes them; gw4's ack is
+    # on its way when gw1's store is lost.  The new store numbers from 1 again.
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+
+    def carry(src, dst, now):
+        for o in src.poll(now):
+            dst.on_bundle(o.payload, now)
+
+    for body, key in ((b"old 0", None), (b"old 1", None), (b"old pos", "pos")):
+        a.submit("gw4", body, 0, supersede=key)
+    carry(a, b, 0)
+    assert [d.body for d in b.take()] == [b"old 0", b"old 1", b"old pos"]
+    b.consumed([d.id for d in b.take()])
+    old_acks = [o.payload for o in b.poll(60_000)]
+    assert old_acks
+    a.store.close()
+    (tmp_path / "new").mkdir()
+    a = make(tmp_path / "new", "gw1", "gw4")
+    new = [a.submit("gw4", body, 70_000, supersede=key) for body, key in ((b"new 0", None), (b"new 1", None),
+                                                                           (b"new pos", "pos"))]
+    assert new == [1, 2, 3]  # the same ids as the lost store's
+    for p in old_acks:  # the ack for the lost store's ids releases nothing of the new one's
+        a.on_bundle(p, 70_000)
+    assert a.store.held_out()[0] == 3 and a.store.count("acks_other_incarnation") == 1
+    carry(a, b, 70_000)
+    assert [d.body for d in b.take()] == [b"new 0", b"new 1", b"new pos"]  # none taken for a duplicate
+    assert b.store.count("duplicates") == 0
+    b.consumed([d.id for d in b.take()])
+    for o in b.poll(130_000):
+        a.on_bundle(o.payload, 130_000)
+    assert a.store.held_out()[0] == 0  # the new store's own ack released them
+
+
+@pytest.mark.sqlite_only
+def test_a_store_keeps_its_incarnation_until_told_to_renew_it(tmp_path):
+    st = CustodyStore(tmp_path / "gw1.db", "gw1")
+    inc = st.inc
+    assert 0 < inc < 2**32 and st.source == f"gw1/{inc:x}"
+    st.close()
+    st = CustodyStore(tmp_path / "gw1.db", "gw1")
+    assert st.inc == inc
+    assert st.renew_incarnation() != inc
+    renewed = st.inc
+    st.close()
+    assert CustodyStore(tmp_path / "gw1.db", "gw1").inc == renewed

@@ -113,17 +113,19 @@ def test_zip_bomb_is_refused():
         b.open("gw1", _seal_map({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 1, 8: bomb}))
 
 
-def test_ack_bodies_are_runs():
-    body = E.encode_ack_body([5, 1, 2, 3, 9, 10], [12, 13])
-    assert cbor2.loads(body) == [[[1, 3], [5, 5], [9, 10]], [[12, 13]]]
-    assert E.decode_ack_body(body) == ([1, 2, 3, 5, 9, 10], [12, 13])
-    assert len(E.encode_ack_body(list(range(1, 501)))) < 12  # 500 ids in one short ack
-    for bad in (cbor2.dumps([[[3, 1]], []]), cbor2.dumps([[["a", 1]], []]), cbor2.dumps({"x": 1}),
-                cbor2.dumps([[1, 2]]), b"\xff"):
+def test_ack_bodies_are_runs_per_source():
+    src = E.source_key("gw1", 0x1F2E3D4C)
+    body = E.encode_ack_body({src: ([5, 1, 2, 3, 9, 10], [12, 13])})
+    assert cbor2.loads(body) == {"gw1/1f2e3d4c": [[[1, 3], [5, 5], [9, 10]], [[12, 13]]]}
+    assert E.decode_ack_body(body) == {src: ([1, 2, 3, 5, 9, 10], [12, 13])}
+    assert E.source_node(src) == "gw1" and E.source_key("gw1", 0) == "gw1"
+    assert len(E.encode_ack_body({src: (list(range(1, 501)), [])})) < 25  # 500 ids in one short ack
+    for bad in (cbor2.dumps({src: [[[3, 1]], []]}), cbor2.dumps({src: [[["a", 1]], []]}), cbor2.dumps({"x": 1}),
+                cbor2.dumps({src: [[1, 2]]}), cbor2.dumps([[[1, 3]], []]), cbor2.dumps({1: [[], []]}), b"\xff"):
         with pytest.raises(E.Malformed):
             E.decode_ack_body(bad)
     with pytest.raises(E.Oversize):
-        E.decode_ack_body(cbor2.dumps([[[0, 10**9]], []]))
+        E.decode_ack_body(cbor2.dumps({src: [[[0, 10**9]], []]}))
 
 
 def test_a_report_in_a_gateway_body_costs_about_a_fifth_of_its_size_on_the_wire():

@@ -189,3 +189,25 @@ def test_configs_for_mixed_nations_meet_at_a_relay_with_one_agent_and_port_per_i
         write_configs(st, gws + ["tacnet"], gws, tmp_path / "m", agent=kinds)
     with pytest.raises(ConfigError, match="relay must be a BPA node that runs no overlay"):
         write_configs(st, gws + ["tacnet"], gws, tmp_path / "m", agent=kinds, relay="deu-gw")
+
+
+def test_renew_incarnation_gives_a_stopped_nodes_store_a_new_one(tmp_path):
+    from click.testing import CliRunner
+
+    from c2dtn.cli import cli
+    from c2dtn.overlay.custody import CustodyStore
+
+    f = _write(tmp_path, f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n[agent]\nkind = "dtn7"\n')
+    cfg = load_node_config(f)
+    r = CliRunner().invoke(cli, ["node", "renew-incarnation", str(f)])
+    assert r.exit_code != 0 and f"no custody store at {cfg.custody_db}" in r.output
+    cfg.custody_db.parent.mkdir(parents=True, exist_ok=True)
+    st = CustodyStore(cfg.custody_db, "gw1")
+    st.submit("gw4", b"held", 0, 60_000)
+    old = st.inc
+    st.close()
+    r = CliRunner().invoke(cli, ["node", "renew-incarnation", str(f)])
+    assert r.exit_code == 0, r.output
+    st = CustodyStore(cfg.custody_db, "gw1")
+    assert st.inc != old and f"incarnation {old:08x} -> {st.inc:08x}" in r.output
+    assert [it.body for it in st.queued("gw4")] == [b"held"]  # what it held is kept
