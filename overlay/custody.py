@@ -57,6 +57,7 @@ __all__ = ["Custody", "CustodyStore", "Delivery", "OutItem", "Quota", "QuotaExce
 # Seen ids are kept this long past the envelope's own expiry, so a copy that a
 # BPA delivers late is still recognised.
 SEEN_MARGIN_MS = 10 * 60 * 1000
+SEEN_PRUNE_MS = 60 * 1000  # seen ids past their time go in batches, at most once a minute
 MARK_KEEP_MS = 7 * 24 * 3600 * 1000  # how long a mark (see submit_many) is remembered
 
 
@@ -215,7 +216,13 @@ class Custody:
         return self.records.out_next_retry_ms()
 
     def next_expiry_ms(self) -> int | None:
-        return self.records.out_next_expiry_ms()
+        """When expire() has something to do: an envelope held here ends, or seen ids are past
+        their time (a node that only receives must forget them too, or its dedupe state
+        grows with everything it was ever sent)."""
+        out, seen = self.records.out_next_expiry_ms(), self.records.seen_next_expiry_ms()
+        if seen is not None:
+            seen = -(-seen // SEEN_PRUNE_MS) * SEEN_PRUNE_MS
+        return min((t for t in (out, seen) if t is not None), default=None)
 
     def destinations(self) -> list[str]:
         return self.records.out_destinations()

@@ -192,6 +192,9 @@ class MemoryStore:
     def seen_prune(self, now_ms: int) -> None:
         self.s["seen"] = {k: v for k, v in self.s["seen"].items() if v > now_ms}
 
+    def seen_next_expiry_ms(self) -> int | None:
+        return min(self.s["seen"].values(), default=None)
+
     def latest_get(self, origin: str, key: str) -> int | None:
         return self.s["latest"].get((origin, key))
 

@@ -393,6 +393,9 @@ class SqliteStore:
     def seen_prune(self, now_ms: int) -> None:
         self.db.execute("DELETE FROM seen WHERE expires_ms <= ?", (now_ms,))
 
+    def seen_next_expiry_ms(self) -> int | None:
+        return self.db.execute("SELECT min(expires_ms) FROM seen").fetchone()[0]  # the seen_expiry index
+
     def latest_get(self, origin: str, key: str) -> int | None:
         row = self.db.execute("SELECT seq FROM latest WHERE origin=? AND key=?", (origin, key)).fetchone()
         return row[0] if row else None

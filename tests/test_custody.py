@@ -828,3 +828,28 @@ def test_a_store_keeps_its_incarnation_until_told_to_renew_it(tmp_path):
     renewed = st.inc
     st.close()
     assert CustodyStore(tmp_path / "gw1.db", "gw1").inc == renewed
+
+
+def test_a_replayed_bundle_is_refused_once_its_ids_are_forgotten_and_they_are(tmp_path):
+    # a receive-only node forgets ids past their envelope's lifetime (plus SEEN_MARGIN_MS) and
+    # a bundle captured and re-injected after that is refused by its own expiry, not delivered
+    from c2dtn.overlay.custody import SEEN_MARGIN_MS
+
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    a.submit("gw4", b"fire mission", 0, lifetime_ms=60_000)
+    captured = [o.payload for o in a.poll(0)]
+    for p in captured:
+        b.on_bundle(p, 0)
+    assert [d.body for d in b.take()] == [b"fire mission"]
+    b.consumed([d.id for d in b.take()])
+    for p in captured:  # replayed inside the window: a duplicate
+        b.on_bundle(p, 30_000)
+    assert b.take() == [] and b.store.count("duplicates") == 1
+    src = a.store.source
+    later = 60_000 + SEEN_MARGIN_MS + 60_000
+    assert b.next_wakeup_ms() is not None and b.next_wakeup_ms() <= later
+    b.poll(later)
+    assert not b.store.records.seen_has(src, 1)  # forgotten: the dedupe state does not grow for ever
+    for p in captured:  # replayed after: refused as expired by the receiver's clock
+        b.on_bundle(p, later + 1)
+    assert b.take() == [] and b.store.count("received_expired") == 1
