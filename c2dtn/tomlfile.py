@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -21,6 +22,19 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(src, "-", src, f"cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(src, "-", src, f"not valid TOML: {e}") from None
+
+
+def check_private(src: str, where: str) -> None:
+    """A file holding keys must be readable and writable by its owner alone (as ssh insists
+    of a private key): anyone else who reads it can forge and read every envelope."""
+    try:
+        mode = os.stat(src).st_mode & 0o777
+    except OSError:
+        return  # read a moment ago; gone now: nothing to judge
+    if mode & 0o077:
+        raise ConfigError(src, where, f"file mode {mode:04o}",
+                          "permissions too open for a file holding keys: other users can read or change them",
+                          f"chmod 600 {src}")
 
 
 def check_table(src: str, where: str, table: Any, allowed: set[str], required: set[str] = frozenset()) -> dict:

@@ -3,6 +3,7 @@
     [node]
     id = "gw1"                       # node id; the agent's EID is dtn://gw1/
     storage = "/var/lib/c2dtn/gw1"   # custody database, agent store, API socket, logs
+    api_group = "c2dtn"              # optional: the API socket's group (mode 0660); else the owner's
     netns = "c2-gw1"                 # optional: run inside this network namespace (testbed)
     overlay = true                   # false: run only the BPA (a relay such as r2)
 
@@ -27,7 +28,8 @@
     [relays]                         # optional: nodes of another agent's island (a BPv6 one,
     prt-gw = "tacnet"                #   say) are reached through this relay (overlay.relay)
 
-    [keys]                           # HMAC keys shared with the overlay nodes we talk to
+    [keys]                           # HMAC keys shared with the overlay nodes we talk to (a file
+                                     #   with keys must be mode 0600, as ssh wants a private key)
     gw4 = "64 hex digits"
     fmn = "64 hex digits"            # ... and one per group, shared by all its members
 
@@ -51,7 +53,7 @@ from typing import Any
 
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agents import agent_class, kinds
-from c2dtn.tomlfile import check_name, check_table, read_toml
+from c2dtn.tomlfile import check_name, check_private, check_table, read_toml
 from c2dtn.cla_adapters import ClaSpec, parse_cla
 from c2dtn.overlay.store import Quota
 from c2dtn.overlay.scheduler import SchedulerConfig
@@ -89,6 +91,7 @@ class NodeConfig:
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group -> members other than this node
     relays: dict[str, str] = field(default_factory=dict)  # node of another island -> the relay its bundles go to
     keys: dict[str, bytes] = field(default_factory=dict)
+    api_gid: int | None = None  # the API socket's group ([node] api_group)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota: Quota = field(default_factory=Quota)
     gateway: dict | None = None  # the [gateway] table, read by ip_gateway.policy.parse_gateway
@@ -126,12 +129,19 @@ def load_node_config(path: str | Path) -> NodeConfig:
     check_table(src, "(top level)", data, {"node", "agent", "keys", "groups", "relays", "scheduler", "quota",
                                               "gateway"},
                 {"node"})
-    node = check_table(src, "node", data["node"], {"id", "storage", "netns", "overlay"}, {"id", "storage"})
+    node = check_table(src, "node", data["node"], {"id", "storage", "netns", "overlay", "api_group"}, {"id", "storage"})
     cfg = NodeConfig(source=src, id=check_name(src, "node.id", node["id"]), storage=Path(str(node["storage"])))
     if "netns" in node:
         if not isinstance(node["netns"], str) or not node["netns"]:
             raise ConfigError(src, "node.netns", node["netns"], "must be a namespace name")
         cfg.netns = node["netns"]
+    if "api_group" in node:
+        import grp
+
+        try:
+            cfg.api_gid = grp.getgrnam(str(node["api_group"])).gr_gid
+        except KeyError:
+            raise ConfigError(src, "node.api_group", node["api_group"], "no such group on this machine") from None
     if "overlay" in node:
         if not isinstance(node["overlay"], bool):
             raise ConfigError(src, "node.overlay", node["overlay"], "must be true or false")
@@ -179,6 +189,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
     if not isinstance(keys, dict):
         raise ConfigError(src, "keys", keys, "must be a table of node id = hex key")
     cfg.keys = {check_name(src, f"keys.{k}", k): parse_key(src, f"keys.{k}", v) for k, v in keys.items()}
+    if cfg.keys:
+        check_private(src, "keys")
     cfg.groups = _groups(src, data.get("groups", {}), cfg)
     relays = data.get("relays", {})
     if not isinstance(relays, dict):

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -290,6 +291,11 @@ class OverlayNode:
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
         await web.UnixSite(self._runner, str(sock)).start()
+        # owner and the api_group only (connecting needs write permission); created 0755 by
+        # the umask, so nobody else could connect in the moment before this
+        if self.cfg.api_gid is not None:
+            os.chown(sock, -1, self.cfg.api_gid)
+        os.chmod(sock, 0o660)
 
     async def _api_send(self, req: web.Request) -> web.Response:
         if self.core is None:

@@ -61,6 +61,7 @@ def test_drivers_are_chosen_by_kind_and_say_what_they_can_do(tmp_path):
                  '[agent.dtn7]\nweb_port = 3999\nstore = "mem"\n[groups]\nfmn = ["gw1", "gw4"]\n'
                  '[keys]\ngw4 = "' + "ab" * 32 + '"\nfmn = "' + "cd" * 32 + '"\n')
     f.write_text(f.read_text().replace('[agent]\nkind = "dtn7"\n', '[agent]\nkind = "dtn7"\nrouting = "epidemic"\n'))
+    f.chmod(0o600)  # it holds keys
     cfg = load_node_config(f)
     agent = make_agent(cfg)
     assert agent.base == "http://127.0.0.1:3999" and cfg.agent_options["store"] == "mem"
@@ -79,6 +80,7 @@ def _node(tmp_path, kind: str, extra: str = "") -> object:
                  '[[agent.peers]]\nnode = "r5"\ncla = "udp://10.77.5.2:4600"\n'
                  '[[agent.routes]]\nto = "r2"\nvia = "r2"\n[[agent.routes]]\nto = "gw4"\nvia = "r2"\n'
                  '[keys]\ngw4 = "' + "ab" * 32 + '"\n' + extra)
+    f.chmod(0o600)  # it holds keys
     return load_node_config(f)
 
 
@@ -116,6 +118,7 @@ def test_ion_refuses_what_it_cannot_do_naming_it(tmp_path):
     grouped = tmp_path / "grouped.toml"
     grouped.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "g"}"\n[agent]\nkind = "ion"\nrouting = "epidemic"\n'
                        '[keys]\ngw4 = "' + "ab" * 32 + '"\nfmn = "' + "cd" * 32 + '"\n[groups]\nfmn = ["gw1", "gw4"]\n')
+    grouped.chmod(0o600)
     with pytest.raises(ConfigError, match="no group endpoints"):
         make_agent(load_node_config(grouped))
 

@@ -5,6 +5,7 @@ perf or tests comes along.  Also the import graph that makes that possible."""
 from __future__ import annotations
 
 import ast
+import grp
 import os
 import shutil
 import signal
@@ -89,6 +90,7 @@ def test_a_box_install_runs_the_gateway_and_shows_its_status(box_venv, tmp_path)
     cfg.write_text(f"""[node]
 id = "gwbox"
 storage = "{store}"
+api_group = "daemon"
 
 [agent]
 kind = "dtn7"
@@ -129,6 +131,9 @@ filter = "c2/#"
         assert "peers: gwfar (" in r.stdout
         r = _run(box_venv, "c2dtn", "node", "status", str(cfg), cwd=tmp_path)
         assert r.returncode == 0 and "gwfar" in r.stdout and "127.0.0.1" in r.stdout, r.stdout + r.stderr
+        # the API socket: its owner and the api_group, nobody else
+        st = os.stat(store / "api.sock")
+        assert (st.st_mode & 0o777, st.st_gid) == (0o660, grp.getgrnam("daemon").gr_gid)
     finally:
         p.send_signal(signal.SIGTERM)
         try:

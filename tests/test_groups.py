@@ -173,6 +173,7 @@ def _node_toml(tmp_path, groups, routing="epidemic", keys=None):
     p.write_text('[node]\nid = "deu"\nstorage = "/tmp/c2-x"\n\n[agent]\n'
                  f'routing = "{routing}"\n\n[keys]\n' + "".join(f'{k} = "{v}"\n' for k, v in keys.items())
                  + "\n[groups]\n" + "".join(f"{g} = {m!r}\n".replace("'", '"') for g, m in groups.items()))
+    p.chmod(0o600)  # it holds keys
     return p
 
 

@@ -27,6 +27,7 @@ def test_cla_specs_and_dtn7_translation():
 def _write(tmp_path, text):
     f = tmp_path / "node.toml"
     f.write_text(text)
+    f.chmod(0o600)  # some hold keys
     return f
 
 
@@ -211,3 +212,19 @@ def test_renew_incarnation_gives_a_stopped_nodes_store_a_new_one(tmp_path):
     st = CustodyStore(cfg.custody_db, "gw1")
     assert st.inc != old and f"incarnation {old:08x} -> {st.inc:08x}" in r.output
     assert [it.body for it in st.queued("gw4")] == [b"held"]  # what it held is kept
+
+
+def test_a_config_holding_keys_that_others_can_read_is_refused_saying_how_to_fix_it(tmp_path):
+    text = f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n[keys]\ngw4 = "' + "ab" * 32 + '"\n'
+    f = _write(tmp_path, text)
+    assert load_node_config(f).keys["gw4"] == bytes.fromhex("ab" * 32)
+    for mode in (0o644, 0o640, 0o604, 0o620):
+        f.chmod(mode)
+        with pytest.raises(ConfigError, match=f"'keys' = 'file mode {mode:04o}'.*too open.*chmod 600 {f}"):
+            load_node_config(f)
+    no_keys = _write(tmp_path, f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n')
+    no_keys.chmod(0o644)  # nothing secret in it: readable by all is fine
+    assert load_node_config(no_keys).id == "gw1"
+    f = _write(tmp_path, f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\napi_group = "c2-no-such-group"\n')
+    with pytest.raises(ConfigError, match="node.api_group.*c2-no-such-group.*no such group"):
+        load_node_config(f)
