@@ -35,9 +35,9 @@ def _needs_extra(name: str, missing: str) -> click.Command:
 
 def _register() -> None:
     from c2dtn.ip_gateway.cli import gateway
-    from c2dtn.overlay.cli import node, ping_cmd, recv_cmd, relay, send_cmd
+    from c2dtn.overlay.cli import keys_cmd, node, ping_cmd, recv_cmd, relay, send_cmd
 
-    for cmd in (node, relay, gateway, send_cmd, recv_cmd, ping_cmd):
+    for cmd in (node, relay, gateway, send_cmd, recv_cmd, ping_cmd, keys_cmd):
         cli.add_command(cmd)
     # the testbed and perf: only where their extra is installed (a gateway box has none of it)
     missing = next((m for m in PERF_EXTRA if importlib.util.find_spec(m) is None), None)

@@ -180,3 +180,29 @@ def relay_run_cmd(config: str, verbose: bool) -> None:
     cfg = load_relay_config(config)
     _log_as(cfg.id, verbose)
     run_relay(cfg)
+
+
+@click.command("keys")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.argument("nodes", nargs=-1, required=True)
+@click.option("--group", "groups", multiple=True, metavar="NAME=A,B,...",
+              help="a group and its members (repeatable); each member gets the group's key")
+@click.option("--force", is_flag=True, help="replace shares already in OUT_DIR (cuts boxes still on the old keys)")
+def keys_cmd(out_dir: str, nodes: tuple[str, ...], groups: tuple[str, ...], force: bool) -> None:
+    """New keys for the overlay NODES: a pair key for every two of them and one per group.
+
+    Writes each box's share, OUT_DIR/<node>.keys.toml (mode 0600), for its node config's
+    `[node] keys_file`."""
+    from c2dtn.errors import ConfigError
+    from c2dtn.overlay.keys import write_shares
+
+    parsed: dict[str, list[str]] = {}
+    for g in groups:
+        name, sep, members = g.partition("=")
+        if not sep or not name or not members:
+            raise ConfigError("c2dtn keys", "--group", g, "a group is NAME=MEMBER,MEMBER,...")
+        parsed[name] = [m for m in members.split(",") if m]
+    paths = write_shares(out_dir, list(nodes), parsed, force)
+    rows = [(n, str(p), len(nodes) - 1, ", ".join(g for g, ms in parsed.items() if n in ms) or "-")
+            for n, p in paths.items()]
+    click.echo(render(["node", "share (mode 0600)", "pair keys", "groups"], rows, right=[2]))

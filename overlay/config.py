@@ -4,6 +4,8 @@
     id = "gw1"                       # node id; the agent's EID is dtn://gw1/
     storage = "/var/lib/c2dtn/gw1"   # custody database, agent store, API socket, logs
     api_group = "c2dtn"              # optional: the API socket's group (mode 0660); else the owner's
+    keys_file = "gw1.keys.toml"      # optional: [keys] and [groups] from this file (`c2dtn keys`
+                                     #   writes one per box, mode 0600), not from this one
     netns = "c2-gw1"                 # optional: run inside this network namespace (testbed)
     overlay = true                   # false: run only the BPA (a relay such as r2)
 
@@ -129,7 +131,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
     check_table(src, "(top level)", data, {"node", "agent", "keys", "groups", "relays", "scheduler", "quota",
                                               "gateway"},
                 {"node"})
-    node = check_table(src, "node", data["node"], {"id", "storage", "netns", "overlay", "api_group"}, {"id", "storage"})
+    node = check_table(src, "node", data["node"], {"id", "storage", "netns", "overlay", "api_group", "keys_file"}, {"id", "storage"})
     cfg = NodeConfig(source=src, id=check_name(src, "node.id", node["id"]), storage=Path(str(node["storage"])))
     if "netns" in node:
         if not isinstance(node["netns"], str) or not node["netns"]:
@@ -185,13 +187,25 @@ def load_node_config(path: str | Path) -> NodeConfig:
             raise ConfigError(src, f"agent.routes[{i}].via", via, "not one of the agent's peers",
                               "peers: " + ", ".join(p.node for p in cfg.peers))
         cfg.routes.append(Route(to, via))
+    ksrc = src  # where [keys] and [groups] come from
+    if "keys_file" in node:
+        if not isinstance(node["keys_file"], str) or not node["keys_file"]:
+            raise ConfigError(src, "node.keys_file", node["keys_file"], "must be a file name")
+        kf = Path(node["keys_file"])
+        ksrc = str(kf if kf.is_absolute() else Path(src).parent / kf)
+        share = read_toml(ksrc)
+        check_table(ksrc, "(top level)", share, {"keys", "groups"}, {"keys"})
+        for t in ("keys", "groups"):
+            if t in data and t in share:
+                raise ConfigError(src, t, "(a table)", f"given here and in keys_file {ksrc}", "keep it in one of them")
+        data = {**data, **share}
     keys = data.get("keys", {})
     if not isinstance(keys, dict):
-        raise ConfigError(src, "keys", keys, "must be a table of node id = hex key")
-    cfg.keys = {check_name(src, f"keys.{k}", k): parse_key(src, f"keys.{k}", v) for k, v in keys.items()}
+        raise ConfigError(ksrc, "keys", keys, "must be a table of node id = hex key")
+    cfg.keys = {check_name(ksrc, f"keys.{k}", k): parse_key(ksrc, f"keys.{k}", v) for k, v in keys.items()}
     if cfg.keys:
-        check_private(src, "keys")
-    cfg.groups = _groups(src, data.get("groups", {}), cfg)
+        check_private(ksrc, "keys")
+    cfg.groups = _groups(ksrc, data.get("groups", {}), cfg)
     relays = data.get("relays", {})
     if not isinstance(relays, dict):
         raise ConfigError(src, "relays", relays, "must be a table of node id = relay node id")

@@ -228,3 +228,38 @@ def test_a_config_holding_keys_that_others_can_read_is_refused_saying_how_to_fix
     f = _write(tmp_path, f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\napi_group = "c2-no-such-group"\n')
     with pytest.raises(ConfigError, match="node.api_group.*c2-no-such-group.*no such group"):
         load_node_config(f)
+
+
+def test_c2dtn_keys_writes_each_boxs_share_and_a_config_takes_it_by_keys_file(tmp_path):
+    from click.testing import CliRunner
+
+    from c2dtn.cli import cli
+
+    shares = tmp_path / "shares"
+    r = CliRunner().invoke(cli, ["keys", str(shares), "deu", "nor", "prt", "--group", "fmn=deu,nor,prt"])
+    assert r.exit_code == 0, r.output
+    assert {p.name: p.stat().st_mode & 0o777 for p in shares.iterdir()} == \
+        {f"{n}.keys.toml": 0o600 for n in ("deu", "nor", "prt")}
+    cfgs = {}
+    for n in ("deu", "nor", "prt"):
+        f = tmp_path / f"{n}.toml"
+        f.write_text(f'[node]\nid = "{n}"\nstorage = "{tmp_path / n}"\nkeys_file = "shares/{n}.keys.toml"\n'
+                     '[agent]\nrouting = "epidemic"\n')
+        f.chmod(0o644)  # the config itself holds no secret
+        cfgs[n] = load_node_config(f)
+    deu, nor, prt = cfgs["deu"], cfgs["nor"], cfgs["prt"]
+    assert deu.keys["nor"] == nor.keys["deu"] and deu.keys["prt"] == prt.keys["deu"] != deu.keys["nor"]
+    assert deu.keys["fmn"] == nor.keys["fmn"] == prt.keys["fmn"] and len(deu.keys["fmn"]) == 32
+    assert set(deu.groups["fmn"]) == {"nor", "prt"}
+    # asked again, it keeps the shares the boxes hold unless told to replace them
+    r = CliRunner().invoke(cli, ["keys", str(shares), "deu", "nor"])
+    assert r.exit_code != 0 and "--force replaces them" in str(r.exception)
+    assert load_node_config(tmp_path / "deu.toml").keys == deu.keys
+    (shares / "deu.keys.toml").chmod(0o640)
+    with pytest.raises(ConfigError, match="deu.keys.toml: field 'keys' = 'file mode 0640'.*chmod 600"):
+        load_node_config(tmp_path / "deu.toml")
+    f = tmp_path / "nor.toml"
+    f.write_text(f.read_text() + '[keys]\nusa = "' + "ab" * 32 + '"\n')
+    f.chmod(0o600)
+    with pytest.raises(ConfigError, match="given here and in keys_file"):
+        load_node_config(f)

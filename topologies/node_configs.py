@@ -9,7 +9,6 @@ path, and every pair of overlay nodes gets a fresh shared key.
 from __future__ import annotations
 
 import json
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from c2dtn.errors import ConfigError
 from c2dtn.cla_adapters.spec import DEFAULT_PORTS
 from c2dtn.overlay.envelope import Priority
+from c2dtn.overlay.keys import make_keys, share_tables
 from c2dtn.topologies import testbed
 
 
@@ -91,14 +91,10 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
                           "name a relay node between their islands")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    keys: dict[frozenset, str] = {}
-    for i, a in enumerate(overlay_nodes):
-        for b in overlay_nodes[i + 1:]:
-            keys[frozenset((a, b))] = secrets.token_hex(32)
     for g, members in groups.items():
         if any(m not in overlay_nodes for m in members):
             raise ConfigError("--group", f"--group {g}", ",".join(members), "group members must run the overlay")
-        keys[frozenset((g,))] = secrets.token_hex(32)
+    keys = make_keys(overlay_nodes, groups)
     any_udp = cla == "udp" or any(k in UDP_ONLY for k in islands) \
         or (per_link_cla and any(ls.get("cla") == "udp" for ls in st["links"].values()))
     rated = any(((ls.get(d) or {}).get("rate_bps")) for ls in st["links"].values() for d in ("profile_ab", "profile_ba"))
@@ -143,7 +139,7 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             for m, via in routes:
                 lines += ["[[agent.routes]]", f'to = "{m}"', f'via = "{via}"', ""]
             if n in overlay_nodes:
-                lines += _overlay_tables(n, overlay_nodes, keys, groups)
+                lines += share_tables(n, overlay_nodes, keys, groups)
                 far = [m for m in overlay_nodes if m not in island]
                 if far:
                     lines += ["[relays]"] + [f'{m} = "{relay}"' for m in far] + [""]
@@ -179,20 +175,6 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
                      "islands = [" + ", ".join(f'"{f}"' for f in relay_files) + "]\n")
         paths[relay] = p
     return paths
-
-
-def _overlay_tables(n: str, overlay_nodes: list[str], keys: dict[frozenset, str],
-                    groups: dict[str, list[str]]) -> list[str]:
-    """[keys] (one per other overlay node and per group of n's) and [groups] of overlay node n."""
-    lines = ["[keys]"]
-    for m in overlay_nodes:
-        if m != n:
-            lines.append(f'{m} = "{keys[frozenset((n, m))]}"')
-    mine = {g: ms for g, ms in groups.items() if n in ms}
-    lines += [f'{g} = "{keys[frozenset((g,))]}"' for g in mine] + [""]
-    if mine:
-        lines += ["[groups]"] + [f"{g} = {json.dumps(list(ms))}" for g, ms in mine.items()] + [""]
-    return lines
 
 
 # -- [gateway] tables -----------------------------------------------------------------------
