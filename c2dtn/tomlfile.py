@@ -22,6 +22,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(src, "-", src, f"cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(src, "-", src, f"not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:  # tomllib decodes before it parses (found by perf fuzz)
+        raise ConfigError(src, "-", src, f"not UTF-8 text: byte {e.object[e.start]:#04x} at offset {e.start}") from None
 
 
 def check_private(src: str, where: str) -> None:

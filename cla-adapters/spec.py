@@ -36,7 +36,10 @@ class ClaSpec:
 def parse_cla(value: object, source: str = "CLA", field: str = "cla") -> ClaSpec:
     if not isinstance(value, str):
         raise ConfigError(source, field, value, "a CLA spec is a string like 'tcpcl://10.77.1.2:4556'")
-    u = urlsplit(value)
+    try:
+        u = urlsplit(value)
+    except ValueError as e:  # "Invalid IPv6 URL" for a lone '[' (found by perf fuzz)
+        raise ConfigError(source, field, value, f"not a CLA spec: {e}") from None
     if u.scheme not in DEFAULT_PORTS:
         raise ConfigError(source, field, value, f"unknown convergence layer {u.scheme!r}",
                           "use " + ", ".join(f"{s}://" for s in DEFAULT_PORTS))

@@ -266,6 +266,28 @@ def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, wi
            _list(sizes, list(b.SIZES), "size", "--sizes"), runs, window, budget, outage, outage_runs)
 
 
+@perf.command("fuzz")
+@click.option("--targets", default=None, help="comma-separated; default: all (perf/fuzz_targets.py)")
+@click.option("--runs", default=1_000_000, show_default=True, help="inputs per target")
+@click.option("--save", is_flag=True, help="merge what the corpus grew into tests/fuzz_corpus/ (replayed by make test)")
+def fuzz_cmd(targets: str | None, runs: int, save: bool) -> None:
+    """Coverage-guided fuzzing (atheris) of every input c2dtn takes from a peer or an operator."""
+    from rich.console import Console
+
+    from c2dtn.perf import fuzz, fuzz_targets
+
+    names = targets.split(",") if targets else list(fuzz_targets.TARGETS)
+    bad = [n for n in names if n not in fuzz_targets.TARGETS]
+    if bad:
+        raise click.BadParameter(f"unknown target(s) {', '.join(bad)}: " + ", ".join(fuzz_targets.TARGETS),
+                                 param_hint="--targets")
+    if runs < 1:
+        raise click.BadParameter(f"{runs}: at least 1", param_hint="--runs")
+    _, rows = fuzz.main(names, runs, save, console=Console())
+    if any(r["crashes"] for r in rows):
+        raise SystemExit(1)
+
+
 @perf.command("report")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--plot", "plot", default=None, help="write a PNG comparing the BFT runs here")

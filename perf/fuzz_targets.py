@@ -1,0 +1,211 @@
+"""What c2dtn takes from peers and operators, as fuzz targets (issue 17).
+
+Each target takes bytes and either accepts them or refuses them with its own typed error
+(the `refuses` classes); any other exception is a crash.  perf/fuzz.py runs them under
+atheris (coverage-guided); tests/test_fuzz_corpus.py replays the corpus kept under
+tests/fuzz_corpus/<target>/ in `make test`.  Importing this module needs no atheris.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cbor2
+
+from c2dtn.errors import C2Error
+from c2dtn.ip_gateway import bodies, coap_core, mqtt
+from c2dtn.overlay import envelope as E
+from c2dtn.overlay.agents import bpv7, tcpcl4
+
+KEY = b"k" * 32
+PEER, ME = "gw1", "gw4"
+
+
+@dataclass
+class Target:
+    run: Callable[[bytes], object]
+    refuses: tuple[type[BaseException], ...]
+    seeds: Callable[[], list[bytes]]
+    what: str
+    counts: dict = field(default_factory=lambda: {"accepted": 0, "refused": 0})
+
+    def __call__(self, data: bytes) -> None:
+        try:
+            self.run(data)
+        except self.refuses:
+            self.counts["refused"] += 1
+        else:
+            self.counts["accepted"] += 1
+
+
+def _codec() -> E.Codec:
+    return E.Codec(ME, {PEER: KEY, "fmn": KEY[::-1]}, {"fmn": (PEER, "gw9")})
+
+
+_CODEC = _codec()
+
+
+def _env(**kw) -> E.Envelope:
+    base = dict(kind=E.Kind.DATA, origin=PEER, seq=7, dst=ME, created_ms=1_700_000_000_000, lifetime_ms=60_000,
+                priority=E.Priority.FLASH, supersede="pos", body=b"report " * 20, app="mqtt", cseq=3, floor=2,
+                inc=0x1F2E3D4C)
+    base.update(kw)
+    return E.Envelope(**base)
+
+
+# -- the envelope decoder, past a valid tag (the map is sealed with the right key) ----------
+def _envelope(data: bytes) -> None:
+    tag = hmac.digest(KEY, data, "sha256")[:E.TAG_BYTES]
+    _CODEC.open(PEER, cbor2.dumps([data, tag]))
+
+
+def _envelope_seeds() -> list[bytes]:
+    sealer = E.Codec(PEER, {ME: KEY})
+    return [cbor2.loads(sealer.seal(e))[0] for e in (_env(), _env(body=bytes(range(256)) * 8, supersede=None),
+                                                       _env(kind=E.Kind.ACK, body=E.encode_ack_body({"gw4": ([1], [2])})))]
+
+
+# -- a whole bundle payload: the container, then every envelope in it ----------------------
+def _container(data: bytes) -> None:
+    sender, items = _CODEC.open_container(data)
+    for it in items:
+        _CODEC.open(sender, it)
+
+
+def _container_seeds() -> list[bytes]:
+    sealer = E.Codec(PEER, {ME: KEY})
+    return [sealer.container([sealer.seal(_env()), sealer.seal(_env(seq=8, cseq=4))])]
+
+
+def _ack(data: bytes) -> None:
+    E.decode_ack_body(data, max_ids=1 << 16)
+
+
+def _ack_seeds() -> list[bytes]:
+    return [E.encode_ack_body({"gw1/1f2e3d4c": ([1, 2, 3, 9], [12]), "gw9": ([], [4, 5])})]
+
+
+# -- BPv7 bundles (what the HDTN driver takes off TCPCLv4) -----------------------------------
+def _bpv7(data: bytes) -> None:
+    bpv7.decode(data)
+
+
+def _bpv7_seeds() -> list[bytes]:
+    return [bpv7.encode((42, 0), (43, 0), b"payload" * 10, 60_000, 1_000, 1)]
+
+
+# -- a TCPCLv4 session: the peer's bytes from the contact header on --------------------------
+def _tcpcl4(data: bytes) -> None:
+    s = tcpcl4.Session("ipn:43.0", 0.0)
+    s.start()
+    s.feed(data, 1.0)
+
+
+def _tcpcl4_seeds() -> list[bytes]:
+    import struct
+
+    node = b"ipn:42.0"
+    init = struct.pack(">BHQQH", 7, 15, 100, 1 << 20, len(node)) + node + struct.pack(">I", 0)
+    seg = struct.pack(">BBQ", 1, 0x03, 0) + struct.pack(">I", 0) + struct.pack(">Q", 5) + b"hello"
+    return [b"dtn!\x04\x00" + init + seg]
+
+
+# -- MQTT: a stream of packets, the protocol version chosen by the first byte ----------------
+def _mqtt(data: bytes) -> None:
+    if not data:
+        return
+    version = (None, 4, 5, 3)[data[0] % 4]
+    p = mqtt.Parser(max_packet_size=1 << 16, version=version)
+    for i in range(1, len(data), 97):  # in pieces, as a socket hands them over
+        p.feed(data[i:i + 97])
+
+
+def _mqtt_seeds() -> list[bytes]:
+    out = []
+    for v, lead in ((4, b"\x01"), (5, b"\x02")):
+        pkts = [mqtt.Connect(client_id="c2-unit", clean_start=True, keepalive=30, version=v),
+                mqtt.Publish("c2/pos", b"x" * 40, qos=1, packet_id=3),
+                mqtt.Subscribe(4, [mqtt.SubOption("c2/#", 1)]), mqtt.PingReq(), mqtt.Disconnect()]
+        out.append(lead + b"".join(mqtt.encode(p, v) for p in pkts))
+    return out
+
+
+# -- the gateway's envelope bodies (MQTT and CoAP) ------------------------------------------
+def _bodies(data: bytes) -> None:
+    bodies.unpack(data)
+
+
+def _bodies_seeds() -> list[bytes]:
+    return [bodies.pack("bpub", "c2bridge-prt-gw", "10.79.3.5:1883", t="c2/pos", p=b"r" * 30, q=1, r=False, x={})]
+
+
+# -- CoAP datagrams at the near gateway ------------------------------------------------------
+_COAP = None
+
+
+def _coap(data: bytes) -> None:
+    global _COAP
+    if _COAP is None or len(_COAP.exchanges) > 10_000:
+        _COAP = coap_core.NearCoap(rules=[coap_core.ResourceRule("/orders/*", E.Priority.IMMEDIATE, 60, True)],
+                                   gateway_for=lambda ip: "gw4")
+    _COAP.datagram(data, ("10.80.1.2", 40000), ("10.80.4.2", 5683), 1_000)
+
+
+def _coap_seeds() -> list[bytes]:
+    from aiocoap import CON, GET, POST, Message
+
+    out = []
+    for code, path, payload in ((GET, "orders/1", b""), (POST, "orders/2", b'{"move": "grid 1234"}')):
+        m = Message(code=code, mtype=CON, mid=17, token=b"\x01\x02", payload=payload)
+        m.opt.uri_path = tuple(path.split("/"))
+        out.append(m.encode())
+    return out
+
+
+# -- the node config loader ------------------------------------------------------------------
+def _cfg_dir() -> Path:
+    """Where the config target writes its file: C2DTN_FUZZ_DIR (the runner's work folder, a
+    test's tmp_path), else the system's temp folder, one file per process."""
+    d = Path(os.environ.get("C2DTN_FUZZ_DIR") or tempfile.gettempdir()) / f"c2-fuzz-cfg-{os.getpid()}"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def _config(data: bytes) -> None:
+    from c2dtn.overlay.config import load_node_config
+
+    f = _cfg_dir() / "node.toml"
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    load_node_config(f)
+
+
+def _config_seeds() -> list[bytes]:
+    return [('[node]\nid = "gw1"\nstorage = "/var/lib/c2dtn/gw1"\n[agent]\nkind = "dtn7"\nrouting = "epidemic"\n'
+             'listen = ["tcpcl://0.0.0.0:4556"]\n[[agent.peers]]\nnode = "r2"\ncla = "udp://10.77.1.2:4556"\n'
+             '[[agent.routes]]\nto = "*"\nvia = "r2"\n[keys]\ngw4 = "' + "ab" * 32 + '"\nfmn = "' + "cd" * 32
+             + '"\n[groups]\nfmn = ["gw1", "gw4"]\n[scheduler]\ninit_window = 4096\n[quota]\nmax_envelopes = 10\n').encode()]
+
+
+TARGETS: dict[str, Target] = {
+    "envelope": Target(_envelope, (E.EnvelopeError,), _envelope_seeds, "an envelope map past a valid tag"),
+    "container": Target(_container, (E.EnvelopeError,), _container_seeds, "a bundle payload and its envelopes"),
+    "ack": Target(_ack, (E.EnvelopeError,), _ack_seeds, "an ack body"),
+    "bpv7": Target(_bpv7, (bpv7.BundleError,), _bpv7_seeds, "a BPv7 bundle"),
+    "tcpcl4": Target(_tcpcl4, (tcpcl4.ProtocolError,), _tcpcl4_seeds, "a TCPCLv4 peer's bytes"),
+    "mqtt": Target(_mqtt, (mqtt.MqttError,), _mqtt_seeds, "an MQTT packet stream (3.1, 3.1.1, 5)"),
+    "bodies": Target(_bodies, (bodies.BodyError,), _bodies_seeds, "an MQTT gateway envelope body"),
+    "coap": Target(_coap, (coap_core.CoapError,), _coap_seeds, "a CoAP datagram at the near gateway"),
+    "config": Target(_config, (C2Error,), _config_seeds, "a node config file"),
+}
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()

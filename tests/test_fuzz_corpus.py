@@ -1,0 +1,61 @@
+"""The fuzzing campaign's corpus (tests/fuzz_corpus/<target>/, kept by `c2dtn perf fuzz
+--save`) replayed through every target: each input is taken or refused with the target's
+typed error, nothing else.  And the crashes the campaign found, each as a test of its own."""
+
+from __future__ import annotations
+
+import struct
+
+import cbor2
+import pytest
+
+from c2dtn.errors import ConfigError
+from c2dtn.perf.fuzz import CORPUS
+from c2dtn.perf.fuzz_targets import KEY, PEER, TARGETS, _codec
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_the_fuzz_corpus_replays_with_typed_refusals_only(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("C2DTN_FUZZ_DIR", str(tmp_path))
+    t = TARGETS[name]
+    files = sorted((CORPUS / name).iterdir()) if (CORPUS / name).is_dir() else []
+    assert len(files) >= 3, f"no corpus kept for {name}: run c2dtn perf fuzz --save"
+    t.counts.update(accepted=0, refused=0)
+    for data in t.seeds() + [f.read_bytes() for f in files]:
+        t(data)  # anything but the typed refusal propagates and fails the test
+    assert t.counts["accepted"] + t.counts["refused"] == len(files) + len(t.seeds())
+    assert t.counts["accepted"] >= 1  # the seeds at least are taken
+
+
+def test_found_a_zstd_body_declaring_a_terabyte_is_refused_not_allocated():
+    import hmac
+
+    from c2dtn.overlay import envelope as E
+
+    frame = b"\x28\xb5\x2f\xfd" + bytes([0xE0]) + struct.pack("<Q", 1 << 40) + b"\x01\x00\x00"
+    mb = cbor2.dumps({0: 1, 1: 0, 2: PEER, 3: 1, 4: 1, 5: 1, 10: "gw4", 9: int(E.Compression.ZSTD), 8: frame})
+    with pytest.raises(E.Oversize, match="declares 1099511627776 bytes"):
+        _codec().open(PEER, cbor2.dumps([mb, hmac.digest(KEY, mb, "sha256")[:E.TAG_BYTES]]))
+
+
+def test_found_a_config_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):
+    from c2dtn.overlay.config import load_node_config
+
+    f = tmp_path / "n.toml"
+    f.write_bytes(b'[node]\nid = "gw\xbb"\n')
+    with pytest.raises(ConfigError, match="not UTF-8 text: byte 0xbb at offset 15"):
+        load_node_config(f)
+
+
+def test_found_a_cla_spec_with_a_lone_bracket_is_refused():
+    from c2dtn.cla_adapters import parse_cla
+
+    with pytest.raises(ConfigError, match="not a CLA spec: Invalid IPv6 URL"):
+        parse_cla("tcpcl://[10.0.0.1:4556", "n.toml", "agent.listen[0]")
+
+
+def test_found_a_coap_datagram_whose_options_cannot_be_sent_on_is_refused():
+    from c2dtn.ip_gateway.coap_core import CoapError, decode
+
+    with pytest.raises(CoapError, match="cannot be sent on"):
+        decode(bytes.fromhex("67fbfbffffe0569cc2064b08c7324dab4ebb78abe0ffff"))
