@@ -22,6 +22,7 @@ from c2dtn.errors import C2Error
 from c2dtn.ip_gateway import bodies, coap_core, mqtt
 from c2dtn.overlay import envelope as E
 from c2dtn.overlay.agents import bpv7, tcpcl4
+from c2dtn.overlay.config import load_node_config  # imported here, so atheris instruments it
 
 KEY = b"k" * 32
 PEER, ME = "gw1", "gw4"
@@ -178,8 +179,6 @@ def _cfg_dir() -> Path:
 
 
 def _config(data: bytes) -> None:
-    from c2dtn.overlay.config import load_node_config
-
     f = _cfg_dir() / "node.toml"
     fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
