@@ -151,6 +151,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
     agent = data.get("agent", {})
     cfg.agent = agent.get("kind", "dtn7") if isinstance(agent, dict) else "dtn7"
     try:
+        if not isinstance(cfg.agent, str):  # a list or table is no name (found by perf fuzz)
+            raise C2Error(cfg.agent)
         driver = agent_class(cfg.agent)
     except C2Error:
         raise ConfigError(src, "agent.kind", cfg.agent, "no driver for this agent",

@@ -7,7 +7,7 @@ tests/fuzz_corpus/<target>/.  A crash is any exception but the target's typed re
 libFuzzer stops at the first and leaves the input in the run folder.  The report is a table
 per target (inputs, rate, coverage, corpus, accepted/refused, crashes) with a plot of
 coverage against inputs; --save merges what each target's corpus grew into
-tests/fuzz_corpus/<target>/ (libFuzzer's -merge: only inputs that add coverage), which
+tests/fuzz_corpus/<target>/ (the inputs that reached new coverage), which
 tests/test_fuzz_corpus.py replays in `make test`.
 """
 
@@ -93,26 +93,14 @@ def run_target(name: str, runs: int, work: Path, progress=None) -> dict:
 
 
 def save_corpus(name: str, work: Path) -> int:
-    """Merge the run's corpus into tests/fuzz_corpus/<name>/ (only inputs adding coverage)."""
+    """Add what the run's corpus grew (libFuzzer keeps only inputs that reached new coverage,
+    starting from the seeds and the corpus kept before) to tests/fuzz_corpus/<name>/, named
+    by their SHA-1 as libFuzzer names them."""
     dst = CORPUS / name
-    fresh = work / name / "merged"
-    fresh.mkdir(exist_ok=True)
-    src = [d for d in (dst, work / name / "corpus", work / name / "seeds") if d.is_dir()]
-    subprocess.run([sys.executable, "-m", "c2dtn.perf.fuzz", "--merge", name, str(fresh), *map(str, src)],
-                   capture_output=True, timeout=3600)
-    if any(fresh.iterdir()):
-        shutil.rmtree(dst, ignore_errors=True)
-        shutil.copytree(fresh, dst)
-    return len(list(dst.iterdir())) if dst.is_dir() else 0
-
-
-def merge_child(name: str, out: str, dirs: list[str]) -> None:
-    import atheris
-
-    with atheris.instrument_imports(include=["c2dtn"]):
-        from c2dtn.perf import fuzz_targets
-    atheris.Setup([sys.argv[0], "-merge=1", "-max_len=8192", out, *dirs], fuzz_targets.TARGETS[name])
-    atheris.Fuzz()
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in (work / name / "corpus").iterdir():
+        shutil.copy(f, dst / f.name)
+    return len(list(dst.iterdir()))
 
 
 def report(out: Path, rows: list[dict], runs: int) -> str:
@@ -174,7 +162,4 @@ def main(targets: list[str], runs: int, save: bool, out: Path | None = None, con
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--merge":
-        merge_child(sys.argv[2], sys.argv[3], sys.argv[4:])
-    else:
-        child(sys.argv[1], int(sys.argv[2]), *sys.argv[3:7])
+    child(sys.argv[1], int(sys.argv[2]), *sys.argv[3:7])
