@@ -163,7 +163,8 @@ def _coap_seeds() -> list[bytes]:
 
     out = []
     for code, path, payload in ((GET, "orders/1", b""), (POST, "orders/2", b'{"move": "grid 1234"}')):
-        m = Message(code=code, mtype=CON, mid=17, token=b"\x01\x02", payload=payload)
+        m = Message(code=code, payload=payload)
+        m.mtype, m.mid, m.token = CON, 17, b"\x01\x02"
         m.opt.uri_path = tuple(path.split("/"))
         out.append(m.encode())
     return out
