@@ -121,16 +121,17 @@ class OverlayCore:
         """Check and open one bundle: (result so far, sender, the envelopes that passed)."""
         res = BundleResult()
         try:
-            sender, items = self.codec.open_container(payload)
+            c = self.codec.open_container(payload)
         except EnvelopeError as e:
             self._reject(res, f"bundle of {len(payload)} bytes rejected ({e.reason}): {e}", e.reason)
             return res, "", []
+        sender = c.sender
         if sender == self.node:
             return res, sender, []  # our own group bundle, handed back by the BPA (we are a member too)
         envs = []
-        for i, item in enumerate(items):
+        for i, item in enumerate(c.items):
             try:
-                env = self.codec.open(sender, item)
+                env = self.codec.open(sender, item, c)
                 if env.dst != self.node and env.dst not in self.codec.groups:
                     raise _Misrouted(f"envelope for {env.dst!r} reached {self.node!r}")
                 envs.append(env)

@@ -3,6 +3,7 @@
 Wire form, chosen to be small on kbit/s links:
 
   bundle payload = CBOR [CONTAINER_VERSION, sender node id, [sealed envelope, ...]]
+                   (+ [origin tag, ...] as a 4th item when the envelopes are for a group)
   sealed envelope = CBOR [map bytes, tag]
   map bytes      = CBOR map with small integer keys (see K_* below)
   tag            = HMAC-SHA256(key shared by sender and receiver, map bytes),
@@ -10,7 +11,19 @@ Wire form, chosen to be small on kbit/s links:
                    hash; 16 of 32 bytes saves 6 % on a 255-byte position report)
 
 The receiver checks the tag before it parses the map, so nothing unauthenticated
-is interpreted beyond the outer array.  A long supersession key travels as a short
+is interpreted beyond the outer array.
+
+Group traffic: an envelope for a group is tagged with the group's key, which every
+member holds, so that tag alone cannot tell one member from another (any member could
+seal an envelope naming another as its origin).  A group bundle therefore also carries
+one origin tag per other member, in member-name order:
+  origin tag = HMAC-SHA256(pair key of sender and that member,
+                           ORIGIN_CONTEXT | sender | 0 | group | the envelopes' tags)[:16]
+It covers the envelopes through their group tags (each binds its map bytes; a member
+who knows the group key would need a second preimage of a 128-bit tag to swap a map
+under it).  A member opens an envelope tagged with a group key only if its own origin
+tag in that bundle checks out under the pair key it shares with the sender.  It costs
+17 bytes per other member and bundle, not per envelope.  A long supersession key travels as a short
 digest (wire_key): receivers see that digest, which compares the same way.  Every failure raises a subclass of
 EnvelopeError naming what was wrong.
 """
@@ -40,6 +53,7 @@ MAX_ENVELOPE_BYTES = 1 << 20  # one envelope, compressed body included
 MAX_BODY_BYTES = 4 << 20  # a body after decompression (guards against zip bombs)
 MAX_CONTAINER_BYTES = 8 << 20
 MAX_ENVELOPES_PER_BUNDLE = 4096
+MAX_GROUP_MEMBERS = 256
 
 
 class Kind(IntEnum):
@@ -76,6 +90,7 @@ class Compression(IntEnum):
 # map keys
 K_VERSION, K_KIND, K_ORIGIN, K_SEQ, K_CREATED, K_LIFETIME, K_PRIORITY = 0, 1, 2, 3, 4, 5, 6
 K_SUPERSEDE, K_BODY, K_COMPRESSION, K_DST, K_APP, K_CSEQ, K_FLOOR, K_INC = 7, 8, 9, 10, 11, 12, 13, 14
+ORIGIN_CONTEXT = b"c2dtn origin v1\0"
 INC_BITS = 32  # an incarnation is 1 .. 2**32 - 1 (0: none, what a store before incarnations sent)
 
 
@@ -282,25 +297,37 @@ class Codec:
         tag = hmac.digest(self._key(env.dst), mb, "sha256")[:TAG_BYTES]  # one-shot: OpenSSL, no HMAC object
         return cbor2.dumps([mb, tag])
 
-    def container(self, sealed: list[bytes]) -> bytes:
-        """One bundle payload holding several sealed envelopes (already CBOR)."""
+    def container(self, sealed: list[bytes], dst: str | None = None) -> bytes:
+        """One bundle payload holding several sealed envelopes (already CBOR), all for
+        `dst`; for a group, with an origin tag for each other member (module doc)."""
         # Sealed envelopes are embedded as they are: an array header followed by
         # n encoded items is a valid CBOR array, so nothing is decoded again.
-        return (_array_header(3) + cbor2.dumps(CONTAINER_VERSION) + cbor2.dumps(self.node)
+        body = (cbor2.dumps(CONTAINER_VERSION) + cbor2.dumps(self.node)
                 + _array_header(len(sealed)) + b"".join(sealed))
+        if dst not in self.groups:
+            return _array_header(3) + body
+        covered = b"".join(s[-TAG_BYTES:] for s in sealed)  # each one's tag: the last item of [map, tag]
+        tags = [self._origin_tag(m, self.node, dst, covered) for m in sorted(self.groups[dst])]
+        return _array_header(4) + body + cbor2.dumps(tags)
+
+    def _origin_tag(self, peer: str, sender: str, group: str, covered: bytes) -> bytes:
+        msg = ORIGIN_CONTEXT + sender.encode() + b"\0" + group.encode() + b"\0" + covered
+        return hmac.digest(self._key(peer), msg, "sha256")[:TAG_BYTES]
 
     # -- opening ---------------------------------------------------------
-    def open_container(self, payload: bytes) -> tuple[str, list[bytes]]:
-        """Split a bundle payload into (sender, sealed envelopes); checks shape only."""
+    def open_container(self, payload: bytes) -> "Container":
+        """Split a bundle payload into its sender, sealed envelopes and origin tags; checks
+        shape only."""
         if len(payload) > MAX_CONTAINER_BYTES:
             raise Oversize(f"bundle payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
         try:
             obj = cbor2.loads(payload)
         except Exception as e:  # cbor2 raises several types on garbage
             raise Malformed(f"bundle payload is not CBOR: {e}") from None
-        if not isinstance(obj, list) or len(obj) != 3:
-            raise Malformed(f"bundle payload is not a 3-item array: {type(obj).__name__}")
-        version, sender, envs = obj
+        if not isinstance(obj, list) or len(obj) not in (3, 4):
+            raise Malformed(f"bundle payload is not a 3- or 4-item array: {type(obj).__name__}"
+                            + (f" of {len(obj)}" if isinstance(obj, list) else ""))
+        version, sender, envs = obj[:3]
         if version != CONTAINER_VERSION:
             raise BadVersion(f"container version {version!r}, this node speaks {CONTAINER_VERSION}")
         if not isinstance(sender, str) or not sender:
@@ -309,10 +336,36 @@ class Codec:
             raise Malformed(f"envelopes are not an array: {type(envs).__name__}")
         if len(envs) > MAX_ENVELOPES_PER_BUNDLE:
             raise Oversize(f"{len(envs)} envelopes in one bundle exceeds {MAX_ENVELOPES_PER_BUNDLE}")
-        return sender, envs
+        tags = obj[3] if len(obj) == 4 else None
+        if tags is not None and (not isinstance(tags, list) or len(tags) > MAX_GROUP_MEMBERS
+                                 or not all(isinstance(t, bytes) and len(t) == TAG_BYTES for t in tags)):
+            raise Malformed(f"origin tags are not up to {MAX_GROUP_MEMBERS} byte strings of {TAG_BYTES}: "
+                            f"{tags!r:.60}")
+        return Container(sender, envs, tags)
 
-    def open(self, sender: str, sealed: object) -> Envelope:
-        """Check the tag with the key shared with `sender`, then decode."""
+    def check_origin(self, c: "Container", group: str) -> None:
+        """Raise BadTag unless `c` holds an origin tag for this node that the pair key
+        shared with its sender proves (the sender sealed the group's envelopes in it)."""
+        if group in c.origin_ok:
+            return
+        if c.origin_tags is None:
+            raise BadTag(f"envelope for group {group!r} in a bundle from {c.sender!r} without origin tags")
+        members = sorted((set(self.groups[group]) | {self.node}) - {c.sender})
+        if len(c.origin_tags) != len(members):
+            raise BadTag(f"{len(c.origin_tags)} origin tags for group {group!r} from {c.sender!r}, expected "
+                         f"{len(members)} (one per member but the sender): do the members' [groups] differ?")
+        covered = b"".join(it[1] if isinstance(it, list) and len(it) == 2 and isinstance(it[1], bytes) else b""
+                           for it in c.items)
+        want = self._origin_tag(c.sender, c.sender, group, covered)
+        if not hmac.compare_digest(want, c.origin_tags[members.index(self.node)]):
+            raise BadTag(f"origin tag for {self.node!r} does not match the key shared with {c.sender!r}: "
+                         f"envelopes for group {group!r} that {c.sender!r} did not seal")
+        c.origin_ok.add(group)
+
+    def open(self, sender: str, sealed: object, container: "Container | None" = None) -> Envelope:
+        """Check the tag with the key shared with `sender`, then decode.  An envelope
+        tagged with a group's key is opened only from a `container` whose origin tag for
+        this node proves its sender (check_origin)."""
         if isinstance(sealed, (bytes, bytearray)):
             try:
                 sealed = cbor2.loads(sealed)
@@ -337,6 +390,10 @@ class Codec:
         if signer is None:
             raise BadTag(f"authentication tag does not match the key shared with {sender!r}"
                          + (f" nor the key of group {', '.join(shared)}" if shared else ""))
+        if signer != sender:
+            if container is None or container.sender != sender:
+                raise BadTag(f"envelope tagged with the key of group {signer!r} outside a bundle proving its origin")
+            self.check_origin(container, signer)
         try:
             m = cbor2.loads(mb)
         except Exception as e:
@@ -387,6 +444,16 @@ class Codec:
             app=get(K_APP, str, "app", ""), cseq=get(K_CSEQ, int, "cseq", 0),
             floor=get(K_FLOOR, int, "floor", 0), compression=Compression(comp), inc=inc,
         )
+
+
+@dataclass
+class Container:
+    """A bundle payload split by Codec.open_container (shape checked, nothing opened)."""
+
+    sender: str
+    items: list
+    origin_tags: list[bytes] | None = None  # group bundles: one per member but the sender
+    origin_ok: set = field(default_factory=set)  # groups whose origin tag was checked
 
 
 _dicts: dict[bytes, object] = {}

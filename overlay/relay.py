@@ -116,7 +116,7 @@ def payload_destination(payload: bytes) -> str:
         raise Unroutable(f"payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
     try:
         obj = cbor2.loads(payload)
-        version, sender, envs = obj
+        version, sender, envs = obj[:3] if isinstance(obj, list) and len(obj) in (3, 4) else obj
         if version != CONTAINER_VERSION:
             raise Unroutable(f"container version {version!r}, the relay reads {CONTAINER_VERSION}")
         mb = envs[0][0]

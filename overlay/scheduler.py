@@ -254,14 +254,14 @@ class Scheduler:
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
             # over the aggregate size anyway (the acks ride along rather than go on their own)
             if sealed and size + len(s) > self.cfg.aggregate_bytes and (seqs or len(s) <= self.cfg.aggregate_bytes):
-                bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else none, rtx))
+                bundles.append(Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx))
                 sealed, seqs, size, rtx = [], [], 0, 0
             sealed.append(s)
             seqs.append(it.seq)
             size += len(s)
             rtx += it.attempts > 0
         if sealed:
-            bundles.append(Outgoing(dst, self.codec.container(sealed), seqs, ack_seqs if not bundles else none, rtx))
+            bundles.append(Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx))
         if items:
             p = self.path(dst)
             p.last_sent_ms = now_ms

@@ -74,14 +74,16 @@ def _envelope_seeds() -> list[bytes]:
 
 # -- a whole bundle payload: the container, then every envelope in it ----------------------
 def _container(data: bytes) -> None:
-    sender, items = _CODEC.open_container(data)
-    for it in items:
-        _CODEC.open(sender, it)
+    c = _CODEC.open_container(data)
+    for it in c.items:
+        _CODEC.open(c.sender, it, c)
 
 
 def _container_seeds() -> list[bytes]:
     sealer = E.Codec(PEER, {ME: KEY})
-    return [sealer.container([sealer.seal(_env()), sealer.seal(_env(seq=8, cseq=4))])]
+    member = E.Codec(PEER, {ME: KEY, "gw9": KEY, "fmn": KEY[::-1]}, {"fmn": (ME, "gw9")})  # a group bundle
+    return [sealer.container([sealer.seal(_env()), sealer.seal(_env(seq=8, cseq=4))]),
+            member.container([member.seal(_env(dst="fmn")), member.seal(_env(dst="fmn", seq=8))], "fmn")]
 
 
 def _ack(data: bytes) -> None:

@@ -29,9 +29,9 @@ def test_round_trip_through_a_container_with_compression():
     a, b = pair()
     e1, e2 = env(), env(seq=8, body=b"short", supersede=None, cseq=4)
     payload = a.container([a.seal(e1), a.seal(e2)])
-    sender, items = b.open_container(payload)
-    assert sender == "gw1"
-    got = [b.open(sender, x) for x in items]
+    c = b.open_container(payload)
+    assert c.sender == "gw1" and c.origin_tags is None
+    got = [b.open(c.sender, x) for x in c.items]
     assert got[0] == Envelope(**{**e1.__dict__, "compression": got[0].compression})
     assert got[0].compression != E.Compression.NONE  # a 255-byte GeoJSON report compresses
     assert got[1].body == b"short" and got[1].compression == E.Compression.NONE

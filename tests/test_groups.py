@@ -5,6 +5,9 @@ epidemic routing does through tacnet in fmn-4nations; per-member outages model o
 nation's link being cut.
 """
 
+import hashlib
+
+import cbor2
 import pytest
 
 from c2dtn.errors import ConfigError
@@ -20,8 +23,17 @@ from c2dtn.topologies import model, testbed
 from test_custody import run
 
 NODES = ("deu", "nor", "prt")
-PAIR = b"p" * 32
 GROUP_KEY = b"g" * 32
+
+
+def pair_key(a: str, b: str) -> bytes:
+    """A different key for every two nodes, as `c2dtn keys` makes them."""
+    return hashlib.sha256("-".join(sorted((a, b))).encode()).digest()
+
+
+def codec(name: str) -> Codec:
+    return Codec(name, {n: pair_key(name, n) for n in NODES if n != name} | {"fmn": GROUP_KEY},
+                 {"fmn": tuple(n for n in NODES if n != name)})
 
 
 # each test on both stores: SQLite (a node's) and in-memory
@@ -36,11 +48,10 @@ def store_kind(request):
 
 
 def make(tmp_path, name, cfg=SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000)):
-    groups = {"fmn": tuple(n for n in NODES if n != name)}
-    keys = {n: PAIR for n in NODES if n != name} | {"fmn": GROUP_KEY}
-    store = Custody(MemoryStore(), name, groups=groups) if STORE["kind"] == "memory" else \
-        CustodyStore(tmp_path / f"{name}.db", name, groups=groups)
-    return OverlayCore(store, Codec(name, keys, groups), cfg)
+    c = codec(name)
+    store = Custody(MemoryStore(), name, groups=c.groups) if STORE["kind"] == "memory" else \
+        CustodyStore(tmp_path / f"{name}.db", name, groups=c.groups)
+    return OverlayCore(store, c, cfg)
 
 
 class FanOut:
@@ -78,7 +89,7 @@ class _Bound:
 
     def send(self, out, now):
         for b in out:
-            self.net.send_from(Codec("x", {}).open_container(b.payload)[0], [b], now)
+            self.net.send_from(Codec("x", {}).open_container(b.payload).sender, [b], now)
 
     def due(self, now):
         return self.net.due(now)
@@ -149,22 +160,49 @@ def test_acks_release_a_group_envelope_only_from_its_members_and_only_when_all_t
 
 
 def test_group_envelopes_are_sealed_with_the_group_key_and_checked_against_it():
-    groups = {"fmn": ("nor", "prt")}
-    deu = Codec("deu", {"nor": PAIR, "prt": PAIR, "fmn": GROUP_KEY}, groups)
-    nor = Codec("nor", {"deu": PAIR, "prt": PAIR, "fmn": GROUP_KEY}, {"fmn": ("deu", "prt")})
+    deu, nor = codec("deu"), codec("nor")
     env = Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"pos")
-    assert nor.open("deu", deu.seal(env)).body == b"pos"
+    c = nor.open_container(deu.container([deu.seal(env)], "fmn"))
+    assert nor.open("deu", c.items[0], c).body == b"pos"
     # a member cannot pass an envelope addressed to one node off under the group key
-    forged = Codec("deu", {"nor": GROUP_KEY, "fmn": GROUP_KEY})
+    forged = Codec("deu", {"nor": GROUP_KEY}).seal(Envelope(Kind.DATA, "deu", 2, "nor", 0, 60_000, body=b"x"))
+    c = nor.open_container(deu.container([forged], "fmn"))
     with pytest.raises(BadTag, match="sealed with the key of group"):
-        nor.open("deu", forged.seal(Envelope(Kind.DATA, "deu", 2, "nor", 0, 60_000, body=b"x")))
+        nor.open("deu", c.items[0], c)
     # ... nor one for the group under a pair key
-    pair_only = Codec("deu", {"fmn": PAIR})
+    pair_only = Codec("deu", {"fmn": pair_key("deu", "nor")})
     with pytest.raises(BadTag, match="sealed with a pair key"):
         nor.open("deu", pair_only.seal(Envelope(Kind.DATA, "deu", 3, "fmn", 0, 60_000, body=b"x")))
-    outsider = Codec("nor", {"deu": PAIR})  # no group key: cannot read the group's envelopes
+    outsider = Codec("nor", {"deu": pair_key("deu", "nor")})  # no group key: cannot read the group's envelopes
     with pytest.raises(BadTag):
         outsider.open("deu", deu.seal(env))
+
+
+def test_a_member_cannot_pass_group_envelopes_off_as_another_members(tmp_path):
+    """Every member holds the group key; what nor knows must not let it speak for deu."""
+    deu, prt = codec("deu"), make(tmp_path, "prt")
+    as_deu = Codec("deu", {"nor": pair_key("deu", "nor"), "prt": pair_key("nor", "prt"), "fmn": GROUP_KEY},
+                   {"fmn": ("nor", "prt")})  # deu's name, the keys nor has
+    lie = Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: fall back to phase line red")
+    genuine = deu.container([deu.seal(Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: hold"))], "fmn")
+    spliced = cbor2.loads(genuine)
+    spliced[2] = [cbor2.loads(as_deu.seal(lie))]  # deu's origin tags around nor's envelope
+    forgeries = {"without origin tags": as_deu.container([as_deu.seal(lie)]),
+                 "origin tag for 'prt' does not match": as_deu.container([as_deu.seal(lie)], "fmn"),
+                 "did not seal": cbor2.dumps(spliced)}
+    for why, payload in forgeries.items():
+        res = prt.on_bundle(payload, 10)
+        assert res.data == 0 and len(res.rejected) == 1 and why in res.rejected[0], (why, res.rejected)
+    assert prt.take() == []
+    assert prt.on_bundle(genuine, 20).data == 1 and [d.body for d in prt.take()] == [b"deu: hold"]
+
+
+def test_origin_tags_cost_17_bytes_per_other_member_and_bundle_not_per_envelope():
+    deu = codec("deu")
+    sealed = [deu.seal(Envelope(Kind.DATA, "deu", i, "fmn", 0, 60_000, body=b"pos %d" % i)) for i in range(5)]
+    assert len(deu.container(sealed, "fmn")) - len(deu.container(sealed)) == 1 + 2 * (1 + 16)
+    c = codec("prt").open_container(deu.container(sealed, "fmn"))
+    assert len(c.origin_tags) == 2 and [codec("prt").open("deu", s, c).seq for s in c.items] == list(range(5))
 
 
 def _node_toml(tmp_path, groups, routing="epidemic", keys=None):
@@ -252,7 +290,7 @@ def test_a_malformed_group_ack_is_rejected_by_name_and_the_rest_of_the_bundle_ta
     deu.poll(0)
     bad = Envelope(Kind.ACK, "nor", 0, "fmn", 0, 60_000, Priority.FLASH, body=cbor2.dumps({"deu": "not runs"}))
     good = Envelope(Kind.DATA, "nor", 1, "fmn", 0, 60_000, body=b"pos nor")
-    res = deu.on_bundle(nor.codec.container([nor.codec.seal(bad), nor.codec.seal(good)]), 10)
+    res = deu.on_bundle(nor.codec.container([nor.codec.seal(bad), nor.codec.seal(good)], "fmn"), 10)
     assert res.data == 1 and len(res.rejected) == 1 and "ack body is not [done runs, got runs]" in res.rejected[0]
     assert [d.body for d in deu.take()] == [b"pos nor"]
     assert deu.store.held_out()[0] == 1 and seq  # nothing released by the bad ack

@@ -38,8 +38,8 @@ def test_a_bundle_goes_to_the_island_of_its_destination_and_opens_there_unchange
     assert (dst, payload, held) == ("prt-gw", p, 5)
     # the relay holds no key; the destination checks the sender's tag
     rx = Codec("prt-gw", {"deu-gw": KEY})
-    sender, envs = rx.open_container(payload)
-    assert sender == "deu-gw" and [rx.open(sender, e).seq for e in envs] == [0, 1, 2]
+    c = rx.open_container(payload)
+    assert c.sender == "deu-gw" and [rx.open(c.sender, e).seq for e in c.items] == [0, 1, 2]
     core.done([(rid, dst, payload, held)])
     assert core.take("ibrdtn") == [] and core.held_bytes == 0 and core.counters["forwarded"] == 1
 
