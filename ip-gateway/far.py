@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import struct
+import time
 from typing import TYPE_CHECKING
 
 from c2dtn.ip_gateway import mqtt as m
@@ -27,6 +28,16 @@ if TYPE_CHECKING:
     from c2dtn.ip_gateway.gateway import MqttGateway
 
 log = logging.getLogger("c2dtn.gateway")
+
+
+def session_expiry_s(params: dict) -> float | None:
+    """How long a session outlives its client's disconnect: 0 (a clean 3.1.1 session, an
+    MQTT 5 session expiry of 0 or none), seconds, or None (never: 3.1.1 without clean
+    session, or MQTT 5's 0xFFFFFFFF)."""
+    if params.get("v", 4) == 5:
+        sx = params.get("sx") or 0
+        return None if not isinstance(sx, int) or sx >= 0xFFFFFFFF else float(max(0, sx))
+    return 0.0 if params.get("clean", params.get("cs")) else None
 
 
 class FarSession:
@@ -47,15 +58,35 @@ class FarSession:
         self.connack: asyncio.Future | None = None
         self.next_pid = 1
         self.present = False  # the origin client is connected at its near gateway
+        self.gone_at: float | None = None  # wall clock when the client left (its session's expiry runs)
+        self.deferring = False  # something for it stayed in custody (queue full): the rest waits too
+        self._expiry: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
         if state is not None:  # a session from before a restart: reconnect at once, with its subscriptions
             self.params, self.subs = state["params"], state["subs"]
             self.present = state.get("present", True)
+            self.gone_at = state.get("gone_at")
         self.task = asyncio.create_task(self._run(resume=state is not None))
         self._pinger = asyncio.create_task(self._keepalive())
 
     def key(self) -> str:
         return f"{self.origin}/{self.client}"
+
+    def expiry_s(self) -> float | None:
+        return session_expiry_s(self.params)
+
+    def expire_in(self, seconds: float) -> None:
+        self._unexpire()
+        self._expiry = asyncio.get_running_loop().call_later(max(0.0, seconds), self.gw.far_expired, self)
+
+    def _unexpire(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    def idle(self) -> bool:
+        """Nothing queued or in flight for it, and its client is away."""
+        return not self.present and self.queue.empty() and not self.inflight
 
     def _pid(self) -> int:
         pid = self.next_pid
@@ -82,6 +113,7 @@ class FarSession:
                 await self._connect()
 
     def cancel(self) -> None:
+        self._unexpire()
         self.task.cancel()
         self._pinger.cancel()
         self._drop_clean()
@@ -203,6 +235,8 @@ class FarSession:
                 self._drop()
         while True:
             d, msg = await self.queue.get()
+            if self.deferring and self.queue.qsize() <= self.gw.cfg.far_queue // 2:
+                self.gw.rescan_soon()  # what stayed in custody for it can come now
             while True:
                 try:
                     await self._apply(d, msg)
@@ -227,9 +261,12 @@ class FarSession:
         op = msg["op"]
         if op == "conn":
             self.params = {k: msg[k] for k in ("v", "cs", "ka", "sx", "w") if k in msg}
+            self.params["clean"] = bool(msg.get("cs"))  # "cs" is cleared once connected (reconnects resume)
             if self.params.get("cs"):
                 self.subs.clear()
             self.present = True
+            self.gone_at = None
+            self._unexpire()
             await self._settle()  # what went on the old connection is the broker's before it ends
             async with self._lock:
                 self._drop_clean()
@@ -239,6 +276,7 @@ class FarSession:
             return
         if op == "disc":
             self.present = False
+            self.gone_at = time.time()
             self.gw.far_changed(self)
             await self._settle()  # what the client published before it left is the broker's first
             if self.writer is not None:
@@ -247,6 +285,7 @@ class FarSession:
                 else:
                     self._drop_clean()
             self.gw.delivered(d.id)
+            self.gw.far_left(self)
             return
         await self._ensure_connected()
         if op == "sub":

@@ -22,7 +22,7 @@ from collections import Counter
 from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway import sessions_file
 from c2dtn.ip_gateway.bridge import BridgeSession
-from c2dtn.ip_gateway.far import FarSession
+from c2dtn.ip_gateway.far import FarSession, session_expiry_s
 from c2dtn.ip_gateway.near import NearSide
 from c2dtn.ip_gateway.near_core import Envelope
 from c2dtn.ip_gateway.policy import GatewayConfig
@@ -44,6 +44,8 @@ class MqttGateway:
         self._taken: set[int] = set()
         self._done: list[int] = []
         self._mark = 0  # inbox ids up to here have been handed out (or kept for an absent client)
+        self._rescan = False  # a session could not be made (max_far_sessions): look again when one ends
+        self._full_logged: set[str] = set()
         self.state_path = node.cfg.storage / "mqtt-sessions.cbor"
         self._servers: list[asyncio.AbstractServer] = []
         self._tproxy = None
@@ -51,9 +53,21 @@ class MqttGateway:
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
-        self.near.core.sessions, far_state = sessions_file.load(self.state_path, time.time())
+        now = time.time()
+        self.near.core.sessions, far_state = sessions_file.load(self.state_path, now)
         for key, st in far_state.items():
-            self.far[key] = FarSession(self, st["origin"], st["client"], st["broker"], st)
+            left = None  # seconds the session of a client that had left still has
+            if not st.get("present", True) and isinstance(st.get("gone_at"), (int, float)):
+                sx = session_expiry_s(st["params"])
+                if sx is not None:
+                    left = st["gone_at"] + sx - now
+                    if left <= 0:
+                        self.counters["far_sessions_expired"] += 1
+                        log.info("far session %s expired while the gateway was down", key)
+                        continue
+            f = self.far[key] = FarSession(self, st["origin"], st["client"], st["broker"], st)
+            if left is not None:
+                f.expire_in(left)
         if self.cfg.bridge:
             self.bridge = BridgeSession(self, self.cfg.bridge)
             log.info("bridging broker %s: out %s, in %s, peers %s", self.bridge.broker, self.cfg.bridge.out,
@@ -90,7 +104,7 @@ class MqttGateway:
 
     def save_sessions(self) -> None:
         far = {k: {"origin": f.origin, "client": f.client, "broker": f.broker, "params": f.params,
-                   "subs": f.subs, "present": f.present} for k, f in self.far.items()}
+                   "subs": f.subs, "present": f.present, "gone_at": f.gone_at} for k, f in self.far.items()}
         sessions_file.save(self.state_path, self.near.core.sessions, far)
 
     # -- custody -------------------------------------------------------------
@@ -128,6 +142,9 @@ class MqttGateway:
         """Hand out envelopes that arrived since the last call; `full` looks at all of them
         again (those kept for a client that was away, once it is back)."""
         cursor = 0 if full else self._mark
+        if full:  # in inbox order again: what each session had kept goes before what came since
+            for f in [*self.far.values(), *([self.bridge] if self.bridge else [])]:
+                f.deferring = False
         while True:
             batch = self.core.take(10_000, app=s.APP, after=cursor)
             if not batch:
@@ -170,30 +187,84 @@ class MqttGateway:
                                 "no bridge here" if self.bridge is None else "no `in` filter matches")
                     self.delivered(d.id)
                     continue
-                self._taken.add(d.id)
-                self.counters["bridged_in"] += 1
-                self.bridge.queue.put_nowait((d, {**msg, "op": "pub"}))
+                if self._queue(self.bridge, d, {**msg, "op": "pub"}):
+                    self.counters["bridged_in"] += 1
                 continue
-            self._taken.add(d.id)
             f = self._far_session(d.origin, msg["c"], msg["b"])
-            f.queue.put_nowait((d, msg))
+            if f is None:
+                self.counters["far_sessions_full"] += 1
+                self._rescan = True
+                continue  # kept in custody until a session ends
+            self._queue(f, d, msg)
 
-    def _far_session(self, origin: str, client: str, broker: str) -> FarSession:
+    def _queue(self, f: FarSession, d: Delivery, msg: dict) -> bool:
+        """Into the session's queue, or (full, or already keeping some) left in custody,
+        in order, until its queue has drained to half (FarSession._run asks then)."""
+        if f.deferring or f.queue.qsize() >= self.cfg.far_queue:
+            if not f.deferring:
+                log.warning("session %s: %d messages queued for its broker connection; more wait in custody",
+                            f.key(), f.queue.qsize())
+            f.deferring = True
+            self.counters["far_queue_full"] += 1
+            return False
+        self._taken.add(d.id)
+        f.queue.put_nowait((d, msg))
+        return True
+
+    def _far_session(self, origin: str, client: str, broker: str) -> FarSession | None:
+        """The broker session of an origin client (made when first needed; None if
+        max_far_sessions are held and none can end)."""
         key = f"{origin}/{client}"
         f = self.far.get(key)
         if f is None or f.broker != broker:
             if f is not None:
                 f.cancel()
+            elif len(self.far) >= self.cfg.max_far_sessions:
+                if key not in self._full_logged:
+                    self._full_logged.add(key)
+                    log.warning("%d far sessions held (max_far_sessions): %s's messages wait in custody",
+                                len(self.far), key)
+                return None
             f = self.far[key] = FarSession(self, origin, client, broker)
         return f
 
     def far_changed(self, f: FarSession) -> None:
         self.save_sessions()
 
+    def far_left(self, f: FarSession) -> None:
+        """Its client disconnected: the session ends now or after its expiry interval."""
+        sx = f.expiry_s()
+        if sx == 0:
+            self._end_far(f, "ended with its client's disconnect")
+        elif sx is not None:
+            f.expire_in(sx)
+
+    def far_expired(self, f: FarSession) -> None:
+        self._end_far(f, "expired")
+
+    def _end_far(self, f: FarSession, why: str) -> None:
+        """Forget a session whose client is away and for which nothing waits (a conn queued
+        behind its disconnect keeps it: the client came back)."""
+        if self.far.get(f.key()) is not f or not f.idle():
+            return
+        del self.far[f.key()]
+        f.cancel()
+        self.counters["far_sessions_ended"] += 1
+        log.info("far session %s %s", f.key(), why)
+        self.save_sessions()
+        if self._rescan:
+            self.rescan_soon()
+
+    def rescan_soon(self) -> None:
+        """Look at the whole inbox again in a moment: room freed for what was kept."""
+        self._rescan = False
+        asyncio.get_running_loop().call_soon(self.on_inbox, True)
+
     def status(self) -> dict:
         return {**self.near.core.status(),
                 "sessions_far": {k: {"broker": f.broker, "connected": f.writer is not None, "subs": sorted(f.subs),
-                                     "queued": f.queue.qsize()} for k, f in self.far.items()},
+                                     "queued": f.queue.qsize(), "present": f.present,
+                                     "waiting_in_custody": f.deferring} for k, f in self.far.items()},
                 "bridge": None if self.bridge is None else {
                     "broker": self.bridge.broker, "connected": self.bridge.writer is not None,
                     "out": self.cfg.bridge.out, "in": self.cfg.bridge.in_, "peers": self.cfg.bridge.peers,

@@ -5,6 +5,8 @@
     broker = "10.77.9.2:1883"      # ... and mean this broker (explicit mode only)
     tproxy = false                 # true: intercept TCP 1883 crossing the box (TPROXY)
     tproxy_port = 11883            # where intercepted flows land
+    far_queue = 1000               # far side: messages waiting for one client's broker connection
+    max_far_sessions = 10000       # far side: broker sessions held for origin clients
 
     [[gateway.route]]              # brokers in `prefix` are served by gateway node `via`
     prefix = "10.77.9.0/24"
@@ -35,6 +37,13 @@
     priority = "immediate"
     lifetime = 3600                # seconds
     allow = true                   # false: answered here with 4.03 Forbidden
+
+The far side holds one broker session per origin client.  It ends when the client's
+session does (a clean 3.1.1 session or an MQTT 5 session expiry of 0 at its disconnect,
+else its expiry interval after it), not before; a 3.1.1 session that is not clean never
+expires, as the standard says.  Past `far_queue` messages for one session, or
+`max_far_sessions` sessions, what arrives stays in custody (counted as `far_queue_full`
+and `far_sessions_full`) and is taken, in order, when room frees: refused, never dropped.
 
 In bridge mode, too, a publication crosses only if a [[gateway.topic]] rule releases
 it (and that rule gives its priority, lifetime and supersession).
@@ -123,6 +132,8 @@ class GatewayConfig:
     tproxy_port: int = 11883
     policy: Policy = field(default_factory=Policy)
     max_packet_size: int = 1 << 20
+    far_queue: int = 1000
+    max_far_sessions: int = 10_000
     bridge: BridgeConfig | None = None
     coap: CoapConfig | None = None
 
@@ -222,7 +233,7 @@ def parse_coap(src: str, raw: Any) -> CoapConfig:
 
 def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     g = check_table(src, "gateway", raw, {"listen", "broker", "tproxy", "tproxy_port", "route", "topic",
-                                          "max_packet_size", "bridge", "coap"})
+                                          "max_packet_size", "bridge", "coap", "far_queue", "max_far_sessions"})
     cfg = GatewayConfig()
     if "listen" in g:
         cfg.listen = _hostport(src, "gateway.listen", g["listen"])
@@ -237,6 +248,12 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
         if not isinstance(v, int) or isinstance(v, bool) or not 64 <= v <= 1 << 28:
             raise ConfigError(src, "gateway.max_packet_size", v, "must be 64 to 268435456 bytes")
         cfg.max_packet_size = v
+    for k, lo, hi in (("far_queue", 1, 1 << 20), ("max_far_sessions", 1, 1 << 20)):
+        if k in g:
+            v = g[k]
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ConfigError(src, f"gateway.{k}", v, f"must be a whole number from {lo} to {hi}")
+            setattr(cfg, k, v)
     if "bridge" in g:
         cfg.bridge = parse_bridge(src, g["bridge"])
     if "coap" in g:

@@ -1,0 +1,243 @@
+"""The far side of the MQTT gateway against a real broker (Mosquitto on loopback): its
+broker sessions end when their clients' sessions do, and its queues are bounded, keeping
+what does not fit in custody (issue 17, "Unbounded state").
+
+The near gateway is an overlay core that seals what a near side would send ("conn",
+"pub", "disc" bodies); the far gateway is MqttGateway on its own core, driven by the
+bundles, as inside a node.
+"""
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from c2dtn.ip_gateway import bodies as s
+from c2dtn.ip_gateway import sessions_file
+from c2dtn.ip_gateway.gateway import MqttGateway
+from c2dtn.ip_gateway.policy import GatewayConfig
+from c2dtn.overlay.core import OverlayCore
+from c2dtn.overlay.custody import CustodyStore
+from c2dtn.overlay.envelope import Codec, Priority
+from c2dtn.overlay.node import now_ms
+from c2dtn.overlay.scheduler import SchedulerConfig
+
+pytestmark = pytest.mark.skipif(not shutil.which("mosquitto"), reason="mosquitto not installed (make apt installs it)")
+
+KEY = bytes(range(32))
+
+
+def free_port() -> int:
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+class Broker:
+    """Mosquitto on 127.0.0.1:port, started and stopped by its own PID."""
+
+    def __init__(self, tmp_path, port: int):
+        self.port, self.proc = port, None
+        self.conf = tmp_path / f"c2-mosquitto-{port}.conf"
+        self.conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+
+    def start(self) -> "Broker":
+        self.proc = subprocess.Popen(["mosquitto", "-c", str(self.conf)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as so:
+                if so.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            time.sleep(0.05)
+        raise RuntimeError(f"mosquitto did not listen on {self.port}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = Broker(tmp_path, free_port()).start()
+    yield b
+    b.stop()
+
+
+class Subscriber:
+    """A paho client on the broker, keeping every publication it gets."""
+
+    def __init__(self, port: int, topic: str = "t/#"):
+        import paho.mqtt.client as paho
+
+        self.got: list[tuple[str, bytes]] = []
+        self.c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"c2sub-{port}")
+        self.c.on_message = lambda _c, _u, msg: self.got.append((msg.topic, msg.payload))
+        subscribed = []
+        self.c.on_subscribe = lambda *a: subscribed.append(1)
+        self.c.connect("127.0.0.1", port)
+        self.c.subscribe(topic, qos=1)
+        self.c.loop_start()
+        deadline = time.monotonic() + 10
+        while not subscribed and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+class Pair:
+    """gw1 (sealing what a near side sends) -> gw4 (a far gateway on its own core)."""
+
+    def __init__(self, tmp_path, **gw_cfg):
+        cfg = SchedulerConfig(init_window=1 << 20)
+        self.gw1 = OverlayCore(CustodyStore(tmp_path / "gw1.db", "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+        self.core4 = OverlayCore(CustodyStore(tmp_path / "gw4.db", "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+        self.storage = tmp_path
+        self.gw_cfg = gw_cfg
+        self.gw = self.new_gateway()
+
+    def new_gateway(self) -> MqttGateway:
+        node = SimpleNamespace(core=self.core4, cfg=SimpleNamespace(storage=self.storage), app_handlers={},
+                               submitted=lambda prio: None, wake=lambda: None)
+        return MqttGateway(node, GatewayConfig(**self.gw_cfg))
+
+    def send(self, bodies: list[bytes]) -> None:
+        """Through the overlay into gw4's inbox; the far gateway is told, as the node tells it."""
+        now = now_ms()
+        for b in bodies:
+            self.gw1.submit("gw4", b, now, priority=Priority.IMMEDIATE, app=s.APP)
+        for out in self.gw1.poll(now):
+            self.core4.on_bundle(out.payload, now)
+        self.gw.on_inbox()
+
+    def held(self) -> int:
+        """Envelopes in gw4's custody not yet done with (the far side has not finished them)."""
+        return len(self.core4.take(100_000, app=s.APP))
+
+
+def conn(client, broker, **kw):
+    return s.pack("conn", client, broker, **{"v": 4, "cs": True, "ka": 60, **kw})
+
+
+def pub(client, broker, topic, payload, q=1):
+    return s.pack("pub", client, broker, t=topic, p=payload, q=q, r=False)
+
+
+async def until(cond, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+def test_a_session_that_ends_at_its_clients_disconnect_is_forgotten(tmp_path, broker):
+    """Before: every client id left a broker session, two tasks and a session-file entry behind."""
+    sub = Subscriber(broker.port)
+    b = f"127.0.0.1:{broker.port}"
+
+    async def main():
+        p = Pair(tmp_path)
+        await p.gw.start()
+        bodies = []
+        for i in range(20):  # 3.1.1 clean sessions and MQTT 5 sessions with expiry 0, one message each
+            c = f"c2-client-{i}"
+            bodies += [conn(c, b, v=5, sx=0) if i % 2 else conn(c, b), pub(c, b, f"t/{i}", b"m%d" % i),
+                       s.pack("disc", c, b, w=False)]
+        p.send(bodies)
+        assert await until(lambda: len(sub.got) == 20 and not p.gw.far), (len(sub.got), sorted(p.gw.far))
+        assert p.gw.counters["far_sessions_ended"] == 20 and p.held() == 0
+        assert sessions_file.load(p.storage / "mqtt-sessions.cbor", time.time())[1] == {}
+        await p.gw.stop()
+
+    try:
+        asyncio.run(main())
+        assert sorted(sub.got) == sorted((f"t/{i}", b"m%d" % i) for i in range(20))
+    finally:
+        sub.close()
+
+
+def test_an_mqtt5_session_ends_after_its_expiry_interval_even_across_a_restart(tmp_path, broker):
+    b = f"127.0.0.1:{broker.port}"
+
+    async def main():
+        p = Pair(tmp_path)
+        await p.gw.start()
+        p.send([conn("c2-short", b, v=5, cs=False, sx=1), s.pack("disc", "c2-short", b, w=False),
+                conn("c2-long", b, v=5, cs=False, sx=3), s.pack("disc", "c2-long", b, w=False),
+                conn("c2-forever", b, cs=False), s.pack("disc", "c2-forever", b, w=False)])
+        assert await until(lambda: p.held() == 0)
+        assert set(p.gw.far) == {"gw1/c2-short", "gw1/c2-long", "gw1/c2-forever"}  # kept through the interval
+        assert await until(lambda: "gw1/c2-short" not in p.gw.far, 5)
+        assert set(p.gw.far) == {"gw1/c2-long", "gw1/c2-forever"}
+        await p.gw.stop()
+        await asyncio.sleep(3.2)  # c2-long's interval runs out while the gateway is down
+        p.gw = p.new_gateway()
+        await p.gw.start()
+        assert set(p.gw.far) == {"gw1/c2-forever"}  # 3.1.1 without clean session: never expires
+        assert p.gw.counters["far_sessions_expired"] == 1
+        await p.gw.stop()
+
+    asyncio.run(main())
+
+
+def test_a_full_far_queue_keeps_the_rest_in_custody_and_all_arrive_in_order(tmp_path):
+    """The broker is down; 60 publications arrive for one client with room for 8 queued:
+    the rest stay in custody (counted), and when the broker is up all 60 reach it in order."""
+    port = free_port()
+    b = f"127.0.0.1:{port}"
+    late = Broker(tmp_path, port)
+
+    async def main():
+        p = Pair(tmp_path, far_queue=8)
+        await p.gw.start()
+        p.send([conn("c2-pub", b, cs=False)] + [pub("c2-pub", b, "t/x", b"%03d" % i) for i in range(60)])
+        await asyncio.sleep(1.0)
+        f = p.gw.far["gw1/c2-pub"]
+        assert f.queue.qsize() <= 8 and p.gw.counters["far_queue_full"] >= 52
+        assert p.held() == 61  # nothing dropped: all in custody, none done
+        late.start()
+        sub = Subscriber(port)
+        try:
+            assert await until(lambda: len(sub.got) == 60 and p.held() == 0, 30), (len(sub.got), p.held())
+            assert [x[1] for x in sub.got] == [b"%03d" % i for i in range(60)]
+        finally:
+            sub.close()
+        await p.gw.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        late.stop()
+
+
+def test_past_max_far_sessions_a_new_client_waits_in_custody_until_one_ends(tmp_path, broker):
+    sub = Subscriber(broker.port)
+    b = f"127.0.0.1:{broker.port}"
+
+    async def main():
+        p = Pair(tmp_path, max_far_sessions=2)
+        await p.gw.start()
+        p.send([conn("c2-a", b), pub("c2-a", b, "t/a", b"a"), conn("c2-b", b), pub("c2-b", b, "t/b", b"b"),
+                conn("c2-c", b), pub("c2-c", b, "t/c", b"c")])
+        assert await until(lambda: len(sub.got) == 2)
+        await asyncio.sleep(0.5)
+        assert sorted(sub.got) == [("t/a", b"a"), ("t/b", b"b")] and set(p.gw.far) == {"gw1/c2-a", "gw1/c2-b"}
+        assert p.gw.counters["far_sessions_full"] >= 2 and p.held() == 2  # c's conn and pub wait in custody
+        p.send([s.pack("disc", "c2-a", b, w=False)])  # a's session ends: c gets one
+        assert await until(lambda: len(sub.got) == 3 and p.held() == 0), (sub.got, p.held())
+        assert set(p.gw.far) == {"gw1/c2-b", "gw1/c2-c"}
+        await p.gw.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        sub.close()
