@@ -197,10 +197,10 @@ def test_a_member_cannot_pass_group_envelopes_off_as_another_members(tmp_path):
     assert prt.on_bundle(genuine, 20).data == 1 and [d.body for d in prt.take()] == [b"deu: hold"]
 
 
-def test_origin_tags_cost_17_bytes_per_other_member_and_bundle_not_per_envelope():
+def test_origin_tags_cost_9_bytes_per_other_member_and_bundle_not_per_envelope():
     deu = codec("deu")
     sealed = [deu.seal(Envelope(Kind.DATA, "deu", i, "fmn", 0, 60_000, body=b"pos %d" % i)) for i in range(5)]
-    assert len(deu.container(sealed, "fmn")) - len(deu.container(sealed)) == 1 + 2 * (1 + 16)
+    assert len(deu.container(sealed, "fmn")) - len(deu.container(sealed)) == 1 + 2 * (1 + 8)
     c = codec("prt").open_container(deu.container(sealed, "fmn"))
     assert len(c.origin_tags) == 2 and [codec("prt").open("deu", s, c).seq for s in c.items] == list(range(5))
 
