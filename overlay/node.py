@@ -26,6 +26,7 @@ from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import CustodyStore, QuotaExceeded
+from c2dtn.overlay.store import StoreFull
 from c2dtn.overlay.envelope import Codec, Priority
 from c2dtn.overlay.supervisor import Supervisor
 
@@ -61,6 +62,7 @@ class OverlayNode:
             self.core = OverlayCore(store, Codec(cfg.id, cfg.keys, cfg.groups), cfg.scheduler)
         self._signal = asyncio.Event()  # the pump: look again (plan now if _poll_now, else re-arm its timer)
         self._poll_now = False
+        self._store_full = False  # planning failed on a full disk (logged once until it works again)
         self._handing = asyncio.Lock()  # held while bundles are planned and handed to the agent
         self._handovers: set[asyncio.Task] = set()
         self._soon: asyncio.TimerHandle | None = None
@@ -160,6 +162,9 @@ class OverlayNode:
             if log.isEnabledFor(logging.DEBUG):  # on the receive path: build the line only for -v
                 log.debug("took %d bundles from %s in one commit, %.1f ms", len(batch),
                           ",".join(sorted({d.src_node for d in batch})), (time.monotonic() - t0) * 1000)
+        except StoreFull as e:  # not acked: their origins send them again once space frees
+            log.warning("%d bundles not taken: %s", len(batch), e)
+            return
         except Exception:  # a bug must not take the node down, nor the rest of the batch with it
             log.exception("processing %d bundles together failed; taking them one by one", len(batch))
             results = []
@@ -221,15 +226,29 @@ class OverlayNode:
                 if wake is None or wake > now_ms():
                     continue
             self._poll_now = False
+            out = self._plan()
+            if out is None:  # failed (a full disk, a bug): try again in a second, not in a hot loop
+                await asyncio.sleep(1.0)
+                self._poll_now = True
+                continue
             async with self._handing:
-                await self._hand_over(self._plan())
+                await self._hand_over(out)
 
-    def _plan(self) -> list:
+    def _plan(self) -> list | None:
         try:
-            return self.core.poll(now_ms())
+            out = self.core.poll(now_ms())
+        except StoreFull as e:
+            if not self._store_full:
+                log.warning("planning stopped: %s; retrying every second", e)
+            self._store_full = True
+            return None
         except Exception:
             log.exception("planning failed")
-            return []
+            return None
+        if self._store_full:
+            log.warning("custody store writable again: planning resumed")
+            self._store_full = False
+        return out
 
     async def _hand_over(self, out: list) -> None:
         for b in out:

@@ -44,6 +44,11 @@ class QuotaExceeded(C2Error):
     pass
 
 
+class StoreFull(QuotaExceeded):
+    """The store's disk is full: refused as a quota is (MQTT 5 0x97, HTTP 507), nothing of
+    the refused change kept and nothing held before it lost; accepted again once space frees."""
+
+
 @dataclass(frozen=True)
 class Quota:
     max_envelopes: int = 100_000

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from c2dtn.errors import C2Error
 from c2dtn.overlay.envelope import Priority
-from c2dtn.overlay.store import Delivery, OutItem, register
+from c2dtn.overlay.store import Delivery, OutItem, StoreFull, register
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox(
@@ -515,11 +515,25 @@ class _Tx:
                 st.db.execute("COMMIT")
                 st._before.clear()
                 return False
-            except BaseException:
+            except BaseException as e:
                 if st.db.in_transaction:
                     st.db.execute("ROLLBACK")
                 st._undo_counters()
+                if _disk_full(e):
+                    raise _store_full(st, e) from e
                 raise
-        st.db.execute("ROLLBACK")
+        if st.db.in_transaction:
+            st.db.execute("ROLLBACK")
         st._undo_counters()
+        if _disk_full(ev):
+            raise _store_full(st, ev) from ev
         return False
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    return isinstance(e, sqlite3.OperationalError) and getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
+def _store_full(st: SqliteStore, e: BaseException) -> StoreFull:
+    return StoreFull(f"custody store {st.path}: the disk is full ({e}); nothing of this change was kept, "
+                     "what the store held before it is intact")
