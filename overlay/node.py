@@ -25,6 +25,7 @@ from aiohttp import web
 from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig
 from c2dtn.overlay.core import OverlayCore
+from c2dtn.overlay import api
 from c2dtn.overlay.custody import CustodyStore, QuotaExceeded
 from c2dtn.overlay.store import StoreFull
 from c2dtn.overlay.envelope import Codec, Priority
@@ -319,20 +320,13 @@ class OverlayNode:
     async def _api_send(self, req: web.Request) -> web.Response:
         if self.core is None:
             return web.json_response({"error": f"node {self.cfg.id} runs no overlay (overlay = false)"}, status=400)
-        q = req.query
         try:
-            dst = q["dst"]
-            prio = Priority.parse(q.get("priority", "routine"))
-            lifetime_ms = int(float(q.get("lifetime", "3600")) * 1000)
-            if lifetime_ms <= 0:
-                raise ValueError(f"lifetime must be positive, got {q.get('lifetime')}")
-        except KeyError:
-            return web.json_response({"error": "missing dst"}, status=400)
-        except ValueError as e:
+            a = api.parse_send(req.query)
+        except api.ApiError as e:
             return web.json_response({"error": str(e)}, status=400)
         body = await req.read()
         try:
-            seq = self.submit(dst, body, lifetime_ms, prio, q.get("supersede"), q.get("app", "raw"))
+            seq = self.submit(a.dst, body, a.lifetime_ms, a.priority, a.supersede, a.app)
         except QuotaExceeded as e:
             return web.json_response({"error": str(e)}, status=507)
         except ValueError as e:
@@ -342,9 +336,10 @@ class OverlayNode:
     async def _api_recv(self, req: web.Request) -> web.Response:
         if self.core is None:
             return web.json_response({"error": "no overlay"}, status=400)
-        wait = float(req.query.get("wait", "0"))
-        app = req.query.get("app")
-        limit = int(req.query.get("max", "1000"))
+        try:
+            wait, app, limit = api.parse_recv(req.query)
+        except api.ApiError as e:
+            return web.json_response({"error": str(e)}, status=400)
         deadline = time.monotonic() + wait
         while True:
             items = self.core.take(limit, app, exclude=self.app_handlers if app is None else ())
@@ -367,9 +362,9 @@ class OverlayNode:
 
     async def _api_consumed(self, req: web.Request) -> web.Response:
         try:
-            ids = [int(i) for i in (await req.json())["ids"]]
-        except (ValueError, KeyError, TypeError) as e:
-            return web.json_response({"error": f"expected {{\"ids\": [...]}}: {e}"}, status=400)
+            ids = api.parse_consumed(await req.read())
+        except api.ApiError as e:
+            return web.json_response({"error": str(e)}, status=400)
         self.core.consumed(ids)
         self.wake()  # acks to send
         return web.json_response({"ok": len(ids)})

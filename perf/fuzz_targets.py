@@ -15,11 +15,13 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import cbor2
 
 from c2dtn.errors import C2Error
 from c2dtn.ip_gateway import bodies, coap_core, mqtt
+from c2dtn.overlay import api
 from c2dtn.overlay import envelope as E
 from c2dtn.overlay.agents import bpv7, tcpcl4
 from c2dtn.overlay.config import load_node_config  # imported here, so atheris instruments it
@@ -196,6 +198,27 @@ def _config_seeds() -> list[bytes]:
              + '"\n[groups]\nfmn = ["gw1", "gw4"]\n[scheduler]\ninit_window = 4096\n[quota]\nmax_envelopes = 10\n').encode()]
 
 
+# -- the node's local HTTP API: a query string, a newline, a body ---------------------------
+def _api(data: bytes) -> None:
+    query, _, body = data.partition(b"\n")
+    q: dict[str, str] = {}
+    for k, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        q.setdefault(k, v)  # aiohttp's req.query.get gives the first value of a name
+    refused = 0
+    for call in (lambda: api.parse_send(q), lambda: api.parse_recv(q), lambda: api.parse_consumed(body)):
+        try:
+            call()
+        except api.ApiError:
+            refused += 1
+    if refused == 3:
+        raise api.ApiError("all three requests refused")
+
+
+def _api_seeds() -> list[bytes]:
+    return [b'dst=gw4&priority=flash&lifetime=60&app=raw&supersede=pos&wait=1.5&max=10\n{"ids": [1, 2, 3]}',
+            b'dst=gw4\n{"ids": []}', b"wait=nan&max=-1&lifetime=inf\n[1]"]
+
+
 TARGETS: dict[str, Target] = {
     "envelope": Target(_envelope, (E.EnvelopeError,), _envelope_seeds, "an envelope map past a valid tag"),
     "container": Target(_container, (E.EnvelopeError,), _container_seeds, "a bundle payload and its envelopes"),
@@ -206,6 +229,7 @@ TARGETS: dict[str, Target] = {
     "bodies": Target(_bodies, (bodies.BodyError,), _bodies_seeds, "an MQTT gateway envelope body"),
     "coap": Target(_coap, (coap_core.CoapError,), _coap_seeds, "a CoAP datagram at the near gateway"),
     "config": Target(_config, (C2Error,), _config_seeds, "a node config file"),
+    "api": Target(_api, (api.ApiError,), _api_seeds, "a local API request's query and body"),
 }
 
 
