@@ -212,9 +212,21 @@ class CoapGateway:
             self.near.counters["refused_quota"] += 1
             log.warning("CoAP request from %s:%d refused: %s", *a.key[0], e)
             return  # no ACK: the client retransmits, and may find room then
-        self.near.committed(a.key, seq is not None)
         if seq is not None:
             self.node.submitted(a.priority)
+        if self.node.syncer is not None and self.node.syncer.pending():
+            self._start(self._committed_when_synced(a, seq is not None))  # the ACK once it is on disk
+            return
+        self.near.committed(a.key, seq is not None)
+        self.run(a.then)
+
+    async def _committed_when_synced(self, a: cc.Submit, took: bool) -> None:
+        try:
+            await self.node.synced()
+        except OSError:  # logged by the syncer: no ACK, the client retransmits and is answered then
+            self.near.exchanges.pop(a.key, None)
+            return
+        self.near.committed(a.key, took)
         self.run(a.then)
 
     def _consume(self, inbox_id: int) -> None:

@@ -204,9 +204,12 @@ class FarSession:
             else:
                 try:
                     self.gw.submit_many(self._envelopes(p, rule))
+                    await self.gw.node.synced()  # on disk (the custody writer thread) before the ack
                 except QuotaExceeded as e:
                     log.warning("custody full, broker publication for %s not taken: %s", self.key(), e)
                     return  # no ack: the broker sends it again
+                except OSError:  # the fsync failed (logged by the syncer): no ack either
+                    return
             if p.qos == 1:
                 writer.write(m.encode(m.PubAck(p.packet_id), v))
             elif p.qos == 2:

@@ -50,6 +50,8 @@ class MqttGateway:
         self._servers: list[asyncio.AbstractServer] = []
         self._tproxy = None
         self.bridge: BridgeSession | None = None
+        self._sessions_data: bytes | None = None  # the session file's next contents, not yet written
+        self._sessions_writer: asyncio.Task | None = None
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -101,11 +103,33 @@ class MqttGateway:
             from c2dtn.ip_gateway import tproxy
 
             tproxy.release("tcp", 1883)
+        await self.sessions_saved()
 
     def save_sessions(self) -> None:
+        """The session file, as the sessions are now, written (and fsynced) by a worker thread,
+        not on the event loop; saves asked for while one is being written become one, of the
+        newest state."""
         far = {k: {"origin": f.origin, "client": f.client, "broker": f.broker, "params": f.params,
                    "subs": f.subs, "present": f.present, "gone_at": f.gone_at} for k, f in self.far.items()}
-        sessions_file.save(self.state_path, self.near.core.sessions, far)
+        self._sessions_data = sessions_file.dump(self.near.core.sessions, far)
+        if self._sessions_writer is None:
+            self._sessions_writer = asyncio.get_running_loop().create_task(self._write_sessions())
+
+    async def _write_sessions(self) -> None:
+        try:
+            while self._sessions_data is not None:
+                data, self._sessions_data = self._sessions_data, None
+                try:
+                    await asyncio.to_thread(sessions_file.write, self.state_path, data)
+                except OSError as e:  # the next change writes the whole file again
+                    log.error("MQTT session file %s not written: %s", self.state_path, e)
+        finally:
+            self._sessions_writer = None
+
+    async def sessions_saved(self) -> None:
+        """Return once the session file holds the sessions as of the last save_sessions()."""
+        while self._sessions_writer is not None:
+            await asyncio.shield(self._sessions_writer)
 
     # -- custody -------------------------------------------------------------
     def submit_many(self, items: list[Envelope],

@@ -1,6 +1,10 @@
 """The near side's asyncio shell: client connections in, the I/O-free NearCore
 (near_core.py) deciding, and this file doing what its events say: writing to
-sockets, committing envelopes to custody, arming the keep-alive/expiry timer."""
+sockets, committing envelopes to custody, arming the keep-alive/expiry timer.
+
+A commit's replies (PUBACK, PUBREC, ...) go once the custody store's writer thread has
+fsynced it (OverlayNode.synced); meanwhile that connection's next bytes wait unread, so
+its replies keep their order, and other connections' commits join the same fsync."""
 
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ class NearSide:
         self.writers: dict[int, asyncio.StreamWriter] = {}
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
+        self._syncing: dict[int, asyncio.Task] = {}  # conn -> its replies waiting for the fsync
+        self._synced_at: dict[int, int] = {}  # conn -> the store's commit count its replies wait for
 
     async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      broker: tuple[str, int]) -> None:
@@ -40,6 +46,9 @@ class NearSide:
                 if not data:
                     break
                 self.run(self.core.data(cid, data, time.time()))
+                waiting = self._syncing.get(cid)
+                if waiting is not None:  # read on once its replies went (shielded: they still go if we stop)
+                    await asyncio.shield(waiting)
                 if cid in self.writers:
                     await writer.drain()
         except (ConnectionError, OSError):
@@ -73,7 +82,10 @@ class NearSide:
                     ok = False
                     log.warning("custody full, %d envelopes not taken: %s", len(ev.envelopes), e)
                 if ev.conn is not None:
-                    q.extendleft(reversed(self.core.committed(ev.conn, ok, time.time())))
+                    if ok and self.gw.node.syncer is not None and self.gw.node.syncer.pending():
+                        self._reply_when_synced(ev.conn)
+                    else:
+                        q.extendleft(reversed(self.core.committed(ev.conn, ok, time.time())))
             elif isinstance(ev, nc.Done):
                 self.gw.delivered(ev.inbox_id)
             elif isinstance(ev, nc.Release):
@@ -86,6 +98,29 @@ class NearSide:
         if save:
             self.gw.save_sessions()
         self._arm()
+
+    def _reply_when_synced(self, conn: int) -> None:
+        """The core holds this connection's replies until committed(), which hands out all of
+        them: they go once an fsync covered this connection's last commit (a timer's Submit
+        may add one while the first waits), or not at all if it failed (refused as a commit
+        that failed: the client resends)."""
+        syncer = self.gw.node.syncer
+        self._synced_at[conn] = syncer.store.commits
+        if conn in self._syncing:
+            return
+
+        async def reply() -> None:
+            ok = True
+            try:
+                while syncer.synced_upto < self._synced_at[conn]:
+                    await syncer.synced()
+            except OSError:  # logged by the syncer
+                ok = False
+            finally:
+                del self._syncing[conn], self._synced_at[conn]
+            self.run(self.core.committed(conn, ok, time.time()))
+
+        self._syncing[conn] = asyncio.get_running_loop().create_task(reply())
 
     def _arm(self) -> None:
         """A timer at the core's next deadline (keep alive, session expiry).  One that fires

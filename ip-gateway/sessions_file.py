@@ -40,10 +40,19 @@ def load(path: Path, now: float) -> tuple[dict[str, NearSession], dict[str, dict
     return near, far
 
 
-def save(path: Path, near: dict[str, NearSession], far: dict[str, dict]) -> None:
-    st = {"near": {c: n.to_dict() for c, n in near.items() if n.expiry_s}, "far": far}
+def dump(near: dict[str, NearSession], far: dict[str, dict]) -> bytes:
+    """The file's bytes, from the sessions as they are now (on the event loop: they change)."""
+    return cbor2.dumps({"near": {c: n.to_dict() for c, n in near.items() if n.expiry_s}, "far": far})
+
+
+def write(path: Path, data: bytes) -> None:
+    """Put dump()'s bytes in place (any thread: the gateway writes from a worker)."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(cbor2.dumps(st))
+    tmp.write_bytes(data)
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
     tmp.replace(path)
+
+
+def save(path: Path, near: dict[str, NearSession], far: dict[str, dict]) -> None:
+    write(path, dump(near, far))

@@ -8,6 +8,9 @@
                                      #   writes one per box, mode 0600), not from this one
     netns = "c2-gw1"                 # optional: run inside this network namespace (testbed)
     overlay = true                   # false: run only the BPA (a relay such as r2)
+    fsync = "thread"                 # custody commits fsynced by one writer thread, replies and
+                                     #   bundles waiting for it (group commit); "loop": each
+                                     #   commit fsyncs on the event loop (before 2026-11-24)
 
     [agent]
     kind = "dtn7"                    # which BPA (overlay.agents: its driver reads the rest)
@@ -58,6 +61,7 @@ from c2dtn.overlay.agents import agent_class, kinds
 from c2dtn.tomlfile import check_name, check_private, check_table, read_toml
 from c2dtn.cla_adapters import ClaSpec, parse_cla
 from c2dtn.overlay.store import Quota
+from c2dtn.overlay.store_sqlite import SYNC_MODES
 from c2dtn.overlay.scheduler import SchedulerConfig
 
 ROUTING = ("static", "epidemic")
@@ -94,6 +98,7 @@ class NodeConfig:
     relays: dict[str, str] = field(default_factory=dict)  # node of another island -> the relay its bundles go to
     keys: dict[str, bytes] = field(default_factory=dict)
     api_gid: int | None = None  # the API socket's group ([node] api_group)
+    fsync: str = "thread"  # [node] fsync: where custody commits are fsynced (store_sqlite.SYNC_MODES)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota: Quota = field(default_factory=Quota)
     gateway: dict | None = None  # the [gateway] table, read by ip_gateway.policy.parse_gateway
@@ -131,7 +136,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
     check_table(src, "(top level)", data, {"node", "agent", "keys", "groups", "relays", "scheduler", "quota",
                                               "gateway"},
                 {"node"})
-    node = check_table(src, "node", data["node"], {"id", "storage", "netns", "overlay", "api_group", "keys_file"}, {"id", "storage"})
+    node = check_table(src, "node", data["node"], {"id", "storage", "netns", "overlay", "api_group", "keys_file", "fsync"},
+                       {"id", "storage"})
     cfg = NodeConfig(source=src, id=check_name(src, "node.id", node["id"]), storage=Path(str(node["storage"])))
     if "netns" in node:
         if not isinstance(node["netns"], str) or not node["netns"]:
@@ -144,6 +150,10 @@ def load_node_config(path: str | Path) -> NodeConfig:
             cfg.api_gid = grp.getgrnam(str(node["api_group"])).gr_gid
         except KeyError:
             raise ConfigError(src, "node.api_group", node["api_group"], "no such group on this machine") from None
+    if "fsync" in node:
+        if node["fsync"] not in SYNC_MODES:
+            raise ConfigError(src, "node.fsync", node["fsync"], "must be " + " or ".join(f'"{m}"' for m in SYNC_MODES))
+        cfg.fsync = node["fsync"]
     if "overlay" in node:
         if not isinstance(node["overlay"], bool):
             raise ConfigError(src, "node.overlay", node["overlay"], "must be true or false")

@@ -441,8 +441,9 @@ class CustodyStore(Custody):
     """Custody over the SQLite store at `path`: what a node runs."""
 
     def __init__(self, path: str | Path, origin: str, quota: Quota = Quota(),
-                 groups: dict[str, tuple[str, ...]] | None = None, background_checkpoints: bool = False):
-        super().__init__(SqliteStore(path, background_checkpoints), origin, quota, groups)
+                 groups: dict[str, tuple[str, ...]] | None = None, background_checkpoints: bool = False,
+                 sync: str = "loop"):
+        super().__init__(SqliteStore(path, background_checkpoints, sync), origin, quota, groups)
         self.path = str(path)
 
     @property

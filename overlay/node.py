@@ -30,6 +30,7 @@ from c2dtn.overlay.custody import CustodyStore, QuotaExceeded
 from c2dtn.overlay.store import StoreFull
 from c2dtn.overlay.envelope import Codec, Priority
 from c2dtn.overlay.supervisor import Supervisor
+from c2dtn.overlay.syncer import Syncer
 
 log = logging.getLogger("c2dtn.node")
 
@@ -58,9 +59,13 @@ class OverlayNode:
         self.sup = Supervisor(cfg, on_restart=self._agent_restarted)
         self.agent = self.sup.agent
         self.core: OverlayCore | None = None
+        self.syncer: Syncer | None = None  # [node] fsync = "thread": the custody store's writer thread
         if cfg.overlay:
-            store = CustodyStore(cfg.custody_db, cfg.id, cfg.quota, cfg.groups, background_checkpoints=True)
+            store = CustodyStore(cfg.custody_db, cfg.id, cfg.quota, cfg.groups, background_checkpoints=True,
+                                 sync=cfg.fsync)
             self.core = OverlayCore(store, Codec(cfg.id, cfg.keys, cfg.groups), cfg.scheduler)
+            if cfg.fsync == "thread":
+                self.syncer = Syncer(store.records)
         self._signal = asyncio.Event()  # the pump: look again (plan now if _poll_now, else re-arm its timer)
         self._poll_now = False
         self._store_full = False  # planning failed on a full disk (logged once until it works again)
@@ -80,6 +85,8 @@ class OverlayNode:
     # -- lifecycle ---------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         await self.sup.start()
+        if self.syncer is not None:
+            self.syncer.start()
         if self.core is not None:
             for ep in self._endpoints():
                 await self.agent.register(ep)
@@ -109,6 +116,8 @@ class OverlayNode:
         if self._runner:
             await self._runner.cleanup()
         await self.sup.stop()
+        if self.syncer is not None:
+            self.syncer.stop()
         if self.core:
             self.core.store.close()
 
@@ -251,7 +260,20 @@ class OverlayNode:
             self._store_full = False
         return out
 
+    async def synced(self) -> None:
+        """Every custody commit made so far is on disk (at once with [node] fsync = "loop").
+        Raises OSError when the fsync failed: what waited must not be acknowledged."""
+        if self.syncer is not None:
+            await self.syncer.synced()
+
     async def _hand_over(self, out: list) -> None:
+        if out:
+            # the bundles carry envelopes (their seqs must never be reused, as a power cut before
+            # the fsync would) and acks (a peer releases custody on them): on disk first
+            try:
+                await self.synced()
+            except OSError:  # logged by the syncer; the envelopes go again at their retry time
+                return
         for b in out:
             log.debug("bundle to %s: %d bytes, envelopes %s (%d resent), acks %s", b.dst, len(b.payload),
                       b.seqs, b.retransmissions, b.acks)
@@ -327,10 +349,13 @@ class OverlayNode:
         body = await req.read()
         try:
             seq = self.submit(a.dst, body, a.lifetime_ms, a.priority, a.supersede, a.app)
+            await self.synced()
         except QuotaExceeded as e:
             return web.json_response({"error": str(e)}, status=507)
         except ValueError as e:
             return web.json_response({"error": str(e)}, status=400)
+        except OSError as e:
+            return web.json_response({"error": f"custody fsync failed: {e}"}, status=500)
         return web.json_response({"seq": seq, "origin": self.cfg.id})
 
     async def _api_recv(self, req: web.Request) -> web.Response:
@@ -367,6 +392,10 @@ class OverlayNode:
             return web.json_response({"error": str(e)}, status=400)
         self.core.consumed(ids)
         self.wake()  # acks to send
+        try:
+            await self.synced()
+        except OSError as e:
+            return web.json_response({"error": f"custody fsync failed: {e}"}, status=500)
         return web.json_response({"ok": len(ids)})
 
     async def _api_status(self, req: web.Request) -> web.Response:
@@ -376,6 +405,9 @@ class OverlayNode:
         st: dict = {"node": self.cfg.id, "agent": self.cfg.agent, "agent_pid": self.sup.proc.pid if self.sup.proc else None,
                     "agent_restarts": self.sup.restarts, "uptime_s": (now_ms() - self.started_ms) / 1000,
                     "send_errors": self.send_errors}
+        if self.syncer is not None:
+            st["fsync"] = {"fsyncs": self.syncer.fsyncs, "commits": self.syncer.store.commits,
+                           "failures": self.syncer.failures, "max_ms": round(self.syncer.fsync_ms_max, 1)}
         try:
             st["peers"] = [p.__dict__ for p in await self.agent.peers()]
             st["agent_stored"] = await self.agent.stored()

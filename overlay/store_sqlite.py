@@ -1,10 +1,15 @@
 """The SQLite custody store (WAL, synchronous commits): records only, see store.py.
 
 Durability: a durable transaction (what takes custody or records what arrived) is on
-disk when it returns (fsync of the WAL).  Bookkeeping that can only cause a harmless
-repeat if a power cut undoes it commits without its own fsync; in WAL mode it still
-reaches the disk in order, with the next durable commit, so nothing is ever seen
-half done.
+disk when it returns (fsync of the WAL) -- with sync="loop".  With sync="thread" it
+commits without the fsync and counts itself in `commits`; sync_wal(), called from one
+other thread (overlay/syncer.py), fsyncs the WAL, after which every commit counted
+before the call is on disk: one fsync for all commits made meanwhile (group commit),
+and the event loop never waits on the disk.  Whoever makes a commit's outcome seen
+outside (an MQTT PUBACK, a bundle to the agent) waits for that fsync first.
+Bookkeeping that can only cause a harmless repeat if a power cut undoes it commits
+without its own fsync; in WAL mode it still reaches the disk in order, with the next
+durable commit, so nothing is ever seen half done.
 
 Checkpoints (copying the WAL into the database file): by default SQLite's own, run
 inside whichever commit crosses 1,000 pages.  With background_checkpoints the commits
@@ -16,6 +21,7 @@ commit still checkpoints itself past BACKSTOP_PAGES, should the thread fall behi
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
@@ -140,10 +146,21 @@ def _item(r) -> OutItem:
                    bool(r[10]), r[11], r[12], r[13], bool(r[14]), bool(r[15]))
 
 
+# loop: a durable commit fsyncs before it returns (on the caller's thread: the event loop);
+# thread: it returns unsynced and sync_wal() from the syncer's thread makes it durable
+SYNC_MODES = ("loop", "thread")
+
+
 @register("sqlite")
 class SqliteStore:
-    def __init__(self, path: str | Path, background_checkpoints: bool = False):
+    def __init__(self, path: str | Path, background_checkpoints: bool = False, sync: str = "loop"):
+        if sync not in SYNC_MODES:
+            raise C2Error(f"custody store sync {sync!r}: one of {', '.join(SYNC_MODES)}")
         self.path = str(path)
+        self.sync = sync
+        self.commits = 0  # durable commits so far (sync="thread": on disk once sync_wal() ran after them)
+        self._wal_fd: int | None = None
+        self._wal_lock = threading.Lock()
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
@@ -178,7 +195,24 @@ class SqliteStore:
     def transaction(self, durable: bool = True):
         return _Tx(self, durable)
 
+    def sync_wal(self) -> None:
+        """fsync the WAL: every commit that returned before this call is on disk after it.
+        Safe to call from one other thread (the syncer) while the store's own commits go on:
+        the fsync is of the file, not of SQLite's connection.  Raises OSError as fsync does
+        (after which what it covered is not known to be on disk)."""
+        with self._wal_lock:
+            if self._closed:
+                return
+            if self._wal_fd is None:  # the -wal file lives as long as the store is open (WAL mode)
+                self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
+            os.fsync(self._wal_fd)
+
     def close(self) -> None:
+        with self._wal_lock:
+            if self._wal_fd is not None:
+                os.close(self._wal_fd)
+                self._wal_fd = None
+            self._closed = True
         with self._ckpt_lock:  # not under a checkpoint running in another thread
             self._closed = True
             if self._ckpt_db is not None:
@@ -496,7 +530,7 @@ class _Tx:
             if self.durable and not st._tx_durable:
                 raise RuntimeError("a durable custody change inside a relaxed transaction")
             return self
-        want = "FULL" if self.durable else "NORMAL"
+        want = "FULL" if self.durable and st.sync == "loop" else "NORMAL"
         if want != st._sync:
             st.db.execute(f"PRAGMA synchronous={want}")
             st._sync = want
@@ -514,6 +548,8 @@ class _Tx:
                 st._flush_counters()
                 st.db.execute("COMMIT")
                 st._before.clear()
+                if st._tx_durable:
+                    st.commits += 1
                 return False
             except BaseException as e:
                 if st.db.in_transaction:

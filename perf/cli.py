@@ -89,6 +89,23 @@ def store_cmd(fills: list[int]) -> None:
     store_bench.main(fills, console=Console())
 
 
+@perf.command("fsync")
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 50), help="runs per mode (taking turns)")
+@click.option("--clients", default=10, show_default=True, type=click.IntRange(1, 200))
+@click.option("--rate", default=10.0, show_default=True, type=click.FloatRange(0.1, 1000),
+              help="QoS 1 publishes per second per client")
+@click.option("--duration", default=15.0, show_default=True, type=click.FloatRange(2, 3600), help="seconds per run")
+@click.option("--disk-ms", default=10, show_default=True, type=click.IntRange(0, 1000),
+              help="how much longer every fsync takes (a slow disk)")
+def fsync_cmd(runs: int, clients: int, rate: float, duration: float, disk_ms: int) -> None:
+    """PUBACK latency on a slow disk: custody fsync on the event loop against the writer thread."""
+    from rich.console import Console
+
+    from c2dtn.perf import fsync_bench
+
+    fsync_bench.main(runs, clients, rate, duration, disk_ms, console=Console())
+
+
 @perf.command("gateway")
 @click.option("--count", default=20_000, show_default=True, type=click.IntRange(100, 10_000_000),
               help="messages per run")

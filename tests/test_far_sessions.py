@@ -155,6 +155,7 @@ def test_a_session_that_ends_at_its_clients_disconnect_is_forgotten(tmp_path, br
         p.send(bodies)
         assert await until(lambda: len(sub.got) == 20 and not p.gw.far), (len(sub.got), sorted(p.gw.far))
         assert p.gw.counters["far_sessions_ended"] == 20 and p.held() == 0
+        await p.gw.sessions_saved()
         assert sessions_file.load(p.storage / "mqtt-sessions.cbor", time.time())[1] == {}
         await p.gw.stop()
 

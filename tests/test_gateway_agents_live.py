@@ -31,6 +31,8 @@ def mqtt_agent_chain(request, tmp_path):
     yield from _mqtt_chain(tmp_path, request.param)
 
 
-def test_300_qos1_publishes_across_a_60s_outage_all_arrive_once_over_the_agent(mqtt_agent_chain):
+# 35 s of outage (40 s for dtn7 in test_gateway_live.py) still covers every publish after the
+# 5th second, and saves CI half a minute per agent
+def test_300_qos1_publishes_across_a_35s_outage_all_arrive_once_over_the_agent(mqtt_agent_chain):
     nodes, h1, h4 = mqtt_agent_chain
-    assert_300_once_unseen(*_300_across_an_outage(nodes, h4, "agents"))
+    assert_300_once_unseen(*_300_across_an_outage(nodes, h4, "agents", seconds=35))

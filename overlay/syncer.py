@@ -1,0 +1,120 @@
+"""The custody store's writer thread: fsyncs off the event loop, one for many commits.
+
+With `[node] fsync = "thread"` the store's durable commits return without an fsync
+(store_sqlite.py, sync="thread"), so the event loop never waits on the disk.  Whatever
+makes a commit's outcome seen outside the process -- an MQTT PUBACK, a CoAP ACK, an
+API reply, a bundle handed to the agent (it carries envelopes and acks) -- first awaits
+`synced()`: this thread fsyncs the WAL once for every commit made before it started
+(group commit), and a slow disk delays only what waits on it, not the clients' reads,
+the timers or the bundles arriving.
+
+A thread rather than the loop's executor: one fsync at a time, in order, each covering
+all commits counted before it; the executor would run several at once for nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+
+log = logging.getLogger("c2dtn.node")
+
+
+class Syncer:
+    def __init__(self, store) -> None:
+        """store: has `commits` (durable commits so far) and `sync_wal()` (fsync: every
+        commit counted before the call is on disk after it)."""
+        self.store = store
+        self.synced_upto = store.commits  # what the last fsync covered (read on the loop)
+        self.fsyncs = 0
+        self.failures = 0
+        self.fsync_ms_max = 0.0
+        self._waiters: deque[tuple[int, asyncio.Future]] = deque()
+        self._cv = threading.Condition()
+        self._wanted = self.synced_upto  # highest commit count someone waits for (under _cv)
+        self._stop = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="c2-custody-fsync", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread once its fsync in progress is done; waiters left get one last fsync
+        here (a clean shutdown should not make clients resend what was committed)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._waiters:
+            try:
+                self.store.sync_wal()
+                self._done(self.store.commits, None)
+            except OSError as e:
+                self._done(self.store.commits, e)
+
+    def pending(self) -> bool:
+        """Commits made that no fsync has covered yet?"""
+        return self.store.commits > self.synced_upto
+
+    async def synced(self) -> None:
+        """Return once every durable commit made before this call is on disk; raises OSError
+        if the fsync failed (what it covered may be lost: do not acknowledge it)."""
+        gen = self.store.commits
+        if gen <= self.synced_upto:
+            return
+        if self._thread is None:
+            raise RuntimeError("the custody syncer is not running")
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((gen, fut))
+        with self._cv:
+            if gen > self._wanted:
+                self._wanted = gen
+                self._cv.notify()
+        await fut
+
+    def _run(self) -> None:
+        done = self.synced_upto
+        while True:
+            with self._cv:
+                while self._wanted <= done and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+            gen = self.store.commits  # every commit counted here is in the WAL's page cache
+            t0 = time.monotonic()
+            err: OSError | None = None
+            try:
+                self.store.sync_wal()
+            except OSError as e:
+                err = e
+            ms = (time.monotonic() - t0) * 1000
+            done = gen
+            try:
+                self._loop.call_soon_threadsafe(self._done, gen, err, ms)
+            except RuntimeError:  # the loop closed under us
+                return
+
+    def _done(self, gen: int, err: OSError | None, ms: float = 0.0) -> None:
+        if err is None:
+            self.fsyncs += 1
+            self.fsync_ms_max = max(self.fsync_ms_max, ms)
+            self.synced_upto = max(self.synced_upto, gen)
+        else:
+            self.failures += 1
+            log.error("custody fsync failed (%s): %d commits not known to be on disk are not acknowledged",
+                      err, gen - self.synced_upto)
+        while self._waiters and self._waiters[0][0] <= gen:
+            _, fut = self._waiters.popleft()
+            if not fut.done():
+                if err is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(err)
