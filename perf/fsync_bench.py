@@ -38,7 +38,7 @@ from pathlib import Path
 
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.perf.plots import pyplot, save_figure
-from c2dtn.perf.runs import run_dir
+from c2dtn.perf.runs import progress, run_dir
 
 MODES = ("loop", "thread")
 PAYLOAD = 256
@@ -313,14 +313,11 @@ def report(out: Path, rows: list[dict], samples: list, params: dict) -> str:
 
 def main(runs: int, clients: int, rate: float, duration: float, disk_ms: int, out: Path | None = None,
          console=None) -> Path:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     lib = shim()
     out = out or run_dir("fsync")
     rows: list[dict] = []
     samples: list = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
-                  TimeElapsedColumn(), console=console) as bar:
+    with progress(console, "runs") as bar:
         task = bar.add_task("fsync loop / thread, taking turns", total=runs * len(MODES))
         for run in range(runs):
             for mode in MODES if run % 2 == 0 else MODES[::-1]:

@@ -136,15 +136,11 @@ def report(out: Path, rows: list[dict], runs: int) -> str:
 
 
 def main(targets: list[str], runs: int, save: bool, out: Path | None = None, console=None) -> tuple[Path, list[dict]]:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from c2dtn.perf.runs import run_dir
+    from c2dtn.perf.runs import progress, run_dir
 
     out = out or run_dir("fuzz")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="c2-fuzz-") as td, \
-            Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
-                     TimeElapsedColumn(), console=console) as bar:
+    with tempfile.TemporaryDirectory(prefix="c2-fuzz-") as td, progress(console) as bar:
         for name in targets:
             task = bar.add_task(f"{name}: fuzzing", total=runs)
             r = run_target(name, runs, Path(td), lambda n, t=task: bar.update(t, completed=n))

@@ -53,3 +53,12 @@ def run_dir(kind: str, root: Path = Path("results")) -> Path:
             "host": {"cpus": os.cpu_count(), "kernel": platform.release()}}
     (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
     return out
+
+
+def progress(console=None, unit: str = ""):
+    """The progress bar every long benchmark shows: what it does, a bar, done/total, time."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.completed:,}/{task.total:,}" + (f" {unit}" if unit else "")),
+                    TimeElapsedColumn(), console=console)

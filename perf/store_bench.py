@@ -34,7 +34,7 @@ from pathlib import Path
 from c2dtn.overlay.custody import CustodyStore, Quota
 from c2dtn.overlay.envelope import Envelope, Kind, Priority
 from c2dtn.perf.plots import pyplot, save_figure
-from c2dtn.perf.runs import run_dir
+from c2dtn.perf.runs import progress, run_dir
 
 DSTS = ["gw2", "gw3", "gw4", "gw5"]
 BODY = 120
@@ -211,13 +211,9 @@ def report(out: Path, rows: list[dict]) -> str:
 
 
 def main(fills: list[int], out: Path | None = None, console=None) -> Path:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     out = out or run_dir("store")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="c2store-") as td, \
-            Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
-                     TimeElapsedColumn(), console=console) as bar:
+    with tempfile.TemporaryDirectory(prefix="c2store-") as td, progress(console) as bar:
         for n in fills:
             task = bar.add_task(f"{n:,} envelopes: filling and measuring", total=2 * n)
             rows.append(measure(n, Path(td), lambda done, t=task: bar.update(t, completed=done)))
