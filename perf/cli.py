@@ -106,6 +106,23 @@ def fsync_cmd(runs: int, clients: int, rate: float, duration: float, disk_ms: in
     fsync_bench.main(runs, clients, rate, duration, disk_ms, console=Console())
 
 
+@perf.command("powerloss")
+@click.option("--cycles", default=10, show_default=True, type=click.IntRange(1, 1000), help="power cuts per mode")
+@click.option("--clients", default=5, show_default=True, type=click.IntRange(1, 200))
+@click.option("--rate", default=20.0, show_default=True, type=click.FloatRange(0.1, 1000),
+              help="QoS 1 publishes per second per client")
+@click.option("--disk-ms", default=5, show_default=True, type=click.IntRange(0, 1000),
+              help="how much longer every fsync takes")
+@click.option("--seed", default=1, show_default=True, type=int, help="when the cuts come")
+def powerloss_cmd(cycles: int, clients: int, rate: float, disk_ms: int, seed: int) -> None:
+    """Power cuts under QoS 1 load: is every PUBACKed message in custody after each one?"""
+    from rich.console import Console
+
+    from c2dtn.perf import powerloss_bench
+
+    powerloss_bench.main(cycles, clients, rate, disk_ms, seed=seed, console=Console())
+
+
 @perf.command("gateway")
 @click.option("--count", default=20_000, show_default=True, type=click.IntRange(100, 10_000_000),
               help="messages per run")
