@@ -40,6 +40,30 @@ def session_expiry_s(params: dict) -> float | None:
     return 0.0 if params.get("clean", params.get("cs")) else None
 
 
+# A QoS 1/2 publish's packet id is its inbox id's (the custody delivery's) modulo PUB_PIDS, plus 1:
+# the same message always goes with the same id, also after a restart of this gateway, as MQTT
+# asks of a client resuming a session (resend what the broker has not acknowledged with its
+# original packet id; before 2026-11-24 ids were drawn afresh, and a broker that does not check
+# for reused ids, as Mosquitto does, would take the message that drew the id of a QoS 2 publish
+# left awaiting PUBREL by a killed gateway for its resend).  Inbox ids are never reused
+# (AUTOINCREMENT) and at most FAR_INFLIGHT_MAX publishes are in flight, so two messages in flight
+# share an id only if 60,000 ids apart (then the later one waits).  SUBSCRIBE and UNSUBSCRIBE
+# take ids above PUB_PIDS.
+PUB_PIDS = 60_000
+# QoS 1/2 publishes in flight to the broker at once.  MQTT 5: the broker's Receive Maximum (its
+# CONNACK), at most FAR_INFLIGHT_MAX.  MQTT 3.1.1 has no such field: FAR_INFLIGHT_V311, which is
+# Mosquitto's default max_inflight_messages.  Past it, Mosquitto answers a 3.1.1 client's QoS 2
+# PUBLISH with a plain PUBREC and drops the message (its "quota exceeded", which 3.1.1 cannot
+# say): with 200 in flight, a backlog after an outage lost all but 20 of each burst
+# (`c2dtn perf chaos`, 2026-11-24: 17 and 46 of 300 QoS 2 messages).
+FAR_INFLIGHT_MAX = 200
+FAR_INFLIGHT_V311 = 20
+
+
+def pub_pid(inbox_id: int) -> int:
+    return inbox_id % PUB_PIDS + 1
+
+
 class FarSession:
     """One origin client's connection to the real broker, at the far gateway."""
 
@@ -56,7 +80,9 @@ class FarSession:
         self.inflight: dict[int, tuple[Delivery, dict]] = {}  # packet id -> publish awaiting PUBACK/PUBCOMP
         self._conn: asyncio.StreamWriter | None = None  # the newest broker connection
         self.connack: asyncio.Future | None = None
-        self.next_pid = 1
+        self.next_pid = PUB_PIDS + 1
+        self.max_inflight = FAR_INFLIGHT_V311  # set from each CONNACK
+        self._sent: set[int] = set()  # inbox ids of publishes sent on a connection (a resend has DUP set)
         self.present = False  # the origin client is connected at its near gateway
         self.gone_at: float | None = None  # wall clock when the client left (its session's expiry runs)
         self.deferring = False  # something for it stayed in custody (queue full): the rest waits too
@@ -89,8 +115,9 @@ class FarSession:
         return not self.present and self.queue.empty() and not self.inflight
 
     def _pid(self) -> int:
+        """A packet id for a SUBSCRIBE or UNSUBSCRIBE (publishes have theirs: pub_pid)."""
         pid = self.next_pid
-        self.next_pid = pid % 65535 + 1
+        self.next_pid = PUB_PIDS + 1 + (pid - PUB_PIDS) % (65535 - PUB_PIDS)
         return pid
 
     async def _keepalive(self) -> None:
@@ -145,6 +172,8 @@ class FarSession:
         ack = await asyncio.wait_for(self.connack, 30)
         if ack.reason:
             raise ConnectionError(f"broker {self.broker} refused client {self.client}: reason 0x{ack.reason:02x}")
+        self.max_inflight = (min(FAR_INFLIGHT_MAX, ack.properties.get("receive_maximum", 65535)) if v == 5
+                             else FAR_INFLIGHT_V311)
         self.params["cs"] = False  # a reconnect resumes the session the first connect started
         if self.subs and (self.always_subscribe or not ack.session_present):
             await self._request(m.Subscribe(self._pid(), [m.SubOption(f, *o) for f, o in self.subs.items()]))
@@ -187,7 +216,9 @@ class FarSession:
             if self.connack and not self.connack.done():
                 self.connack.set_result(p)
         elif isinstance(p, (m.PubAck, m.PubComp)) and p.packet_id in self.inflight:
-            self.gw.delivered(self.inflight.pop(p.packet_id)[0].id)
+            done = self.inflight.pop(p.packet_id)[0].id
+            self._sent.discard(done)
+            self.gw.delivered(done)
         elif isinstance(p, (m.PubAck, m.PubComp, m.SubAck, m.UnsubAck)):
             f = self.waiting.pop(p.packet_id, None)
             if f and not f.done():
@@ -312,15 +343,20 @@ class FarSession:
                 self.gw.delivered(d.id)
             else:
                 # pipelined: the next publish goes before this one's ack comes back; unacknowledged
-                # ones go again (in order) when the broker connection is lost
-                pub.packet_id = self._pid()
-                self.inflight[pub.packet_id] = (d, msg)
-                self.writer.write(m.encode(pub, self.params.get("v", 4)))
+                # ones go again (in order, with their packet ids) when the broker connection is lost
+                pub.packet_id = pub_pid(d.id)
                 deadline = asyncio.get_running_loop().time() + 60
-                while len(self.inflight) > 200 and self.writer is not None:
+                # room in the broker's window, and the id free (a message 60,000 ids older holds it)
+                while len(self.inflight) >= self.max_inflight or pub.packet_id in self.inflight:
+                    if self.writer is None:
+                        raise ConnectionError("broker connection lost")
                     if asyncio.get_running_loop().time() > deadline:
                         raise asyncio.TimeoutError("the broker acknowledged nothing for 60 s")
                     await asyncio.sleep(0.005)
+                pub.dup = d.id in self._sent
+                self.inflight[pub.packet_id] = (d, msg)
+                self._sent.add(d.id)
+                self.writer.write(m.encode(pub, self.params.get("v", 4)))
 
     async def _settle(self) -> None:
         """Wait until the broker has acknowledged every publish in flight on this connection

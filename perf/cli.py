@@ -123,6 +123,29 @@ def powerloss_cmd(cycles: int, clients: int, rate: float, disk_ms: int, seed: in
     powerloss_bench.main(cycles, clients, rate, disk_ms, seed=seed, console=Console())
 
 
+@perf.command("chaos")
+@click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(1, 600))
+@click.option("--kills", default=30, show_default=True, type=click.IntRange(1, 1000),
+              help="SIGKILLs at random moments, at least 15 s apart")
+@click.option("--rate", default=1.0, show_default=True, type=click.FloatRange(0.05, 100),
+              help="messages per second from each of the QoS 1 and the QoS 2 publisher")
+@click.option("--profile", default="cnr-tactical-2", show_default=True, help="the r2=r3 radio link's profile")
+@click.option("--outage-s", default=30.0, show_default=True, type=click.FloatRange(0, 3600))
+@click.option("--outage-every", default=180.0, show_default=True, type=click.FloatRange(10, 36000))
+@click.option("--agent", default="dtn7", show_default=True, help="the BPA on every node")
+@click.option("--seed", default=1, show_default=True, type=int, help="when the kills come and what they hit")
+def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, seed) -> None:
+    """Kill anywhere: QoS 1 and 2 through the gateways on nps-chain while gateways and BPA daemons are SIGKILLed."""
+    from rich.console import Console
+
+    from c2dtn.perf import chaos_bench
+
+    try:
+        chaos_bench.main(minutes, kills, rate, profile, outage_s, outage_every, seed, agent, console=Console())
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--kills") from None
+
+
 @perf.command("gateway")
 @click.option("--count", default=20_000, show_default=True, type=click.IntRange(100, 10_000_000),
               help="messages per run")
