@@ -9,6 +9,7 @@ kills a gateway puts it back before it ends."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -159,10 +160,33 @@ def assert_300_once_unseen(p: dict, ids: list[int]) -> None:
     assert sorted(ids) == list(range(300)), f"missing {sorted(set(range(300)) - set(ids))[:10]}"
 
 
-# The 300-publish outage test over dtn7 and the near gateway's SIGKILL in an outage ran here until
-# 2026-11-24; tests/test_chaos.py (perf chaos in short: gw1, gw4 and two dtnds SIGKILLed, a cut,
-# QoS 1 and 2) covers both, and test_gateway_agents_live.py runs the 300-publish test on the
-# other agents.
+# 40 s of outage (60 s until 2026-11-24): every publish after the 5th second still goes into it.
+# Over dtn7 it runs with C2DTN_ALL_AGENT_TESTS=1: in `make test` the same test runs over ion and
+# ibrdtn (test_gateway_agents_live.py; what it asserts is the gateway's, whatever the agent) and
+# the SIGKILL test below runs over dtn7, which keeps the suite within its 35 minutes.
+@pytest.mark.skipif(os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1",
+                    reason="over dtn7 left out of make test for the suite's 35 minutes (ion and ibrdtn run it); "
+                           "C2DTN_ALL_AGENT_TESTS=1 runs it")
+def test_300_qos1_publishes_across_a_40s_outage_all_arrive_once_no_disconnect(mqtt_chain):
+    nodes, h1, h4 = mqtt_chain
+    assert_300_once_unseen(*_300_across_an_outage(nodes, h4, "orders", seconds=40))
+
+
+def test_near_gateway_sigkilled_mid_outage_and_restarted_still_all_300_once(mqtt_chain):
+    nodes, h1, h4 = mqtt_chain
+
+    def kill_and_restart():
+        time.sleep(20)
+        nodes.kill("gw1")  # gateway, overlay and its dtnd: SIGKILL, as a power cut
+        time.sleep(10)
+        nodes.start("gw1")
+
+    p, ids = _300_across_an_outage(nodes, h4, "restart", kill_and_restart, seconds=40)
+    # the client's TCP connection ended at the dead gateway: it reconnects (to the restarted
+    # gateway, still during the outage) and resends what was not yet acknowledged
+    assert p["acked"] == 300
+    assert len(ids) == len(set(ids)), "a message arrived twice"
+    assert sorted(ids) == list(range(300)), f"missing {sorted(set(range(300)) - set(ids))[:10]}"
 
 
 def test_near_subscriber_gets_far_publications_across_an_outage(mqtt_chain):
