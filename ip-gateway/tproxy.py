@@ -5,8 +5,9 @@ nftables when `nft` is there, iptables otherwise.  Packets to an intercepted por
 are routed through the box go to the gateway's transparent socket; an accepted TCP
 socket's local address, or a UDP datagram's IP_ORIGDSTADDR, is the server the client
 meant.  Policy routing (fwmark 1 -> table 100 -> local) delivers them to the box itself.
-Everything is named c2dtn / table 100 and removed when the last rule goes; each change
-rewrites the whole table, so installing twice replaces, never stacks.
+While the gateway is not listening (killed, restarting), intercepted packets are dropped,
+never forwarded past it.  Everything is named c2dtn / table 100 and removed when the last
+rule goes; each change rewrites the whole table, so installing twice replaces, never stacks.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def _apply() -> None:
             to = "" if daddrs == ("0.0.0.0/0",) else f"ip daddr {{ {', '.join(daddrs)} }} "
             if daddrs:
                 lines += [f"  {to}{proto} dport {dport} tproxy to :{port} meta mark set {MARK} accept"]
+                # nft's tproxy passes a packet on when no transparent socket listens (iptables'
+                # TPROXY drops it): with the gateway down, a client would reach the server past
+                # custody, under the client id the far gateway uses there.  Drop it, as iptables
+                # does; the client's next SYN (or CON retransmission) finds the gateway back.
+                lines += [f"  {to}{proto} dport {dport} drop"]
         rules = (f"table ip {TABLE} {{\n chain prerouting {{\n  type filter hook prerouting priority mangle; "
                  "policy accept;\n" + "\n".join(lines) + "\n }\n}\n")
         r = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True)

@@ -189,6 +189,36 @@ def test_near_gateway_sigkilled_mid_outage_and_restarted_still_all_300_once(mqtt
     assert sorted(ids) == list(range(300)), f"missing {sorted(set(range(300)) - set(ids))[:10]}"
 
 
+def _connect_from_h1(h4: str, port: int, timeout: float) -> str:
+    """What a TCP connect from h1 to h4:port comes to: "connected", "refused" or "timeout"."""
+    s = netns.socket_in("c2-h1", socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect((h4, port))
+        return "connected"
+    except ConnectionRefusedError:
+        return "refused"
+    except (socket.timeout, TimeoutError):
+        return "timeout"
+    finally:
+        s.close()
+
+
+def test_while_the_near_gateway_is_dead_clients_do_not_reach_the_far_broker_past_custody(mqtt_chain):
+    """A client reconnecting while gw1's gateway is down must not get through to h4's broker
+    directly: its messages would cross without custody, and under the client id gw4 uses for
+    it at that broker (which takes the session over from gw4).  nftables' tproxy passes a
+    packet on when no transparent socket listens; the rules must stop it instead."""
+    nodes, h1, h4 = mqtt_chain
+    assert _connect_from_h1(h4, 1883, 5) == "connected"  # intercepted: gw1 answers
+    nodes.kill("gw1")
+    try:
+        assert _connect_from_h1(h4, 1883, 3) != "connected", "the client reached h4's broker past the dead gateway"
+    finally:
+        nodes.start("gw1")
+    assert _connect_from_h1(h4, 1883, 5) == "connected"
+
+
 def test_near_subscriber_gets_far_publications_across_an_outage(mqtt_chain):
     nodes, h1, h4 = mqtt_chain
     sub = client("h1", "sub", "--host", h4, "--topic", "c2/news/#", "--qos", "1", "--count", "20",
