@@ -165,22 +165,24 @@ async def _connect(port: int, cid: str):
             return r, w, parser
 
 
+async def read_pubacks(r: asyncio.StreamReader, parser: m.Parser, pending: dict, on_ack) -> None:
+    """Until the connection ends: for each PUBACK of a packet id in `pending`, on_ack(what
+    pending held for it), the id taken out."""
+    while True:
+        data = await r.read(65536)
+        if not data:
+            return
+        for p in parser.feed(data):
+            if isinstance(p, m.PubAck) and p.packet_id in pending:
+                on_ack(pending.pop(p.packet_id))
+
+
 async def _publisher(i: int, port: int, rate: float, duration: float, t0: float, lat: list) -> tuple[int, int]:
     r, w, parser = await _connect(port, f"c2fsync-{i}")
     sent: dict[int, float] = {}
     body = b"x" * PAYLOAD
-
-    async def reader() -> None:
-        while True:
-            data = await r.read(65536)
-            if not data:
-                return
-            for p in parser.feed(data):
-                if isinstance(p, m.PubAck) and p.packet_id in sent:
-                    t = sent.pop(p.packet_id)
-                    lat.append((t - t0, (time.monotonic() - t) * 1000))
-
-    rd = asyncio.create_task(reader())
+    rd = asyncio.create_task(read_pubacks(r, parser, sent,
+                                          lambda t: lat.append((t - t0, (time.monotonic() - t) * 1000))))
     n = int(rate * duration)
     start = t0 + i / (rate * 64)  # the clients spread over the first interval
     for k in range(n):

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from c2dtn.ip_gateway import mqtt as m
-from c2dtn.perf.fsync_bench import _connect, _free_port, shim
+from c2dtn.perf.fsync_bench import _connect, _free_port, read_pubacks, shim
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import progress, run_dir
 
@@ -50,17 +50,7 @@ CUSTODY_FILES = ("custody.db", "custody.db-wal")
 async def _publisher(i: int, port: int, rate: float, acked: set, sent: list) -> None:
     r, w, parser = await _connect(port, f"c2power-{i}")
     pending: dict[int, str] = {}
-
-    async def reader() -> None:
-        while True:
-            data = await r.read(65536)
-            if not data:
-                return
-            for p in parser.feed(data):
-                if isinstance(p, m.PubAck) and p.packet_id in pending:
-                    acked.add(pending.pop(p.packet_id))
-
-    rd = asyncio.create_task(reader())
+    rd = asyncio.create_task(read_pubacks(r, parser, pending, acked.add))
     t0 = time.monotonic() + i / (rate * 16)
     k = 0
     try:
