@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import bodies as s
-from c2dtn.ip_gateway.near_core import Envelope, aged, lifetime_ms
+from c2dtn.ip_gateway.near_core import PUB_PIDS, Envelope, aged, lifetime_ms, pub_pid
 from c2dtn.ip_gateway.policy import TopicRule
 from c2dtn.overlay.store import Delivery, QuotaExceeded
 from c2dtn.overlay.node import now_ms
@@ -49,7 +49,6 @@ def session_expiry_s(params: dict) -> float | None:
 # (AUTOINCREMENT) and at most FAR_INFLIGHT_MAX publishes are in flight, so two messages in flight
 # share an id only if 60,000 ids apart (then the later one waits).  SUBSCRIBE and UNSUBSCRIBE
 # take ids above PUB_PIDS.
-PUB_PIDS = 60_000
 # QoS 1/2 publishes in flight to the broker at once.  MQTT 5: the broker's Receive Maximum (its
 # CONNACK), at most FAR_INFLIGHT_MAX.  MQTT 3.1.1 has no such field: FAR_INFLIGHT_V311, which is
 # Mosquitto's default max_inflight_messages.  Past it, Mosquitto answers a 3.1.1 client's QoS 2
@@ -58,10 +57,6 @@ PUB_PIDS = 60_000
 # (`c2dtn perf chaos`, 2026-11-24: 17 and 46 of 300 QoS 2 messages).
 FAR_INFLIGHT_MAX = 200
 FAR_INFLIGHT_V311 = 20
-
-
-def pub_pid(inbox_id: int) -> int:
-    return inbox_id % PUB_PIDS + 1
 
 
 class FarSession:

@@ -102,6 +102,16 @@ class Ended:
 Event = Write | Close | Submit | Done | Release | SessionsChanged | Resume | Ended
 
 
+PUB_PIDS = 60_000
+
+
+def pub_pid(inbox_id: int) -> int:
+    """The packet id of a publication to a client: from its custody inbox id, so a resend
+    after a reconnect or a gateway restart carries the id the client may still hold (below
+    60,001; 3.1.1 4.4 and 5.0 4.4 ask for the original id).  The far side does the same."""
+    return inbox_id % PUB_PIDS + 1
+
+
 # -- state ----------------------------------------------------------------------------------
 @dataclass
 class NearSession:
@@ -114,9 +124,12 @@ class NearSession:
     sub_ids: dict[str, int] = field(default_factory=dict)   # filter -> subscription identifier (MQTT 5)
     expiry_s: int = 0                                        # session expiry interval
     expires_at: float | None = None                          # wall time it ends, while no connection has it
+    # not in the file (a restarted gateway resends as PUBLISH, under the same id: pub_pid):
+    sent: set[int] = field(default_factory=set)      # inbox ids sent to the client, not yet acknowledged
+    released: set[int] = field(default_factory=set)  # QoS 2 inbox ids whose PUBREC came, PUBCOMP not
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k not in ("sent", "released")}
 
     @classmethod
     def from_dict(cls, d: dict) -> NearSession:
@@ -141,7 +154,6 @@ class _Conn:
         self.qos2_in: set[int] = set()     # QoS 2 packet ids taken, PUBREL not yet seen
         self.out: dict[int, _Out] = {}     # packet id -> publication in flight to the client
         self.waiting: deque[tuple[int, m.Publish]] = deque()  # beyond the client's Receive Maximum
-        self.next_pid = 1
         self.aliases: dict[int, str] = {}
         self.keepalive = 0
         self.receive_max = 65535
@@ -240,6 +252,7 @@ class NearCore:
                     continue
                 if o is not None:
                     o.released = True
+                    c.sess.released.add(o.inbox_id)
                 replies.append(m.PubRel(p.packet_id))
             elif isinstance(p, m.Disconnect):
                 c.clean_exit = p.reason != m.Reason.DISCONNECT_WITH_WILL
@@ -455,12 +468,16 @@ class NearCore:
         return self._send_pub(c, inbox_id, pub)
 
     def _send_pub(self, c: _Conn, inbox_id: int, pub: m.Publish) -> list[Event]:
+        sess = c.sess
         if pub.qos:
-            pid = c.next_pid
-            while pid in c.out:
+            pid = pub_pid(inbox_id)
+            while pid in c.out:  # 60,000 apart and both in flight: the next free one
                 pid = pid % 65535 + 1
-            c.next_pid = pid % 65535 + 1
             pub.packet_id = pid
+            if inbox_id in sess.released:  # resumed session: the client has it; it waits for PUBREL
+                c.out[pid] = _Out(inbox_id, pub, released=True)
+                return [Write(c.id, m.encode(m.PubRel(pid), c.version))]
+            pub.dup = inbox_id in sess.sent
         data = m.encode(pub, c.version)
         if c.max_packet is not None and len(data) > c.max_packet:
             # larger than the client takes: dropped for this client, as the spec says (3.1.2.11.4)
@@ -471,12 +488,15 @@ class NearCore:
         if not pub.qos:
             return [Write(c.id, data), Done(inbox_id)]
         c.out[pub.packet_id] = _Out(inbox_id, pub)
+        sess.sent.add(inbox_id)
         return [Write(c.id, data)]
 
     def _acked(self, c: _Conn, pid: int) -> list[Event]:
         o = c.out.pop(pid, None)
         if o is None:
             return []
+        c.sess.sent.discard(o.inbox_id)
+        c.sess.released.discard(o.inbox_id)
         evs: list[Event] = [Done(o.inbox_id)]
         while c.waiting and len(c.out) < c.receive_max:
             inbox_id, pub = c.waiting.popleft()

@@ -232,6 +232,68 @@ def test_a_311_session_without_clean_session_comes_back_with_its_subscriptions()
     assert ack.session_present is False
 
 
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_resumed_session_gets_its_unacknowledged_publications_under_their_original_packet_ids(version):
+    """MQTT 3.1.1 4.4 / 5.0 4.4: on a resumed session the server resends an unacknowledged
+    PUBLISH with its original packet id and DUP set, and a PUBREL for one whose PUBREC it
+    had.  A client still holding a QoS 2 id before PUBREL drops a new message under that id
+    as a resend (lost), and takes the old one under a new id as new (delivered twice)."""
+    n = Net()
+    props = {"session_expiry_interval": 3600} if version == 5 else None
+    c, _ = n.connect("u6", version=version, clean=False, props=props)
+    n.send(c, m.Subscribe(1, [m.SubOption("c2/#", 2)]), version)
+    n.take(c)
+    n.deliver("u6", 300, "c2/a", b"first", qos=2)  # acknowledged in full
+    (p0,) = n.take(c)
+    n.send(c, m.PubRec(p0.packet_id), version)
+    n.send(c, m.PubComp(p0.packet_id), version)
+    assert n.take(c) == [m.PubRel(p0.packet_id)]
+    n.deliver("u6", 301, "c2/a", b"released", qos=2)  # PUBREC seen, PUBCOMP not
+    n.deliver("u6", 302, "c2/a", b"unacked", qos=2)  # no answer at all
+    n.deliver("u6", 303, "c2/a", b"qos1", qos=1)
+    sent = {p.payload: p for p in n.take(c)}
+    n.send(c, m.PubRec(sent[b"released"].packet_id), version)
+    assert n.take(c) == [m.PubRel(sent[b"released"].packet_id)]
+    assert not any(p.dup for p in sent.values())
+    n.lose(c)
+    assert n.done == [300]
+    c2, ack = n.connect("u6", version=version, clean=False, props=props)
+    assert ack.session_present
+    for inbox_id, payload, qos in [(301, b"released", 2), (302, b"unacked", 2), (303, b"qos1", 1)]:
+        n.deliver("u6", inbox_id, "c2/a", payload, qos=qos)  # custody hands them over again
+    again = n.take(c2)
+    assert again[0] == m.PubRel(sent[b"released"].packet_id)
+    assert [(p.payload, p.packet_id, p.dup) for p in again[1:]] == [
+        (b"unacked", sent[b"unacked"].packet_id, True), (b"qos1", sent[b"qos1"].packet_id, True)]
+    n.send(c2, m.PubComp(sent[b"released"].packet_id), version)
+    n.send(c2, m.PubRec(sent[b"unacked"].packet_id), version)
+    n.send(c2, m.PubComp(sent[b"unacked"].packet_id), version)
+    n.send(c2, m.PubAck(sent[b"qos1"].packet_id), version)
+    assert sorted(n.done) == [300, 301, 302, 303]
+
+
+def test_packet_ids_to_a_client_follow_the_custody_inbox_so_a_restarted_gateway_resends_under_the_same_id():
+    """A gateway that restarts has no memory of what it sent; the id comes from the message's
+    custody inbox id, so the resend still carries the id the client holds (3.1.1 4.3.3: a
+    PUBLISH under an id awaiting PUBREL is acknowledged, not delivered again)."""
+    n = Net()
+    c, _ = n.connect("u7", version=4, clean=False)
+    n.send(c, m.Subscribe(1, [m.SubOption("c2/#", 2)]), 4)
+    n.take(c)
+    n.deliver("u7", 1, "c2/a", b"a", qos=2)
+    n.deliver("u7", 70_005, "c2/a", b"b", qos=2)
+    first = {p.payload: p.packet_id for p in n.take(c)}
+    n.send(c, m.PubRec(first[b"a"]), 4)
+    n.send(c, m.PubComp(first[b"a"]), 4)
+    n = Net()  # the gateway restarted (its session file brought the session back; here: connect again)
+    c, _ = n.connect("u7", version=4, clean=False)
+    n.send(c, m.Subscribe(1, [m.SubOption("c2/#", 2)]), 4)
+    n.take(c)
+    n.deliver("u7", 70_005, "c2/a", b"b", qos=2)  # still in custody: handed over again
+    (b,) = n.take(c)
+    assert b.packet_id == first[b"b"] != first[b"a"]
+
+
 def test_mqtt5_session_expiry_keeps_a_session_for_its_interval_only():
     n = Net()
     # clean start with an expiry: a new session that outlives this connection
