@@ -78,6 +78,7 @@ class FarSession:
         self.next_pid = PUB_PIDS + 1
         self.max_inflight = FAR_INFLIGHT_V311  # set from each CONNACK
         self._sent: set[int] = set()  # inbox ids of publishes sent on a connection (a resend has DUP set)
+        self._released: set[int] = set()  # QoS 2 inbox ids the broker PUBRECed: resent as PUBREL
         self.present = False  # the origin client is connected at its near gateway
         self.gone_at: float | None = None  # wall clock when the client left (its session's expiry runs)
         self.deferring = False  # something for it stayed in custody (queue full): the rest waits too
@@ -213,12 +214,15 @@ class FarSession:
         elif isinstance(p, (m.PubAck, m.PubComp)) and p.packet_id in self.inflight:
             done = self.inflight.pop(p.packet_id)[0].id
             self._sent.discard(done)
+            self._released.discard(done)
             self.gw.delivered(done)
         elif isinstance(p, (m.PubAck, m.PubComp, m.SubAck, m.UnsubAck)):
             f = self.waiting.pop(p.packet_id, None)
             if f and not f.done():
                 f.set_result(p)
         elif isinstance(p, m.PubRec):
+            if p.packet_id in self.inflight:
+                self._released.add(self.inflight[p.packet_id][0].id)
             writer.write(m.encode(m.PubRel(p.packet_id), v))
         elif isinstance(p, m.PubRel):
             writer.write(m.encode(m.PubComp(p.packet_id), v))
@@ -333,6 +337,8 @@ class FarSession:
             self.gw.delivered(d.id)
         elif op == "pub":
             pub = aged(s.publish_from(msg, self.params.get("v", 4)), d.created_ms, now_ms())
+            if pub.qos == 1 and self.gw.cfg.qos1_once:
+                pub.qos = 2  # the broker's QoS 2 dedupe: see qos1_once in policy.py
             if pub.qos == 0:
                 self.writer.write(m.encode(pub, self.params.get("v", 4)))
                 self.gw.delivered(d.id)
@@ -351,7 +357,10 @@ class FarSession:
                 pub.dup = d.id in self._sent
                 self.inflight[pub.packet_id] = (d, msg)
                 self._sent.add(d.id)
-                self.writer.write(m.encode(pub, self.params.get("v", 4)))
+                if d.id in self._released:  # the broker has it (and may have released it): finish
+                    self.writer.write(m.encode(m.PubRel(pub.packet_id), self.params.get("v", 4)))
+                else:
+                    self.writer.write(m.encode(pub, self.params.get("v", 4)))
 
     async def _settle(self) -> None:
         """Wait until the broker has acknowledged every publish in flight on this connection

@@ -7,6 +7,7 @@
     tproxy_port = 11883            # where intercepted flows land
     far_queue = 1000               # far side: messages waiting for one client's broker connection
     max_far_sessions = 10000       # far side: broker sessions held for origin clients
+    qos1_once = true               # far side: QoS 1 messages go to the broker at QoS 2 (below)
 
     [[gateway.route]]              # brokers in `prefix` are served by gateway node `via`
     prefix = "10.77.9.0/24"
@@ -134,6 +135,12 @@ class GatewayConfig:
     max_packet_size: int = 1 << 20
     far_queue: int = 1000
     max_far_sessions: int = 10_000
+    # The far side publishes a QoS 1 message to the broker at QoS 2, so that a far gateway
+    # killed after the broker took it and before its ack was in custody resends it (same
+    # packet id, DUP) into the broker's QoS 2 dedupe instead of publishing it twice.  A
+    # subscriber with a QoS 2 subscription gets it at QoS 2; what is left is the one round
+    # trip from PUBREL to the PUBCOMP being in custody.  false: QoS 1 stays 1 (at least once).
+    qos1_once: bool = True
     bridge: BridgeConfig | None = None
     coap: CoapConfig | None = None
 
@@ -233,7 +240,8 @@ def parse_coap(src: str, raw: Any) -> CoapConfig:
 
 def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     g = check_table(src, "gateway", raw, {"listen", "broker", "tproxy", "tproxy_port", "route", "topic",
-                                          "max_packet_size", "bridge", "coap", "far_queue", "max_far_sessions"})
+                                          "max_packet_size", "bridge", "coap", "far_queue", "max_far_sessions",
+                                          "qos1_once"})
     cfg = GatewayConfig()
     if "listen" in g:
         cfg.listen = _hostport(src, "gateway.listen", g["listen"])
@@ -254,6 +262,10 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ConfigError(src, f"gateway.{k}", v, f"must be a whole number from {lo} to {hi}")
             setattr(cfg, k, v)
+    if "qos1_once" in g:
+        if not isinstance(g["qos1_once"], bool):
+            raise ConfigError(src, "gateway.qos1_once", g["qos1_once"], "must be true or false")
+        cfg.qos1_once = g["qos1_once"]
     if "bridge" in g:
         cfg.bridge = parse_bridge(src, g["bridge"])
     if "coap" in g:

@@ -267,3 +267,69 @@ def test_a_backlog_of_qos2_publishes_stays_within_the_brokers_window_and_all_arr
         sub.close()
     got = sorted(int(t.split("/")[1]) for t, _ in sub.got)
     assert got == list(range(100)), f"missing {sorted(set(range(100)) - set(got))[:20]}, {len(got)} arrived"
+
+
+class AckSwallower:
+    """A TCP relay in front of the broker that, once `swallow` is set, passes the gateway's
+    packets on and the broker's answers nowhere (the far gateway sent, the broker took, the
+    ack never made it back before the gateway died); `cut()` drops every connection."""
+
+    def __init__(self, broker_port: int):
+        self.broker_port, self.swallow, self.conns, self.server = broker_port, False, [], None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _relay(self, r, w):
+        br, bw = await asyncio.open_connection("127.0.0.1", self.broker_port)
+        self.conns += [w, bw]
+
+        async def pipe(src, dst, gated):
+            while data := await src.read(65536):
+                if not (gated and self.swallow):
+                    dst.write(data)
+
+        await asyncio.gather(pipe(r, bw, False), pipe(br, w, True), return_exceptions=True)
+
+    def cut(self) -> None:
+        for w in self.conns:
+            w.transport.abort()
+        self.conns = []
+
+
+@pytest.mark.parametrize("qos1_once,copies", [(True, 1), (False, 2)])
+def test_a_far_gateway_killed_before_the_brokers_acks_came_publishes_qos1_messages_once(tmp_path, broker, qos1_once,
+                                                                                        copies):
+    """10 QoS 1 messages reach the broker; the gateway dies before any ack comes back and,
+    restarted, sends them again (same packet ids, DUP).  Sent at QoS 2 (qos1_once, the
+    default) the broker knows them and its subscribers get each once; at QoS 1 twice."""
+    sub = Subscriber(broker.port)
+
+    async def main():
+        relay = AckSwallower(broker.port)
+        b = f"127.0.0.1:{await relay.start()}"
+        p = Pair(tmp_path, qos1_once=qos1_once)
+        await p.gw.start()
+        p.send([conn("c2-once", b, cs=False), pub("c2-once", b, "t/warm", b"w")])
+        assert await until(lambda: len(sub.got) == 1 and p.held() == 0)
+        relay.swallow = True
+        p.send([pub("c2-once", b, f"t/{i}", b"m%d" % i) for i in range(10)])
+        await asyncio.sleep(1.0)  # all 10 with the broker, no ack back
+        assert p.held() == 10
+        for f in p.gw.far.values():  # the gateway dies: no DISCONNECT, nothing more in custody
+            f.cancel()
+        relay.cut()
+        relay.swallow = False
+        p.gw = p.new_gateway()  # restarted: the session file brings c2-once's broker session back
+        await p.gw.start()
+        assert await until(lambda: p.held() == 0), p.held()
+        await asyncio.sleep(0.5)  # a late duplicate would show
+        await p.gw.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        sub.close()
+    got = sorted(t for t, _ in sub.got if t != "t/warm")
+    assert got == sorted(f"t/{i}" for i in range(10) for _ in range(copies)), got
