@@ -44,6 +44,9 @@ class QuotaExceeded(C2Error):
     pass
 
 
+REPORTS_KEPT = 10_000  # report rows a store keeps (the newest)
+
+
 class StoreFull(QuotaExceeded):
     """The store's disk is full: refused as a quota is (MQTT 5 0x97, HTTP 507), nothing of
     the refused change kept and nothing held before it lost; accepted again once space frees."""
@@ -115,6 +118,10 @@ class Store(Protocol):
     def bump(self, name: str, by: int = 1) -> int: ...
     def counter(self, name: str) -> int: ...
     def counters(self) -> dict[str, int]: ...
+    # reports are a log of the newest outcomes, bounded (the counters keep the totals): a
+    # gateway superseding positions for weeks would otherwise grow its store without end
+    reports_kept: int  # REPORTS_KEPT unless changed
+
     def report_add(self, seq: int, dst: str, outcome: str, at_ms: int, created_ms: int,
                    supersede: str | None) -> None: ...
     def reports(self, since_id: int = 0) -> list[tuple]: ...

@@ -12,7 +12,7 @@ import copy
 from collections.abc import Iterable
 from dataclasses import replace
 
-from c2dtn.overlay.store import Delivery, OutItem, register
+from c2dtn.overlay.store import REPORTS_KEPT, Delivery, OutItem, register
 
 _UPDATABLE = {"inflight", "attempts", "sent_ms", "retry_ms", "received", "superseded"}
 
@@ -23,6 +23,8 @@ def _order(it: OutItem) -> tuple[int, int]:
 
 @register("memory")
 class MemoryStore:
+    reports_kept = REPORTS_KEPT
+
     def __init__(self):
         self.s = {"counters": {}, "reports": [], "out": {}, "members": {}, "marks": {}, "seen": {}, "latest": {},
                   "order": {}, "held": {}, "inbox": {}, "inbox_id": 0, "owed": {"done": set(), "got": set()}}
@@ -54,7 +56,9 @@ class MemoryStore:
 
     def report_add(self, seq, dst, outcome, at_ms, created_ms, supersede) -> None:
         r = self.s["reports"]
-        r.append((len(r) + 1, seq, dst, outcome, at_ms, created_ms, supersede))
+        r.append(((r[-1][0] if r else 0) + 1, seq, dst, outcome, at_ms, created_ms, supersede))
+        if len(r) > self.reports_kept * 1.1:
+            del r[:len(r) - self.reports_kept]
 
     def reports(self, since_id: int = 0) -> list[tuple]:
         return [r for r in self.s["reports"] if r[0] > since_id]

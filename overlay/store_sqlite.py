@@ -29,7 +29,7 @@ from pathlib import Path
 
 from c2dtn.errors import C2Error
 from c2dtn.overlay.envelope import Priority
-from c2dtn.overlay.store import Delivery, OutItem, StoreFull, register
+from c2dtn.overlay.store import REPORTS_KEPT, Delivery, OutItem, StoreFull, register
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox(
@@ -153,6 +153,8 @@ SYNC_MODES = ("loop", "thread")
 
 @register("sqlite")
 class SqliteStore:
+    reports_kept = REPORTS_KEPT
+
     def __init__(self, path: str | Path, background_checkpoints: bool = False, sync: str = "loop"):
         if sync not in SYNC_MODES:
             raise C2Error(f"custody store sync {sync!r}: one of {', '.join(SYNC_MODES)}")
@@ -271,8 +273,10 @@ class SqliteStore:
         return dict(self._counts)
 
     def report_add(self, seq, dst, outcome, at_ms, created_ms, supersede) -> None:
-        self.db.execute("INSERT INTO reports(seq, dst, outcome, at_ms, created_ms, supersede) VALUES(?,?,?,?,?,?)",
-                        (seq, dst, outcome, at_ms, created_ms, supersede))
+        rid = self.db.execute("INSERT INTO reports(seq, dst, outcome, at_ms, created_ms, supersede) "
+                              "VALUES(?,?,?,?,?,?)", (seq, dst, outcome, at_ms, created_ms, supersede)).lastrowid
+        if rid % max(1, self.reports_kept // 10) == 0:  # the newest reports_kept (+10 %) stay
+            self.db.execute("DELETE FROM reports WHERE id <= ?", (rid - self.reports_kept,))
 
     def reports(self, since_id: int = 0) -> list[tuple]:
         return self.db.execute("SELECT id, seq, dst, outcome, at_ms, created_ms, supersede FROM reports "

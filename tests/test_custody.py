@@ -200,6 +200,21 @@ def test_expired_envelopes_are_reported_not_dropped_silently(tmp_path):
     assert a.store.held_out() == (0, 0) and a.store.count("expired") == 1
 
 
+def test_the_reports_kept_stay_bounded_while_the_counters_count_everything(tmp_path):
+    """Every superseded or expired envelope leaves a report row: a gateway superseding ten
+    positions a second for weeks grew its table (and custody.db) without end.  The newest
+    `reports_kept` rows stay; the counters keep the whole count."""
+    c = custody(tmp_path, "gw1")
+    c.records.reports_kept = 100
+    for i in range(350):
+        c.submit("gw4", b"pos %d" % i, i, 600_000, Priority.PRIORITY, supersede="bft/u1")
+    rows = c.reports()
+    assert c.count("superseded") == 349
+    assert 100 <= len(rows) <= 200, len(rows)
+    assert rows[-1][3] == "superseded" and rows == sorted(rows)
+    assert [r[0] for r in c.reports(rows[-2][0])] == [rows[-1][0]]  # reading on from an id still works
+
+
 def test_receiver_dedupes_holds_gaps_and_skips_what_the_sender_gave_up(tmp_path):
     b = make(tmp_path, "gw4", "gw1")
     st = b.store
