@@ -12,9 +12,8 @@ restarts it), taking turns in a shuffled order.
 
 Figures per QoS: published, PUBACKed (or PUBCOMPed) at the publisher, delivered at the
 subscriber once, delivered more than once, lost (published, acknowledged and never
-delivered), and the delivery latency p50 / p95 / max.  QoS 2 must arrive once; a QoS 1
-message may arrive twice when the far gateway dies between the broker's PUBACK and the
-commit that records it (counted, and named in the report).  Writes
+delivered), and the delivery latency p50 / p95 / max.  Both must arrive once: QoS 1 too,
+as the far side publishes it to the broker at QoS 2 ([gateway] qos1_once).  Writes
 results/<time>-chaos/ with report.md, summary.json, events.jsonl (kills, outages,
 deliveries) and plot.png (+ .json).
 """

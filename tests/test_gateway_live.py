@@ -172,6 +172,11 @@ def test_300_qos1_publishes_across_a_40s_outage_all_arrive_once_no_disconnect(mq
     assert_300_once_unseen(*_300_across_an_outage(nodes, h4, "orders", seconds=40))
 
 
+# tests/test_chaos.py kills the near gateway (and the far one, and dtnds) under QoS 1 and 2
+# traffic in make test; this one runs with C2DTN_ALL_AGENT_TESTS=1, for the suite's time
+@pytest.mark.skipif(os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1",
+                    reason="covered by tests/test_chaos.py in make test (the suite's 35 minutes); "
+                           "C2DTN_ALL_AGENT_TESTS=1 runs it")
 def test_near_gateway_sigkilled_mid_outage_and_restarted_still_all_300_once(mqtt_chain):
     nodes, h1, h4 = mqtt_chain
 
