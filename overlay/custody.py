@@ -228,7 +228,12 @@ class Custody:
         return self.records.out_destinations()
 
     def inflight_bytes(self) -> dict[str, int]:
+        """Bytes handed to the BPA and not known to be there, per destination: superseded
+        copies too (never sent again, but on the radio's queue until they arrive or are lost)."""
         return self.records.out_inflight_bytes()
+
+    def superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
+        return self.records.out_superseded_inflight(dst, sent_before_ms)
 
     def floor(self, dst: str, priority: int) -> int:
         """The oldest place in the class's order the receiver must still wait for.  Superseded

@@ -9,6 +9,18 @@ supersession, expiry and aggregation still act while the link is slow or down.
 - Window per destination, adapted to the rate acks come back (ack clocking as
   in TCP): it grows by the bytes acked (slow start) up to ssthresh, then by
   about one envelope per window; a retransmission timeout halves it.
+- A queue limit on the window (delay-based, as TCP Vegas and LEDBAT): when the
+  round trip (the smallest of the last RTT_RECENT samples) exceeds the path's
+  minimum by more than queue_target_ms, the envelopes are queueing below the
+  overlay (in the BPA, the radio's transmit queue) where an order can no longer
+  overtake them and a newer position no longer replace them.  The window is then
+  cut, once per round trip, to what the path carries in its minimum round trip
+  (window x min / current: the queue drains, and the next samples measure the
+  minimum again) and grows back from there.  Radio loss does not cut it (losses
+  are resent, RACK); a 9.8 kbit/s link with a 1,000-packet queue otherwise held
+  minutes of envelopes (`c2dtn perf overload`).  The minimum is the smallest
+  sample of the last MIN_RTT_WINDOW_MS (then the smallest recent one), so a path
+  that became longer is learnt.
 - Retransmission timeout from the smoothed round trip (RFC 6298 estimator,
   Karn's rule: no samples from retransmitted envelopes), doubled per attempt,
   between min_rto_ms and max_rto_ms.
@@ -19,7 +31,7 @@ supersession, expiry and aggregation still act while the link is slow or down.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from c2dtn.overlay.custody import Custody
 from c2dtn.overlay.store import OutItem
@@ -29,6 +41,8 @@ ACK_LIFETIME_MS = 3600_000
 # tail probes while no ack shows progress go at doubling intervals of at most this long
 # (Scheduler._tail_probes)
 PROBE_MAX_MS = 30_000
+RTT_RECENT = 4  # samples whose smallest is "the round trip now" for the queue limit
+MIN_RTT_WINDOW_MS = 120_000  # the minimum round trip is the smallest of this long
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,8 @@ class SchedulerConfig:
     # ack_delay_ms is how long acks wait for data to ride on or for more acks.
     linger_ms: int = 0
     ack_delay_ms: int = 100
+    # queueing allowed below the overlay before the window is cut (0: no limit)
+    queue_target_ms: int = 1000
 
 
 @dataclass
@@ -65,9 +81,17 @@ class Path:
     reo_steps: int = 1  # reordering window in quarters of the minimum round trip (RFC 8985 6.2)
     last_sent_ms: int | None = None  # when envelopes last went (from the store once after a start)
     inherited: bool = False  # the store held envelopes in flight to it when this process started
+    recent: list[float] = field(default_factory=list)  # the last RTT_RECENT samples
+    min_rtt_at_ms: int = 0  # when a sample last came near the minimum
+    last_queue_cut_ms: int = -1
 
-    def sample(self, rtt_ms: float, cfg: SchedulerConfig) -> None:
-        self.min_rtt_ms = rtt_ms if self.min_rtt_ms is None else min(self.min_rtt_ms, rtt_ms)
+    def sample(self, rtt_ms: float, cfg: SchedulerConfig, now_ms: int = 0) -> None:
+        self.recent = (self.recent + [rtt_ms])[-RTT_RECENT:]
+        if self.min_rtt_ms is None or rtt_ms <= self.min_rtt_ms * 1.1:
+            self.min_rtt_ms = rtt_ms if self.min_rtt_ms is None else min(self.min_rtt_ms, rtt_ms)
+            self.min_rtt_at_ms = now_ms
+        elif now_ms - self.min_rtt_at_ms > MIN_RTT_WINDOW_MS:  # nothing near it for long: the path changed
+            self.min_rtt_ms, self.min_rtt_at_ms = min(self.recent), now_ms
         if self.srtt_ms is None:
             self.srtt_ms, self.rttvar_ms = rtt_ms, rtt_ms / 2
         else:
@@ -300,7 +324,7 @@ class Scheduler:
             p = self.path(dst)
             fresh = [it for it in items if it.attempts == 1 and it.sent_ms is not None]
             if fresh:
-                p.sample(max(1.0, now_ms - max(it.sent_ms for it in fresh)), self.cfg)
+                p.sample(max(1.0, now_ms - max(it.sent_ms for it in fresh)), self.cfg, now_ms)
             # an ack proves the path works: what timed out into an outage need not
             # wait out its backed-off timer any longer than one fresh timeout
             self._pull_in_retries(dst, now_ms + int(p.rto_ms))
@@ -330,12 +354,30 @@ class Scheduler:
                 reo = int(p.reo_steps * p.min_rtt_ms / 4) if p.min_rtt_ms else 0
                 self._fast_retransmit(dst, newest - reo, now_ms, member=None if dst == sender else sender)
             nbytes = sum(it.size for it in items)
+            if self._queue_limit(p, now_ms):
+                continue
             if p.window < p.ssthresh:
                 p.window = min(self.cfg.max_window, p.window + nbytes)
             else:  # about one envelope (of the size acked, at least 1 kB) per window's worth acked
                 seg = max(1024, nbytes / len(items))
                 p.window = min(self.cfg.max_window, p.window + nbytes * seg / p.window)
         return len(released) + len(arrived)
+
+    def _queue_limit(self, p: Path, now_ms: int) -> bool:
+        """True while envelopes queue below the overlay for longer than queue_target_ms (the
+        window does not grow); cuts the window to the path's minimum round trip's worth,
+        once per round trip (see the module's docstring)."""
+        if not self.cfg.queue_target_ms or p.min_rtt_ms is None or len(p.recent) < RTT_RECENT:
+            return False
+        now_rtt = min(p.recent)
+        if now_rtt - p.min_rtt_ms <= self.cfg.queue_target_ms:
+            return False
+        if p.last_queue_cut_ms < 0 or now_ms - p.last_queue_cut_ms >= now_rtt:
+            p.last_queue_cut_ms = now_ms
+            p.window = max(self.cfg.min_window, p.window * p.min_rtt_ms / now_rtt)
+            p.ssthresh = max(self.cfg.min_window, p.window)
+            self.store.count_event("queue_cuts")
+        return True
 
     def _fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int, member: str | None) -> int:
         """Envelopes sent before one the destination already has, and still not there:
@@ -346,6 +388,10 @@ class Scheduler:
         if lost:
             self.store.set_retry(lost)
             self.store.count_event("fast_retransmits", len(lost))
+        if member is None:  # superseded copies lost likewise: due now, so the next plan drops them
+            gone = self.store.superseded_inflight(dst, sent_before_ms)
+            if gone:
+                self.store.set_retry(dict.fromkeys(gone, now_ms))
         return len(lost)
 
     def _pull_in_retries(self, dst: str, at_ms: int) -> None:

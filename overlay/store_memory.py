@@ -143,9 +143,13 @@ class MemoryStore:
     def out_inflight_bytes(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for it in self.s["out"].values():
-            if it.inflight and not it.superseded and not it.received:
+            if it.inflight and not it.received:
                 out[it.dst] = out.get(it.dst, 0) + it.size
         return out
+
+    def out_superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
+        return sorted(it.seq for it in self.s["out"].values() if it.dst == dst and it.inflight and not it.received
+                      and it.superseded and it.sent_ms is not None and it.sent_ms < sent_before_ms)
 
     def out_min_cseq(self, dst: str, priority: int) -> int:
         return min((it.cseq for it in self.s["out"].values() if it.dst == dst and it.priority == priority

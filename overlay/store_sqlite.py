@@ -70,6 +70,7 @@ DROP INDEX IF EXISTS outbox_sent;
 CREATE INDEX IF NOT EXISTS outbox_keyed ON outbox(dst, supersede) WHERE supersede IS NOT NULL;
 CREATE INDEX IF NOT EXISTS outbox_retry_open ON outbox(retry_ms) WHERE inflight=1 AND received=0;
 CREATE INDEX IF NOT EXISTS outbox_open ON outbox(dst, priority, seq, size) WHERE inflight=1 AND superseded=0 AND received=0;
+CREATE INDEX IF NOT EXISTS outbox_wire ON outbox(dst, sent_ms, size) WHERE inflight=1 AND received=0;
 CREATE INDEX IF NOT EXISTS outbox_floor ON outbox(dst, priority, cseq) WHERE superseded=0 AND cseq > 0;
 CREATE TABLE IF NOT EXISTS seen(
   origin TEXT NOT NULL, seq INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
@@ -382,8 +383,13 @@ class SqliteStore:
             "SELECT x FROM d WHERE x IS NOT NULL").fetchall()]
 
     def out_inflight_bytes(self) -> dict[str, int]:
-        return dict(self.db.execute("SELECT dst, sum(size) FROM outbox INDEXED BY outbox_open WHERE inflight=1 AND superseded=0 "
+        return dict(self.db.execute("SELECT dst, sum(size) FROM outbox INDEXED BY outbox_wire WHERE inflight=1 "
                                     "AND received=0 GROUP BY dst").fetchall())
+
+    def out_superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT seq FROM outbox INDEXED BY outbox_wire WHERE dst=? AND inflight=1 "
+                                              "AND received=0 AND sent_ms < ? AND superseded=1",
+                                              (dst, sent_before_ms)).fetchall()]
 
     def out_min_cseq(self, dst: str, priority: int) -> int:
         row = self.db.execute("SELECT min(cseq) FROM outbox WHERE dst=? AND priority=? AND superseded=0 "

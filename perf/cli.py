@@ -146,6 +146,29 @@ def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, seed
         raise click.BadParameter(str(e), param_hint="--kills") from None
 
 
+@perf.command("overload")
+@click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(1, 600))
+@click.option("--factor", default=3.0, show_default=True, type=click.FloatRange(0.1, 100),
+              help="offered MQTT payload as a multiple of the radio link's rate")
+@click.option("--units", default=24, show_default=True, type=click.IntRange(1, 500), help="position reporters on h1")
+@click.option("--order-every", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
+              help="s between QoS 1 orders")
+@click.option("--profile", default="cnr-tactical-2", show_default=True, help="the r2=r3 radio link's profile")
+@click.option("--drain", default=600.0, show_default=True, type=click.FloatRange(0, 36000),
+              help="s the orders may take to arrive after the load ends")
+@click.option("--seed", default=1, show_default=True, type=int)
+def overload_cmd(minutes, factor, units, order_every, profile, drain, seed) -> None:
+    """Overload: positions and orders at --factor x the radio link for --minutes; RSS, custody, losses, freshness."""
+    from rich.console import Console
+
+    from c2dtn.perf import overload_bench
+
+    try:
+        overload_bench.main(minutes, factor, units, order_every, profile, drain, seed, console=Console())
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--profile") from None
+
+
 @perf.command("gateway")
 @click.option("--count", default=20_000, show_default=True, type=click.IntRange(100, 10_000_000),
               help="messages per run")

@@ -868,3 +868,47 @@ def test_a_replayed_bundle_is_refused_once_its_ids_are_forgotten_and_they_are(tm
     for p in captured:  # replayed after: refused as expired by the receiver's clock
         b.on_bundle(p, later + 1)
     assert b.take() == [] and b.store.count("received_expired") == 1
+
+
+class SlowLink(Net):
+    """A radio link as the emulator makes it: `rate` bytes a second through one FIFO with no
+    limit (the 1,000-packet queue of a 9.8 kbit/s link holds minutes), then `delay_ms`."""
+
+    def __init__(self, rate=1200, delay_ms=100):
+        super().__init__(delay_ms=delay_ms)
+        self.rate, self.free_at = rate, {}
+
+    def send(self, out, now):
+        for b in out:
+            self.bundles += 1
+            start = max(now, self.free_at.get(b.dst, 0))
+            self.free_at[b.dst] = start + len(b.payload) * 1000 / self.rate
+            self.flight.append((self.free_at[b.dst] + self.delay_ms, b.dst, b.payload))
+
+
+def test_under_three_times_the_links_rate_an_order_overtakes_the_positions_and_they_stay_fresh(tmp_path):
+    """24 units' positions (superseded per unit) at 3x a 1,200 B/s link with a queue that
+    never drops.  The window must not fill that queue: what is handed to the BPA can no
+    longer be overtaken by an order or replaced by a newer position.  Before 2026-11-24
+    the window grew with every ack to hundreds of envelopes in flight, and `c2dtn perf
+    overload` saw immediate orders take 60 s and positions 40 s old."""
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    net = SlowLink()
+    order_at, pos_every = 120_000, 1_400
+    submits = []
+    for k in range(0, 180_000, pos_every):
+        for u in range(24):
+            t = k + u * pos_every // 24
+            submits.append((t, lambda t, u=u: a.submit("gw4", b"u%02d %08d " % (u, t) + b"x" * 200, t, 600_000,
+                                                       Priority.PRIORITY, supersede=f"u{u}")))
+    submits.append((order_at, lambda t: a.submit("gw4", b"order", t, 600_000, Priority.IMMEDIATE)))
+    arrivals = {}
+
+    got = run({"gw1": a, "gw4": b}, net, 180_000, actions=submits)
+    for d in got["gw4"]:
+        arrivals.setdefault(d.body[:3], []).append((d.received_ms, d.body))
+    (order_rx,) = [t for t, body in arrivals[b"ord"]]
+    assert order_rx - order_at < 8_000, f"the order took {(order_rx - order_at) / 1000:.1f} s"
+    # the newest position of each unit at the end of the run is at most a few link-seconds old
+    ages = [180_000 - int(max(rows)[1].split()[1]) for k, rows in arrivals.items() if k != b"ord"]
+    assert len(ages) == 24 and max(ages) < 30_000, sorted(ages)
