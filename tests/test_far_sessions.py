@@ -128,6 +128,14 @@ def pub(client, broker, topic, payload, q=1):
     return s.pack("pub", client, broker, t=topic, p=payload, q=q, r=False)
 
 
+def run_then_close(main, sub: "Subscriber") -> None:
+    """Run the test's coroutine; the subscriber goes whatever happens."""
+    try:
+        asyncio.run(main())
+    finally:
+        sub.close()
+
+
 async def until(cond, timeout=20.0):
     deadline = time.monotonic() + timeout
     while not cond():
@@ -236,10 +244,7 @@ def test_past_max_far_sessions_a_new_client_waits_in_custody_until_one_ends(tmp_
         assert set(p.gw.far) == {"gw1/c2-b", "gw1/c2-c"}
         await p.gw.stop()
 
-    try:
-        asyncio.run(main())
-    finally:
-        sub.close()
+    run_then_close(main, sub)
 
 
 @pytest.mark.parametrize("v", [4, 5])
@@ -261,10 +266,7 @@ def test_a_backlog_of_qos2_publishes_stays_within_the_brokers_window_and_all_arr
         await asyncio.sleep(0.3)  # a late duplicate would show
         await p.gw.stop()
 
-    try:
-        asyncio.run(main())
-    finally:
-        sub.close()
+    run_then_close(main, sub)
     got = sorted(int(t.split("/")[1]) for t, _ in sub.got)
     assert got == list(range(100)), f"missing {sorted(set(range(100)) - set(got))[:20]}, {len(got)} arrived"
 
@@ -327,9 +329,6 @@ def test_a_far_gateway_killed_before_the_brokers_acks_came_publishes_qos1_messag
         await asyncio.sleep(0.5)  # a late duplicate would show
         await p.gw.stop()
 
-    try:
-        asyncio.run(main())
-    finally:
-        sub.close()
+    run_then_close(main, sub)
     got = sorted(t for t, _ in sub.got if t != "t/warm")
     assert got == sorted(f"t/{i}" for i in range(10) for _ in range(copies)), got
