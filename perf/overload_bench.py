@@ -206,6 +206,16 @@ def _slope_per_hour(pts: list[tuple[float, float]]) -> float | None:
     return None if not den else sum((x - mx) * (y - my) for x, y in pts) / den * 3600
 
 
+def _quarters(pts: list[tuple[float, float]], start: float, end: float) -> list[float | None]:
+    """The median of the samples around each quarter mark from start to end (1/4 .. 4/4)."""
+    out = []
+    for q in (1, 2, 3, 4):
+        at = start + (end - start) * q / 4
+        near = [y for x, y in pts if abs(x - at) <= max(15.0, (end - start) / 40)]
+        out.append(statistics.median(near) if near else None)
+    return out
+
+
 def _pct(xs: list[float], q: float) -> float | None:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else None
@@ -262,6 +272,7 @@ def summarize(params: dict, sent: list[dict], rx: list[dict], samples: list[dict
     after = [(s["t"], s["gw1_rss_mb"]) for s in samples if s["t"] >= warm and s["gw1_rss_mb"] is not None]
     first = [y for _, y in after[:6]]
     last = [y for _, y in after[-6:]]
+    half = [pt for pt in after if pt[0] >= (warm + duration) / 2]  # the second half after the warm-up
     c1 = final["gw1"].get("counters", {})
     return {
         "params": params,
@@ -278,7 +289,9 @@ def summarize(params: dict, sent: list[dict], rx: list[dict], samples: list[dict
         "gw1_rss_mb": {"after_warmup": statistics.median(first) if first else None,
                        "end": statistics.median(last) if last else None,
                        "max": max((y for _, y in after), default=None),
-                       "slope_mb_per_h": _slope_per_hour(after)},
+                       "slope_mb_per_h": _slope_per_hour(after),
+                       "slope_second_half_mb_per_h": _slope_per_hour(half),
+                       "quarters": _quarters(after, warm, duration)},
         "gw4_rss_mb_max": max((s["gw4_rss_mb"] for s in samples if s["gw4_rss_mb"] is not None), default=None),
         "gw1_held_max": max((s["held"] for s in samples), default=0),
         "gw1_held_bytes_max": max((s["held_bytes"] for s in samples), default=0),
@@ -320,7 +333,10 @@ def report(out: Path, res: dict, events: list, samples: list) -> str:
           f"{_f(pos['age_p95_s'], ' s')} / {_f(pos['age_max_s'], ' s')} |",
           f"| gw1 RSS after warm-up / at the end / max | {_f(rss['after_warmup'], ' MB')} / {_f(rss['end'], ' MB')} / "
           f"{_f(rss['max'], ' MB')} |",
-          f"| gw1 RSS slope after warm-up | {_f(rss['slope_mb_per_h'], ' MB/h', 2)} |",
+          f"| gw1 RSS slope after warm-up; over the second half | {_f(rss['slope_mb_per_h'], ' MB/h', 2)}; "
+          f"{_f(rss.get('slope_second_half_mb_per_h'), ' MB/h', 2)} |",
+          f"| gw1 RSS at each quarter after warm-up | "
+          f"{' / '.join(_f(v, ' MB') for v in rss.get('quarters', []))} |",
           f"| gw1 custody: envelopes held at most (quota) | {res['gw1_held_max']:,} ({p['quota_envelopes']:,}) |",
           f"| gw1 custody: bytes held at most; custody.db + WAL at most | {res['gw1_held_bytes_max']:,} B; "
           f"{_f(res['gw1_db_mb_max'], ' MB', 2)} |",

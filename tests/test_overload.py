@@ -44,6 +44,15 @@ def test_rss_slope_is_least_squares_per_hour():
     assert ob._slope_per_hour(pts[:2]) is None
 
 
+def test_rss_at_each_quarter_is_the_median_of_the_samples_around_it():
+    # RSS rises 1 MB per 100 s until 500 s, then stays: flat in the second half
+    pts = [(t, 60 + min(t, 500) / 100) for t in range(120, 1201, 5)]
+    q = ob._quarters(pts, 120, 1200)
+    assert q == [pytest.approx(63.9), 65.0, 65.0, 65.0]
+    assert ob._slope_per_hour([p for p in pts if p[0] >= 660]) == pytest.approx(0)
+    assert ob._quarters([], 0, 100) == [None] * 4
+
+
 @pytest.mark.netns
 @pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing()))
 @pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))
