@@ -229,7 +229,10 @@ def load_node_config(path: str | Path) -> NodeConfig:
     sch = data.get("scheduler", {})
     known = {f.name: f for f in fields(SchedulerConfig)}
     check_table(src, "scheduler", sch, set(known))
-    cfg.scheduler = SchedulerConfig(**{k: _int(src, f"scheduler.{k}", v, 1, 1 << 40) for k, v in sch.items()})
+    # 0 means "none" for these (no linger, acks at once, no queue limit); the rest are sizes and timers
+    zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms"}
+    cfg.scheduler = SchedulerConfig(**{k: _int(src, f"scheduler.{k}", v, 0 if k in zero_ok else 1, 1 << 40)
+                                       for k, v in sch.items()})
     q = data.get("quota", {})
     check_table(src, "quota", q, {"max_envelopes", "max_bytes"})
     cfg.quota = Quota(**{k: _int(src, f"quota.{k}", v, 1, 1 << 50) for k, v in q.items()})

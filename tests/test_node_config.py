@@ -62,6 +62,13 @@ def test_node_config_to_dtnd_command_line(tmp_path):
     assert dtnd_routes(cfg).splitlines()[1] == "1 ** ** dtn://r2/"
 
 
+def test_scheduler_settings_whose_zero_means_none_take_zero(tmp_path):
+    """README: linger_ms 0 is no linger, queue_target_ms 0 no queue limit (refused until 2026-11-24)."""
+    f = _write(tmp_path, GOOD.replace("aggregate_bytes = 1200", "linger_ms = 0\nack_delay_ms = 0\nqueue_target_ms = 0"))
+    sch = load_node_config(f).scheduler
+    assert (sch.linger_ms, sch.ack_delay_ms, sch.queue_target_ms) == (0, 0, 0)
+
+
 @pytest.mark.parametrize("change, field, value", [
     (("id = \"gw1\"", "id = \"gw 1\""), "node.id", "gw 1"),
     (("[agent]", "[agent]\nstore = \"tape\""), "agent.store", "tape"),
@@ -72,6 +79,7 @@ def test_node_config_to_dtnd_command_line(tmp_path):
     (("cla = \"tcpcl://10.77.1.2:4556\"", "cla = \"tcp://10.77.1.2\""), "agent.peers[0].cla", "tcp://10.77.1.2"),
     (("aggregate_bytes = 1200", "aggregate_bytes = -5"), "scheduler.aggregate_bytes", -5),
     (("aggregate_bytes = 1200", "agregate_bytes = 5"), "scheduler.agregate_bytes", 5),
+    (("aggregate_bytes = 1200", "aggregate_bytes = 0"), "scheduler.aggregate_bytes", 0),
     (("gw4 = \"0011", "gw4 = \"zz11"), "keys.gw4", "<hidden>"),
 ])
 def test_bad_node_config_names_file_field_and_value(tmp_path, change, field, value):
