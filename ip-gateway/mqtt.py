@@ -122,6 +122,43 @@ PROPERTIES: dict[int, tuple[str, int, frozenset]] = {
     0x29: ("subscription_identifier_available", BYTE, frozenset({_P.CONNACK})),
     0x2A: ("shared_subscription_available", BYTE, frozenset({_P.CONNACK})),
 }
+# values the spec makes a Protocol Error (3.1.2.11, 3.2.2.3, 3.3.2.3.2)
+_ZERO_OR_ONE = (lambda v: v in (0, 1), "must be 0 or 1")
+_NOT_ZERO = (lambda v: v != 0, "must not be 0")
+_PROPERTY_VALUES = {
+    "payload_format_indicator": _ZERO_OR_ONE, "request_problem_information": _ZERO_OR_ONE,
+    "request_response_information": _ZERO_OR_ONE, "maximum_qos": _ZERO_OR_ONE, "retain_available": _ZERO_OR_ONE,
+    "wildcard_subscription_available": _ZERO_OR_ONE, "subscription_identifier_available": _ZERO_OR_ONE,
+    "shared_subscription_available": _ZERO_OR_ONE, "receive_maximum": _NOT_ZERO, "maximum_packet_size": _NOT_ZERO,
+    "subscription_identifier": _NOT_ZERO,
+}  # (topic_alias 0 the near gateway answers itself: Topic Alias Invalid, 3.3.2.3.4)
+# the reason codes each packet may carry (MQTT 5: 3.2.2.2, 3.4.2.1, 3.5.2.1, 3.6.2.1, 3.7.2.1, 3.9.3,
+# 3.11.3, 3.14.2.1, 3.15.2.1; SUBACK in 3.1.1: 3.9.3, CONNACK in 3.1.1: 0 to 5)
+REASONS_V5: dict[int, frozenset[int]] = {
+    _P.CONNACK: frozenset({0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90,
+                           0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F}),
+    _P.PUBACK: frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99}),
+    _P.PUBREC: frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99}),
+    _P.PUBREL: frozenset({0x00, 0x92}),
+    _P.PUBCOMP: frozenset({0x00, 0x92}),
+    _P.SUBACK: frozenset({0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2}),
+    _P.UNSUBACK: frozenset({0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91}),
+    _P.DISCONNECT: frozenset({0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90, 0x93,
+                              0x94, 0x95, 0x96, 0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1,
+                              0xA2}),
+    _P.AUTH: frozenset({0x00, 0x18, 0x19}),
+}
+REASONS_V3: dict[int, frozenset[int]] = {_P.CONNACK: frozenset(range(6)), _P.SUBACK: frozenset({0, 1, 2, 0x80})}
+
+
+def _check_reason(ptype: PacketType, code: int, v5: bool) -> int:
+    allowed = (REASONS_V5 if v5 else REASONS_V3).get(ptype)
+    if allowed is not None and code not in allowed:
+        raise MqttError(Reason.MALFORMED_PACKET, f"{ptype.name} reason code 0x{code:02x} is not one MQTT "
+                                                 f"{'5' if v5 else '3.1.1'} defines for it")
+    return code
+
+
 PROPERTY_IDS = {name: (pid, typ) for pid, (name, typ, _) in PROPERTIES.items()}
 # may appear more than once; kept as lists
 MULTI = {"user_property", "subscription_identifier"}
@@ -328,10 +365,12 @@ class _Reader:
 
     def varint(self, what: str) -> int:
         v, mul = 0, 1
-        for _ in range(4):
+        for k in range(4):
             c = self.byte(what)
             v += (c & 0x7F) * mul
             if not c & 0x80:
+                if c == 0 and k:  # MQTT-1.5.5-1
+                    raise MqttError(Reason.MALFORMED_PACKET, f"{what}: variable byte integer {v} not in its shortest form")
                 return v
             mul <<= 7
         raise MqttError(Reason.MALFORMED_PACKET, f"{what}: variable byte integer longer than 4 bytes")
@@ -388,6 +427,9 @@ class _Reader:
                 v = self.binary(name)
             else:
                 v = (self.string(name + " key"), self.string(name + " value"))
+            bad = _PROPERTY_VALUES.get(name)
+            if bad is not None and not bad[0](v):
+                raise MqttError(Reason.PROTOCOL_ERROR, f"{name} {v} in {what}: {bad[1]}")
             if name in MULTI:
                 props.setdefault(name, []).append(v)
             elif name in props:
@@ -431,6 +473,8 @@ class Parser:
             length += (c & 0x7F) * mul
             i += 1
             if not c & 0x80:
+                if c == 0 and i > 2:  # MQTT-1.5.5-1: the fewest bytes that hold the value
+                    raise MqttError(Reason.MALFORMED_PACKET, f"remaining length {length} not in its shortest form")
                 break
             if i == 5:
                 raise MqttError(Reason.MALFORMED_PACKET, "remaining length longer than 4 bytes")
@@ -453,6 +497,8 @@ class Parser:
         r = _Reader(b, start, end)
         if ptype == PacketType.CONNECT:
             pkt = self._connect(r)
+            if r.left():  # found by the differential fuzz target (perf/mqtt_diff.py)
+                raise MqttError(Reason.MALFORMED_PACKET, f"{r.left()} bytes left over after CONNECT")
             self.version = pkt.version
             return pkt
         if self.version is None:
@@ -464,7 +510,7 @@ class Parser:
             fl = r.byte("CONNACK flags")
             if fl & 0xFE:
                 raise MqttError(Reason.MALFORMED_PACKET, f"CONNACK flags {fl:08b}")
-            pkt = ConnAck(bool(fl & 1), r.byte("CONNACK reason"))
+            pkt = ConnAck(bool(fl & 1), _check_reason(ptype, r.byte("CONNACK reason"), v5))
             if v5:
                 pkt.properties = r.properties(ptype, "CONNACK")
         elif ptype in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
@@ -472,12 +518,14 @@ class Parser:
                    PacketType.PUBCOMP: PubComp}[ptype]
             pkt = cls(self._packet_id(r, ptype))
             if v5 and r.left():
-                pkt.reason = r.byte(f"{ptype.name} reason")
+                pkt.reason = _check_reason(ptype, r.byte(f"{ptype.name} reason"), v5)
                 if r.left():
                     pkt.properties = r.properties(ptype, ptype.name)
         elif ptype == PacketType.SUBSCRIBE:
             pid = self._packet_id(r, ptype)
             props = r.properties(ptype, "SUBSCRIBE") if v5 else {}
+            if len(props.get("subscription_identifier", ())) > 1:  # 3.8.2.1.2
+                raise MqttError(Reason.PROTOCOL_ERROR, "subscription identifier given twice in SUBSCRIBE")
             subs = []
             while r.left():
                 flt = r.string("SUBSCRIBE topic filter")
@@ -496,7 +544,7 @@ class Parser:
         elif ptype == PacketType.SUBACK:
             pid = self._packet_id(r, ptype)
             props = r.properties(ptype, "SUBACK") if v5 else {}
-            pkt = SubAck(pid, list(r.rest()), props)
+            pkt = SubAck(pid, [_check_reason(ptype, c, v5) for c in r.rest()], props)
         elif ptype == PacketType.UNSUBSCRIBE:
             pid = self._packet_id(r, ptype)
             props = r.properties(ptype, "UNSUBSCRIBE") if v5 else {}
@@ -510,7 +558,7 @@ class Parser:
         elif ptype == PacketType.UNSUBACK:
             pid = self._packet_id(r, ptype)
             props = r.properties(ptype, "UNSUBACK") if v5 else {}
-            pkt = UnsubAck(pid, list(r.rest()) if v5 else [], props)
+            pkt = UnsubAck(pid, [_check_reason(ptype, c, v5) for c in r.rest()] if v5 else [], props)
         elif ptype == PacketType.PINGREQ:
             pkt = PingReq()
         elif ptype == PacketType.PINGRESP:
@@ -520,7 +568,7 @@ class Parser:
                 raise MqttError(Reason.PROTOCOL_ERROR, "AUTH is MQTT 5 only")
             pkt = Disconnect() if ptype == PacketType.DISCONNECT else Auth()
             if v5 and r.left():
-                pkt.reason = r.byte(f"{ptype.name} reason")
+                pkt.reason = _check_reason(ptype, r.byte(f"{ptype.name} reason"), v5)
                 if r.left():
                     pkt.properties = r.properties(ptype, ptype.name)
         if r.left():
@@ -547,8 +595,6 @@ class Parser:
         props = r.properties(PacketType.PUBLISH, "PUBLISH") if v5 else {}
         if not topic and "topic_alias" not in props:
             raise MqttError(Reason.TOPIC_NAME_INVALID, "empty PUBLISH topic name without a topic alias")
-        if props.get("subscription_identifier") and 0 in props["subscription_identifier"]:
-            raise MqttError(Reason.PROTOCOL_ERROR, "subscription identifier 0")
         pkt = Publish(topic, r.rest(), qos, bool(flags & 1), dup, pid, props)
         if props.get("payload_format_indicator") == 1:
             try:
@@ -718,6 +764,7 @@ def encode(p: Packet, version: int = 4) -> bytes:
         body = bytearray()
         if v5 and (p.reason or p.properties):
             body.append(p.reason)
-            if p.properties:
+            # a DISCONNECT may end after its reason (3.14.2.2.1); AUTH leaves out only both (3.15.2.1)
+            if p.properties or t == PacketType.AUTH:
                 body += _props(p.properties)
     return bytes([(int(t) << 4) | flags]) + _varint(len(body)) + bytes(body)

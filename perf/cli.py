@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import click
 
 
@@ -363,6 +365,8 @@ def fuzz_cmd(targets: str | None, runs: int, save: bool) -> None:
                                  param_hint="--targets")
     if runs < 1:
         raise click.BadParameter(f"{runs}: at least 1", param_hint="--runs")
+    if "mqtt_diff" in names and importlib.util.find_spec("mqtt5") is None:
+        raise click.UsageError("target mqtt_diff needs the mqtt5 codec (the [test] extra: make venv installs it)")
     _, rows = fuzz.main(names, runs, save, console=Console())
     if any(r["crashes"] for r in rows):
         raise SystemExit(1)

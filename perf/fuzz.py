@@ -68,7 +68,7 @@ def run_target(name: str, runs: int, work: Path, progress=None) -> dict:
     t0 = time.monotonic()
     curve: list[tuple[int, int]] = []
     log = (work / name / "fuzz.log").open("w")
-    env = {**os.environ, "C2DTN_FUZZ_DIR": str(work / name)}
+    env = {**os.environ, "C2DTN_FUZZ_DIR": str(work / name), "RUST_BACKTRACE": "0"}  # mqtt5 panics print less
     with subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=log, text=True, errors="replace", env=env) as p:
         for line in p.stderr:
             log.write(line)
@@ -88,6 +88,7 @@ def run_target(name: str, runs: int, work: Path, progress=None) -> dict:
     return {"target": name, "what": t.what, "inputs": inputs, "seconds": round(secs, 1),
             "rate": round(inputs / secs) if secs else 0, "coverage": last[1],
             "corpus": len(list(corpus.iterdir())), "accepted": counts["accepted"], "refused": counts["refused"],
+            "explained": counts.get("explained", {}),
             "crashes": len(crashes) + (0 if p.returncode == 0 else int(not crashes)), "crash_files": crashes,
             "exit": p.returncode, "curve": curve}
 
@@ -118,7 +119,14 @@ def report(out: Path, rows: list[dict], runs: int) -> str:
     md += ["", "Crashes: " + ("none" if not crashed else
                               "; ".join(f"{r['target']}: {', '.join(Path(f).name for f in r['crash_files'])}"
                                         for r in crashed)),
-           "", "![coverage against inputs](plot.png)", "",
+           ""]
+    for r in rows:
+        if r.get("explained"):
+            md += [f"Explained disagreements of `{r['target']}` (inputs where one reader refused and the other "
+                   "took the packet, for the reason given; any other disagreement is a crash):", "",
+                   "| inputs | why |", "|---:|---|"]
+            md += [f"| {n:,} | {why} |" for why, n in sorted(r["explained"].items(), key=lambda kv: -kv[1])] + [""]
+    md += ["![coverage against inputs](plot.png)", "",
            "Data of the plot: `summary.json` (each target's `curve`: [inputs, coverage])."]
     (out / "report.md").write_text("\n".join(md) + "\n")
     plt = pyplot()

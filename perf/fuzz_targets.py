@@ -25,6 +25,7 @@ from c2dtn.overlay import api
 from c2dtn.overlay import envelope as E
 from c2dtn.overlay.agents import bpv7, tcpcl4
 from c2dtn.overlay.config import load_node_config  # imported here, so atheris instruments it
+from c2dtn.perf import mqtt_diff
 
 KEY = b"k" * 32
 PEER, ME = "gw1", "gw4"
@@ -141,6 +142,34 @@ def _mqtt_seeds() -> list[bytes]:
     return out
 
 
+# -- MQTT 5, differential against the mqtt5 codec (perf/mqtt_diff.py) ------------------------
+def _mqtt_diff(data: bytes) -> None:
+    why = mqtt_diff.compare(data)  # Disagreement (a crash) unless they agree or it is explained
+    if why != "agree":
+        ex = TARGETS["mqtt_diff"].counts.setdefault("explained", {})
+        ex[why] = ex.get(why, 0) + 1
+
+
+def _mqtt_diff_seeds() -> list[bytes]:
+    pkts = [mqtt.Connect("c2-unit", True, 30, "u", b"p", mqtt.Will("w/t", b"bye", 1, True, {"will_delay_interval": 3}),
+                         5, {"session_expiry_interval": 60, "receive_maximum": 10, "authentication_method": "m"}),
+            mqtt.Publish("c2/pos", b"x" * 10, 1, packet_id=3,
+                         properties={"message_expiry_interval": 5, "user_property": [("a", "b")],
+                                     "correlation_data": b"c", "response_topic": "r", "content_type": "t"}),
+            mqtt.Publish("c2/pos", b"y", 0, properties={"topic_alias": 2, "subscription_identifier": [4],
+                                                        "payload_format_indicator": 1}),
+            mqtt.Subscribe(4, [mqtt.SubOption("c2/#", 1, True, False, 1), mqtt.SubOption("a/+/b", 2)],
+                           {"subscription_identifier": [3]}),
+            mqtt.Unsubscribe(5, ["c2/#"]), mqtt.PingReq(), mqtt.PingResp(),
+            mqtt.Disconnect(4, {"reason_string": "x", "session_expiry_interval": 3}), mqtt.PubAck(7, 0x10),
+            mqtt.PubRec(7), mqtt.PubRel(7), mqtt.PubComp(7, 0x92, {"reason_string": "r"}),
+            mqtt.SubAck(4, [0, 1, 0x80]), mqtt.UnsubAck(5, [0]),
+            mqtt.ConnAck(True, 0, {"maximum_qos": 1, "assigned_client_identifier": "z", "server_keep_alive": 5,
+                                   "retain_available": 0, "topic_alias_maximum": 8}),
+            mqtt.Auth(0x18, {"authentication_method": "x", "authentication_data": b"d"})]
+    return [mqtt.encode(p, 5) for p in pkts]
+
+
 # -- the gateway's envelope bodies (MQTT and CoAP) ------------------------------------------
 def _bodies(data: bytes) -> None:
     bodies.unpack(data)
@@ -226,6 +255,8 @@ TARGETS: dict[str, Target] = {
     "bpv7": Target(_bpv7, (bpv7.BundleError,), _bpv7_seeds, "a BPv7 bundle"),
     "tcpcl4": Target(_tcpcl4, (tcpcl4.ProtocolError,), _tcpcl4_seeds, "a TCPCLv4 peer's bytes"),
     "mqtt": Target(_mqtt, (mqtt.MqttError,), _mqtt_seeds, "an MQTT packet stream (3.1, 3.1.1, 5)"),
+    "mqtt_diff": Target(_mqtt_diff, (mqtt.MqttError,), _mqtt_diff_seeds,
+                        "an MQTT 5 packet, read by ours and by the mqtt5 codec (differential)"),
     "bodies": Target(_bodies, (bodies.BodyError,), _bodies_seeds, "an MQTT gateway envelope body"),
     "coap": Target(_coap, (coap_core.CoapError,), _coap_seeds, "a CoAP datagram at the near gateway"),
     "config": Target(_config, (C2Error,), _config_seeds, "a node config file"),

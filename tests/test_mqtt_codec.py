@@ -322,3 +322,53 @@ def test_mosquitto_sub_talks_to_the_codec(version):
     (sub,) = srv.wait(lambda p: isinstance(p, m.Subscribe))
     assert [(s.filter, s.qos) for s in sub.subscriptions] == [("bft/#", 1)]
     srv.sock.close()
+
+
+# -- found by the differential fuzz target (perf/mqtt_diff.py, 2026-11-24): each accepted before --
+def _with_junk(pkt, junk=b"junk"):
+    """The packet with `junk` inside its remaining length (one-byte lengths only)."""
+    w = encode(pkt, 5)
+    return bytes([w[0], w[1] + len(junk)]) + w[2:] + junk
+
+
+SUB = m.SubOption("a/#")
+
+
+@pytest.mark.parametrize("wire, what", [
+    (bytes.fromhex("c08000"), "remaining length 0 not in its shortest form"),  # PINGREQ, length as 0x80 0x00
+    (bytes.fromhex("40050003008000"), "PUBACK properties length: variable byte integer 0 not in its shortest form"),
+    (_with_junk(m.Connect("c1", version=5)), "4 bytes left over after CONNECT"),
+    (bytes.fromhex("4003000b6b"), "PUBACK reason code 0x6b is not one MQTT 5 defines"),
+    (bytes.fromhex("7003000710"), "PUBCOMP reason code 0x10 is not one MQTT 5 defines"),
+    (bytes.fromhex("e0013a"), "DISCONNECT reason code 0x3a is not one MQTT 5 defines"),
+    (encode(m.ConnAck(False, 0, {"maximum_qos": 2}), 5), "maximum_qos 2 in CONNACK: must be 0 or 1"),
+    (encode(m.Subscribe(4, [SUB], {"subscription_identifier": [0]}), 5),
+     "subscription_identifier 0 in SUBSCRIBE: must not be 0"),
+    (encode(m.Subscribe(4, [SUB], {"subscription_identifier": [1, 2]}), 5),
+     "subscription identifier given twice in SUBSCRIBE"),
+])
+def test_what_mqtt_5_forbids_and_the_reader_took_is_refused_naming_it(wire, what):
+    with pytest.raises(MqttError, match=what):
+        Parser(version=5).feed(wire)
+
+
+def test_the_same_packets_done_right_are_taken():
+    for p in (m.PingReq(), m.PubAck(3, 0x10), m.Disconnect(0x04), m.ConnAck(False, 0, {"maximum_qos": 1}),
+              m.Subscribe(4, [SUB], {"subscription_identifier": [1]}), m.Connect("c1", version=5)):
+        assert Parser(version=5).feed(encode(p, 5)) == [p]
+
+
+def test_a_3_1_1_suback_or_connack_code_outside_the_spec_is_refused():
+    with pytest.raises(MqttError, match="SUBACK reason code 0x03 is not one MQTT 3.1.1 defines"):
+        Parser(version=4).feed(bytes.fromhex("9003000103"))
+    with pytest.raises(MqttError, match="CONNACK reason code 0x06"):
+        Parser(version=4).feed(bytes.fromhex("20020006"))
+    assert Parser(version=4).feed(bytes.fromhex("900400010180")) == [m.SubAck(1, [1, 0x80])]
+
+
+@needs_mqtt5
+def test_an_auth_with_a_reason_carries_its_property_length_so_the_oracle_reads_it():
+    wire = encode(m.Auth(0x18), 5)
+    assert wire == bytes.fromhex("f0021800")  # before: f00118, which MQTT 5 (3.15.2.1) does not allow
+    o, n = mqtt5.read(memoryview(wire))
+    assert (int(o.reason_code), n) == (0x18, 4)
