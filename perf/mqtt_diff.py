@@ -39,6 +39,18 @@ OURS_STRICTER: list[tuple[str, str]] = [
     (r"marked UTF-8 but is not", "3.3.2.3.2: a receiver may check a payload marked UTF-8 (we answer 0x99 Payload "
                                  "format invalid)"),
     (r"CONNECT reserved flag set", "3.1.2.3 [MQTT-3.1.2-3]: the reserved flag is 0"),
+    (r"will QoS or retain set without a will", "3.1.2.6/7 [MQTT-3.1.2-11, -13]: no will, will QoS and retain 0"),
+    (r"will QoS 3|PUBLISH with QoS 3|subscription QoS 3", "3.1.2.6 [MQTT-3.1.2-12], 3.3.1.2 [MQTT-3.3.1-4], 3.8.3.1 "
+                                                         "[MQTT-3-8.3-4]: QoS 3 is malformed"),
+    (r"retain handling 3", "3.8.3.1: retain handling 3 is a Protocol Error"),
+    (r"with fixed-header flags|CONNACK flags", "2.1.3 [MQTT-2.1.3-1], 3.2.2.1: reserved flags are as the spec "
+                                               "lists them"),
+    (r"empty PUBLISH topic name without a topic alias", "3.3.2.3.4 [MQTT-3.3.2-8]: an empty topic name needs a "
+                                                         "topic alias"),
+    (r"property \w+ is not allowed in|property \w+ given twice|given twice in SUBSCRIBE",
+     "2.2.2.2, 3.8.2.1.2: a property where the packet's list has it, once (but user properties)"),
+    (r"\w+ \d+ in .*: must not be 0", "3.1.2.11.3/4, 3.2.2.3.3/6, 3.8.2.1.2: receive maximum, maximum packet size "
+                                      "and subscription identifier 0 are Protocol Errors"),
     (r"properties overrun their length", "2.2.2.1: the properties end where their length says; the oracle "
                                          "reads properties past it"),
 ]
