@@ -145,7 +145,7 @@ class Scheduler:
         next_expiry = st.next_expiry_ms()
         if next_expiry is not None and next_expiry <= now_ms:
             st.expire(now_ms)
-        probes = self._tail_probes(now_ms)
+        probes, probe_new = self._tail_probes(now_ms)
         retries: dict[str, list[OutItem]] = {}
         next_retry = st.next_retry_ms()
         if next_retry is not None and next_retry <= now_ms:
@@ -168,6 +168,10 @@ class Scheduler:
                 del deferred[seq]  # due again but not among the retries: acked, expired or superseded
             lost = {**{q: size for q, (size, _) in deferred.items()}, **{i.seq: i.size for i in retry}}
             budget = p.window - (inflight.get(dst, 0) - sum(lost.values()))
+            # a tail probe goes whatever the window (as TCP's): a full window is what it is for
+            probe = [i for i in retry if i.seq in probes]
+            if probe or dst in probe_new:
+                budget = max(budget, sum(i.size for i in probe) or 1)
             chosen: list[OutItem] = []
             self._linger_until.pop(dst, None)
             if budget > 0:
@@ -175,7 +179,7 @@ class Scheduler:
                 if queued and not retry and self._lingers(queued, now_ms):
                     self._linger_until[dst] = min(i.created_ms for i in queued) + self.cfg.linger_ms
                     queued = []
-                cands = sorted(retry + queued, key=lambda i: (i.priority, i.seq))
+                cands = sorted(retry + queued, key=lambda i: (i.seq not in probes, i.priority, i.seq))
                 for it in cands:
                     if budget <= 0:
                         break
@@ -202,7 +206,7 @@ class Scheduler:
             out.extend(self._bundle(dst, chosen, ack, now_ms))
         return out
 
-    def _tail_probes(self, now_ms: int) -> set[int]:
+    def _tail_probes(self, now_ms: int) -> tuple[set[int], set[str]]:
         """Tail loss probe (after RFC 8985): when nothing was sent to a destination and no ack
         came from it for two minimum round trips (plus the ack delay), while it still lacks
         something, resend the oldest thing it lacks now (once acks came but before a round
@@ -213,14 +217,24 @@ class Scheduler:
         progress (a link that is down), the probe goes again at doubling intervals up to
         PROBE_MAX_MS, like TCP's persist timer: one envelope per half minute at most, and the
         first probe after the link is back finds it within that long (the backed-off
-        retransmission timers would wait minutes)."""
+        retransmission timers would wait minutes).
+
+        When all that is in flight are superseded copies (never sent again, so nothing to
+        resend), the probe is the first queued envelope, sent past the window (new data, as
+        RFC 8985's probe prefers): its ack shows whether the copies arrived (RACK drops them
+        when they did not).  Without it, one lost ack bundle left the window full of copies
+        until their timeout: nothing went, so nothing was acked, and `c2dtn perf overload`'s
+        immediate orders waited 10 to 40 s behind positions that had long arrived.
+        Returns (envelopes resent as probes, destinations whose first queued envelope goes)."""
         probed: set[int] = set()
+        probe_new: set[str] = set()
         self._probe_at: dict[str, int] = {}
         for dst, p in self.paths.items():
             lacking = self.store.inflight(dst, limit=1)  # the oldest thing it lacks, in sending order
-            if not lacking:
+            if not lacking and not (self.store.superseded_inflight(dst, now_ms + 1)
+                                    and self.store.queued(dst, limit=1)):
                 continue
-            first = lacking[0]
+            first = lacking[0] if lacking else None
             if p.last_sent_ms is None:
                 p.last_sent_ms = self.store.last_sent_ms(dst)
             if p.min_rtt_ms is not None:
@@ -239,12 +253,16 @@ class Scheduler:
             at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** p.probes)))
             if at > now_ms:
                 self._probe_at[dst] = at
+            elif first is None:
+                probe_new.add(dst)
+                self.store.count_event("tail_probes")
+                p.probes += 1
             elif first.retry_ms > now_ms:
                 self.store.set_retry({first.seq: now_ms})
                 self.store.count_event("tail_probes")
                 p.probes += 1
                 probed.add(first.seq)
-        return probed
+        return probed, probe_new
 
     def _lingers(self, queued: list[OutItem], now_ms: int) -> bool:
         """Hold these back a little so more can join them in one bundle?"""
