@@ -930,6 +930,7 @@ class LossyRadio(SlowLink):
                 self.flight.append((self.free_at[b.dst] + self.delay_ms, b.dst, b.payload))
 
 
+@pytest.mark.sqlite_only  # the scheduler's behaviour; each run is 6,600 steps of virtual time
 @pytest.mark.parametrize("seed", [1, 2])
 def test_under_overload_and_loss_an_order_is_not_held_behind_a_window_of_superseded_copies(tmp_path, seed):
     """`c2dtn perf overload` in virtual time: 24 units' positions at 3x a 9.8 kbit/s radio with
