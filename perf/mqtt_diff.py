@@ -150,8 +150,7 @@ def norm_ours(pkt) -> tuple:
 
 
 def norm_oracle(o) -> tuple:
-    t = type(o).__name__.removesuffix("Packet").replace("Connack", "ConnAck")
-    t = {"SubAck": "SubAck", "UnsubAck": "UnsubAck", "PubAck": "PubAck"}.get(t, t)
+    t = type(o).__name__.removesuffix("Packet")  # mqtt5's names are ours + "Packet"
     up = tuple(tuple(kv) for kv in getattr(o, "user_properties", []))
     if t == "Publish":
         return (t, o.topic, bytes(o.payload), _i(o.qos), o.retain, o.duplicate, o.packet_id,
