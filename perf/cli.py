@@ -125,6 +125,29 @@ def powerloss_cmd(cycles: int, clients: int, rate: float, disk_ms: int, seed: in
     powerloss_bench.main(cycles, clients, rate, disk_ms, seed=seed, console=Console())
 
 
+@perf.command("diskfull")
+@click.option("--cycles", default=3, show_default=True, type=click.IntRange(1, 100),
+              help="times the disk fills and frees (each with the link cut)")
+@click.option("--clients", default=4, show_default=True, type=click.IntRange(2, 200),
+              help="QoS 1 publishers, an even number: half MQTT 5, half 3.1.1")
+@click.option("--rate", default=20.0, show_default=True, type=click.FloatRange(0.1, 1000),
+              help="publishes per second per client")
+@click.option("--size", default=1024, show_default=True, type=click.IntRange(32, 65536), help="payload bytes")
+@click.option("--disk-mb", default=16, show_default=True, type=click.IntRange(4, 4096),
+              help="the tmpfs gw1's store and session file are on")
+@click.option("--full-s", default=6.0, show_default=True, type=click.FloatRange(0.5, 600),
+              help="how long the disk stays full each cycle")
+def diskfull_cmd(cycles: int, clients: int, rate: float, size: int, disk_mb: int, full_s: float) -> None:
+    """The custody store's disk fills under QoS 1 traffic: refusals, losses, recovery (root: mounts a tmpfs)."""
+    from rich.console import Console
+
+    from c2dtn.perf import diskfull_bench
+
+    if clients % 2:
+        raise click.BadParameter(f"{clients}: an even number (half MQTT 5, half 3.1.1)", param_hint="--clients")
+    diskfull_bench.main(cycles, clients, rate, size, disk_mb, full_s, console=Console())
+
+
 @perf.command("chaos")
 @click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(1, 600))
 @click.option("--kills", default=30, show_default=True, type=click.IntRange(1, 1000),
