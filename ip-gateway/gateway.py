@@ -28,6 +28,7 @@ from c2dtn.ip_gateway.near_core import Envelope
 from c2dtn.ip_gateway.policy import GatewayConfig
 from c2dtn.overlay.store import Delivery
 from c2dtn.overlay.node import now_ms
+from c2dtn.spells import Spell
 
 log = logging.getLogger("c2dtn.gateway")
 
@@ -52,6 +53,7 @@ class MqttGateway:
         self.bridge: BridgeSession | None = None
         self._sessions_data: bytes | None = None  # the session file's next contents, not yet written
         self._sessions_writer: asyncio.Task | None = None
+        self._sessions_failing = Spell(log, logging.ERROR)
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -121,8 +123,9 @@ class MqttGateway:
                 data, self._sessions_data = self._sessions_data, None
                 try:
                     await asyncio.to_thread(sessions_file.write, self.state_path, data)
+                    self._sessions_failing.over("MQTT session file %s written again", self.state_path)
                 except OSError as e:  # the next change writes the whole file again
-                    log.error("MQTT session file %s not written: %s", self.state_path, e)
+                    self._sessions_failing.hit("MQTT session file %s not written: %s", self.state_path, e)
         finally:
             self._sessions_writer = None
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from c2dtn.ip_gateway import near_core as nc
 from c2dtn.overlay.store import QuotaExceeded
+from c2dtn.spells import Spell
 
 if TYPE_CHECKING:
     from c2dtn.ip_gateway.gateway import MqttGateway
@@ -32,6 +33,7 @@ class NearSide:
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._syncing: dict[int, asyncio.Task] = {}  # conn -> its replies waiting for the fsync
+        self._full = Spell(log)  # custody refusing publishes (a full disk, the quota)
         self._synced_at: dict[int, int] = {}  # conn -> the store's commit count its replies wait for
 
     async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -78,9 +80,11 @@ class NearSide:
                 ok = True
                 try:
                     self.gw.submit_many(ev.envelopes, ev.marks)
+                    if ev.envelopes:
+                        self._full.over("custody takes MQTT publishes again")
                 except QuotaExceeded as e:
                     ok = False
-                    log.warning("custody full, %d envelopes not taken: %s", len(ev.envelopes), e)
+                    self._full.hit("custody full, MQTT publishes refused (MQTT 5: 0x97; 3.1.1: disconnect): %s", e)
                 if ev.conn is not None:
                     if ok and self.gw.node.syncer is not None and self.gw.node.syncer.pending():
                         self._reply_when_synced(ev.conn)

@@ -31,6 +31,7 @@ from c2dtn.overlay.store import StoreFull
 from c2dtn.overlay.envelope import Codec, Priority
 from c2dtn.overlay.supervisor import Supervisor
 from c2dtn.overlay.syncer import Syncer
+from c2dtn.spells import Spell
 
 log = logging.getLogger("c2dtn.node")
 
@@ -69,6 +70,7 @@ class OverlayNode:
         self._signal = asyncio.Event()  # the pump: look again (plan now if _poll_now, else re-arm its timer)
         self._poll_now = False
         self._store_full = False  # planning failed on a full disk (logged once until it works again)
+        self._take_full = Spell(log)  # bundles not taken on a full disk
         self._handing = asyncio.Lock()  # held while bundles are planned and handed to the agent
         self._handovers: set[asyncio.Task] = set()
         self._soon: asyncio.TimerHandle | None = None
@@ -173,7 +175,7 @@ class OverlayNode:
                 log.debug("took %d bundles from %s in one commit, %.1f ms", len(batch),
                           ",".join(sorted({d.src_node for d in batch})), (time.monotonic() - t0) * 1000)
         except StoreFull as e:  # not acked: their origins send them again once space frees
-            log.warning("%d bundles not taken: %s", len(batch), e)
+            self._take_full.hit("bundles not taken: %s", e)
             return
         except Exception:  # a bug must not take the node down, nor the rest of the batch with it
             log.exception("processing %d bundles together failed; taking them one by one", len(batch))
@@ -183,6 +185,7 @@ class OverlayNode:
                     results.append(self.core.on_bundle(d.payload, now_ms()))
                 except Exception:
                     log.exception("processing a bundle from %s failed", d.src_node)
+        self._take_full.over("custody takes bundles again")
         if self.core.poll_due:  # acks came in, answers were queued, or acks are owed at once
             self.core.poll_due = False
             self._plan_at_once()
