@@ -54,21 +54,17 @@ log = logging.getLogger("c2dtn.perf.diskfull")
 
 @dataclass
 class Phases:
-    """One cycle's times (s from its start): link cut, disk filled, space freed, link back."""
+    """One cycle: the link is cut at `cut` s, the disk filled at `fill` s; it stays full until
+    `full_s` after the store first refused (the store first fills what room its own files
+    still have: pages freed by deliveries, a WAL grown earlier; at most `slack_max_s`); the
+    space is freed, the link comes back `back_after_free` s later and runs `tail` s more."""
 
     cut: float = 2.0
     fill: float = 4.0
     full_s: float = 6.0
+    slack_max_s: float = 120.0
     back_after_free: float = 2.0
-    tail: float = 4.0
-
-    @property
-    def free(self) -> float:
-        return self.fill + self.full_s
-
-    @property
-    def length(self) -> float:
-        return self.free + self.back_after_free + self.tail
+    tail: float = 6.0
 
 
 # -- the clients -----------------------------------------------------------------------
@@ -148,12 +144,13 @@ class Client:
             self.writer = None
             w.close()
 
-    async def run(self, count: int) -> None:
-        """Publish `count` messages, connected or not; then wait for every answer."""
+    async def run(self, stop: asyncio.Event) -> None:
+        """Publish, connected or not, until `stop` is set."""
         conn = asyncio.create_task(self._keep_connected())
         try:
             start = time.monotonic()
-            for k in range(count):
+            k = 0
+            while not stop.is_set():
                 await asyncio.sleep(max(0.0, start + k / self.rate - time.monotonic()))
                 msg = f"{self.name}:{k}"
                 self.sent.append(msg)
@@ -161,6 +158,7 @@ class Client:
                     self._publish(msg)
                 else:
                     self.backlog.append(msg)
+                k += 1
         except BaseException:
             conn.cancel()
             raise
@@ -309,12 +307,17 @@ class Pair:
         self.syncer.stop()
 
     def close(self) -> dict:
+        import os
+
+        files = {f.name: os.stat(f).st_size for f in sorted(self.disk.glob("custody.db*"))}
+        free_kb = disk_free(self.disk) // 1024
         held = self.store.held_out()[0]
         integrity = self.store.records.db.execute("PRAGMA integrity_check").fetchone()[0]
         counters = dict(self.gw.near.core.counters) if hasattr(self.gw, "near") else {}
         self.store.close()
         self.far.store.close()
-        return {"held_at_end": held, "integrity": integrity, "gateway_counters": counters}
+        return {"held_at_end": held, "integrity": integrity, "gateway_counters": counters, "store_files": files,
+                "disk_free_kb_at_end": free_kb}
 
 
 async def _campaign(disk: Path, far_dir: Path, clients: int, rate: float, size: int, cycles: int, phases: Phases,
@@ -328,8 +331,7 @@ async def _campaign(disk: Path, far_dir: Path, clients: int, rate: float, size: 
     events: list = []
     timeline: list = []
     marks: list = []
-    duration = cycles * phases.length
-    count = int(rate * duration)
+    publishing = asyncio.Event()
     cl = [Client(f"c2disk-{'v5' if i % 2 == 0 else 'v3'}-{i}", 5 if i % 2 == 0 else 4, port, rate, size, t0, events)
           for i in range(clients)]
     ballast = disk / "ballast"
@@ -346,31 +348,37 @@ async def _campaign(disk: Path, far_dir: Path, clients: int, rate: float, size: 
                              "delivered": sum(pair.delivered.values()), "link_up": int(pair.up)})
             await asyncio.sleep(SAMPLE_S)
 
+    def refusals() -> int:
+        return pair.gw.near.core.counters["refused_quota"]
+
     async def faults() -> None:
         task = bar.add_task("diskfull: cycles", total=cycles) if bar else None
         for c in range(cycles):
-            base = c * phases.length
-            for at, what in ((phases.cut, "cut"), (phases.fill, "fill"), (phases.free, "free"),
-                             (phases.free + phases.back_after_free, "up")):
-                await asyncio.sleep(max(0.0, t0 + base + at - time.monotonic()))
-                if what == "cut":
-                    pair.up = False
-                    mark("link_down")
-                elif what == "fill":
-                    n = await asyncio.to_thread(fill, ballast)
-                    mark("disk_full", ballast_mb=round(n / 1e6, 2), free_kb=disk_free(disk) // 1024)
-                elif what == "free":
-                    ballast.unlink()
-                    mark("disk_freed", free_kb=disk_free(disk) // 1024)
-                else:
-                    pair.up = True
-                    mark("link_up")
+            await asyncio.sleep(phases.cut)
+            pair.up = False
+            mark("link_down", cycle=c + 1)
+            await asyncio.sleep(phases.fill - phases.cut)
+            n = await asyncio.to_thread(fill, ballast)
+            full_at, before = time.monotonic(), refusals()
+            mark("disk_full", cycle=c + 1, ballast_mb=round(n / 1e6, 2), free_kb=disk_free(disk) // 1024)
+            while refusals() == before and time.monotonic() - full_at < phases.slack_max_s:
+                await asyncio.sleep(0.05)
+            mark("first_refusal" if refusals() > before else "no_refusal", cycle=c + 1,
+                 after_s=round(time.monotonic() - full_at, 2))
+            await asyncio.sleep(phases.full_s)
+            ballast.unlink()
+            mark("disk_freed", cycle=c + 1, free_kb=disk_free(disk) // 1024)
+            await asyncio.sleep(phases.back_after_free)
+            pair.up = True
+            mark("link_up", cycle=c + 1)
+            await asyncio.sleep(phases.tail)
             if bar:
                 bar.update(task, advance=1, description=f"diskfull: cycle {c + 1} of {cycles}")
+        publishing.set()
 
     samp = asyncio.create_task(sampler())
     try:
-        await asyncio.gather(faults(), *(c.run(count) for c in cl))
+        await asyncio.gather(faults(), *(c.run(publishing) for c in cl))
         mark("traffic_end")
         await asyncio.gather(*(c.settle(drain_s) for c in cl))
         want = set().union(*(c.acked for c in cl))
@@ -389,11 +397,33 @@ async def _campaign(disk: Path, far_dir: Path, clients: int, rate: float, size: 
             t.cancel()
         await pair.stop()
     end = pair.close()
-    return summarize(cl, pair.delivered, pair.counts, end, events, timeline, marks, count)
+    return summarize(cl, pair.delivered, pair.counts, end, events, timeline, marks)
+
+
+def cycles_table(marks: list, events: list) -> list[dict]:
+    """Per cycle: how long the store took what its own files had room for after the disk
+    filled, what it took meanwhile, and what was refused (0x97) or cut off (3.1.1) while full."""
+    out = []
+    for c in sorted({x["cycle"] for x in marks if "cycle" in x}):
+        at = {x["ev"]: x for x in marks if x.get("cycle") == c}
+        full, freed = at["disk_full"]["t"], at["disk_freed"]["t"]
+        first = at.get("first_refusal", at.get("no_refusal"))
+        slack_end = full + first["after_s"]
+
+        def n(kind: str, a: float, b: float, version: int | None = None) -> int:
+            return sum(e[4] for e in events if e[3].startswith(kind) and a <= e[0] < b
+                       and (version is None or e[2] == version))
+
+        out.append({"cycle": c, "ballast_mb": at["disk_full"]["ballast_mb"], "refused": "first_refusal" in at,
+                    "slack_s": first["after_s"], "taken_into_slack": n("acked", full, slack_end),
+                    "full_s": round(freed - slack_end, 1), "refused_0x97": n("refused", full, freed, 5),
+                    "v311_disconnects": n("disconnected", full, freed, 4),
+                    "taken_while_full": n("acked", slack_end, freed)})
+    return out
 
 
 def summarize(cl: list[Client], delivered: Counter, counts: Counter, end: dict, events: list, timeline: list,
-              marks: list, count: int) -> dict:
+              marks: list) -> dict:
     rows = {}
     for v in (5, 4):
         mine = [c for c in cl if c.version == v]
@@ -412,8 +442,8 @@ def summarize(cl: list[Client], delivered: Counter, counts: Counter, end: dict, 
             "lost_examples": sorted(s for s in acked if delivered[s] == 0)[:10]}
     fills = [x for x in marks if x["ev"] == "disk_full"]
     return {"per_version": rows, "counts": dict(counts), **end, "fills": len(fills),
-            "ballast_mb": [x["ballast_mb"] for x in fills], "marks": marks, "timeline": timeline,
-            "count_per_client": count}
+            "ballast_mb": [x["ballast_mb"] for x in fills], "cycles": cycles_table(marks, events), "marks": marks,
+            "timeline": timeline}
 
 
 def report(out: Path, res: dict, params: dict) -> str:
@@ -428,7 +458,7 @@ def report(out: Path, res: dict, params: dict) -> str:
           f"gw1's custody store and session file on a {params['disk_mb']} MB tmpfs; {params['clients']} QoS 1 "
           f"publishers ({params['size']} B, {params['rate']:g}/s each; half MQTT 5, half 3.1.1 with a kept session); "
           f"{params['cycles']} cycles of: link cut, disk filled by a ballast file, full for {params['full_s']:g} s, "
-          f"ballast removed, link back. Ballast written: {', '.join(f'{b} MB' for b in res['ballast_mb'])}.", "",
+          f"ballast removed, link back.", "",
           "| client | published | PUBACK 0 | refused (reason) | disconnected | resent on reconnect | never answered | "
           "PUBACKed and lost | delivered twice or more | refused yet delivered |",
           "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
@@ -437,7 +467,16 @@ def report(out: Path, res: dict, params: dict) -> str:
         md.append(f"| {name} | {r['published']} | {r['acked']} | {r['refused']} ({why}) | {r['disconnects']} | "
                   f"{r['resent']} | {r['no_answer']} | **{r['acked_lost']}** | {r['delivered_twice_or_more']} | "
                   f"{r['refused_delivered']} |")
-    md += ["", f"gw1 at the end: {res['held_at_end']} envelopes held; `PRAGMA integrity_check`: {res['integrity']}.", "",
+    md += ["", "Each cycle: the ballast written; how long the store went on taking publishes in room its own files "
+           "had (pages freed by deliveries, the WAL grown before) and how many; then, for the time the disk stayed "
+           "full, MQTT 5 refusals, 3.1.1 disconnects and publishes taken (should be 0):", "",
+           "| cycle | ballast | store took into its own room | for | full, refusing | refused 0x97 | "
+           "3.1.1 disconnects | taken while refusing |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    md += [f"| {r['cycle']} | {r['ballast_mb']} MB | {r['taken_into_slack']} | {r['slack_s']} s | {r['full_s']} s | "
+           f"{r['refused_0x97']} | {r['v311_disconnects']} | {r['taken_while_full']} |" for r in res["cycles"]]
+    md += ["", f"gw1 at the end: {res['held_at_end']} envelopes held; `PRAGMA integrity_check`: {res['integrity']}; "
+           "its files: " + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in res["store_files"].items()) +
+           f"; {res['disk_free_kb_at_end'] / 1024:.1f} MB of the {params['disk_mb']} MB disk free.", "",
            "| the overlay while full | count |", "|---|---:|"]
     md += [f"| {k} | {v} |" for k, v in sorted(res["counts"].items())]
     md += ["", f"Gateway counters: {json.dumps(res['gateway_counters'])}", "",
@@ -463,7 +502,7 @@ def report(out: Path, res: dict, params: dict) -> str:
     ax2b.plot(ts, [p["disk_free_kb"] / 1024 for p in timeline], color="grey", ls=":", label="disk free (MB)")
     ax2b.set_ylabel("disk free (MB)")
     ax2.set_ylabel("held")
-    ax2.set_xlabel("s (grey: disk full; hatched: link cut)")
+    ax2.set_xlabel("s (grey: disk full, ballast written; hatched: link cut)")
     fulls = [x["t"] for x in res["marks"] if x["ev"] == "disk_full"]
     frees = [x["t"] for x in res["marks"] if x["ev"] == "disk_freed"]
     downs = [x["t"] for x in res["marks"] if x["ev"] == "link_down"]
@@ -500,7 +539,7 @@ def main(cycles: int = 3, clients: int = 4, rate: float = 20.0, size: int = 1024
     if clients < 2 or clients % 2:
         raise ValueError(f"--clients {clients}: an even number from 2 (half MQTT 5, half 3.1.1)")
     out = out or run_dir("diskfull")
-    phases = Phases(full_s=full_s)
+    phases = Phases(full_s=full_s, tail=6.0 if cycles > 1 else 2.0)
     params = {"cycles": cycles, "clients": clients, "rate": rate, "size": size, "disk_mb": disk_mb,
               "full_s": full_s, "phases": phases.__dict__, "link_delay_ms": LINK_DELAY_MS}
     with tempfile.TemporaryDirectory(prefix="c2diskfull-") as td, progress(console) as bar:

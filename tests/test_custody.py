@@ -12,6 +12,7 @@ import cbor2
 import pytest
 
 from c2dtn.overlay.core import OverlayCore
+from c2dtn.overlay import store_sqlite
 from c2dtn.overlay.custody import Custody, CustodyStore, Quota, QuotaExceeded
 from c2dtn.overlay.store import OutItem
 from c2dtn.overlay.store_memory import MemoryStore
@@ -550,7 +551,10 @@ def test_background_checkpoints_take_the_wal_copy_off_the_commits(tmp_path):
     frames, copied = got[0]
     assert frames > 1400 and copied == frames
     assert path.stat().st_size > 6_000_000
-    st.submit("gw4", b"after", 0, 10**9)  # the store goes on; the WAL starts over
+    wal = tmp_path / "c.db-wal"
+    assert wal.stat().st_size > 6_000_000
+    st.submit("gw4", b"after", 0, 10**9)  # the store goes on; the WAL starts over...
+    assert wal.stat().st_size <= store_sqlite.WAL_KEEP_BYTES + 65_536  # ...and gives the backlog's room back
     st.close()
     again = CustodyStore(path, "gw1")
     assert [i.seq for i in again.queued("gw4")][:6] == seqs and again.held_out()[0] == 7

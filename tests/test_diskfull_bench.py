@@ -28,6 +28,8 @@ def test_a_full_disk_refuses_mqtt5_with_0x97_and_disconnects_311(run):
     _, res = run
     v5, v3 = res["per_version"]["MQTT 5"], res["per_version"]["MQTT 3.1.1"]
     assert res["fills"] == 1 and res["ballast_mb"][0] > 1
+    (cycle,) = res["cycles"]
+    assert cycle["refused"] and cycle["refused_0x97"] > 0 and cycle["taken_while_full"] == 0
     assert v5["refused"] > 0 and v5["refusal_reasons"] == {"refused 0x97": v5["refused"]}
     assert v5["acked"] + v5["refused"] == v5["published"] and v5["no_answer"] == 0
     assert v3["disconnects"] > 0 and v3["refused"] == 0
