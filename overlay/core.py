@@ -44,9 +44,10 @@ PONG_APP = "pong"
 
 @dataclass
 class BundleResult:
-    data: int = 0
+    data: int = 0  # data envelopes that passed their checks: new, duplicates, stale or expired
     acks: int = 0
     duplicates: int = 0
+    taken: int = 0  # of data, those taken as new (delivered or held for order)
     rejected: list[str] = field(default_factory=list)  # one line per rejected envelope or bundle
 
 
@@ -172,6 +173,7 @@ class OverlayCore:
                     self._ack_since.setdefault(src, now_ms)  # an ack is owed from now
                     res.data += 1
                     res.duplicates += r.outcome == "duplicate"
+                    res.taken += r.outcome in ("delivered", "held")
             except EnvelopeError as e:
                 self._reject(res, f"{env.kind.name.lower()} envelope {env.origin}:{env.seq} from {sender!r} "
                                   f"rejected ({e.reason}): {e}", e.reason)

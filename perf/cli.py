@@ -148,6 +148,19 @@ def diskfull_cmd(cycles: int, clients: int, rate: float, size: int, disk_mb: int
     diskfull_bench.main(cycles, clients, rate, size, disk_mb, full_s, console=Console())
 
 
+@perf.command("forgery")
+@click.option("--attempts", default=10_000, show_default=True, type=click.IntRange(10, 10_000_000),
+              help="hostile bundles per class")
+@click.option("--seed", default=1, show_default=True, type=int)
+def forgery_cmd(attempts: int, seed: int) -> None:
+    """Forged, tampered and replayed bundles against a group member's overlay core: how many get through."""
+    from rich.console import Console
+
+    from c2dtn.perf import forgery_bench
+
+    forgery_bench.main(attempts, seed, console=Console())
+
+
 @perf.command("chaos")
 @click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(1, 600))
 @click.option("--kills", default=30, show_default=True, type=click.IntRange(1, 1000),

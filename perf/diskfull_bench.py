@@ -43,7 +43,7 @@ from c2dtn.ip_gateway import bodies
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.perf.fsync_bench import GatewayNode, _free_port, gateway_config
 from c2dtn.perf.plots import pyplot, save_figure
-from c2dtn.perf.runs import progress, run_dir
+from c2dtn.perf.runs import progress, run_dir, tally_logs
 
 KEY = b"d" * 32
 LINK_DELAY_MS = 100
@@ -518,22 +518,6 @@ def report(out: Path, res: dict, params: dict) -> str:
     return "\n".join(md[:8])
 
 
-class LogTally(logging.Handler):
-    """Counts what c2dtn logs during the run, by message template, and keeps the first
-    three lines of each (a full disk logs a line per refusal)."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.counts: Counter = Counter()
-        self.first: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        key = f"{record.levelname} {record.name}: {record.msg}"
-        self.counts[key] += 1
-        if self.counts[key] <= 3:
-            self.first.append(f"{record.created:.3f} {record.levelname} {record.name}: {record.getMessage()}")
-
-
 def main(cycles: int = 3, clients: int = 4, rate: float = 20.0, size: int = 1024, disk_mb: int = 16,
          full_s: float = 6.0, drain_s: float = 120.0, out: Path | None = None, console=None) -> tuple[Path, dict]:
     if clients < 2 or clients % 2:
@@ -546,17 +530,10 @@ def main(cycles: int = 3, clients: int = 4, rate: float = 20.0, size: int = 1024
         disk, far = Path(td) / "c2-small-disk", Path(td) / "far"
         far.mkdir()
         mount_tmpfs(disk, disk_mb)
-        c2log, tally = logging.getLogger("c2dtn"), LogTally()
-        level, propagate = c2log.level, c2log.propagate
-        c2log.addHandler(tally)
-        c2log.setLevel(logging.INFO)
-        c2log.propagate = False  # counted into the report, not one console line per refusal
         try:
-            res = asyncio.run(_campaign(disk, far, clients, rate, size, cycles, phases, drain_s, bar))
+            with tally_logs() as tally:  # counted into the report, not one console line per refusal
+                res = asyncio.run(_campaign(disk, far, clients, rate, size, cycles, phases, drain_s, bar))
         finally:
-            c2log.removeHandler(tally)
-            c2log.setLevel(level)
-            c2log.propagate = propagate
             umount(disk)
     res["logged"] = dict(tally.counts.most_common())
     out.mkdir(parents=True, exist_ok=True)

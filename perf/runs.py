@@ -8,13 +8,16 @@ docs/, tests/ and Markdown differ from it; null outside a git checkout), "python
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import platform
 import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent.parent  # the checkout c2dtn runs from (editable install)
@@ -62,3 +65,36 @@ def progress(console=None, unit: str = ""):
     return Progress(TextColumn("{task.description}"), BarColumn(),
                     TextColumn("{task.completed:,}/{task.total:,}" + (f" {unit}" if unit else "")),
                     TimeElapsedColumn(), console=console)
+
+
+class LogTally(logging.Handler):
+    """Counts what c2dtn logs during the run, by message template, and keeps the first
+    three lines of each (a full disk logs a line per refusal)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.counts: Counter = Counter()
+        self.first: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = f"{record.levelname} {record.name}: {record.msg}"
+        self.counts[key] += 1
+        if self.counts[key] <= 3:
+            self.first.append(f"{record.created:.3f} {record.levelname} {record.name}: {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def tally_logs():
+    """While a campaign runs, what c2dtn logs is counted (LogTally), not printed: a campaign of
+    hostile input or a full disk would otherwise print a line per refusal over its progress."""
+    c2log, tally = logging.getLogger("c2dtn"), LogTally()
+    level, propagate = c2log.level, c2log.propagate
+    c2log.addHandler(tally)
+    c2log.setLevel(logging.INFO)
+    c2log.propagate = False
+    try:
+        yield tally
+    finally:
+        c2log.removeHandler(tally)
+        c2log.setLevel(level)
+        c2log.propagate = propagate

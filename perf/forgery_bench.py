@@ -1,0 +1,272 @@
+"""Forged, tampered and replayed bundles against a receiving overlay core.
+
+`c2dtn perf forgery` (issue 17: "Group members can forge each other", "Replay"; the
+"forged accepted" column of its campaign table).  fmn-4nations' group: deu, nor, prt and
+usa share the group key "fmn" and a pair key for every two of them.  deu sends genuine
+traffic (group envelopes to fmn and direct ones to prt) through its own overlay core;
+prt, a real overlay core on a SQLite store, takes every genuine bundle first.  Then
+--attempts bundles of each class below reach prt, built by an adversary that is nor (a
+member: the group key and nor's pair keys) or an outsider who captured the traffic:
+
+  spoof-untagged    nor seals a group envelope with deu as its origin, no origin tags
+  spoof-tagged      the same, with origin tags made under the keys nor has
+  splice            a genuine deu group bundle, its origin tags kept, nor's envelope inside
+  spoof-pair        nor seals a direct envelope to prt naming deu, under the nor-prt key
+  tamper            a captured genuine bundle with 1-4 random bytes changed
+  replay            a captured genuine bundle sent again at once
+  replay-late       a captured genuine bundle sent again 11 min after its envelopes ended,
+                    past the 10 min their ids are remembered: dropped as expired by the
+                    receiver's clock (and as a duplicate when the same bundle comes again
+                    within 10 min: the expired id is remembered)
+  outsider          an envelope sealed under a key no one shares, deu's name on it
+  control           a compromised deu box (deu's own keys) sends new envelopes: these
+                    must be taken, or the campaign could not see an acceptance
+
+Per class: bundles, envelopes in them, refused (typed reason), taken as duplicates, taken
+as new data ("accepted": a forgery or replay that got through), crashes (an exception
+that is not a typed refusal).  Virtual time, no I/O but the receiver's store.  Writes
+results/<time>-forgery/ with report.md, summary.json and plot.png (+ .json).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import cbor2
+
+from c2dtn.perf.plots import pyplot, save_figure
+from c2dtn.perf.runs import progress, run_dir, tally_logs
+
+NATIONS = ("deu", "nor", "prt", "usa")
+GROUP = "fmn"
+GROUP_KEY = hashlib.sha256(b"c2-forgery group").digest()
+LIFETIME_MS = 60_000
+CLASSES = ("spoof-untagged", "spoof-tagged", "splice", "spoof-pair", "tamper", "replay", "replay-late", "outsider",
+           "control")
+
+
+def pair_key(a: str, b: str) -> bytes:
+    return hashlib.sha256(("c2-forgery " + "-".join(sorted((a, b)))).encode()).digest()
+
+
+def codec(name: str, as_name: str | None = None):
+    """`name`'s codec (its keys); with as_name, those keys under another node's name (a member
+    speaking for another)."""
+    from c2dtn.overlay.envelope import Codec
+
+    me = as_name or name
+    keys = {n: pair_key(name, n) for n in NATIONS if n not in (name, me)}
+    if me != name:
+        keys[name] = pair_key(me, name)  # the key name shares with me: name has it too
+    return Codec(me, keys | {GROUP: GROUP_KEY}, {GROUP: tuple(n for n in NATIONS if n != me)})
+
+
+def _core(path: Path, name: str):
+    from c2dtn.overlay.core import OverlayCore
+    from c2dtn.overlay.custody import CustodyStore
+
+    c = codec(name)
+    return OverlayCore(CustodyStore(path / f"{name}.db", name, groups=c.groups), c)
+
+
+class Campaign:
+    def __init__(self, work: Path, attempts: int, seed: int):
+        from c2dtn.overlay.envelope import Envelope, Kind
+
+        self.Envelope, self.Kind = Envelope, Kind
+        self.rng = random.Random(seed)
+        self.attempts = attempts
+        self.deu = _core(work, "deu")
+        self.prt = _core(work, "prt")
+        self.now = 1_000
+        self.captured: list[bytes] = []  # genuine bundles deu sent to prt or the group
+        self.seq = 1 << 40  # the forgers' seqs: never ones deu used, so dedupe cannot be what refuses them
+        self.rows: dict[str, Counter] = {c: Counter() for c in CLASSES}
+        self.reasons: dict[str, Counter] = {c: Counter() for c in CLASSES}
+
+    # -- genuine traffic -------------------------------------------------------------
+    def genuine(self, n: int) -> int:
+        """deu sends n group and n direct envelopes; prt takes every bundle (the group's fan
+        out reaches it); returns what prt delivered."""
+        got = 0
+        for k in range(n + 200):
+            if k < n:  # one of each per round: many bundles to capture
+                self.deu.submit(GROUP, b"deu position %d" % k, self.now, LIFETIME_MS)
+                self.deu.submit("prt", b"deu order %d" % k, self.now, LIFETIME_MS)
+            out = self.deu.poll(self.now)
+            for b in out:
+                if b.dst in (GROUP, "prt") and b.seqs:
+                    self.captured.append(b.payload)
+                self.prt.on_bundle(b.payload, self.now + 100)
+            for b in self.prt.poll(self.now + 100):
+                if b.dst == "deu":
+                    self.deu.on_bundle(b.payload, self.now + 200)
+            items = self.prt.take()
+            got += len(items)
+            if items:
+                self.prt.consumed([d.id for d in items])
+            self.now += 250
+            if k >= n and got >= 2 * n and not out:
+                break
+        return got
+
+    # -- what an adversary builds ------------------------------------------------------
+    def _env(self, dst: str, body: bytes, origin: str = "deu", **kw):
+        self.seq += 1
+        return self.Envelope(self.Kind.DATA, origin, self.seq, dst, self.now, LIFETIME_MS, body=body,
+                             inc=self.deu.store.inc, **kw)
+
+    def build(self, cls: str) -> bytes:
+        from c2dtn.overlay.envelope import Codec
+
+        lie = b"deu: fall back to phase line red %d" % self.seq
+        if cls == "spoof-untagged":
+            as_deu = codec("nor", "deu")
+            return as_deu.container([as_deu.seal(self._env(GROUP, lie))])
+        if cls == "spoof-tagged":
+            as_deu = codec("nor", "deu")
+            return as_deu.container([as_deu.seal(self._env(GROUP, lie))], GROUP)
+        if cls == "splice":
+            group_bundles = [p for p in self.captured if len(cbor2.loads(p)) == 4]
+            spliced = cbor2.loads(self.rng.choice(group_bundles))
+            spliced[2] = [cbor2.loads(codec("nor", "deu").seal(self._env(GROUP, lie)))]
+            return cbor2.dumps(spliced)
+        if cls == "spoof-pair":
+            as_deu = Codec("deu", {"prt": pair_key("nor", "prt")})
+            return as_deu.container([as_deu.seal(self._env("prt", lie))])
+        if cls == "outsider":
+            stranger = Codec("deu", {n: self.rng.randbytes(32) for n in ("nor", "prt", "usa", GROUP)},
+                             {GROUP: ("nor", "prt", "usa")})
+            dst = self.rng.choice(["prt", GROUP])
+            return stranger.container([stranger.seal(self._env(dst, lie))], dst)
+        if cls == "tamper":
+            b = bytearray(self.rng.choice(self.captured))
+            for _ in range(self.rng.randint(1, 4)):
+                i = self.rng.randrange(len(b))
+                b[i] ^= self.rng.randint(1, 255)
+            return bytes(b)
+        if cls in ("replay", "replay-late"):
+            return self.rng.choice(self.captured)
+        if cls == "control":
+            deu = codec("deu")
+            dst = self.rng.choice(["prt", GROUP])
+            return deu.container([deu.seal(self._env(dst, b"deu (compromised) %d" % self.seq))], dst)
+        raise ValueError(f"unknown class {cls!r}: " + ", ".join(CLASSES))
+
+    def attack(self, cls: str, at_ms: int) -> None:
+        from c2dtn.overlay.envelope import EnvelopeError
+
+        row, why = self.rows[cls], self.reasons[cls]
+        payload = self.build(cls)
+        row["bundles"] += 1
+        try:
+            res = self.prt.on_bundle(payload, at_ms)
+        except EnvelopeError as e:  # typed refusal raised rather than counted
+            row["refused"] += 1
+            why[e.reason] += 1
+            return
+        except Exception as e:  # not a typed refusal: a crash of the receive path
+            row["crashes"] += 1
+            why[f"crash: {type(e).__name__}"] += 1
+            return
+        row["accepted"] += res.taken
+        row["duplicates"] += res.duplicates
+        row["expired_or_stale"] += res.data - res.taken - res.duplicates
+        row["refused"] += len(res.rejected)
+        for r in res.rejected:
+            why[_reason(r)] += 1
+        items = self.prt.take()
+        row["delivered"] += len(items)
+        if items:
+            self.prt.consumed([d.id for d in items])
+
+    def run(self, bar=None) -> dict:
+        got = self.genuine(max(20, self.attempts // 20))
+        task = bar.add_task("forgery: attempts", total=self.attempts * len(CLASSES)) if bar else None
+        late = [c for c in CLASSES if c == "replay-late"]
+        for cls in [c for c in CLASSES if c not in late]:
+            for _ in range(self.attempts):
+                self.attack(cls, self.now)
+            if bar:
+                bar.update(task, advance=self.attempts, description=f"forgery: {cls}")
+        # the captured envelopes' lifetimes end; 11 minutes later their ids are forgotten
+        self.now += LIFETIME_MS + 11 * 60_000
+        self.prt.poll(self.now)
+        for cls in late:
+            for _ in range(self.attempts):
+                self.attack(cls, self.now)
+            if bar:
+                bar.update(task, advance=self.attempts, description=f"forgery: {cls}")
+        return {"genuine_delivered": got, "genuine_bundles_captured": len(self.captured),
+                "classes": {c: dict(self.rows[c]) for c in CLASSES},
+                "reasons": {c: dict(self.reasons[c].most_common()) for c in CLASSES}}
+
+    def close(self) -> None:
+        self.deu.store.close()
+        self.prt.store.close()
+
+
+def _reason(line: str) -> str:
+    """The kind of a rejection line (`BundleResult.rejected`), for the report's counts."""
+    for key in ("origin tag", "did not seal", "without origin tags", "sealed with", "bad tag", "tag",
+                "expired", "unknown", "malformed", "version", "oversize"):
+        if key in line:
+            return key
+    return line.split(":")[0][:40]
+
+
+def report(out: Path, res: dict, params: dict) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"params": params, **res}, indent=1) + "\n")
+    md = ["# Forged, tampered and replayed bundles (`c2dtn perf forgery`)", "",
+          f"fmn-4nations' group keys; prt's overlay core took {res['genuine_delivered']} genuine envelopes from deu "
+          f"first ({res['genuine_bundles_captured']} bundles captured for tampering and replay); then "
+          f"{params['attempts']} bundles per class (seed {params['seed']}).", "",
+          "| class | bundles | refused | taken as duplicates | dropped as expired | **accepted** | crashes | "
+          "refused because |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for c in CLASSES:
+        r, why = res["classes"][c], res["reasons"][c]
+        md.append(f"| {c} | {r.get('bundles', 0)} | {r.get('refused', 0)} | {r.get('duplicates', 0)} | "
+                  f"{r.get('expired_or_stale', 0)} | "
+                  f"**{r.get('accepted', 0)}** | {r.get('crashes', 0)} | "
+                  + (", ".join(f"{k}: {n}" for k, n in why.items()) or "-") + " |")
+    forged = sum(res["classes"][c].get("accepted", 0) for c in CLASSES if c != "control")
+    md += ["", f"Forged or replayed envelopes accepted (every class but the control): **{forged}**. The control "
+           "(deu's own keys, as a compromised box has them) shows that an acceptance is seen.", "",
+           "![per class](plot.png)"]
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4))
+    xs = list(range(len(CLASSES)))
+    for k, (key, label) in enumerate((("refused", "refused"), ("duplicates", "taken as duplicates"),
+                                      ("accepted", "accepted as new"))):
+        ax.bar([x + (k - 1) * 0.27 for x in xs], [res["classes"][c].get(key, 0) for c in CLASSES], 0.27, label=label)
+    ax.set_xticks(xs, CLASSES, rotation=20)
+    ax.set_ylabel("envelopes or bundles")
+    ax.set_title("What prt did with each class of hostile bundle")
+    ax.legend()
+    save_figure(fig, out / "plot.png")
+    res["forged_accepted"] = forged
+    return "\n".join(md[:len(CLASSES) + 8])
+
+
+def main(attempts: int = 10_000, seed: int = 1, out: Path | None = None, console=None) -> tuple[Path, dict]:
+    out = out or run_dir("forgery")
+    with tempfile.TemporaryDirectory(prefix="c2forgery-") as td, progress(console) as bar:
+        camp = Campaign(Path(td), attempts, seed)
+        try:
+            with tally_logs() as tally:  # a warning per refused bundle: counted, not printed
+                res = camp.run(bar)
+        finally:
+            camp.close()
+    res["logged_lines"] = sum(tally.counts.values())
+    text = report(out, res, {"attempts": attempts, "seed": seed})
+    if console is not None:
+        console.print(text)
+        console.print(f"results in {out}")
+    return out, res
