@@ -176,7 +176,9 @@ class Scheduler:
             self._linger_until.pop(dst, None)
             if budget > 0:
                 queued = st.queued(dst, limit=max(16, int(budget // 64) + 16))
-                if queued and not retry and self._lingers(queued, now_ms):
+                # a probe with new data does not linger: it was counted as sent, and the next one
+                # is backed off (held here, it went only when the linger ended, or later)
+                if queued and not retry and dst not in probe_new and self._lingers(queued, now_ms):
                     self._linger_until[dst] = min(i.created_ms for i in queued) + self.cfg.linger_ms
                     queued = []
                 cands = sorted(retry + queued, key=lambda i: (i.seq not in probes, i.priority, i.seq))
