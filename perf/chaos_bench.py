@@ -8,7 +8,9 @@ paho-mqtt publishers on h1 (QoS 1 and QoS 2, --rate messages a second each, for
 --kills random moments (at least 15 s apart), one of: the near gateway (gateway, overlay
 node and its BPA daemon: a power cut of the box; restarted 3 s later), the far gateway
 likewise, or one BPA daemon alone (gw1's, r2's, r3's, gw4's; its node's supervisor
-restarts it), taking turns in a shuffled order.
+restarts it), taking turns in a shuffled order.  `--targets agents` kills BPA daemons
+alone (issue 15: a SIGKILL of each agent's daemon mid-transfer, with --agent ion, ibrdtn
+or hdtn on every node).
 
 Figures per QoS: published, PUBACKed (or PUBCOMPed) at the publisher, delivered at the
 subscriber once, delivered more than once, lost (published, acknowledged and never
@@ -41,6 +43,7 @@ from c2dtn.topologies.nodes import Nodes
 
 BPA = ["gw1", "r2", "r3", "gw4"]
 TARGETS = ["gw1", "gw4", "agent:gw1", "agent:r2", "agent:r3", "agent:gw4"]
+TARGET_SETS = {"all": TARGETS, "agents": [t for t in TARGETS if t.startswith("agent:")]}
 RESTART_AFTER_S = 3.0
 MIN_GAP_S = 15.0
 
@@ -113,14 +116,15 @@ def _key(r: dict) -> tuple[int, int]:
 
 
 def campaign(minutes: float, kills: int, rate: float, profile: str, outage_s: float, outage_every: float,
-             seed: int, agent: str, work: Path, events: list, bar=None, logs: Path | None = None) -> dict:
+             seed: int, agent: str, work: Path, events: list, bar=None, logs: Path | None = None,
+             targets: str = "all") -> dict:
     rng = random.Random(seed)
     duration = minutes * 60
     count = int(rate * duration)
     plan = kill_times(rng, kills, duration)  # before anything is set up: a bad --kills fails at once
     order: list[str] = []
     while len(order) < kills:
-        batch = TARGETS[:]
+        batch = TARGET_SETS[targets][:]
         rng.shuffle(batch)
         order += batch
     testbed.down()
@@ -284,14 +288,16 @@ def report(out: Path, res: dict, params: dict, events: list) -> str:
 
 
 def main(minutes: float, kills: int, rate: float, profile: str, outage_s: float, outage_every: float, seed: int,
-         agent: str = "dtn7", out: Path | None = None, console=None) -> Path:
+         agent: str = "dtn7", out: Path | None = None, console=None, targets: str = "all") -> Path:
+    if targets not in TARGET_SETS:
+        raise ValueError(f"targets {targets!r}: one of " + ", ".join(TARGET_SETS))
     out = out or run_dir("chaos")
     params = {"minutes": minutes, "kills": kills, "rate": rate, "profile": profile, "outage_s": outage_s,
-              "outage_every": outage_every, "seed": seed, "agent": agent}
+              "outage_every": outage_every, "seed": seed, "agent": agent, "targets": targets}
     events: list = []
     with tempfile.TemporaryDirectory(prefix="c2chaos-") as td, progress(console) as bar:
         res = campaign(minutes, kills, rate, profile, outage_s, outage_every, seed, agent, Path(td), events, bar,
-                       logs=out / "logs")
+                       logs=out / "logs", targets=targets)
     text = report(out, res, params, events)
     if console is not None:
         console.print(text)

@@ -171,15 +171,18 @@ def forgery_cmd(attempts: int, seed: int) -> None:
 @click.option("--outage-s", default=30.0, show_default=True, type=click.FloatRange(0, 3600))
 @click.option("--outage-every", default=180.0, show_default=True, type=click.FloatRange(10, 36000))
 @click.option("--agent", default="dtn7", show_default=True, help="the BPA on every node")
+@click.option("--targets", default="all", show_default=True, type=click.Choice(["all", "agents"]),
+              help="all: gateways (a box's power cut) and BPA daemons; agents: BPA daemons alone")
 @click.option("--seed", default=1, show_default=True, type=int, help="when the kills come and what they hit")
-def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, seed) -> None:
+def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, targets, seed) -> None:
     """Kill anywhere: QoS 1 and 2 through the gateways on nps-chain while gateways and BPA daemons are SIGKILLed."""
     from rich.console import Console
 
     from c2dtn.perf import chaos_bench
 
     try:
-        chaos_bench.main(minutes, kills, rate, profile, outage_s, outage_every, seed, agent, console=Console())
+        chaos_bench.main(minutes, kills, rate, profile, outage_s, outage_every, seed, agent, console=Console(),
+                         targets=targets)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--kills") from None
 
