@@ -215,6 +215,7 @@ class FarSession:
                 self.connack.set_result(p)
         elif isinstance(p, (m.PubAck, m.PubComp)) and p.packet_id in self.inflight:
             done = self.inflight.pop(p.packet_id)[0].id
+            self.gw.counters["to_broker"] += 1  # the broker acknowledged it: done
             self._sent.discard(done)
             self._released.discard(done)
             self.gw.delivered(done)
@@ -344,6 +345,7 @@ class FarSession:
                 pub.qos = 2  # the broker's QoS 2 dedupe: see qos1_once in policy.py
             if pub.qos == 0:
                 self.writer.write(m.encode(pub, self.params.get("v", 4)))
+                self.gw.counters["to_broker"] += 1
                 self.gw.delivered(d.id)
             else:
                 # pipelined: the next publish goes before this one's ack comes back; unacknowledged
@@ -358,6 +360,8 @@ class FarSession:
                         raise asyncio.TimeoutError("the broker acknowledged nothing for 60 s")
                     await asyncio.sleep(0.005)
                 pub.dup = d.id in self._sent
+                if pub.dup:  # sent before and not acknowledged (a broker connection lost meanwhile)
+                    self.gw.counters["to_broker_again"] += 1
                 self.inflight[pub.packet_id] = (d, msg)
                 self._sent.add(d.id)
                 if d.id in self._released:  # the broker has it (and may have released it): finish

@@ -264,11 +264,14 @@ def test_a_backlog_of_qos2_publishes_stays_within_the_brokers_window_and_all_arr
                + [s.pack("disc", "c2-backlog", b, w=False)])
         await until(lambda: len(sub.got) >= 100 and p.held() == 0, 15)
         await asyncio.sleep(0.3)  # a late duplicate would show
+        counters.update(p.gw.status()["counters"])
         await p.gw.stop()
 
+    counters = {}
     run_then_close(main, sub)
     got = sorted(int(t.split("/")[1]) for t, _ in sub.got)
     assert got == list(range(100)), f"missing {sorted(set(range(100)) - set(got))[:20]}, {len(got)} arrived"
+    assert counters["to_broker"] == 100 and "to_broker_again" not in counters  # the status an operator reads
 
 
 class AckSwallower:
