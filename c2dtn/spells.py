@@ -19,10 +19,6 @@ class Spell:
         self._told = 0.0  # when it was last logged
         self._told_count = 0
 
-    @property
-    def on(self) -> bool:
-        return self.count > 0
-
     def hit(self, msg: str, *args) -> None:
         now = self.clock()
         self.count += 1

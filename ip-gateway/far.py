@@ -23,13 +23,11 @@ from c2dtn.ip_gateway.near_core import PUB_PIDS, Envelope, aged, lifetime_ms, pu
 from c2dtn.ip_gateway.policy import TopicRule
 from c2dtn.overlay.store import Delivery, QuotaExceeded
 from c2dtn.overlay.node import now_ms
-from c2dtn.spells import Spell
 
 if TYPE_CHECKING:
     from c2dtn.ip_gateway.gateway import MqttGateway
 
 log = logging.getLogger("c2dtn.gateway")
-FULL = Spell(log)  # custody refusing broker publications: one spell for all far sessions
 
 
 def session_expiry_s(params: dict) -> float | None:
@@ -238,9 +236,9 @@ class FarSession:
                 try:
                     self.gw.submit_many(self._envelopes(p, rule))
                     await self.gw.node.synced()  # on disk (the custody writer thread) before the ack
-                    FULL.over("custody takes broker publications again")
+                    self.gw.far_full.over("custody takes broker publications again")
                 except QuotaExceeded as e:
-                    FULL.hit("custody full, broker publication for %s not taken: %s", self.key(), e)
+                    self.gw.far_full.hit("custody full, broker publication for %s not taken: %s", self.key(), e)
                     return  # no ack: the broker sends it again
                 except OSError:  # the fsync failed (logged by the syncer): no ack either
                     return

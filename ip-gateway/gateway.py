@@ -54,6 +54,7 @@ class MqttGateway:
         self._sessions_data: bytes | None = None  # the session file's next contents, not yet written
         self._sessions_writer: asyncio.Task | None = None
         self._sessions_failing = Spell(log, logging.ERROR)
+        self.far_full = Spell(log)  # custody refusing broker publications, for all far sessions
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:

@@ -69,7 +69,7 @@ class OverlayNode:
                 self.syncer = Syncer(store.records)
         self._signal = asyncio.Event()  # the pump: look again (plan now if _poll_now, else re-arm its timer)
         self._poll_now = False
-        self._store_full = False  # planning failed on a full disk (logged once until it works again)
+        self._plan_full = Spell(log)  # planning failed on a full disk
         self._take_full = Spell(log)  # bundles not taken on a full disk
         self._handing = asyncio.Lock()  # held while bundles are planned and handed to the agent
         self._handovers: set[asyncio.Task] = set()
@@ -251,16 +251,12 @@ class OverlayNode:
         try:
             out = self.core.poll(now_ms())
         except StoreFull as e:
-            if not self._store_full:
-                log.warning("planning stopped: %s; retrying every second", e)
-            self._store_full = True
+            self._plan_full.hit("planning stopped: %s; retrying every second", e)
             return None
         except Exception:
             log.exception("planning failed")
             return None
-        if self._store_full:
-            log.warning("custody store writable again: planning resumed")
-            self._store_full = False
+        self._plan_full.over("custody store writable again: planning resumed")
         return out
 
     async def synced(self) -> None:
