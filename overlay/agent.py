@@ -70,6 +70,10 @@ class BundleAgent(abc.ABC):
     name: str = "abstract"
     capabilities: Capabilities = Capabilities(7, 1 << 20, False, False)
     endpoint: str = "c2dtn"  # the overlay's own endpoint on every node
+    # the lifetime the node gives every bundle: the overlay resends what is not acked, so a bundle
+    # only has to outlive the hops it waits at; a driver whose agent keeps forwarded bundles until
+    # they expire (IBR-DTN) makes it shorter
+    bundle_lifetime_s: int = 3600
 
     # -- made from a node's configuration -------------------------------------------------
     @classmethod

@@ -277,7 +277,8 @@ class OverlayNode:
             log.debug("bundle to %s: %d bytes, envelopes %s (%d resent), acks %s", b.dst, len(b.payload),
                       b.seqs, b.retransmissions, b.acks)
             try:
-                await self.agent.send(*self._dst_endpoint(b.dst), b.payload, lifetime_s=3600)
+                await self.agent.send(*self._dst_endpoint(b.dst), b.payload,
+                                      lifetime_s=self.agent.bundle_lifetime_s)
             except AgentError as e:
                 # custody keeps the envelopes; they go again at their retransmission time
                 self.send_errors += 1

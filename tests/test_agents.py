@@ -178,3 +178,47 @@ def test_ibrdtn_api_replies_notifications_and_raw_payloads_are_told_apart():
     assert replies[3].data == payload and notes == ["123 4 dtn://r3/c2dtn"]
     b = plain_bundle("dtn://gw1/c2dtn", "dtn://gw4/c2dtn", b"ab\ncd", 60)
     assert b"Destination: dtn://gw4/c2dtn\n" in b and b"Length: 5\nEncoding: raw\n\nab\ncd\n\n" in b
+
+
+def test_ibrdtn_bundles_live_a_minute_unless_configured_as_ibrdtn_relays_keep_forwarded_ones(tmp_path):
+    """IBR-DTN keeps a forwarded bundle until it expires and sends its whole store again after a
+    restart: the node gives its bundles 60 s (configurable), the other agents an hour."""
+    import asyncio
+
+    from c2dtn.errors import ConfigError
+
+    assert make_agent(_node(tmp_path, "dtn7")).bundle_lifetime_s == 3600
+    assert make_agent(_node(tmp_path, "ibrdtn")).bundle_lifetime_s == 60
+    with pytest.raises(ConfigError, match="agent.ibrdtn.bundle_lifetime_s.*'an hour'"):
+        _node(tmp_path, "ibrdtn", '[agent.ibrdtn]\nbundle_lifetime_s = "an hour"\n')
+    with pytest.raises(ConfigError, match="agent.ibrdtn.bundle_lifetime_s.*3"):
+        _node(tmp_path, "ibrdtn", '[agent.ibrdtn]\nbundle_lifetime_s = 3\n')
+
+    async def run() -> list[bytes]:
+        got: list[bytes] = []
+
+        async def api(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            # IBR-DTN's extended API, as much of it as a send needs
+            writer.write(b"IBR-DTN 1.0.1 API 1.0\n")
+            while line := await reader.readline():
+                if line == b"bundle put plain\n":
+                    writer.write(b"100 PUT BUNDLE PLAIN\n")
+                    head = await reader.readuntil(b"Encoding: raw\n\n")
+                    n = int(head.split(b"Length: ")[-1].split(b"\n")[0])
+                    got.append(head + await reader.readexactly(n + 2))
+                    writer.write(b"200 BUNDLE IN REGISTER\n")
+                else:
+                    writer.write(b"200 OK\n")
+            writer.close()
+
+        server = await asyncio.start_server(api, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        for extra in ("", "bundle_lifetime_s = 300\n"):
+            agent = make_agent(_node(tmp_path, "ibrdtn", f"[agent.ibrdtn]\napi_port = {port}\n{extra}"))
+            await agent.send("gw4", "c2dtn", b"x", lifetime_s=agent.bundle_lifetime_s)
+            await agent.stop()
+        server.close()
+        return got
+
+    sent = asyncio.run(run())
+    assert [b.split(b"Lifetime: ")[1].split(b"\n")[0] for b in sent] == [b"60", b"300"]

@@ -5,7 +5,19 @@ bundles with dtn7-rs (BPv7) or ION (BPv7 here), so every agent on a path must be
 (a c2dtn relay between islands is the way across; issue 15).
 
 Settings (`[agent.ibrdtn]`):
-  api_port = 4550      the daemon's API, on 127.0.0.1 of the node's namespace
+  api_port = 4550            the daemon's API, on 127.0.0.1 of the node's namespace
+  bundle_lifetime_s = 60     the lifetime of the bundles this node sends (5 to 86400)
+
+Why 60 s and not the hour the other agents get: IBR-DTN deletes a bundle it forwarded only
+when the next hop was its destination (BundleCore's TransferCompletedEvent); a relay keeps
+every other one until it expires.  What a neighbour already has is known only in memory, so
+a relay whose daemon restarts sends its whole store to the next hop again.  Over the radio's
+UDP CL (no handshake to learn the neighbour's summary) an hour of forwarded bundles took
+the 9.6 kbit/s link for minutes after each kill while new envelopes waited behind them
+(`c2dtn perf chaos --agent ibrdtn --targets agents`: deliveries stopped ~110 s).  The
+overlay resends what is not acked (its shortest retransmission timeout is 20 s, tail probes
+go at most 30 s apart), so a bundle older than that has been replaced anyway; 60 s still
+covers a bundle waiting out a short cut at a hop.
 
 The daemon keeps bundles in SQLite (`storage = sqlite` in the generated ibrdtnd.conf), so
 what it holds survives a SIGKILL.  EIDs: dtn://<node>/c2dtn; neighbours are static
@@ -179,6 +191,7 @@ class IbrdtnAgent(BundleAgent):
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
         self.port = cfg.agent_options["api_port"]
+        self.bundle_lifetime_s = cfg.agent_options["bundle_lifetime_s"]
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task | None = None
@@ -191,11 +204,14 @@ class IbrdtnAgent(BundleAgent):
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
         from c2dtn.tomlfile import check_table
 
-        check_table(source, "agent.ibrdtn", table, {"api_port"})
+        check_table(source, "agent.ibrdtn", table, {"api_port", "bundle_lifetime_s"})
         port = table.get("api_port", 4550)
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
             raise ConfigError(source, "agent.ibrdtn.api_port", port, "not a port", "1 to 65535")
-        return {"api_port": port}
+        life = table.get("bundle_lifetime_s", 60)
+        if not isinstance(life, int) or isinstance(life, bool) or not 5 <= life <= 86400:
+            raise ConfigError(source, "agent.ibrdtn.bundle_lifetime_s", life, "not a lifetime in seconds", "5 to 86400")
+        return {"api_port": port, "bundle_lifetime_s": life}
 
     @classmethod
     def missing(cls) -> str | None:
