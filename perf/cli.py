@@ -34,16 +34,21 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
                    "[default: the topology's own, udp in nps-chain]")
 @click.option("--scheduler", "sched", multiple=True, metavar="KEY=VALUE",
               help="an overlay [scheduler] setting for this run, e.g. aggregate_bytes=65536 (repeatable)")
+@click.option("--agents", default="dtn7", show_default=True,
+              help="the BPAs to run the overlay over, each beside itself bare (dtn7,ion,ibrdtn,hdtn)")
 def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip_tactical: bool, cla: str,
-                sched: tuple[str, ...]) -> None:
-    """The overlay next to bare dtnd: round trip and throughput on lan, goodput on cnr-tactical-2."""
+                sched: tuple[str, ...], agents: str) -> None:
+    """The overlay next to its agent bare: round trip and throughput on lan, goodput on cnr-tactical-2."""
     from c2dtn.perf import overlay_bench
 
     bad = [s for s in sizes.split(",") if s not in overlay_bench.SIZES]
     if bad:
         raise click.BadParameter(f"unknown size {bad[0]!r}; choose from {', '.join(overlay_bench.SIZES)}",
                                  param_hint="--sizes")
-    overlay_bench.main(sizes.split(","), runs, tactical_bytes, skip_lan, skip_tactical, cla, _scheduler(sched))
+    from c2dtn.topologies.nodes import AGENTS
+
+    overlay_bench.main(sizes.split(","), runs, tactical_bytes, skip_lan, skip_tactical, cla, _scheduler(sched),
+                       _list(agents, AGENTS, "agent", "--agents"))
 
 
 def _scheduler(items: tuple[str, ...]) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""Overlay benchmark: the overlay next to bare dtnd, same daemons, same run.
+"""Overlay benchmark: the overlay next to its agent bare, same daemons, same run.
 
 On `lan` (nps-chain, dtnd on gw1, r2, r3, gw4, the overlay on gw1 and gw4):
 round trip (bping style: the far end answers) and throughput (a stream of
@@ -6,6 +6,14 @@ bundles or envelopes, first sent to last received) for payloads of 1 kB,
 10 kB, 100 kB and 1 MB, overlay / bare ratios printed side by side (targets of
 issue 14: throughput >= 0.9 x bare, round trip <= 1.3 x bare).  On `cnr-tactical-2`:
 goodput of a bulk transfer as a fraction of the 9.8 kbit/s link (target >= 0.75).
+
+With --agents (issue 15) the same on lan for every agent named: dtn7 as above; ION,
+IBR-DTN and HDTN serve one endpoint per node, so their bare figures cannot be taken beside a
+running overlay node.  Each run of such an agent is two blocks on fresh chains: the agent
+bare (perf.dtnd_client --config on gw1 and gw4: echo and rtt, source and sink, every size),
+then the overlay (nodes on gw1 and gw4 over the same agent, every size).  Without turns
+the ratios of these agents carry the machine's drift between the two blocks.  An agent whose
+harness CLA is UDP (ION here) skips the sizes one datagram cannot carry.
 
 Writes results/<time>-overlay-bench/ with summary.json, summary.csv and plot.png.
 """
@@ -26,6 +34,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from c2dtn.overlay.agents import agent_class
+from c2dtn.topologies.node_configs import UDP_ONLY
 from c2dtn.topologies.nodes import Nodes
 from c2dtn.perf.dtnd_client import answer as _answer
 from c2dtn.perf.dtnd_client import result as _result
@@ -72,14 +82,34 @@ def rtt_pairs(nodes: Nodes, size: int, count: int) -> tuple[list[float], list[fl
     return bare, over
 
 
-def bare_throughput(size: int, count: int) -> float:
-    sink = _client("gw4", "sink", "--count", str(count), "--timeout", "300")
+def bare_throughput(size: int, count: int, conf: dict[str, tuple[str, ...]] | None = None) -> tuple[float, int]:
+    """(bits per second of payload received, bundles received) from the first bundle handed
+    over to the last received.  conf: each client's --config (an agent other than dtn7,
+    through its driver); such an agent may lose bundles fed as fast as it takes them (IBR-DTN
+    did): they are counted, not waited for past the sink's timeout.  Bare dtnd must deliver all."""
+    conf = conf or {}
+    wait = 300 if not conf else 60 + count * size * 8 / 1e6  # the others: at least 1 Mbit/s, or lost
+    sink = _client("gw4", "sink", "--count", str(count), "--timeout", f"{wait:.0f}", *conf.get("gw4", ()))
     time.sleep(1.0)
-    src = _result(_client("gw1", "source", "--dst", "gw4", "--size", str(size), "--count", str(count)), 600)
+    src = _result(_client("gw1", "source", "--dst", "gw4", "--size", str(size), "--count", str(count),
+                          *conf.get("gw1", ())), 600)
     snk = _result(sink, 600)
-    if snk["received"] < count or not snk["last"]:
-        raise RuntimeError(f"bare dtnd: {snk['received']} of {count} bundles arrived")
-    return snk["bytes"] * 8 / (snk["last"] - src["start"])
+    if not snk["last"] or (not conf and snk["received"] < count):
+        raise RuntimeError(f"bare agent: {snk['received']} of {count} bundles arrived")
+    return snk["bytes"] * 8 / (snk["last"] - src["start"]), snk["received"]
+
+
+def bare_rtts(size: int, count: int, conf: dict[str, tuple[str, ...]]) -> list[float]:
+    """`count` bare round trips through the agent (an echo client on gw4 answers)."""
+    echo = _client("gw4", "echo", "--timeout", str(60 + count * 10), *conf["gw4"])
+    try:
+        time.sleep(1.0)
+        r = _result(_client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--count", str(count),
+                            "--timeout", "30", *conf["gw1"]), 60 + count * 35)
+    finally:
+        echo.kill()
+        echo.wait()
+    return r["rtts"]
 
 
 def overlay_rtt(nodes: Nodes, size: int, count: int) -> list[float]:
@@ -117,20 +147,45 @@ SCHEDULER: dict[str, int] = {}  # --scheduler settings for the overlay nodes of 
 
 
 def _nodes(profile: str, workdir: Path, seed: int = 5, cla: str = "tcpcl", per_link_cla: bool = True,
-           radio_cla: str | None = None) -> Nodes:
+           radio_cla: str | None = None, agent: str = "dtn7", overlay: bool = True) -> Nodes:
     testbed.down()
     st = testbed.up("nps-chain", profile=profile, seed=seed)
     if radio_cla:
         st["links"]["r2-r3"]["cla"] = radio_cla  # the BPAs' CLA across the radio link, for this run
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], workdir, cla=cla, per_link_cla=per_link_cla, scheduler=SCHEDULER)
-    for n in BPA:
-        nodes.start(n, wait=False)
-    for n in BPA:
-        nodes.wait_ready(n)
+    nodes = Nodes(st, BPA, ["gw1", "gw4"] if overlay else [], workdir, cla=cla, per_link_cla=per_link_cla,
+                  scheduler=SCHEDULER, agent=agent)
+    try:
+        for n in BPA:
+            nodes.start(n, wait=False)
+        for n in BPA:
+            nodes.wait_ready(n)
+    except BaseException:
+        nodes.stop_all()
+        testbed.down()
+        raise
     return nodes
 
 
-def lan(sizes: list[str], runs: int, rtt_count: int = 40) -> list[dict]:
+def lan_cla(agent: str) -> str:
+    """The CLA of every hop on lan: TCPCL (a megabyte bundle fits no UDP datagram), or UDP for
+    an agent the harness runs over UDP only (topologies.node_configs.UDP_ONLY)."""
+    return "udp" if agent in UDP_ONLY else "tcpcl"
+
+
+def cannot_carry(agent: str, size: int) -> str | None:
+    """Why the overlay over `agent` cannot be measured at `size` here (None: it can)."""
+    missing = agent_class(agent).missing()
+    if missing:
+        return missing
+    udp_max = agent_class(agent).capabilities.udp_bundle_max
+    if lan_cla(agent) == "udp" and udp_max and size > udp_max:
+        return f"{agent} runs over UDP here, whose CLA sends a bundle as one datagram (at most ~{udp_max // 1000} kB)"
+    return None
+
+
+def lan(sizes: list[str], runs: int, rtt_count: int = 40, agent: str = "dtn7") -> list[dict]:
+    if agent != "dtn7":
+        return lan_blocks(agent, sizes, runs, rtt_count)
     rows = []
     with tempfile.TemporaryDirectory() as td:
         # on a LAN every hop speaks TCPCL (a megabyte bundle fits no UDP datagram)
@@ -140,11 +195,11 @@ def lan(sizes: list[str], runs: int, rtt_count: int = 40) -> list[dict]:
                 size, count = SIZES[name], COUNTS[name]
                 for r in range(runs):
                     console.print(f"[dim]lan {name}: run {r + 1}/{runs}[/dim]")
-                    row = {"size": name, "bytes": size, "run": r + 1}
+                    row = {"agent": "dtn7", "cla": "tcpcl", "size": name, "bytes": size, "run": r + 1}
                     bare, over = rtt_pairs(nodes, size, rtt_count)
                     row["bare_rtt_s"], row["overlay_rtt_s"] = statistics.median(bare), statistics.median(over)
                     row["bare_rtts"], row["overlay_rtts"] = bare, over
-                    row["bare_bps"] = bare_throughput(size, count)
+                    row["bare_bps"], _ = bare_throughput(size, count)
                     row["overlay_bps"], _ = overlay_throughput(nodes, size, count)
                     rows.append(row)
         finally:
@@ -153,15 +208,59 @@ def lan(sizes: list[str], runs: int, rtt_count: int = 40) -> list[dict]:
     return rows
 
 
+def lan_blocks(agent: str, sizes: list[str], runs: int, rtt_count: int = 40) -> list[dict]:
+    """An agent that serves one endpoint per node: per run, the agent bare on a fresh chain
+    (every size), then the overlay over it on another (every size)."""
+    cla = lan_cla(agent)
+    rows: list[dict] = []
+    go = []
+    for name in sizes:
+        skip = cannot_carry(agent, SIZES[name])
+        if skip:
+            rows.append({"agent": agent, "cla": cla, "size": name, "bytes": SIZES[name], "skipped": skip})
+        else:
+            go.append(name)
+    with tempfile.TemporaryDirectory() as td:
+        for r in range(runs):
+            got = {name: {"agent": agent, "cla": cla, "size": name, "bytes": SIZES[name], "run": r + 1} for name in go}
+            console.print(f"[dim]lan {agent} bare: run {r + 1}/{runs}[/dim]")
+            nodes = _nodes("lan", Path(td) / f"bare-{r}", seed=r + 1, cla=cla, per_link_cla=False, agent=agent,
+                           overlay=False)
+            conf = {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
+            try:
+                for name in go:
+                    row = got[name]
+                    row["bare_rtts"] = bare_rtts(SIZES[name], rtt_count, conf)
+                    row["bare_rtt_s"] = statistics.median(row["bare_rtts"])
+                    row["bare_bps"], got_n = bare_throughput(SIZES[name], COUNTS[name], conf)
+                    row["bare_lost"] = COUNTS[name] - got_n
+            finally:
+                nodes.stop_all()
+                testbed.down()
+            console.print(f"[dim]lan {agent} overlay: run {r + 1}/{runs}[/dim]")
+            nodes = _nodes("lan", Path(td) / f"overlay-{r}", seed=r + 1, cla=cla, per_link_cla=False, agent=agent)
+            try:
+                for name in go:
+                    row = got[name]
+                    row["overlay_rtts"] = overlay_rtt(nodes, SIZES[name], rtt_count)
+                    row["overlay_rtt_s"] = statistics.median(row["overlay_rtts"])
+                    row["overlay_bps"], _ = overlay_throughput(nodes, SIZES[name], COUNTS[name])
+            finally:
+                nodes.stop_all()
+                testbed.down()
+            rows.extend(got.values())
+    return rows
+
+
 def tactical(profile: str = "cnr-tactical-2", total_bytes: int = 60_000, body: int = 1000,
-             cla: str | None = None) -> dict:
+             cla: str | None = None, agent: str = "dtn7") -> dict:
     with tempfile.TemporaryDirectory() as td:
         # the radio link (r2-r3) carries what the topology says (nps-chain: UDP) unless --cla
         # names another; the LAN hops keep TCPCL
-        nodes = _nodes(profile, Path(td), cla="tcpcl", radio_cla=cla)
+        nodes = _nodes(profile, Path(td), cla=lan_cla(agent), radio_cla=cla, agent=agent)
         try:
             count = total_bytes // body
-            console.print(f"[dim]{profile}: bulk transfer of {count} x {body} B incompressible envelopes[/dim]")
+            console.print(f"[dim]{profile} ({agent}): bulk transfer of {count} x {body} B incompressible envelopes[/dim]")
             bps, secs = overlay_throughput(nodes, body, count, timeout=1800)
             link = testbed.read_state()["links"]["r2-r3"]
             st = testbed.status()["links"]["r2-r3"]["live"]
@@ -174,81 +273,138 @@ def tactical(profile: str = "cnr-tactical-2", total_bytes: int = 60_000, body: i
             "link_bytes_ab": st["ab"]["delivered_bytes"]}
 
 
-def report(rows: list[dict], tac: dict | None, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    t = Table(title="overlay vs bare dtnd on lan (nps-chain, 4 dtnd hops): medians over runs, ratios per run "
-                    "(round trips: bare and overlay pings taking turns)")
-    for c in ("payload", "bare throughput", "overlay throughput", "ratio (>= 0.9)", "min-max", "bare RTT",
-              "overlay RTT", "ratio (<= 1.3)", "min-max", "runs"):
-        t.add_column(c, justify="right")
+def _agent_label(agent: str) -> str:
+    return "dtnd" if agent == "dtn7" else agent
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per agent and payload: medians over runs and the per-run ratios' median, min and max
+    (a skipped size keeps its reason)."""
     summary = []
-    for name in dict.fromkeys(r["size"] for r in rows):
-        rs = [r for r in rows if r["size"] == name]
+    agents = list(dict.fromkeys(r.get("agent", "dtn7") for r in rows))
+    keys = sorted(dict.fromkeys((r.get("agent", "dtn7"), r["size"]) for r in rows),
+                  key=lambda k: (agents.index(k[0]), list(SIZES).index(k[1])))
+    for agent, name in keys:
+        rs = [r for r in rows if (r.get("agent", "dtn7"), r["size"]) == (agent, name)]
+        skipped = next((r["skipped"] for r in rs if "skipped" in r), None)
+        rs = [r for r in rs if "skipped" not in r]
+        if skipped or not rs:
+            summary.append({"agent": agent, "size": name, "skipped": skipped or "no run", "runs": 0})
+            continue
         med = {k: statistics.median(r[k] for r in rs) for k in ("bare_bps", "overlay_bps", "bare_rtt_s", "overlay_rtt_s")}
         trs = sorted(r["overlay_bps"] / r["bare_bps"] for r in rs)
         rrs = sorted(r["overlay_rtt_s"] / r["bare_rtt_s"] for r in rs)
-        tr, rr = statistics.median(trs), statistics.median(rrs)
-        summary.append({"size": name, **med, "throughput_ratio": tr, "rtt_ratio": rr, "runs": len(rs),
-                        "throughput_ratio_min": trs[0], "throughput_ratio_max": trs[-1],
-                        "rtt_ratio_min": rrs[0], "rtt_ratio_max": rrs[-1]})
-        t.add_row(name, f"{med['bare_bps'] / 1e6:.2f} Mbit/s", f"{med['overlay_bps'] / 1e6:.2f} Mbit/s",
-                  f"{tr:.2f}", f"{trs[0]:.2f}-{trs[-1]:.2f}", f"{med['bare_rtt_s'] * 1000:.1f} ms",
-                  f"{med['overlay_rtt_s'] * 1000:.1f} ms", f"{rr:.2f}", f"{rrs[0]:.2f}-{rrs[-1]:.2f}", str(len(rs)))
+        summary.append({"agent": agent, "cla": rs[0].get("cla", "tcpcl"), "size": name, **med,
+                        "throughput_ratio": statistics.median(trs), "rtt_ratio": statistics.median(rrs),
+                        "runs": len(rs), "throughput_ratio_min": trs[0], "throughput_ratio_max": trs[-1],
+                        "rtt_ratio_min": rrs[0], "rtt_ratio_max": rrs[-1],
+                        # fed as fast as it takes them, bundles the bare agent lost (over all runs)
+                        "bare_lost": sum(r.get("bare_lost", 0) for r in rs), "bare_sent": len(rs) * COUNTS[name]})
+    return summary
+
+
+def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(rows)
+    agents = list(dict.fromkeys(s["agent"] for s in summary))
+    only_dtn7 = agents in ([], ["dtn7"])
+    t = Table(title=("overlay vs bare dtnd on lan (nps-chain, 4 dtnd hops): medians over runs, ratios per run "
+                     "(round trips: bare and overlay pings taking turns)") if only_dtn7 else
+                    ("overlay vs its agent bare on lan (nps-chain, 4 hops): medians over runs, ratios per run "
+                     "(dtn7: bare and overlay pings taking turns; the others: a bare block, then an overlay block)"))
+    cols = ("payload", "bare throughput", "overlay throughput", "ratio (>= 0.9)", "min-max", "bare RTT",
+            "overlay RTT", "ratio (<= 1.3)", "min-max", "runs")
+    if not only_dtn7:
+        t.add_column("agent (CLA)")
+        cols += ("bare lost",)
+    for c in cols:
+        t.add_column(c, justify="right")
+    for s in summary:
+        head = [] if only_dtn7 else [f"{s['agent']} ({s.get('cla', lan_cla(s['agent']))})"]
+        if "skipped" in s:
+            t.add_row(*head, s["size"], "skipped (below)", *[""] * (len(cols) - 2))
+            continue
+        t.add_row(*head, s["size"], f"{s['bare_bps'] / 1e6:.2f} Mbit/s", f"{s['overlay_bps'] / 1e6:.2f} Mbit/s",
+                  f"{s['throughput_ratio']:.2f}", f"{s['throughput_ratio_min']:.2f}-{s['throughput_ratio_max']:.2f}",
+                  f"{s['bare_rtt_s'] * 1000:.1f} ms", f"{s['overlay_rtt_s'] * 1000:.1f} ms", f"{s['rtt_ratio']:.2f}",
+                  f"{s['rtt_ratio_min']:.2f}-{s['rtt_ratio_max']:.2f}", str(s["runs"]),
+                  *([] if only_dtn7 else [f"{s['bare_lost']} of {s['bare_sent']}"]))
     if rows:
         console.print(t)
-    if tac:
-        g = Table(title=f"bulk goodput on {tac['profile']} over {tac['cla']}")
-        for c in ("payload", "time (median)", "goodput (median)", "link rate", "fraction (>= 0.75)", "min", "max",
-                  "runs"):
+        for s in summary:
+            if "skipped" in s:
+                console.print(f"skipped: {s['agent']} {s['size']}: {s['skipped']}")
+    tacs = [tac] if isinstance(tac, dict) else (tac or [])
+    if tacs:
+        g = Table(title=f"bulk goodput on {tacs[0]['profile']}")
+        for c in ("agent", "radio CLA", "payload", "time (median)", "goodput (median)", "link rate",
+                  "fraction (>= 0.75)", "min", "max", "runs"):
             g.add_column(c, justify="right")
-        g.add_row(f"{tac['payload_bytes']} B", f"{tac['seconds']:.0f} s", f"{tac['goodput_bps'] / 1e3:.2f} kbit/s",
-                  f"{tac['link_bps'] / 1e3:.1f} kbit/s", f"{tac['fraction']:.2f}", f"{tac.get('fraction_min', 0):.2f}",
-                  f"{tac.get('fraction_max', 0):.2f}", str(tac.get("runs", 1)))
+        for x in tacs:
+            g.add_row(x.get("agent", "dtn7"), f"over {x['cla']}", f"{x['payload_bytes']} B", f"{x['seconds']:.0f} s",
+                      f"{x['goodput_bps'] / 1e3:.2f} kbit/s", f"{x['link_bps'] / 1e3:.1f} kbit/s",
+                      f"{x['fraction']:.2f}", f"{x.get('fraction_min', 0):.2f}", f"{x.get('fraction_max', 0):.2f}",
+                      str(x.get("runs", 1)))
         console.print(g)
-    (out / "summary.json").write_text(json.dumps({"lan_runs": rows, "lan": summary, "tactical": tac,
-                                                  "scheduler": SCHEDULER}, indent=1))
+    (out / "summary.json").write_text(json.dumps({"lan_runs": rows, "lan": summary,
+                                                  "tactical": tac, "scheduler": SCHEDULER}, indent=1))
     with open(out / "summary.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        cols = ["size", "bare_bps", "overlay_bps", "throughput_ratio", "throughput_ratio_min", "throughput_ratio_max",
-                "bare_rtt_s", "overlay_rtt_s", "rtt_ratio", "rtt_ratio_min", "rtt_ratio_max", "runs"]
+        cols = ["agent", "size", "bare_bps", "overlay_bps", "throughput_ratio", "throughput_ratio_min",
+                "throughput_ratio_max", "bare_rtt_s", "overlay_rtt_s", "rtt_ratio", "rtt_ratio_min", "rtt_ratio_max",
+                "runs", "bare_lost", "bare_sent", "skipped"]
         w.writerow(cols)
         for s in summary:
-            w.writerow([s[c] for c in cols])
-    if summary:
+            w.writerow([s.get(c, "") for c in cols])
+    drawn = [s for s in summary if "skipped" not in s]
+    if drawn:
         plt = pyplot()
 
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
-        xs = [s["size"] for s in summary]
-        a1.plot(xs, [s["bare_bps"] / 1e6 for s in summary], "o-", label="bare dtnd")
-        a1.plot(xs, [s["overlay_bps"] / 1e6 for s in summary], "s-", label="c2dtn overlay")
-        a1.set_yscale("log")
-        a1.set_xlabel("payload")
-        a1.set_ylabel("throughput (Mbit/s)")
-        a1.set_title("Throughput by payload size (lan, 4 hops)")
-        a1.legend()
-        a2.plot(xs, [s["bare_rtt_s"] * 1000 for s in summary], "o-", label="bare dtnd")
-        a2.plot(xs, [s["overlay_rtt_s"] * 1000 for s in summary], "s-", label="c2dtn overlay")
-        a2.set_yscale("log")
-        a2.set_xlabel("payload")
-        a2.set_ylabel("round trip (ms)")
-        a2.set_title("Round trip by payload size (lan, 4 hops)")
-        a2.legend()
+        for agent in agents:
+            ss = [s for s in drawn if s["agent"] == agent]
+            if not ss:
+                continue
+            xs = [s["size"] for s in ss]
+            bare = f"bare {_agent_label(agent)}"
+            over = "c2dtn overlay" if only_dtn7 else f"overlay on {agent}"
+            a1.plot(xs, [s["bare_bps"] / 1e6 for s in ss], "o--" if not only_dtn7 else "o-", label=bare)
+            a1.plot(xs, [s["overlay_bps"] / 1e6 for s in ss], "s-", label=over)
+            a2.plot(xs, [s["bare_rtt_s"] * 1000 for s in ss], "o--" if not only_dtn7 else "o-", label=bare)
+            a2.plot(xs, [s["overlay_rtt_s"] * 1000 for s in ss], "s-", label=over)
+        for a, what, title in ((a1, "throughput (Mbit/s)", "Throughput"), (a2, "round trip (ms)", "Round trip")):
+            a.set_yscale("log")
+            a.set_xlabel("payload")
+            a.set_ylabel(what)
+            a.set_title(f"{title} by payload size (lan, 4 hops)")
+            a.legend(fontsize=7)
         save_figure(fig, out / "plot.png")
     console.print(f"results in {out}")
 
 
+def profile_note(agent: str) -> str:
+    return f"cnr-tactical-2 over {agent} skipped: {agent_class(agent).missing()}"
+
+
 def main(sizes: list[str], runs: int, tactical_bytes: int, skip_lan: bool = False, skip_tactical: bool = False,
-         cla: str | None = None, scheduler: dict[str, int] | None = None) -> None:
+         cla: str | None = None, scheduler: dict[str, int] | None = None, agents: list[str] = ("dtn7",)) -> None:
     out = run_dir("overlay-bench")
     SCHEDULER.clear()
     SCHEDULER.update(scheduler or {})
-    rows = [] if skip_lan else lan(sizes, runs)
-    tac = None
-    if not skip_tactical:
-        tacs = [tactical(total_bytes=tactical_bytes, cla=cla) for _ in range(runs)]
-        tac = dict(tacs[0])
-        fr = sorted(t["fraction"] for t in tacs)
-        tac.update(fraction=statistics.median(fr), fraction_min=fr[0], fraction_max=fr[-1], runs=len(tacs),
-                   goodput_bps=statistics.median(t["goodput_bps"] for t in tacs),
-                   seconds=statistics.median(t["seconds"] for t in tacs), all_runs=tacs)
-    report(rows, tac, out)
+    rows: list[dict] = []
+    tacs_by_agent: list[dict] = []
+    for agent in agents:
+        if not skip_lan:
+            rows += lan(sizes, runs, agent=agent)
+        if not skip_tactical and agent_class(agent).missing():
+            console.print(f"[yellow]{profile_note(agent)}[/yellow]")
+        elif not skip_tactical:
+            tacs = [tactical(total_bytes=tactical_bytes, cla=cla, agent=agent) for _ in range(runs)]
+            tac = dict(tacs[0], agent=agent)
+            fr = sorted(t["fraction"] for t in tacs)
+            tac.update(fraction=statistics.median(fr), fraction_min=fr[0], fraction_max=fr[-1], runs=len(tacs),
+                       goodput_bps=statistics.median(t["goodput_bps"] for t in tacs),
+                       seconds=statistics.median(t["seconds"] for t in tacs), all_runs=tacs)
+            tacs_by_agent.append(tac)
+    tac_out = None if not tacs_by_agent else tacs_by_agent[0] if list(agents) == ["dtn7"] else tacs_by_agent
+    report(rows, tac_out, out)

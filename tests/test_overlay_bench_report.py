@@ -3,6 +3,8 @@
 import csv
 import json
 
+import pytest
+
 from c2dtn.perf import overlay_bench as ob
 
 
@@ -28,3 +30,25 @@ def test_report_gives_median_ratios_with_their_spread_and_a_plot_of_the_medians(
     assert over["y"] == [14.3, 100.0]  # median round trips in ms, by payload
     bare = next(x for x in tp["series"] if x["label"] == "bare dtnd")
     assert bare["y"] == [2.5, 150.0]  # median throughput in Mbit/s
+
+
+def test_report_of_several_agents_keeps_each_agents_rows_its_skips_and_bare_losses_apart(tmp_path, capsys):
+    rows = [{"agent": "dtn7", "cla": "tcpcl", "size": "1k", "bytes": 1000, "run": 1, "bare_rtt_s": 0.010,
+             "overlay_rtt_s": 0.015, "bare_bps": 3e6, "overlay_bps": 3.3e6},
+            {"agent": "ion", "cla": "udp", "size": "100k", "bytes": 100_000,
+             "skipped": "ion runs over UDP here, whose CLA sends a bundle as one datagram (at most ~65 kB)"}]
+    for run, (bare_rtt, over_rtt, lost) in enumerate([(0.050, 0.055, 3), (0.060, 0.060, 0)], 1):
+        rows.append({"agent": "ion", "cla": "udp", "size": "1k", "bytes": 1000, "run": run, "bare_rtt_s": bare_rtt,
+                     "overlay_rtt_s": over_rtt, "bare_bps": 1e6, "overlay_bps": 0.8e6, "bare_lost": lost})
+    ob.report(rows, None, tmp_path)
+    got = {(s["agent"], s["size"]): s for s in csv.DictReader(open(tmp_path / "summary.csv"))}
+    assert list(got) == [("dtn7", "1k"), ("ion", "1k"), ("ion", "100k")]  # sizes in order, skips in place
+    assert abs(float(got["ion", "1k"]["rtt_ratio"]) - 1.05) < 1e-9 and got["ion", "1k"]["runs"] == "2"
+    assert (got["ion", "1k"]["bare_lost"], got["ion", "1k"]["bare_sent"]) == ("3", str(2 * ob.COUNTS["1k"]))
+    assert got["ion", "100k"]["runs"] == "0" and "one datagram" in got["ion", "100k"]["skipped"]
+    out = capsys.readouterr().out
+    assert "skipped: ion 100k: ion runs over UDP" in out and "1.10" in out  # dtn7's 1k round trip ratio
+    tp, rtt = json.loads((tmp_path / "plot.json").read_text())
+    labels = [x["label"] for x in rtt["series"]]
+    assert labels == ["bare dtnd", "overlay on dtn7", "bare ion", "overlay on ion"]
+    assert next(x for x in rtt["series"] if x["label"] == "overlay on ion")["y"] == [pytest.approx(57.5)]
