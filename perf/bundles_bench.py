@@ -39,6 +39,7 @@ from rich.table import Table
 
 from c2dtn.overlay.agents import agent_class
 from c2dtn.topologies.nodes import UDP_ONLY, Nodes
+from c2dtn.perf.dtnd_client import end as _end
 from c2dtn.perf.dtnd_client import result as _result
 from c2dtn.perf.dtnd_client import spawn as _client
 from c2dtn.topologies import testbed
@@ -159,17 +160,6 @@ def one_run(agent: str, cla: str, profile: str, name: str, run: int, window: int
     if d["acked"] < count:
         row["note"] = f"{d['acked']} of {count} acknowledged"
     return row
-
-
-def _end(p) -> None:
-    """End a client that serves until its timeout (echo, sink) before the next one opens the
-    same endpoint: SIGTERM first, so that ION's helper it runs detaches from the node."""
-    p.terminate()
-    try:
-        p.wait(5)
-    except Exception:
-        p.kill()
-        p.wait()
 
 
 OUTAGE_AT = 10.0  # seconds of the paced stream before the cut

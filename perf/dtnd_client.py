@@ -49,6 +49,18 @@ def spawn(node: str, *args: str, stdin: bool = False):
     return p
 
 
+def end(p) -> None:
+    """End a client that serves until its timeout (echo, sink) before the next one opens the
+    same endpoint: SIGTERM first, so that ION's helper it runs detaches from the node (and
+    HDTN's session ends: after a SIGKILLed echo, HDTN left the next client unanswered)."""
+    p.terminate()
+    try:
+        p.wait(5)
+    except Exception:
+        p.kill()
+        p.wait()
+
+
 def answer(p) -> dict:
     """The next JSON line of a --stepped client."""
     while True:

@@ -38,6 +38,7 @@ from c2dtn.overlay.agents import agent_class
 from c2dtn.topologies.node_configs import UDP_ONLY
 from c2dtn.topologies.nodes import Nodes
 from c2dtn.perf.dtnd_client import answer as _answer
+from c2dtn.perf.dtnd_client import end as _end
 from c2dtn.perf.dtnd_client import result as _result
 from c2dtn.perf.dtnd_client import spawn as _client
 from c2dtn.topologies import testbed
@@ -107,8 +108,7 @@ def bare_rtts(size: int, count: int, conf: dict[str, tuple[str, ...]]) -> list[f
         r = _result(_client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--count", str(count),
                             "--timeout", "30", *conf["gw1"]), 60 + count * 35)
     finally:
-        echo.kill()
-        echo.wait()
+        _end(echo)
     return r["rtts"]
 
 
