@@ -113,15 +113,7 @@ def _chain(agent: str, cla: str, profile: str, run: int, workdir: Path) -> tuple
     testbed.down()
     st = testbed.up("nps-chain", profile=profile, seed=run)
     nodes = Nodes(st, BPA, [], workdir, cla=cla, per_link_cla=False, agent=agent)
-    try:
-        for n in BPA:
-            nodes.start(n, wait=False)
-        for n in BPA:
-            nodes.wait_ready(n)
-    except BaseException:
-        nodes.stop_all()
-        testbed.down()
-        raise
+    nodes.start_all(BPA)
     return nodes, {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
 
 

@@ -154,15 +154,7 @@ def _nodes(profile: str, workdir: Path, seed: int = 5, cla: str = "tcpcl", per_l
         st["links"]["r2-r3"]["cla"] = radio_cla  # the BPAs' CLA across the radio link, for this run
     nodes = Nodes(st, BPA, ["gw1", "gw4"] if overlay else [], workdir, cla=cla, per_link_cla=per_link_cla,
                   scheduler=SCHEDULER, agent=agent)
-    try:
-        for n in BPA:
-            nodes.start(n, wait=False)
-        for n in BPA:
-            nodes.wait_ready(n)
-    except BaseException:
-        nodes.stop_all()
-        testbed.down()
-        raise
+    nodes.start_all(BPA)
     return nodes
 
 

@@ -16,7 +16,7 @@ from c2dtn.overlay.relay import load_relay_config
 from c2dtn.errors import C2Error
 from c2dtn.overlay.agents.dtn7 import find_dtnd
 from c2dtn.topologies.node_configs import UDP_ONLY, topology_agents, write_configs
-from c2dtn.topologies import netns
+from c2dtn.topologies import netns, testbed
 
 
 def dtnd_missing() -> str | None:
@@ -109,6 +109,19 @@ class Nodes:
         deadline = time.monotonic() + 5
         while any(netns._alive(p) for p in agent_pids) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+    def start_all(self, names: list[str]) -> None:
+        """Start these nodes at once, then wait until each is ready; if one is not, stop them
+        all and tear the testbed down (the caller has nothing to clean) before raising."""
+        try:
+            for n in names:
+                self.start(n, wait=False)
+            for n in names:
+                self.wait_ready(n)
+        except BaseException:
+            self.stop_all()
+            testbed.down()
+            raise
 
     def stop_all(self) -> None:
         for p in self.procs.values():
