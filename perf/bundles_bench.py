@@ -39,6 +39,7 @@ from rich.table import Table
 
 from c2dtn.overlay.agents import agent_class
 from c2dtn.topologies.nodes import UDP_ONLY, Nodes
+from c2dtn.perf.dtnd_client import client_gap
 from c2dtn.perf.dtnd_client import end as _end
 from c2dtn.perf.dtnd_client import result as _result
 from c2dtn.perf.dtnd_client import spawn as _client
@@ -133,7 +134,7 @@ def one_run(agent: str, cla: str, profile: str, name: str, run: int, window: int
         rtt_wait, lost_after = ack_timeouts(size, rate, window, count)
         r = _result(_client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--count", str(rtt_n),
                             "--timeout", str(rtt_wait), *conf["gw1"]), budget * 2)
-        _end(echo)
+        _end(echo, client_gap(agent))
         sink = _client("gw4", "sink", "--count", str(count), "--timeout", str(budget), "--ack", *conf["gw4"])
         time.sleep(1.0)
         d = _result(_client("gw1", "data", "--dst", "gw4", "--size", str(size), "--count", str(count),

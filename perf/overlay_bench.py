@@ -37,6 +37,7 @@ from rich.table import Table
 from c2dtn.overlay.agents import agent_class
 from c2dtn.topologies.node_configs import UDP_ONLY
 from c2dtn.topologies.nodes import Nodes
+from c2dtn.perf.dtnd_client import client_gap
 from c2dtn.perf.dtnd_client import answer as _answer
 from c2dtn.perf.dtnd_client import end as _end
 from c2dtn.perf.dtnd_client import result as _result
@@ -83,11 +84,12 @@ def rtt_pairs(nodes: Nodes, size: int, count: int) -> tuple[list[float], list[fl
     return bare, over
 
 
-def bare_throughput(size: int, count: int, conf: dict[str, tuple[str, ...]] | None = None) -> tuple[float, int]:
+def bare_throughput(size: int, count: int, conf: dict[str, tuple[str, ...]] | None = None,
+                    gap: float = 0.0) -> tuple[float, int]:
     """(bits per second of payload received, bundles received) from the first bundle handed
     over to the last received.  conf: each client's --config (an agent other than dtn7,
-    through its driver); such an agent may lose bundles fed as fast as it takes them (IBR-DTN
-    did): they are counted, not waited for past the sink's timeout.  Bare dtnd must deliver all."""
+    through its driver); such an agent may lose bundles fed as fast as it takes them (ION over
+    UDP did): they are counted, not waited for past the sink's timeout.  Bare dtnd must deliver all."""
     conf = conf or {}
     wait = 300 if not conf else 60 + count * size * 8 / 1e6  # the others: at least 1 Mbit/s, or lost
     sink = _client("gw4", "sink", "--count", str(count), "--timeout", f"{wait:.0f}", *conf.get("gw4", ()))
@@ -95,12 +97,13 @@ def bare_throughput(size: int, count: int, conf: dict[str, tuple[str, ...]] | No
     src = _result(_client("gw1", "source", "--dst", "gw4", "--size", str(size), "--count", str(count),
                           *conf.get("gw1", ())), 600)
     snk = _result(sink, 600)
+    time.sleep(gap)  # before the next client of the same node (dtnd_client.client_gap)
     if not snk["last"] or (not conf and snk["received"] < count):
         raise RuntimeError(f"bare agent: {snk['received']} of {count} bundles arrived")
     return snk["bytes"] * 8 / (snk["last"] - src["start"]), snk["received"]
 
 
-def bare_rtts(size: int, count: int, conf: dict[str, tuple[str, ...]]) -> list[float]:
+def bare_rtts(size: int, count: int, conf: dict[str, tuple[str, ...]], gap: float = 0.0) -> list[float]:
     """`count` bare round trips through the agent (an echo client on gw4 answers)."""
     echo = _client("gw4", "echo", "--timeout", str(60 + count * 10), *conf["gw4"])
     try:
@@ -108,7 +111,9 @@ def bare_rtts(size: int, count: int, conf: dict[str, tuple[str, ...]]) -> list[f
         r = _result(_client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--count", str(count),
                             "--timeout", "30", *conf["gw1"]), 60 + count * 35)
     finally:
-        _end(echo)
+        _end(echo, gap)
+    if "gave_up" in r:
+        raise RuntimeError(f"bare agent, {size}-byte round trips: {r['gave_up']}")
     return r["rtts"]
 
 
@@ -220,19 +225,26 @@ def lan_blocks(agent: str, sizes: list[str], runs: int, rtt_count: int = 40) -> 
                            overlay=False)
             conf = {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
             try:
-                for name in go:
+                for i, name in enumerate(go):
                     row = got[name]
-                    row["bare_rtts"] = bare_rtts(SIZES[name], rtt_count, conf)
-                    row["bare_rtt_s"] = statistics.median(row["bare_rtts"])
-                    row["bare_bps"], got_n = bare_throughput(SIZES[name], COUNTS[name], conf)
-                    row["bare_lost"] = COUNTS[name] - got_n
+                    try:
+                        row["bare_rtts"] = bare_rtts(SIZES[name], rtt_count, conf, client_gap(agent))
+                        row["bare_rtt_s"] = statistics.median(row["bare_rtts"])
+                        row["bare_bps"], got_n = bare_throughput(SIZES[name], COUNTS[name], conf, client_gap(agent))
+                        row["bare_lost"] = COUNTS[name] - got_n
+                    except RuntimeError as e:  # the agent stopped answering: this run's chain is not trusted further
+                        console.print(f"[red]lan {agent} bare {name}, run {r + 1}: {e}[/red]")
+                        row["failed"] = str(e)
+                        for later in go[i + 1:]:
+                            got[later]["failed"] = f"not measured: this run's bare chain had failed at {name}"
+                        break
             finally:
                 nodes.stop_all()
                 testbed.down()
             console.print(f"[dim]lan {agent} overlay: run {r + 1}/{runs}[/dim]")
             nodes = _nodes("lan", Path(td) / f"overlay-{r}", seed=r + 1, cla=cla, per_link_cla=False, agent=agent)
             try:
-                for name in go:
+                for name in (n for n in go if "failed" not in got[n]):
                     row = got[name]
                     row["overlay_rtts"] = overlay_rtt(nodes, SIZES[name], rtt_count)
                     row["overlay_rtt_s"] = statistics.median(row["overlay_rtts"])
@@ -280,8 +292,11 @@ def summarize(rows: list[dict]) -> list[dict]:
         rs = [r for r in rows if (r.get("agent", "dtn7"), r["size"]) == (agent, name)]
         skipped = next((r["skipped"] for r in rs if "skipped" in r), None)
         rs = [r for r in rs if "skipped" not in r]
+        failed = [r["failed"] for r in rs if "failed" in r]
+        rs = [r for r in rs if "failed" not in r]
         if skipped or not rs:
-            summary.append({"agent": agent, "size": name, "skipped": skipped or "no run", "runs": 0})
+            why = skipped or (f"every run failed: {failed[0]}" if failed else "no run")
+            summary.append({"agent": agent, "size": name, "skipped": why, "runs": 0, "failed": failed})
             continue
         med = {k: statistics.median(r[k] for r in rs) for k in ("bare_bps", "overlay_bps", "bare_rtt_s", "overlay_rtt_s")}
         trs = sorted(r["overlay_bps"] / r["bare_bps"] for r in rs)
@@ -291,7 +306,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                         "runs": len(rs), "throughput_ratio_min": trs[0], "throughput_ratio_max": trs[-1],
                         "rtt_ratio_min": rrs[0], "rtt_ratio_max": rrs[-1],
                         # fed as fast as it takes them, bundles the bare agent lost (over all runs)
-                        "bare_lost": sum(r.get("bare_lost", 0) for r in rs), "bare_sent": len(rs) * COUNTS[name]})
+                        "bare_lost": sum(r.get("bare_lost", 0) for r in rs), "bare_sent": len(rs) * COUNTS[name],
+                        "failed": failed})  # runs left out: why each failed
     return summary
 
 
@@ -326,6 +342,9 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
         for s in summary:
             if "skipped" in s:
                 console.print(f"skipped: {s['agent']} {s['size']}: {s['skipped']}")
+            elif s.get("failed"):
+                console.print(f"left out: {s['agent']} {s['size']}: {len(s['failed'])} run(s) failed: "
+                              + "; ".join(s["failed"]))
     tacs = [tac] if isinstance(tac, dict) else (tac or [])
     if tacs:
         g = Table(title=f"bulk goodput on {tacs[0]['profile']}")
@@ -344,10 +363,10 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
         w = csv.writer(fh)
         cols = ["agent", "size", "bare_bps", "overlay_bps", "throughput_ratio", "throughput_ratio_min",
                 "throughput_ratio_max", "bare_rtt_s", "overlay_rtt_s", "rtt_ratio", "rtt_ratio_min", "rtt_ratio_max",
-                "runs", "bare_lost", "bare_sent", "skipped"]
+                "runs", "bare_lost", "bare_sent", "skipped", "failed"]
         w.writerow(cols)
         for s in summary:
-            w.writerow([s.get(c, "") for c in cols])
+            w.writerow(["; ".join(s.get(c) or []) if c == "failed" else s.get(c, "") for c in cols])
     drawn = [s for s in summary if "skipped" not in s]
     if drawn:
         plt = pyplot()

@@ -187,3 +187,46 @@ def test_deliveries_reconnect_when_hdtn_died_without_ending_the_session(tmp_path
         task.cancel()
 
     asyncio.run(main())
+
+
+def test_a_new_session_waits_until_hdtn_has_let_go_of_the_last_one(tmp_path, monkeypatch):
+    # HDTN 1.3.1 holds every bundle for a node whose new session opened within a second of its
+    # last one ending (the old session's end removes the new one's link): the driver waits
+    import asyncio
+    import time
+
+    from c2dtn.overlay.agents import hdtn
+
+    monkeypatch.setattr(hdtn, "SESSION_GAP_S", 0.5)
+    agent = make_agent(_node(tmp_path, "hdtn"))
+    opened: list[float] = []
+    ended: list[float] = []
+
+    async def induct(reader, writer):  # a peer speaking RFC 9174 as HDTN's induct does
+        opened.append(time.monotonic())
+        await reader.readexactly(6)  # the driver's contact header
+        writer.write(b"dtn!\x04\x00" + sess_init("ipn:42.0"))
+        await reader.read(1024)  # its SESS_INIT
+        if len(opened) == 1:  # HDTN ends the first session
+            writer.close()
+            ended.append(time.monotonic())
+        else:
+            await reader.read(1024)
+
+    async def main():
+        server = await asyncio.start_server(induct, "127.0.0.1", 0)
+        agent.port = server.sockets[0].getsockname()[1]
+        t0 = time.monotonic()
+        await agent.start()
+        assert opened[0] - t0 < 0.4  # the first session waits for nothing
+        for _ in range(100):
+            if not agent._connected():
+                break
+            await asyncio.sleep(0.01)
+        await agent.start()
+        assert agent._connected()
+        await agent.stop()
+        server.close()
+
+    asyncio.run(main())
+    assert len(opened) == 2 and opened[1] - ended[0] >= 0.45

@@ -52,3 +52,19 @@ def test_report_of_several_agents_keeps_each_agents_rows_its_skips_and_bare_loss
     labels = [x["label"] for x in rtt["series"]]
     assert labels == ["bare dtnd", "overlay on dtn7", "bare ion", "overlay on ion"]
     assert next(x for x in rtt["series"] if x["label"] == "overlay on ion")["y"] == [pytest.approx(57.5)]
+
+
+def test_a_run_whose_bare_agent_stopped_answering_is_left_out_and_said_why(tmp_path, capsys):
+    why = "bare agent, 10000-byte round trips: 3 pings in a row unanswered within 30 s (ping 3 of 40)"
+    rows = [{"agent": "hdtn", "cla": "tcpcl", "size": "10k", "bytes": 10_000, "run": 1, "failed": why},
+            {"agent": "hdtn", "cla": "tcpcl", "size": "100k", "bytes": 100_000, "run": 1,
+             "failed": "not measured: this run's bare chain had failed at 10k"}]
+    for run in (2, 3):
+        rows.append({"agent": "hdtn", "cla": "tcpcl", "size": "10k", "bytes": 10_000, "run": run, "bare_rtt_s": 0.044,
+                     "overlay_rtt_s": 0.088, "bare_bps": 2e8, "overlay_bps": 5e7, "bare_lost": 0})
+    ob.report(rows, None, tmp_path)
+    got = {s["size"]: s for s in csv.DictReader(open(tmp_path / "summary.csv"))}
+    assert got["10k"]["runs"] == "2" and float(got["10k"]["rtt_ratio"]) == 2.0 and got["10k"]["failed"] == why
+    assert got["100k"]["runs"] == "0" and got["100k"]["skipped"].startswith("every run failed: not measured")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "left out: hdtn 10k: 1 run(s) failed: bare agent, 10000-byte round trips" in out

@@ -63,6 +63,11 @@ SERVICE = 1  # the overlay's endpoint: ipn:<application node>.1
 CLA_NAMES = {"tcpcl": "tcpcl_v4", "udp": "udp"}
 MAX_BUNDLE = 10_000_000  # HDTN's maxBundleSizeBytes here (its examples' value)
 FOREVER_S = 2_000_000_000  # a contact's end, in seconds from HDTN's start (read as a C int)
+# HDTN 1.3.1 keeps an ended session's socket open for a second; a new session from the same node
+# opened meanwhile has its opportunistic link removed when the old one goes (HDTN's log: "Ignoring
+# Duplicate Message for adding Opportunistic link"), and HDTN then holds every bundle for it in
+# its store.  So a new session waits until this long after the last one ended.
+SESSION_GAP_S = 1.5
 
 
 def derived_number(node: str) -> int:
@@ -162,6 +167,7 @@ class HdtnAgent(BundleAgent):
         self._session: tcpcl4.Session | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._tasks: list[asyncio.Task] = []
+        self._ended = float("-inf")  # time.monotonic() when the last session ended (SESSION_GAP_S)
         self._acks: dict[int, asyncio.Future] = {}
         self._deliveries: asyncio.Queue = asyncio.Queue(maxsize=256)
         self._lock = asyncio.Lock()
@@ -233,6 +239,9 @@ class HdtnAgent(BundleAgent):
             if self._connected():
                 return
             await self._close()
+            gap = self._ended + SESSION_GAP_S - time.monotonic()
+            if gap > 0:
+                await asyncio.sleep(gap)
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 5)
             except (OSError, asyncio.TimeoutError) as e:
@@ -287,6 +296,7 @@ class HdtnAgent(BundleAgent):
                     fut.set_exception(AgentError(why))
             self._acks.clear()
             writer.close()
+            self._ended = time.monotonic()
 
     async def _deliver(self, raw: bytes) -> None:
         try:
@@ -317,6 +327,7 @@ class HdtnAgent(BundleAgent):
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+            self._ended = time.monotonic()
         tasks, self._tasks = self._tasks, []
         for t in tasks:
             t.cancel()
