@@ -48,14 +48,14 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from c2dtn.topologies.broker import start_mosquitto
-from c2dtn.topologies.node_configs import topology_agents
+from c2dtn.topologies.node_configs import override_agents, topology_agents
 from c2dtn.topologies.nodes import Nodes
 from c2dtn.topologies import testbed
 from c2dtn.perf.plots import pyplot, save_figure
@@ -80,6 +80,7 @@ class Plan:
     qos: int = 1
     seed: int = 7
     topology: str = "nps-chain"
+    agents: dict[str, str] = field(default_factory=dict)  # node -> agent, instead of the topology's (--agent)
 
 
 # -- processes ------------------------------------------------------------------
@@ -216,6 +217,7 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
     st = testbed.up(plan.topology, profile=plan.profile, seed=plan.seed)
     s = None
     try:
+        override_agents(st, plan.agents)
         s = setup(mode, plan, st, workdir / mode)
         if s.nodes:
             for n in s.nodes.paths:

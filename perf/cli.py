@@ -263,8 +263,10 @@ def _outage(ctx, param, value: str):
 @click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
 @click.option("--modes", default="overlay,mqtt-bridge", show_default=True,
               help="any of overlay, mqtt-bridge (a broker per nation, bridged), mqtt-single (one broker for all)")
+@click.option("--agent", "agents", multiple=True, metavar="NODE=KIND",
+              help="run NODE on agent KIND instead of the topology's (fmn-4nations-mixed: e.g. usa-gw=hdtn)")
 def bft_cmd(topology: str, profile: str, units: int, period: float, duration: float, outage, drain: float, qos: int,
-            modes: str) -> None:
+            modes: str, agents: tuple[str, ...]) -> None:
     """Position reports (seed 000) across tactical links: c2dtn gateways next to Mosquitto bridges."""
     from c2dtn.errors import ConfigError
     from c2dtn.perf import bft
@@ -284,7 +286,22 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
     if outage and outage[1] > duration:
         raise click.BadParameter(f"the outage {outage[0]:g}-{outage[1]:g} s ends after the run ({duration:g} s)",
                                  param_hint="--outage")
-    bft.main(bft.Plan(profile, units, period, duration, outage, drain, qos, topology=topology), ms)
+    chosen = {}
+    for a in agents:
+        node, eq, kind = a.partition("=")
+        if not (eq and node and kind):
+            raise click.BadParameter(f"{a!r} is not NODE=KIND (e.g. usa-gw=hdtn)", param_hint="--agent")
+        chosen[node] = kind
+    if chosen:  # named nodes and agents checked before any namespace is made
+        from c2dtn.topologies import testbed
+        from c2dtn.topologies.model import load
+        from c2dtn.topologies.node_configs import override_agents
+
+        try:
+            override_agents(testbed.state_of(load(topology), "userspace"), chosen)
+        except ConfigError as e:
+            raise click.BadParameter(str(e), param_hint="--agent") from None
+    bft.main(bft.Plan(profile, units, period, duration, outage, drain, qos, topology=topology, agents=chosen), ms)
 
 
 @perf.command("orders")

@@ -159,3 +159,18 @@ def test_a_topology_names_each_nodes_agent_and_its_relay(tmp_path):
                    '[[links]]\na = "a"\nb = "b"\n')
     with pytest.raises(ConfigError, match=r"nodes\[0\]\.agent.*'spindle'.*unknown agent"):
         load(str(bad))
+
+
+def test_a_nation_moved_to_another_agent_stays_on_the_relays_islands_and_bad_choices_are_named():
+    from c2dtn.topologies import testbed
+    from c2dtn.topologies.node_configs import override_agents, topology_agents
+
+    st = testbed.state_of(load("fmn-4nations-mixed"), "userspace")
+    override_agents(st, {"usa-gw": "hdtn"})  # perf bft --agent usa-gw=hdtn
+    assert topology_agents(st) == ({"deu-gw": "dtn7", "nor-gw": "ion", "prt-gw": "ibrdtn", "usa-gw": "hdtn"}, "tacnet")
+    with pytest.raises(ConfigError, match=r"'usa-u1': names no node on an island.*those are deu-gw, nor-gw"):
+        override_agents(st, {"usa-u1": "hdtn"})
+    with pytest.raises(ConfigError, match=r"'usa-gw' = 'spindle': unknown agent; one of dtn7, hdtn"):
+        override_agents(st, {"usa-gw": "spindle"})
+    with pytest.raises(ConfigError, match=r"fmn-4nations has no relay"):
+        override_agents(testbed.state_of(load("fmn-4nations"), "userspace"), {"usa-gw": "hdtn"})

@@ -54,6 +54,22 @@ def topology_agents(st: dict[str, Any]) -> tuple[dict[str, str], str | None]:
     return {n: a for n, a in named.items() if a != "relay"}, (relays[0] if relays else None)
 
 
+def override_agents(st: dict[str, Any], agents: dict[str, str]) -> None:
+    """Run each named node on another agent than the topology says (`perf bft --agent
+    usa-gw=hdtn`): only a node the topology already puts on an island of its relay, so the
+    islands still meet there."""
+    from c2dtn.overlay.agents import kinds
+
+    named, relay = topology_agents(st)
+    for node, kind in agents.items():
+        if node not in named or relay is None:
+            raise ConfigError("--agent", "node", node, "names no node on an island of this topology's relay",
+                              f"those are {', '.join(sorted(named))}" if named else f"{st['topology']} has no relay")
+        if kind not in kinds():
+            raise ConfigError("--agent", node, kind, f"unknown agent; one of {', '.join(kinds())}")
+        st["nodes"][node]["agent"] = kind
+
+
 def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
                   cla: str = "tcpcl", store: str = "sled", extra: str | dict[str, str] = "",
                   per_link_cla: bool = True, groups: dict[str, list[str]] | None = None,
