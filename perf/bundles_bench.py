@@ -78,14 +78,22 @@ def cannot_run(agent: str, cla: str) -> str | None:
     return cls.missing()
 
 
+def too_big(agent: str, cla: str, size: int) -> str | None:
+    """Why a `size`-byte bundle cannot go over `agent`'s `cla` (one datagram per bundle), else None."""
+    udp_max = agent_class(agent).capabilities.udp_bundle_max
+    if cla == "udp" and udp_max and size > udp_max:
+        return f"{agent}'s UDP CLA sends a bundle as one datagram (at most ~{udp_max // 1000} kB)"
+    return None
+
+
 def plan_run(cla: str, rate_bps: float | None, size: int, name: str, budget: float,
              agent: str = "dtn7") -> tuple[int, int, str | None]:
     """(bundles for throughput, round trips, reason to skip or None) for one size on one link.
     On a rated link the transfer is sized to about a sixth of the budget (at least 3 bundles),
     so that 10 runs of every size and CLA on a 9.8 kbit/s radio take about an hour, not a day."""
-    udp_max = agent_class(agent).capabilities.udp_bundle_max
-    if cla == "udp" and udp_max and size > udp_max:
-        return 0, 0, f"{agent}'s UDP CLA sends a bundle as one datagram (at most ~{udp_max // 1000} kB)"
+    big = too_big(agent, cla, size)
+    if big:
+        return 0, 0, big
     if not rate_bps:
         return LAN_COUNTS[name], 10, None
     one = link_seconds(size, rate_bps)

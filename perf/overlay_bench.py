@@ -37,6 +37,7 @@ from rich.table import Table
 from c2dtn.overlay.agents import agent_class
 from c2dtn.topologies.node_configs import UDP_ONLY
 from c2dtn.topologies.nodes import Nodes
+from c2dtn.perf.bundles_bench import cannot_run, too_big
 from c2dtn.perf.dtnd_client import client_gap
 from c2dtn.perf.dtnd_client import answer as _answer
 from c2dtn.perf.dtnd_client import end as _end
@@ -171,13 +172,7 @@ def lan_cla(agent: str) -> str:
 
 def cannot_carry(agent: str, size: int) -> str | None:
     """Why the overlay over `agent` cannot be measured at `size` here (None: it can)."""
-    missing = agent_class(agent).missing()
-    if missing:
-        return missing
-    udp_max = agent_class(agent).capabilities.udp_bundle_max
-    if lan_cla(agent) == "udp" and udp_max and size > udp_max:
-        return f"{agent} runs over UDP here, whose CLA sends a bundle as one datagram (at most ~{udp_max // 1000} kB)"
-    return None
+    return cannot_run(agent, lan_cla(agent)) or too_big(agent, lan_cla(agent), size)
 
 
 def lan(sizes: list[str], runs: int, rtt_count: int = 40, agent: str = "dtn7") -> list[dict]:
