@@ -74,6 +74,10 @@ class BundleAgent(abc.ABC):
     # only has to outlive the hops it waits at; a driver whose agent keeps forwarded bundles until
     # they expire (IBR-DTN) makes it shorter
     bundle_lifetime_s: int = 3600
+    # seconds the agent needs after one application session of a node ended before the next one
+    # may open (HDTN: hdtn.SESSION_GAP_S); the driver waits it out itself, and so must a second
+    # process that opens a session of the same node (the benchmarks' clients)
+    session_gap_s: float = 0.0
 
     # -- made from a node's configuration -------------------------------------------------
     @classmethod

@@ -366,7 +366,7 @@ def _list(value: str, known, what: str, hint: str) -> list[str]:
 
 @perf.command("bundles")
 @click.option("--agents", default="dtn7", show_default=True,
-              help="BPAs to compare, each on the asked-for CLAs it speaks (dtn7, ion, ibrdtn)")
+              help="BPAs to compare, each on the asked-for CLAs it speaks (dtn7, ion, ibrdtn, hdtn)")
 @click.option("--cla", "clas", default="tcpcl,udp,mtcp", show_default=True,
               help="convergence layers; AGENT:CLA for one agent only (e.g. tcpcl,ion:udp)")
 @click.option("--profiles", default="lan,cnr-tactical-1", show_default=True, help="profiles of the radio hop")

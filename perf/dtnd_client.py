@@ -49,17 +49,14 @@ def spawn(node: str, *args: str, stdin: bool = False):
     return p
 
 
-# HDTN 1.3.1 keeps a closed application session's socket open for a second; when the next
-# client of the same node connects meanwhile, the old session's end removes the new client's
-# link (HDTN's log: "Ignoring Duplicate Message for adding Opportunistic link", then "will
-# REMAIN STOPPED FROM being released from storage"), and bundles for it stay in storage.
-# So over HDTN the next client of a node starts this long after the last one ended.
-CLIENT_GAP_S = 2.0
-
-
 def client_gap(agent: str) -> float:
-    """Seconds to wait after a client of `agent` ended before the next one of the same node starts."""
-    return CLIENT_GAP_S if agent == "hdtn" else 0.0
+    """Seconds to wait after a client of `agent` ended before the next one of the same node
+    starts: the driver's session gap (HDTN: hdtn.SESSION_GAP_S, why is there), which a new
+    process cannot wait out by itself, and half a second for the ended one to be gone."""
+    from c2dtn.overlay.agents import agent_class
+
+    gap = agent_class(agent).session_gap_s
+    return gap + 0.5 if gap else 0.0
 
 
 def end(p, gap: float = 0.0) -> None:

@@ -158,6 +158,7 @@ class HdtnAgent(BundleAgent):
     capabilities = Capabilities(bp_version=7, max_bundle_bytes=MAX_BUNDLE - 4096, groups=False, own_custody=True,
                                 udp_bundle_max=65_000)
     endpoint = str(SERVICE)
+    session_gap_s = SESSION_GAP_S
 
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
@@ -240,7 +241,7 @@ class HdtnAgent(BundleAgent):
             if self._connected():
                 return
             await self._close()
-            gap = self._ended + SESSION_GAP_S - time.monotonic()
+            gap = self._ended + self.session_gap_s - time.monotonic()
             if gap > 0:
                 await asyncio.sleep(gap)
             try:
