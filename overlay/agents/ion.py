@@ -30,8 +30,17 @@ CLAs: tcpcl is ION's "tcp" (TCPCLv3, RFC 7242: not the TCPCLv4 of dtn7-rs), udp 
 (one bundle per datagram); ION has no mtcp or http.  Neighbours get an egress plan
 (ipnadmin `a plan`); a node reached through another gets an exit via that neighbour (static
 routing, as the node config's routes say).  ION's own contact-graph routing is not used: the
-testbed's links are cut by the emulator, not by a contact plan.  Groups (imc) are not
-supported yet: a node config with groups is refused.
+testbed's links are cut by the emulator, not by a contact plan.
+
+Groups (imc) are not supported: a node config with groups is refused.  Why (ION 4.1.3's
+bpv7/imc): a node joins a group with bpadmin `a scheme imc 'imcfw' 'imcadminep'` and `a endpoint
+imc:G.0 x`, which sends a petition to imc:0.0; imcfw sends that to every member of the node's
+region, and the region's members are the nodes of its contact plan (rfx_insert_contact
+registers both ends of a contact).  imcfw then forwards a group bundle to each member by a
+contact-graph route or, failing one, a direct egress plan; it does not use ipnadmin's exits.
+This driver has no contact plan and reaches nodes beyond its neighbours by exits, so a
+petition would reach no one and a group bundle only neighbours.  Groups on ION need a contact
+plan of the whole region in every node config, and routing by CGR: not done.
 """
 
 from __future__ import annotations
