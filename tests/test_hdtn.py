@@ -240,3 +240,18 @@ def test_the_benchmarks_next_client_of_an_hdtn_node_waits_longer_than_the_driver
 
     assert client_gap("hdtn") > hdtn.HdtnAgent.session_gap_s >= 1.0
     assert client_gap("dtn7") == client_gap("ion") == client_gap("ibrdtn") == 0.0
+
+
+def test_hdtn_sessions_between_nodes_outlive_a_silent_cut_and_the_setting_is_checked(tmp_path):
+    # HDTN 1.3.1 releases nothing for a next hop whose session a silent cut ended (hdtn.py,
+    # Keepalive): between HDTN nodes the keepalive is minutes; the overlay's own session 15 s
+    conf = json.loads(hdtn_files(_node(tmp_path, "hdtn"))["hdtn.json"])
+    keepalives = {i["boundPort"]: i["keepAliveIntervalSeconds"] for i in conf["inductsConfig"]["inductVector"]
+                  if i["convergenceLayer"] == "tcpcl_v4"}
+    assert keepalives == {4560: 15, 4556: 600}
+    assert [o["keepAliveIntervalSeconds"] for o in conf["outductsConfig"]["outductVector"]
+            if o["convergenceLayer"] == "tcpcl_v4"] == [600]
+    conf = json.loads(hdtn_files(_node(tmp_path, "hdtn", "[agent.hdtn]\nkeepalive_s = 3600\n"))["hdtn.json"])
+    assert {o["keepAliveIntervalSeconds"] for o in conf["outductsConfig"]["outductVector"] if "tryUseTls" in o} == {3600}
+    with pytest.raises(ConfigError, match="agent.hdtn.keepalive_s.*70000"):
+        _node(tmp_path, "hdtn", "[agent.hdtn]\nkeepalive_s = 70000\n")

@@ -18,6 +18,8 @@ Settings (`[agent.hdtn]`):
                       inducts bind no single one)
   store_mb = 256      HDTN's disk store (totalStorageCapacityBytes)
   rate_bits = 0       every contact's rate in bit/s (0: unlimited; HDTN paces UDP outducts by it)
+  keepalive_s = 600   TCPCLv4 keepalive between HDTN nodes (1 to 65535 s); a session ends after
+                      about twice this long without a word from the peer (below)
 
 Node numbers: HDTN names nodes by ipn number.  Unless a table says otherwise a node's number is
 derived from its id, so that every node config agrees without listing all others: 2 + 2 × (CRC-32
@@ -30,6 +32,20 @@ every route to X via V a contact from V to X's application node (a `*` route: to
 node of every node the config names), all from HDTN's start for 63 years, so that CGR finds the
 next hop the node config says.  The testbed cuts links, not the plan: HDTN sees a TCPCLv4 session
 fail, marks the link down and stores what waits for it until the session is back.
+
+Keepalive: a silent cut (a radio out of range: no RST, no FIN) must not end a TCPCLv4 session
+between HDTN nodes.  HDTN 1.3.1 does not recover from one that does: with the 15 s keepalive of
+HDTN's examples, both ends of a 60 s silent cut of r2-r3 gave up on the session for want of
+keepalives (r2 reported the link down as the cut ended); the session was back 6 s later, but
+r2's storage released nothing for r3 again (its log: "Currently Releasing nextHopNodeId … with
+Final Destination Eids : []"), not even bundles sent after the return: 0 of the 69 sent from
+the cut on arrived within 90 s, in every run.  With a keepalive longer
+than the cut the session lives through it and TCP retransmits what it held once the link is
+back (all 80 arrived, 22 s after the return, like IBR-DTN's TCP).  So the default is 10
+minutes.  A cut longer than that, or than the kernel's TCP retransmission limit while data is
+outstanding (~15 minutes), still ends the session, and HDTN then holds that hop's bundles
+until it is restarted; the overlay's custody keeps what it sent meanwhile.  The overlay's own
+session to 127.0.0.1 keeps 15 s.
 
 CLAs: tcpcl is HDTN's tcpcl_v4 (RFC 9174), udp is its udp (one bundle per datagram).  Groups: no.
 HDTN's internal ZeroMQ ports (10200, 10305) are fixed here, so one HDTN node runs per network
@@ -69,6 +85,8 @@ FOREVER_S = 2_000_000_000  # a contact's end, in seconds from HDTN's start (read
 # Duplicate Message for adding Opportunistic link"), and HDTN then holds every bundle for it in
 # its store.  So a new session waits until this long after the last one ended.
 SESSION_GAP_S = 1.5
+APP_KEEPALIVE_S = 15  # the overlay's session to its own HDTN, on 127.0.0.1
+PEER_KEEPALIVE_S = 600  # between HDTN nodes: longer than a silent cut (module docstring, Keepalive)
 
 
 def derived_number(node: str) -> int:
@@ -94,21 +112,22 @@ def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
     d = cfg.agent_dir
     inducts = [{"name": "c2dtn_app", "convergenceLayer": "tcpcl_v4", "boundPort": o["app_port"],
                 "numRxCircularBufferElements": 200, "numRxCircularBufferBytesPerElement": 20000,
-                "keepAliveIntervalSeconds": 15, "tcpclV4MyMaxRxSegmentSizeBytes": 200000, "tlsIsRequired": False,
+                "keepAliveIntervalSeconds": APP_KEEPALIVE_S, "tcpclV4MyMaxRxSegmentSizeBytes": 200000, "tlsIsRequired": False,
                 "certificatePemFile": "", "privateKeyPemFile": "", "diffieHellmanParametersPemFile": ""}]
     for i, s in enumerate(cfg.listen):
         if _cl(s) == "udp":
             inducts.append({"name": f"udp{i}", "convergenceLayer": "udp", "boundPort": s.port,
                             "numRxCircularBufferElements": 2000, "numRxCircularBufferBytesPerElement": 65535})
         else:
-            inducts.append({**inducts[0], "name": f"tcpcl{i}", "boundPort": s.port})
+            inducts.append({**inducts[0], "name": f"tcpcl{i}", "boundPort": s.port,
+                            "keepAliveIntervalSeconds": o["keepalive_s"]})
     outducts = []
     for p in cfg.peers:
         base = {"name": f"to_{p.node}", "convergenceLayer": _cl(p.cla), "nextHopNodeId": nums[p.node],
                 "remoteHostname": p.cla.host, "remotePort": p.cla.port, "maxNumberOfBundlesInPipeline": 50,
                 "maxSumOfBundleBytesInPipeline": 50_000_000}
         if _cl(p.cla) == "tcpcl_v4":
-            base.update({"keepAliveIntervalSeconds": 15, "tcpclAllowOpportunisticReceiveBundles": True,
+            base.update({"keepAliveIntervalSeconds": o["keepalive_s"], "tcpclAllowOpportunisticReceiveBundles": True,
                          "tcpclV4MyMaxRxSegmentSizeBytes": 200000, "tryUseTls": False, "tlsIsRequired": False,
                          "useTlsVersion1_3": False, "doX509CertificateVerification": False,
                          "verifySubjectAltNameInX509Certificate": False,
@@ -181,11 +200,13 @@ class HdtnAgent(BundleAgent):
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
         from c2dtn.tomlfile import check_table
 
-        check_table(source, "agent.hdtn", table, {"number", "numbers", "app_port", "store_mb", "rate_bits"})
+        check_table(source, "agent.hdtn", table, {"number", "numbers", "app_port", "store_mb", "rate_bits",
+                                                  "keepalive_s"})
         o = {"number": table.get("number", 0), "numbers": table.get("numbers", {}), "app_port": table.get("app_port", 4560),
-             "store_mb": table.get("store_mb", 256), "rate_bits": table.get("rate_bits", 0)}
+             "store_mb": table.get("store_mb", 256), "rate_bits": table.get("rate_bits", 0),
+             "keepalive_s": table.get("keepalive_s", PEER_KEEPALIVE_S)}
         for key, low, high in (("number", 0, (1 << 31) - 2), ("app_port", 1, 65535), ("store_mb", 1, 1 << 20),
-                               ("rate_bits", 0, 1 << 40)):
+                               ("rate_bits", 0, 1 << 40), ("keepalive_s", 1, 65535)):
             v = o[key]
             if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
                 raise ConfigError(source, f"agent.hdtn.{key}", v, f"must be a whole number from {low} to {high}")
