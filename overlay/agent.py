@@ -98,13 +98,7 @@ class BundleAgent(abc.ABC):
 
     @classmethod
     def for_node(cls, cfg: NodeConfig) -> BundleAgent:
-        """The driver of this node's agent (its daemon, its configuration); a node in groups
-        needs an agent with group endpoints."""
-        if cfg.groups and not cls.capabilities.groups:
-            from c2dtn.errors import ConfigError
-
-            raise ConfigError(cfg.source, "groups", ", ".join(cfg.groups), f"the {cls.name} agent has no group endpoints",
-                              "run groups over an agent that has (dtn7)")
+        """The driver of this node's agent (its daemon, its configuration)."""
         return cls(cfg)
 
     # -- the daemon ----------------------------------------------------------------------------
@@ -131,7 +125,10 @@ class BundleAgent(abc.ABC):
 
     # -- naming ----------------------------------------------------------------------------------
     def endpoints(self, groups: list[str]) -> list[str]:
-        """Local endpoints to register: the overlay's own, and one per group this node is in."""
+        """Local endpoints to register: the overlay's own, and one per group this node is in
+        where the agent has group endpoints."""
+        if not self.capabilities.groups:
+            return [self.endpoint]
         return [self.endpoint] + [self.group_endpoint(g) for g in groups]
 
     def group_endpoint(self, group: str) -> str:
@@ -142,6 +139,19 @@ class BundleAgent(abc.ABC):
         if is_group:
             raise AgentError(f"{self.name} cannot send to a group")
         return dst, self.endpoint
+
+    def destinations(self, dst: str, members: tuple[str, ...] | None) -> list[tuple[str, str]]:
+        """Every (node or group, endpoint) one bundle for `dst` is sent to: `members` are a
+        group's other members (None: dst is a node).  An agent with group endpoints takes one
+        bundle for the group; on one without, the node sends a copy to each member's own
+        endpoint (each copy crosses the links on its path: a shared radio hop carries it once
+        per member, not once).  The receiving core tells a group bundle by its contents, not
+        by the endpoint it came to, so custody, acks and origin tags are the same either way."""
+        if members is None:
+            return [self.destination(dst, False)]
+        if self.capabilities.groups:
+            return [self.destination(dst, True)]
+        return [self.destination(m, False) for m in members]
 
     # -- bundles -------------------------------------------------------------------------------
 

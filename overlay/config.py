@@ -15,7 +15,7 @@
     [agent]
     kind = "dtn7"                    # which BPA (overlay.agents: its driver reads the rest)
     listen = ["tcpcl://0.0.0.0:4556"]
-    routing = "static"               # static | epidemic (groups need epidemic: see [groups])
+    routing = "static"               # static | epidemic (dtn7's groups need epidemic: [groups])
 
     [agent.dtn7]                     # the agent's own settings (see its driver; dtn7 reads
     store = "sled"                   #   them from [agent] too, as older configs have them)
@@ -38,7 +38,9 @@
     gw4 = "64 hex digits"
     fmn = "64 hex digits"            # ... and one per group, shared by all its members
 
-    [groups]                         # optional: one bundle reaches every member (multicast)
+    [groups]                         # optional: one bundle reaches every member (multicast; on
+                                     #   an agent without group endpoints, the node sends one
+                                     #   bundle per member: BundleAgent.destinations)
     fmn = ["deu-gw", "nor-gw", "prt-gw", "usa-gw"]
 
     [scheduler]                      # optional, see overlay.scheduler.SchedulerConfig
@@ -242,8 +244,9 @@ def load_node_config(path: str | Path) -> NodeConfig:
 
 def _groups(src: str, groups: Any, cfg: NodeConfig) -> dict[str, tuple[str, ...]]:
     """[groups] name = [members]: this node must be a member, the group needs its own key,
-    every other member a pair key (acks travel to each origin alone), and dtnd must route
-    by epidemic (its static routing hands a bundle to one next hop: no fan-out)."""
+    every other member a pair key (acks travel to each origin alone), and an agent with group
+    endpoints (dtnd) must route by epidemic (its static routing hands a bundle to one next hop:
+    no fan-out).  An agent without them routes the node's one bundle per member as any other."""
     if not isinstance(groups, dict):
         raise ConfigError(src, "groups", groups, "must be a table of group name = [member node ids]")
     out = {}
@@ -261,7 +264,7 @@ def _groups(src: str, groups: Any, cfg: NodeConfig) -> dict[str, tuple[str, ...]
         for m in members:
             if m != cfg.id and m not in cfg.keys:
                 raise ConfigError(src, f"keys.{m}", None, f"member {m} of group {g} needs a pair key")
-        if cfg.routing != "epidemic":
+        if cfg.routing != "epidemic" and agent_class(cfg.agent).capabilities.groups:
             raise ConfigError(src, "agent.routing", cfg.routing,
                               "groups need routing = \"epidemic\": static routing sends a bundle to one next hop")
         out[g] = tuple(m for m in members if m != cfg.id)

@@ -134,10 +134,11 @@ class OverlayNode:
         driver: every member registers it)."""
         return self.agent.endpoints(list(self.cfg.groups))
 
-    def _dst_endpoint(self, dst: str) -> tuple[str, str]:
+    def _destinations(self, dst: str) -> list[tuple[str, str]]:
         # a node of another agent's island: the bundle goes to the relay, which reads the
         # destination from the container and carries it across (overlay.relay)
-        return self.agent.destination(self.cfg.relays.get(dst, dst), dst in self.cfg.groups)
+        members = self.cfg.groups.get(dst)
+        return self.agent.destinations(self.cfg.relays.get(dst, dst), members)
 
     # -- data path ---------------------------------------------------------
     async def _receive(self, endpoint: str) -> None:
@@ -276,13 +277,13 @@ class OverlayNode:
         for b in out:
             log.debug("bundle to %s: %d bytes, envelopes %s (%d resent), acks %s", b.dst, len(b.payload),
                       b.seqs, b.retransmissions, b.acks)
-            try:
-                await self.agent.send(*self._dst_endpoint(b.dst), b.payload,
-                                      lifetime_s=self.agent.bundle_lifetime_s)
-            except AgentError as e:
-                # custody keeps the envelopes; they go again at their retransmission time
-                self.send_errors += 1
-                log.warning("%s", e)
+            for node, endpoint in self._destinations(b.dst):
+                try:
+                    await self.agent.send(node, endpoint, b.payload, lifetime_s=self.agent.bundle_lifetime_s)
+                except AgentError as e:
+                    # custody keeps the envelopes; they go again at their retransmission time
+                    self.send_errors += 1
+                    log.warning("%s", e)
 
     def _plan_at_once(self) -> None:
         """Plan in this turn of the loop (an urgent submit, an arrival that calls for an answer)

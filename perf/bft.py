@@ -459,7 +459,9 @@ def _place(plan: Plan, nation: str) -> str:
 def title_of(plan: Plan) -> str:
     return (f"BFT on {plan.topology}: {_where(plan)}, report every {plan.period:g} s for "
             f"{plan.duration:g} s (drain {plan.drain:g} s), QoS {plan.qos}, links {plan.profile}"
-            + (f", link down {plan.outage[0]:g}-{plan.outage[1]:g} s" if plan.outage else ""))
+            + (f", link down {plan.outage[0]:g}-{plan.outage[1]:g} s" if plan.outage else "")
+            + (", agent " + ", ".join(f"{k}" if n == "*" else f"{n}={k}" for n, k in sorted(plan.agents.items()))
+               if plan.agents else ""))
 
 
 def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:

@@ -263,8 +263,9 @@ def _outage(ctx, param, value: str):
 @click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
 @click.option("--modes", default="overlay,mqtt-bridge", show_default=True,
               help="any of overlay, mqtt-bridge (a broker per nation, bridged), mqtt-single (one broker for all)")
-@click.option("--agent", "agents", multiple=True, metavar="NODE=KIND",
-              help="run NODE on agent KIND instead of the topology's (fmn-4nations-mixed: e.g. usa-gw=hdtn)")
+@click.option("--agent", "agents", multiple=True, metavar="[NODE=]KIND",
+              help="run every node on agent KIND (a topology without a relay: e.g. ion), or NODE on KIND "
+                   "instead of the topology's (fmn-4nations-mixed: e.g. usa-gw=hdtn)")
 def bft_cmd(topology: str, profile: str, units: int, period: float, duration: float, outage, drain: float, qos: int,
             modes: str, agents: tuple[str, ...]) -> None:
     """Position reports (seed 000) across tactical links: c2dtn gateways next to Mosquitto bridges."""
@@ -289,8 +290,10 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
     chosen = {}
     for a in agents:
         node, eq, kind = a.partition("=")
-        if not (eq and node and kind):
-            raise click.BadParameter(f"{a!r} is not NODE=KIND (e.g. usa-gw=hdtn)", param_hint="--agent")
+        if not eq:
+            node, kind = "*", node  # a bare KIND: every node
+        if not (node and kind):
+            raise click.BadParameter(f"{a!r} is not KIND or NODE=KIND (e.g. ion, usa-gw=hdtn)", param_hint="--agent")
         chosen[node] = kind
     if chosen:  # named nodes and agents checked before any namespace is made
         from c2dtn.topologies import testbed

@@ -51,7 +51,7 @@ def spawn(node: str, *args: str, stdin: bool = False):
 
 def client_gap(agent: str) -> float:
     """Seconds to wait after a client of `agent` ended before the next one of the same node
-    starts: the driver's session gap (HDTN: hdtn.SESSION_GAP_S, why is there), which a new
+    starts: the driver's session gap (HDTN: hdtn.SESSION_GAP_S, whose comment says why), which a new
     process cannot wait out by itself, and half a second for the ended one to be gone."""
     from c2dtn.overlay.agents import agent_class
 

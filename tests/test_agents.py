@@ -119,8 +119,8 @@ def test_ion_refuses_what_it_cannot_do_naming_it(tmp_path):
     grouped.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "g"}"\n[agent]\nkind = "ion"\nrouting = "epidemic"\n'
                        '[keys]\ngw4 = "' + "ab" * 32 + '"\nfmn = "' + "cd" * 32 + '"\n[groups]\nfmn = ["gw1", "gw4"]\n')
     grouped.chmod(0o600)
-    with pytest.raises(ConfigError, match="no group endpoints"):
-        make_agent(load_node_config(grouped))
+    ion = make_agent(load_node_config(grouped))  # no imc: the node sends to each member instead
+    assert ion.endpoints(["fmn"]) == ["1"] and ion.destinations("fmn", ("gw4",)) == [("gw4", "1")]
 
 
 def test_ion_helper_frames_are_read_however_the_pipe_cuts_them():

@@ -294,3 +294,45 @@ def test_a_malformed_group_ack_is_rejected_by_name_and_the_rest_of_the_bundle_ta
     assert res.data == 1 and len(res.rejected) == 1 and "ack body is not [done runs, got runs]" in res.rejected[0]
     assert [d.body for d in deu.take()] == [b"pos nor"]
     assert deu.store.held_out()[0] == 1 and seq  # nothing released by the bad ack
+
+
+def test_over_an_agent_without_group_endpoints_the_node_sends_a_copy_to_each_member(tmp_path):
+    """ION, IBR-DTN and HDTN have no group endpoints here: deu's node (its asyncio shell, on
+    an ion config) hands the agent one bundle per other member, to that member's own
+    endpoint, and each member's core delivers the reports and acks them as the group's."""
+    import asyncio
+
+    from c2dtn.overlay.agents import agent_class
+    from c2dtn.overlay.node import OverlayNode
+
+    keys = {n: pair_key("deu", n).hex() for n in ("nor", "prt")} | {"fmn": GROUP_KEY.hex()}
+    p = tmp_path / "deu.toml"
+    p.write_text(f'[node]\nid = "deu"\nstorage = "{tmp_path / "deu"}"\nfsync = "loop"\n[agent]\nkind = "ion"\n'
+                 '[keys]\n' + "".join(f'{k} = "{v}"\n' for k, v in keys.items())
+                 + '[groups]\nfmn = ["deu", "nor", "prt"]\n')
+    p.chmod(0o600)
+    cfg = load_node_config(p)  # static routing is fine: each copy is an ordinary bundle
+    assert cfg.routing == "static" and not agent_class("ion").capabilities.groups
+    node = OverlayNode(cfg)
+    sent = []
+
+    async def send(dst_node, endpoint, payload, lifetime_s, priority=3):
+        sent.append((dst_node, endpoint, payload))
+
+    node.agent.send = send
+    assert node._endpoints() == [node.agent.endpoint]  # nothing to register for the group
+    for i in range(5):
+        node.core.submit("fmn", f"pos {i}".encode(), 1_000)
+    asyncio.run(node._hand_over(node.core.poll(1_000)))
+    assert [(d, e) for d, e, _ in sent] == [("nor", node.agent.endpoint), ("prt", node.agent.endpoint)]
+    assert sent[0][2] == sent[1][2]  # the same bundle to each
+    for member in ("nor", "prt"):
+        core = make(tmp_path, member)
+        core.on_bundle(sent[0][2], 1_200)
+        assert [(d.origin, d.body) for d in core.take()] == [("deu", f"pos {i}".encode()) for i in range(5)]
+    node.core.store.close()
+    # on dtn7 (group endpoints) a group takes epidemic routing, and one bundle to the group
+    dtn7 = agent_class("dtn7")()
+    assert dtn7.destinations("fmn", ("nor", "prt")) == [("fmn", "~c2dtn")]
+    with pytest.raises(ConfigError, match="routing.*static routing sends a bundle to one next hop"):
+        load_node_config(_node_toml(tmp_path, {"fmn": ["deu", "nor", "prt"]}, routing="static"))

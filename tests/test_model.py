@@ -174,3 +174,25 @@ def test_a_nation_moved_to_another_agent_stays_on_the_relays_islands_and_bad_cho
         override_agents(st, {"usa-gw": "spindle"})
     with pytest.raises(ConfigError, match=r"fmn-4nations has no relay"):
         override_agents(testbed.state_of(load("fmn-4nations"), "userspace"), {"usa-gw": "hdtn"})
+
+
+def test_every_node_on_one_agent_by_its_bare_kind_and_groups_over_it(tmp_path):
+    """`perf bft --topology fmn-4nations --agent ion`: every node on ION, over UDP as ION's
+    live tests run; the nations' group is kept (the nodes send it one bundle per member)."""
+    from c2dtn.overlay.config import load_node_config
+    from c2dtn.topologies import testbed
+    from c2dtn.topologies.node_configs import override_agents
+    from c2dtn.topologies.nodes import Nodes
+
+    st = testbed.state_of(load("fmn-4nations"), "userspace")
+    override_agents(st, {"*": "ion"})
+    gws = ["deu-gw", "nor-gw", "prt-gw", "usa-gw"]
+    nodes = Nodes(st, gws + ["tacnet"], gws, tmp_path, groups={"fmn": gws})
+    cfgs = {n: load_node_config(p) for n, p in nodes.paths.items()}
+    assert {c.agent for c in cfgs.values()} == {"ion"}
+    assert {p.cla.scheme for c in cfgs.values() for p in c.peers} == {"udp"}
+    assert cfgs["deu-gw"].groups == {"fmn": ("nor-gw", "prt-gw", "usa-gw")}
+    with pytest.raises(ConfigError, match=r"'spindle': unknown agent"):
+        override_agents(testbed.state_of(load("fmn-4nations"), "userspace"), {"*": "spindle"})
+    with pytest.raises(ConfigError, match=r"fmn-4nations-mixed has islands of different agents"):
+        override_agents(testbed.state_of(load("fmn-4nations-mixed"), "userspace"), {"*": "ion"})

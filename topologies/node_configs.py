@@ -57,10 +57,21 @@ def topology_agents(st: dict[str, Any]) -> tuple[dict[str, str], str | None]:
 def override_agents(st: dict[str, Any], agents: dict[str, str]) -> None:
     """Run each named node on another agent than the topology says (`perf bft --agent
     usa-gw=hdtn`): only a node the topology already puts on an island of its relay, so the
-    islands still meet there."""
+    islands still meet there.  Node "*" (`--agent ion`): every node, where the topology has
+    no relay."""
     from c2dtn.overlay.agents import kinds
 
     named, relay = topology_agents(st)
+    if "*" in agents:  # every node on one agent: a topology of one island
+        kind = agents["*"]
+        if relay is not None or len(agents) > 1:
+            raise ConfigError("--agent", "--agent", kind, f"{st['topology']} has islands of different agents",
+                              "name nodes on its relay's islands (NODE=KIND)")
+        if kind not in kinds():
+            raise ConfigError("--agent", "--agent", kind, f"unknown agent; one of {', '.join(kinds())}")
+        for v in st["nodes"].values():
+            v["agent"] = kind
+        return
     for node, kind in agents.items():
         if node not in named or relay is None:
             raise ConfigError("--agent", "node", node, "names no node on an island of this topology's relay",

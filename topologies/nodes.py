@@ -44,6 +44,9 @@ class Nodes:
         if agent is None:
             agent, named_relay = topology_agents(st)
             relay = relay or (named_relay if named_relay in bpa else None)
+            one = {agent.get(n, "dtn7") for n in bpa}
+            if relay is None and len(one) == 1:  # one island: its agent's own defaults (UDP_ONLY)
+                agent = one.pop()
         self.st = st
         self.gateways = gateways or {}
         self.verbose = False  # debug logs (each bundle handed to the agent) in <node>.node.log

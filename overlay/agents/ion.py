@@ -32,15 +32,16 @@ CLAs: tcpcl is ION's "tcp" (TCPCLv3, RFC 7242: not the TCPCLv4 of dtn7-rs), udp 
 routing, as the node config's routes say).  ION's own contact-graph routing is not used: the
 testbed's links are cut by the emulator, not by a contact plan.
 
-Groups (imc) are not supported: a node config with groups is refused.  Why (ION 4.1.3's
-bpv7/imc): a node joins a group with bpadmin `a scheme imc 'imcfw' 'imcadminep'` and `a endpoint
-imc:G.0 x`, which sends a petition to imc:0.0; imcfw sends that to every member of the node's
-region, and the region's members are the nodes of its contact plan (rfx_insert_contact
-registers both ends of a contact).  imcfw then forwards a group bundle to each member by a
-contact-graph route or, failing one, a direct egress plan; it does not use ipnadmin's exits.
-This driver has no contact plan and reaches nodes beyond its neighbours by exits, so a
-petition would reach no one and a group bundle only neighbours.  Groups on ION need a contact
-plan of the whole region in every node config, and routing by CGR: not done.
+Groups: the node sends a group's bundle to each other member's own endpoint
+(BundleAgent.destinations), as on every agent without group endpoints; ION's imc is not used.
+Why not (ION 4.1.3's bpv7/imc): a node joins a group with bpadmin `a scheme imc 'imcfw'
+'imcadminep'` and `a endpoint imc:G.0 x`, which sends a petition to imc:0.0; imcfw sends that
+to every member of the node's region, and the region's members are the nodes of its contact
+plan (rfx_insert_contact registers both ends of a contact). imcfw then forwards a group bundle
+to each member by a contact-graph route or, failing one, a direct egress plan; it does not use
+ipnadmin's exits. This driver has no contact plan and reaches nodes beyond its neighbours by
+exits, so a petition would reach no one and a group bundle only neighbours. Groups on ION need
+a contact plan of the whole region in every node config, and routing by CGR: not done.
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ def parse_delivery(body: bytes) -> tuple[str, int, bytes]:
 
 @register("ion")
 class IonAgent(BundleAgent):
-    # BPv7; the helper takes payloads up to 16 MB; no groups yet; the SDR is a file
+    # BPv7; the helper takes payloads up to 16 MB; no group endpoints (imc: above); the SDR is a file
     # udpclo sends a bundle as one datagram of at most UDPCLA_BUFSZ (65,535) bytes
     capabilities = Capabilities(bp_version=7, max_bundle_bytes=16 << 20, groups=False, own_custody=True,
                                 udp_bundle_max=65_000)
@@ -319,11 +320,6 @@ class IonAgent(BundleAgent):
             await proc.wait()
 
     # -- naming ----------------------------------------------------------------------------------
-    def destination(self, dst: str, is_group: bool) -> tuple[str, str]:
-        if is_group:
-            raise AgentError("the ion agent cannot send to a group")
-        return dst, self.endpoint
-
     def _dst_eid(self, node: str, endpoint: str) -> str:
         try:
             return f"ipn:{self.nums[node]}.{endpoint}"
