@@ -19,7 +19,7 @@ Every agent runs through its driver (perf.dtnd_client --config: the node's own a
 its own endpoint), on each asked-for CLA it speaks.  A size that cannot finish within
 --budget seconds on the profile's rate, that the CLA cannot carry (dtn7's and ION's UDP
 CLAs put one bundle in one datagram), an agent x CLA the agent lacks (or that the harness
-does not run: ION's TCPCLv3, topologies.nodes.UDP_ONLY) or an agent not built here is
+does not run: ION's TCPCLv3, topologies.node_configs.HARNESS_CLAS) or an agent not built here is
 reported as skipped, with the reason.  Writes results/<time>-bundles/: runs.jsonl, summary.json,
 summary.csv, report.md, plot.png.
 """
@@ -38,7 +38,8 @@ from rich.console import Console
 from rich.table import Table
 
 from c2dtn.overlay.agents import agent_class
-from c2dtn.topologies.nodes import UDP_ONLY, Nodes
+from c2dtn.topologies.node_configs import HARNESS_CLAS
+from c2dtn.topologies.nodes import Nodes
 from c2dtn.perf.dtnd_client import client_gap
 from c2dtn.perf.dtnd_client import end as _end
 from c2dtn.perf.dtnd_client import result as _result
@@ -73,8 +74,8 @@ def cannot_run(agent: str, cla: str) -> str | None:
     cls = agent_class(agent)
     if cla not in cls.capabilities.clas:
         return f"{agent} has no {cla} convergence layer (it speaks {', '.join(cls.capabilities.clas)})"
-    if agent in UDP_ONLY and cla != "udp":
-        return f"{agent} runs over UDP only here (see topologies.nodes.UDP_ONLY)"
+    if cla not in HARNESS_CLAS.get(agent, (cla,)):
+        return f"{agent} runs over {' or '.join(HARNESS_CLAS[agent])} only here (see topologies.node_configs.HARNESS_CLAS)"
     return cls.missing()
 
 

@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from c2dtn.overlay.agents import agent_class
-from c2dtn.topologies.node_configs import UDP_ONLY
+from c2dtn.topologies.node_configs import harness_cla
 from c2dtn.topologies.nodes import Nodes
 from c2dtn.perf.bundles_bench import cannot_run, too_big
 from c2dtn.perf.dtnd_client import client_gap
@@ -166,8 +166,8 @@ def _nodes(profile: str, workdir: Path, seed: int = 5, cla: str = "tcpcl", per_l
 
 def lan_cla(agent: str) -> str:
     """The CLA of every hop on lan: TCPCL (a megabyte bundle fits no UDP datagram), or UDP for
-    an agent the harness runs over UDP only (topologies.node_configs.UDP_ONLY)."""
-    return "udp" if agent in UDP_ONLY else "tcpcl"
+    what the harness runs an agent on instead (topologies.node_configs.HARNESS_CLAS: ION, UDP)."""
+    return harness_cla(agent, "tcpcl")
 
 
 def cannot_carry(agent: str, size: int) -> str | None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from c2dtn.cla_adapters import parse_cla
+
 from c2dtn.errors import C2Error
 from c2dtn.overlay.agent import BundleAgent
 from c2dtn.overlay.agents import agent_class, kinds, make_agent
@@ -101,6 +103,33 @@ def test_ion_node_files_follow_the_node_config(tmp_path):
     assert f"a exit 4 4 ipn:{r2}.0" in ipn  # gw4 by the number the table gives, through r2
     assert not [line for line in ipn if line.startswith(f"a exit {r2}")]  # a neighbour needs no exit
     assert make_agent(cfg).eid == f"ipn:{me}.1"
+
+
+def test_ion_over_ltp_gets_a_span_seat_contacts_and_plan_per_ltp_neighbour(tmp_path):
+    from c2dtn.overlay.agents.dtn7 import peer_arg
+    from c2dtn.overlay.agents.ion import ion_files, derived_number
+
+    cfg = _node(tmp_path, "ion", '[agent.ion]\nrate_bytes = 1225\n')
+    cfg.listen.append(parse_cla("ltp://0.0.0.0", "t", "listen"))  # the default port: 1113
+    cfg.peers[1].cla = parse_cla("ltp://10.77.5.2:1200", "t", "peer")
+    files = ion_files(cfg, tmp_path / "bin")
+    me, r5 = derived_number("gw1"), derived_number("r5")
+    ltp = files["node.ltprc"].splitlines()
+    assert f"a span {r5} 16 16 1024 1 1 'udplso 10.77.5.2:1200'" in ltp  # one bundle per block, at once
+    assert "a seat 'udplsi 0.0.0.0:1113'" in ltp and "m screening n" in ltp and ltp[-1] == "s"
+    # ION's LTP sends only inside a contact, paced at its rate: both ways, from the start on
+    ion = files["node.ionrc"].splitlines()
+    assert f"a contact +0 +300000000 {me} {r5} 1225" in ion and f"a contact +0 +300000000 {r5} {me} 1225" in ion
+    assert f"a range +0 +300000000 {me} {r5} 0" in ion and ion[-1] == "s"
+    bp = files["node.bprc"].splitlines()
+    assert "a protocol ltp" in bp and f"a induct ltp {me} ltpcli" in bp and f"a outduct ltp {r5} ltpclo" in bp
+    assert "a induct tcp 0.0.0.0:4556 tcpcli" in bp  # the other CLAs as before
+    assert f"a plan {r5} ltp/{r5} 1225" in files["node.ipnrc"].splitlines()
+    run = files["ion-run.sh"]
+    assert "ltpadmin node.ltprc" in run and "ltpadmin ." in run  # started before bpadmin, stopped too
+    assert "ltpadmin" not in ion_files(_node(tmp_path, "ion"), tmp_path / "bin")["ion-run.sh"]  # no LTP, no ltpadmin
+    with pytest.raises(C2Error, match="dtn7-rs has no ltp convergence layer.*ltp://10.77.5.2:1200"):
+        peer_arg(cfg.peers[1].cla, "r5")
 
 
 def test_ion_refuses_what_it_cannot_do_naming_it(tmp_path):

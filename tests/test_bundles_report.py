@@ -5,6 +5,7 @@ import json
 import matplotlib.image as mpimg
 import pytest
 
+from c2dtn.overlay.agents import agent_class
 from c2dtn.perf import bundles_bench as b
 
 
@@ -86,7 +87,8 @@ def test_each_agent_runs_on_the_clas_asked_for_it_and_says_why_it_cannot_on_othe
         ("dtn7", "tcpcl"), ("ion", "udp"), ("ibrdtn", "tcpcl")]
     assert b.pairs(["dtn7", "ion"], ["tcpcl", "ion:udp"]) == [("dtn7", "tcpcl"), ("ion", "tcpcl"), ("ion", "udp")]
     assert "no mtcp convergence layer" in b.cannot_run("ibrdtn", "mtcp")
-    assert "UDP only" in b.cannot_run("ion", "tcpcl")
+    assert "ion runs over udp or ltp only here" in b.cannot_run("ion", "tcpcl")
+    assert b.cannot_run("ion", "ltp") == agent_class("ion").missing()  # LTP runs where ION is built
     # each agent's UDP limit is its own: ION's datagram holds ~65 kB, IBR-DTN fragments
     assert "ion's UDP CLA" in b.plan_run("udp", None, 100_000, "100k", 180, agent="ion")[2]
     assert b.plan_run("udp", None, 10_000, "10k", 180, agent="ion")[2] is None

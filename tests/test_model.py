@@ -196,3 +196,16 @@ def test_every_node_on_one_agent_by_its_bare_kind_and_groups_over_it(tmp_path):
         override_agents(testbed.state_of(load("fmn-4nations"), "userspace"), {"*": "spindle"})
     with pytest.raises(ConfigError, match=r"fmn-4nations-mixed has islands of different agents"):
         override_agents(testbed.state_of(load("fmn-4nations-mixed"), "userspace"), {"*": "ion"})
+
+
+def test_the_harness_runs_ion_over_udp_or_over_ltp_when_asked(tmp_path):
+    from c2dtn.overlay.config import load_node_config
+    from c2dtn.topologies import testbed
+    from c2dtn.topologies.node_configs import write_configs
+
+    st = testbed.state_of(load("nps-chain"), "userspace")
+    for asked, runs in (("tcpcl", "udp"), ("udp", "udp"), ("ltp", "ltp")):
+        paths = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / asked, cla=asked, agent="ion")
+        cfg = load_node_config(paths["r2"])
+        assert {p.cla.scheme for p in cfg.peers} | {s.scheme for s in cfg.listen} == {runs}, asked
+        assert cfg.listen[0].port == (1113 if runs == "ltp" else 4556)

@@ -38,9 +38,17 @@ def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | Non
     return testbed.node_address(st, node), None
 
 
+# The CLAs the harness runs an agent on, where not every one it speaks (the first is its default).
 # ION 4.1.3's TCPCLv3 (tcpcli) asserted in bpDequeue after a refused connection here (a neighbour
-# not yet listening, or restarting after a SIGKILL) and passed no bundle again: ION runs over UDP
-UDP_ONLY = {"ion"}
+# not yet listening, or restarting after a SIGKILL) and passed no bundle again: ION runs over UDP,
+# or LTP where asked
+HARNESS_CLAS: dict[str, tuple[str, ...]] = {"ion": ("udp", "ltp")}
+
+
+def harness_cla(kind: str, cla: str) -> str:
+    """The CLA the harness runs agent `kind` on when `cla` is asked for."""
+    allowed = HARNESS_CLAS.get(kind)
+    return cla if allowed is None or cla in allowed else allowed[0]
 
 
 def topology_agents(st: dict[str, Any]) -> tuple[dict[str, str], str | None]:
@@ -91,7 +99,7 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
     that runs one agent per island, each on its own ports: overlay.relay), whose file is a
     relay configuration naming one node configuration per island.
     per_link_cla: follow the links' own `cla` (else use `cla` everywhere); an agent in
-    UDP_ONLY uses UDP everywhere.
+    HARNESS_CLAS uses one of its own everywhere (`cla` if it is one).
     scheduler: [scheduler] settings for every overlay node, over the defaults written here.
     groups: group name -> overlay nodes; each member gets the group's key, and every BPA
     routes by epidemic so that one bundle for the group reaches all members."""
@@ -122,14 +130,14 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
         if any(m not in overlay_nodes for m in members):
             raise ConfigError("--group", f"--group {g}", ",".join(members), "group members must run the overlay")
     keys = make_keys(overlay_nodes, groups)
-    any_udp = cla == "udp" or any(k in UDP_ONLY for k in islands) \
+    any_udp = cla == "udp" or any(harness_cla(k, cla) == "udp" for k in islands if k in HARNESS_CLAS) \
         or (per_link_cla and any(ls.get("cla") == "udp" for ls in st["links"].values()))
     rated = any(((ls.get(d) or {}).get("rate_bps")) for ls in st["links"].values() for d in ("profile_ab", "profile_ba"))
     paths = {}
     relay_files = []
     for k_index, (kind, members) in enumerate(sorted(islands.items())):
         island = members + ([relay] if relay else [])
-        k_cla, k_per_link = ("udp", False) if kind in UDP_ONLY else (cla, per_link_cla)
+        k_cla, k_per_link = (harness_cla(kind, cla), False) if kind in HARNESS_CLAS else (cla, per_link_cla)
 
         def port(node: str, c: str) -> int:  # the relay's agents take one port each (same namespace)
             return DEFAULT_PORTS[c] + (k_index if node == relay else 0)

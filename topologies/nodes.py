@@ -15,7 +15,7 @@ from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.relay import load_relay_config
 from c2dtn.errors import C2Error
 from c2dtn.overlay.agents.dtn7 import find_dtnd
-from c2dtn.topologies.node_configs import UDP_ONLY, topology_agents, write_configs
+from c2dtn.topologies.node_configs import HARNESS_CLAS, harness_cla, topology_agents, write_configs
 from c2dtn.topologies import netns, testbed
 
 
@@ -45,13 +45,13 @@ class Nodes:
             agent, named_relay = topology_agents(st)
             relay = relay or (named_relay if named_relay in bpa else None)
             one = {agent.get(n, "dtn7") for n in bpa}
-            if relay is None and len(one) == 1:  # one island: its agent's own defaults (UDP_ONLY)
+            if relay is None and len(one) == 1:  # one island: its agent's own CLAs (HARNESS_CLAS)
                 agent = one.pop()
         self.st = st
         self.gateways = gateways or {}
         self.verbose = False  # debug logs (each bundle handed to the agent) in <node>.node.log
-        if isinstance(agent, str) and agent in UDP_ONLY:
-            cla, per_link_cla = "udp", False
+        if isinstance(agent, str) and agent in HARNESS_CLAS:
+            cla, per_link_cla = harness_cla(agent, cla), False
         self.paths = write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla,
                                    extra=self.gateways, groups=groups, scheduler=scheduler, agent=agent, relay=relay)
         self.relay = relay

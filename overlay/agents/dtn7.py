@@ -60,16 +60,23 @@ def find_dtnd() -> str:
                   f"(cargo install dtn7 --version {DTN7_VERSION} --locked), or set C2DTN_DTND")
 
 
+def _cla(spec: ClaSpec) -> str:
+    try:
+        return CLA_NAMES[spec.scheme]
+    except KeyError:
+        raise C2Error(f"dtn7-rs has no {spec.scheme} convergence layer ({spec}): use tcpcl, mtcp, udp or http") from None
+
+
 def listen_arg(spec: ClaSpec) -> str:
     """`dtnd -C` value: tcp:port=4556:bind=0.0.0.0"""
     if spec.scheme == "http":
         return "http"  # served on dtnd's web port
-    return f"{CLA_NAMES[spec.scheme]}:port={spec.port}:bind={spec.host}"
+    return f"{_cla(spec)}:port={spec.port}:bind={spec.host}"
 
 
 def peer_arg(spec: ClaSpec, node_id: str) -> str:
     """`dtnd -s` value: tcp://10.77.1.2:4556/r2"""
-    return f"{CLA_NAMES[spec.scheme]}://{spec.host}:{spec.port}/{node_id}"
+    return f"{_cla(spec)}://{spec.host}:{spec.port}/{node_id}"
 
 
 def dtnd_argv(cfg: NodeConfig, dtnd: str) -> list[str]:

@@ -20,17 +20,23 @@ Settings (`[agent.ion]`):
   number = 0            this node's ipn node number (0: derived from the node id, below)
   numbers = {}          other nodes' numbers, by node id, where they are not derived
   sdr_mb = 64           size of the SDR file (bundles held by ION; created once)
-  rate_bytes = 12500000 nominal rate of every egress plan (bytes/s; the link is the limit)
+  rate_bytes = 12500000 nominal rate of every egress plan and LTP contact (bytes/s; below)
 
 Node numbers: ipn EIDs name nodes by number.  Unless a table says otherwise a node's
 number is derived from its id, so that every node config agrees without listing all
 others: 1 + (CRC-32 of the id) mod 2**31.  EIDs: the overlay's endpoint is ipn:N.1.
 
-CLAs: tcpcl is ION's "tcp" (TCPCLv3, RFC 7242: not the TCPCLv4 of dtn7-rs), udp is "udp"
-(one bundle per datagram); ION has no mtcp or http.  Neighbours get an egress plan
-(ipnadmin `a plan`); a node reached through another gets an exit via that neighbour (static
-routing, as the node config's routes say).  ION's own contact-graph routing is not used: the
-testbed's links are cut by the emulator, not by a contact plan.
+CLAs: tcpcl is ION's "tcp" (TCPCLv3, RFC 7242: not the TCPCLv4 of dtn7-rs), udp is "udp" (one
+bundle per datagram), ltp is LTP over UDP (ltpcli/ltpclo with udplsi/udplso: a seat per
+listening spec, a span per LTP neighbour whose engine number is its node number, each bundle a
+block of its own, sent in red: acknowledged and retransmitted by LTP). ION's LTP sends to a
+neighbour only while a contact says it may and paces udplso at the contact's rate, so every LTP
+neighbour gets a contact each way from the node's start at `rate_bytes` and a range of 0 s (set
+rate_bytes to the radio's rate: LTP then does not queue at the radio); segments are not
+screened against the plan. ION has no mtcp or http. Neighbours get an egress plan (ipnadmin `a
+plan`); a node reached through another gets an exit via that neighbour (static routing, as the
+node config's routes say). ION's own contact-graph routing is not used: the testbed's links are
+cut by the emulator, not by a contact plan.
 
 Groups: the node sends a group's bundle to each other member's own endpoint
 (BundleAgent.destinations), as on every agent without group endpoints; ION's imc is not used.
@@ -69,7 +75,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("c2dtn.ion")
 
 SERVICE = 1  # the overlay's endpoint on every ION node: ipn:N.1
-CLA_NAMES = {"tcpcl": "tcp", "udp": "udp"}
+CLA_NAMES = {"tcpcl": "tcp", "udp": "udp", "ltp": "ltp"}
+FOREVER_S = 300_000_000  # contacts and ranges of LTP spans: from the node's start for 9.5 years
+# (ION refuses an end past 19 January 2038; each start of the node writes them anew)
+LTP_SESSIONS = 16  # export sessions per span (each carries one bundle: LTP's window), and import
+LTP_SEGMENT = 1024  # bytes of block data per LTP segment (one UDP datagram, below any link's MTU)
 HELPER = Path(__file__).resolve().parent.parent.parent / ".tools" / "c2dtn-ionbp"
 MAX_FRAME = (16 << 20) + 1024
 
@@ -101,7 +111,41 @@ def _duct(spec) -> str:
     try:
         return CLA_NAMES[spec.scheme]
     except KeyError:
-        raise C2Error(f"ION has no {spec.scheme} convergence layer ({spec}): use tcpcl (TCPCLv3) or udp") from None
+        raise C2Error(f"ION has no {spec.scheme} convergence layer ({spec}): use tcpcl (TCPCLv3), udp or ltp") from None
+
+
+def _ltp_files(cfg: NodeConfig, nums: dict[str, int]) -> tuple[str, list[str]]:
+    """The node's ltprc, and the ionrc lines its LTP spans need: a contact each way and a
+    range with every LTP neighbour.  ION's LTP sends to a neighbour only while a contact
+    says it may (ltpclock stops a span's transmission at a rate of 0) and paces udplso by
+    the contact's rate, so the contacts last from the start on at `rate_bytes`; the links
+    are cut by the radio, not by the plan.  Each bundle is its own block (aggregation
+    threshold 1 byte): the overlay has already put its envelopes together."""
+    o = cfg.agent_options
+    me = nums[cfg.id]
+    peers = [p for p in cfg.peers if p.cla.scheme == "ltp"]
+    seats = [s for s in cfg.listen if s.scheme == "ltp"]
+    ltp = [f"# written by c2dtn from {cfg.source}", f"1 {LTP_SESSIONS * max(1, len(peers))}",
+           "m screening n"]  # take segments whatever the plan says of the time: the clocks of the
+    # testbed's nodes are one, but a box's may not be
+    for p in peers:
+        ltp.append(f"a span {nums[p.node]} {LTP_SESSIONS} {LTP_SESSIONS} {LTP_SEGMENT} 1 1 "
+                   f"'udplso {p.cla.host}:{p.cla.port}'")
+    for st in seats:
+        ltp.append(f"a seat 'udplsi {st.host}:{st.port}'")
+    ltp += ["s", ""]
+    ion = []
+    for p in peers:
+        peer = nums[p.node]
+        ion += [f"a contact +0 +{FOREVER_S} {me} {peer} {o['rate_bytes']}",
+                f"a contact +0 +{FOREVER_S} {peer} {me} {o['rate_bytes']}",
+                f"a range +0 +{FOREVER_S} {me} {peer} 0"]
+    return "\n".join(ltp), ion
+
+
+def _duct_name(peer, nums: dict[str, int]) -> str:
+    """An outduct's name: host:port, or for LTP the neighbour's engine (its node number)."""
+    return str(nums[peer.node]) if peer.cla.scheme == "ltp" else f"{peer.cla.host}:{peer.cla.port}"
 
 
 def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
@@ -123,24 +167,29 @@ def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
         # of a transaction that writes a 16 MB payload (c2dtn-ionbp writes each in one)
         "sdrWmSize 40000000",
         ""])
+    uses_ltp = any(s.scheme == "ltp" for s in cfg.listen) or any(p.cla.scheme == "ltp" for p in cfg.peers)
+    ltprc, contacts = _ltp_files(cfg, nums) if uses_ltp else ("", [])
     files["node.ionrc"] = "\n".join([f"# written by c2dtn from {cfg.source}", f"1 {me} {d / 'node.ionconfig'}",
-                                     "s", ""])
+                                     *contacts, "s", ""])
+    if uses_ltp:
+        files["node.ltprc"] = ltprc
     bp = [f"# written by c2dtn from {cfg.source}", "1", "a scheme ipn 'ipnfw' 'ipnadminep'",
           f"a endpoint ipn:{me}.{SERVICE} q"]
     protocols = sorted({_duct(s) for s in cfg.listen} | {_duct(p.cla) for p in cfg.peers})
     for proto in protocols:
         bp.append(f"a protocol {proto}")
     for s in cfg.listen:
-        cli = "tcpcli" if _duct(s) == "tcp" else "udpcli"
-        bp.append(f"a induct {_duct(s)} {s.host}:{s.port} {cli}")
+        if _duct(s) != "ltp":  # LTP has one induct, the node's engine; its seats listen
+            bp.append(f"a induct {_duct(s)} {s.host}:{s.port} {_duct(s)}cli")
+    if uses_ltp:
+        bp.append(f"a induct ltp {me} ltpcli")
     for p in cfg.peers:
-        clo = "tcpclo" if _duct(p.cla) == "tcp" else "udpclo"
-        bp.append(f"a outduct {_duct(p.cla)} {p.cla.host}:{p.cla.port} {clo}")
+        bp.append(f"a outduct {_duct(p.cla)} {_duct_name(p, nums)} {_duct(p.cla)}clo")
     bp += ["s", ""]
     files["node.bprc"] = "\n".join(bp)
     ipn = [f"# written by c2dtn from {cfg.source}"]
     for p in cfg.peers:
-        ipn.append(f"a plan {nums[p.node]} {_duct(p.cla)}/{p.cla.host}:{p.cla.port} {o['rate_bytes']}")
+        ipn.append(f"a plan {nums[p.node]} {_duct(p.cla)}/{_duct_name(p, nums)} {o['rate_bytes']}")
     neighbours = {p.node for p in cfg.peers}
     for r in cfg.routes:
         if r.to in neighbours or r.to == r.via:
@@ -156,11 +205,11 @@ mount -t proc c2-ionproc /proc || exit 2
 cd {d}
 export PATH={ion_bin}:$PATH
 rm -f ready
-stop() {{ bpadmin . >>admin.log 2>&1; ionadmin . >>admin.log 2>&1; touch clean; exit 0; }}
+stop() {{ bpadmin . >>admin.log 2>&1;{" ltpadmin . >>admin.log 2>&1;" if uses_ltp else ""} ionadmin . >>admin.log 2>&1; touch clean; exit 0; }}
 trap stop TERM INT
 start() {{
-    ionadmin node.ionrc >>admin.log 2>&1 && bpadmin node.bprc >>admin.log 2>&1 \
-        && ipnadmin node.ipnrc >>admin.log 2>&1 || return 1
+    ionadmin node.ionrc >>admin.log 2>&1{" && ltpadmin node.ltprc >>admin.log 2>&1" if uses_ltp else ""} \
+        && bpadmin node.bprc >>admin.log 2>&1 && ipnadmin node.ipnrc >>admin.log 2>&1 || return 1
     for i in 1 2 3 4 5 6 7 8 9 10; do  # the admin programs start the daemons in the background
         pidof rfxclock >/dev/null && pidof bpclock >/dev/null && return 0
         sleep 0.5
@@ -227,7 +276,7 @@ class IonAgent(BundleAgent):
     # BPv7; the helper takes payloads up to 16 MB; no group endpoints (imc: above); the SDR is a file
     # udpclo sends a bundle as one datagram of at most UDPCLA_BUFSZ (65,535) bytes
     capabilities = Capabilities(bp_version=7, max_bundle_bytes=16 << 20, groups=False, own_custody=True,
-                                udp_bundle_max=65_000)
+                                clas=("tcpcl", "udp", "ltp"), udp_bundle_max=65_000)
     endpoint = str(SERVICE)
 
     def __init__(self, cfg: NodeConfig):
