@@ -10,7 +10,7 @@ import pytest
 
 from c2dtn.cla_adapters import parse_cla
 
-from c2dtn.errors import C2Error
+from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import BundleAgent
 from c2dtn.overlay.agents import agent_class, kinds, make_agent
 from c2dtn.overlay.config import load_node_config
@@ -109,7 +109,7 @@ def test_ion_over_ltp_gets_a_span_seat_contacts_and_plan_per_ltp_neighbour(tmp_p
     from c2dtn.overlay.agents.dtn7 import peer_arg
     from c2dtn.overlay.agents.ion import ion_files, derived_number
 
-    cfg = _node(tmp_path, "ion", '[agent.ion]\nrate_bytes = 1225\n')
+    cfg = _node(tmp_path, "ion", '[agent.ion]\nrate_bytes = 1225\nrates = { r2 = 99 }\n')
     cfg.listen.append(parse_cla("ltp://0.0.0.0", "t", "listen"))  # the default port: 1113
     cfg.peers[1].cla = parse_cla("ltp://10.77.5.2:1200", "t", "peer")
     files = ion_files(cfg, tmp_path / "bin")
@@ -125,6 +125,9 @@ def test_ion_over_ltp_gets_a_span_seat_contacts_and_plan_per_ltp_neighbour(tmp_p
     assert "a protocol ltp" in bp and f"a induct ltp {me} ltpcli" in bp and f"a outduct ltp {r5} ltpclo" in bp
     assert "a induct tcp 0.0.0.0:4556 tcpcli" in bp  # the other CLAs as before
     assert f"a plan {r5} ltp/{r5} 1225" in files["node.ipnrc"].splitlines()
+    assert f"a plan {derived_number('r2')} tcp/10.77.1.2:4556 99" in files["node.ipnrc"].splitlines()  # its own rate
+    with pytest.raises(ConfigError, match="agent.ion.rates.*bytes per second"):
+        _node(tmp_path, "ion", '[agent.ion]\nrates = { r2 = "fast" }\n')
     run = files["ion-run.sh"]
     assert "ltpadmin node.ltprc" in run and "ltpadmin ." in run  # started before bpadmin, stopped too
     assert "ltpadmin" not in ion_files(_node(tmp_path, "ion"), tmp_path / "bin")["ion-run.sh"]  # no LTP, no ltpadmin

@@ -209,3 +209,5 @@ def test_the_harness_runs_ion_over_udp_or_over_ltp_when_asked(tmp_path):
         cfg = load_node_config(paths["r2"])
         assert {p.cla.scheme for p in cfg.peers} | {s.scheme for s in cfg.listen} == {runs}, asked
         assert cfg.listen[0].port == (1113 if runs == "ltp" else 4556)
+        # over LTP, r2 paces what it sends r3 at 90 % of the radio's rate (cnr-tactical-2: 9.8 kbit/s)
+        assert cfg.agent_options["rates"] == ({"r3": 1102} if runs == "ltp" else {})

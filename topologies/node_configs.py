@@ -30,6 +30,20 @@ def node_path(st: dict[str, Any], src: str, dst: str) -> list[str]:
     return nodes
 
 
+def _ltp_rates(st: dict[str, Any], node: str, peers: list[str]) -> dict[str, int]:
+    """Bytes per second of LTP data `node` may send to each peer across a rated link: 90 % of
+    the link's rate (which counts each frame's Ethernet, IP and UDP headers, and LTP adds its
+    own to every 1 kB segment)."""
+    out = {}
+    for ls in st["links"].values():
+        if node not in (ls["a"], ls["b"]):
+            continue
+        other, prof = (ls["b"], ls.get("profile_ab")) if ls["a"] == node else (ls["a"], ls.get("profile_ba"))
+        if other in peers and (prof or {}).get("rate_bps"):
+            out[other] = max(1, int(prof["rate_bps"] * 0.9 / 8))
+    return out
+
+
 def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | None]:
     """node's address on the link toward `towards` (else its first address), and that link's CLA."""
     for ls in st["links"].values():
@@ -169,6 +183,9 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             lines += (['routing = "epidemic"'] if groups else []) + [""]
             if kind == "dtn7":
                 lines += ["[agent.dtn7]", f'store = "{store}"', "web_port = 3000", 'janitor = "3s"', ""]
+            rates = _ltp_rates(st, n, [m for m, (_, c) in peers.items() if c == "ltp"])
+            if kind == "ion" and rates:  # ION's LTP paces itself by its contacts' rates: the radio's
+                lines += ["[agent.ion]", "rates = { " + ", ".join(f'{m} = {r}' for m, r in rates.items()) + " }", ""]
             for m, (addr, c) in peers.items():
                 lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{port(m, c)}"', ""]
             for m, via in routes:

@@ -21,6 +21,7 @@ Settings (`[agent.ion]`):
   numbers = {}          other nodes' numbers, by node id, where they are not derived
   sdr_mb = 64           size of the SDR file (bundles held by ION; created once)
   rate_bytes = 12500000 nominal rate of every egress plan and LTP contact (bytes/s; below)
+  rates = {}            a neighbour's own rate, by node id (bytes/s): its radio link's, say
 
 Node numbers: ipn EIDs name nodes by number.  Unless a table says otherwise a node's
 number is derived from its id, so that every node config agrees without listing all
@@ -31,12 +32,13 @@ bundle per datagram), ltp is LTP over UDP (ltpcli/ltpclo with udplsi/udplso: a s
 listening spec, a span per LTP neighbour whose engine number is its node number, each bundle a
 block of its own, sent in red: acknowledged and retransmitted by LTP). ION's LTP sends to a
 neighbour only while a contact says it may and paces udplso at the contact's rate, so every LTP
-neighbour gets a contact each way from the node's start at `rate_bytes` and a range of 0 s (set
-rate_bytes to the radio's rate: LTP then does not queue at the radio); segments are not
-screened against the plan. ION has no mtcp or http. Neighbours get an egress plan (ipnadmin `a
-plan`); a node reached through another gets an exit via that neighbour (static routing, as the
-node config's routes say). ION's own contact-graph routing is not used: the testbed's links are
-cut by the emulator, not by a contact plan.
+neighbour gets a contact each way from the node's start at its rate (`rates`, else
+`rate_bytes`: set it to the radio's, so that LTP does not queue at the radio and time out) and
+a range of 0 s; the testbed writes each radio link's rate into `rates` for ION over LTP;
+segments are not screened against the plan. ION has no mtcp or http. Neighbours get an egress
+plan (ipnadmin `a plan`); a node reached through another gets an exit via that neighbour
+(static routing, as the node config's routes say). ION's own contact-graph routing is not used:
+the testbed's links are cut by the emulator, not by a contact plan.
 
 Groups: the node sends a group's bundle to each other member's own endpoint
 (BundleAgent.destinations), as on every agent without group endpoints; ION's imc is not used.
@@ -137,8 +139,9 @@ def _ltp_files(cfg: NodeConfig, nums: dict[str, int]) -> tuple[str, list[str]]:
     ion = []
     for p in peers:
         peer = nums[p.node]
-        ion += [f"a contact +0 +{FOREVER_S} {me} {peer} {o['rate_bytes']}",
-                f"a contact +0 +{FOREVER_S} {peer} {me} {o['rate_bytes']}",
+        rate = o["rates"].get(p.node, o["rate_bytes"])
+        ion += [f"a contact +0 +{FOREVER_S} {me} {peer} {rate}",
+                f"a contact +0 +{FOREVER_S} {peer} {me} {rate}",
                 f"a range +0 +{FOREVER_S} {me} {peer} 0"]
     return "\n".join(ltp), ion
 
@@ -189,7 +192,7 @@ def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
     files["node.bprc"] = "\n".join(bp)
     ipn = [f"# written by c2dtn from {cfg.source}"]
     for p in cfg.peers:
-        ipn.append(f"a plan {nums[p.node]} {_duct(p.cla)}/{_duct_name(p, nums)} {o['rate_bytes']}")
+        ipn.append(f"a plan {nums[p.node]} {_duct(p.cla)}/{_duct_name(p, nums)} {o['rates'].get(p.node, o['rate_bytes'])}")
     neighbours = {p.node for p in cfg.peers}
     for r in cfg.routes:
         if r.to in neighbours or r.to == r.via:
@@ -297,9 +300,10 @@ class IonAgent(BundleAgent):
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
         from c2dtn.tomlfile import check_table
 
-        check_table(source, "agent.ion", table, {"number", "numbers", "sdr_mb", "rate_bytes"})
+        check_table(source, "agent.ion", table, {"number", "numbers", "sdr_mb", "rate_bytes", "rates"})
         o = {"number": table.get("number", 0), "numbers": table.get("numbers", {}),
-             "sdr_mb": table.get("sdr_mb", 64), "rate_bytes": table.get("rate_bytes", 12_500_000)}
+             "sdr_mb": table.get("sdr_mb", 64), "rate_bytes": table.get("rate_bytes", 12_500_000),
+             "rates": table.get("rates", {})}
         for key in ("number", "sdr_mb", "rate_bytes"):
             v = o[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "number" else 1):
@@ -307,6 +311,9 @@ class IonAgent(BundleAgent):
         if not isinstance(o["numbers"], dict) or not all(
                 isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in o["numbers"].values()):
             raise ConfigError(source, "agent.ion.numbers", o["numbers"], "must map node ids to positive ipn numbers")
+        if not isinstance(o["rates"], dict) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in o["rates"].values()):
+            raise ConfigError(source, "agent.ion.rates", o["rates"], "must map neighbour node ids to bytes per second")
         return o
 
     @classmethod
