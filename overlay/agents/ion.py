@@ -120,8 +120,8 @@ def _ltp_files(cfg: NodeConfig, nums: dict[str, int]) -> tuple[str, list[str]]:
     """The node's ltprc, and the ionrc lines its LTP spans need: a contact each way and a
     range with every LTP neighbour.  ION's LTP sends to a neighbour only while a contact
     says it may (ltpclock stops a span's transmission at a rate of 0) and paces udplso by
-    the contact's rate, so the contacts last from the start on at `rate_bytes`; the links
-    are cut by the radio, not by the plan.  Each bundle is its own block (aggregation
+    the contact's rate, so the contacts last from the start on at the neighbour's rate
+    (`rates`, else `rate_bytes`); the links are cut by the radio, not by the plan.  Each bundle is its own block (aggregation
     threshold 1 byte): the overlay has already put its envelopes together."""
     o = cfg.agent_options
     me = nums[cfg.id]
