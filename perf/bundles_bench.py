@@ -51,7 +51,7 @@ from c2dtn.perf.runs import run_dir
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 BPA = ["gw1", "r2", "r3", "gw4"]
-CLAS = ("tcpcl", "udp", "mtcp")
+CLAS = ("tcpcl", "udp", "mtcp", "ltp")
 SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
 LAN_COUNTS = {"1k": 200, "10k": 100, "100k": 30, "1M": 8}
 
