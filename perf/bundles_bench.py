@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from c2dtn.overlay.agents import agent_class
-from c2dtn.topologies.node_configs import HARNESS_CLAS
+from c2dtn.topologies.node_configs import HARNESS_CLAS, harness_cla
 from c2dtn.topologies.nodes import Nodes
 from c2dtn.perf.dtnd_client import client_gap
 from c2dtn.perf.dtnd_client import end as _end
@@ -74,7 +74,7 @@ def cannot_run(agent: str, cla: str) -> str | None:
     cls = agent_class(agent)
     if cla not in cls.capabilities.clas:
         return f"{agent} has no {cla} convergence layer (it speaks {', '.join(cls.capabilities.clas)})"
-    if cla not in HARNESS_CLAS.get(agent, (cla,)):
+    if harness_cla(agent, cla) != cla:
         return f"{agent} runs over {' or '.join(HARNESS_CLAS[agent])} only here (see topologies.node_configs.HARNESS_CLAS)"
     return cls.missing()
 

@@ -155,6 +155,34 @@ def test_hdtn_node_files_follow_the_node_config(tmp_path):
     assert (r5, app_number(derived_number("fob"))) in contacts and (r5, app_number(gw4)) not in contacts
 
 
+def test_hdtn_over_ltp_gets_an_induct_per_ltp_neighbour_on_its_one_port_and_paced_outducts(tmp_path):
+    from c2dtn.cla_adapters.spec import parse_cla
+
+    cfg = _node(tmp_path, "hdtn", "[agent.hdtn]\nrates_bits = { r5 = 8640 }\n")
+    cfg.listen.append(parse_cla("ltp://0.0.0.0", "t", "listen"))  # the default port: 1113
+    cfg.peers[1].cla = parse_cla("ltp://10.77.5.2:1200", "t", "peer")
+    conf = json.loads(hdtn_files(cfg)["hdtn.json"])
+    me, r5 = derived_number("gw1"), derived_number("r5")
+    ltp_in = [i for i in conf["inductsConfig"]["inductVector"] if i["convergenceLayer"] == "ltp_over_udp"]
+    # one induct for r5's engine on the node's LTP port, reporting back to r5's own LTP port
+    assert [(i["boundPort"], i["thisLtpEngineId"], i["remoteLtpEngineId"], i["ltpRemoteUdpHostname"],
+             i["ltpRemoteUdpPort"]) for i in ltp_in] == [(1113, me, r5, "10.77.5.2", 1200)]
+    out = next(o for o in conf["outductsConfig"]["outductVector"] if o["nextHopNodeId"] == r5)
+    assert (out["convergenceLayer"], out["remoteHostname"], out["remotePort"]) == ("ltp_over_udp", "10.77.5.2", 1200)
+    assert (out["thisLtpEngineId"], out["remoteLtpEngineId"], out["ltpSenderBoundPort"]) == (me, r5, 1113)
+    assert out["ltpSenderPingSecondsOrZeroToDisable"] > 0  # a cut link is noticed, its bundles stored
+    tcp = next(o for o in conf["outductsConfig"]["outductVector"] if o["nextHopNodeId"] == derived_number("r2"))
+    assert tcp["convergenceLayer"] == "tcpcl_v4" and "thisLtpEngineId" not in tcp  # HDTN refuses LTP keys elsewhere
+    # HDTN paces the LTP outduct by the contact's rate: r5's own, the others unlimited
+    rates = {(c["source"], c["dest"]): c["rateBitsPerSec"] for c in json.loads(hdtn_files(cfg)["contacts.json"])["contacts"]}
+    assert rates[(me, r5)] == 8640 and rates[(me, derived_number("r2"))] == 0
+    cfg.listen.pop()  # LTP leaves from the node's own LTP port: none, refused naming the fix
+    with pytest.raises(ConfigError, match="listen.*LTP port.*ltp://0.0.0.0:1113"):
+        hdtn_files(cfg)
+    with pytest.raises(ConfigError, match="agent.hdtn.rates_bits.*bits per second"):
+        _node(tmp_path, "hdtn", '[agent.hdtn]\nrates_bits = { r2 = "fast" }\n')
+
+
 def test_hdtn_refuses_settings_it_cannot_use_naming_them(tmp_path):
     with pytest.raises(ConfigError, match="agent.hdtn.numbers.*even"):
         _node(tmp_path, "hdtn", "[agent.hdtn]\nnumbers = { gw4 = 7 }\n")

@@ -30,25 +30,29 @@ def node_path(st: dict[str, Any], src: str, dst: str) -> list[str]:
     return nodes
 
 
+def _link(st: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
+    """The link between nodes a and b, if they share one."""
+    return next((ls for ls in st["links"].values() if {ls["a"], ls["b"]} == {a, b}), None)
+
+
 def _ltp_rates(st: dict[str, Any], node: str, peers: list[str]) -> dict[str, int]:
-    """Bytes per second of LTP data `node` may send to each peer across a rated link: 90 % of
+    """Bits per second of LTP data `node` may send to each peer across a rated link: 90 % of
     the link's rate (which counts each frame's Ethernet, IP and UDP headers, and LTP adds its
     own to every 1 kB segment)."""
     out = {}
-    for ls in st["links"].values():
-        if node not in (ls["a"], ls["b"]):
-            continue
-        other, prof = (ls["b"], ls.get("profile_ab")) if ls["a"] == node else (ls["a"], ls.get("profile_ba"))
-        if other in peers and (prof or {}).get("rate_bps"):
-            out[other] = max(1, int(prof["rate_bps"] * 0.9 / 8))
+    for other in peers:
+        ls = _link(st, node, other)
+        prof = ls and (ls.get("profile_ab") if ls["a"] == node else ls.get("profile_ba"))
+        if prof and prof.get("rate_bps"):
+            out[other] = max(8, int(prof["rate_bps"] * 0.9))
     return out
 
 
 def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | None]:
     """node's address on the link toward `towards` (else its first address), and that link's CLA."""
-    for ls in st["links"].values():
-        if {ls["a"], ls["b"]} == {node, towards}:
-            return (ls["a_addr"] if ls["a"] == node else ls["b_addr"]), ls.get("cla")
+    ls = _link(st, node, towards)
+    if ls is not None:
+        return (ls["a_addr"] if ls["a"] == node else ls["b_addr"]), ls.get("cla")
     return testbed.node_address(st, node), None
 
 
@@ -184,8 +188,10 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             if kind == "dtn7":
                 lines += ["[agent.dtn7]", f'store = "{store}"', "web_port = 3000", 'janitor = "3s"', ""]
             rates = _ltp_rates(st, n, [m for m, (_, c) in peers.items() if c == "ltp"])
-            if kind == "ion" and rates:  # ION's LTP paces itself by its contacts' rates: the radio's
-                lines += ["[agent.ion]", "rates = { " + ", ".join(f'{m} = {r}' for m, r in rates.items()) + " }", ""]
+            if rates and kind in ("ion", "hdtn"):  # their LTP paces itself by its contacts' rates: the radio's
+                table, unit = ("rates", 8) if kind == "ion" else ("rates_bits", 1)  # ION's in bytes/s
+                lines += [f"[agent.{kind}]", f"{table} = {{ " + ", ".join(f"{m} = {r // unit}" for m, r in rates.items())
+                          + " }", ""]
             for m, (addr, c) in peers.items():
                 lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{port(m, c)}"', ""]
             for m, via in routes:

@@ -17,7 +17,10 @@ Settings (`[agent.hdtn]`):
   app_port = 4560     the induct the overlay connects to (TCPCLv4, on every address: HDTN's
                       inducts bind no single one)
   store_mb = 256      HDTN's disk store (totalStorageCapacityBytes)
-  rate_bits = 0       every contact's rate in bit/s (0: unlimited; HDTN paces UDP outducts by it)
+  rate_bits = 0       every contact's rate in bit/s (0: unlimited; HDTN paces UDP and LTP
+                      outducts by it)
+  rates_bits = {}     a neighbour's own rate, by node id (bit/s): the contact to it, so its
+                      radio link's rate, say (the testbed writes 90 % of it for LTP)
   keepalive_s = 600   TCPCLv4 keepalive between HDTN nodes (1 to 65535 s; a session uses the
                       smaller of its two ends'); a session ends after 2.5 times this long
                       without a word from the peer (TcpclV4BidirectionalLink.cpp; below)
@@ -49,7 +52,15 @@ minutes), still ends the session, and HDTN then holds that hop's bundles until i
 the overlay's custody keeps what it sent meanwhile. The overlay's own session to 127.0.0.1
 keeps 15 s.
 
-CLAs: tcpcl is HDTN's tcpcl_v4 (RFC 9174), udp is its udp (one bundle per datagram). Groups: no
+CLAs: tcpcl is HDTN's tcpcl_v4 (RFC 9174), udp is its udp (one bundle per datagram), ltp its
+ltp_over_udp (RFC 5326).  LTP: HDTN demultiplexes every LTP engine on one UDP port by engine id,
+so the node's `ltp://` listen port is both the induct it receives on and the port its outducts
+send from (ltpSenderBoundPort), and it gets one induct per LTP neighbour (an HDTN LTP induct
+knows one remote engine); a neighbour's engine id is its HDTN node number.  Each bundle is its
+own block, all red, in 1,024-byte segments (ION's here too); HDTN paces a block's segments by
+the contact's rate (`rates_bits`), and pings a silent neighbour every 15 s, so that a cut link
+is marked down and its bundles wait in the store.  HDTN allows at most 7 LTP outducts on one
+port.  Groups: no
 group endpoints; the node sends a group's bundle to each member (BundleAgent.destinations).
 HDTN's internal ZeroMQ ports (10200, 10305) are fixed here, so one HDTN node runs per network
 namespace.
@@ -80,7 +91,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("c2dtn.hdtn")
 
 SERVICE = 1  # the overlay's endpoint: ipn:<application node>.1
-CLA_NAMES = {"tcpcl": "tcpcl_v4", "udp": "udp"}
+CLA_NAMES = {"tcpcl": "tcpcl_v4", "udp": "udp", "ltp": "ltp_over_udp"}
+LTP_MAX_OUTDUCTS = 7  # LtpUdpEngineManager::AddLtpUdpEngine: "a max of 7 engines ... with the same udp port"
+# LTP timing: a checkpoint or report is resent after 2 x (one-way light time + margin) = 2 s
+# without an answer (RFC 5326 §6.7).  On a 9.8 kbit/s radio a checkpoint's answer takes about
+# 1.1 s (1 kB on the air, 100 ms each way), so a shorter timer would resend checkpoints that are
+# not lost; on lan a lost checkpoint (the tail of a burst) costs those 2 s.
+LTP_OWLT_MS, LTP_MARGIN_MS, LTP_MTU, LTP_RETRIES = 500, 500, 1024, 20
 MAX_BUNDLE = 10_000_000  # HDTN's maxBundleSizeBytes here (its examples' value)
 FOREVER_S = 2_000_000_000  # a contact's end, in seconds from HDTN's start (read as a C int)
 # HDTN 1.3.1 keeps an ended session's socket open for a second; a new session from the same node
@@ -104,7 +121,40 @@ def _cl(spec) -> str:
     try:
         return CLA_NAMES[spec.scheme]
     except KeyError:
-        raise C2Error(f"HDTN has no {spec.scheme} convergence layer here ({spec}): use tcpcl (TCPCLv4) or udp") from None
+        raise C2Error(f"HDTN has no {spec.scheme} convergence layer here ({spec}): use tcpcl (TCPCLv4), udp or ltp") from None
+
+
+def _ltp_ducts(cfg: NodeConfig, nums: dict[str, int]) -> tuple[list[dict], dict[str, dict]]:
+    """The LTP inducts (one per LTP neighbour, all on the node's ltp:// listen port) and, by
+    neighbour, the LTP fields of its outduct (sending from that same port)."""
+    me = nums[cfg.id]
+    peers = [p for p in cfg.peers if p.cla.scheme == "ltp"]
+    if not peers:
+        return [], {}
+    port = next((s.port for s in cfg.listen if s.scheme == "ltp"), None)
+    if port is None:
+        raise ConfigError(cfg.source, "agent.listen", [str(s) for s in cfg.listen],
+                          f"HDTN sends LTP to {peers[0].node} from its own LTP port: listen on one",
+                          'add "ltp://0.0.0.0:1113"')
+    if len(peers) > LTP_MAX_OUTDUCTS:
+        raise ConfigError(cfg.source, "agent.peers", ", ".join(p.node for p in peers),
+                          f"HDTN sends LTP to at most {LTP_MAX_OUTDUCTS} neighbours from one port")
+    common = {"oneWayLightTimeMs": LTP_OWLT_MS, "oneWayMarginTimeMs": LTP_MARGIN_MS, "clientServiceId": 1,
+              "ltpMaxRetriesPerSerialNumber": LTP_RETRIES, "ltpRandomNumberSizeBits": 64,
+              "ltpMaxUdpPacketsToSendPerSystemCall": 1, "keepActiveSessionDataOnDisk": False,
+              "activeSessionDataOnDiskNewFileDurationMs": 2000, "activeSessionDataOnDiskDirectory": str(cfg.agent_dir)}
+    inducts = [{"name": f"ltp_from_{p.node}", "convergenceLayer": "ltp_over_udp", "boundPort": port,
+                "numRxCircularBufferElements": 1000, "thisLtpEngineId": me, "remoteLtpEngineId": nums[p.node],
+                "ltpReportSegmentMtu": LTP_MTU, "preallocatedRedDataBytes": 200000,
+                "ltpRemoteUdpHostname": p.cla.host, "ltpRemoteUdpPort": p.cla.port,
+                "ltpRxDataSegmentSessionNumberRecreationPreventerHistorySize": 1000,
+                "ltpMaxExpectedSimultaneousSessions": 500, "delaySendingOfReportSegmentsTimeMsOrZeroToDisable": 20,
+                **common} for p in peers]
+    outducts = {p.node: {"thisLtpEngineId": me, "remoteLtpEngineId": nums[p.node], "ltpDataSegmentMtu": LTP_MTU,
+                         "numRxCircularBufferElements": 1000, "ltpCheckpointEveryNthDataSegment": 0,
+                         "ltpSenderBoundPort": port, "ltpSenderPingSecondsOrZeroToDisable": 15,
+                         "delaySendingOfDataSegmentsTimeMsOrZeroToDisable": 20, **common} for p in peers}
+    return inducts, outducts
 
 
 def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
@@ -117,7 +167,11 @@ def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
                 "numRxCircularBufferElements": 200, "numRxCircularBufferBytesPerElement": 20000,
                 "keepAliveIntervalSeconds": APP_KEEPALIVE_S, "tcpclV4MyMaxRxSegmentSizeBytes": 200000, "tlsIsRequired": False,
                 "certificatePemFile": "", "privateKeyPemFile": "", "diffieHellmanParametersPemFile": ""}]
+    ltp_inducts, ltp_outducts = _ltp_ducts(cfg, nums)
+    inducts += ltp_inducts
     for i, s in enumerate(cfg.listen):
+        if _cl(s) == "ltp_over_udp":
+            continue  # one induct per LTP neighbour (above)
         if _cl(s) == "udp":
             inducts.append({"name": f"udp{i}", "convergenceLayer": "udp", "boundPort": s.port,
                             "numRxCircularBufferElements": 2000, "numRxCircularBufferBytesPerElement": 65535})
@@ -135,6 +189,7 @@ def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
                          "useTlsVersion1_3": False, "doX509CertificateVerification": False,
                          "verifySubjectAltNameInX509Certificate": False,
                          "certificationAuthorityPemFileForVerification": ""})
+        base.update(ltp_outducts.get(p.node, {}))
         outducts.append(base)
     config = {
         "hdtnConfigName": f"c2dtn {cfg.id} (written from {cfg.source})", "userInterfaceOn": False,
@@ -156,6 +211,7 @@ def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
             "storageDiskConfigVector": [{"name": "d1", "storeFilePath": str(d / "store1.bin")}]},
     }
     links: list[tuple[int, int]] = []
+    rate = {(me, nums[p.node]): o["rates_bits"][p.node] for p in cfg.peers if p.node in o["rates_bits"]}
     for p in cfg.peers:
         links += [(me, nums[p.node]), (nums[p.node], app_number(nums[p.node]))]
     neighbours = {p.node for p in cfg.peers}
@@ -168,7 +224,7 @@ def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
         if r.to == "*" and r.via in nums:
             links += [(nums[r.via], app_number(nums[n])) for n in sorted(nums) if n not in routed]
     contacts = [{"contact": i, "source": a, "dest": b, "startTime": 0, "endTime": FOREVER_S,
-                 "rateBitsPerSec": o["rate_bits"], "owlt": 1} for i, (a, b) in enumerate(dict.fromkeys(links))]
+                 "rateBitsPerSec": rate.get((a, b), o["rate_bits"]), "owlt": 1} for i, (a, b) in enumerate(dict.fromkeys(links))]
     return {"hdtn.json": json.dumps(config, indent=1) + "\n",
             "contacts.json": json.dumps({"contacts": contacts}, indent=1) + "\n"}
 
@@ -178,7 +234,7 @@ class HdtnAgent(BundleAgent):
     # BPv7; bundles up to HDTN's maxBundleSizeBytes here; no group endpoints; its disk store is restored
     # at start (tryToRestoreFromDisk); its UDP CL sends a bundle as one datagram
     capabilities = Capabilities(bp_version=7, max_bundle_bytes=MAX_BUNDLE - 4096, groups=False, own_custody=True,
-                                udp_bundle_max=65_000)
+                                clas=("tcpcl", "udp", "ltp"), udp_bundle_max=65_000)
     endpoint = str(SERVICE)
     session_gap_s = SESSION_GAP_S
 
@@ -204,15 +260,18 @@ class HdtnAgent(BundleAgent):
         from c2dtn.tomlfile import check_table
 
         check_table(source, "agent.hdtn", table, {"number", "numbers", "app_port", "store_mb", "rate_bits",
-                                                  "keepalive_s"})
+                                                  "rates_bits", "keepalive_s"})
         o = {"number": table.get("number", 0), "numbers": table.get("numbers", {}), "app_port": table.get("app_port", 4560),
              "store_mb": table.get("store_mb", 256), "rate_bits": table.get("rate_bits", 0),
-             "keepalive_s": table.get("keepalive_s", PEER_KEEPALIVE_S)}
+             "keepalive_s": table.get("keepalive_s", PEER_KEEPALIVE_S), "rates_bits": table.get("rates_bits", {})}
         for key, low, high in (("number", 0, (1 << 31) - 2), ("app_port", 1, 65535), ("store_mb", 1, 1 << 20),
                                ("rate_bits", 0, 1 << 40), ("keepalive_s", 1, 65535)):
             v = o[key]
             if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
                 raise ConfigError(source, f"agent.hdtn.{key}", v, f"must be a whole number from {low} to {high}")
+        if not isinstance(o["rates_bits"], dict) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 40 for v in o["rates_bits"].values()):
+            raise ConfigError(source, "agent.hdtn.rates_bits", o["rates_bits"], "must map neighbour node ids to bits per second")
         nums = o["numbers"]
         if not isinstance(nums, dict) or not all(
                 isinstance(v, int) and not isinstance(v, bool) and 0 < v < (1 << 31) - 1 and v % 2 == 0
