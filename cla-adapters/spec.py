@@ -5,7 +5,7 @@
     mtcp://10.77.1.2:16162   minimal TCP CL (draft-ietf-dtn-mtcpcl), common ground
     udp://10.77.1.2:4556     UDP CL: one bundle per datagram, common ground
     http://10.77.1.2:3000    dtn7-rs's HTTP push CL
-    ltp://10.77.1.2:1113     LTP over UDP (RFC 5326; ION): a listening spec is an LTP seat
+    ltp://10.77.1.2:1113     LTP over UDP (RFC 5326; ION, HDTN): a listening spec is the LTP port
 
 A listening spec names the local address (often 0.0.0.0); a peer spec names the
 neighbour's.  The port may be left out: each scheme has its usual default.
