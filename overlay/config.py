@@ -231,8 +231,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
     sch = data.get("scheduler", {})
     known = {f.name: f for f in fields(SchedulerConfig)}
     check_table(src, "scheduler", sch, set(known))
-    # 0 means "none" for these (no linger, acks at once, no queue limit); the rest are sizes and timers
-    zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms"}
+    # 0 means "none" for these (no linger, acks at once, no queue limit, none kept); the rest are sizes and timers
+    zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms", "queue_keep_ms"}
     cfg.scheduler = SchedulerConfig(**{k: _int(src, f"scheduler.{k}", v, 0 if k in zero_ok else 1, 1 << 40)
                                        for k, v in sch.items()})
     q = data.get("quota", {})

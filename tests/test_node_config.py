@@ -63,10 +63,12 @@ def test_node_config_to_dtnd_command_line(tmp_path):
 
 
 def test_scheduler_settings_whose_zero_means_none_take_zero(tmp_path):
-    """README: linger_ms 0 is no linger, queue_target_ms 0 no queue limit (refused until 2026-11-24)."""
-    f = _write(tmp_path, GOOD.replace("aggregate_bytes = 1200", "linger_ms = 0\nack_delay_ms = 0\nqueue_target_ms = 0"))
+    """README: linger_ms 0 is no linger, queue_target_ms 0 no queue limit (refused until 2026-11-24),
+    queue_keep_ms 0 (the default) a queue cut that drains the queue."""
+    f = _write(tmp_path, GOOD.replace("aggregate_bytes = 1200", "linger_ms = 0\nack_delay_ms = 0\nqueue_target_ms = 0\n"
+                                      "queue_keep_ms = 0"))
     sch = load_node_config(f).scheduler
-    assert (sch.linger_ms, sch.ack_delay_ms, sch.queue_target_ms) == (0, 0, 0)
+    assert (sch.linger_ms, sch.ack_delay_ms, sch.queue_target_ms, sch.queue_keep_ms) == (0, 0, 0, 0)
 
 
 @pytest.mark.parametrize("change, field, value", [
