@@ -211,3 +211,17 @@ def test_the_harness_runs_ion_over_udp_or_over_ltp_when_asked(tmp_path):
         assert cfg.listen[0].port == (1113 if runs == "ltp" else 4556)
         # over LTP, r2 paces what it sends r3 at 90 % of the radio's rate (cnr-tactical-2: 9.8 kbit/s)
         assert cfg.agent_options["rates"] == ({"r3": 1102} if runs == "ltp" else {})
+
+
+def test_hdtn_over_ltp_in_the_testbed_paces_the_radio_hop_at_90_percent_of_its_rate(tmp_path):
+    from c2dtn.overlay.config import load_node_config
+    from c2dtn.topologies import testbed
+    from c2dtn.topologies.node_configs import write_configs
+
+    st = testbed.state_of(load("nps-chain"), "userspace")
+    paths = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path, cla="ltp", per_link_cla=False,
+                          agent="hdtn")
+    r2, gw1 = load_node_config(paths["r2"]), load_node_config(paths["gw1"])
+    assert {p.cla.scheme for p in r2.peers} == {"ltp"} and r2.listen[0].port == 1113
+    # in bits per second (HDTN's contact rate), the radio hop only (cnr-tactical-2: 9.8 kbit/s)
+    assert r2.agent_options["rates_bits"] == {"r3": 8820} and gw1.agent_options["rates_bits"] == {}
