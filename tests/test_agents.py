@@ -135,6 +135,45 @@ def test_ion_over_ltp_gets_a_span_seat_contacts_and_plan_per_ltp_neighbour(tmp_p
         peer_arg(cfg.peers[1].cla, "r5")
 
 
+def test_ion_bibe_custody_tunnels_routes_through_a_listed_neighbour_and_only_those(tmp_path):
+    from c2dtn.overlay.agents.ion import ion_files, derived_number
+
+    cfg = _node(tmp_path, "ion", '[agent.ion]\nbibe = ["r2"]\nbibe_latency_s = 7\n')
+    files = ion_files(cfg, tmp_path / "bin")
+    r2, r5, gw4 = derived_number("r2"), derived_number("r5"), derived_number("gw4")
+    bp = files["node.bprc"].splitlines()
+    assert "a protocol bibe" in bp and "a induct bibe * ''" in bp
+    assert bp.index("r 'bibeadmin node.biberc'") < bp.index(f"a outduct bibe ipn:{r2}.0 bibeclo") < bp.index("s")
+    # r2's plan: its own duct first (BPDUs and bundles for r2 itself), the bibe duct beside it
+    plan = bp.index(f"a plan ipn:{r2}.0 12500000")
+    assert bp[plan + 1:plan + 3] == [f"a planduct ipn:{r2}.0 tcp 10.77.1.2:4556", f"a planduct ipn:{r2}.0 bibe ipn:{r2}.0"]
+    # custody requested (qosFlags 64); a BPDU not signalled within 7 + 7 + 2 s goes again
+    assert files["node.biberc"].splitlines()[-1] == f"a bcla ipn:{r2}.0 7 7 '' 0 0 1 0 64 0"
+    ipn = files["node.ipnrc"].splitlines()
+    assert f"a rtovrd 0 {gw4} 0 {r2} bibe/ipn:{r2}.0" in ipn  # gw4 is reached through r2
+    assert not [x for x in ipn if x.startswith(f"a plan {r2} ")]  # that plan is bpadmin's now
+    assert f"a plan {r5} udp/10.77.5.2:4600 12500000" in ipn  # r5 is not listed: as without BIBE
+    assert not [x for x in ipn if "rtovrd" in x and f" {r2} bibe" not in x]
+    everyone = ion_files(_node(tmp_path, "ion", '[agent.ion]\nbibe = ["*"]\n'), tmp_path / "bin")
+    assert f"a bcla ipn:{r5}.0 5 5 '' 0 0 1 0 64 0" in everyone["node.biberc"]  # "*": every neighbour, 5 s
+    # the receiving end: a bcla and a bibeclo (which sends the custody signals), no plan or override
+    taker = ion_files(_node(tmp_path, "ion", '[agent.ion]\nbibe_from = ["r5"]\n'), tmp_path / "bin")
+    tb = taker["node.bprc"].splitlines()
+    assert f"a outduct bibe ipn:{r5}.0 bibeclo" in tb and "a induct bibe * ''" in tb
+    assert not [x for x in tb if "plan" in x] and "rtovrd" not in taker["node.ipnrc"]
+    assert f"a plan {r5} udp/10.77.5.2:4600 12500000" in taker["node.ipnrc"].splitlines()
+    assert f"a bcla ipn:{r5}.0 5 5 '' 0 0 1 0 64 0" in taker["node.biberc"]
+    with pytest.raises(ConfigError, match="agent.ion.bibe_from.*'r2'.*also in agent.ion.bibe.*one way"):
+        ion_files(_node(tmp_path, "ion", '[agent.ion]\nbibe = ["r2"]\nbibe_from = ["*"]\n'), tmp_path / "bin")
+    plain = ion_files(_node(tmp_path, "ion"), tmp_path / "bin")
+    assert "node.biberc" not in plain
+    assert not [x for x in (plain["node.bprc"] + plain["node.ipnrc"]).splitlines() if "bibe" in x and x[0] != "#"]
+    with pytest.raises(ConfigError, match="agent.ion.bibe.*'gw4'.*not a neighbour.*r2, r5"):
+        ion_files(_node(tmp_path, "ion", '[agent.ion]\nbibe = ["gw4"]\n'), tmp_path / "bin")
+    with pytest.raises(ConfigError, match="agent.ion.bibe.*must list neighbour node ids"):
+        _node(tmp_path, "ion", '[agent.ion]\nbibe = "r2"\n')
+
+
 def test_ion_refuses_what_it_cannot_do_naming_it(tmp_path):
     from c2dtn.errors import ConfigError
     from c2dtn.overlay.agents.ion import ion_files

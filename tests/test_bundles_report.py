@@ -93,6 +93,10 @@ def test_each_agent_runs_on_the_clas_asked_for_it_and_says_why_it_cannot_on_othe
     assert "ion's UDP CLA" in b.plan_run("udp", None, 100_000, "100k", 180, agent="ion")[2]
     assert b.plan_run("udp", None, 10_000, "10k", 180, agent="ion")[2] is None
     assert b.plan_run("udp", None, 1_000_000, "1M", 180, agent="ibrdtn")[2] is None
+    # ION's BIBE custody rides on its UDP CLA, and is ION's only
+    assert "dtn7 has no udp+bibe: BIBE custody is ion's" in b.cannot_run("dtn7", "udp+bibe")
+    assert b.cannot_run("ion", "udp+bibe") == agent_class("ion").missing()
+    assert "ion's UDP CLA" in b.plan_run("udp+bibe", None, 100_000, "100k", 180, agent="ion")[2]
 
 
 def test_a_paced_source_stamps_each_bundle_and_the_sink_gives_each_ones_latency():

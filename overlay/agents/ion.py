@@ -22,6 +22,25 @@ Settings (`[agent.ion]`):
   sdr_mb = 64           size of the SDR file (bundles held by ION; created once)
   rate_bytes = 12500000 nominal rate of every egress plan and LTP contact (bytes/s; below)
   rates = {}            a neighbour's own rate, by node id (bytes/s): its radio link's, say
+  bibe = []             neighbours to send to with ION's BIBE custody transfer ("*": every one)
+  bibe_from = []        neighbours whose BIBE PDUs this node takes custody of ("*": every one)
+  bibe_latency_s = 5    expected one-way delivery time between them, queueing included (below)
+
+BIBE custody (`bibe`, off by default; an option to measure, not the overlay's custody): each
+bundle this node forwards through a listed neighbour V toward another node goes in a BIBE PDU
+to ipn:V.0 with custody requested (bpadmin's bibe protocol, induct and bibeclo outduct, a plan
+for ipn:V.0 with the neighbour's own duct first and the bibe duct beside it, ipnadmin `a
+rtovrd` for every route through V, bibeadmin's bcla with qosFlags 64 as ION's tests/bibect).
+V takes custody and signals it back (aggregated, at the latest fwd + margin before the
+deadline); a BPDU not signalled within 2 * bibe_latency_s + 2 s is forwarded again, so what is
+sent into a cut link is resent until it gets through or the bundle expires.  The receiver lists
+the sender in `bibe_from` (a bcla and a bibeclo for it, which sends the custody signals).  Bundles
+for V itself go without custody (a BPDU is one of them).  bibe_latency_s must cover the queue
+ahead of a BPDU on the link, or BPDUs are resent that were not lost.  One way per link: a node
+may not list a neighbour in both.  With r2 and r3 of the testbed sending to each other by BIBE,
+no acknowledgement came back through r3-r2 in a data run (0 of 200 acknowledged; one way, 200 of
+200, 2026-11-25).  Likely why (bpv7/bibe/bibeclo.c): after each BPDU bibeclo writes back its whole
+copy of the peer's bcla, and the same bcla holds the custody signals owed for the peer's BPDUs.
 
 Node numbers: ipn EIDs name nodes by number.  Unless a table says otherwise a node's
 number is derived from its id, so that every node config agrees without listing all
@@ -151,6 +170,45 @@ def _duct_name(peer, nums: dict[str, int]) -> str:
     return str(nums[peer.node]) if peer.cla.scheme == "ltp" else f"{peer.cla.host}:{peer.cla.port}"
 
 
+def bibe_peers(cfg: NodeConfig, key: str = "bibe") -> list:
+    """The neighbours (PeerInfo) named by `[agent.ion] bibe` (sent to with BIBE custody) or
+    `bibe_from` (whose BIBE PDUs this node takes custody of)."""
+    want = cfg.agent_options[key]
+    if want == ["*"]:
+        return list(cfg.peers)
+    by_node = {p.node: p for p in cfg.peers}
+    for n in want:
+        if n not in by_node:
+            raise ConfigError(cfg.source, f"agent.ion.{key}", n, "is not a neighbour of this node (BIBE is between "
+                              "neighbours)", f"its neighbours: {', '.join(sorted(by_node)) or 'none'}")
+    return [by_node[n] for n in want]
+
+
+def _bibe_lines(cfg: NodeConfig, nums: dict[str, int], to: list, takes: list) -> tuple[list[str], list[str], str]:
+    """bprc lines (after the outducts), ipnrc override lines, and the biberc, for BIBE custody to
+    the neighbours `to` and from the neighbours `takes` (module docstring)."""
+    lat = cfg.agent_options["bibe_latency_s"]
+    bp, ipn = [], []
+    bibe = [f"# written by c2dtn from {cfg.source}"]
+    for p in to + [p for p in takes if p not in to]:
+        v = nums[p.node]
+        # bibeclo sends the BPDUs to V and, in a thread of its own, the custody signals for V's
+        bp.append(f"a outduct bibe ipn:{v}.0 bibeclo")
+        # peer, fwd and return latency, report-to, status report flags, lifespan (0: fwd + rtn),
+        # priority (standard), ordinal, qosFlags (64: custody transfer requested), data label
+        bibe.append(f"a bcla ipn:{v}.0 {lat} {lat} '' 0 0 1 0 64 0")
+        if p not in to:
+            continue
+        rate = cfg.agent_options["rates"].get(p.node, cfg.agent_options["rate_bytes"])
+        bp += [f"a plan ipn:{v}.0 {rate}",
+               f"a planduct ipn:{v}.0 {_duct(p.cla)} {_duct_name(p, nums)}",  # the first: BPDUs and bundles for V
+               f"a planduct ipn:{v}.0 bibe ipn:{v}.0"]
+        for r in cfg.routes:
+            if r.via == p.node and r.to not in (p.node, "*"):
+                ipn.append(f"a rtovrd 0 {nums[r.to]} 0 {v} bibe/ipn:{v}.0")
+    return bp, ipn, "\n".join(bibe + [""])
+
+
 def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
     """The files of one ION node: name -> text (in the agent folder)."""
     o = cfg.agent_options
@@ -178,9 +236,18 @@ def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
         files["node.ltprc"] = ltprc
     bp = [f"# written by c2dtn from {cfg.source}", "1", "a scheme ipn 'ipnfw' 'ipnadminep'",
           f"a endpoint ipn:{me}.{SERVICE} q"]
-    protocols = sorted({_duct(s) for s in cfg.listen} | {_duct(p.cla) for p in cfg.peers})
+    bibe, bibe_from = bibe_peers(cfg), bibe_peers(cfg, "bibe_from")
+    both = [p.node for p in bibe if p in bibe_from]
+    if both:
+        raise ConfigError(cfg.source, "agent.ion.bibe_from", both[0], "is also in agent.ion.bibe: BIBE custody both "
+                          "ways between two ION 4.1.3 nodes passed no bundle back here (2026-11-25)",
+                          "use BIBE one way on a link: the way the traffic that needs custody goes")
+    protocols = sorted({_duct(s) for s in cfg.listen} | {_duct(p.cla) for p in cfg.peers}
+                       | ({"bibe"} if bibe or bibe_from else set()))
     for proto in protocols:
         bp.append(f"a protocol {proto}")
+    if bibe or bibe_from:  # the bcla must be there before bibeclo starts
+        bp += ["r 'bibeadmin node.biberc'", "a induct bibe * ''"]
     for s in cfg.listen:
         if _duct(s) != "ltp":  # LTP has one induct, the node's engine; its seats listen
             bp.append(f"a induct {_duct(s)} {s.host}:{s.port} {_duct(s)}cli")
@@ -188,10 +255,15 @@ def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
         bp.append(f"a induct ltp {me} ltpcli")
     for p in cfg.peers:
         bp.append(f"a outduct {_duct(p.cla)} {_duct_name(p, nums)} {_duct(p.cla)}clo")
-    bp += ["s", ""]
+    bibe_bp, overrides, biberc = _bibe_lines(cfg, nums, bibe, bibe_from)
+    if bibe or bibe_from:
+        files["node.biberc"] = biberc
+    bp += bibe_bp + ["s", ""]
     files["node.bprc"] = "\n".join(bp)
     ipn = [f"# written by c2dtn from {cfg.source}"]
     for p in cfg.peers:
+        if p in bibe:  # its plan is in the bprc, with the bibe duct
+            continue
         ipn.append(f"a plan {nums[p.node]} {_duct(p.cla)}/{_duct_name(p, nums)} {o['rates'].get(p.node, o['rate_bytes'])}")
     neighbours = {p.node for p in cfg.peers}
     for r in cfg.routes:
@@ -199,7 +271,7 @@ def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
             continue
         first, last = (1, (1 << 63) - 1) if r.to == "*" else (nums[r.to], nums[r.to])
         ipn.append(f"a exit {first} {last} ipn:{nums[r.via]}.0")
-    files["node.ipnrc"] = "\n".join(ipn + [""])
+    files["node.ipnrc"] = "\n".join(ipn + overrides + [""])
     # the keeper: runs as PID 1 of the node's PID namespace (nothing of ION outlives it)
     files["ion-run.sh"] = f"""#!/bin/sh
 # written by c2dtn: one ION node in IPC, mount and PID namespaces of its own
@@ -300,11 +372,17 @@ class IonAgent(BundleAgent):
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
         from c2dtn.tomlfile import check_table
 
-        check_table(source, "agent.ion", table, {"number", "numbers", "sdr_mb", "rate_bytes", "rates"})
+        check_table(source, "agent.ion", table, {"number", "numbers", "sdr_mb", "rate_bytes", "rates", "bibe",
+                                                 "bibe_from", "bibe_latency_s"})
         o = {"number": table.get("number", 0), "numbers": table.get("numbers", {}),
              "sdr_mb": table.get("sdr_mb", 64), "rate_bytes": table.get("rate_bytes", 12_500_000),
-             "rates": table.get("rates", {})}
-        for key in ("number", "sdr_mb", "rate_bytes"):
+             "rates": table.get("rates", {}), "bibe": table.get("bibe", []), "bibe_from": table.get("bibe_from", []),
+             "bibe_latency_s": table.get("bibe_latency_s", 5)}
+        for key in ("bibe", "bibe_from"):
+            v = o[key]
+            if not isinstance(v, list) or not all(isinstance(n, str) and n for n in v) or ("*" in v and len(v) > 1):
+                raise ConfigError(source, f"agent.ion.{key}", v, "must list neighbour node ids, or be [\"*\"]")
+        for key in ("number", "sdr_mb", "rate_bytes", "bibe_latency_s"):
             v = o[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "number" else 1):
                 raise ConfigError(source, f"agent.ion.{key}", v, "must be a positive whole number")
