@@ -38,8 +38,8 @@ the sender in `bibe_from` (a bcla and a bibeclo for it, which sends the custody 
 for V itself go without custody (a BPDU is one of them).  bibe_latency_s must cover the queue
 ahead of a BPDU on the link, or BPDUs are resent that were not lost.  One way per link: a node
 may not list a neighbour in both.  With r2 and r3 of the testbed sending to each other by BIBE,
-no acknowledgement came back through r3-r2 in a data run (0 of 200 acknowledged; one way, 200 of
-200, 2026-11-25).  Likely why (bpv7/bibe/bibeclo.c): after each BPDU bibeclo writes back its whole
+no acknowledgement came back through r3-r2 in a data run (0 of 200 acknowledged; one way, 171 to
+200 of 200 in four runs, 2026-11-25).  Likely why (bpv7/bibe/bibeclo.c): after each BPDU bibeclo writes back its whole
 copy of the peer's bcla, and the same bcla holds the custody signals owed for the peer's BPDUs.
 
 Node numbers: ipn EIDs name nodes by number.  Unless a table says otherwise a node's
