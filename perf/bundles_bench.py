@@ -79,9 +79,10 @@ def cannot_run(agent: str, cla: str) -> str | None:
     """Why `agent` cannot be measured over `cla` here (no such CLA, not run by the harness,
     not built), else None."""
     if cla in VARIANTS:
-        kind, cla, _ = VARIANTS[cla]
+        kind = VARIANTS[cla][0]
         if agent != kind:
-            return f"{agent} has no {cla}+bibe: BIBE custody is {kind}'s"
+            return f"{agent} has no {cla}: BIBE custody is {kind}'s"
+        cla = VARIANTS[cla][1]
     cls = agent_class(agent)
     if cla not in cls.capabilities.clas:
         return f"{agent} has no {cla} convergence layer (it speaks {', '.join(cls.capabilities.clas)})"
@@ -133,7 +134,7 @@ def _chain(agent: str, cla: str, profile: str, run: int, workdir: Path) -> tuple
     arguments of the clients on gw1 and gw4.  The caller stops the nodes and the testbed."""
     testbed.down()
     st = testbed.up("nps-chain", profile=profile, seed=run)
-    cla, options = VARIANTS[cla][1:] if cla in VARIANTS else (cla, "")
+    cla, options = VARIANTS[cla][1:] if cla in VARIANTS else (cla, {})
     nodes = Nodes(st, BPA, [], workdir, cla=cla, per_link_cla=False, agent=agent, options=options)
     nodes.start_all(BPA)
     return nodes, {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
