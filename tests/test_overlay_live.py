@@ -192,3 +192,51 @@ def test_supervisor_restarts_a_dead_agent_and_delivery_resumes(chain):
     got = collect(nodes, "gw4", 10, timeout=300, cbor=False)  # the API's JSON answer: bodies in base64
     assert sorted(d["seq"] for d in got) == sorted(sent)
     assert sorted(d["body"] for d in got) == sorted(f"after restart {i}".encode() for i in range(10))
+
+
+# A client of ION that dies inside an SDR transaction leaves the node's transaction semaphore
+# taken: every daemon and client of the node waits on it for ever.  This client takes it
+# through ION's own libraries (bp_attach, sdr_begin_xn) and is SIGKILLed there, every time.
+LOCKER = """import ctypes, time
+bp, ici = ctypes.CDLL("libbp.so.0"), ctypes.CDLL("libici.so.0")
+bp.bp_get_sdr.restype = ctypes.c_void_p
+ici.sdr_begin_xn.argtypes = [ctypes.c_void_p]
+assert bp.bp_attach() == 0, "cannot attach"
+assert ici.sdr_begin_xn(bp.bp_get_sdr()) == 1, "cannot begin a transaction"
+print("in a transaction", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def ion_chain(tmp_path):
+    why = agent_class("ion").missing()
+    if why:
+        pytest.skip(f"ion: {why}")
+    yield from _chain(tmp_path, "ion")
+
+
+def test_an_ion_node_locked_by_a_killed_client_is_unlocked_and_delivery_resumes(ion_chain):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from c2dtn.overlay.agents.builds import built
+
+    nodes = ion_chain
+    sent = send_orders(nodes, 0, 10)
+    assert len(collect(nodes, "gw4", 10, timeout=120)) == 10
+    gw1 = agent_class("ion")(nodes.cfg("gw1"))
+    locker = subprocess.Popen(["nsenter", "-t", str(gw1._keeper()), "--ipc", "--mount", "--pid", "--", sys.executable,
+                               "-c", LOCKER], stdout=subprocess.PIPE, text=True, cwd=nodes.cfg("gw1").agent_dir,
+                              env={**os.environ, "LD_LIBRARY_PATH": str(built("ion") / "lib")})
+    assert locker.stdout.readline() == "in a transaction\n"
+    client = int(open(f"/proc/{locker.pid}/task/{locker.pid}/children").read().split()[0])
+    os.kill(client, signal.SIGKILL)  # inside its transaction
+    locker.wait(10)
+    sent += send_orders(nodes, 10, 30)
+    got = collect(nodes, "gw4", 20, timeout=300, progress="after the lock")
+    assert sorted(d["seq"] for d in got) == sorted(sent[10:]), "lost or repeated after the lock"
+    log = nodes.log("gw1")
+    assert "the node is locked? running ionunlock" in log, log[-3000:]

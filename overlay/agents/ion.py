@@ -42,6 +42,29 @@ no acknowledgement came back through r3-r2 in a data run (0 of 200 acknowledged;
 200 of 200 in four runs, 2026-11-25).  Likely why (bpv7/bibe/bibeclo.c): after each BPDU bibeclo writes back its whole
 copy of the peer's bcla, and the same bcla holds the custody signals owed for the peer's BPDUs.
 
+A node locked by a killed client: a process that dies inside an SDR transaction (c2dtn-ionbp
+SIGKILLed mid-send, say) keeps ION's transaction semaphore (a POSIX named semaphore here, which
+nothing gives back when its holder dies) taken for ever, and every daemon and client of the
+node then waits on it: seen here after 1 to 8 SIGKILLs of the helper in a send loop
+(2026-11-25).  When the helper has not attached within ATTACH_S, the driver runs ION's
+`ionunlock` in the node's namespaces: it takes over the dead owner's transaction and cancels
+it; ION reverses what the transaction wrote to the SDR (configFlags 14: reversible) and runs
+`ionrestart`, which stops the node's daemons, reloads ION's working memory from the SDR and
+starts them again.  The driver waits for ionrestart to end (ion-run.sh's watch loop lets the
+daemons be gone meanwhile) and attaches once more.  If a daemon that ran before did not come
+back, or the helper still cannot attach, the driver ends the node's namespaces instead and the
+supervisor starts the node again: at its start ION reverses the dead transaction from its log
+file, as after a SIGKILL of the node.  ION 4.1.3 needs that backstop: of 13 locks seen here
+(2026-11-25) ionunlock's in-place restart brought the node back 5 times.  Its bpStart, run by
+ionrestart, asserted in sdr_string_read (sdrFetchSafe) and could not exec the daemons it read
+no names for ("Can't execute new process ... (0.0.0.0:4556)"): udpcli, udpclo, ipnfw ... stayed
+down; and after one in-place restart a later ionunlock could not read the transaction log
+("Can't locate log entry") and the node stayed locked.
+ionunlock does not ask whether the owner is dead: a live daemon that happened to hold the
+semaphore at that moment would have its transaction reversed and the node restarted too, which
+the overlay's custody covers (what was reversed is sent again); a live transaction lasting
+ATTACH_S is not one ION makes.
+
 Node numbers: ipn EIDs name nodes by number.  Unless a table says otherwise a node's
 number is derived from its id, so that every node config agrees without listing all
 others: 1 + (CRC-32 of the id) mod 2**31.  EIDs: the overlay's endpoint is ipn:N.1.
@@ -102,6 +125,9 @@ FOREVER_S = 300_000_000  # contacts and ranges of LTP spans: from the node's sta
 LTP_SESSIONS = 16  # export sessions per span (each carries one bundle: LTP's window), and import
 LTP_SEGMENT = 1024  # bytes of block data per LTP segment (one UDP datagram, below any link's MTU)
 HELPER = Path(__file__).resolve().parent.parent.parent / ".tools" / "c2dtn-ionbp"
+ATTACH_S = 10  # the helper attaches in well under a second; longer than this: the node is locked (above)
+SEND_S = 30  # bp_send answers within this (a 16 MB payload into the SDR file), or the helper is stuck
+RESTART_S = 60  # ionunlock and the ionrestart it runs (its grace period, then stopping and starting daemons)
 MAX_FRAME = (16 << 20) + 1024
 
 
@@ -237,16 +263,17 @@ def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
     bp = [f"# written by c2dtn from {cfg.source}", "1", "a scheme ipn 'ipnfw' 'ipnadminep'",
           f"a endpoint ipn:{me}.{SERVICE} q"]
     bibe, bibe_from = bibe_peers(cfg), bibe_peers(cfg, "bibe_from")
+    uses_bibe = bool(bibe or bibe_from)
     both = [p.node for p in bibe if p in bibe_from]
     if both:
         raise ConfigError(cfg.source, "agent.ion.bibe_from", both[0], "is also in agent.ion.bibe: BIBE custody both "
                           "ways between two ION 4.1.3 nodes passed no bundle back here (2026-11-25)",
                           "use BIBE one way on a link: the way the traffic that needs custody goes")
     protocols = sorted({_duct(s) for s in cfg.listen} | {_duct(p.cla) for p in cfg.peers}
-                       | ({"bibe"} if bibe or bibe_from else set()))
+                       | ({"bibe"} if uses_bibe else set()))
     for proto in protocols:
         bp.append(f"a protocol {proto}")
-    if bibe or bibe_from:  # the bcla must be there before bibeclo starts
+    if uses_bibe:  # the bcla must be there before bibeclo starts
         bp += ["r 'bibeadmin node.biberc'", "a induct bibe * ''"]
     for s in cfg.listen:
         if _duct(s) != "ltp":  # LTP has one induct, the node's engine; its seats listen
@@ -256,7 +283,7 @@ def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
     for p in cfg.peers:
         bp.append(f"a outduct {_duct(p.cla)} {_duct_name(p, nums)} {_duct(p.cla)}clo")
     bibe_bp, overrides, biberc = _bibe_lines(cfg, nums, bibe, bibe_from)
-    if bibe or bibe_from:
+    if uses_bibe:
         files["node.biberc"] = biberc
     bp += bibe_bp + ["s", ""]
     files["node.bprc"] = "\n".join(bp)
@@ -300,9 +327,26 @@ if ! start; then
     exit 3
 fi
 echo started >ready
+started_at=$(date +%s)
 # ION's daemons end when its SDR is wrecked: then end too, so that the supervisor restarts the node
-while pidof rfxclock >/dev/null && pidof bpclock >/dev/null; do sleep 1 & wait $! || true; done
+# (while ionrestart runs, after ionunlock, they are meant to be gone for a while)
+while {{ pidof rfxclock >/dev/null && pidof bpclock >/dev/null; }} || pidof ionrestart >/dev/null; do
+    sleep 1 & wait $! || true
+done
 echo "c2dtn: ION's rfxclock or bpclock ended; stopping the node for a restart" >>admin.log
+# twice in a row within a minute of a start: the SDR is wrecked (seen after ION 4.1.3's ionrestart
+# failed: every start ran ionrestart again, "Inferred restart loop"); the next start is with an
+# empty one, as above
+if [ $(( $(date +%s) - started_at )) -lt 60 ]; then
+    if [ -e early-end ]; then
+        echo "c2dtn: ended within a minute of two starts in a row; the next start is with an empty SDR" >>admin.log
+        rm -f ion.sdr ion.sdrlog early-end
+    else
+        touch early-end
+    fi
+else
+    rm -f early-end
+fi
 exit 4
 """
     return files
@@ -466,27 +510,66 @@ class IonAgent(BundleAgent):
             if self._helper is not None and self._helper.returncode is None and self._attached.is_set():
                 return
             await self._close_helper()
-            keeper = self._keeper()
-            home = built("ion")
-            self._attached.clear()
-            env = {**os.environ, "PATH": f"{home / 'bin'}:{os.environ.get('PATH', '')}"}
-            errlog = open(self.cfg.agent_dir / "helper.log", "ab")
-            try:
-                self._helper = await asyncio.create_subprocess_exec(
-                    "nsenter", "-t", str(keeper), "--ipc", "--mount", "--pid", "--", str(HELPER), self.eid,
-                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=errlog,
-                    cwd=self.cfg.agent_dir, env=env, limit=MAX_FRAME)
-            finally:
-                errlog.close()
-            self._reader_task = asyncio.create_task(self._read(self._helper))
-            try:
-                await asyncio.wait_for(self._attached.wait(), 10)
-            except asyncio.TimeoutError:
-                await self._close_helper()
-                raise AgentError(f"c2dtn-ionbp did not attach to ION node {self.eid} within 10 s "
-                                 f"(see {self.cfg.agent_dir / 'helper.log'})") from None
+            if not await self._attach():
+                log.warning("c2dtn-ionbp did not attach to ION node %s within %d s: the node is locked? running "
+                            "ionunlock", self.eid, ATTACH_S)
+                gone = await self._unlock()
+                if gone:
+                    self._restart_node(f"ionunlock did not bring back {' '.join(sorted(gone))}")
+                if not await self._attach():
+                    self._restart_node(f"c2dtn-ionbp did not attach within {ATTACH_S} s after ionunlock either")
             if self._helper is None:
                 raise AgentError(f"c2dtn-ionbp could not attach to ION node {self.eid}: {self._fatal}")
+
+    def _in_node(self, *argv: str, **kw):
+        """`argv` run in the node's IPC, mount and PID namespaces, with ION's programs on PATH."""
+        env = {**os.environ, "PATH": f"{built('ion') / 'bin'}:{os.environ.get('PATH', '')}"}
+        return asyncio.create_subprocess_exec("nsenter", "-t", str(self._keeper()), "--ipc", "--mount", "--pid", "--",
+                                              *argv, cwd=self.cfg.agent_dir, env=env, **kw)
+
+    async def _attach(self) -> bool:
+        """Start the helper; False if it did not attach (nor end) within ATTACH_S."""
+        self._attached.clear()
+        errlog = open(self.cfg.agent_dir / "helper.log", "ab")
+        try:
+            self._helper = await self._in_node(str(HELPER), self.eid, stdin=asyncio.subprocess.PIPE,
+                                               stdout=asyncio.subprocess.PIPE, stderr=errlog, limit=MAX_FRAME)
+        finally:
+            errlog.close()
+        self._reader_task = asyncio.create_task(self._read(self._helper))
+        try:
+            await asyncio.wait_for(self._attached.wait(), ATTACH_S)
+            return True
+        except asyncio.TimeoutError:
+            await self._close_helper()
+            return False
+
+    def _restart_node(self, why: str) -> None:
+        """End the node's namespaces (the supervisor starts it again, on its SDR) and raise AgentError."""
+        log.warning("ION node %s was locked and %s: restarting the node", self.eid, why)
+        with contextlib.suppress(AgentError, ProcessLookupError):
+            os.kill(self._keeper(), signal.SIGKILL)  # PID 1 of the node's namespaces: every daemon ends with it
+        raise AgentError(f"ION node {self.eid} was locked and {why}: the node restarts on its SDR (see "
+                         f"{self.cfg.agent_dir / 'ion.log'})")
+
+    async def _unlock(self) -> set[str]:
+        """ionunlock in the node (see the module's docstring), then wait for its ionrestart to end;
+        the names of the node's daemons that did not come back."""
+        keeper = self._keeper()
+        daemons = _daemons(keeper)
+        with open(self.cfg.agent_dir / "admin.log", "ab") as out:
+            proc = await self._in_node("ionunlock", stdout=out, stderr=out)
+        try:
+            await asyncio.wait_for(proc.wait(), RESTART_S)
+        except asyncio.TimeoutError:
+            log.warning("ionunlock on ION node %s did not end in %d s", self.eid, RESTART_S)
+            proc.kill()
+            await proc.wait()
+        loop = asyncio.get_running_loop()
+        until = loop.time() + RESTART_S
+        while loop.time() < until and any(_comm(k) == "ionrestart" for k in _children(keeper)):
+            await asyncio.sleep(0.5)
+        return daemons - _daemons(keeper)
 
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         frames = FrameReader()
@@ -531,12 +614,14 @@ class IonAgent(BundleAgent):
     async def _close_helper(self) -> None:
         proc, self._helper = self._helper, None
         if proc is not None and proc.returncode is None:
+            helpers = _children(proc.pid)  # nsenter's child, in the node's PID namespace: the helper itself
             with contextlib.suppress(Exception):
                 proc.stdin.write(struct.pack(">IB", 1, ord("Q")))
                 await asyncio.wait_for(proc.wait(), 2)
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+            if proc.returncode is None:  # killing nsenter alone would leave the helper running
+                for pid in [*helpers, proc.pid]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                 await proc.wait()
         if self._reader_task is not None:
             self._reader_task.cancel()
@@ -564,8 +649,12 @@ class IonAgent(BundleAgent):
         try:
             proc.stdin.write(send_frame(self._dst_eid(dst_node, endpoint), payload, max(1, int(lifetime_s))))
             await proc.stdin.drain()
-            ok, why = await asyncio.wait_for(fut, 30)
+            ok, why = await asyncio.wait_for(fut, SEND_S)
         except (OSError, ConnectionError, asyncio.TimeoutError) as e:
+            if isinstance(e, asyncio.TimeoutError):  # a stuck helper (a locked node?): the next start() attaches anew
+                async with self._lock:
+                    if self._helper is proc:
+                        await self._close_helper()
             raise AgentError(f"ION node {self.eid} did not take a bundle for {dst_node}: {e or type(e).__name__}") from None
         if not ok:
             raise AgentError(f"ION node {self.eid} refused a bundle for {dst_node}: {why}")
@@ -578,6 +667,26 @@ class IonAgent(BundleAgent):
 
     async def stored(self) -> int:
         raise AgentError("the ion driver does not count ION's bundles (bpstats would)")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _daemons(keeper: int) -> set[str]:
+    """The names of the ION daemons running in the node whose PID 1 is `keeper`."""
+    return {_comm(k) for k in _children(keeper)} - {"", "sleep", "c2dtn-ionbp", "nsenter", "ionunlock", "ionrestart",
+                                                      "bpadmin", "ionadmin", "ipnadmin", "ltpadmin", "bibeadmin"}
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _eid_number(eid: str) -> int:
