@@ -3,6 +3,7 @@ the overlay on gw1 and gw4, the r2=r3 radio link on cnr-tactical-2."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -97,9 +98,13 @@ def assert_all_once_in_order(nodes: Nodes, sent: list[int]) -> None:
 # on top (the same stream without the kill, run on dtn7-rs until 2026-11-23, asserted a subset
 # of this and cost CI two minutes).  The outage was 60 s until 2026-11-24; 35 s still holds
 # the first 300 sends, the kill and the restart inside it and saves CI two minutes over 4 agents.
+# C2DTN_OUTAGE_S=60 runs it with issue 15's 60 s outage (README: the run of 2026-11-25).
+OUTAGE_S = float(os.environ.get("C2DTN_OUTAGE_S", "35"))
+
+
 def test_sender_killed_mid_outage_and_restarted_still_all_500(agent_chain):
     nodes = agent_chain
-    cut = outage(5, 35)
+    cut = outage(5, OUTAGE_S)
     sent = send_orders(nodes, 0, 300, pause_every=50, pause_s=1)
     time.sleep(20)  # well inside the outage
     nodes.kill("gw1")  # overlay process and its dtnd, SIGKILL
@@ -174,7 +179,6 @@ def test_malformed_bundles_from_a_peer_are_counted_and_dropped(chain):
 
 def test_supervisor_restarts_a_dead_agent_and_delivery_resumes(chain):
     nodes = chain
-    import os
     import signal
 
     from c2dtn.topologies import netns
@@ -217,7 +221,6 @@ def ion_chain(tmp_path):
 
 
 def test_an_ion_node_locked_by_a_killed_client_is_unlocked_and_delivery_resumes(ion_chain):
-    import os
     import signal
     import subprocess
     import sys

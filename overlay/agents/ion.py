@@ -53,8 +53,10 @@ it; ION reverses what the transaction wrote to the SDR (configFlags 14: reversib
 starts them again.  The driver waits for ionrestart to end (ion-run.sh's watch loop lets the
 daemons be gone meanwhile) and attaches once more.  If a daemon that ran before did not come
 back, or the helper still cannot attach, the driver ends the node's namespaces instead and the
-supervisor starts the node again: at its start ION reverses the dead transaction from its log
-file, as after a SIGKILL of the node.  ION 4.1.3 needs that backstop: of 13 locks seen here
+supervisor starts the node again, with an empty SDR: ION 4.1.3 started on the SDR such a node
+left found it damaged ("Dataspace read failed", in CI on 2026-11-25), ran ionrestart again and
+again and refused every transaction.  What ION held is lost there; the overlay sends again
+whatever it has not had acknowledged end to end.  ION 4.1.3 needs that backstop: of 13 locks seen here
 (2026-11-25) ionunlock's in-place restart brought the node back 5 times.  Its bpStart, run by
 ionrestart, asserted in sdr_string_read (sdrFetchSafe) and could not exec the daemons it read
 no names for ("Can't execute new process ... (0.0.0.0:4556)"): udpcli, udpclo, ipnfw ... stayed
@@ -307,6 +309,10 @@ mount -t proc c2-ionproc /proc || exit 2
 cd {d}
 export PATH={ion_bin}:$PATH
 rm -f ready
+if [ -e wipe-sdr ]; then  # the driver restarted the node after a lock (IonAgent._restart_node)
+    echo "c2dtn: restarted after a lock; starting with an empty SDR" >>admin.log
+    rm -f ion.sdr ion.sdrlog wipe-sdr early-end
+fi
 stop() {{ bpadmin . >>admin.log 2>&1;{" ltpadmin . >>admin.log 2>&1;" if uses_ltp else ""} ionadmin . >>admin.log 2>&1; touch clean; exit 0; }}
 trap stop TERM INT
 start() {{
@@ -329,8 +335,16 @@ fi
 echo started >ready
 started_at=$(date +%s)
 # ION's daemons end when its SDR is wrecked: then end too, so that the supervisor restarts the node
-# (while ionrestart runs, after ionunlock, they are meant to be gone for a while)
-while {{ pidof rfxclock >/dev/null && pidof bpclock >/dev/null; }} || pidof ionrestart >/dev/null; do
+# (while ionrestart runs, after ionunlock, they are meant to be gone: for a minute at most)
+down=0
+while :; do
+    if pidof rfxclock >/dev/null && pidof bpclock >/dev/null; then
+        down=0
+    elif pidof ionrestart >/dev/null && [ $down -lt 60 ]; then
+        down=$((down + 1))
+    else
+        break
+    fi
     sleep 1 & wait $! || true
 done
 echo "c2dtn: ION's rfxclock or bpclock ended; stopping the node for a restart" >>admin.log
@@ -545,11 +559,12 @@ class IonAgent(BundleAgent):
             return False
 
     def _restart_node(self, why: str) -> None:
-        """End the node's namespaces (the supervisor starts it again, on its SDR) and raise AgentError."""
-        log.warning("ION node %s was locked and %s: restarting the node", self.eid, why)
+        """End the node's namespaces (the supervisor starts it again, with an empty SDR) and raise AgentError."""
+        log.warning("ION node %s was locked and %s: restarting the node with an empty SDR", self.eid, why)
+        (self.cfg.agent_dir / "wipe-sdr").touch()
         with contextlib.suppress(AgentError, ProcessLookupError):
             os.kill(self._keeper(), signal.SIGKILL)  # PID 1 of the node's namespaces: every daemon ends with it
-        raise AgentError(f"ION node {self.eid} was locked and {why}: the node restarts on its SDR (see "
+        raise AgentError(f"ION node {self.eid} was locked and {why}: the node restarts, its SDR empty (see "
                          f"{self.cfg.agent_dir / 'ion.log'})")
 
     async def _unlock(self) -> set[str]:
