@@ -8,9 +8,11 @@
                                      #   writes one per box, mode 0600), not from this one
     netns = "c2-gw1"                 # optional: run inside this network namespace (testbed)
     overlay = true                   # false: run only the BPA (a relay such as r2)
-    fsync = "thread"                 # custody commits fsynced by one writer thread, replies and
-                                     #   bundles waiting for it (group commit); "loop": each
-                                     #   commit fsyncs on the event loop (before 2026-11-24)
+    fsync = "auto"                   # replies and bundles wait for one fsync of every custody
+                                     #   commit before them (group commit), on the event loop
+                                     #   while fsyncs take under 2 ms, by a writer thread once
+                                     #   one is slower; "thread": always the thread; "loop":
+                                     #   each commit fsyncs on the event loop (before 2026-11-24)
 
     [agent]
     kind = "dtn7"                    # which BPA (overlay.agents: its driver reads the rest)
@@ -100,7 +102,7 @@ class NodeConfig:
     relays: dict[str, str] = field(default_factory=dict)  # node of another island -> the relay its bundles go to
     keys: dict[str, bytes] = field(default_factory=dict)
     api_gid: int | None = None  # the API socket's group ([node] api_group)
-    fsync: str = "thread"  # [node] fsync: where custody commits are fsynced (store_sqlite.SYNC_MODES)
+    fsync: str = "auto"  # [node] fsync: where custody commits are fsynced (store_sqlite.SYNC_MODES)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota: Quota = field(default_factory=Quota)
     gateway: dict | None = None  # the [gateway] table, read by ip_gateway.policy.parse_gateway

@@ -149,8 +149,9 @@ def _item(r) -> OutItem:
 
 
 # loop: a durable commit fsyncs before it returns (on the caller's thread: the event loop);
-# thread: it returns unsynced and sync_wal() from the syncer's thread makes it durable
-SYNC_MODES = ("loop", "thread")
+# thread: it returns unsynced and sync_wal() from the syncer's thread makes it durable;
+# auto: as thread, the syncer calling sync_wal() on the loop while it is fast (overlay/syncer.py)
+SYNC_MODES = ("auto", "thread", "loop")
 
 
 @register("sqlite")

@@ -49,7 +49,7 @@ SHIM = Path(__file__).with_name("slow_fsync.c")
 
 # -- the child: a near gateway on its custody store, fsync slowed by the shim ------------
 class GatewayNode:
-    """What MqttGateway needs of its node, around a custody store and (fsync = "thread") a
+    """What MqttGateway needs of its node, around a custody store and (fsync = "thread" or "auto") a
     Syncer, without a BPA: the near side alone, as the benchmark and tests/test_syncer.py
     run it."""
 
@@ -81,7 +81,7 @@ def gateway_config(port: int):
 
 
 async def serve(mode: str, storage: Path, port: int) -> dict:
-    """Run the gateway until SIGTERM; return the store's counts.  mode: loop, thread or unsynced."""
+    """Run the gateway until SIGTERM; return the store's counts.  mode: loop, thread, auto or unsynced."""
     from c2dtn.ip_gateway.gateway import MqttGateway
     from c2dtn.overlay.core import OverlayCore
     from c2dtn.overlay.custody import CustodyStore, Quota
@@ -93,7 +93,7 @@ async def serve(mode: str, storage: Path, port: int) -> dict:
     store = CustodyStore(storage / "custody.db", "c2gw1", Quota(10_000_000, 1 << 40), background_checkpoints=True,
                          sync="thread" if mode == "unsynced" else mode)
     core = OverlayCore(store, Codec("c2gw1", {"c2gw4": b"k" * 32}))
-    syncer = Syncer(store.records) if mode == "thread" else None
+    syncer = Syncer(store.records, inline=mode == "auto") if mode in ("thread", "auto") else None
     if syncer:
         syncer.start()
     node = GatewayNode(core, syncer, storage)

@@ -13,7 +13,10 @@ client received is looked for in it.
 
 Modes, --cycles cuts each, taking turns:
   loop      `[node] fsync = "loop"`: each commit fsyncs on the event loop
-  thread    `[node] fsync = "thread"` (the default): the writer thread, replies after its fsync
+  thread    `[node] fsync = "thread"`: the writer thread, replies after its fsync
+  auto      `[node] fsync = "auto"` (the default): as thread, the fsync on the event loop
+            while the disk's fsyncs take under 2 ms (overlay/syncer.py): with --disk-ms 1
+            the cuts land while fsyncs run on the loop, with 5 or more in the thread
   unsynced  a control: commits as in thread mode, but the replies do not wait for any fsync
             (the bug the writer thread must not have); it must show losses, or the
             campaign could not see one
@@ -43,7 +46,7 @@ from c2dtn.perf.fsync_bench import _connect, _free_port, read_pubacks, shim
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import progress, run_dir
 
-MODES = ("loop", "thread", "unsynced")
+MODES = ("loop", "thread", "auto", "unsynced")
 CUSTODY_FILES = ("custody.db", "custody.db-wal")
 
 
@@ -154,7 +157,8 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-LABEL = {"loop": "fsync on the loop", "thread": "writer thread (default)", "unsynced": "control: replies not waiting"}
+LABEL = {"loop": "fsync on the loop", "thread": "writer thread", "auto": "auto: loop while fast (default)",
+         "unsynced": "control: replies not waiting"}
 
 
 def report(out: Path, rows: list[dict], params: dict) -> str:

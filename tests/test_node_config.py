@@ -275,10 +275,10 @@ def test_c2dtn_keys_writes_each_boxs_share_and_a_config_takes_it_by_keys_file(tm
         load_node_config(f)
 
 
-def test_fsync_mode_defaults_to_the_writer_thread_and_a_bad_one_is_named(tmp_path):
-    assert load_node_config(_write(tmp_path, GOOD)).fsync == "thread"
+def test_fsync_mode_defaults_to_auto_and_a_bad_one_is_named(tmp_path):
+    assert load_node_config(_write(tmp_path, GOOD)).fsync == "auto"
     loop = GOOD.replace('storage = "/tmp/c2-test-gw1"', 'storage = "/tmp/c2-test-gw1"\nfsync = "loop"')
     assert load_node_config(_write(tmp_path, loop)).fsync == "loop"
     bad = GOOD.replace('storage = "/tmp/c2-test-gw1"', 'storage = "/tmp/c2-test-gw1"\nfsync = "never"')
-    with pytest.raises(ConfigError, match=r"""node.fsync' = 'never': must be "loop" or "thread\""""):
+    with pytest.raises(ConfigError, match=r"""node.fsync' = 'never': must be "auto" or "thread" or "loop\""""):
         load_node_config(_write(tmp_path, bad))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 
 import pytest
@@ -120,6 +121,52 @@ def test_a_failed_fsync_fails_its_waiters_and_the_next_one_succeeds(tmp_path):
         sy.stop()
 
     asyncio.run(main())
+
+
+def test_auto_mode_fsyncs_on_the_loop_while_the_disk_is_fast_and_in_the_thread_while_slow(tmp_path):
+    """fsync = "auto": a fast disk's fsync runs in synced() itself, on the loop (no hand-off
+    to the thread and back); once fsyncs turn slow (20 ms here) they move to the writer
+    thread after about half of RECENT (the median decides); fast again, they come back.
+    Every synced() still returns only once an fsync covered its commit."""
+    from c2dtn.overlay import syncer as syncer_mod
+
+    c = CustodyStore(tmp_path / "c.db", "gw1", sync="auto")
+    st = c.records
+    delay = [0.0]
+    where: list[tuple[str, int]] = []  # (thread, commits covered) per fsync
+    real = st.sync_wal
+
+    def sync_wal():
+        n = st.commits
+        time.sleep(delay[0])
+        real()
+        where.append((threading.current_thread().name, n))
+
+    st.sync_wal = sync_wal
+    phases: dict[str, list[str]] = {}
+
+    async def main():
+        sy = Syncer(st, inline=True)
+        sy.start()
+        for phase, d in (("fast", 0.0), ("slow", 0.02), ("fast again", 0.0)):
+            delay[0] = d
+            where.clear()
+            for i in range(2 * syncer_mod.RECENT):
+                c.submit("gw4", b"%s %d" % (phase.encode(), i), 0, 60_000)
+                want = st.commits
+                await sy.synced()
+                assert sy.synced_upto >= want and any(n >= want for _, n in where), (phase, i)
+            phases[phase] = [name for name, _ in where]
+        sy.stop()
+
+    asyncio.run(main())
+    loop_thread = threading.main_thread().name
+    assert set(phases["fast"]) == {loop_thread}, phases["fast"]
+    slow = phases["slow"]
+    on_loop = [i for i, name in enumerate(slow) if name == loop_thread]
+    assert len(on_loop) <= syncer_mod.RECENT // 2 + 1 and max(on_loop) < syncer_mod.RECENT, slow
+    assert set(slow[syncer_mod.RECENT:]) == {"c2-custody-fsync"}, slow
+    assert set(phases["fast again"][-syncer_mod.RECENT // 2:]) == {loop_thread}, phases["fast again"]
 
 
 def _read_packet(sock: socket.socket, parser: m.Parser, timeout: float):
