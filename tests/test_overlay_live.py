@@ -226,6 +226,7 @@ def test_an_ion_node_locked_by_a_killed_client_is_unlocked_and_delivery_resumes(
     import sys
 
     from c2dtn.overlay.agents.builds import built
+    from c2dtn.overlay.agents.ion import _children as ion_children
 
     nodes = ion_chain
     sent = send_orders(nodes, 0, 10)
@@ -235,7 +236,7 @@ def test_an_ion_node_locked_by_a_killed_client_is_unlocked_and_delivery_resumes(
                                "-c", LOCKER], stdout=subprocess.PIPE, text=True, cwd=nodes.cfg("gw1").agent_dir,
                               env={**os.environ, "LD_LIBRARY_PATH": str(built("ion") / "lib")})
     assert locker.stdout.readline() == "in a transaction\n"
-    client = int(open(f"/proc/{locker.pid}/task/{locker.pid}/children").read().split()[0])
+    client = ion_children(locker.pid)[0]  # nsenter's child: the client itself
     os.kill(client, signal.SIGKILL)  # inside its transaction
     locker.wait(10)
     sent += send_orders(nodes, 10, 30)

@@ -309,9 +309,10 @@ mount -t proc c2-ionproc /proc || exit 2
 cd {d}
 export PATH={ion_bin}:$PATH
 rm -f ready
+wipe() {{ rm -f ion.sdr ion.sdrlog "$@"; }}  # this or the next start is with an empty SDR
 if [ -e wipe-sdr ]; then  # the driver restarted the node after a lock (IonAgent._restart_node)
     echo "c2dtn: restarted after a lock; starting with an empty SDR" >>admin.log
-    rm -f ion.sdr ion.sdrlog wipe-sdr early-end
+    wipe wipe-sdr early-end
 fi
 stop() {{ bpadmin . >>admin.log 2>&1;{" ltpadmin . >>admin.log 2>&1;" if uses_ltp else ""} ionadmin . >>admin.log 2>&1; touch clean; exit 0; }}
 trap stop TERM INT
@@ -329,7 +330,7 @@ if ! start; then
     # namespaces: this one's working memory still catalogues the SDR) is with an empty one;
     # the overlay holds every envelope in its own custody and sends again what was lost here
     echo "c2dtn: ION did not start on its SDR; the next start is with an empty one" >>admin.log
-    rm -f ion.sdr ion.sdrlog
+    wipe
     exit 3
 fi
 echo started >ready
@@ -354,7 +355,7 @@ echo "c2dtn: ION's rfxclock or bpclock ended; stopping the node for a restart" >
 if [ $(( $(date +%s) - started_at )) -lt 60 ]; then
     if [ -e early-end ]; then
         echo "c2dtn: ended within a minute of two starts in a row; the next start is with an empty SDR" >>admin.log
-        rm -f ion.sdr ion.sdrlog early-end
+        wipe early-end
     else
         touch early-end
     fi
@@ -484,12 +485,12 @@ class IonAgent(BundleAgent):
         """PID (on the host) of ion-run.sh, PID 1 of the node's namespaces: the only child of unshare."""
         try:
             pid = int((self.cfg.storage / "agent.pid").read_text())
-            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         except (OSError, ValueError) as e:
             raise AgentError(f"the ION node of {self.cfg.id} is not running: {e}") from None
+        kids = _children(pid)
         if not kids:
-            raise AgentError(f"the ION node of {self.cfg.id} is not running (unshare has no child)")
-        return int(kids[0])
+            raise AgentError(f"the ION node of {self.cfg.id} is not running (unshare, PID {pid}, has no child)")
+        return kids[0]
 
     async def ready(self) -> None:
         if not (self.cfg.agent_dir / "ready").exists():
@@ -578,7 +579,7 @@ class IonAgent(BundleAgent):
             await asyncio.wait_for(proc.wait(), RESTART_S)
         except asyncio.TimeoutError:
             log.warning("ionunlock on ION node %s did not end in %d s", self.eid, RESTART_S)
-            proc.kill()
+            _kill_all([*_children(proc.pid), proc.pid])  # ionunlock itself, not only nsenter
             await proc.wait()
         loop = asyncio.get_running_loop()
         until = loop.time() + RESTART_S
@@ -634,9 +635,7 @@ class IonAgent(BundleAgent):
                 proc.stdin.write(struct.pack(">IB", 1, ord("Q")))
                 await asyncio.wait_for(proc.wait(), 2)
             if proc.returncode is None:  # killing nsenter alone would leave the helper running
-                for pid in [*helpers, proc.pid]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+                _kill_all([*helpers, proc.pid])
                 await proc.wait()
         if self._reader_task is not None:
             self._reader_task.cancel()
@@ -689,6 +688,12 @@ def _children(pid: int) -> list[int]:
         return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except (OSError, ValueError):
         return []
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _daemons(keeper: int) -> set[str]:
