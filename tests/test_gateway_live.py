@@ -161,11 +161,11 @@ def assert_300_once_unseen(p: dict, ids: list[int]) -> None:
 
 
 # 40 s of outage (60 s until 2026-11-24): every publish after the 5th second still goes into it.
-# Over dtn7 it runs with C2DTN_ALL_AGENT_TESTS=1: in `make test` the same test runs over ion and
-# ibrdtn (test_gateway_agents_live.py; what it asserts is the gateway's, whatever the agent) and
+# Over dtn7 it runs with C2DTN_ALL_AGENT_TESTS=1: in `make test` the same test runs over ion
+# (test_gateway_agents_live.py; what it asserts is the gateway's, whatever the agent) and
 # the SIGKILL test below runs over dtn7, which keeps the suite within its 35 minutes.
 @pytest.mark.skipif(os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1",
-                    reason="over dtn7 left out of make test for the suite's 35 minutes (ion and ibrdtn run it); "
+                    reason="over dtn7 left out of make test for the suite's 35 minutes (ion runs it); "
                            "C2DTN_ALL_AGENT_TESTS=1 runs it")
 def test_300_qos1_publishes_across_a_40s_outage_all_arrive_once_no_disconnect(mqtt_chain):
     nodes, h1, h4 = mqtt_chain
