@@ -49,9 +49,10 @@ SUBMIT_GATHER_S = 0.002
 # While such submits keep coming (a stream), they are planned at most this often: a client
 # that submits one envelope at a time, each as soon as the last is in custody, is ~4 ms apart
 # on lan, so 2 ms planned each alone, and every envelope cost a plan, a bundle, a hand-over
-# and a take at the far end.  Planned at most every 20 ms, 1 kB envelopes streamed at 0.97 of
-# bare dtnd's rate against 0.60 (issue 14, `c2dtn perf overlay`); a lone envelope still goes
-# after SUBMIT_GATHER_S, and one in a stream waits at most this long more.
+# and a take at the far end.  With this (and fsync = "auto"), 1 kB envelopes streamed at 1.07
+# and 1.06 of bare dtnd's rate against 0.59 before, taking turns (README, issue 14, `c2dtn perf
+# overlay`); a lone envelope still goes after SUBMIT_GATHER_S, and one in a stream waits at
+# most this long more.
 STREAM_GATHER_S = 0.020
 
 
