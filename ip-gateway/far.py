@@ -82,6 +82,8 @@ class FarSession:
         self.present = False  # the origin client is connected at its near gateway
         self.gone_at: float | None = None  # wall clock when the client left (its session's expiry runs)
         self.deferring = False  # something for it stayed in custody (queue full): the rest waits too
+        self.deferred_from: int | None = None  # the inbox id of the first envelope kept for it
+        self.refilling = False  # a refill from custody is due (MqttGateway.refill)
         self._expiry: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
         if state is not None:  # a session from before a restart: reconnect at once, with its subscriptions
@@ -271,7 +273,7 @@ class FarSession:
         while True:
             d, msg = await self.queue.get()
             if self.deferring and self.queue.qsize() <= self.gw.cfg.far_queue // 2:
-                self.gw.rescan_soon()  # what stayed in custody for it can come now
+                self.gw.refill_soon(self)  # what stayed in custody for it can come now
             while True:
                 try:
                     await self._apply(d, msg)

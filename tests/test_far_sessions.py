@@ -335,3 +335,30 @@ def test_a_far_gateway_killed_before_the_brokers_acks_came_publishes_qos1_messag
     run_then_close(main, sub)
     got = sorted(t for t, _ in sub.got if t != "t/warm")
     assert got == sorted(f"t/{i}" for i in range(10) for _ in range(copies)), got
+
+
+def test_two_clients_past_their_far_queues_arrive_in_order_reading_each_kept_envelope_a_few_times(tmp_path, broker):
+    """1,000 publications from each of two clients, interleaved, with room for 8 queued per
+    session: all reach the broker in order per client, and what was kept in custody is read
+    again a bounded number of times (the status counter `far_queue_full` counts each time an
+    envelope is left in custody).  Before, every half-drained queue read the whole inbox
+    again: 1,172,227 for these 2,000."""
+    n = 1000
+    sub = Subscriber(broker.port)
+    b = f"127.0.0.1:{broker.port}"
+
+    async def main():
+        p = Pair(tmp_path, far_queue=8)
+        await p.gw.start()
+        bodies = [conn("c2-a", b), conn("c2-b", b)]
+        for i in range(n):
+            bodies += [pub("c2-a", b, "t/a", b"%04d" % i), pub("c2-b", b, "t/b", b"%04d" % i)]
+        p.send(bodies)
+        assert await until(lambda: len(sub.got) == 2 * n and p.held() == 0, 120), (len(sub.got), p.held())
+        for t in ("t/a", "t/b"):
+            assert [x[1] for x in sub.got if x[0] == t] == [b"%04d" % i for i in range(n)]
+        kept = p.gw.counters["far_queue_full"]
+        assert 2 * (n - 8) <= kept <= 3 * 2 * n, kept
+        await p.gw.stop()
+
+    run_then_close(main, sub)
