@@ -721,6 +721,27 @@ def test_what_a_plan_or_an_ack_asks_the_store_costs_the_same_whatever_the_backlo
     assert not grew, f"VM steps at 1,000 / 10,000 envelopes held: {grew}"
 
 
+def test_an_ack_releases_and_marks_received_only_what_was_sent_to_its_sender(tmp_path):
+    """done / got ids of envelopes for the acking node, for another node, already
+    received, unknown, and one id in both lists: what is released, what newly arrived,
+    and what the store still holds after it."""
+    c = custody(tmp_path, "gw1")
+    a = [c.submit("gw4", b"a%d" % i, 1_000, 60_000) for i in range(6)]
+    b = c.submit("gw5", b"b", 1_000, 60_000)
+    c.mark_sent(a + [b], 1_100, dict.fromkeys(a + [b], 9_000))
+    released, arrived = c.ack_from("gw4", done=[], got=[a[4]])
+    assert released == [] and [it.seq for it in arrived] == [a[4]]
+    released, arrived = c.ack_from("gw4", done=[a[2], a[0], a[4], a[0], b, 999], got=[a[1], a[2], a[4], a[1], b])
+    assert sorted(it.seq for it in released) == [a[0], a[2], a[4]]
+    assert sorted(it.seq for it in arrived) == [a[0], a[1], a[2]]  # a[4] had arrived before
+    assert all(it.dst == "gw4" and it.attempts == 1 and it.sent_ms == 1_100 for it in released + arrived)
+    assert c.held_out() == (4, sum(len(b"a%d" % i) for i in (1, 3, 5)) + 1)
+    assert c.counters()["acks_not_theirs"] == 2  # b's done and got: gw4 cannot release gw5's
+    held = c.records.out_get(a + [b])
+    assert sorted(held) == [a[1], a[3], a[5], b] and held[a[1]].received and not held[a[3]].received
+    assert [it.seq for it in c.due_retries(10_000)] == [a[3], a[5], b]  # a[1] arrived: not resent
+
+
 def test_counters_commit_with_their_transaction_and_roll_back_with_it(tmp_path):
     """Counters are kept in memory and written at commit: a failed transaction leaves them
     as they were, and a reopened store numbers on from where the last commit left."""
