@@ -8,6 +8,7 @@ keep one split session per client.  Each envelope body is a CBOR map:
   op "sub"    s: [[filter, qos, no_local, retain_as_published, retain_handling], ...]
   op "unsub"  f: [filter, ...]
   op "pub"    t (topic), p (payload), q (QoS), r (retain), x (v5 properties)
+  op "pubs"   m: [{t, p, q, r, x}, ...], publishes of QoS 0 or 1 read together, in order (near_core._batched)
   op "disc"   the client left: w true if its will must be published (no DISCONNECT seen)
   op "msg"    far -> near: a publication for client c from the broker (t, p, q, r, x)
   op "bpub"   bridge -> bridge: a publication from the sender's local broker (t, p, q, r, x);
@@ -23,7 +24,8 @@ import cbor2
 from c2dtn.ip_gateway import mqtt as m
 
 APP = "mqtt"
-OPS = ("conn", "sub", "unsub", "pub", "disc", "msg", "bpub")
+OPS = ("conn", "sub", "unsub", "pub", "pubs", "disc", "msg", "bpub")
+MAX_PARTS = 4096  # publishes in one "pubs" (a peer's batch is checked against it)
 
 
 class BodyError(ValueError):
@@ -42,17 +44,41 @@ def unpack(body: bytes) -> dict[str, Any]:
         raise BodyError(f"not CBOR: {e}") from None
     if not isinstance(d, dict) or d.get("op") not in OPS:
         raise BodyError(f"not an MQTT gateway message (op {d.get('op') if isinstance(d, dict) else d!r})")
+    _check_fields(d, d["op"])
+    if "c" not in d or "b" not in d:
+        raise BodyError(f"op {d['op']} without client or broker")
+    if d["op"] in ("pub", "msg", "bpub"):
+        _check_publish(d, d["op"], (0, 1, 2))
+    if d["op"] == "pubs":
+        parts = d.get("m")
+        if not isinstance(parts, list) or not 1 <= len(parts) <= MAX_PARTS:
+            raise BodyError(f"op pubs needs 1 to {MAX_PARTS} publishes in m, not {type(parts).__name__}"
+                            f"{'' if not isinstance(parts, list) else f' of {len(parts)}'}")
+        for i, part in enumerate(parts):
+            if not isinstance(part, dict):
+                raise BodyError(f"publish {i} of op pubs is a {type(part).__name__}, not a map")
+            _check_fields(part, f"pubs[{i}]")
+            _check_publish(part, f"pubs[{i}]", (0, 1))
+    return d
+
+
+def publishes(d: dict) -> list[dict]:
+    """The client publishes an unpacked body carries: a "pub"'s one, a "pubs"'s each, else none."""
+    return [d] if d["op"] == "pub" else d["m"] if d["op"] == "pubs" else []
+
+
+def _check_fields(d: dict, where: str) -> None:
     for k, typ in (("c", str), ("b", str), ("t", str), ("p", bytes), ("q", int), ("r", bool), ("x", dict),
                    ("s", list), ("f", list), ("v", int), ("cs", bool), ("ka", int), ("sx", int)):
         if k in d and not isinstance(d[k], typ):
-            raise BodyError(f"field {k!r} of op {d['op']} has type {type(d[k]).__name__}")
-    if "c" not in d or "b" not in d:
-        raise BodyError(f"op {d['op']} without client or broker")
-    if d["op"] in ("pub", "msg", "bpub") and ("t" not in d or d.get("q", 0) not in (0, 1, 2)):
-        raise BodyError(f"op {d['op']} without a topic or with QoS {d.get('q')!r}")
+            raise BodyError(f"field {k!r} of op {where} has type {type(d[k]).__name__}")
     if "x" in d:
         d["x"] = props_in(d["x"])
-    return d
+
+
+def _check_publish(d: dict, where: str, qos: tuple[int, ...]) -> None:
+    if "t" not in d or d.get("q", 0) not in qos:
+        raise BodyError(f"op {where} without a topic or with QoS {d.get('q')!r}")
 
 
 def props_out(props: m.Properties) -> dict:

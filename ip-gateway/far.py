@@ -59,6 +59,38 @@ FAR_INFLIGHT_MAX = 200
 FAR_INFLIGHT_V311 = 20
 
 
+class Part:
+    """One publish of a "pubs" envelope (several publishes a client sent together): queued and
+    sent as its own publish; the envelope is consumed once every part is done (Part.finish).
+    Its id is negative, never an inbox id (the sets of ids sent and released hold both), and
+    the same after a restart: (inbox id, index), so its packet id is too.  A far gateway killed
+    midway sends the envelope's parts again, the acknowledged ones too: at least once, as
+    QoS 1 is (with qos1_once, the broker's QoS 2 dedupe takes the repeats: same packet ids)."""
+
+    __slots__ = ("id", "envelope", "index", "pending", "created_ms", "origin", "seq")
+
+    def __init__(self, d: Delivery, index: int, pending: set[int]):
+        self.id = -(d.id * s.MAX_PARTS + index + 1)
+        self.envelope, self.index, self.pending = d.id, index, pending
+        self.created_ms, self.origin, self.seq = d.created_ms, d.origin, d.seq
+
+    @staticmethod
+    def split(d: Delivery, msg: dict) -> list[tuple["Part", dict]]:
+        pending = set(range(len(msg["m"])))
+        return [(Part(d, i, pending), {"op": "pub", "c": msg["c"], "b": msg["b"], **pm}) for i, pm in enumerate(msg["m"])]
+
+    def finish(self) -> bool:
+        """This part is done; True when it was the envelope's last."""
+        was = bool(self.pending)
+        self.pending.discard(self.index)
+        return was and not self.pending
+
+
+def _order(d) -> tuple[int, int]:
+    """Inbox order: an envelope's parts in theirs."""
+    return (d.envelope, d.index) if isinstance(d, Part) else (d.id, -1)
+
+
 class FarSession:
     """One origin client's connection to the real broker, at the far gateway."""
 
@@ -201,7 +233,7 @@ class FarSession:
         """Publishes the broker never acknowledged go again, first and in their order."""
         if not self.inflight:
             return
-        again = sorted(self.inflight.values(), key=lambda x: x[0].id)
+        again = sorted(self.inflight.values(), key=lambda x: _order(x[0]))
         self.inflight.clear()
         while not self.queue.empty():
             again.append(self.queue.get_nowait())
@@ -214,11 +246,11 @@ class FarSession:
             if self.connack and not self.connack.done():
                 self.connack.set_result(p)
         elif isinstance(p, (m.PubAck, m.PubComp)) and p.packet_id in self.inflight:
-            done = self.inflight.pop(p.packet_id)[0].id
+            done = self.inflight.pop(p.packet_id)[0]
             self.gw.counters["to_broker"] += 1  # the broker acknowledged it: done
-            self._sent.discard(done)
-            self._released.discard(done)
-            self.gw.delivered(done)
+            self._sent.discard(done.id)
+            self._released.discard(done.id)
+            self.gw.finished(done)
         elif isinstance(p, (m.PubAck, m.PubComp, m.SubAck, m.UnsubAck)):
             f = self.waiting.pop(p.packet_id, None)
             if f and not f.done():
@@ -286,7 +318,7 @@ class FarSession:
                     # what a peer gateway sent does not make an MQTT packet: count, drop, go on
                     self.gw.counters["bad_bodies"] += 1
                     log.warning("session %s: %s from %s dropped: %s", self.key(), msg.get("op"), self.origin, e)
-                    self.gw.delivered(d.id)
+                    self.gw.finished(d)
                     break
 
     def _drop(self) -> None:
@@ -294,7 +326,7 @@ class FarSession:
             self.writer.transport.abort()
             self.writer = None
 
-    async def _apply(self, d: Delivery, msg: dict) -> None:
+    async def _apply(self, d: Delivery | Part, msg: dict) -> None:
         op = msg["op"]
         if op == "conn":
             self.params = {k: msg[k] for k in ("v", "cs", "ka", "sx", "w") if k in msg}
@@ -346,7 +378,7 @@ class FarSession:
             if pub.qos == 0:
                 self.writer.write(m.encode(pub, self.params.get("v", 4)))
                 self.gw.counters["to_broker"] += 1
-                self.gw.delivered(d.id)
+                self.gw.finished(d)
             else:
                 # pipelined: the next publish goes before this one's ack comes back; unacknowledged
                 # ones go again (in order, with their packet ids) when the broker connection is lost

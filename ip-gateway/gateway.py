@@ -22,7 +22,7 @@ from collections import Counter
 from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway import sessions_file
 from c2dtn.ip_gateway.bridge import BridgeSession
-from c2dtn.ip_gateway.far import FarSession, session_expiry_s
+from c2dtn.ip_gateway.far import FarSession, Part, session_expiry_s
 from c2dtn.ip_gateway.near import NearSide
 from c2dtn.ip_gateway.near_core import Envelope
 from c2dtn.ip_gateway.policy import GatewayConfig
@@ -137,7 +137,7 @@ class MqttGateway:
 
     # -- custody -------------------------------------------------------------
     def submit_many(self, items: list[Envelope],
-                    marks: list[tuple[str, bytes, bool] | None] | None = None) -> None:
+                    marks: list[tuple[str, bytes, bool] | list[tuple[str, bytes, bool]] | None] | None = None) -> None:
         now = now_ms()
         self.core.store.submit_many([(dst, body, life, prio, sup, s.APP) for dst, body, life, prio, sup in items], now,
                                     marks)
@@ -154,6 +154,13 @@ class MqttGateway:
         self._done.append(inbox_id)
         if len(self._done) == 1:
             asyncio.get_running_loop().call_soon(self._flush_done)
+
+    def finished(self, d: Delivery | Part) -> None:
+        """The far side is done with a delivery, or with a part of one (consumed with its last)."""
+        if not isinstance(d, Part):
+            self.delivered(d.id)
+        elif d.finish():
+            self.delivered(d.envelope)
 
     def release(self, inbox_ids) -> None:
         """Handed to a client that left without acking them: handed out again when it is back."""
@@ -281,7 +288,8 @@ class MqttGateway:
             self.counters["far_queue_full"] += 1
             return False
         self._taken.add(d.id)
-        f.queue.put_nowait((d, msg))
+        for item in (Part.split(d, msg) if msg["op"] == "pubs" else [(d, msg)]):
+            f.queue.put_nowait(item)
         return True
 
     def _far_session(self, origin: str, client: str, broker: str) -> FarSession | None:

@@ -70,7 +70,7 @@ class Close:
 class Submit:
     conn: int | None  # None: nothing waits for the outcome
     envelopes: list[Envelope]
-    marks: list[tuple[str, bytes, bool] | None] | None = None
+    marks: list[tuple[str, bytes, bool] | list[tuple[str, bytes, bool]] | None] | None = None  # a batch's: a list
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,17 @@ def pub_pid(inbox_id: int) -> int:
 
 
 # -- state ----------------------------------------------------------------------------------
+@dataclass
+class _Part:
+    """A publish that may share an envelope with the ones read with it (NearCore._batched)."""
+    far: str
+    client: str
+    broker: str
+    life: int
+    priority: Priority
+    fields: dict
+
+
 @dataclass
 class NearSession:
     """What outlives a connection (kept in the session file)."""
@@ -171,9 +182,10 @@ class _Conn:
 
 
 class NearCore:
-    def __init__(self, policy: Policy, max_packet_size: int = 1 << 20):
+    def __init__(self, policy: Policy, max_packet_size: int = 1 << 20, batch_bytes: int = 0):
         self.policy = policy
         self.max_packet_size = max_packet_size
+        self.batch_bytes = batch_bytes  # QoS 0/1 publishes read together share an envelope up to this (0: never)
         self.sessions: dict[str, NearSession] = {}
         self.active: dict[str, int] = {}  # client id -> the connection that has its session
         self.conns: dict[int, _Conn] = {}
@@ -266,9 +278,54 @@ class NearCore:
                 break
         if envs:
             c.pending += replies
+            envs, marks = self._batched(envs, marks)
             evs.append(Submit(c.id, envs, marks))
             return evs
         return evs + self._reply(c, replies, now)
+
+    def _batched(self, envs: list, marks: list) -> tuple[list[Envelope], list]:
+        """Publishes read together (one TCP read's worth), for the same far gateway, class
+        and lifetime and without a supersession key, share one "pubs" envelope up to
+        batch_bytes of payload: custody, sealing, bundles and acks cost per envelope, so a
+        client streaming telemetry costs the gateway a fraction per message, and similar
+        messages compress together on the link.  Nothing waits to be batched: only what
+        arrived in the same read is.  A lone one stays a "pub".  Marks of a batch are a
+        list (custody records each)."""
+        out: list[Envelope] = []
+        out_marks: list = []
+        run: list[tuple[_Part, object]] = []
+        size = 0
+
+        def flush():
+            nonlocal size
+            if len(run) == 1:
+                pt, mk = run[0]
+                out.append((pt.far, s.pack("pub", pt.client, pt.broker, **pt.fields), pt.life,
+                            pt.priority, None))
+                out_marks.append(mk)
+            elif run:
+                pt = run[0][0]
+                out.append((pt.far, s.pack("pubs", pt.client, pt.broker, m=[x.fields for x, _ in run]),
+                            pt.life, pt.priority, None))
+                out_marks.append([mk for _, mk in run if mk is not None] or None)
+                self.counters["batched"] += len(run)
+            run.clear()
+            size = 0
+
+        for env, mark in zip(envs, marks):
+            if not isinstance(env, _Part):
+                flush()
+                out.append(env)
+                out_marks.append(mark)
+                continue
+            n = len(env.fields["p"]) + len(env.fields["t"])
+            if run and ((run[0][0].far, run[0][0].life, run[0][0].priority) != (env.far, env.life, env.priority)
+                        or size + n > self.batch_bytes):
+                flush()
+            run.append((env, mark))
+            size += n
+        flush()
+        return out, out_marks
 
     def _reply(self, c: _Conn, replies: list[m.Packet], now: float) -> list[Event]:
         evs: list[Event] = [Write(c.id, b"".join(m.encode(r, c.version) for r in replies))] if replies else []
@@ -416,14 +473,18 @@ class NearCore:
         if rule is None:
             self.counters["held_local"] += 1
         else:
-            body = s.pack("pub", sess.client, sess.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
-                          x=s.props_out(p.properties))
-            envs.append((sess.far, body, lifetime_ms(rule, p), rule.priority, rule.key(p.topic)))
+            fields = {"t": p.topic, "p": p.payload, "q": p.qos, "r": p.retain, "x": s.props_out(p.properties)}
+            key, life = rule.key(p.topic), lifetime_ms(rule, p)
             # a PUBLISH resent with DUP after this gateway crashed between its commit and the client
             # hearing PUBACK is the same (client, packet id, content): custody skips it
-            marks.append(None if not p.qos else (
-                f"mqtt:{sess.client}:{p.packet_id}",
-                hashlib.blake2b(p.topic.encode() + b"\0" + p.payload, digest_size=8).digest(), p.dup))
+            mark = None if not p.qos else (f"mqtt:{sess.client}:{p.packet_id}",
+                                           hashlib.blake2b(p.topic.encode() + b"\0" + p.payload,
+                                                           digest_size=8).digest(), p.dup)
+            if self.batch_bytes and key is None and p.qos < 2 and not p.dup:
+                envs.append(_Part(sess.far, sess.client, sess.broker, life, rule.priority, fields))
+            else:
+                envs.append((sess.far, s.pack("pub", sess.client, sess.broker, **fields), life, rule.priority, key))
+            marks.append(mark)
             self.counters["published"] += 1
         if p.qos == 1:
             replies.append(m.PubAck(p.packet_id))

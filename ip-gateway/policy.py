@@ -8,6 +8,9 @@
     far_queue = 1000               # far side: messages waiting for one client's broker connection
     max_far_sessions = 10000       # far side: broker sessions held for origin clients
     qos1_once = true               # far side: QoS 1 messages go to the broker at QoS 2 (below)
+    batch_bytes = 32768            # near side: QoS 0/1 publishes read together share an envelope up
+                                   # to this many payload bytes (0: one envelope each; default: half
+                                   # the node's [scheduler] aggregate_bytes, so a batch fits a bundle)
 
     [[gateway.route]]              # brokers in `prefix` are served by gateway node `via`
     prefix = "10.77.9.0/24"
@@ -141,6 +144,7 @@ class GatewayConfig:
     # subscriber with a QoS 2 subscription gets it at QoS 2; what is left is the one round
     # trip from PUBREL to the PUBCOMP being in custody.  false: QoS 1 stays 1 (at least once).
     qos1_once: bool = True
+    batch_bytes: int | None = None  # None: half the node's aggregate_bytes (NearSide)
     bridge: BridgeConfig | None = None
     coap: CoapConfig | None = None
 
@@ -241,7 +245,7 @@ def parse_coap(src: str, raw: Any) -> CoapConfig:
 def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     g = check_table(src, "gateway", raw, {"listen", "broker", "tproxy", "tproxy_port", "route", "topic",
                                           "max_packet_size", "bridge", "coap", "far_queue", "max_far_sessions",
-                                          "qos1_once"})
+                                          "qos1_once", "batch_bytes"})
     cfg = GatewayConfig()
     if "listen" in g:
         cfg.listen = _hostport(src, "gateway.listen", g["listen"])
@@ -256,7 +260,7 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
         if not isinstance(v, int) or isinstance(v, bool) or not 64 <= v <= 1 << 28:
             raise ConfigError(src, "gateway.max_packet_size", v, "must be 64 to 268435456 bytes")
         cfg.max_packet_size = v
-    for k, lo, hi in (("far_queue", 1, 1 << 20), ("max_far_sessions", 1, 1 << 20)):
+    for k, lo, hi in (("far_queue", 1, 1 << 20), ("max_far_sessions", 1, 1 << 20), ("batch_bytes", 0, 1 << 20)):
         if k in g:
             v = g[k]
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:

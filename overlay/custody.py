@@ -118,7 +118,8 @@ class Custody:
         return self.submit_many([(dst, body, lifetime_ms, priority, supersede, app)], now_ms)[0]
 
     def submit_many(self, items: Iterable[tuple[str, bytes, int, Priority, str | None, str]], now_ms: int,
-                    marks: list[tuple[str, bytes, bool] | None] | None = None) -> list[int | None]:
+                    marks: list[tuple[str, bytes, bool] | list[tuple[str, bytes, bool]] | None] | None = None,
+                    ) -> list[int | None]:
         """Accept envelopes into custody in one durable transaction; returns their seqs.
 
         A newer envelope with a supersession key replaces any queued (not yet sent)
@@ -129,7 +130,8 @@ class Custody:
         under the key in the same commit as the envelope; an item marked `repeat` whose
         key already holds the same digest was taken before and is skipped (seq None).
         This is how a resent MQTT PUBLISH (DUP flag, same packet id) after a gateway
-        crash is told from a new one: the record and the envelope commit together."""
+        crash is told from a new one: the record and the envelope commit together.  A list
+        of marks (an envelope holding several messages, none a repeat) records each."""
         st = self.records
         items = list(items)
         marks = list(marks) if marks is not None else [None] * len(items)
@@ -145,7 +147,9 @@ class Custody:
             adds: list[OutItem] = []  # written together (one statement for the batch)
             marked: dict[str, bytes] = {}
             for (dst, body, lifetime_ms, priority, supersede, app), mark in zip(items, marks):
-                if mark is not None:
+                if isinstance(mark, list):  # several messages in one envelope, none a repeat: each recorded
+                    marked.update((key, digest) for key, digest, _repeat in mark)
+                elif mark is not None:
                     key, digest, repeat = mark
                     if repeat and (marked[key] if key in marked else st.mark_get(key)) == digest:
                         st.bump("repeats_skipped")

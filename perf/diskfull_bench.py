@@ -287,9 +287,8 @@ class Pair:
                 self._take(self.core, "gw1", due["gw1"], now)
             items = self.far.take()
             for d in items:
-                op = bodies.unpack(d.body)
-                if op["op"] == "pub":
-                    self.delivered[op["p"].split(b".", 1)[0].decode()] += 1
+                for x in bodies.publishes(bodies.unpack(d.body)):
+                    self.delivered[x["p"].split(b".", 1)[0].decode()] += 1
             if items:
                 self.far.consumed([d.id for d in items])
 

@@ -98,9 +98,7 @@ def read_back(storage: Path) -> tuple[set[str], str]:
         integrity = store.records.db.execute("PRAGMA integrity_check").fetchone()[0]
         held = set()
         for (body,) in store.records.db.execute("SELECT body FROM bodies"):
-            d = bodies.unpack(body)
-            if d["op"] == "pub":
-                held.add(d["p"].decode())
+            held.update(x["p"].decode() for x in bodies.publishes(bodies.unpack(body)))
         return held, integrity
     finally:
         store.close()

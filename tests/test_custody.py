@@ -387,6 +387,13 @@ def test_a_repeat_marked_like_an_earlier_envelope_is_taken_once_even_after_a_res
     # a resend read in the same batch as its first copy is skipped too
     seqs = a.store.submit_many([other, other], 5000, [("mqtt:c1:11", b"d11", False), ("mqtt:c1:11", b"d11", True)])
     assert seqs[0] is not None and seqs[1] is None and len(a.store.queued("gw4")) == 5
+    # an envelope holding several messages leaves every one's mark: a resend of any of them is skipped
+    batch = ("gw4", b"reports 12-13", 60_000, Priority.ROUTINE, None, "mqtt")
+    assert a.store.submit_many([batch], 6000, [[("mqtt:c1:12", b"d12", False), ("mqtt:c1:13", b"d13", False)]])[0]
+    a.store.close()
+    a = make(tmp_path, "gw1", "gw4")
+    assert a.store.submit_many([item, item], 7000, [("mqtt:c1:13", b"d13", True), ("mqtt:c1:12", b"d12", True)]) == \
+        [None, None]
 
 
 def test_linger_lets_reports_share_a_bundle_but_flash_goes_at_once(tmp_path):

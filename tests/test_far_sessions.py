@@ -362,3 +362,27 @@ def test_two_clients_past_their_far_queues_arrive_in_order_reading_each_kept_env
         await p.gw.stop()
 
     run_then_close(main, sub)
+
+
+def test_publishes_batched_in_one_envelope_reach_the_broker_in_order_and_consume_it_with_the_last(tmp_path, broker):
+    """Two "pubs" envelopes of 30 QoS 1 publishes each with room for 8 queued:
+    all 60 reach the broker in order; each envelope stays in custody until its last
+    publish is done, then goes."""
+    sub = Subscriber(broker.port)
+    b = f"127.0.0.1:{broker.port}"
+
+    def batch(first):
+        return s.pack("pubs", "c2-pub", b, m=[{"t": "t/x", "p": b"%03d" % i, "q": 1, "r": False}
+                                              for i in range(first, first + 30)])
+
+    async def main():
+        p = Pair(tmp_path, far_queue=8)
+        await p.gw.start()
+        p.send([conn("c2-pub", b), batch(0), batch(30)])
+        assert p.held() >= 2
+        assert await until(lambda: len(sub.got) == 60 and p.held() == 0, 30), (len(sub.got), p.held())
+        assert [x[1] for x in sub.got] == [b"%03d" % i for i in range(60)]
+        assert p.gw.counters["to_broker"] == 60
+        await p.gw.stop()
+
+    run_then_close(main, sub)

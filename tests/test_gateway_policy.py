@@ -34,6 +34,8 @@ def test_routes_take_the_longest_prefix_and_topics_the_first_rule():
     ({"listen": "gw1:1883", "broker": "10.0.0.1:1883"}, "gateway.listen", "gw1:1883"),
     ({"tproxy_port": 70000}, "gateway.tproxy_port", "70000"),
     ({"qos1_once": "yes"}, "gateway.qos1_once", "yes"),
+    ({"batch_bytes": -1}, "gateway.batch_bytes", "-1"),
+    ({"batch_bytes": "64k"}, "gateway.batch_bytes", "64k"),
     ({"bridge": {"broker": "127.0.0.1:1883", "peers": ["gw4"]}}, "gateway.bridge.out", "None"),
     ({"bridge": {"broker": "127.0.0.1:1883", "peers": [], "out": ["a/#"]}}, "gateway.bridge.peers", "[]"),
     ({"bridge": {"broker": "127.0.0.1:1883", "peers": ["gw4"], "out": ["a/#/b"]}}, "gateway.bridge.out", "a/#/b"),

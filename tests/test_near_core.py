@@ -32,6 +32,7 @@ class Net:
         self.now = T0
         self.full = False
         self.committed: list[tuple[str, dict, int, Priority, str | None]] = []
+        self.marks: list = []
         self.done: list[int] = []
         self.released: list[int] = []
         self.saves = 0
@@ -72,6 +73,7 @@ class Net:
                 if not self.full:
                     self.committed += [(dst, bodies.unpack(body), life, prio, key)
                                        for dst, body, life, prio, key in ev.envelopes]
+                    self.marks += ev.marks or [None] * len(ev.envelopes)
                 if ev.conn is not None:
                     evs[0:0] = self.core.committed(ev.conn, not self.full, self.now)
             elif isinstance(ev, nc.Done):
@@ -130,6 +132,42 @@ def test_publishes_are_acked_only_after_their_envelopes_are_committed(version):
     assert n.take(c) == [m.PubRec(6)] and n.ops().count("pub") == 3
     n.send(c, m.PubRel(6), version)
     assert n.take(c) == [m.PubComp(6)]
+
+
+def test_publishes_read_together_share_an_envelope_in_order_up_to_batch_bytes():
+    """One read holding QoS 1, 2 and 0 publishes, a keyed one and a resend (DUP): the QoS 0
+    and 1 ones for the same class and lifetime share "pubs" envelopes of at most batch_bytes
+    of topic and payload, in order; the others go alone, as before; every publish is
+    answered once its envelope is committed, and each QoS 1 one leaves its mark."""
+    n = Net(nc.NearCore(policy(), max_packet_size=4096, batch_bytes=100))
+    c, _ = n.connect()
+    pub = [m.Publish("c2/a", b"%02d" % i + b"." * 18, 1, packet_id=10 + i) for i in range(6)]  # 4 + 20 bytes each
+    pkts = pub + [m.Publish("c2/a", b"two", 2, packet_id=20), m.Publish("c2/a", b"z0", 0), m.Publish("c2/a", b"z1", 0),
+                  m.Publish("bft/u1/pos", b"p", 1, packet_id=21), m.Publish("c2/a", b"again", 1, dup=True, packet_id=30),
+                  m.Publish("c2/a", b"last", 1, packet_id=31)]
+    n.feed(c, b"".join(m.encode(p, 5) for p in pkts))
+    got = [(b["op"], [x["p"] for x in b["m"]] if b["op"] == "pubs" else b["p"]) for _, b, *_ in n.committed[1:]]
+    assert got == [("pubs", [p.payload for p in pub[:4]]), ("pubs", [p.payload for p in pub[4:]]), ("pub", b"two"),
+                   ("pubs", [b"z0", b"z1"]), ("pub", b"p"), ("pub", b"again"), ("pub", b"last")]
+    assert [p.packet_id for p in n.take(c)] == [10, 11, 12, 13, 14, 15, 20, 21, 30, 31]
+    assert [k for k, _d, _r in n.marks[1]] == [f"mqtt:u1:{i}" for i in (10, 11, 12, 13)] and n.marks[4] is None
+    assert n.marks[6] == ("mqtt:u1:30", n.marks[6][1], True) and n.core.counters["batched"] == 8
+    assert [prio for _, _, _, prio, _ in n.committed[1:]] == [Priority.IMMEDIATE] * 4 + [Priority.PRIORITY] + \
+        [Priority.IMMEDIATE] * 2
+
+
+def test_a_batch_from_a_peer_is_checked_publish_by_publish():
+    ok = bodies.pack("pubs", "u1", BROKER, m=[{"t": "c2/a", "p": b"x", "q": 1, "r": False, "x": {}}])
+    assert bodies.unpack(ok)["m"][0]["t"] == "c2/a"
+    for bad, why in ((bodies.pack("pubs", "u1", BROKER), "needs 1 to 4096 publishes in m, not NoneType"),
+                     (bodies.pack("pubs", "u1", BROKER, m=[]), "not list of 0"),
+                     (bodies.pack("pubs", "u1", BROKER, m=[7]), "publish 0 of op pubs is a int"),
+                     (bodies.pack("pubs", "u1", BROKER, m=[{"t": "c2/a", "q": 2}]), "op pubs\\[0\\] without a topic or with QoS 2"),
+                     (bodies.pack("pubs", "u1", BROKER, m=[{"t": 5}]), "field 't' of op pubs\\[0\\] has type int"),
+                     (bodies.pack("pubs", "u1", BROKER, m=[{"t": "a", "x": {"nope": 1}}]), "unknown MQTT property 'nope'"),
+                     (bodies.pack("pubs", "u1", BROKER, m=[{"t": "a"}] * 4097), "not list of 4097")):
+        with pytest.raises(bodies.BodyError, match=why):
+            bodies.unpack(bad)
 
 
 def test_a_full_store_refuses_what_it_could_not_take():
