@@ -105,6 +105,7 @@ class FarSession:
         self.parser: m.Parser | None = None
         self.waiting: dict[int, asyncio.Future] = {}
         self.inflight: dict[int, tuple[Delivery, dict]] = {}  # packet id -> publish awaiting PUBACK/PUBCOMP
+        self._room = asyncio.Event()  # set when inflight shrinks or the connection drops (_wait_room)
         self._conn: asyncio.StreamWriter | None = None  # the newest broker connection
         self.connack: asyncio.Future | None = None
         self.next_pid = PUB_PIDS + 1
@@ -222,6 +223,7 @@ class FarSession:
         finally:
             if self.writer is writer:
                 self.writer = None
+                self._room.set()
             if self._conn is writer:  # not yet replaced by a newer connection: its waiters fail
                 for f in list(self.waiting.values()) + ([self.connack] if self.connack else []):
                     if not f.done():
@@ -235,6 +237,7 @@ class FarSession:
             return
         again = sorted(self.inflight.values(), key=lambda x: _order(x[0]))
         self.inflight.clear()
+        self._room.set()
         while not self.queue.empty():
             again.append(self.queue.get_nowait())
         for x in again:
@@ -247,6 +250,7 @@ class FarSession:
                 self.connack.set_result(p)
         elif isinstance(p, (m.PubAck, m.PubComp)) and p.packet_id in self.inflight:
             done = self.inflight.pop(p.packet_id)[0]
+            self._room.set()
             self.gw.counters["to_broker"] += 1  # the broker acknowledged it: done
             self._sent.discard(done.id)
             self._released.discard(done.id)
@@ -388,9 +392,7 @@ class FarSession:
                 while len(self.inflight) >= self.max_inflight or pub.packet_id in self.inflight:
                     if self.writer is None:
                         raise ConnectionError("broker connection lost")
-                    if asyncio.get_running_loop().time() > deadline:
-                        raise asyncio.TimeoutError("the broker acknowledged nothing for 60 s")
-                    await asyncio.sleep(0.005)
+                    await self._wait_room(deadline)
                 pub.dup = d.id in self._sent
                 if pub.dup:  # sent before and not acknowledged (a broker connection lost meanwhile)
                     self.gw.counters["to_broker_again"] += 1
@@ -400,6 +402,18 @@ class FarSession:
                     self.writer.write(m.encode(m.PubRel(pub.packet_id), self.params.get("v", 4)))
                 else:
                     self.writer.write(m.encode(pub, self.params.get("v", 4)))
+
+    async def _wait_room(self, deadline: float) -> None:
+        """Until an acknowledgement frees a place in flight (or the connection drops).  Woken by
+        the PUBACK itself: a 5 ms poll here held a 3.1.1 session (20 in flight) to about 2,000
+        publishes a second on lan (perf gateway, 2026-11-25)."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise asyncio.TimeoutError("the broker acknowledged nothing for 60 s")
+        self._room.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(remaining, 1.0)):
+                await self._room.wait()
 
     async def _settle(self) -> None:
         """Wait until the broker has acknowledged every publish in flight on this connection
