@@ -65,6 +65,7 @@ FAR_INFLIGHT_V311 = 20
 # broker, lost 40 to 2,144 at the subscriber in 11 of 20 runs unpaced, 8 to 77 in 10 of 70 paced
 # (chunks of 20, 50 and 100 alike; where those went was not traced).
 FAR_QOS0_CHUNK = 100
+FAR_PING_WAIT_S = 60.0  # a PINGREQ unanswered this long: the broker connection is dropped and made again
 
 
 class Part:
@@ -425,19 +426,23 @@ class FarSession:
 
     async def _pace_qos0(self) -> None:
         """After a QoS 0 publish: a PINGREQ every FAR_QOS0_CHUNK, and wait while more than one is
-        unanswered (FAR_QOS0_CHUNK above).  Never raises: the publish is written and done; a broker
-        that does not answer within 60 s, or a lost connection, ends the wait."""
+        unanswered (FAR_QOS0_CHUNK above).  Never raises: the publish is written and done.  A lost
+        connection ends the wait; so does a broker that answers no PINGREQ for FAR_PING_WAIT_S,
+        whose connection is then dropped (MQTT: a client SHOULD close it) and made again by the
+        next message."""
         self._q0_written += 1
         if self._q0_written < FAR_QOS0_CHUNK or self.writer is None:
             return
         self._q0_written = 0
         self._ping()
-        deadline = asyncio.get_running_loop().time() + 60
+        deadline = asyncio.get_running_loop().time() + FAR_PING_WAIT_S
         while self._pings_out > 1 and self.writer is not None:
             try:
                 await self._wait_room(deadline)
             except asyncio.TimeoutError:
-                log.warning("session %s: broker %s answered no PINGREQ for 60 s", self.key(), self.broker)
+                log.warning("session %s: broker %s answered no PINGREQ for %.0f s; reconnecting", self.key(),
+                            self.broker, FAR_PING_WAIT_S)
+                self._drop()
                 return
 
     async def _wait_room(self, deadline: float) -> None:

@@ -398,6 +398,7 @@ class SlowBroker:
         self.m = m
         self.topics: list[bytes] = []
         self.pings = 0
+        self.connects = 0
         self.writer = None
         self.server = None
 
@@ -411,6 +412,8 @@ class SlowBroker:
         while data := await reader.read(65536):
             for p in parser.feed(data):
                 if isinstance(p, m.Connect):
+                    self.connects += 1
+                    self.pings = 0
                     writer.write(m.encode(m.ConnAck(), 4))
                 elif isinstance(p, m.Publish):
                     self.topics.append(p.payload)
@@ -447,6 +450,29 @@ def test_qos0_publishes_run_at_most_two_chunks_ahead_of_a_broker_that_has_not_an
             await asyncio.sleep(0.05)
         assert broker.topics == [b"%04d" % i for i in range(n)]
         assert p.gw.counters["to_broker"] == n
+        await p.gw.stop()
+        broker.server.close()
+
+    asyncio.run(main())
+
+
+def test_a_broker_that_answers_no_pingreq_has_its_connection_made_again_and_qos0_goes_on(tmp_path, monkeypatch):
+    """MQTT: a client that gets no PINGRESP SHOULD close the connection.  Past FAR_PING_WAIT_S
+    the far side does, connects again, and the QoS 0 publishes after it go on the new one."""
+    from c2dtn.ip_gateway import far
+
+    monkeypatch.setattr(far, "FAR_PING_WAIT_S", 0.5)
+    n = far.FAR_QOS0_CHUNK * 5 + 7
+
+    async def main():
+        broker = SlowBroker()
+        b = await broker.start()
+        p = Pair(tmp_path)
+        await p.gw.start()
+        p.send([conn("c2-q0", b)] + [pub("c2-q0", b, "t/x", b"%04d" % i, q=0) for i in range(n)])
+        assert await until(lambda: len(broker.topics) == n, 20), (len(broker.topics), broker.connects)
+        assert broker.topics == [b"%04d" % i for i in range(n)]
+        assert broker.connects >= 2
         await p.gw.stop()
         broker.server.close()
 
