@@ -425,6 +425,16 @@ class SlowBroker:
         self.pings = 0
 
 
+async def qos0_backlog(tmp_path, n: int) -> tuple[SlowBroker, Pair]:
+    """A far gateway handed n QoS 0 publishes of one client for a SlowBroker."""
+    broker = SlowBroker()
+    b = await broker.start()
+    p = Pair(tmp_path)
+    await p.gw.start()
+    p.send([conn("c2-q0", b)] + [pub("c2-q0", b, "t/x", b"%04d" % i, q=0) for i in range(n)])
+    return broker, p
+
+
 def test_qos0_publishes_run_at_most_two_chunks_ahead_of_a_broker_that_has_not_answered(tmp_path):
     """QoS 0 has no ack to pace it: written as fast as custody handed them out, a backlog
     outran Mosquitto's queue to a subscriber, which drops QoS 0 past it.  Against a broker
@@ -435,11 +445,7 @@ def test_qos0_publishes_run_at_most_two_chunks_ahead_of_a_broker_that_has_not_an
     n = FAR_QOS0_CHUNK * 5 + 7
 
     async def main():
-        broker = SlowBroker()
-        b = await broker.start()
-        p = Pair(tmp_path)
-        await p.gw.start()
-        p.send([conn("c2-q0", b)] + [pub("c2-q0", b, "t/x", b"%04d" % i, q=0) for i in range(n)])
+        broker, p = await qos0_backlog(tmp_path, n)
         assert await until(lambda: broker.pings == 2)
         await asyncio.sleep(0.3)  # room to run further ahead, if it would
         assert len(broker.topics) == 2 * FAR_QOS0_CHUNK and broker.pings == 2
@@ -465,11 +471,7 @@ def test_a_broker_that_answers_no_pingreq_has_its_connection_made_again_and_qos0
     n = far.FAR_QOS0_CHUNK * 5 + 7
 
     async def main():
-        broker = SlowBroker()
-        b = await broker.start()
-        p = Pair(tmp_path)
-        await p.gw.start()
-        p.send([conn("c2-q0", b)] + [pub("c2-q0", b, "t/x", b"%04d" % i, q=0) for i in range(n)])
+        broker, p = await qos0_backlog(tmp_path, n)
         assert await until(lambda: len(broker.topics) == n, 20), (len(broker.topics), broker.connects)
         assert broker.topics == [b"%04d" % i for i in range(n)]
         assert broker.connects >= 2
