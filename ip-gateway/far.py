@@ -446,8 +446,9 @@ class FarSession:
                 return
 
     async def _wait_room(self, deadline: float) -> None:
-        """Until an acknowledgement frees a place in flight (or the connection drops).  Woken by
-        the PUBACK itself: a 5 ms poll here held a 3.1.1 session (20 in flight) to about 2,000
+        """Until the broker answers (a PUBACK or PUBCOMP frees a place in flight, a PINGRESP comes)
+        or the connection drops, at most a second; raises past the deadline.  Woken by the answer
+        itself: a 5 ms poll here held a 3.1.1 session (20 in flight) to about 2,000
         publishes a second on lan (perf gateway, 2026-11-25)."""
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining <= 0:

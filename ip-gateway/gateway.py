@@ -26,6 +26,7 @@ from c2dtn.ip_gateway.far import FarSession, Part, session_expiry_s
 from c2dtn.ip_gateway.near import NearSide
 from c2dtn.ip_gateway.near_core import Envelope
 from c2dtn.ip_gateway.policy import GatewayConfig
+from c2dtn.overlay.custody import Mark
 from c2dtn.overlay.store import Delivery
 from c2dtn.overlay.node import now_ms
 from c2dtn.spells import Spell
@@ -137,7 +138,7 @@ class MqttGateway:
 
     # -- custody -------------------------------------------------------------
     def submit_many(self, items: list[Envelope],
-                    marks: list[tuple[str, bytes, bool] | list[tuple[str, bytes, bool]] | None] | None = None) -> None:
+                    marks: list[Mark] | None = None) -> None:
         now = now_ms()
         self.core.store.submit_many([(dst, body, life, prio, sup, s.APP) for dst, body, life, prio, sup in items], now,
                                     marks)

@@ -38,11 +38,15 @@ import logging
 import os
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway.policy import Policy, TopicRule
 from c2dtn.overlay.envelope import Priority
+
+if TYPE_CHECKING:
+    from c2dtn.overlay.custody import Mark
 
 log = logging.getLogger("c2dtn.gateway")
 
@@ -70,7 +74,7 @@ class Close:
 class Submit:
     conn: int | None  # None: nothing waits for the outcome
     envelopes: list[Envelope]
-    marks: list[tuple[str, bytes, bool] | list[tuple[str, bytes, bool]] | None] | None = None  # a batch's: a list
+    marks: list[Mark] | None = None  # a batch's: a list
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,10 @@ from c2dtn.overlay.envelope import INC_BITS, Envelope, Priority, source_key, sou
 from c2dtn.overlay.store import Delivery, OutItem, Quota, QuotaExceeded, Received, Store
 from c2dtn.overlay.store_sqlite import SqliteStore
 
+# A submitted message's mark (key, digest, repeat: see Custody.submit_many), or a list of them for an
+# envelope holding several messages, or None
+Mark = tuple[str, bytes, bool] | list[tuple[str, bytes, bool]] | None
+
 __all__ = ["Custody", "CustodyStore", "Delivery", "OutItem", "Quota", "QuotaExceeded", "Received"]
 
 # Seen ids are kept this long past the envelope's own expiry, so a copy that a
@@ -118,7 +122,7 @@ class Custody:
         return self.submit_many([(dst, body, lifetime_ms, priority, supersede, app)], now_ms)[0]
 
     def submit_many(self, items: Iterable[tuple[str, bytes, int, Priority, str | None, str]], now_ms: int,
-                    marks: list[tuple[str, bytes, bool] | list[tuple[str, bytes, bool]] | None] | None = None,
+                    marks: list[Mark] | None = None,
                     ) -> list[int | None]:
         """Accept envelopes into custody in one durable transaction; returns their seqs.
 
