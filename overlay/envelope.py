@@ -167,6 +167,8 @@ def source_node(key: str) -> str:
     return key.split("/", 1)[0]
 
 SMALL_BODY = 4096  # up to this size, try hard (every byte counts on a 9.8 kbit/s link)
+SAMPLE_OVER = 256 * 1024  # from this size, a sample first (_compress)...
+SAMPLE_BYTES = 32 * 1024  # ... of this many bytes
 _compressors: dict[tuple[int, int], object] = {}
 
 
@@ -188,6 +190,12 @@ def _compress(body: bytes, zdict: "zstandard.ZstdCompressionDict | None",
     megabyte costs milliseconds, not seconds."""
     if len(body) < 48:
         return Compression.NONE, body
+    if len(body) >= SAMPLE_OVER and zstandard is not None:
+        # a large body that a slice from its middle shows to be incompressible (media, ciphertext,
+        # an archive) is sent as it is, without compressing all of it for nothing
+        mid = (len(body) - SAMPLE_BYTES) // 2
+        if len(_zstd(3, None).compress(body[mid:mid + SAMPLE_BYTES])) * 100 > SAMPLE_BYTES * 97:
+            return Compression.NONE, body
     best = (Compression.NONE, body)
     small = len(body) <= SMALL_BODY
     if zstandard is not None:

@@ -47,6 +47,7 @@ from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import progress, run_dir
 
 MODES = ("loop", "thread", "auto", "unsynced")
+# (the gateway's MQTT payloads here are far below store_sqlite.FILE_BODY_BYTES: no body files)
 CUSTODY_FILES = ("custody.db", "custody.db-wal")
 
 

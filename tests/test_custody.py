@@ -6,6 +6,7 @@ that keeps nothing).  An hour of custody runs in well under a second.
 """
 
 import random
+from pathlib import Path
 
 import cbor2
 
@@ -321,7 +322,7 @@ def test_a_version_1_store_is_migrated_and_delivers_what_it_held(tmp_path):
     db.commit()
     db.close()
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
-    assert a.store.db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert a.store.db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION
     assert a.store.held_out() == (2, 9006)
     got = run({"gw1": a, "gw4": b}, Net(delay_ms=100), 130_000)  # the in-flight one at its retry time
     assert [d.body for d in got["gw4"]] == [b"queued", b"in flight" * 1000]
@@ -548,8 +549,10 @@ def test_background_checkpoints_take_the_wal_copy_off_the_commits(tmp_path):
 
     path = tmp_path / "c.db"
     st = CustodyStore(path, "gw1", background_checkpoints=True)
-    seqs = [st.submit("gw4", os.urandom(1_000_000), 0, 10**9) for _ in range(6)]
-    # 6 MB committed, past the 1,000 pages (4 MB) where a commit would have checkpointed itself
+    # bodies kept in the rows (the largest that are): 6.5 MB committed, past the 1,000 pages
+    # (4 MB) where a commit would have checkpointed itself
+    n = 6_500_000 // (store_sqlite.FILE_BODY_BYTES - 1) + 1
+    seqs = [st.submit("gw4", os.urandom(store_sqlite.FILE_BODY_BYTES - 1), 0, 10**9) for _ in range(n)]
     assert path.stat().st_size < 1_000_000
     got = []
     t = threading.Thread(target=lambda: got.append(st.checkpoint()))  # as the node does it
@@ -564,7 +567,7 @@ def test_background_checkpoints_take_the_wal_copy_off_the_commits(tmp_path):
     assert wal.stat().st_size <= store_sqlite.WAL_KEEP_BYTES + 65_536  # ...and gives the backlog's room back
     st.close()
     again = CustodyStore(path, "gw1")
-    assert [i.seq for i in again.queued("gw4")][:6] == seqs and again.held_out()[0] == 7
+    assert [i.seq for i in again.queued("gw4")][:n] == seqs and again.held_out()[0] == n + 1
 
 
 def test_a_burst_bigger_than_the_first_window_is_not_held_up_by_the_ack_delay(tmp_path):
@@ -1033,3 +1036,68 @@ def test_a_queue_cut_drains_the_queue_unless_told_to_keep_some_of_it(tmp_path):
         return p.window
 
     assert cut() == 4_000 and cut(queue_keep_ms=500) == 6_000
+
+
+def _files(tmp_path, name):
+    folder = tmp_path / f"{name}.db.bodies"
+    return sorted(folder.iterdir()) if folder.exists() else []
+
+
+@pytest.mark.sqlite_only
+def test_a_large_body_is_kept_in_a_file_until_released_and_overwritten_before_it_goes(tmp_path, monkeypatch):
+    import os
+
+    gone = {}
+    real_unlink = os.unlink
+
+    def unlink(path, *a, **k):  # what a removed body file held when it was unlinked
+        p = Path(path)
+        if p.parent.name.endswith(".db.bodies"):
+            gone[p.name] = p.read_bytes().count(0) == p.stat().st_size
+        return real_unlink(path, *a, **k)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    big, small = os.urandom(store_sqlite.FILE_BODY_BYTES), os.urandom(store_sqlite.FILE_BODY_BYTES - 1)
+    a.submit("gw4", big, 0)
+    a.submit("gw4", small, 0)
+    (f,) = _files(tmp_path, "gw1")  # the large one only
+    assert f.read_bytes() == big and a.store.held_out() == (2, len(big) + len(small))
+    got = run({"gw1": a, "gw4": b}, Net(delay_ms=100), 3_000)
+    assert [d.body for d in got["gw4"]] == [big, small]
+    assert a.store.held_out() == (0, 0)
+    # released by an ack (a relaxed commit): the file stays until that commit is on disk, which
+    # the node's checkpoint thread makes sure of before it removes the file
+    assert len(_files(tmp_path, "gw1")) == 1
+    a.store.records.checkpoint()
+    assert _files(tmp_path, "gw1") == [] and _files(tmp_path, "gw4") == []  # released, delivered: gone
+    assert len(gone) == 2 and all(gone.values())  # gw1's outbox file and gw4's inbox file, zeros when unlinked
+
+
+@pytest.mark.sqlite_only
+def test_a_large_body_survives_reopening_and_a_file_no_row_names_is_removed(tmp_path):
+    import os
+
+    a = make(tmp_path, "gw1", "gw4")
+    big = os.urandom(300_000)
+    seq = a.submit("gw4", big, 0)
+    a.store.close()
+    stray = tmp_path / "gw1.db.bodies" / "0123456789abcdef"  # as a crash before its COMMIT leaves one
+    stray.write_bytes(b"x" * 1000)
+    again = CustodyStore(tmp_path / "gw1.db", "gw1")
+    (item,) = again.queued("gw4")
+    assert (item.seq, item.body) == (seq, big)
+    assert not stray.exists() and len(_files(tmp_path, "gw1")) == 1
+
+
+@pytest.mark.sqlite_only
+def test_a_change_that_fails_leaves_no_body_file_behind(tmp_path):
+    import os
+
+    a = make(tmp_path, "gw1", "gw4")
+    with pytest.raises(RuntimeError, match="cut"):
+        with a.store.transaction():
+            a.submit("gw4", os.urandom(300_000), 0)
+            assert len(_files(tmp_path, "gw1")) == 1
+            raise RuntimeError("cut")
+    assert _files(tmp_path, "gw1") == [] and a.store.held_out() == (0, 0)

@@ -157,3 +157,32 @@ def test_bodies_compressed_with_the_v1_dictionary_are_still_read():
 
     sealed = cbor2.dumps([mb, hmac.new(b"s" * 32, mb, hashlib.sha256).digest()[:E.TAG_BYTES]])
     assert kind == E.Compression.ZSTD_DICT and b.open("gw1", sealed).body == REPORT
+
+
+def test_a_large_body_is_compressed_only_when_a_sample_of_it_compresses(monkeypatch):
+    import os
+
+    a, b = pair()
+    calls = []
+    real = E._zstd
+
+    def counting(level, zdict):
+        c = real(level, zdict)
+
+        class Seen:
+            def compress(self, data):
+                calls.append(len(data))
+                return c.compress(data)
+        return Seen()
+
+    monkeypatch.setattr(E, "_zstd", counting)
+    noise = os.urandom(E.SAMPLE_OVER)
+    got = b.open("gw1", a.seal(env(body=noise)))
+    assert got.body == noise and got.compression == E.Compression.NONE
+    assert calls == [E.SAMPLE_BYTES]  # the sample only, not the quarter megabyte
+    calls.clear()
+    text = REPORT * (E.SAMPLE_OVER // len(REPORT) + 1)
+    sealed = a.seal(env(body=text))
+    got = b.open("gw1", sealed)
+    assert got.body == text and got.compression == E.Compression.ZSTD and len(sealed) < len(text) // 20
+    assert calls == [E.SAMPLE_BYTES, len(text)]
