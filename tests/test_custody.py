@@ -1101,3 +1101,25 @@ def test_a_change_that_fails_leaves_no_body_file_behind(tmp_path):
             assert len(_files(tmp_path, "gw1")) == 1
             raise RuntimeError("cut")
     assert _files(tmp_path, "gw1") == [] and a.store.held_out() == (0, 0)
+
+
+@pytest.mark.sqlite_only
+def test_a_body_file_the_disk_has_no_room_for_is_refused_as_a_full_store_and_nothing_is_kept(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from c2dtn.overlay.store import StoreFull
+
+    a = make(tmp_path, "gw1", "gw4")
+    a.submit("gw4", b"before", 0)
+    real_write = os.write
+
+    def full(fd, data):
+        if len(data) >= store_sqlite.FILE_BODY_BYTES:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(StoreFull, match="could not be written"):
+        a.submit("gw4", os.urandom(300_000), 0)
+    assert _files(tmp_path, "gw1") == [] and [i.body for i in a.store.queued("gw4")] == [b"before"]
