@@ -496,8 +496,9 @@ class SqliteStore:
         n = nbytes = 0
         for chunk in _chunks(seqs):
             qs = _marks(chunk)
+            # by the primary key (NOT INDEXED: the partial index of files would be walked whole)
             self._dropped(r[0] for r in self.db.execute(
-                f"SELECT body FROM bodies INDEXED BY bodies_files WHERE typeof(body)='text' AND seq IN ({qs})", chunk))
+                f"SELECT body FROM bodies NOT INDEXED WHERE seq IN ({qs}) AND typeof(body)='text'", chunk))
             sizes = self.db.execute(f"DELETE FROM outbox WHERE seq IN ({qs}) RETURNING size", chunk).fetchall()
             self.db.execute(f"DELETE FROM member_acks WHERE seq IN ({qs})", chunk)  # the trigger takes the bodies
             n, nbytes = n + len(sizes), nbytes + sum(r[0] for r in sizes)
@@ -649,10 +650,13 @@ class SqliteStore:
                         "DO UPDATE SET next_cseq=excluded.next_cseq", (stream, priority, nxt))
 
     def held_add(self, stream: str, cseq: int, d: Delivery) -> None:
-        self.db.execute("INSERT OR IGNORE INTO held(origin, priority, cseq, seq, created_ms, lifetime_ms, "
-                        "supersede, app, body, received_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                        (stream, int(d.priority), cseq, d.seq, d.created_ms, d.lifetime_ms, d.supersede, d.app,
-                         self._put(d.body), d.received_ms))
+        body = self._put(d.body)
+        cur = self.db.execute("INSERT OR IGNORE INTO held(origin, priority, cseq, seq, created_ms, lifetime_ms, "
+                              "supersede, app, body, received_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",
+                              (stream, int(d.priority), cseq, d.seq, d.created_ms, d.lifetime_ms, d.supersede, d.app,
+                               body, d.received_ms))
+        if cur.rowcount == 0:  # held already: the file just written is named by no row
+            self._dropped([body])
 
     def held_first(self, stream: str, priority: int, upto: int) -> tuple[int, Delivery] | None:
         row = self.db.execute(f"SELECT cseq, {_DELIVERY_COLS} FROM held WHERE origin=? AND priority=? AND cseq<=? "
@@ -664,8 +668,9 @@ class SqliteStore:
                               self._get(body), rcv)
 
     def held_delete(self, stream: str, priority: int, cseq: int) -> None:
-        self._dropped(r[0] for r in self.db.execute("DELETE FROM held WHERE origin=? AND priority=? AND cseq=? "
-                                                    "RETURNING body", (stream, priority, cseq)))
+        self._dropped(r[0] for r in self.db.execute(
+            "DELETE FROM held WHERE origin=? AND priority=? AND cseq=? RETURNING CASE typeof(body) WHEN 'text' "
+            "THEN body END", (stream, priority, cseq)))
 
     def held_older(self, received_before_ms: int) -> list[tuple[str, int]]:
         return self.db.execute("SELECT DISTINCT origin, priority FROM held WHERE received_ms <= ?",

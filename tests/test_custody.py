@@ -1123,3 +1123,23 @@ def test_a_body_file_the_disk_has_no_room_for_is_refused_as_a_full_store_and_not
     with pytest.raises(StoreFull, match="could not be written"):
         a.submit("gw4", os.urandom(300_000), 0)
     assert _files(tmp_path, "gw1") == [] and [i.body for i in a.store.queued("gw4")] == [b"before"]
+
+
+@pytest.mark.sqlite_only
+def test_a_large_body_that_arrives_ahead_of_its_turn_is_held_in_a_file_and_delivered_in_order(tmp_path):
+    import os
+
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    first, second = os.urandom(300_000), os.urandom(300_000)
+    a.submit("gw4", first, 0)
+    a.submit("gw4", second, 0)
+    a.sched.path("gw4").window = 1 << 22  # both go at once
+    out = a.poll(0)
+    assert [o.seqs for o in out] == [[1], [2]]
+    b.on_bundle(out[1].payload, 10)  # the second first: held, in a file of gw4's
+    assert b.take() == [] and len(_files(tmp_path, "gw4")) == 1
+    b.on_bundle(out[0].payload, 20)
+    got = b.take()
+    assert [d.body for d in got] == [first, second]
+    b.consumed([d.id for d in got])
+    assert _files(tmp_path, "gw4") == []
