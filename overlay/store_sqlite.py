@@ -312,8 +312,8 @@ class SqliteStore:
             self._fresh_bytes -= len(self._fresh.popitem(last=False)[1])
         return name
 
-    def _get(self, value: bytes | str) -> bytes:
-        """The body a body column's value stands for."""
+    def body_of(self, value: bytes | str) -> bytes:
+        """The body a body column's value stands for: the value itself, or its file's contents."""
         if not isinstance(value, str):
             return value
         body = self._fresh.get(value)
@@ -532,12 +532,12 @@ class SqliteStore:
     def out_queued(self, dst: str, limit: int) -> list[OutItem]:
         rows = self.db.execute(f"{_OUT_WITH_BODY} WHERE dst=? AND inflight=0 ORDER BY priority, seq LIMIT ?",
                                (dst, limit)).fetchall()
-        return [_item(r, self._get(r[16])) for r in rows]
+        return [_item(r, self.body_of(r[16])) for r in rows]
 
     def out_due(self, now_ms: int) -> list[OutItem]:
         rows = self.db.execute(f"{_OUT_WITH_BODY} WHERE inflight=1 AND received=0 AND retry_ms <= ? "
                                "ORDER BY priority, seq", (now_ms,)).fetchall()
-        return [_item(r, self._get(r[16])) for r in rows]
+        return [_item(r, self.body_of(r[16])) for r in rows]
 
     def out_expired(self, now_ms: int) -> list[OutItem]:
         return [_item(r) for r in self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE expires_ms <= ?",
@@ -665,7 +665,7 @@ class SqliteStore:
             return None
         cseq, seq, prio, created, lifetime, sup, app, body, rcv = row
         return cseq, Delivery(0, stream.split(">", 1)[0], seq, Priority(prio), created, lifetime, sup, app,
-                              self._get(body), rcv)
+                              self.body_of(body), rcv)
 
     def held_delete(self, stream: str, priority: int, cseq: int) -> None:
         self._dropped(r[0] for r in self.db.execute(
@@ -700,7 +700,7 @@ class SqliteStore:
             where, args = where + f"AND app NOT IN ({','.join('?' * len(exclude))}) ", [*args, *exclude]
         rows = self.db.execute("SELECT id, origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
                                f"received_ms FROM inbox {where}ORDER BY id LIMIT ?", [*args, limit]).fetchall()
-        return [Delivery(r[0], r[1], r[2], Priority(r[3]), *r[4:8], self._get(r[8]), r[9]) for r in rows]
+        return [Delivery(r[0], r[1], r[2], Priority(r[3]), *r[4:8], self.body_of(r[8]), r[9]) for r in rows]
 
     def inbox_has(self, origin: str, seq: int) -> bool:
         return bool(self.db.execute("SELECT 1 FROM inbox WHERE origin=? AND seq=?", (origin, seq)).fetchone())

@@ -121,13 +121,15 @@ def fsync_cmd(runs: int, clients: int, rate: float, duration: float, disk_ms: in
 @click.option("--disk-ms", default=5, show_default=True, type=click.IntRange(0, 1000),
               help="how much longer every fsync takes")
 @click.option("--seed", default=1, show_default=True, type=int, help="when the cuts come")
-def powerloss_cmd(cycles: int, clients: int, rate: float, disk_ms: int, seed: int) -> None:
+@click.option("--payload-bytes", default=0, show_default=True, type=click.IntRange(0, 1_000_000),
+              help="pad each publish to this size (262144 and up: each body in a file of its own)")
+def powerloss_cmd(cycles: int, clients: int, rate: float, disk_ms: int, seed: int, payload_bytes: int) -> None:
     """Power cuts under QoS 1 load: is every PUBACKed message in custody after each one?"""
     from rich.console import Console
 
     from c2dtn.perf import powerloss_bench
 
-    powerloss_bench.main(cycles, clients, rate, disk_ms, seed=seed, console=Console())
+    powerloss_bench.main(cycles, clients, rate, disk_ms, seed=seed, console=Console(), payload_bytes=payload_bytes)
 
 
 @perf.command("diskfull")

@@ -24,7 +24,9 @@ Modes, --cycles cuts each, taking turns:
 The model keeps, per file, the contents at its last fsync: a real disk may keep more of
 what was not fsynced, or tear a page; SQLite's WAL checksums cover the torn tail.
 Directory entries are not modelled (the custody files are created once, at the first
-start).  Writes results/<time>-powerloss/ with report.md, summary.json and plot.png.
+start; a body file is fsynced, and its folder, before the COMMIT naming it).  With
+--payload-bytes of 262144 and up each body is a file of its own (store_sqlite.FILE_BODY_BYTES),
+put back as last fsynced too.  Writes results/<time>-powerloss/ with report.md, summary.json and plot.png.
 """
 
 from __future__ import annotations
@@ -47,11 +49,11 @@ from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import progress, run_dir
 
 MODES = ("loop", "thread", "auto", "unsynced")
-# (the gateway's MQTT payloads here are far below store_sqlite.FILE_BODY_BYTES: no body files)
 CUSTODY_FILES = ("custody.db", "custody.db-wal")
+BODY_FILES = "custody.db.bodies"  # large bodies, a file each (--payload-bytes 262144 and up: store_sqlite)
 
 
-async def _publisher(i: int, port: int, rate: float, acked: set, sent: list) -> None:
+async def _publisher(i: int, port: int, rate: float, acked: set, sent: list, payload_bytes: int = 0) -> None:
     r, w, parser = await _connect(port, f"c2power-{i}")
     pending: dict[int, str] = {}
     rd = asyncio.create_task(read_pubacks(r, parser, pending, acked.add))
@@ -62,7 +64,8 @@ async def _publisher(i: int, port: int, rate: float, acked: set, sent: list) -> 
             await asyncio.sleep(max(0.0, t0 + k / rate - time.monotonic()))
             msg = f"{i}:{k}"
             pending[k % 65535 + 1] = msg
-            w.write(m.encode(m.Publish(f"c2/power/{i}", msg.encode(), qos=1, packet_id=k % 65535 + 1), 4))
+            body = msg.encode().ljust(payload_bytes, b".")  # the message's name, then padding
+            w.write(m.encode(m.Publish(f"c2/power/{i}", body, qos=1, packet_id=k % 65535 + 1), 4))
             sent.append(msg)
             k += 1
             await w.drain()
@@ -86,6 +89,17 @@ def restore(storage: Path, durable: Path) -> list[str]:
             f.unlink()
             done.append(f"{name}: never fsynced, gone")
     (storage / "custody.db-shm").unlink(missing_ok=True)
+    # body files likewise, each as last fsynced (its own fsync, before the COMMIT naming it)
+    folder = storage / BODY_FILES
+    prefix = str(folder).replace("/", "%") + "%"
+    kept = {p.name[len(prefix):] for p in durable.iterdir() if p.name.startswith(prefix) and not p.name.endswith(".tmp")}
+    there = set(os.listdir(folder)) if folder.is_dir() else set()
+    for name in kept:
+        shutil.copyfile(durable / (prefix + name), folder / name)
+    for name in there - kept:
+        (folder / name).unlink()
+    if kept or there:
+        done.append(f"{BODY_FILES}: {len(kept)} files as last fsynced, {len(there - kept)} never fsynced, gone")
     return done
 
 
@@ -99,13 +113,14 @@ def read_back(storage: Path) -> tuple[set[str], str]:
         integrity = store.records.db.execute("PRAGMA integrity_check").fetchone()[0]
         held = set()
         for (body,) in store.records.db.execute("SELECT body FROM bodies"):
-            held.update(x["p"].decode() for x in bodies.publishes(bodies.unpack(body)))
+            held.update(x["p"].rstrip(b".").decode() for x in bodies.publishes(bodies.unpack(store.records.body_of(body))))
         return held, integrity
     finally:
         store.close()
 
 
-def one_cut(mode: str, cycle: int, clients: int, rate: float, disk_ms: int, lib: Path, rng: random.Random) -> dict:
+def one_cut(mode: str, cycle: int, clients: int, rate: float, disk_ms: int, lib: Path, rng: random.Random,
+            payload_bytes: int = 0) -> dict:
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="c2power-") as td:
         storage, durable = Path(td) / "store", Path(td) / "durable"
@@ -122,7 +137,7 @@ def one_cut(mode: str, cycle: int, clients: int, rate: float, disk_ms: int, lib:
                 raise RuntimeError(f"the {mode} gateway did not start (exit {child.wait(10)})")
 
             async def load() -> None:
-                pubs = [asyncio.create_task(_publisher(i, port, rate, acked, sent)) for i in range(clients)]
+                pubs = [asyncio.create_task(_publisher(i, port, rate, acked, sent, payload_bytes)) for i in range(clients)]
                 await asyncio.sleep(cut_after)
                 child.send_signal(signal.SIGKILL)  # the power cut: nothing more reaches the disk
                 await asyncio.wait_for(asyncio.gather(*pubs, return_exceptions=True), 30)
@@ -165,8 +180,10 @@ def report(out: Path, rows: list[dict], params: dict) -> str:
     tot = summarize(rows)
     (out / "summary.json").write_text(json.dumps({"params": params, "cuts": rows, "total": tot}, indent=1) + "\n")
     md = ["# Power loss under load: PUBACKed messages after the cut (`c2dtn perf powerloss`)", "",
-          f"{params['clients']} clients x {params['rate']:g} QoS 1 publishes/s, the gateway SIGKILLed 1-4 s in and "
-          f"its custody files put back as last fsynced; every fsync {params['disk_ms']} ms slower.", "",
+          f"{params['clients']} clients x {params['rate']:g} QoS 1 publishes/s"
+          + (f" of {params['payload_bytes']:,} bytes" if params.get("payload_bytes") else "")
+          + f", the gateway SIGKILLed 1-4 s in and its custody files put back as last fsynced; every fsync "
+          f"{params['disk_ms']} ms slower.", "",
           "| mode | cuts | published | PUBACKed | PUBACKed and lost | cuts with a loss | kept, not PUBACKed | "
           "integrity failures |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, t in tot.items():
@@ -192,7 +209,7 @@ def report(out: Path, rows: list[dict], params: dict) -> str:
 
 
 def main(cycles: int, clients: int, rate: float, disk_ms: int, modes=MODES, seed: int = 1, out: Path | None = None,
-         console=None) -> Path:
+         console=None, payload_bytes: int = 0) -> Path:
     lib = shim()
     out = out or run_dir("powerloss")
     rng = random.Random(seed)
@@ -202,10 +219,10 @@ def main(cycles: int, clients: int, rate: float, disk_ms: int, modes=MODES, seed
         for c in range(cycles):
             for mode in modes:
                 bar.update(task, description=f"cut {c + 1}: {mode}")
-                rows.append(one_cut(mode, c, clients, rate, disk_ms, lib, rng))
+                rows.append(one_cut(mode, c, clients, rate, disk_ms, lib, rng, payload_bytes))
                 bar.advance(task)
     text = report(out, rows, {"cycles": cycles, "clients": clients, "rate": rate, "disk_ms": disk_ms,
-                              "modes": list(modes), "seed": seed})
+                              "modes": list(modes), "seed": seed, "payload_bytes": payload_bytes})
     if console is not None:
         console.print(text)
         console.print(f"results in {out}")
