@@ -416,6 +416,10 @@ class Custody:
                 st.bump("gaps_skipped", len(streams))
         return n
 
+    def inbox_count(self) -> int:
+        """How many envelopes wait for the application (for status: no body is read)."""
+        return self.records.inbox_count()
+
     def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
               after: int = 0) -> list[Delivery]:
         """Envelopes waiting for the application, oldest first (only those of `app` when given,

@@ -439,7 +439,7 @@ class OverlayNode:
                             for d, p, q, f, b in store.queue_summary()]
             st["windows"] = {d: {"window": int(p.window), "ssthresh": int(p.ssthresh), "srtt_ms": p.srtt_ms, "rto_ms": int(p.rto_ms)}
                              for d, p in self.core.sched.paths.items()}
-            st["inbox"] = len(store.inbox(100000))
+            st["inbox"] = store.inbox_count()  # (not len(inbox()): that read every body, files included)
         for ext in self.extensions:
             if hasattr(ext, "status"):
                 st[getattr(ext, "name", "extension")] = ext.status()

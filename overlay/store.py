@@ -174,6 +174,7 @@ class Store(Protocol):
     def inbox_add(self, d: Delivery) -> None: ...  # d.id is assigned by the store
     def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
               after: int = 0) -> list[Delivery]: ...
+    def inbox_count(self) -> int: ...  # envelopes waiting for the application (their bodies not read)
     def inbox_has(self, origin: str, seq: int) -> bool: ...
     def inbox_pop(self, inbox_id: int) -> tuple[str, int] | None: ...  # (origin, seq) of what left
     def owed_add(self, kind: str, origin: str, seq: int) -> None: ...  # kind: "done" | "got"

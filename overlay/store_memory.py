@@ -256,6 +256,9 @@ class MemoryStore:
                and (d.app == app if app is not None else d.app not in exclude)]
         return out[:limit]
 
+    def inbox_count(self) -> int:
+        return len(self.s["inbox"])
+
     def inbox_has(self, origin: str, seq: int) -> bool:
         return any(d.origin == origin and d.seq == seq for d in self.s["inbox"].values())
 

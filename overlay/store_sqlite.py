@@ -702,6 +702,9 @@ class SqliteStore:
                                f"received_ms FROM inbox {where}ORDER BY id LIMIT ?", [*args, limit]).fetchall()
         return [Delivery(r[0], r[1], r[2], Priority(r[3]), *r[4:8], self.body_of(r[8]), r[9]) for r in rows]
 
+    def inbox_count(self) -> int:
+        return self.db.execute("SELECT count(*) FROM inbox").fetchone()[0]
+
     def inbox_has(self, origin: str, seq: int) -> bool:
         return bool(self.db.execute("SELECT 1 FROM inbox WHERE origin=? AND seq=?", (origin, seq)).fetchone())
 

@@ -1143,3 +1143,15 @@ def test_a_large_body_that_arrives_ahead_of_its_turn_is_held_in_a_file_and_deliv
     assert [d.body for d in got] == [first, second]
     b.consumed([d.id for d in got])
     assert _files(tmp_path, "gw4") == []
+
+
+def test_the_inbox_is_counted_as_it_fills_and_empties(tmp_path):
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    for i in range(3):
+        a.submit("gw4", f"m{i}".encode(), 0)
+    assert b.store.inbox_count() == 0
+    for o in a.poll(0):
+        b.on_bundle(o.payload, 10)
+    assert b.store.inbox_count() == 3 == len(b.take())
+    b.consumed([d.id for d in b.take()][:2])
+    assert b.store.inbox_count() == 1
