@@ -330,9 +330,13 @@ class SqliteStore:
         for v in values:
             if isinstance(v, str):
                 self._tx_doomed.append(v)
-                body = self._fresh.pop(v, None)
-                if body is not None:
-                    self._fresh_bytes -= len(body)
+                self._forget(v)
+
+    def _forget(self, name: str) -> None:
+        """A file's body no longer kept to be read back (its row or its file is going)."""
+        body = self._fresh.pop(name, None)
+        if body is not None:
+            self._fresh_bytes -= len(body)
 
     def _files_to_disk(self) -> None:
         """Before COMMIT: the transaction's files, and the folder naming them, on disk."""
@@ -352,9 +356,7 @@ class SqliteStore:
         for fd in self._tx_fds:
             os.close(fd)
         for name in self._tx_files:
-            body = self._fresh.pop(name, None)
-            if body is not None:
-                self._fresh_bytes -= len(body)
+            self._forget(name)
             with contextlib.suppress(OSError):
                 os.unlink(self.files / name)
         self._tx_fds, self._tx_files = [], []
