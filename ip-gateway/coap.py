@@ -230,9 +230,8 @@ class CoapGateway:
         self.run(a.then)
 
     def _consume(self, inbox_id: int) -> None:
-        self.core.consumed([inbox_id])
+        self.node.consumed([inbox_id])
         self._taken.discard(inbox_id)
-        self.node.wake()
 
     def _start(self, coro) -> asyncio.Task:
         t = asyncio.get_running_loop().create_task(coro)

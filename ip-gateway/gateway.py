@@ -169,9 +169,8 @@ class MqttGateway:
 
     def _flush_done(self) -> None:
         ids, self._done = self._done, []
-        self.core.consumed(ids)
+        self.node.consumed(ids)
         self._taken.difference_update(ids)
-        self.node.wake()
 
     # -- envelopes from the other side ------------------------------------------
     def on_inbox(self, full: bool = False) -> None:

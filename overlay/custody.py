@@ -38,6 +38,27 @@ bookkeeping that can only cause a harmless repeat if a power cut undoes it (mark
 sent, releasing acked envelopes, acks sent, retransmission times, expiry reports) is
 not fsynced on its own (see store_sqlite.py).
 
+Sending before the fsync.  A bundle may go to the agent before the commits it comes from
+are on disk (a flash message's round trip then does not wait on the disk twice, issue 14),
+as long as a power cut in that moment can cost nothing but a repeat:
+- seqs: a power cut would undo the submit and hand its seq out again, and the receiver,
+  having seen it, would take the new message for a duplicate and lose it.  So seqs are
+  reserved on disk ahead of use, SEQ_BLOCK at a time (counter `seq_reserved`, in the commit
+  of the submit that crosses it), and a store opened after a run that did not close()
+  numbers on from its reservation; only seqs within a reservation known to be on disk may
+  go early.  (A class's order numbers, cseqs, may be handed out twice: the receiver takes a
+  place it has passed as late, at once, and nothing is lost.)
+- acks: an ack for an envelope whose taking is not on disk would release (or stop the
+  resending of) what a power cut then loses here.  Acks owed since the last fsync are held
+  back (unsynced_acks) and go with the next bundle, after it.
+- marks (a resent MQTT PUBLISH told from a new one): a mark lost with its submit would take
+  the client's repeat for a new message, twice delivered; a transaction that recorded one
+  keeps everything waiting for its fsync.
+The caller says when the disk caught up: sync_point() before it waits for an fsync, then
+synced(token) once that fsync covered every commit made before it; may_send_unsynced()
+and unsynced_acks() answer from that.  A store that fsyncs every durable commit itself
+(sync="loop") is caught up at once.
+
 `Custody(store, origin)` runs over any Store (`MemoryStore()` in unit tests);
 `CustodyStore(path, origin)` is custody over the SQLite store, what a node runs.
 """
@@ -63,6 +84,7 @@ __all__ = ["Custody", "CustodyStore", "Delivery", "OutItem", "Quota", "QuotaExce
 SEEN_MARGIN_MS = 10 * 60 * 1000
 SEEN_PRUNE_MS = 60 * 1000  # seen ids past their time go in batches, at most once a minute
 MARK_KEEP_MS = 7 * 24 * 3600 * 1000  # how long a mark (see submit_many) is remembered
+SEQ_BLOCK = 4096  # seqs reserved on disk at a time (module doc: sending before the fsync)
 
 
 class Custody:
@@ -73,6 +95,17 @@ class Custody:
         self.quota = quota
         self.groups = dict(groups or {})  # group -> the other members
         self.inc = store.counter("incarnation") or self.renew_incarnation()
+        # sending before the fsync (module doc): what is on disk, as far as the caller said
+        reserved, nxt = store.counter("seq_reserved"), store.counter("next_seq")
+        if reserved > nxt:  # the last run did not close(): seqs up to its reservation may be out
+            with store.transaction():
+                store.bump("next_seq", reserved - nxt)
+        self._reserved_on_disk = reserved
+        self._tag = 1  # what is recorded now is on disk once synced(token >= this) is called
+        self._points: list[tuple[int, int]] = []  # (token, seq_reserved then), oldest first
+        self._synced_tag = 0
+        self._fresh_acks: dict[tuple[str, int], int] = {}  # (source, seq) owed -> tag
+        self._marks_tag = 0  # tag of the last transaction that recorded marks
 
     def renew_incarnation(self) -> int:
         """Choose a new random incarnation (a new store, or one put back from a copy): from now
@@ -97,7 +130,48 @@ class Custody:
         return self.records.transaction(durable)
 
     def close(self) -> None:
-        self.records.close()
+        """Close the store; a clean close gives back the seqs reserved and not used (the next
+        run numbers on without a gap)."""
+        st = self.records
+        nxt = st.counter("next_seq")
+        if st.counter("seq_reserved") > nxt:
+            with st.transaction():
+                st.bump("seq_reserved", nxt - st.counter("seq_reserved"))
+        st.close()
+
+    # -- sending before the fsync (module doc) -------------------------------------------------
+    def sync_point(self) -> int:
+        """Call outside a transaction, before waiting for an fsync of every commit made so
+        far; pass what it returns to synced() once that fsync is done."""
+        t = self._tag
+        self._tag += 1
+        self._points.append((t, self.records.counter("seq_reserved")))
+        return t
+
+    def synced(self, token: int) -> None:
+        """Every commit made before sync_point() returned `token` is on disk."""
+        if token <= self._synced_tag:
+            return
+        self._synced_tag = token
+        while self._points and self._points[0][0] <= token:
+            self._reserved_on_disk = max(self._reserved_on_disk, self._points.pop(0)[1])
+        if self._fresh_acks:
+            self._fresh_acks = {k: t for k, t in self._fresh_acks.items() if t > token}
+
+    def may_send_unsynced(self) -> bool:
+        """May what is queued now go to the agent before its commit is on disk?  Yes when
+        every seq handed out is within a reservation on disk and no mark waits for its fsync."""
+        return (self._marks_tag <= self._synced_tag
+                and self.records.counter("next_seq") <= self._reserved_on_disk)
+
+    def unsynced_acks(self) -> set[tuple[str, int]]:
+        """(source, seq) of acks owed whose cause (the envelope taken, or consumed) may not be
+        on disk yet: they must not go before the fsync."""
+        return set(self._fresh_acks)
+
+    def _owe(self, kind: str, src: str, seq: int) -> None:
+        self.records.owed_add(kind, src, seq)
+        self._fresh_acks[(src, seq)] = self._tag
 
     def checkpoint(self) -> tuple[int, int]:
         return self.records.checkpoint()
@@ -161,6 +235,8 @@ class Custody:
                         continue
                     marked[key] = digest
                 seq = st.bump("next_seq")
+                if seq > st.counter("seq_reserved"):  # on disk with this commit (module doc)
+                    st.bump("seq_reserved", seq + SEQ_BLOCK - st.counter("seq_reserved"))
                 # An envelope with a supersession key is outside its class's order (cseq 0): the
                 # receiver takes it at once, never held behind a lost one, and drops an older
                 # copy of the key that arrives after a newer one (stale) -- newest wins, as
@@ -180,6 +256,8 @@ class Custody:
                 seqs.append(seq)
             st.out_add(adds)
             st.mark_set(marked, now_ms)
+            if marked:
+                self._marks_tag = self._tag
             st.bump("accepted", sum(1 for x in seqs if x is not None))
         return seqs
 
@@ -344,25 +422,25 @@ class Custody:
                 st.bump("duplicates")
                 # the origin did not hear: tell it again, "got" if still here, "done" if taken
                 kept = st.inbox_has(src, env.seq) or st.held_has(src, env.seq)
-                st.owed_add("got" if kept else "done", src, env.seq)
+                self._owe("got" if kept else "done", src, env.seq)
                 return Received("duplicate")
             st.seen_add(src, env.seq, max(env.expires_ms(), now_ms) + SEEN_MARGIN_MS)
             if env.expires_ms() <= now_ms:
                 st.bump("received_expired")
-                st.owed_add("done", src, env.seq)
+                self._owe("done", src, env.seq)
                 return Received("expired")
             prio = int(env.priority)
             if env.supersede is not None:
                 newest = st.latest_get(src, env.supersede)
                 if newest is not None and newest > env.seq:
                     st.bump("received_stale")
-                    st.owed_add("done", src, env.seq)
+                    self._owe("done", src, env.seq)
                     # a stale envelope still fills its place in the class's order
                     nxt = st.order_next(stream, prio)
                     self._advance(stream, prio, max(env.floor, env.cseq + 1 if env.cseq == nxt else 0), now_ms)
                     return Received("stale")
                 st.latest_set(src, env.supersede, env.seq)
-            st.owed_add("got", src, env.seq)
+            self._owe("got", src, env.seq)
             nxt = st.order_next(stream, prio)
             in_turn = env.cseq == nxt and env.floor <= nxt  # the very one the order waits for
             d = Delivery(0, src, env.seq, env.priority, env.created_ms, env.lifetime_ms, env.supersede,
@@ -430,15 +508,19 @@ class Custody:
             d.origin = source_node(d.origin)
         return out
 
-    def consumed(self, ids: Iterable[int]) -> None:
-        """The application has taken these: they leave the inbox and their origin gets an ack."""
+    def consumed(self, ids: Iterable[int]) -> list[tuple[str, int]]:
+        """The application has taken these: they leave the inbox and their origin gets an ack.
+        Returns (source, seq) of those that were there."""
         st = self.records
+        out = []
         with st.transaction():
             for i in ids:
                 gone = st.inbox_pop(i)
                 if gone:
                     st.owed_remove("got", gone[0], [gone[1]])
-                    st.owed_add("done", *gone)
+                    self._owe("done", *gone)
+                    out.append(gone)
+        return out
 
     def pending_acks(self) -> dict[str, tuple[list[int], list[int]]]:
         """source key (origin and incarnation) -> (done, got): what each origin must hear about."""

@@ -137,36 +137,42 @@ class Scheduler:
 
     # -- planning ----------------------------------------------------------
     def plan(self, now_ms: int, acks: dict[str, tuple[list[int], list[int]]] | None = None,
-             acks_due: set[str] | None = None) -> list[Outgoing]:
+             acks_due: set[str] | None = None, only: set[str] | None = None) -> list[Outgoing]:
         """What to send now.  Marks what it returns as in flight in the store.
 
         Pending acks ride along with data for their node; those in acks_due (all,
-        when None) go in a bundle of their own if no data is going that way."""
+        when None) go in a bundle of their own if no data is going that way.
+        only: what is queued for these destinations (and the acks they are owed), nothing
+        else: no expiry, no retransmissions, no tail probes (the next full plan does those, at
+        their times); for what is planned at once (a flash submit, an answer)."""
         st = self.store
-        # maintenance only when something is due (cheap indexed look-ups first)
-        next_expiry = st.next_expiry_ms()
-        if next_expiry is not None and next_expiry <= now_ms:
-            st.expire(now_ms)
-        probes, probe_new = self._tail_probes(now_ms)
+        probes: set[int] = set()
+        probe_new: set[str] = set()
         retries: dict[str, list[OutItem]] = {}
-        next_retry = st.next_retry_ms()
-        if next_retry is not None and next_retry <= now_ms:
-            st.drop_superseded_inflight(now_ms)
-            for it in st.due_retries(now_ms):
-                retries.setdefault(it.dst, []).append(it)
-        for dst, items in retries.items():
-            # a probe is not a timeout, nor is a retry that was only waiting for room
-            if any(i.seq not in probes and i.seq not in self._deferred.get(dst, ()) for i in items):
-                self._on_timeout(dst, now_ms)
+        if only is None:
+            # maintenance only when something is due (cheap indexed look-ups first)
+            next_expiry = st.next_expiry_ms()
+            if next_expiry is not None and next_expiry <= now_ms:
+                st.expire(now_ms)
+            probes, probe_new = self._tail_probes(now_ms)
+            next_retry = st.next_retry_ms()
+            if next_retry is not None and next_retry <= now_ms:
+                st.drop_superseded_inflight(now_ms)
+                for it in st.due_retries(now_ms):
+                    retries.setdefault(it.dst, []).append(it)
+            for dst, items in retries.items():
+                # a probe is not a timeout, nor is a retry that was only waiting for room
+                if any(i.seq not in probes and i.seq not in self._deferred.get(dst, ()) for i in items):
+                    self._on_timeout(dst, now_ms)
         inflight = st.inflight_bytes()
         acks = dict(acks or {})
         out: list[Outgoing] = []
-        for dst in sorted(set(st.destinations()) | set(acks)):
+        for dst in sorted(set(st.destinations()) | set(acks) if only is None else only):
             p = self.path(dst)
             retry = retries.get(dst, [])
             due = {i.seq for i in retry}
             deferred = self._deferred.get(dst, {})
-            for seq in [q for q, (_, at) in deferred.items() if at <= now_ms and q not in due]:
+            for seq in [q for q, (_, at) in deferred.items() if at <= now_ms and q not in due and only is None]:
                 del deferred[seq]  # due again but not among the retries: acked, expired or superseded
             lost = {**{q: size for q, (size, _) in deferred.items()}, **{i.seq: i.size for i in retry}}
             budget = p.window - (inflight.get(dst, 0) - sum(lost.values()))

@@ -771,7 +771,11 @@ def test_counters_commit_with_their_transaction_and_roll_back_with_it(tmp_path):
         held = a.store.counters()
         a.store.close()
         again = CustodyStore(tmp_path / "gw1.db", "gw1")
-        assert again.counters() == held and again.held_out() == (2, 6)
+        # (a clean close gives back the seqs reserved and not used: see the power-cut test below)
+        assert held["seq_reserved"] > held["next_seq"] == again.count("seq_reserved")
+        del held["seq_reserved"]
+        assert {k: v for k, v in again.counters().items() if k != "seq_reserved"} == held
+        assert again.held_out() == (2, 6)
         assert again.submit_many([("gw4", b"three", 1000, Priority.ROUTINE, None, "")], 0) == [second + 1]
 
 
