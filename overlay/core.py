@@ -119,7 +119,9 @@ class OverlayCore:
             if self.answer_pings and pings:
                 dsts = self._pong(now_ms)
                 if answer_now and dsts:
-                    unsynced = self.store.may_send_unsynced()
+                    # before the fsync, unless acks are owed at once for what came (a megabyte's):
+                    # sent before it, they would follow the answer in a bundle of their own
+                    unsynced = self.store.may_send_unsynced() and not self._acks_owed_now(opened)
                     self.answers = (self.poll(now_ms, unsynced, only=dsts), unsynced)
         self.poll_due = self.poll_due or self._plan_now(opened)
         self.answered = self.answered or (pings and self.answer_pings)
@@ -140,12 +142,15 @@ class OverlayCore:
         came from a peer something is queued or still under way for (its window moved, a tail
         probe is to be timed again); or acks are owed past ACK_BATCH / ACK_BYTES (or half
         the initial window).  Else the acks owed wait for ack_delay_ms (next_wakeup_ms)."""
-        if any(self._ack_bytes.get(src, 0) >= self._ack_bytes_due or self._ack_count.get(src, 0) >= ACK_BATCH
-               for src in {e.source for _, _, envs in opened for e in envs if e.kind != Kind.ACK}):
+        if self._acks_owed_now(opened):
             return True
         acked_by = {s for res, s, _ in opened if res.acks}
         dsts = acked_by | {g for g, members in self.codec.groups.items() if acked_by & set(members)}
         return self.store.has_pending(dsts)
+
+    def _acks_owed_now(self, opened: list) -> bool:
+        return any(self._ack_bytes.get(src, 0) >= self._ack_bytes_due or self._ack_count.get(src, 0) >= ACK_BATCH
+                   for src in {e.source for _, _, envs in opened for e in envs if e.kind != Kind.ACK})
 
     def _open(self, payload: bytes) -> tuple[BundleResult, str, list[Envelope]]:
         """Check and open one bundle: (result so far, sender, the envelopes that passed)."""
