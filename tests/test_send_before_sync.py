@@ -200,3 +200,21 @@ def test_a_flash_message_goes_to_the_agent_before_its_fsync_and_is_answered_afte
     for (t0, t1), at in zip(answers[1:], sent[1:]):
         assert at - t0 < 0.05, "handed over before the 80 ms fsync"
         assert t1 - at >= 0.07, "answered only once the fsync was done"
+
+
+def test_an_answer_goes_before_the_fsync_unless_the_ack_it_would_leave_behind_is_owed_at_once(pair):
+    """A ping's pong goes before the fsync of the ping's taking, its ack left for the next bundle;
+    but a 100 kB ping's ack is owed at once (ACK_BYTES): sent early, the pong would be followed
+    by the ack in a bundle of its own, so the pong waits for the fsync and carries it."""
+    a, b = pair
+    b.submit("gw1", b"warm", 0)  # b's first seqs reserved, and on disk
+    synced(b)
+    small = a.submit("gw4", b"p" * 1000, 0, priority=Priority.FLASH, app="ping")
+    b.on_bundles([o.payload for o in a.poll(0)], 10, answer_now=True)
+    out, unsynced = b.answers
+    assert unsynced and any(o.seqs for o in out) and small not in acked(out, a.store)
+    synced(b)
+    big = a.submit("gw4", bytes(range(256)) * 400, 20, priority=Priority.FLASH, app="ping")
+    b.on_bundles([o.payload for o in a.poll(20)], 30, answer_now=True)
+    out, unsynced = b.answers
+    assert not unsynced and any(o.seqs for o in out) and {small, big} <= acked(out, a.store)
