@@ -27,8 +27,10 @@ read and release against 1.3 ms as a file (the WAL's write, the checkpoint's sec
 overflow chain freed and overwritten), and a megabyte's round trip through the overlay
 crosses the store four times (issue 14).  Rules that keep a
 row and its file together:
-- a row never names a file that is not on disk: files written in a transaction are fsynced
-  (and the folder once) before its COMMIT, whatever the transaction's durability;
+- a row never names a file that is not on disk: a transaction's files are written and
+  fsynced (and the folder once) just before its COMMIT, whatever the transaction's
+  durability -- only those a row still names then: a body taken and dropped in one
+  transaction (a ping answered in the commit that took it) is never written;
 - a file goes only once the commit that dropped its row is on disk: reap() (the checkpoint
   thread, or after a durable commit with sync="loop", or close) fsyncs the WAL, then
   overwrites each such file with zeros, fsyncs and unlinks it (as secure_delete does for
@@ -241,8 +243,8 @@ class SqliteStore:
             self.db.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
         self.files = Path(self.path + ".bodies")  # large bodies (module doc)
         self._dir_fd: int | None = None
-        self._tx_fds: list[int] = []  # files written in the open transaction, still open
-        self._tx_files: list[str] = []  # ... their names
+        self._tx_bodies: dict[str, bytes] = {}  # files the open transaction names: written at its commit
+        self._tx_files: list[str] = []  # ... those written so far (removed if the commit fails)
         self._tx_doomed: list[str] = []  # files whose rows the open transaction dropped
         self._doomed: list[str] = []  # ... committed: removed by reap() (under _reap_lock)
         self._reap_lock = threading.Lock()
@@ -288,24 +290,15 @@ class SqliteStore:
 
     # -- bodies kept in files (module doc) -------------------------------------------------
     def _put(self, body: bytes) -> bytes | str:
-        """What the body column holds: the body itself, or the name of the file it is written
-        to (fsynced before the transaction's COMMIT, _Tx)."""
+        """What the body column holds: the body itself, or the name of the file it goes to:
+        written and fsynced at the transaction's COMMIT (_files_to_disk), and only if a row
+        still names it then (a ping taken and answered in one commit: its megabyte never
+        touches the disk, where it cost a write and an fsync on the round trip's path, and a
+        shredding after it)."""
         if len(body) < FILE_BODY_BYTES:
             return body
-        if self._dir_fd is None:
-            self.files.mkdir(mode=0o700, exist_ok=True)
-            self._dir_fd = os.open(self.files, os.O_RDONLY)
         name = secrets.token_hex(8)
-        try:
-            fd = os.open(self.files / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            self._tx_fds.append(fd)
-            self._tx_files.append(name)
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view):]
-        except OSError as e:
-            raise StoreFull(f"custody store {self.path}: a body of {len(body)} bytes could not be written to "
-                            f"{self.files / name} ({e}); nothing of this change was kept") from e
+        self._tx_bodies[name] = body
         self._fresh[name] = body
         self._fresh_bytes += len(body)
         while self._fresh_bytes > FRESH_BYTES:
@@ -316,7 +309,7 @@ class SqliteStore:
         """The body a body column's value stands for: the value itself, or its file's contents."""
         if not isinstance(value, str):
             return value
-        body = self._fresh.get(value)
+        body = self._tx_bodies.get(value) or self._fresh.get(value)
         if body is not None:
             return body
         try:
@@ -329,7 +322,8 @@ class SqliteStore:
         """Rows holding these body column values were deleted in the open transaction."""
         for v in values:
             if isinstance(v, str):
-                self._tx_doomed.append(v)
+                if self._tx_bodies.pop(v, None) is None:  # (else never written: nothing to remove)
+                    self._tx_doomed.append(v)
                 self._forget(v)
 
     def _forget(self, name: str) -> None:
@@ -339,27 +333,39 @@ class SqliteStore:
             self._fresh_bytes -= len(body)
 
     def _files_to_disk(self) -> None:
-        """Before COMMIT: the transaction's files, and the folder naming them, on disk."""
-        fds, self._tx_fds = self._tx_fds, []
-        try:
-            for fd in fds:
-                os.fsync(fd)
-        finally:
-            for fd in fds:
-                os.close(fd)
-        if self._tx_files:
-            os.fsync(self._dir_fd)
+        """Before COMMIT: the files the transaction's rows name written, fsynced, and the
+        folder naming them on disk.  Raises StoreFull if one cannot be written (_Tx then
+        removes those written and rolls back)."""
+        if not self._tx_bodies:
+            return
+        if self._dir_fd is None:
+            self.files.mkdir(mode=0o700, exist_ok=True)
+            self._dir_fd = os.open(self.files, os.O_RDONLY)
+        for name, body in self._tx_bodies.items():
+            try:
+                fd = os.open(self.files / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                self._tx_files.append(name)
+                try:
+                    view = memoryview(body)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise StoreFull(f"custody store {self.path}: a body of {len(body)} bytes could not be written to "
+                                f"{self.files / name} ({e}); nothing of this change was kept") from e
+        os.fsync(self._dir_fd)
 
     def _files_undone(self) -> None:
         """After a ROLLBACK (or a failed COMMIT): the transaction's files gone, and what it
         dropped kept."""
-        for fd in self._tx_fds:
-            os.close(fd)
-        for name in self._tx_files:
+        for name in [*self._tx_bodies, *self._tx_files]:
             self._forget(name)
+        for name in self._tx_files:
             with contextlib.suppress(OSError):
                 os.unlink(self.files / name)
-        self._tx_fds, self._tx_files = [], []
+        self._tx_bodies, self._tx_files = {}, []
         self._tx_doomed.clear()
 
     def reap(self) -> int:
@@ -766,6 +772,7 @@ class _Tx:
                 st._files_to_disk()
                 st.db.execute("COMMIT")
                 st._tx_files.clear()
+                st._tx_bodies.clear()
                 st._before.clear()
                 if st._tx_durable:
                     st.commits += 1

@@ -1095,16 +1095,60 @@ def test_a_large_body_survives_reopening_and_a_file_no_row_names_is_removed(tmp_
 
 
 @pytest.mark.sqlite_only
-def test_a_change_that_fails_leaves_no_body_file_behind(tmp_path):
+def test_a_change_that_fails_leaves_no_body_file_behind(tmp_path, monkeypatch):
+    """A body's file is written at its transaction's commit: a transaction that fails before
+    leaves none, and a commit that fails after writing some (here: the folder's fsync) removes them."""
     import os
 
     a = make(tmp_path, "gw1", "gw4")
     with pytest.raises(RuntimeError, match="cut"):
         with a.store.transaction():
             a.submit("gw4", os.urandom(300_000), 0)
-            assert len(_files(tmp_path, "gw1")) == 1
+            assert _files(tmp_path, "gw1") == []  # not yet
             raise RuntimeError("cut")
     assert _files(tmp_path, "gw1") == [] and a.store.held_out() == (0, 0)
+    written = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            written.extend(_files(tmp_path, "gw1"))
+            raise OSError(5, "Input/output error")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="Input/output"):
+        a.submit("gw4", os.urandom(300_000), 0)
+    monkeypatch.undo()
+    assert len(written) == 1 and _files(tmp_path, "gw1") == [] and a.store.held_out() == (0, 0)
+
+
+@pytest.mark.sqlite_only
+def test_a_large_body_taken_and_dropped_in_one_transaction_never_touches_the_disk(tmp_path, monkeypatch):
+    """A ping answered in the commit that took it: its body, a file's worth, is never written
+    (before 2026-11-26 it was written, fsynced on the round trip's path, then shredded)."""
+    import os
+
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    body = os.urandom(300_000)
+    a.sched.path("gw4").window = 1 << 22
+    a.submit("gw4", body, 0, priority=Priority.FLASH, app="ping")
+    b.sched.path("gw1").window = 1 << 22
+    created = []
+    real_open = os.open
+
+    def open_(path, flags, *args):
+        if flags & os.O_CREAT and ".bodies" in str(path):
+            created.append(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_)
+    b.on_bundles([o.payload for o in a.poll(0)], 10)
+    monkeypatch.undo()
+    assert len(created) == 1 and len(_files(tmp_path, "gw4")) == 1  # the pong's; the ping's never was
+    out = b.poll(10)
+    a.on_bundles([o.payload for o in out], 20)
+    assert [d.body for d in a.take(app="pong")] == [body]
 
 
 @pytest.mark.sqlite_only
