@@ -66,6 +66,9 @@ class GatewayNode:
     def wake(self) -> None:
         pass
 
+    def consumed(self, ids: list[int]) -> None:
+        self.core.consumed(ids)
+
     async def synced(self) -> None:
         if self.syncer is not None:
             await self.syncer.synced()
