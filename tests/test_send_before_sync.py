@@ -12,6 +12,8 @@ import time
 import pytest
 
 from c2dtn.overlay import custody as custody_mod
+from c2dtn.overlay import node as node_mod
+from c2dtn.overlay.agent import AgentDelivery
 from c2dtn.overlay.client import NodeClient
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.core import OverlayCore
@@ -218,3 +220,49 @@ def test_an_answer_goes_before_the_fsync_unless_the_ack_it_would_leave_behind_is
     b.on_bundles([o.payload for o in a.poll(20)], 30, answer_now=True)
     out, unsynced = b.answers
     assert not unsynced and any(o.seqs for o in out) and {small, big} <= acked(out, a.store)
+
+
+def test_acks_that_came_with_a_ping_are_applied_after_the_answer_is_with_the_agent(tmp_path, monkeypatch):
+    """A bundle brings a ping and the ack for a message this node sent: the pong goes to the
+    agent first, the release the ack calls for only ANSWER_CLEAR_S after (on lan it took the CPU
+    the agents were carrying the answer with), and then it does happen."""
+    monkeypatch.setattr(node_mod, "ANSWER_CLEAR_S", 0.05)  # (5 ms: too close to a loop's turn to time)
+    p = tmp_path / "gw4.toml"
+    p.write_text(f'[node]\nid = "gw4"\nstorage = "{tmp_path / "gw4"}"\nfsync = "thread"\n[agent]\nkind = "ion"\n'
+                 f'[keys]\ngw1 = "{"ab" * 32}"\n')
+    p.chmod(0o600)
+    node = OverlayNode(load_node_config(p))
+    peer = OverlayCore(Custody(MemoryStore(), "gw1"), Codec("gw1", {"gw4": bytes.fromhex("ab" * 32)}), CFG)
+    handed: list[tuple[float, bytes]] = []
+
+    async def send(dst_node, endpoint, payload, lifetime_s, priority=3):
+        handed.append((time.monotonic(), payload))
+
+    node.agent.send = send
+    seen: list[tuple[float, int]] = []  # (when, envelopes gw4 holds: the report and, once planned, the pong)
+
+    async def main():
+        node.syncer.start()
+        report = node.core.submit("gw1", b"report", node_mod.now_ms(), priority=Priority.FLASH)
+        await node.synced()
+        peer.on_bundles([o.payload for o in node.core.poll(node_mod.now_ms())], node_mod.now_ms())
+        peer.consumed([d.id for d in peer.take()])  # its ack: done (a "got" keeps it held here)
+        peer.submit("gw4", b"are you there", node_mod.now_ms(), priority=Priority.FLASH, app="ping")
+        out = peer.poll(node_mod.now_ms() + CFG.ack_delay_ms)
+        assert len(out) == 1 and report in acked(out, node.core.store)  # the ping and the ack, together
+        t0 = time.monotonic()
+        node._take([AgentDelivery("gw1", "/c2/overlay", out[0].payload)])
+        while time.monotonic() - t0 < 0.2:
+            seen.append((time.monotonic(), node.core.store.held_out()[0]))
+            await asyncio.sleep(0.0005)
+        node.syncer.stop()
+
+    asyncio.run(main())
+    node.core.store.close()
+    assert handed, "the pong went to the agent"
+    answered_at = handed[0][0]
+    held_then = [n for t, n in seen if t <= answered_at + 0.04]
+    assert held_then and all(n == 2 for n in held_then), "the report still held while the pong goes"
+    assert seen[-1][1] == 1, "and released once the answer was with the agent (the pong waits for its ack)"
+    released_at = next(t for t, n in seen if n == 1 and t > answered_at)
+    assert released_at - answered_at >= 0.04
