@@ -117,15 +117,33 @@ class OverlayCore:
                 self._apply(res, sender, envs, now_ms)
                 pings = pings or any(e.app == PING_APP and e.kind != Kind.ACK for e in envs)
             if self.answer_pings and pings:
-                dsts = self._pong(now_ms)
+                pongs = self._pong(now_ms)
+                dsts = {source_node(src) for src, _ in pongs}
                 if answer_now and dsts:
-                    # before the fsync, unless acks are owed at once for what came (a megabyte's):
-                    # sent before it, they would follow the answer in a bundle of their own
-                    unsynced = self.store.may_send_unsynced() and not self._acks_owed_now(opened)
-                    self.answers = (self.poll(now_ms, unsynced, only=dsts), unsynced)
+                    self.answers = self._plan_answers(opened, pongs, dsts, now_ms)
         self.poll_due = self.poll_due or self._plan_now(opened)
         self.answered = self.answered or (pings and self.answer_pings)
         return [res for res, _, _ in opened]
+
+    def _plan_answers(self, opened: list, pongs: dict[tuple[str, int], int], dsts: set[str],
+                      now_ms: int) -> tuple[list[Outgoing], bool]:
+        """The answers' bundles, and whether they may go before the fsync: yes, carrying the
+        acks of the very pings they answer (custody module doc: the answer proves them), unless
+        other acks are owed at once for what came (a megabyte's: sent before the fsync, the
+        answer would leave them for a bundle of their own), or an answer did not fit beside its
+        ping's ack (then the ack would go alone, unsynced)."""
+        unsynced = self.store.may_send_unsynced()
+        if unsynced:
+            held = self.store.unsynced_acks() - pongs.keys()
+            unsynced = not self._acks_owed_now(opened, {src for src, _ in held})
+        out = self.poll(now_ms, unsynced, only=dsts, answered=set(pongs) if unsynced else set())
+        if unsynced:
+            for b in out:
+                acks = b.acks if isinstance(b.acks, dict) else {}
+                for src, (done, got) in acks.items():
+                    if any(pongs.get((src, q), -1) not in b.seqs for q in (*done, *got) if (src, q) in pongs):
+                        unsynced = False  # (the node hands them over after the fsync instead)
+        return out, unsynced
 
     def apply_acks(self, now_ms: int) -> None:
         """Take the acks on_bundles(acks_later=True) kept, in one relaxed commit."""
@@ -148,9 +166,11 @@ class OverlayCore:
         dsts = acked_by | {g for g, members in self.codec.groups.items() if acked_by & set(members)}
         return self.store.has_pending(dsts)
 
-    def _acks_owed_now(self, opened: list) -> bool:
+    def _acks_owed_now(self, opened: list, only: set[str] | None = None) -> bool:
+        """only: of these sources alone (those with acks still held back)."""
+        srcs = {e.source for _, _, envs in opened for e in envs if e.kind != Kind.ACK}
         return any(self._ack_bytes.get(src, 0) >= self._ack_bytes_due or self._ack_count.get(src, 0) >= ACK_BATCH
-                   for src in {e.source for _, _, envs in opened for e in envs if e.kind != Kind.ACK})
+                   for src in (srcs if only is None else srcs & only))
 
     def _open(self, payload: bytes) -> tuple[BundleResult, str, list[Envelope]]:
         """Check and open one bundle: (result so far, sender, the envelopes that passed)."""
@@ -174,19 +194,19 @@ class OverlayCore:
                 self._reject(res, f"envelope {i} of a bundle from {sender!r} rejected ({e.reason}): {e}", e.reason)
         return res, sender, envs
 
-    def _pong(self, now_ms: int) -> set[str]:
+    def _pong(self, now_ms: int) -> dict[tuple[str, int], int]:
         """Answer pings in the commit that took them (an echo endpoint inside the node); returns
-        the nodes answered."""
+        the pings answered, (source, seq), and each one's answer's seq."""
         pings = self.store.inbox(1000, app=PING_APP)
-        answered = set()
+        pong_of = {}  # (node, seq) of a ping -> its answer's seq
         for d in pings:
             try:
-                self.submit(d.origin, d.body, now_ms, d.lifetime_ms, Priority.FLASH, app=PONG_APP)
-                answered.add(d.origin)
+                pong_of[(d.origin, d.seq)] = self.submit(d.origin, d.body, now_ms, d.lifetime_ms, Priority.FLASH,
+                                                         app=PONG_APP)
             except (ValueError, QuotaExceeded) as e:
                 log.warning("cannot answer ping %s:%d: %s", d.origin, d.seq, e)
-        self.store.consumed([d.id for d in pings])
-        return answered
+        gone = self.store.consumed([d.id for d in pings])  # (source, seq): the inbox keeps the source
+        return {(src, seq): pong_of[(source_node(src), seq)] for src, seq in gone if (source_node(src), seq) in pong_of}
 
     def _apply(self, res: BundleResult, sender: str, envs: list, now_ms: int) -> None:
         for env in envs:
@@ -221,10 +241,12 @@ class OverlayCore:
         self.store.count_event(f"rejected:{reason}")
         log.warning(line)
 
-    def poll(self, now_ms: int, unsynced: bool = False, only: set[str] | None = None) -> list[Outgoing]:
+    def poll(self, now_ms: int, unsynced: bool = False, only: set[str] | None = None,
+             answered: set[tuple[str, int]] = frozenset()) -> list[Outgoing]:
         """Bundles to hand to the BPA now (data within the windows, and pending acks).
         unsynced: they will go before the commits behind them are on disk (custody module doc:
-        only when store.may_send_unsynced()), so acks owed since the last fsync stay owed.
+        only when store.may_send_unsynced()), so acks owed since the last fsync stay owed, but
+        those of `answered` (pings whose answers these bundles carry: _plan_answers).
         only: for these destinations only, no maintenance (Scheduler.plan)."""
         if only is None and self.max_hold_ms and now_ms >= self._next_hold_check:
             self.store.release_held(now_ms - self.max_hold_ms, now_ms)
@@ -235,7 +257,7 @@ class OverlayCore:
                 del self._ack_since[origin]
         waiting: dict[str, int] = {}  # source -> since when, of acks held back for the fsync
         if unsynced:
-            held = self.store.unsynced_acks()
+            held = self.store.unsynced_acks() - answered
             if held:
                 waiting = {o: self._ack_since.setdefault(o, now_ms) for o, _ in held if o in acks}
                 acks = {o: ([s for s in d if (o, s) not in held], [s for s in g if (o, s) not in held])

@@ -50,7 +50,11 @@ as long as a power cut in that moment can cost nothing but a repeat:
   place it has passed as late, at once, and nothing is lost.)
 - acks: an ack for an envelope whose taking is not on disk would release (or stop the
   resending of) what a power cut then loses here.  Acks owed since the last fsync are held
-  back (unsynced_acks) and go with the next bundle, after it.
+  back (unsynced_acks) and go with the next bundle, after it.  But for a ping answered in
+  the commit that took it: its ack may ride the bundle carrying its answer (the core's
+  _plan_answers checks they are in one), since that answer is all the pinger waits for --
+  a power cut undoing the taking then costs the pinger nothing (and if the bundle is lost,
+  the ping comes again and is answered again).
 - marks (a resent MQTT PUBLISH told from a new one): a mark lost with its submit would take
   the client's repeat for a new message, twice delivered; a transaction that recorded one
   keeps everything waiting for its fsync.

@@ -204,22 +204,54 @@ def test_a_flash_message_goes_to_the_agent_before_its_fsync_and_is_answered_afte
         assert t1 - at >= 0.07, "answered only once the fsync was done"
 
 
-def test_an_answer_goes_before_the_fsync_unless_the_ack_it_would_leave_behind_is_owed_at_once(pair):
-    """A ping's pong goes before the fsync of the ping's taking, its ack left for the next bundle;
-    but a 100 kB ping's ack is owed at once (ACK_BYTES): sent early, the pong would be followed
-    by the ack in a bundle of its own, so the pong waits for the fsync and carries it."""
+def test_an_answer_goes_before_the_fsync_with_the_ack_of_the_ping_it_answers(pair):
+    """A ping's pong goes before the fsync of the ping's taking, and carries the ping's ack: the
+    answer proves the ping was taken (a power cut undoing the taking costs nothing the pinger
+    waits for).  A 100 kB ping too (its ack is owed at once: it rides the answer).  An ack for
+    anything else that came stays held back."""
     a, b = pair
     b.submit("gw1", b"warm", 0)  # b's first seqs reserved, and on disk
     synced(b)
     small = a.submit("gw4", b"p" * 1000, 0, priority=Priority.FLASH, app="ping")
+    other = a.submit("gw4", b"order", 0, priority=Priority.FLASH)
     b.on_bundles([o.payload for o in a.poll(0)], 10, answer_now=True)
     out, unsynced = b.answers
-    assert unsynced and any(o.seqs for o in out) and small not in acked(out, a.store)
+    assert unsynced and any(o.seqs for o in out)
+    assert small in acked(out, a.store) and other not in acked(out, a.store)
     synced(b)
     big = a.submit("gw4", bytes(range(256)) * 400, 20, priority=Priority.FLASH, app="ping")
     b.on_bundles([o.payload for o in a.poll(20)], 30, answer_now=True)
     out, unsynced = b.answers
-    assert not unsynced and any(o.seqs for o in out) and {small, big} <= acked(out, a.store)
+    assert unsynced and any(o.seqs for o in out) and big in acked(out, a.store)
+
+
+def test_an_answer_waits_for_the_fsync_when_other_acks_are_owed_at_once(pair):
+    """A 100 kB message comes with a ping: its ack is owed at once (ACK_BYTES) and may not go
+    before the fsync; sent early, the answer would leave it for a bundle of its own.  So the
+    answer waits for the fsync and carries both."""
+    a, b = pair
+    b.submit("gw1", b"warm", 0)
+    synced(b)
+    ping = a.submit("gw4", b"p" * 1000, 0, priority=Priority.FLASH, app="ping")
+    big = a.submit("gw4", bytes(range(256)) * 400, 0, priority=Priority.FLASH)
+    b.on_bundles([o.payload for o in a.poll(0)], 10, answer_now=True)
+    out, unsynced = b.answers
+    assert not unsynced and any(o.seqs for o in out) and {ping, big} <= acked(out, a.store)
+
+
+def test_an_answer_that_cannot_go_beside_its_pings_ack_waits_for_the_fsync(pair):
+    """The window to the pinger is full: the pong stays queued, and the ping's ack (a 100 kB
+    ping's: owed at once) would go alone before the fsync, nothing then proving the ping was
+    taken.  So that bundle waits for the fsync."""
+    a, b = pair
+    b.submit("gw1", bytes(range(256)) * 80, 0)  # 20 kB in flight, past the 8 kB first window
+    b.poll(0)
+    synced(b)
+    ping = a.submit("gw4", bytes(range(256)) * 400, 0, priority=Priority.FLASH, app="ping")
+    b.on_bundles([o.payload for o in a.poll(0)], 10, answer_now=True)
+    out, unsynced = b.answers
+    assert not any(o.seqs for o in out), "the pong waits for room in the window"
+    assert ping in acked(out, a.store) and not unsynced
 
 
 def test_acks_that_came_with_a_ping_are_applied_after_the_answer_is_with_the_agent(tmp_path, monkeypatch):
