@@ -1203,3 +1203,70 @@ def test_the_inbox_is_counted_as_it_fills_and_empties(tmp_path):
     assert b.store.inbox_count() == 3 == len(b.take())
     b.consumed([d.id for d in b.take()][:2])
     assert b.store.inbox_count() == 1
+
+
+@pytest.mark.sqlite_only
+def test_a_large_body_going_out_is_written_while_it_is_sealed_and_on_disk_by_the_commit(tmp_path, monkeypatch):
+    """A flash submit planned in its own commit: its file is written in the store's writer
+    thread as soon as the body is read to be sealed, and the commit waits for it (the write no
+    longer follows the sealing on the round trip's path).  A write that fails refuses the whole
+    change, as one at the commit does, and leaves no file."""
+    import errno
+    import os
+    import threading
+
+    from c2dtn.overlay.store import StoreFull
+
+    a = make(tmp_path, "gw1", "gw4")
+    a.sched.path("gw4").window = 1 << 22
+    real_write_file = store_sqlite.SqliteStore._write_file
+    writers: list[str] = []
+    started = threading.Event()
+
+    def write_file(self, name, body):
+        writers.append(threading.current_thread().name)
+        started.set()
+        real_write_file(self, name, body)
+
+    monkeypatch.setattr(store_sqlite.SqliteStore, "_write_file", write_file)
+    body = os.urandom(300_000)
+    with a.store.transaction():
+        seq = a.submit("gw4", body, 0, priority=Priority.FLASH)
+        out = a.poll(0, only={"gw4"})
+        assert started.wait(5), "the file's write began while the transaction was open"
+    assert out and out[0].seqs == [seq]
+    assert writers and writers[0].startswith("c2-custody-bodies")
+    (f,) = _files(tmp_path, "gw1")
+    assert f.read_bytes() == body
+    real_write = os.write
+
+    def full(fd, data):
+        if len(data) >= store_sqlite.FILE_BODY_BYTES:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(StoreFull, match="could not be written"):
+        with a.store.transaction():
+            a.submit("gw4", os.urandom(300_000), 10, priority=Priority.FLASH)
+            a.poll(10, only={"gw4"})
+    monkeypatch.setattr(os, "write", real_write)
+    assert _files(tmp_path, "gw1") == [f] and [i.seq for i in a.store.queued("gw4")] == []
+    assert a.store.held_out()[0] == 1
+
+
+@pytest.mark.sqlite_only
+def test_a_body_written_early_and_dropped_in_the_same_transaction_is_removed(tmp_path):
+    """Its write began (read to go out), then its row went in the same transaction (superseded
+    here): the file goes with the next reap, no row naming it."""
+    import os
+
+    a = make(tmp_path, "gw1", "gw4")
+    a.sched.path("gw4").window = 1 << 22
+    with a.store.transaction():
+        first = a.submit("gw4", os.urandom(300_000), 0, supersede="pos")
+        a.store.records.out_queued("gw4", 10)  # read to be sealed: the write begins
+        a.submit("gw4", os.urandom(300_000), 1, supersede="pos")
+    assert a.store.records.out_by_key("gw4", "pos")[0].seq != first
+    a.store.records.reap()
+    assert len(_files(tmp_path, "gw1")) == 1
