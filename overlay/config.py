@@ -47,6 +47,8 @@
 
     [scheduler]                      # optional, see overlay.scheduler.SchedulerConfig
     init_window = 16384
+    aggregate_large_bytes = 1048576  # envelopes over aggregate_bytes share bundles up to this
+                                     #   (a LAN: a BPA's cost is per bundle; at most 4 MB)
 
     [quota]                          # optional: bounds of the custody store
     max_envelopes = 100000
@@ -64,6 +66,7 @@ from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agents import agent_class, kinds
 from c2dtn.tomlfile import check_name, check_private, check_table, read_toml
 from c2dtn.cla_adapters import ClaSpec, parse_cla
+from c2dtn.overlay.envelope import MAX_CONTAINER_BYTES
 from c2dtn.overlay.store import Quota
 from c2dtn.overlay.store_sqlite import SYNC_MODES
 from c2dtn.overlay.scheduler import SchedulerConfig
@@ -234,8 +237,10 @@ def load_node_config(path: str | Path) -> NodeConfig:
     known = {f.name: f for f in fields(SchedulerConfig)}
     check_table(src, "scheduler", sch, set(known))
     # 0 means "none" for these (no linger, acks at once, no queue limit, none kept); the rest are sizes and timers
-    zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms", "queue_keep_ms"}
-    cfg.scheduler = SchedulerConfig(**{k: _int(src, f"scheduler.{k}", v, 0 if k in zero_ok else 1, 1 << 40)
+    zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms", "queue_keep_ms", "aggregate_large_bytes"}
+    # a bundle's envelopes must stay within what a receiver takes in one (MAX_CONTAINER_BYTES)
+    most = {"aggregate_bytes": MAX_CONTAINER_BYTES // 2, "aggregate_large_bytes": MAX_CONTAINER_BYTES // 2}
+    cfg.scheduler = SchedulerConfig(**{k: _int(src, f"scheduler.{k}", v, 0 if k in zero_ok else 1, most.get(k, 1 << 40))
                                        for k, v in sch.items()})
     q = data.get("quota", {})
     check_table(src, "quota", q, {"max_envelopes", "max_bytes"})

@@ -25,7 +25,8 @@ supersession, expiry and aggregation still act while the link is slow or down.
   Karn's rule: no samples from retransmitted envelopes), doubled per attempt,
   between min_rto_ms and max_rto_ms.
 - Aggregation: envelopes for one destination share a bundle up to
-  aggregate_bytes; pending acks for that node ride along.  On slow links
+  aggregate_bytes (those larger than that, with each other, up to
+  aggregate_large_bytes); pending acks for that node ride along.  On slow links
   linger_ms lets a few more gather first.
 """
 
@@ -51,6 +52,12 @@ class SchedulerConfig:
     min_window: int = 1024
     max_window: int = 4 << 20
     aggregate_bytes: int = 16 * 1024
+    # Envelopes over aggregate_bytes (each alone in a bundle otherwise) share one up to this
+    # (0: as aggregate_bytes).  Where a BPA's cost is per bundle and the link is fast (a LAN:
+    # dtnd took ~36 ms a bundle from 100 kB up to a megabyte), big envelopes then cost a
+    # fraction of that each; a bundle stays no larger than one megabyte envelope's already is,
+    # so nothing waits behind it longer than behind such an envelope.
+    aggregate_large_bytes: int = 0
     # The BPAs hold bundles hop by hop through an outage, so end-to-end
     # retransmission is the safety net for a lost or crashed BPA, not the
     # first line: its timers are generous.
@@ -300,14 +307,19 @@ class Scheduler:
                            body=encode_ack_body(ack_seqs if group_ack else {dst: ack_seqs}))
             sealed.append(self.codec.seal(ack))
             size = len(sealed[0])
+        small = self.cfg.aggregate_bytes
+        large = max(small, self.cfg.aggregate_large_bytes)
+        all_large = True  # every envelope in the bundle so far is over `small` (they share up to `large`)
         for it in items:
             env = it.envelope(self.codec.node, floors[it.priority], self.store.inc)
             s = self.codec.seal(env)
+            cap = large if len(s) > small and all_large else small
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
             # over the aggregate size anyway (the acks ride along rather than go on their own)
-            if sealed and size + len(s) > self.cfg.aggregate_bytes and (seqs or len(s) <= self.cfg.aggregate_bytes):
+            if sealed and size + len(s) > cap and (seqs or len(s) <= cap):
                 bundles.append(Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx))
-                sealed, seqs, size, rtx = [], [], 0, 0
+                sealed, seqs, size, rtx, all_large = [], [], 0, 0, True
+            all_large = all_large and len(s) > small
             sealed.append(s)
             seqs.append(it.seq)
             size += len(s)

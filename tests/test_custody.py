@@ -542,6 +542,29 @@ def test_acks_ride_with_an_envelope_bigger_than_a_bundle_not_on_their_own(tmp_pa
     assert [o.seqs for o in out] == [seqs[:2], seqs[2:]] and out[0].acks[b.store.source][0] and not out[1].acks
 
 
+
+def test_large_envelopes_share_bundles_up_to_aggregate_large_bytes_and_small_ones_do_not(tmp_path):
+    """aggregate_large_bytes: envelopes over aggregate_bytes go together up to it (a LAN's
+    megabyte bundles), each one that fits; a small envelope does not join them, nor they a
+    bundle of small ones; unset, each big envelope goes alone as before."""
+    import os
+
+    def sent(cfg, sizes):
+        folder = tmp_path / f"s{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        a = OverlayCore(custody(folder, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+        seqs = [a.submit("gw4", os.urandom(n), 0) for n in sizes]
+        a.sched.path("gw4").window = 1 << 24
+        out = a.poll(0)
+        assert all(len(o.payload) <= max(cfg.aggregate_large_bytes, cfg.aggregate_bytes) for o in out if len(o.seqs) > 1)
+        return [[seqs.index(q) for q in o.seqs] for o in out]
+
+    big = SchedulerConfig(aggregate_bytes=65536, aggregate_large_bytes=1 << 20)
+    assert sent(big, [100_000] * 12) == [list(range(10)), [10, 11]]
+    assert sent(big, [100_000, 100_000, 5_000, 5_000, 100_000]) == [[0, 1], [2, 3], [4]]
+    assert sent(big, [1_000_000, 100_000]) == [[0], [1]]  # no room beside a megabyte
+    assert sent(SchedulerConfig(aggregate_bytes=65536), [100_000] * 3) == [[0], [1], [2]]
+
 @pytest.mark.sqlite_only
 def test_background_checkpoints_take_the_wal_copy_off_the_commits(tmp_path):
     import os

@@ -82,6 +82,8 @@ def test_scheduler_settings_whose_zero_means_none_take_zero(tmp_path):
     (("aggregate_bytes = 1200", "aggregate_bytes = -5"), "scheduler.aggregate_bytes", -5),
     (("aggregate_bytes = 1200", "agregate_bytes = 5"), "scheduler.agregate_bytes", 5),
     (("aggregate_bytes = 1200", "aggregate_bytes = 0"), "scheduler.aggregate_bytes", 0),
+    # a bundle that big would be refused by its receiver (MAX_CONTAINER_BYTES)
+    (("aggregate_bytes = 1200", "aggregate_large_bytes = 16777216"), "scheduler.aggregate_large_bytes", 16777216),
     (("gw4 = \"0011", "gw4 = \"zz11"), "keys.gw4", "<hidden>"),
 ])
 def test_bad_node_config_names_file_field_and_value(tmp_path, change, field, value):
@@ -110,10 +112,12 @@ def test_configs_for_nps_chain_with_a_udp_radio_link(tmp_path):
     for ls in lan["links"].values():
         ls["cla"], ls["profile_ab"], ls["profile_ba"] = None, {"rate_bps": None}, {"rate_bps": None}
     on_lan = write_configs(lan, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "lan")
-    assert load_node_config(on_lan["gw1"]).scheduler.aggregate_bytes == 65536  # no radio anywhere: big bundles
+    sch = load_node_config(on_lan["gw1"]).scheduler  # no radio anywhere: big bundles, and big envelopes share them
+    assert (sch.aggregate_bytes, sch.aggregate_large_bytes) == (65536, 1 << 20)
     rated_tcp = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "rtcp", cla="tcpcl",
                               per_link_cla=False)  # tcpcl everywhere, but a 9.8 kbit/s hop on the way
-    assert load_node_config(rated_tcp["gw1"]).scheduler.aggregate_bytes == 16 * 1024  # the default
+    sch = load_node_config(rated_tcp["gw1"]).scheduler
+    assert (sch.aggregate_bytes, sch.aggregate_large_bytes) == (16 * 1024, 0)  # the defaults: one big envelope a bundle
     tuned = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "tuned",
                           scheduler={"aggregate_bytes": 60000, "init_window": 65536})
     sch = load_node_config(tuned["gw1"]).scheduler  # given settings win, the radio defaults stay for the rest
