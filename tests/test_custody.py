@@ -1070,6 +1070,21 @@ def _files(tmp_path, name):
     return sorted(folder.iterdir()) if folder.exists() else []
 
 
+def _no_room_for_body_files(monkeypatch) -> None:
+    """The disk refuses a body file's write (ENOSPC), whichever thread makes it."""
+    import errno
+    import os
+
+    real_write = os.write
+
+    def full(fd, data):
+        if len(data) >= store_sqlite.FILE_BODY_BYTES:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+
+
 @pytest.mark.sqlite_only
 def test_a_large_body_is_kept_in_a_file_until_released_and_overwritten_before_it_goes(tmp_path, monkeypatch):
     import os
@@ -1183,14 +1198,7 @@ def test_a_body_file_the_disk_has_no_room_for_is_refused_as_a_full_store_and_not
 
     a = make(tmp_path, "gw1", "gw4")
     a.submit("gw4", b"before", 0)
-    real_write = os.write
-
-    def full(fd, data):
-        if len(data) >= store_sqlite.FILE_BODY_BYTES:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)
-
-    monkeypatch.setattr(os, "write", full)
+    _no_room_for_body_files(monkeypatch)
     with pytest.raises(StoreFull, match="could not be written"):
         a.submit("gw4", os.urandom(300_000), 0)
     assert _files(tmp_path, "gw1") == [] and [i.body for i in a.store.queued("gw4")] == [b"before"]
@@ -1261,19 +1269,12 @@ def test_a_large_body_going_out_is_written_while_it_is_sealed_and_on_disk_by_the
     assert writers and writers[0].startswith("c2-custody-bodies")
     (f,) = _files(tmp_path, "gw1")
     assert f.read_bytes() == body
-    real_write = os.write
-
-    def full(fd, data):
-        if len(data) >= store_sqlite.FILE_BODY_BYTES:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)
-
-    monkeypatch.setattr(os, "write", full)
+    _no_room_for_body_files(monkeypatch)
     with pytest.raises(StoreFull, match="could not be written"):
         with a.store.transaction():
             a.submit("gw4", os.urandom(300_000), 10, priority=Priority.FLASH)
             a.poll(10, only={"gw4"})
-    monkeypatch.setattr(os, "write", real_write)
+    monkeypatch.undo()
     assert _files(tmp_path, "gw1") == [f] and [i.seq for i in a.store.queued("gw4")] == []
     assert a.store.held_out()[0] == 1
 
