@@ -139,7 +139,7 @@ class OverlayCore:
         out = self.poll(now_ms, unsynced, only=dsts, answered=set(pongs) if unsynced else set())
         if unsynced:
             for b in out:
-                acks = b.acks if isinstance(b.acks, dict) else {}
+                acks = b.acks if isinstance(b.acks, dict) else {b.dst: b.acks}
                 for src, (done, got) in acks.items():
                     if any(pongs.get((src, q), -1) not in b.seqs for q in (*done, *got) if (src, q) in pongs):
                         unsynced = False  # (the node hands them over after the fsync instead)
