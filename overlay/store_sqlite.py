@@ -390,9 +390,10 @@ class SqliteStore:
         os.fsync(self._dir_fd)
 
     def _writes_done(self) -> None:
-        """Wait for the writes of files the transaction started (whatever their outcome)."""
+        """Wait for the writes of files the transaction started (whatever their outcome: a
+        failure that matters was raised by _files_to_disk already)."""
         for writing in self._tx_writing.values():
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(Exception):
                 writing.result()
         self._tx_writing.clear()
 
