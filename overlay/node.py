@@ -533,9 +533,10 @@ class OverlayNode:
 # this pattern): every megabyte body the node copies (sealing, opening, HTTP buffers) came
 # in fresh pages, ~945 page faults per 1 MB round trip through two cores, 12.8 ms of their
 # work against 10.4 with these; through the overlay on lan, the 1 MB round trip's extra over
-# bare dtnd went from 23.0 and 26.7 ms to 19.6 and 18.0, taking turns (2026-11-26, issue 14).  Blocks up to the largest container come
-# from the heap, and up to TRIM_BYTES of freed heap stay with the process (its RSS after
-# a burst of large envelopes, not more).  No library sets them: mallopt(3) via ctypes.
+# bare dtnd went from 23.0 and 26.7 ms to 19.6 and 18.0, taking turns (2026-11-26, issue 14).
+# Blocks up to the largest container come from the heap, and up to TRIM_BYTES of freed heap
+# stay with the process (its RSS after a burst of large envelopes, not more).  No library
+# sets them: mallopt(3) via ctypes.
 MMAP_THRESHOLD_BYTES = (8 << 20) + (64 << 10)
 TRIM_BYTES = 32 << 20
 

@@ -363,8 +363,8 @@ class SqliteStore:
         transaction (an answered ping) are never read to go out."""
         for v in values:
             if isinstance(v, str) and v in self._tx_bodies and v not in self._tx_writing:
-                self._open_dir()
                 if self._writer is None:
+                    self._open_dir()
                     self._writer = ThreadPoolExecutor(1, thread_name_prefix="c2-custody-bodies")
                 self._tx_files.append(v)
                 self._tx_writing[v] = self._writer.submit(self._write_file, v, self._tx_bodies[v])
