@@ -21,6 +21,8 @@ from typing import Any
 
 import cbor2
 
+from c2dtn.strict_cbor import StrictCBORError, short
+from c2dtn.strict_cbor import loads as strict_loads
 from c2dtn.ip_gateway import mqtt as m
 
 APP = "mqtt"
@@ -39,11 +41,11 @@ def pack(op: str, client: str, broker: str, **kw: Any) -> bytes:
 def unpack(body: bytes) -> dict[str, Any]:
     """A body from a peer gateway, checked field by field (BodyError names what is wrong)."""
     try:
-        d = cbor2.loads(body)
-    except (cbor2.CBORDecodeError, ValueError, EOFError) as e:
-        raise BodyError(f"not CBOR: {e}") from None
+        d = strict_loads(body)
+    except StrictCBORError as e:
+        raise BodyError(f"not strict CBOR: {e}") from None
     if not isinstance(d, dict) or d.get("op") not in OPS:
-        raise BodyError(f"not an MQTT gateway message (op {d.get('op') if isinstance(d, dict) else d!r})")
+        raise BodyError(f"not an MQTT gateway message (op {short(d.get('op')) if isinstance(d, dict) else short(d)})")
     _check_fields(d, d["op"])
     if "c" not in d or "b" not in d:
         raise BodyError(f"op {d['op']} without client or broker")
@@ -71,14 +73,14 @@ def _check_fields(d: dict, where: str) -> None:
     for k, typ in (("c", str), ("b", str), ("t", str), ("p", bytes), ("q", int), ("r", bool), ("x", dict),
                    ("s", list), ("f", list), ("v", int), ("cs", bool), ("ka", int), ("sx", int)):
         if k in d and not isinstance(d[k], typ):
-            raise BodyError(f"field {k!r} of op {where} has type {type(d[k]).__name__}")
+            raise BodyError(f"field {short(k)} of op {where} has type {type(d[k]).__name__}")
     if "x" in d:
         d["x"] = props_in(d["x"])
 
 
 def _check_publish(d: dict, where: str, qos: tuple[int, ...]) -> None:
     if "t" not in d or d.get("q", 0) not in qos:
-        raise BodyError(f"op {where} without a topic or with QoS {d.get('q')!r}")
+        raise BodyError(f"op {where} without a topic or with QoS {short(d.get('q'))}")
 
 
 def props_out(props: m.Properties) -> dict:
@@ -90,7 +92,7 @@ def props_in(x: dict) -> m.Properties:
     out = {}
     for k, v in x.items():
         if k not in m.PROPERTY_IDS:
-            raise BodyError(f"unknown MQTT property {k!r}")
+            raise BodyError(f"unknown MQTT property {short(k)}")
         out[k] = [tuple(p) for p in v] if k == "user_property" else v
     return out
 

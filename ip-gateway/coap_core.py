@@ -59,6 +59,8 @@ from aiocoap.error import UnparsableMessage
 from aiocoap.numbers.types import Type
 from aiocoap.optiontypes import BlockOption
 
+from c2dtn.strict_cbor import StrictCBORError
+from c2dtn.strict_cbor import loads as strict_loads
 from c2dtn.overlay.envelope import Priority
 
 APP = "coap"
@@ -558,9 +560,9 @@ def timeout_body(req: dict, why: str) -> bytes:
 def unpack(body: bytes) -> dict:
     """An envelope body of this app; ValueError names what is wrong."""
     try:
-        d = cbor2.loads(body)
-    except Exception as e:  # cbor2 raises several types for garbage
-        raise ValueError(f"not CBOR ({e})") from None
+        d = strict_loads(body)
+    except StrictCBORError as e:
+        raise ValueError(f"not strict CBOR ({e})") from None
     if not isinstance(d, dict) or d.get("op") not in ("req", "rsp", "cancel"):
         raise ValueError("not a CoAP envelope body")
     for k, t in (("m", bytes), ("c", list), ("s", list), ("con", bool)):

@@ -49,6 +49,7 @@ class BundleResult:
     duplicates: int = 0
     taken: int = 0  # of data, those taken as new (delivered or held for order)
     rejected: list[str] = field(default_factory=list)  # one line per rejected envelope or bundle
+    logged: int = 0  # of `rejected`, those already in the log (_log_rejected)
 
 
 class OverlayCore:
@@ -123,6 +124,7 @@ class OverlayCore:
                     self.answers = self._plan_answers(opened, pongs, dsts, now_ms)
         self.poll_due = self.poll_due or self._plan_now(opened)
         self.answered = self.answered or (pings and self.answer_pings)
+        self._log_rejected(res for res, _, _ in opened)
         return [res for res, _, _ in opened]
 
     def _plan_answers(self, opened: list, pongs: dict[tuple[str, int], int], dsts: set[str],
@@ -153,6 +155,7 @@ class OverlayCore:
         with self.store.transaction(durable=False):
             for res, sender, envs in later:
                 self._apply(res, sender, envs, now_ms)
+        self._log_rejected(res for res, _, _ in later)
         self.poll_due = self.poll_due or self._plan_now(later)
 
     def _plan_now(self, opened: list) -> bool:
@@ -214,14 +217,10 @@ class OverlayCore:
                 if env.kind == Kind.ACK:
                     # one ack may answer every origin of a group: ours only, and only for this
                     # store's incarnation (an ack for a lost store's ids must not release ours)
-                    acks = decode_ack_body(env.body)
-                    mine = acks.get(self.store.source)
-                    if mine is None:
-                        if any(source_node(k) == self.node for k in acks):
-                            self.store.count_event("acks_other_incarnation")
-                        mine = ([], [])
-                    done, got = mine
-                    self.sched.on_ack(sender, done, got, now_ms)
+                    ack = decode_ack_body(env.body, self.store.source)
+                    if not ack.found and any(source_node(k) == self.node for k in ack.sources):
+                        self.store.count_event("acks_other_incarnation")
+                    self.sched.on_ack(sender, self.store.held_in(ack.done), self.store.held_in(ack.got), now_ms)
                     res.acks += 1
                 else:
                     r = self.store.receive(env, now_ms)
@@ -239,7 +238,20 @@ class OverlayCore:
     def _reject(self, res: BundleResult, line: str, reason: str) -> None:
         res.rejected.append(line)
         self.store.count_event(f"rejected:{reason}")
-        log.warning(line)
+
+    @staticmethod
+    def _log_rejected(results: Iterable[BundleResult]) -> None:
+        """One log line per bundle, however many of its items were refused (a 4 kB bundle of
+        bad items must not write a line per item)."""
+        for res in results:
+            new = res.rejected[res.logged:]
+            if not new:
+                continue
+            res.logged = len(res.rejected)
+            if len(new) == 1:
+                log.warning(new[0])
+            else:
+                log.warning("%d items of one bundle rejected; the first: %s", len(new), new[0])
 
     def poll(self, now_ms: int, unsynced: bool = False, only: set[str] | None = None,
              answered: set[tuple[str, int]] = frozenset()) -> list[Outgoing]:

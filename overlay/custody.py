@@ -73,7 +73,7 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
-from c2dtn.overlay.envelope import INC_BITS, Envelope, Priority, source_key, source_node
+from c2dtn.overlay.envelope import INC_BITS, Envelope, Priority, in_runs, runs_total, source_key, source_node
 from c2dtn.overlay.store import Delivery, OutItem, Quota, QuotaExceeded, Received, Store
 from c2dtn.overlay.store_sqlite import SqliteStore
 
@@ -88,6 +88,7 @@ __all__ = ["Custody", "CustodyStore", "Delivery", "OutItem", "Quota", "QuotaExce
 SEEN_MARGIN_MS = 10 * 60 * 1000
 SEEN_PRUNE_MS = 60 * 1000  # seen ids past their time go in batches, at most once a minute
 MARK_KEEP_MS = 7 * 24 * 3600 * 1000  # how long a mark (see submit_many) is remembered
+ACK_EXPAND_MAX = 4096  # an ack's runs naming up to this many ids are looked up id by id (held_in)
 SEQ_BLOCK = 4096  # seqs reserved on disk at a time (module doc: sending before the fsync)
 
 
@@ -353,6 +354,17 @@ class Custody:
         """New retransmission times for envelopes in flight."""
         with self.records.transaction(durable=False):
             self.records.out_set_retry(retry_at_ms)
+
+    def held_in(self, runs: list[tuple[int, int]]) -> list[int]:
+        """The seqs of envelopes held that an ack's runs name: at most what is held, however
+        many ids the runs span (a peer's 20-byte run of 2**40 ids costs no more than what it
+        names).  Few ids are looked up by value; many, by one range scan."""
+        if not runs:
+            return []
+        if runs_total(runs) <= ACK_EXPAND_MAX:
+            return sorted({s for a, b in runs for s in range(a, b + 1)})
+        lo, hi = min(a for a, _ in runs), max(b for _, b in runs)
+        return in_runs(self.records.out_seqs_between(lo, hi), runs)
 
     def ack_from(self, member: str, done: Iterable[int], got: Iterable[int]) -> tuple[list[OutItem], list[OutItem]]:
         """An ack from `member`: (released, arrived).  An envelope sent to that member alone is

@@ -35,15 +35,21 @@ naming what was wrong.
 from __future__ import annotations
 
 import base64
+import bisect
 import functools
 import hashlib
 import hmac
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from importlib import resources
 
 import cbor2
+
+from c2dtn.strict_cbor import StrictCBORError, short
+from c2dtn.strict_cbor import loads as strict_loads
+from c2dtn.tomlfile import NAME
 
 try:
     import zstandard
@@ -249,7 +255,7 @@ def _decompress(comp: int, data: bytes, zdicts: dict) -> bytes:
             return _unzstd(zdict).decompress(data, max_output_size=MAX_BODY_BYTES)
     except (zlib.error, getattr(zstandard, "ZstdError", zlib.error)) as e:
         raise Malformed(f"body does not decompress ({Compression(comp).name.lower()}): {e}") from None
-    raise Malformed(f"unknown compression {comp!r}")
+    raise Malformed(f"unknown compression {short(comp)}")
 
 
 @dataclass
@@ -284,7 +290,7 @@ class Codec:
         try:
             return self.keys[peer]
         except KeyError:
-            raise UnknownPeer(f"no key shared with node {peer!r}") from None
+            raise UnknownPeer(f"no key shared with node {short(peer)}") from None
 
     # -- sealing --------------------------------------------------------
     def seal(self, env: Envelope) -> bytes:
@@ -330,30 +336,35 @@ class Codec:
     # -- opening ---------------------------------------------------------
     def open_container(self, payload: bytes) -> "Container":
         """Split a bundle payload into its sender, sealed envelopes and origin tags; checks
-        shape only."""
+        shape only.  Every item must be [map bytes, 16-byte tag], the one form that is opened
+        and that origin tags cover: a bundle with any item in another form is refused whole."""
         if len(payload) > MAX_CONTAINER_BYTES:
             raise Oversize(f"bundle payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
         try:
-            obj = cbor2.loads(payload)
-        except Exception as e:  # cbor2 raises several types on garbage
-            raise Malformed(f"bundle payload is not CBOR: {e}") from None
+            obj = strict_loads(payload, max_depth=3)
+        except StrictCBORError as e:
+            raise Malformed(f"bundle payload is not strict CBOR: {e}") from None
         if not isinstance(obj, list) or len(obj) not in (3, 4):
-            raise Malformed(f"bundle payload is not a 3- or 4-item array: {type(obj).__name__}"
-                            + (f" of {len(obj)}" if isinstance(obj, list) else ""))
+            raise Malformed(f"bundle payload is not a 3- or 4-item array: {short(obj)}")
         version, sender, envs = obj[:3]
         if version != CONTAINER_VERSION:
-            raise BadVersion(f"container version {version!r}, this node speaks {CONTAINER_VERSION}")
-        if not isinstance(sender, str) or not sender:
-            raise Malformed(f"sender is not a node id: {sender!r}")
+            raise BadVersion(f"container version {short(version)}, this node speaks {CONTAINER_VERSION}")
+        if not isinstance(sender, str) or not NAME.fullmatch(sender):
+            raise Malformed(f"sender is not a node id: {short(sender)}")
         if not isinstance(envs, list):
-            raise Malformed(f"envelopes are not an array: {type(envs).__name__}")
+            raise Malformed(f"envelopes are not an array: {short(envs)}")
         if len(envs) > MAX_ENVELOPES_PER_BUNDLE:
             raise Oversize(f"{len(envs)} envelopes in one bundle exceeds {MAX_ENVELOPES_PER_BUNDLE}")
+        for i, it in enumerate(envs):
+            if not (isinstance(it, list) and len(it) == 2 and isinstance(it[0], bytes)
+                    and isinstance(it[1], bytes) and len(it[1]) == TAG_BYTES):
+                raise Malformed(f"item {i} is not [map bytes, {TAG_BYTES}-byte tag] but {short(it)}: "
+                                f"the whole bundle is refused")
         tags = obj[3] if len(obj) == 4 else None
         if tags is not None and (not isinstance(tags, list) or len(tags) > MAX_GROUP_MEMBERS
                                  or not all(isinstance(t, bytes) and len(t) == ORIGIN_TAG_BYTES for t in tags)):
             raise Malformed(f"origin tags are not up to {MAX_GROUP_MEMBERS} byte strings of {ORIGIN_TAG_BYTES}: "
-                            f"{tags!r:.60}")
+                            f"{short(tags)}")
         return Container(sender, envs, tags)
 
     def check_origin(self, c: "Container", group: str) -> None:
@@ -362,17 +373,16 @@ class Codec:
         if group in c.origin_ok:
             return
         if c.origin_tags is None:
-            raise BadTag(f"envelope for group {group!r} in a bundle from {c.sender!r} without origin tags")
+            raise BadTag(f"envelope for group {group!r} in a bundle from {short(c.sender)} without origin tags")
         members = sorted((set(self.groups[group]) | {self.node}) - {c.sender})
         if len(c.origin_tags) != len(members):
-            raise BadTag(f"{len(c.origin_tags)} origin tags for group {group!r} from {c.sender!r}, expected "
+            raise BadTag(f"{len(c.origin_tags)} origin tags for group {group!r} from {short(c.sender)}, expected "
                          f"{len(members)} (one per member but the sender): do the members' [groups] differ?")
-        covered = b"".join(it[1] if isinstance(it, list) and len(it) == 2 and isinstance(it[1], bytes) else b""
-                           for it in c.items)
+        covered = b"".join(it[1] for it in c.items)  # open_container let only [map bytes, tag] through
         want = self._origin_tag(c.sender, c.sender, group, covered)
         if not hmac.compare_digest(want, c.origin_tags[members.index(self.node)]):
-            raise BadTag(f"origin tag for {self.node!r} does not match the key shared with {c.sender!r}: "
-                         f"envelopes for group {group!r} that {c.sender!r} did not seal")
+            raise BadTag(f"origin tag for {self.node!r} does not match the key shared with {short(c.sender)}: "
+                         f"envelopes for group {group!r} that {short(c.sender)} did not seal")
         c.origin_ok.add(group)
 
     def open(self, sender: str, sealed: object, container: "Container | None" = None) -> Envelope:
@@ -380,10 +390,12 @@ class Codec:
         tagged with a group's key is opened only from a `container` whose origin tag for
         this node proves its sender (check_origin)."""
         if isinstance(sealed, (bytes, bytearray)):
+            if container is not None:  # inside a bundle only the form its origin tags cover is opened
+                raise Malformed("sealed envelope wrapped in a byte string inside a bundle")
             try:
-                sealed = cbor2.loads(sealed)
-            except Exception as e:
-                raise Malformed(f"sealed envelope is not CBOR: {e}") from None
+                sealed = strict_loads(sealed, max_depth=1)
+            except StrictCBORError as e:
+                raise Malformed(f"sealed envelope is not strict CBOR: {e}") from None
         if not isinstance(sealed, list) or len(sealed) != 2:
             raise Malformed("sealed envelope is not [map bytes, tag]")
         mb, tag = sealed
@@ -401,28 +413,28 @@ class Codec:
                 signer = name
                 break
         if signer is None:
-            raise BadTag(f"authentication tag does not match the key shared with {sender!r}"
+            raise BadTag(f"authentication tag does not match the key shared with {short(sender)}"
                          + (f" nor the key of group {', '.join(shared)}" if shared else ""))
         if signer != sender:
             if container is None or container.sender != sender:
                 raise BadTag(f"envelope tagged with the key of group {signer!r} outside a bundle proving its origin")
             self.check_origin(container, signer)
         try:
-            m = cbor2.loads(mb)
-        except Exception as e:
-            raise Malformed(f"envelope map is not CBOR: {e}") from None
+            m = strict_loads(mb, max_depth=1)
+        except StrictCBORError as e:
+            raise Malformed(f"envelope map is not strict CBOR: {e}") from None
         env = self._from_map(m, sender)
         if signer != sender and env.dst != signer:
-            raise BadTag(f"envelope for {env.dst!r} sealed with the key of group {signer!r}")
+            raise BadTag(f"envelope for {short(env.dst)} sealed with the key of group {signer!r}")
         if signer == sender and env.dst in self.groups:
-            raise BadTag(f"envelope for group {env.dst!r} sealed with a pair key")
+            raise BadTag(f"envelope for group {short(env.dst)} sealed with a pair key")
         return env
 
     def _from_map(self, m: object, sender: str) -> Envelope:
         if not isinstance(m, dict):
-            raise Malformed(f"envelope is not a map: {type(m).__name__}")
+            raise Malformed(f"envelope is not a map: {short(m)}")
         if m.get(K_VERSION) != ENVELOPE_VERSION:
-            raise BadVersion(f"envelope version {m.get(K_VERSION)!r}, this node speaks {ENVELOPE_VERSION}")
+            raise BadVersion(f"envelope version {short(m.get(K_VERSION))}, this node speaks {ENVELOPE_VERSION}")
 
         def get(k: int, typ: type | tuple, name: str, default=...):
             if k not in m:
@@ -431,15 +443,15 @@ class Codec:
                 return default
             v = m[k]
             if not isinstance(v, typ) or isinstance(v, bool):
-                raise Malformed(f"envelope {name} has the wrong type: {v!r:.60}")
+                raise Malformed(f"envelope {name} has the wrong type: {short(v)}")
             return v
 
         kind = get(K_KIND, int, "kind")
         if kind not in (Kind.DATA, Kind.ACK):
-            raise Malformed(f"unknown envelope kind {kind!r}")
+            raise Malformed(f"unknown envelope kind {short(kind)}")
         origin = get(K_ORIGIN, str, "origin")
         if origin != sender:
-            raise Malformed(f"origin {origin!r} is not the bundle's sender {sender!r}")
+            raise Malformed(f"origin {short(origin)} is not the bundle's sender {short(sender)}")
         seq = get(K_SEQ, int, "seq")
         created = get(K_CREATED, int, "creation time")
         lifetime = get(K_LIFETIME, int, "lifetime")
@@ -529,33 +541,74 @@ def encode_ack_body(acks: dict[str, tuple[list[int], list[int]]]) -> bytes:
     return cbor2.dumps({o: [_runs(d), _runs(list(g))] for o, (d, g) in acks.items()})
 
 
-def decode_ack_body(body: bytes, max_ids: int = 1 << 20) -> dict[str, tuple[list[int], list[int]]]:
+Runs = list[tuple[int, int]]
+MAX_SEQ = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class AckBody:
+    """A decoded ack, as one origin reads it: the sources it answers, and the runs of the one
+    asked for (not expanded: a run of a billion ids is two integers here too)."""
+
+    sources: frozenset[str]
+    done: Runs
+    got: Runs
+    found: bool  # the body has an entry for the source asked for
+
+
+def decode_ack_body(body: bytes, source: str) -> AckBody:
+    """Read an ack body for one origin (`source`, its source key).  The other origins' entries
+    are checked only for their key's type: time and memory stay linear in the body's size."""
     try:
-        obj = cbor2.loads(body)
-    except Exception as e:
-        raise Malformed(f"ack body is not CBOR: {e}") from None
+        obj = strict_loads(body, max_depth=4)
+    except StrictCBORError as e:
+        raise Malformed(f"ack body is not strict CBOR: {e}") from None
     if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
-        raise Malformed(f"ack body is not a map of source -> [done runs, got runs]: {type(obj).__name__}")
-    return {o: _decode_runs(v, max_ids) for o, v in obj.items()}
+        raise Malformed(f"ack body is not a map of source -> [done runs, got runs]: {short(obj)}")
+    entry = obj.get(source)
+    if entry is None:
+        return AckBody(frozenset(obj), [], [], False)
+    done, got = _decode_runs(entry)
+    return AckBody(frozenset(obj), done, got, True)
 
 
-def _decode_runs(obj: object, max_ids: int) -> tuple[list[int], list[int]]:
+def _decode_runs(obj: object) -> tuple[Runs, Runs]:
     if not isinstance(obj, list) or len(obj) != 2 or not all(isinstance(x, list) for x in obj):
-        raise Malformed("ack body is not [done runs, got runs]")
-    lists: list[list[int]] = []
-    total = 0
+        raise Malformed(f"ack entry is not [done runs, got runs]: {short(obj)}")
+    lists: list[Runs] = []
     for runs in obj:
-        out: list[int] = []
+        out: Runs = []
         for r in runs:
             if (not isinstance(r, list) or len(r) != 2
-                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in r) or r[0] < 0 or r[1] < r[0]):
-                raise Malformed(f"bad ack run {r!r:.40}")
-            total += r[1] - r[0] + 1
-            if total > max_ids:
-                raise Oversize(f"ack covers more than {max_ids} ids")
-            out.extend(range(r[0], r[1] + 1))
+                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+                    or not 0 <= r[0] <= r[1] <= MAX_SEQ):
+                raise Malformed(f"bad ack run {short(r)}" + (f": {r[0]}..{r[1]}" if isinstance(r, list)
+                                                            and len(r) == 2 else ""))
+            out.append((r[0], r[1]))
         lists.append(out)
     return lists[0], lists[1]
+
+
+def runs_total(runs: Runs) -> int:
+    """How many ids the runs name (overlaps counted twice)."""
+    return sum(b - a + 1 for a, b in runs)
+
+
+def in_runs(seqs: Iterable[int], runs: Runs) -> list[int]:
+    """Those of `seqs` that some run covers, in order (bisect over the merged runs)."""
+    merged: Runs = []
+    for a, b in sorted(runs):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    starts = [a for a, _ in merged]
+    out = []
+    for s in sorted(set(seqs)):
+        k = bisect.bisect_right(starts, s) - 1
+        if k >= 0 and s <= merged[k][1]:
+            out.append(s)
+    return out
 
 
 def with_seq(env: Envelope, seq: int) -> Envelope:

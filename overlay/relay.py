@@ -42,13 +42,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cbor2
 
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig, load_node_config
-from c2dtn.overlay.envelope import CONTAINER_VERSION, K_DST, MAX_CONTAINER_BYTES
-from c2dtn.tomlfile import check_name, check_table, read_toml
+from c2dtn.overlay.envelope import CONTAINER_VERSION, K_DST, MAX_CONTAINER_BYTES, TAG_BYTES
+from c2dtn.strict_cbor import StrictCBORError, short
+from c2dtn.strict_cbor import loads as strict_loads
+from c2dtn.tomlfile import NAME, check_name, check_table, read_toml
 
 log = logging.getLogger("c2dtn.relay")
 
@@ -111,22 +112,31 @@ def island_members(cfg: NodeConfig) -> set[str]:
 
 def payload_destination(payload: bytes) -> str:
     """The destination node of an overlay bundle payload, read without any key: the first
-    sealed envelope's map (every envelope of a container has the same destination)."""
+    sealed envelope's map (every envelope of a container has the same destination).  Decoded
+    as strictly as a node decodes it (c2dtn.strict_cbor): the relay checks no tag, so this is
+    all that stands between a peer's bytes and its event loop."""
     if len(payload) > MAX_CONTAINER_BYTES:
         raise Unroutable(f"payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
     try:
-        obj = cbor2.loads(payload)
-        version, sender, envs = obj[:3] if isinstance(obj, list) and len(obj) in (3, 4) else obj
-        if version != CONTAINER_VERSION:
-            raise Unroutable(f"container version {version!r}, the relay reads {CONTAINER_VERSION}")
-        mb = envs[0][0]
-        dst = cbor2.loads(mb)[K_DST]
-    except Unroutable:
-        raise
-    except Exception as e:  # cbor2 and the unpacking raise many types on garbage
-        raise Unroutable(f"not an overlay container ({type(e).__name__}: {e})"[:200]) from None
-    if not isinstance(dst, str) or not dst:
-        raise Unroutable(f"destination is not a node id: {dst!r:.60}")
+        obj = strict_loads(payload, max_depth=3)
+    except StrictCBORError as e:
+        raise Unroutable(f"not an overlay container (not strict CBOR: {e})") from None
+    if not isinstance(obj, list) or len(obj) not in (3, 4):
+        raise Unroutable(f"not an overlay container: {short(obj)}")
+    version, _, envs = obj[:3]
+    if version != CONTAINER_VERSION:
+        raise Unroutable(f"container version {short(version)}, the relay reads {CONTAINER_VERSION}")
+    if not isinstance(envs, list) or not envs or not all(
+            isinstance(it, list) and len(it) == 2 and isinstance(it[0], bytes) and isinstance(it[1], bytes)
+            and len(it[1]) == TAG_BYTES for it in envs):
+        raise Unroutable(f"not an overlay container: the items are not [map bytes, {TAG_BYTES}-byte tag]")
+    try:
+        m = strict_loads(envs[0][0], max_depth=1)
+    except StrictCBORError as e:
+        raise Unroutable(f"not an overlay container (the first envelope's map: {e})") from None
+    dst = m.get(K_DST) if isinstance(m, dict) else None
+    if not isinstance(dst, str) or not NAME.fullmatch(dst):
+        raise Unroutable(f"destination is not a node id: {short(dst)}")
     return dst
 
 

@@ -129,6 +129,7 @@ class Store(Protocol):
     # -- outbox ------------------------------------------------------------------------------
     def out_add(self, items: list[OutItem]) -> None: ...
     def out_get(self, seqs: Iterable[int]) -> dict[int, OutItem]: ...  # those held, without bodies
+    def out_seqs_between(self, lo: int, hi: int) -> list[int]: ...  # seqs held in lo..hi, ascending
     def out_delete(self, seqs: Iterable[int]) -> None: ...  # with their bodies and member acks
     def out_update(self, seqs: Iterable[int], **fields) -> None: ...  # inflight, attempts, sent_ms, retry_ms, received, superseded
     def out_set_retry(self, retry_at_ms: dict[int, int]) -> None: ...

@@ -78,6 +78,9 @@ class MemoryStore:
         out = self.s["out"]
         return {s: _nobody(out[s]) for s in seqs if s in out}
 
+    def out_seqs_between(self, lo: int, hi: int) -> list[int]:
+        return sorted(s for s in self.s["out"] if lo <= s <= hi)
+
     def out_delete(self, seqs: Iterable[int]) -> None:
         for seq in seqs:
             self.s["out"].pop(seq, None)

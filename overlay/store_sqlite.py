@@ -541,6 +541,10 @@ class SqliteStore:
                 out[r[0]] = _item(r)
         return out
 
+    def out_seqs_between(self, lo: int, hi: int) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT seq FROM outbox WHERE seq BETWEEN ? AND ? ORDER BY seq",
+                                              (lo, hi))]
+
     def out_delete(self, seqs: Iterable[int]) -> None:
         n = nbytes = 0
         for chunk in _chunks(seqs):

@@ -11,6 +11,12 @@ member: the group key and nor's pair keys) or an outsider who captured the traff
   spoof-untagged    nor seals a group envelope with deu as its origin, no origin tags
   spoof-tagged      the same, with origin tags made under the keys nor has
   splice            a genuine deu group bundle, its origin tags kept, nor's envelope inside
+  splice-wrapped    a genuine deu group bundle with nor's envelope (deu named as origin) appended
+                    as a byte string holding [map, tag]: a form the origin tags once did not cover
+  splice-wrapped-ack  the same with a "done" ack in deu's name for a report prt holds for the group
+  mutate            a genuine deu group bundle under 1-3 structural mutations of its container
+                    (an item wrapped, nested or reshaped, items reordered, duplicated, dropped or
+                    added, origin tags reordered or duplicated), added items re-sealed by nor
   spoof-pair        nor seals a direct envelope to prt naming deu, under the nor-prt key
   tamper            a captured genuine bundle with 1-4 random bytes changed
   replay            a captured genuine bundle sent again at once
@@ -46,8 +52,9 @@ NATIONS = ("deu", "nor", "prt", "usa")
 GROUP = "fmn"
 GROUP_KEY = hashlib.sha256(b"c2-forgery group").digest()
 LIFETIME_MS = 60_000
-CLASSES = ("spoof-untagged", "spoof-tagged", "splice", "spoof-pair", "tamper", "replay", "replay-late", "outsider",
-           "control")
+CLASSES = ("spoof-untagged", "spoof-tagged", "splice", "splice-wrapped", "splice-wrapped-ack", "mutate", "spoof-pair",
+           "tamper", "replay", "replay-late", "outsider", "control")
+MUTATIONS = ("wrap", "nest", "reshape", "reorder", "duplicate", "drop", "add", "add-wrapped", "replace", "tags")
 
 
 def pair_key(a: str, b: str) -> bytes:
@@ -78,7 +85,9 @@ class Campaign:
     def __init__(self, work: Path, attempts: int, seed: int):
         from c2dtn.overlay.envelope import Envelope, Kind
 
-        self.Envelope, self.Kind = Envelope, Kind
+        from c2dtn.overlay.envelope import Priority
+
+        self.Envelope, self.Kind, self.Priority = Envelope, Kind, Priority
         self.rng = random.Random(seed)
         self.attempts = attempts
         self.deu = _core(work, "deu")
@@ -136,6 +145,14 @@ class Campaign:
             spliced = cbor2.loads(self.rng.choice(group_bundles))
             spliced[2] = [cbor2.loads(codec("nor", "deu").seal(self._env(GROUP, lie)))]
             return cbor2.dumps(spliced)
+        if cls in ("splice-wrapped", "splice-wrapped-ack"):
+            spliced = cbor2.loads(self.rng.choice(self._group_bundles()))
+            forged = (self._ack(self.prt_report) if cls.endswith("ack")
+                      else self._env(GROUP, lie, priority=self.Priority.FLASH))
+            spliced[2].append(codec("nor", "deu").seal(forged))  # bytes: the sealed [map, tag], wrapped
+            return cbor2.dumps(spliced)
+        if cls == "mutate":
+            return cbor2.dumps(self._mutate(cbor2.loads(self.rng.choice(self._group_bundles())), lie))
         if cls == "spoof-pair":
             as_deu = Codec("deu", {"prt": pair_key("nor", "prt")})
             return as_deu.container([as_deu.seal(self._env("prt", lie))])
@@ -158,6 +175,59 @@ class Campaign:
             return deu.container([deu.seal(self._env(dst, b"deu (compromised) %d" % self.seq))], dst)
         raise ValueError(f"unknown class {cls!r}: " + ", ".join(CLASSES))
 
+    def _group_bundles(self) -> list[bytes]:
+        return [p for p in self.captured if len(cbor2.loads(p)) == 4]
+
+    def _ack(self, seq: int):
+        """A "done" ack in deu's name for prt's report `seq` (which deu never got)."""
+        from c2dtn.overlay.envelope import encode_ack_body
+
+        self.seq += 1
+        return self.Envelope(self.Kind.ACK, "deu", self.seq, GROUP, self.now, LIFETIME_MS, self.Priority.FLASH,
+                             body=encode_ack_body({self.prt.store.source: ([seq], [])}), inc=self.deu.store.inc)
+
+    def _mutate(self, obj: list, lie: bytes) -> list:
+        """1-3 structural mutations of a genuine group container (MUTATIONS); added items are
+        nor's, sealed with the group key and deu's name as their origin."""
+        items, forger = obj[2], codec("nor", "deu")
+        for m in self.rng.sample(MUTATIONS, self.rng.randint(1, 3)):
+            i = self.rng.randrange(len(items)) if items else 0
+            fresh = forger.seal(self.rng.choice([self._env(GROUP, lie), self._ack(self.prt_report)]))
+            if m == "wrap" and items:
+                items[i] = cbor2.dumps(items[i])
+            elif m == "nest" and items:
+                items[i] = [items[i]]
+            elif m == "reshape" and items:
+                items[i] = self.rng.choice([[*items[i], b""], items[i][:1], items[i][::-1],
+                                            [items[i][0], items[i][1][:8]], {0: items[i][0], 1: items[i][1]}])
+            elif m == "reorder":
+                self.rng.shuffle(items)
+            elif m == "duplicate" and items:
+                items.insert(self.rng.randrange(len(items) + 1), items[i])
+            elif m == "drop" and len(items) > 1:
+                del items[i]
+            elif m == "add":
+                items.insert(self.rng.randrange(len(items) + 1), cbor2.loads(fresh))
+            elif m == "add-wrapped":
+                items.insert(self.rng.randrange(len(items) + 1), fresh)
+            elif m == "replace" and items:
+                items[i] = cbor2.loads(fresh)
+            elif m == "tags" and obj[3]:
+                obj[3] = self.rng.choice([obj[3][::-1], obj[3] + obj[3][:1], obj[3][1:]])
+        return obj
+
+    def _genuine_acks(self, payload: bytes) -> int:
+        """Ack envelopes of deu's own in a bundle that are genuine (spliced bundles start from one)."""
+        from c2dtn.overlay.envelope import EnvelopeError, Kind
+
+        try:
+            obj = cbor2.loads(payload)
+            c = self.prt.codec.open_container(cbor2.dumps([obj[0], obj[1], [it for it in obj[2] if
+                                                                           isinstance(it, list)]] + obj[3:]))
+            return sum(self.prt.codec.open(c.sender, it, c).kind == Kind.ACK for it in c.items)
+        except (EnvelopeError, Exception):
+            return 0
+
     def attack(self, cls: str, at_ms: int) -> None:
         from c2dtn.overlay.envelope import EnvelopeError
 
@@ -175,6 +245,8 @@ class Campaign:
             why[f"crash: {type(e).__name__}"] += 1
             return
         row["accepted"] += res.taken
+        if cls in ("splice-wrapped-ack", "mutate"):  # an ack taken in deu's name is a forgery taken
+            row["accepted"] += max(0, res.acks - self._genuine_acks(payload))
         row["duplicates"] += res.duplicates
         row["expired_or_stale"] += res.data - res.taken - res.duplicates
         row["refused"] += len(res.rejected)
@@ -187,6 +259,9 @@ class Campaign:
 
     def run(self, bar=None) -> dict:
         got = self.genuine(max(20, self.attempts // 20))
+        # a report prt holds for the group, which no member has acked: what a forged ack would release
+        self.prt_report = self.prt.submit(GROUP, b"prt position", self.now, LIFETIME_MS * 100)
+        self.prt.poll(self.now)
         task = bar.add_task("forgery: attempts", total=self.attempts * len(CLASSES)) if bar else None
         late = [c for c in CLASSES if c == "replay-late"]
         for cls in [c for c in CLASSES if c not in late]:
@@ -203,6 +278,7 @@ class Campaign:
             if bar:
                 bar.update(task, advance=self.attempts, description=f"forgery: {cls}")
         return {"genuine_delivered": got, "genuine_bundles_captured": len(self.captured),
+                "report_acked_by": sorted(self.prt.store.records.member_acks(self.prt_report)),
                 "classes": {c: dict(self.rows[c]) for c in CLASSES},
                 "reasons": {c: dict(self.reasons[c].most_common()) for c in CLASSES}}
 
@@ -213,6 +289,8 @@ class Campaign:
 
 def _reason(line: str) -> str:
     """The kind of a rejection line (`BundleResult.rejected`), for the report's counts."""
+    if "(malformed)" in line:  # its message may name a tag's form, but nothing was checked against a key
+        return "malformed"
     for key in ("origin tag", "did not seal", "without origin tags", "sealed with", "bad tag", "tag",
                 "expired", "unknown", "malformed", "version", "oversize"):
         if key in line:

@@ -115,17 +115,35 @@ def test_zip_bomb_is_refused():
 
 def test_ack_bodies_are_runs_per_source():
     src = E.source_key("gw1", 0x1F2E3D4C)
-    body = E.encode_ack_body({src: ([5, 1, 2, 3, 9, 10], [12, 13])})
-    assert cbor2.loads(body) == {"gw1/1f2e3d4c": [[[1, 3], [5, 5], [9, 10]], [[12, 13]]]}
-    assert E.decode_ack_body(body) == {src: ([1, 2, 3, 5, 9, 10], [12, 13])}
+    body = E.encode_ack_body({src: ([5, 1, 2, 3, 9, 10], [12, 13]), "gw9": ([4], [])})
+    assert cbor2.loads(body) == {"gw1/1f2e3d4c": [[[1, 3], [5, 5], [9, 10]], [[12, 13]]], "gw9": [[[4, 4]], []]}
+    ack = E.decode_ack_body(body, src)
+    assert ack.found and ack.done == [(1, 3), (5, 5), (9, 10)] and ack.got == [(12, 13)]
+    assert ack.sources == {src, "gw9"}
+    assert not E.decode_ack_body(body, "gw1").found  # another incarnation's entry is not ours
     assert E.source_node(src) == "gw1" and E.source_key("gw1", 0) == "gw1"
     assert len(E.encode_ack_body({src: (list(range(1, 501)), [])})) < 25  # 500 ids in one short ack
-    for bad in (cbor2.dumps({src: [[[3, 1]], []]}), cbor2.dumps({src: [[["a", 1]], []]}), cbor2.dumps({"x": 1}),
-                cbor2.dumps({src: [[1, 2]]}), cbor2.dumps([[[1, 3]], []]), cbor2.dumps({1: [[], []]}), b"\xff"):
+    for bad in (cbor2.dumps({src: [[[3, 1]], []]}), cbor2.dumps({src: [[["a", 1]], []]}), cbor2.dumps({src: 1}),
+                cbor2.dumps({src: [[1, 2]]}), cbor2.dumps([[[1, 3]], []]), cbor2.dumps({1: [[], []]}), b"\xff",
+                cbor2.dumps({src: [[[0, 1 << 64]], []]})):
         with pytest.raises(E.Malformed):
-            E.decode_ack_body(bad)
-    with pytest.raises(E.Oversize):
-        E.decode_ack_body(cbor2.dumps({src: [[[0, 10**9]], []]}))
+            E.decode_ack_body(bad, src)
+
+
+def test_an_ack_of_a_billion_ids_is_two_integers_not_a_billion():
+    """Defect: a 94-byte ack body expanded to 2**20 ids per entry, every entry (185 MB)."""
+    import tracemalloc
+
+    src = "gw1"
+    entries = {f"n{i}": [[[0, 2**40]], [[0, 2**40]]] for i in range(4)}
+    body = cbor2.dumps({src: [[[0, 2**40], [2**41, 2**42]], [[0, 2**40]]], **entries})
+    tracemalloc.start()
+    ack = E.decode_ack_body(body, src)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert ack.done == [(0, 2**40), (2**41, 2**42)] and E.runs_total(ack.got) == 2**40 + 1
+    assert peak < 64 * 1024, peak
+    assert E.in_runs([5, 2**40 + 1, 2**41 + 3, 2**43], ack.done) == [5, 2**41 + 3]
 
 
 def test_a_report_in_a_gateway_body_costs_about_a_fifth_of_its_size_on_the_wire():

@@ -20,9 +20,14 @@ def test_no_forged_tampered_or_replayed_envelope_is_taken(run):
     for cls in forgery_bench.CLASSES[:-1]:
         r = res["classes"][cls]
         assert r["bundles"] == 60 and r.get("accepted", 0) == 0 and r.get("crashes", 0) == 0, (cls, r)
-    for cls in ("spoof-untagged", "spoof-tagged", "splice", "spoof-pair", "outsider"):
+    for cls in ("spoof-untagged", "spoof-tagged", "splice", "splice-wrapped", "splice-wrapped-ack", "spoof-pair",
+                "outsider"):
         assert res["classes"][cls]["refused"] == 60, cls
     assert set(res["reasons"]["splice"]) == {"origin tag"}
+    # a byte-string-wrapped item refuses the whole bundle, whatever it holds
+    assert set(res["reasons"]["splice-wrapped"]) == set(res["reasons"]["splice-wrapped-ack"]) == {"malformed"}
+    assert res["classes"]["mutate"]["refused"] >= 60  # every mutated bundle refused, at least one line each
+    assert res["report_acked_by"] == []  # no forged ack recorded a member's "done" for prt's report
     assert res["classes"]["replay"]["duplicates"] > 0
     assert res["classes"]["replay-late"].get("expired_or_stale", 0) > 0  # the receiver's clock refused them
     assert res["forged_accepted"] == 0

@@ -11,7 +11,7 @@ import pytest
 
 from c2dtn.errors import ConfigError
 from c2dtn.perf.fuzz import CORPUS
-from c2dtn.perf.fuzz_targets import KEY, PEER, TARGETS, _codec
+from c2dtn.perf.fuzz_targets import KEY, MEMORY_LIMIT, PEER, TARGETS, _codec
 
 
 try:
@@ -31,10 +31,39 @@ def test_the_fuzz_corpus_replays_with_typed_refusals_only(name, tmp_path, monkey
     files = sorted((CORPUS / name).iterdir()) if (CORPUS / name).is_dir() else []
     assert len(files) >= 3, f"no corpus kept for {name}: run c2dtn perf fuzz --save"
     t.counts.update(accepted=0, refused=0)
-    for data in t.seeds() + [f.read_bytes() for f in files]:
-        t(data)  # anything but the typed refusal propagates and fails the test
+    inputs = t.seeds() + [f.read_bytes() for f in files]
+    for data in inputs:
+        t(data)  # anything but the typed refusal, or OverLimit (10 ms), propagates and fails the test
     assert t.counts["accepted"] + t.counts["refused"] == len(files) + len(t.seeds())
     assert t.counts["accepted"] >= 1  # the seeds at least are taken
+    peaks = sorted((t.traced_peak(d), len(d)) for d in inputs)
+    assert peaks[-1][0] <= MEMORY_LIMIT, f"an input of {peaks[-1][1]} bytes took {peaks[-1][0]} bytes of memory"
+
+
+@pytest.mark.parametrize("name, finding", [
+    ("container", "sharing-bomb"), ("container", "wrapped-splice"), ("envelope", "sharing-bomb-in-map"),
+    ("ack", "trillion-ids"), ("ack", "sharing-bomb"),
+])
+def test_the_review_findings_are_in_the_corpus_and_within_the_limits(name, finding, tmp_path, monkeypatch):
+    """Each finding of the attacker's review is an entry of the corpus that `make test` replays
+    and `perf fuzz` starts from; a target over 10 ms or 32 MB on it fails (OverLimit)."""
+    monkeypatch.setenv("C2DTN_FUZZ_DIR", str(tmp_path))
+    data = (CORPUS / name / f"review-{finding}").read_bytes()
+    t = TARGETS[name]
+    t(data)
+    assert t.traced_peak(data) < 1 << 20
+
+
+def test_an_input_over_the_time_limit_is_a_crash():
+    import time
+
+    from c2dtn.perf.fuzz_targets import OverLimit, Target
+
+    t = Target(lambda d: time.sleep(0.02), (ValueError,), list, "slow")
+    with pytest.raises(OverLimit, match="ms for an input of 3 bytes"):
+        t(b"abc")
+    big = Target(lambda d: bytearray(64 << 20)[0], (ValueError,), list, "greedy")
+    assert big.traced_peak(b"") > MEMORY_LIMIT
 
 
 def test_found_a_zstd_body_declaring_a_terabyte_is_refused_not_allocated():

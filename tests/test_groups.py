@@ -288,10 +288,10 @@ def test_a_malformed_group_ack_is_rejected_by_name_and_the_rest_of_the_bundle_ta
     deu, nor = cores["deu"], cores["nor"]
     seq = deu.submit("fmn", b"pos", 0)
     deu.poll(0)
-    bad = Envelope(Kind.ACK, "nor", 0, "fmn", 0, 60_000, Priority.FLASH, body=cbor2.dumps({"deu": "not runs"}))
+    bad = Envelope(Kind.ACK, "nor", 0, "fmn", 0, 60_000, Priority.FLASH, body=cbor2.dumps({deu.store.source: "not runs"}))
     good = Envelope(Kind.DATA, "nor", 1, "fmn", 0, 60_000, body=b"pos nor")
     res = deu.on_bundle(nor.codec.container([nor.codec.seal(bad), nor.codec.seal(good)], "fmn"), 10)
-    assert res.data == 1 and len(res.rejected) == 1 and "ack body is not [done runs, got runs]" in res.rejected[0]
+    assert res.data == 1 and len(res.rejected) == 1 and "ack entry is not [done runs, got runs]" in res.rejected[0]
     assert [d.body for d in deu.take()] == [b"pos nor"]
     assert deu.store.held_out()[0] == 1 and seq  # nothing released by the bad ack
 

@@ -40,7 +40,9 @@ def test_a_received_bundle_with_more_blocks_gives_its_payload():
 
 
 @pytest.mark.parametrize("raw, says", [
-    (b"\xff\x00", "not CBOR"),
+    (b"\xff\x00", "not strict CBOR"),
+    (b"\x9f" + cbor2.dumps([1, 1, 0, 0, b""]), "does not end with a break"),
+    (b"\x9f\xd8\x1c\x80\xff", "tag 28"),
     (cbor2.dumps({"a": 1}), "array of blocks"),
     (cbor2.dumps([[6, 0, 0, 0, 0, 0, [0, 0], 0], [1, 1, 0, 0, b""]]), "version 6"),
     (cbor2.dumps([[7, 0, 0, [1, 0], [2, [1, 1]], [2, [1, 1]], [0, 0], 9], [1, 1, 0, 0, b""]]), "destination"),

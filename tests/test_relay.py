@@ -91,8 +91,11 @@ def test_a_full_relay_drops_the_newest_and_keeps_what_it_holds(tmp_path):
     (b"\xff\x00garbage", "not an overlay container"),
     (cbor2.dumps([2, "deu-gw", []]), "container version 2"),
     (cbor2.dumps([1, "deu-gw", []]), "not an overlay container"),
-    (cbor2.dumps([1, "deu-gw", [[cbor2.dumps({10: 5}), b"t"]]]), "destination is not a node id: 5"),
-    (cbor2.dumps([1, "deu-gw", [[b"\xff", b"t"]]]), "not an overlay container"),
+    (cbor2.dumps([1, "deu-gw", [[cbor2.dumps({10: 5}), bytes(16)]]]), "destination is not a node id: 5"),
+    (cbor2.dumps([1, "deu-gw", [[b"\xff", bytes(16)]]]), "not an overlay container"),
+    (cbor2.dumps([1, "deu-gw", [[cbor2.dumps({10: "prt-gw"}), b"t"]]]), "16-byte tag"),
+    (cbor2.dumps([1, "deu-gw", [cbor2.dumps([cbor2.dumps({10: "prt-gw"}), bytes(16)])]]), "16-byte tag"),
+    (cbor2.dumps([1, "deu-gw", [[cbor2.dumps({10: "x" * 10_000}), bytes(16)]]]), r"'xxxx.*\(10000 characters\)$"),
 ])
 def test_malformed_payloads_are_named(payload, why):
     with pytest.raises(Unroutable, match=why):

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import cbor2
 import crc32c
 
+from c2dtn.strict_cbor import StrictCBORError, short
+from c2dtn.strict_cbor import loads as strict_loads
+
 DTN_EPOCH_MS = 946_684_800_000  # 2000-01-01T00:00:00Z in Unix milliseconds (RFC 9171 §4.2.6)
 MUST_NOT_FRAGMENT = 0x04  # bundle processing control flag: the overlay takes an envelope whole
 CRC32C = 2
@@ -55,26 +58,27 @@ def _eid(v, what: str) -> tuple[int, int]:
     if (isinstance(v, list) and len(v) == 2 and v[0] == 2 and isinstance(v[1], list) and len(v[1]) == 2
             and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v[1])):
         return v[1][0], v[1][1]
-    raise BundleError(f"{what} is not an ipn endpoint: {v!r:.80}")
+    raise BundleError(f"{what} is not an ipn endpoint: {short(v)}")
 
 
 def decode(raw: bytes) -> Bundle:
     """The bundle in `raw`.  The CRCs are not checked again: the bundle came over TCP from the
     agent, which checked them when it took the bundle from the network."""
     try:
-        blocks = cbor2.loads(raw)
-    except Exception as e:  # cbor2 raises several types for bad input
-        raise BundleError(f"not CBOR: {e}") from None
+        blocks = strict_loads(raw, max_depth=4, indefinite_array=True)
+    except StrictCBORError as e:
+        raise BundleError(f"not strict CBOR: {e}") from None
     if not isinstance(blocks, list) or len(blocks) < 2 or not isinstance(blocks[0], list):
         raise BundleError("not a BPv7 bundle (an array of blocks, the primary first)")
     p = blocks[0]
     if len(p) < 8 or p[0] != 7:
-        raise BundleError(f"primary block of version {p[0] if p else '?'!r} with {len(p)} fields (BPv7 has 7 and 8+)")
+        raise BundleError(f"primary block of version {short(p[0]) if p else '?'} with {len(p)} fields "
+                          "(BPv7 has 7 and 8+)")
     created = p[6]
     if not (isinstance(created, list) and len(created) == 2 and all(isinstance(x, int) for x in created)):
-        raise BundleError(f"creation timestamp {created!r:.60}")
+        raise BundleError(f"creation timestamp {short(created)}")
     if not isinstance(p[7], int):
-        raise BundleError(f"lifetime {p[7]!r:.40}")
+        raise BundleError(f"lifetime {short(p[7])}")
     for b in blocks[1:]:
         if isinstance(b, list) and len(b) >= 5 and b[0] == PAYLOAD:
             if not isinstance(b[4], bytes):

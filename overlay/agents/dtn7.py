@@ -35,6 +35,8 @@ from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
 from c2dtn.overlay.agents import register
 from c2dtn.overlay.agents.builds import cache_dir
+from c2dtn.strict_cbor import StrictCBORError
+from c2dtn.strict_cbor import loads as strict_loads
 
 if TYPE_CHECKING:
     from c2dtn.overlay.config import NodeConfig
@@ -116,7 +118,10 @@ def eid_node(eid: str) -> str:
 def bundle_payload(raw: bytes) -> tuple[str, bytes]:
     """(source node, payload) of a BPv7 bundle (RFC 9171 §4.3: an array of blocks;
     the payload block has type code 1).  Small enough not to need a BPv7 library."""
-    blocks = cbor2.loads(raw)
+    try:
+        blocks = strict_loads(raw, max_depth=4, indefinite_array=True)
+    except StrictCBORError as e:
+        raise ValueError(f"not a BPv7 bundle: {e}") from None
     if not isinstance(blocks, list) or not blocks or not isinstance(blocks[0], list):
         raise ValueError("not a BPv7 bundle")
     primary = blocks[0]
@@ -266,9 +271,9 @@ class Dtn7Agent(BundleAgent):
                     async for msg in ws:
                         if msg.type == aiohttp.WSMsgType.BINARY:
                             try:
-                                rec = cbor2.loads(msg.data)
+                                rec = strict_loads(msg.data, max_depth=2)
                                 yield AgentDelivery(eid_node(rec["src"]), endpoint, bytes(rec["data"]), str(rec["bid"]))
-                            except (ValueError, KeyError, TypeError, cbor2.CBORDecodeError) as e:
+                            except (ValueError, KeyError, TypeError) as e:  # StrictCBORError is a ValueError
                                 log.warning("unreadable delivery from dtnd (%d bytes): %s", len(msg.data), e)
                         elif msg.type == aiohttp.WSMsgType.TEXT:
                             if not msg.data.startswith("200"):

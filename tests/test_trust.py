@@ -1,0 +1,173 @@
+"""What a coalition member or anyone with a radio can do to a node with crafted bundles: the
+reviewer's attacks (security page, docs/security.md), each driven through the receiving core."""
+
+import cbor2
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from c2dtn import strict_cbor
+from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body
+from c2dtn.overlay.relay import RelayCore, Unroutable, payload_destination
+
+from test_groups import codec, make
+
+
+def sharing_bomb(levels: int) -> bytes:
+    """CBOR value sharing (tags 28/29): `levels` nested pairs of references to the level
+    below, 9 bytes a level, decoding to a structure of 2**levels leaves."""
+    items = [bytes.fromhex("d81c820000")]  # shareable [0, 0]
+    for k in range(1, levels):
+        ref = b"\xd8\x1d" + cbor2.dumps(k - 1)
+        items.append(b"\xd8\x1c\x82" + ref + ref)
+    return b"\x98" + bytes([levels]) + b"".join(items)
+
+
+def as_member(name: str, speaking_for: str) -> Codec:
+    """`name`'s keys under another member's name: a coalition member forging."""
+    c = codec(name)
+    return Codec(speaking_for, c.keys, {"fmn": tuple(n for n in ("deu", "nor", "prt") if n != speaking_for)})
+
+
+def genuine_group_bundle(tmp_path, body=b"pos deu"):
+    deu = make(tmp_path, "deu")
+    deu.submit("fmn", body, 0, priority=Priority.ROUTINE)
+    out = deu.poll(0)
+    assert len(out) == 1
+    return deu, out[0].payload
+
+
+def test_a_member_cannot_splice_a_byte_string_wrapped_order_into_anothers_bundle(tmp_path):
+    """Defect: an item that is a byte string holding [map, tag] was opened but not covered by
+    the origin tags; nor appended a FLASH order "from deu" to deu's genuine bundle."""
+    _, genuine = genuine_group_bundle(tmp_path)
+    prt = make(tmp_path, "prt")
+    spliced = cbor2.loads(genuine)
+    lie = Envelope(Kind.DATA, "deu", 999, "fmn", 0, 60_000, Priority.FLASH, body=b"deu: withdraw now")
+    spliced[2].append(as_member("nor", "deu").seal(lie))  # sealed envelope bytes, not an array
+    res = prt.on_bundle(cbor2.dumps(spliced), 10)
+    assert res.taken == 0 and len(res.rejected) == 1 and "whole bundle is refused" in res.rejected[0]
+    assert prt.take() == []
+    assert prt.on_bundle(genuine, 20).taken == 1  # the genuine bundle itself is taken
+    assert [d.body for d in prt.take()] == [b"pos deu"]
+
+
+def test_a_member_cannot_forge_a_done_ack_in_anothers_name(tmp_path):
+    """Defect: nor wrapped an ack "from deu" as a byte string into deu's genuine bundle, and
+    prt released a report deu never got."""
+    prt, nor = make(tmp_path, "prt"), make(tmp_path, "nor")
+    seq = prt.submit("fmn", b"pos prt", 0)
+    (report,) = prt.poll(0)
+    nor.on_bundle(report.payload, 5)  # nor got it; deu's link is cut: deu never does
+    nor.consumed([d.id for d in nor.take()])
+    for b in nor.poll(60_000):
+        prt.on_bundle(b.payload, 60_010)
+    assert prt.store.held_out()[0] == 1  # nor's ack alone does not release a group report
+    _, genuine = genuine_group_bundle(tmp_path)
+    forged = Envelope(Kind.ACK, "deu", 1000, "fmn", 0, 60_000, Priority.FLASH,
+                      body=encode_ack_body({prt.store.source: ([seq], [])}))
+    for wrap in (lambda s: s, lambda s: cbor2.loads(s)):  # as a byte string, and as a plain item
+        spliced = cbor2.loads(genuine)
+        spliced[2].append(wrap(as_member("nor", "deu").seal(forged)))
+        res = prt.on_bundle(cbor2.dumps(spliced), 60_020)
+        assert res.acks == 0 and len(res.rejected) >= 1
+        assert prt.store.held_out()[0] == 1, "a forged ack released a report deu never got"
+
+
+@pytest.mark.parametrize("where", ["version", "sender", "item", "origin tags"])
+def test_a_200_byte_value_sharing_bomb_is_refused_at_its_first_tag(tmp_path, where, caplog):
+    """Defect: tags 28/29 made ~200 bytes decode into a structure that doubles every 9 bytes,
+    expanded by error messages' repr (seconds of CPU on the event loop; ~370 bytes: days)."""
+    bomb = sharing_bomb(20)
+    parts = {"version": [bomb, b'cgw1', b'\x80'], "sender": [b'\x01', bomb, b'\x80'],
+             "item": [b'\x01', b'cgw1', b'\x81' + bomb], "origin tags": [b'\x01', b'cgw1', b'\x80', bomb]}[where]
+    payload = bytes([0x80 | len(parts)]) + b"".join(parts)
+    assert len(payload) < 200
+    prt = make(tmp_path, "prt")
+    res = prt.on_bundle(payload, 0)
+    assert len(res.rejected) == 1 and "tag 28" in res.rejected[0] and "no tags are accepted" in res.rejected[0]
+    assert all(len(r.getMessage()) < 300 for r in caplog.records)
+
+
+def test_the_relay_refuses_a_sharing_bomb_before_it_routes(tmp_path):
+    """The relay holds no keys: before this, 211 bytes cost 2.7 s in RelayCore.accept."""
+    bomb_map = b"\xa1\x0a" + sharing_bomb(20)  # {dst: bomb}, in the first envelope's map
+    in_map = cbor2.dumps([1, "deu", [[b"", bytes(16)]]]).replace(b"\x40", b"\x58" + bytes([len(bomb_map)]) + bomb_map, 1)
+    as_version = b"\x83" + sharing_bomb(20) + b"\x63deu\x80"
+    with pytest.raises(Unroutable, match="first envelope's map: nested deeper than 1"):
+        payload_destination(in_map)
+    with pytest.raises(Unroutable, match="tag 28 at offset 3: no tags are accepted"):
+        payload_destination(as_version)
+    c = RelayCore.open(tmp_path / "r.db", {"a": {"deu"}, "b": {"prt"}})
+    assert c.accept("a", [in_map, as_version], 1) == [] and c.counters["unroutable"] == 2
+    c.close()
+
+
+@pytest.mark.parametrize("data, why", [
+    (cbor2.dumps({(1, 2): 3}), "map key of major type 4"),
+    (cbor2.dumps({b"k": 3}), "map key of major type 2"),
+    (b"\x81" * 20 + b"\x00", "nested deeper than 8"),
+    (b"\x9f\x00\xff", "indefinite length"),
+    (b"\xc1\x00", "tag 1"),
+    (b"\x9a\xff\xff\xff\xff", "cannot fit"),
+    (b"\x5a\xff\xff\xff\xff", "runs past the end"),
+    (b"\x00\x00", "1 bytes after the item"),
+    (b"\xe0", "simple value 0"),
+])
+def test_the_strict_subset_names_what_it_refuses(data, why):
+    with pytest.raises(strict_cbor.StrictCBORError, match=why):
+        strict_cbor.loads(data)
+
+
+def _nodes(v) -> int:
+    if isinstance(v, dict):
+        return 1 + sum(_nodes(k) + _nodes(x) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return 1 + sum(_nodes(x) for x in v)
+    return 1
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(max_size=200))
+def test_what_the_strict_subset_takes_has_at_most_one_object_per_byte(data):
+    try:
+        v = strict_cbor.loads(data)
+    except strict_cbor.StrictCBORError:
+        return
+    assert _nodes(v) <= len(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text(max_size=8)
+                    | st.binary(max_size=8),
+                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.integers(0, 30) | st.text(max_size=4),
+                                                                               kids, max_size=4), max_leaves=20))
+def test_the_strict_subset_takes_what_c2dtn_writes(value):
+    assert strict_cbor.loads(cbor2.dumps(value)) == value
+
+
+def test_short_names_a_peer_value_without_its_whole_repr():
+    assert strict_cbor.short("x" * 10_000).endswith("... (10000 characters)")
+    assert strict_cbor.short(list(range(10**6))) == "list of 1000000"
+    assert strict_cbor.short(2**200) == "an integer of 201 bits" and strict_cbor.short(5) == "5"
+
+
+def test_an_ack_naming_a_trillion_ids_releases_what_is_held_and_costs_what_it_names(tmp_path):
+    """Defect: ack runs were expanded to lists of ids (a 94-byte bundle took a node to 185 MB)."""
+    import tracemalloc
+
+    deu, prt = make(tmp_path, "deu"), make(tmp_path, "prt")
+    seqs = [deu.submit("prt", b"report %d" % i, 0) for i in range(3)]
+    deu.poll(0)
+    others = {f"x{i}/1": ([], list(range(0, 2**20, 2))[:3]) for i in range(3)}
+    body = cbor2.dumps({deu.store.source: [[[0, 2**40]], [[0, 2**40]]],
+                        **{k: [[[0, 2**40]], []] for k in others}})
+    ack = Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, Priority.FLASH, body=body)
+    payload = prt.codec.container([prt.codec.seal(ack)])
+    assert len(payload) < 200
+    tracemalloc.start()
+    res = deu.on_bundle(payload, 10)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert res.acks == 1 and deu.store.held_out()[0] == 0 and seqs
+    assert peak < 2 << 20, peak
