@@ -38,6 +38,12 @@ def pack(op: str, client: str, broker: str, **kw: Any) -> bytes:
     return cbor2.dumps({"op": op, "c": client, "b": broker, **kw})
 
 
+def packed_size(op: str, client: str, broker: str, fields: dict[str, Any]) -> int:
+    """len(pack(op, client, broker, **fields)) or a little more, without copying the payload."""
+    p = fields.get("p", b"")
+    return len(pack(op, client, broker, **{**fields, "p": b""})) + len(p) + 8  # + the longest bytes head
+
+
 def unpack(body: bytes) -> dict[str, Any]:
     """A body from a peer gateway, checked field by field (BodyError names what is wrong)."""
     try:

@@ -26,10 +26,12 @@ import socket
 import time
 from collections import OrderedDict
 
+from aiocoap import Code, Message
+
 from c2dtn.ip_gateway import coap_core as cc
 from c2dtn.ip_gateway import tproxy
 from c2dtn.ip_gateway.policy import GatewayConfig
-from c2dtn.overlay.store import QuotaExceeded
+from c2dtn.overlay.store import QuotaExceeded, TooLarge
 from c2dtn.overlay.node import now_ms
 from c2dtn.overlay.store import Delivery
 
@@ -330,6 +332,10 @@ class CoapGateway:
         life = max(60_000, d.created_ms + d.lifetime_ms - now_ms())
         try:
             self.core.store.submit_many([(d.origin, out, life, d.priority, None, cc.APP)], now_ms())
+        except TooLarge as e:  # it can never cross: the client hears 5.02 with the reason instead
+            log.warning("CoAP response for %s:%d: %s", d.origin, d.seq, e)
+            out = cc.response_body(body, Message(code=Code.BAD_GATEWAY, payload=str(e).encode()[:200]))
+            self.core.store.submit_many([(d.origin, out, life, d.priority, None, cc.APP)], now_ms())
         except QuotaExceeded as e:
             log.warning("CoAP response for %s:%d not kept (%s): the request is asked again", d.origin, d.seq, e)
             self._taken.discard(d.id)
@@ -380,7 +386,7 @@ class CoapGateway:
         try:
             self.core.store.submit_many([(d.origin, cc.response_body(body, resp), life, d.priority, supersede, cc.APP)],
                                         now_ms())
-        except QuotaExceeded as e:  # a later notification will carry the state
+        except (QuotaExceeded, TooLarge) as e:  # a later notification will carry the state
             self.near.counters["notifications_refused"] += 1
             log.warning("CoAP notification for %s not kept: %s", d.origin, e)
             return

@@ -61,7 +61,7 @@ from aiocoap.optiontypes import BlockOption
 
 from c2dtn.strict_cbor import StrictCBORError
 from c2dtn.strict_cbor import loads as strict_loads
-from c2dtn.overlay.envelope import Priority
+from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Priority
 
 APP = "coap"
 # RFC 7252 4.8 transmission parameters (the defaults)
@@ -74,7 +74,9 @@ OBSERVE, BLOCK2, BLOCK1, SIZE2, SIZE1 = 6, 23, 27, 28, 60
 URI_HOST, URI_PORT, PROXY_URI, PROXY_SCHEME = 3, 7, 35, 39
 NOT_CARRIED = {OBSERVE, BLOCK2, BLOCK1, SIZE2, SIZE1}
 BLOCK_SZX = 6  # 1024-byte blocks unless the client asks for smaller
-MAX_BODY = 1 << 20  # a request body gathered from Block1 blocks (larger: 4.13)
+# a request body gathered from Block1 blocks (larger: 4.13): the overlay's message limit, less room
+# for the request's own fields in the envelope body (request_body)
+MAX_BODY = MAX_MESSAGE_BYTES - (8 << 10)
 MAX_KEPT = 256  # response bodies kept for later Block2 blocks, and uploads being gathered
 STALE_HOLD_MS = 5000  # a stale notification waits this long for a newer one before it goes ...
 STALE_HOLD_MAX_MS = 30_000  # ... each newer stale one restarting the wait, up to this long in all

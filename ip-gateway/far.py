@@ -21,7 +21,7 @@ from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway.near_core import PUB_PIDS, Envelope, aged, lifetime_ms, pub_pid
 from c2dtn.ip_gateway.policy import TopicRule
-from c2dtn.overlay.store import Delivery, QuotaExceeded
+from c2dtn.overlay.store import Delivery, QuotaExceeded, TooLarge
 from c2dtn.overlay.node import now_ms
 
 if TYPE_CHECKING:
@@ -291,6 +291,9 @@ class FarSession:
                     self.gw.submit_many(self._envelopes(p, rule))
                     await self.gw.node.synced()  # on disk (the custody writer thread) before the ack
                     self.gw.far_full.over("custody takes broker publications again")
+                except TooLarge as e:  # it can never cross: acked, so the broker does not resend it forever
+                    self.gw.counters["far_too_large"] += 1
+                    self.gw.far_too_large.hit("broker publication for %s dropped: %s", self.key(), e)
                 except QuotaExceeded as e:
                     self.gw.far_full.hit("custody full, broker publication for %s not taken: %s", self.key(), e)
                     return  # no ack: the broker sends it again

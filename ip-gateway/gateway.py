@@ -56,6 +56,7 @@ class MqttGateway:
         self._sessions_writer: asyncio.Task | None = None
         self._sessions_failing = Spell(log, logging.ERROR)
         self.far_full = Spell(log)  # custody refusing broker publications, for all far sessions
+        self.far_too_large = Spell(log)  # broker publications over the overlay's message limit
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:

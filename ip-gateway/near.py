@@ -16,7 +16,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from c2dtn.ip_gateway import near_core as nc
-from c2dtn.overlay.store import QuotaExceeded
+from c2dtn.overlay.store import QuotaExceeded, TooLarge
 from c2dtn.spells import Spell
 
 if TYPE_CHECKING:
@@ -85,6 +85,9 @@ class NearSide:
                     self.gw.submit_many(ev.envelopes, ev.marks)
                     if ev.envelopes:
                         self._full.over("custody takes MQTT publishes again")
+                except TooLarge as e:  # NearCore refuses these first: only a batch could reach here
+                    ok = False
+                    log.warning("MQTT publishes refused: %s", e)
                 except QuotaExceeded as e:
                     ok = False
                     self._full.hit("custody full, MQTT publishes refused (MQTT 5: 0x97; 3.1.1: disconnect): %s", e)

@@ -40,10 +40,12 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import cbor2
+
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway.policy import Policy, TopicRule
-from c2dtn.overlay.envelope import Priority
+from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Priority
 
 if TYPE_CHECKING:
     from c2dtn.overlay.custody import Mark
@@ -187,6 +189,8 @@ class _Conn:
 
 class NearCore:
     def __init__(self, policy: Policy, max_packet_size: int = 1 << 20, batch_bytes: int = 0):
+        # a batch stays well inside the overlay's message limit, with room for its client and broker
+        batch_bytes = min(batch_bytes, MAX_MESSAGE_BYTES // 2)
         self.policy = policy
         self.max_packet_size = max_packet_size
         self.batch_bytes = batch_bytes  # QoS 0/1 publishes read together share an envelope up to this (0: never)
@@ -322,7 +326,10 @@ class NearCore:
                 out.append(env)
                 out_marks.append(mark)
                 continue
-            n = len(env.fields["p"]) + len(env.fields["t"])
+            # topic, payload and properties; the rest of a part is a few bytes (MAX_PARTS of them fit
+            # in the room the cap on batch_bytes leaves under the message limit)
+            x = env.fields["x"]
+            n = len(env.fields["p"]) + len(env.fields["t"]) + (len(cbor2.dumps(x)) if x else 0)
             if run and ((run[0][0].far, run[0][0].life, run[0][0].priority) != (env.far, env.life, env.priority)
                         or size + n > self.batch_bytes):
                 flush()
@@ -478,6 +485,11 @@ class NearCore:
             self.counters["held_local"] += 1
         else:
             fields = {"t": p.topic, "p": p.payload, "q": p.qos, "r": p.retain, "x": s.props_out(p.properties)}
+            size = s.packed_size("pub", sess.client, sess.broker, fields)
+            if size > MAX_MESSAGE_BYTES:  # refused before anything of it is acknowledged (no PUBACK)
+                self.counters["refused_too_large"] += 1
+                return m.Reason.PACKET_TOO_LARGE, (f"a publish to {p.topic[:80]!r} of {size} bytes as a message is "
+                                                   f"over the overlay's limit of {MAX_MESSAGE_BYTES} bytes")
             key, life = rule.key(p.topic), lifetime_ms(rule, p)
             # a PUBLISH resent with DUP after this gateway crashed between its commit and the client
             # hearing PUBACK is the same (client, packet id, content): custody skips it

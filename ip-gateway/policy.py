@@ -66,7 +66,7 @@ from typing import Any
 from c2dtn.errors import ConfigError
 from c2dtn.tomlfile import check_name, check_table
 from c2dtn.ip_gateway.mqtt import MqttError, check_topic_filter, topic_matches
-from c2dtn.overlay.envelope import Priority
+from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Priority
 
 
 @dataclass(frozen=True)
@@ -257,10 +257,11 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     cfg.tproxy, cfg.tproxy_port = _tproxy(src, "gateway", g, cfg.tproxy_port)
     if "max_packet_size" in g:
         v = g["max_packet_size"]
-        if not isinstance(v, int) or isinstance(v, bool) or not 64 <= v <= 1 << 28:
-            raise ConfigError(src, "gateway.max_packet_size", v, "must be 64 to 268435456 bytes")
+        if not isinstance(v, int) or isinstance(v, bool) or not 64 <= v <= MAX_MESSAGE_BYTES:
+            raise ConfigError(src, "gateway.max_packet_size", v,
+                              f"must be 64 to {MAX_MESSAGE_BYTES} bytes (the largest message the overlay carries)")
         cfg.max_packet_size = v
-    for k, lo, hi in (("far_queue", 1, 1 << 20), ("max_far_sessions", 1, 1 << 20), ("batch_bytes", 0, 1 << 20)):
+    for k, lo, hi in (("far_queue", 1, 1 << 20), ("max_far_sessions", 1, 1 << 20), ("batch_bytes", 0, MAX_MESSAGE_BYTES // 2)):
         if k in g:
             v = g[k]
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:

@@ -48,8 +48,11 @@ def dump(near: dict[str, NearSession], far: dict[str, dict]) -> bytes:
 def write(path: Path, data: bytes) -> None:
     """Put dump()'s bytes in place (any thread: the gateway writes from a worker)."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    with open(tmp, "rb+") as fh:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # subscriptions and wills: the owner's alone
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
         os.fsync(fh.fileno())
     tmp.replace(path)
 

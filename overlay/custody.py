@@ -73,8 +73,9 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
-from c2dtn.overlay.envelope import INC_BITS, Envelope, Priority, in_runs, runs_total, source_key, source_node
-from c2dtn.overlay.store import Delivery, OutItem, Quota, QuotaExceeded, Received, Store
+from c2dtn.overlay.envelope import (INC_BITS, MAX_MESSAGE_BYTES, Envelope, Priority, in_runs, runs_total, source_key,
+                                    source_node)
+from c2dtn.overlay.store import Delivery, OutItem, Quota, QuotaExceeded, Received, Store, TooLarge
 from c2dtn.overlay.store_sqlite import SqliteStore
 
 # A submitted message's mark (key, digest, repeat: see Custody.submit_many), or a list of them for an
@@ -217,6 +218,10 @@ class Custody:
         of marks (an envelope holding several messages, none a repeat) records each."""
         st = self.records
         items = list(items)
+        for i in items:
+            if len(i[1]) > MAX_MESSAGE_BYTES:
+                raise TooLarge(f"a message of {len(i[1])} bytes for {i[0]} is over the overlay's limit of "
+                               f"{MAX_MESSAGE_BYTES} bytes; nothing of this batch was accepted")
         marks = list(marks) if marks is not None else [None] * len(items)
         seqs: list[int | None] = []
         with st.transaction():

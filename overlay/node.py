@@ -27,10 +27,11 @@ from c2dtn.overlay.config import NodeConfig
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay import api
 from c2dtn.overlay.custody import CustodyStore, QuotaExceeded
-from c2dtn.overlay.store import StoreFull
-from c2dtn.overlay.envelope import Codec, Priority
+from c2dtn.overlay.store import StoreFull, TooLarge
+from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Codec, Priority
 from c2dtn.overlay.supervisor import Supervisor
 from c2dtn.overlay.syncer import Syncer
+from c2dtn.private import private_dir
 from c2dtn.spells import Spell
 
 log = logging.getLogger("c2dtn.node")
@@ -73,7 +74,7 @@ def now_ms() -> int:
 class OverlayNode:
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
-        cfg.storage.mkdir(parents=True, exist_ok=True)
+        private_dir(cfg.storage)  # custody, sessions and the agent's store: orders in every one
         self.sup = Supervisor(cfg, on_restart=self._agent_restarted)
         self.agent = self.sup.agent
         self.core: OverlayCore | None = None
@@ -408,7 +409,7 @@ class OverlayNode:
 
     # -- local API -----------------------------------------------------------
     async def _serve_api(self) -> None:
-        app = web.Application(client_max_size=16 << 20)
+        app = web.Application(client_max_size=MAX_MESSAGE_BYTES)  # larger: 413 before anything is read
         app.add_routes([web.post("/send", self._api_send), web.get("/recv", self._api_recv),
                         web.post("/consumed", self._api_consumed), web.get("/status", self._api_status)])
         self._runner = web.AppRunner(app, access_log=None)
@@ -430,7 +431,12 @@ class OverlayNode:
             a = api.parse_send(req.query)
         except api.ApiError as e:
             return web.json_response({"error": str(e)}, status=400)
-        body = await req.read()
+        try:
+            body = await req.read()
+        except web.HTTPRequestEntityTooLarge:
+            return web.json_response({"error": f"a message of {req.content_length or 'more than ' + str(MAX_MESSAGE_BYTES)}"
+                                               f" bytes is over the overlay's limit of {MAX_MESSAGE_BYTES} bytes"},
+                                     status=413)
         try:
             # flash and immediate: planned (for this destination only) in the submit's own commit,
             # handed to the agent once it is made, before its fsync when custody allows (module doc)
@@ -453,6 +459,8 @@ class OverlayNode:
             await self.synced()
         except QuotaExceeded as e:
             return web.json_response({"error": str(e)}, status=507)
+        except TooLarge as e:
+            return web.json_response({"error": str(e)}, status=413)
         except ValueError as e:
             return web.json_response({"error": str(e)}, status=400)
         except OSError as e:

@@ -47,6 +47,7 @@ from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig, load_node_config
 from c2dtn.overlay.envelope import CONTAINER_VERSION, K_DST, MAX_CONTAINER_BYTES, TAG_BYTES
+from c2dtn.private import private_dir, private_sqlite
 from c2dtn.strict_cbor import StrictCBORError, short
 from c2dtn.strict_cbor import loads as strict_loads
 from c2dtn.tomlfile import NAME, check_name, check_table, read_toml
@@ -153,6 +154,7 @@ class RelayCore:
 
     @classmethod
     def open(cls, path: Path | str, members: dict[str, set[str]], max_bytes: int = 256 << 20) -> RelayCore:
+        private_sqlite(path)
         db = sqlite3.connect(str(path), isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
@@ -229,11 +231,11 @@ class Relay:
         from c2dtn.overlay.supervisor import Supervisor
 
         self.cfg = cfg
-        cfg.storage.mkdir(parents=True, exist_ok=True)
+        private_dir(cfg.storage)
         # the relay takes each agent's endpoint itself: to the drivers it is the overlay there
         self.islands = {c.agent: dataclasses.replace(c, overlay=True) for c in cfg.islands}
         for c in self.islands.values():
-            c.storage.mkdir(parents=True, exist_ok=True)
+            private_dir(c.storage)
         self.core = RelayCore.open(cfg.db, {k: island_members(c) for k, c in self.islands.items()}, cfg.max_bytes)
         self.sups = {k: Supervisor(c, on_restart=self._restarted(k)) for k, c in self.islands.items()}
         self.wake = {k: asyncio.Event() for k in self.islands}

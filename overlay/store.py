@@ -44,6 +44,10 @@ class QuotaExceeded(C2Error):
     pass
 
 
+class TooLarge(C2Error, ValueError):
+    """A message over envelope.MAX_MESSAGE_BYTES: refused at entry (HTTP 413, MQTT 0x95, CoAP 4.13)."""
+
+
 REPORTS_KEPT = 10_000  # report rows a store keeps (the newest)
 
 

@@ -53,6 +53,7 @@ from pathlib import Path
 
 from c2dtn.errors import C2Error
 from c2dtn.overlay.envelope import Priority
+from c2dtn.private import private_sqlite
 from c2dtn.overlay.store import REPORTS_KEPT, Delivery, OutItem, StoreFull, register
 
 SCHEMA = """
@@ -205,6 +206,7 @@ class SqliteStore:
         self.commits = 0  # durable commits so far (sync="thread": on disk once sync_wal() ran after them)
         self._wal_fd: int | None = None
         self._wal_lock = threading.Lock()
+        private_sqlite(self.path)  # every order is in it: 0600 in a 0700 folder
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns

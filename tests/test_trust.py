@@ -171,3 +171,135 @@ def test_an_ack_naming_a_trillion_ids_releases_what_is_held_and_costs_what_it_na
     tracemalloc.stop()
     assert res.acks == 1 and deu.store.held_out()[0] == 0 and seqs
     assert peak < 2 << 20, peak
+
+
+def test_stores_are_their_owners_alone_whatever_the_umask(tmp_path):
+    """Defect: custody.db, its WAL/SHM and mqtt-sessions.cbor were 0644 in a 0755 folder."""
+    import os
+    import stat
+
+    from c2dtn.ip_gateway import sessions_file
+    from c2dtn.overlay.custody import CustodyStore
+
+    def mode(p):
+        return stat.S_IMODE(os.stat(p).st_mode)
+
+    old = os.umask(0)  # the most permissive umask a service manager could hand down
+    try:
+        stale = tmp_path / "old"
+        stale.mkdir(mode=0o755)
+        (stale / "custody.db").touch(mode=0o644)  # as an older version left it
+        for folder in (tmp_path / "new" / "gw1", stale):
+            st = CustodyStore(folder / "custody.db", "gw1")
+            st.submit("gw4", b"FLASH: hold at phase line red", 0, 60_000, Priority.FLASH, None, "raw")
+            assert mode(folder) == 0o700
+            for f in ("custody.db", "custody.db-wal", "custody.db-shm"):
+                assert mode(folder / f) == 0o600, (folder / f, oct(mode(folder / f)))
+            st.close()
+        sessions_file.write(tmp_path / "new" / "gw1" / "mqtt-sessions.cbor", b"\xa0")
+        assert mode(tmp_path / "new" / "gw1" / "mqtt-sessions.cbor") == 0o600
+        r = RelayCore.open(tmp_path / "relay" / "relay.db", {"a": {"deu"}})
+        assert mode(tmp_path / "relay") == 0o700 and mode(tmp_path / "relay" / "relay.db") == 0o600
+        r.close()
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("version", [5, 4])
+def test_a_publish_the_far_side_could_not_take_is_refused_at_the_near_side_not_pubacked(version):
+    """Defect: the sender took 256 MB packets and 16 MB API sends while receivers refuse
+    envelopes over 1 MiB: such a message was acknowledged, resent for its lifetime, then expired."""
+    from c2dtn.ip_gateway import mqtt as m
+    from c2dtn.ip_gateway import near_core as nc
+    from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES
+    from test_near_core import Net, policy
+
+    net = Net(nc.NearCore(policy(), max_packet_size=4 << 20))
+    cid, ack = net.connect("u1", version=version)
+    assert ack.reason == 0
+    net.send(cid, m.Publish("c2/orders", b"o" * MAX_MESSAGE_BYTES, 1, packet_id=7), version)
+    got = net.take(cid)
+    assert not any(isinstance(p, m.PubAck) for p in got) and cid in net.closed
+    assert "pub" not in net.ops()  # nothing of it went into custody
+    if version == 5:
+        assert [p.reason for p in got] == [m.Reason.PACKET_TOO_LARGE]
+    cid2, _ = net.connect("u2", version=version)
+    net.send(cid2, m.Publish("c2/orders", b"o" * (MAX_MESSAGE_BYTES - 200), 1, packet_id=8), version)
+    assert [type(p) for p in net.take(cid2)] == [m.PubAck]  # just under the limit: carried
+
+
+def test_custody_refuses_a_message_over_the_one_limit_naming_its_size(tmp_path):
+    from c2dtn.overlay.custody import CustodyStore
+    from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES
+    from c2dtn.overlay.store import TooLarge
+
+    st = CustodyStore(tmp_path / "c.db", "gw1")
+    with pytest.raises(TooLarge, match=f"a message of {MAX_MESSAGE_BYTES + 1} bytes for gw4 is over"):
+        st.submit_many([("gw4", b"x", 60_000, Priority.FLASH, None, "raw"),
+                        ("gw4", b"x" * (MAX_MESSAGE_BYTES + 1), 60_000, Priority.FLASH, None, "raw")], 0)
+    assert st.held_out()[0] == 0  # nothing of the batch
+    st.submit("gw4", b"x" * MAX_MESSAGE_BYTES, 0, 60_000)
+    st.close()
+
+
+def test_a_message_at_the_limit_is_opened_by_its_receiver_whatever_its_content():
+    import os
+
+    from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES
+
+    a = Codec("gw1", {"gw4": b"k" * 32})
+    b = Codec("gw4", {"gw1": b"k" * 32})
+    for body in (os.urandom(MAX_MESSAGE_BYTES), b"\0" * MAX_MESSAGE_BYTES):
+        env = Envelope(Kind.DATA, "gw1", 1, "gw4", 0, 60_000, supersede="x" * 40, body=body, app="mqtt")
+        c = b.open_container(a.container([a.seal(env)]))
+        assert b.open(c.sender, c.items[0], c).body == body
+
+
+def test_a_gateway_config_cannot_take_packets_the_overlay_cannot_carry():
+    from c2dtn.errors import ConfigError
+    from c2dtn.ip_gateway.policy import parse_gateway
+
+    with pytest.raises(ConfigError, match="max_packet_size' = 268435456: must be 64 to 1048576 bytes"):
+        parse_gateway("gw.toml", {"max_packet_size": 268435456})
+    assert parse_gateway("gw.toml", {"max_packet_size": 1 << 20}).max_packet_size == 1 << 20
+
+
+def test_the_node_api_answers_413_for_a_message_over_the_limit_and_takes_one_at_it(tmp_path):
+    import asyncio
+    import threading
+
+    from c2dtn.overlay.client import ApiError, NodeClient
+    from c2dtn.overlay.config import load_node_config
+    from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES
+    from c2dtn.overlay.node import OverlayNode
+
+    p = tmp_path / "gw1.toml"
+    p.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n[agent]\nkind = "ion"\n'
+                 f'[keys]\ngw4 = "{"ab" * 32}"\n')
+    p.chmod(0o600)
+    node = OverlayNode(load_node_config(p))
+    got: dict = {}
+
+    def client():
+        c = NodeClient(node.cfg.api_socket, "gw1")
+        try:
+            c.send("gw4", b"x" * (MAX_MESSAGE_BYTES + 1))
+        except ApiError as e:
+            got["over"] = str(e)
+        got["at"] = c.send("gw4", b"x" * MAX_MESSAGE_BYTES)
+
+    async def main():
+        node.syncer.start()
+        await node._serve_api()
+        th = threading.Thread(target=client)
+        th.start()
+        while th.is_alive():
+            await asyncio.sleep(0.01)
+        await node._runner.cleanup()
+        node.syncer.stop()
+
+    asyncio.run(main())
+    held = node.core.store.held_out()[0]
+    node.core.store.close()
+    assert f"a message of {MAX_MESSAGE_BYTES + 1} bytes is over the overlay's limit" in got["over"]
+    assert got["at"]["seq"] and held == 1
