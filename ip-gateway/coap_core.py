@@ -202,7 +202,7 @@ class Submit:
     body: bytes
     lifetime_ms: int
     priority: Priority
-    mark: tuple[str, bytes, bool]
+    mark: tuple[str, bytes, bool | int]
     then: list[Reply]
     key: tuple[Addr, int]  # the exchange, told of the commit by `committed`
 
@@ -334,7 +334,8 @@ class NearCoap:
                             **({"obs": m.opt.observe} if m.opt.observe in (0, 1) and m.code == Code.GET else {})})
         self.counters["requests"] += 1
         then = [Reply(empty(Type.ACK, m.mid), client, via)] if con else []
-        mark = (f"coap:{client[0]}:{client[1]}:{m.mid}", digest, True)
+        # a repeat of a message id only within EXCHANGE_LIFETIME (RFC 7252 4.5: it may be reused after)
+        mark = (f"coap:{client[0]}:{client[1]}:{m.mid}", digest, EXCHANGE_LIFETIME_MS)
         return [Submit(dst, body, rule.lifetime_s * 1000, rule.priority, mark, then, key)]
 
     def _gather(self, m: Message, client: Addr, via: Addr, now_ms: int) -> Reply | bytes:

@@ -96,6 +96,8 @@ class NearSide:
                         self._reply_when_synced(ev.conn)
                     else:
                         q.extendleft(reversed(self.core.committed(ev.conn, ok, time.time())))
+            elif isinstance(ev, nc.Answered):
+                self.gw.core.store.marks_answered(ev.keys)
             elif isinstance(ev, nc.Done):
                 self.gw.delivered(ev.inbox_id)
             elif isinstance(ev, nc.Release):

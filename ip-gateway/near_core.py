@@ -19,7 +19,8 @@ need the commit wait for it), Done(inbox id) (the client took a delivery, or it 
 dropped for this client), Release(ids) (deliveries a departed client never acked:
 hand them out again when it is back), SessionsChanged (persist), Resume(client)
 (a session is back: hand it what waited in custody), Ended(client) (a session expired:
-what waited for it is dropped).
+what waited for it is dropped), Answered(keys) (the PUBACKs of publishes with these custody
+marks were written: drop the marks, so a DUP reusing the packet id is a new message).
 
 What MQTT 5 asks of a server here, beyond QoS 0/1/2 both ways and keep alive:
 session expiry (a session outlives its connection by its Session Expiry Interval;
@@ -105,7 +106,14 @@ class Ended:
     client: str
 
 
-Event = Write | Close | Submit | Done | Release | SessionsChanged | Resume | Ended
+@dataclass(frozen=True)
+class Answered:
+    """The PUBACK/PUBREC of these publishes (their custody marks' keys) were written: a DUP with
+    the same packet id is a new message from now on (the client may reuse a PUBACKed id)."""
+    keys: list[str]
+
+
+Event = Write | Close | Submit | Done | Release | SessionsChanged | Resume | Ended | Answered
 
 
 PUB_PIDS = 60_000
@@ -180,6 +188,7 @@ class _Conn:
         self.closing = False  # DISCONNECT seen or an error: close once the replies are out
         self.closed = False
         self.pending: list[m.Packet] = []  # replies waiting for a commit
+        self.pending_marks: list[str] = []  # the custody marks of the publishes those replies answer
         self.resume = False
 
     @property
@@ -286,6 +295,7 @@ class NearCore:
                 break
         if envs:
             c.pending += replies
+            c.pending_marks += [k for mk in marks if mk is not None for k, _d, _r in ([mk] if isinstance(mk, tuple) else mk)]
             envs, marks = self._batched(envs, marks)
             evs.append(Submit(c.id, envs, marks))
             return evs
@@ -353,10 +363,11 @@ class NearCore:
         if c is None:
             return []
         replies, c.pending = c.pending, []
+        keys, c.pending_marks = c.pending_marks, []
         if c.closed:
             return []
         if ok:
-            return self._reply(c, replies, now)
+            return self._reply(c, replies, now) + ([Answered(keys)] if keys else [])
         log.debug("custody full: refusing what client %s sent", c.sess.client if c.sess else "?")  # the shell logs the spell
         self.counters["refused_quota"] += 1
         if c.version != 5:

@@ -80,7 +80,9 @@ from c2dtn.overlay.store_sqlite import SqliteStore
 
 # A submitted message's mark (key, digest, repeat: see Custody.submit_many), or a list of them for an
 # envelope holding several messages, or None
-Mark = tuple[str, bytes, bool] | list[tuple[str, bytes, bool]] | None
+# (key, digest, repeat): repeat is False (a first sending), True (a resend: skipped while the mark
+# stands) or a window in ms (skipped only within that long of the mark: CoAP's EXCHANGE_LIFETIME)
+Mark = tuple[str, bytes, bool | int] | list[tuple[str, bytes, bool | int]] | None
 
 __all__ = ["Custody", "CustodyStore", "Delivery", "OutItem", "Quota", "QuotaExceeded", "Received"]
 
@@ -239,7 +241,10 @@ class Custody:
                     marked.update((key, digest) for key, digest, _repeat in mark)
                 elif mark is not None:
                     key, digest, repeat = mark
-                    if repeat and (marked[key] if key in marked else st.mark_get(key)) == digest:
+                    got = (marked[key], now_ms) if key in marked else st.mark_get(key)
+                    # a repeat only while its mark stands, and within `repeat` ms when that is a window
+                    if (repeat and got is not None and got[0] == digest
+                            and (repeat is True or now_ms - got[1] <= repeat)):
                         st.bump("repeats_skipped")
                         seqs.append(None)
                         continue
@@ -359,6 +364,14 @@ class Custody:
         """New retransmission times for envelopes in flight."""
         with self.records.transaction(durable=False):
             self.records.out_set_retry(retry_at_ms)
+
+    def marks_answered(self, keys: Iterable[str]) -> None:
+        """The client heard that these were taken (PUBACK written): their marks go, so that a DUP
+        reusing the packet id is a new message (QoS 1 stays at least once)."""
+        keys = list(keys)
+        if keys:
+            with self.records.transaction(durable=False):
+                self.records.mark_drop(keys)
 
     def held_in(self, runs: list[tuple[int, int]]) -> list[int]:
         """The seqs of envelopes held that an ack's runs name: at most what is held, however

@@ -180,9 +180,12 @@ class MemoryStore:
         for seq in [s for s in self.s["members"] if s not in self.s["out"]]:
             del self.s["members"][seq]
 
-    def mark_get(self, key: str) -> bytes | None:
-        m = self.s["marks"].get(key)
-        return m[0] if m else None
+    def mark_get(self, key: str) -> tuple[bytes, int] | None:
+        return self.s["marks"].get(key)
+
+    def mark_drop(self, keys: list[str]) -> None:
+        for k in keys:
+            self.s["marks"].pop(k, None)
 
     def mark_set(self, marks: dict[str, bytes], at_ms: int) -> None:
         for key, digest in marks.items():

@@ -664,9 +664,12 @@ class SqliteStore:
     def member_acks_prune(self) -> None:
         self.db.execute("DELETE FROM member_acks WHERE seq NOT IN (SELECT seq FROM outbox)")
 
-    def mark_get(self, key: str) -> bytes | None:
-        row = self.db.execute("SELECT digest FROM marks WHERE key=?", (key,)).fetchone()
-        return row[0] if row else None
+    def mark_get(self, key: str) -> tuple[bytes, int] | None:
+        row = self.db.execute("SELECT digest, at_ms FROM marks WHERE key=?", (key,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def mark_drop(self, keys: list[str]) -> None:
+        self.db.executemany("DELETE FROM marks WHERE key=?", [(k,) for k in keys])
 
     def mark_set(self, marks: dict[str, bytes], at_ms: int) -> None:
         self.db.executemany("INSERT OR REPLACE INTO marks(key, digest, at_ms) VALUES(?,?,?)",

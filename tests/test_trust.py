@@ -303,3 +303,71 @@ def test_the_node_api_answers_413_for_a_message_over_the_limit_and_takes_one_at_
     node.core.store.close()
     assert f"a message of {MAX_MESSAGE_BYTES + 1} bytes is over the overlay's limit" in got["over"]
     assert got["at"]["seq"] and held == 1
+
+
+def _client_reuses_an_acked_packet_id(net, store, answered: bool):
+    """u1 publishes "hello" with packet id 5 and hears PUBACK; later it publishes "hello" again
+    with id 5 (legal once PUBACKed), whose first transmission is lost: it arrives with DUP.
+    The shell's part is played here: Submit into custody with its marks, Answered drops them."""
+    from c2dtn.ip_gateway import mqtt as m
+    from c2dtn.ip_gateway import near_core as nc
+
+    taken = []
+
+    def run(evs):
+        for ev in evs:
+            if isinstance(ev, nc.Submit):
+                taken.extend(store.submit_many([(d, b, life, p, k, "mqtt") for d, b, life, p, k in ev.envelopes], 0,
+                                               ev.marks))
+                run(net.core.committed(ev.conn, True, net.now))
+            elif isinstance(ev, nc.Answered) and answered:
+                store.marks_answered(ev.keys)
+            elif isinstance(ev, nc.Write):
+                net.inbox[ev.conn] += net.readers[ev.conn].feed(ev.data)
+
+    cid, _ = net.connect("u1", version=4)
+    for dup in (False, True):
+        run(net.core.data(cid, m.encode(m.Publish("c2/orders", b"hello", 1, packet_id=5, dup=dup), 4), net.now))
+    return [p for p in net.take(cid) if isinstance(p, m.PubAck)], taken[-2:]
+
+
+def test_a_dup_reusing_a_pubacked_packet_id_is_a_new_message(tmp_path):
+    """Defect: the mark (client, packet id, content hash) was kept 7 days, so the second message
+    was PUBACKed and never entered custody."""
+    from c2dtn.ip_gateway import near_core as nc
+    from c2dtn.overlay.custody import CustodyStore
+    from test_near_core import Net, policy
+
+    st = CustodyStore(tmp_path / "c.db", "gw1")
+    acks, seqs = _client_reuses_an_acked_packet_id(Net(nc.NearCore(policy())), st, answered=True)
+    assert len(acks) == 2 and all(s is not None for s in seqs), seqs
+    assert st.held_out()[0] == 2  # both messages
+    st.close()
+
+
+def test_a_dup_whose_pubacks_was_never_written_is_still_a_resend(tmp_path):
+    """The case marks exist for: custody took it, the gateway died before the PUBACK went out."""
+    from c2dtn.ip_gateway import near_core as nc
+    from c2dtn.overlay.custody import CustodyStore
+    from test_near_core import Net, policy
+
+    st = CustodyStore(tmp_path / "c.db", "gw1")
+    acks, seqs = _client_reuses_an_acked_packet_id(Net(nc.NearCore(policy())), st, answered=False)
+    assert len(acks) == 2 and seqs[0] is not None and seqs[1] is None and st.held_out()[0] == 1
+    st.close()
+
+
+def test_a_coap_message_id_reused_after_exchange_lifetime_is_a_new_request(tmp_path):
+    """Defect: a CoAP message id reused after EXCHANGE_LIFETIME (RFC 7252 allows it) was ACKed
+    and never forwarded: the custody mark outlived the exchange by days."""
+    from c2dtn.ip_gateway.coap_core import EXCHANGE_LIFETIME_MS
+    from c2dtn.overlay.custody import CustodyStore
+
+    st = CustodyStore(tmp_path / "c.db", "gw1")
+    mark = ("coap:10.0.0.2:40000:17", b"d" * 8, EXCHANGE_LIFETIME_MS)
+    first = st.submit_many([("gw4", b"POST /orders", 60_000, Priority.FLASH, None, "coap")], 0, [mark])
+    again = st.submit_many([("gw4", b"POST /orders", 60_000, Priority.FLASH, None, "coap")], 200_000, [mark])
+    later = st.submit_many([("gw4", b"POST /orders", 60_000, Priority.FLASH, None, "coap")],
+                           200_000 + EXCHANGE_LIFETIME_MS + 1, [mark])
+    assert first[0] is not None and again == [None] and later[0] is not None
+    st.close()
