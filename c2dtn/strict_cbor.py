@@ -27,11 +27,13 @@ _LEN = {24: 1, 25: 2, 26: 4, 27: 8}
 
 
 # cbor2 has no switch to refuse tags 28/29 or array map keys, nor an item bound: hence this walk
-def check(data: bytes, max_depth: int = MAX_DEPTH, sequence: bool = False) -> None:
+def check(data: bytes, max_depth: int = MAX_DEPTH, sequence: bool = False, max_items: int | None = None) -> None:
     """Raise StrictCBORError unless `data` is exactly one item of the strict subset, or with
-    `sequence`, any number of them back to back (the inside of an indefinite-length array)."""
+    `sequence`, any number of them back to back (the inside of an indefinite-length array).
+    max_items: refused past this many items (arrays, maps and their contents, all counted)."""
     n = len(data)
     i = 0
+    left = n if max_items is None else max_items
     todo = [n if sequence else 1]  # items still to read in each open array/map (a map counts keys and values)
     maps = [False]
     while True:
@@ -45,6 +47,9 @@ def check(data: bytes, max_depth: int = MAX_DEPTH, sequence: bool = False) -> No
         if sequence and len(todo) == 1 and i == n:
             return
         todo[-1] -= 1
+        left -= 1
+        if left < 0:
+            raise StrictCBORError(f"more than {max_items} items, at offset {i}")
         is_key = maps[-1] and todo[-1] % 2 == 1
         if i >= n:
             raise StrictCBORError(f"ends at offset {i} inside an item")
@@ -87,7 +92,8 @@ def check(data: bytes, max_depth: int = MAX_DEPTH, sequence: bool = False) -> No
             raise StrictCBORError(f"simple value {val} at offset {at}")
 
 
-def loads(data: bytes, max_depth: int = MAX_DEPTH, indefinite_array: bool = False) -> object:
+def loads(data: bytes, max_depth: int = MAX_DEPTH, indefinite_array: bool = False,
+          max_items: int | None = None) -> object:
     """Decode one item of the strict subset (StrictCBORError names what is wrong).
     indefinite_array: the item may be one indefinite-length array whose items are in the
     subset (a BPv7 bundle, RFC 9171 §4.1)."""
@@ -95,9 +101,9 @@ def loads(data: bytes, max_depth: int = MAX_DEPTH, indefinite_array: bool = Fals
     if indefinite_array and data[:1] == b"\x9f":
         if data[-1:] != b"\xff":
             raise StrictCBORError(f"indefinite-length array of {len(data)} bytes does not end with a break")
-        check(data[1:-1], max_depth - 1, sequence=True)
+        check(data[1:-1], max_depth - 1, sequence=True, max_items=max_items)
     else:
-        check(data, max_depth)
+        check(data, max_depth, max_items=max_items)
     try:
         return cbor2.loads(data)
     except Exception as e:  # cannot happen for what passed check(); named all the same

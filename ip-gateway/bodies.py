@@ -17,6 +17,7 @@ keep one split session per client.  Each envelope body is a CBOR map:
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import cbor2
@@ -95,11 +96,21 @@ def props_out(props: m.Properties) -> dict:
 
 
 def props_in(x: dict) -> m.Properties:
+    """A peer's properties, each of the type MQTT gives it (checked by encoding them)."""
     out = {}
     for k, v in x.items():
         if k not in m.PROPERTY_IDS:
             raise BodyError(f"unknown MQTT property {short(k)}")
-        out[k] = [tuple(p) for p in v] if k == "user_property" else v
+        if k == "user_property":
+            if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str)
+                                                                                           for s in p) for p in v):
+                raise BodyError(f"user_property is not a list of [name, value] strings: {short(v)}")
+            v = [tuple(p) for p in v]
+        out[k] = v
+    try:
+        m.encode_properties(out)
+    except (ValueError, TypeError, OverflowError, struct.error) as e:
+        raise BodyError(f"MQTT properties of the wrong type or size: {str(e)[:100]}") from None
     return out
 
 

@@ -29,6 +29,7 @@ from c2dtn.ip_gateway.policy import GatewayConfig
 from c2dtn.overlay.custody import Mark
 from c2dtn.overlay.store import Delivery
 from c2dtn.overlay.node import now_ms
+from c2dtn.strict_cbor import short
 from c2dtn.spells import Spell
 
 log = logging.getLogger("c2dtn.gateway")
@@ -256,7 +257,7 @@ class MqttGateway:
             if msg["op"] == "bpub":
                 if self.bridge is None or not self.bridge.accepts(msg["t"]):
                     self.counters["bridge_refused"] += 1
-                    log.warning("bridged publication on %r from %s refused: %s", msg["t"], d.origin,
+                    log.warning("bridged publication on %s from %s refused: %s", short(msg["t"]), d.origin,
                                 "no bridge here" if self.bridge is None else "no `in` filter matches")
                     self.delivered(d.id)
                     continue

@@ -689,6 +689,9 @@ def _props(props: Properties) -> bytes:
     return _varint(len(out)) + bytes(out)
 
 
+encode_properties = _props  # a property table's wire form: ValueError/TypeError/struct.error if a value is wrong
+
+
 def encode(p: Packet, version: int = 4) -> bytes:
     v5 = version == 5
     flags = 0

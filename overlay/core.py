@@ -37,9 +37,15 @@ ACK_REPEAT_MS = 10_000
 # long, so one lost envelope whose sender gave up cannot stall a class forever.
 DEFAULT_MAX_HOLD_MS = 300_000
 
-# Envelopes of app "ping" are answered by the node itself with "pong" (`c2dtn ping`).
+REJECT_LINE_MAX = 300  # characters of a rejection kept and logged (messages name peer values by prefix)
+
+# Envelopes of app "ping" are answered by the node itself with "pong" (`c2dtn ping`).  A peer's
+# pings cannot fill custody: an answer lives at most PONG_LIFETIME_MAX_MS, and no more than
+# PONGS_HELD_MAX answers to one peer are held at once (further pings go unanswered, counted).
 PING_APP = "ping"
 PONG_APP = "pong"
+PONG_LIFETIME_MAX_MS = 600_000
+PONGS_HELD_MAX = 64
 
 
 @dataclass
@@ -73,6 +79,7 @@ class OverlayCore:
         self.answers: tuple[list[Outgoing], bool] | None = None  # see on_bundles
         self._ack_bytes_due = min(ACK_BYTES, cfg.init_window // 2)
         self._acks_recent: dict[str, list[tuple[int, list[int], list[int]]]] = {}  # source -> (sent, done, got)
+        self._pongs: dict[str, list[int]] = {}  # peer -> seqs of answers to its pings, maybe still held
 
     @property
     def node(self) -> str:
@@ -202,16 +209,31 @@ class OverlayCore:
         the pings answered, (source, seq), and each one's answer's seq."""
         pings = self.store.inbox(1000, app=PING_APP)
         pong_of = {}  # (node, seq) of a ping -> its answer's seq
+        unanswered: list[str] = []
         for d in pings:
+            owed = self._pongs.setdefault(d.origin, [])
+            if len(owed) >= PONGS_HELD_MAX:  # still held for it: those released are forgotten first
+                owed[:] = list(self.store.records.out_get(owed))
+            if len(owed) >= PONGS_HELD_MAX:
+                self.store.count_event("pings_unanswered")
+                unanswered.append(f"{d.origin}:{d.seq}: {len(owed)} answers to it still held")
+                continue
             try:
-                pong_of[(d.origin, d.seq)] = self.submit(d.origin, d.body, now_ms, d.lifetime_ms, Priority.FLASH,
-                                                         app=PONG_APP)
+                pong_of[(d.origin, d.seq)] = seq = self.submit(d.origin, d.body, now_ms,
+                                                               min(d.lifetime_ms, PONG_LIFETIME_MAX_MS),
+                                                               Priority.FLASH, app=PONG_APP)
+                owed.append(seq)
             except (ValueError, QuotaExceeded) as e:
-                log.warning("cannot answer ping %s:%d: %s", d.origin, d.seq, e)
+                self.store.count_event("pings_unanswered")
+                unanswered.append(f"{d.origin}:{d.seq}: {e}")
+        if unanswered:  # one line for the pass, however many (a peer's flood must not flood the log)
+            log.warning("%d pings not answered; the first, %s", len(unanswered), unanswered[0][:REJECT_LINE_MAX])
         gone = self.store.consumed([d.id for d in pings])  # (source, seq): the inbox keeps the source
         return {(src, seq): pong_of[(source_node(src), seq)] for src, seq in gone if (source_node(src), seq) in pong_of}
 
     def _apply(self, res: BundleResult, sender: str, envs: list, now_ms: int) -> None:
+        done: list[tuple[int, int]] = []
+        got: list[tuple[int, int]] = []
         for env in envs:
             try:
                 if env.kind == Kind.ACK:
@@ -220,7 +242,8 @@ class OverlayCore:
                     ack = decode_ack_body(env.body, self.store.source)
                     if not ack.found and any(source_node(k) == self.node for k in ack.sources):
                         self.store.count_event("acks_other_incarnation")
-                    self.sched.on_ack(sender, self.store.held_in(ack.done), self.store.held_in(ack.got), now_ms)
+                    done += ack.done
+                    got += ack.got
                     res.acks += 1
                 else:
                     r = self.store.receive(env, now_ms)
@@ -234,9 +257,11 @@ class OverlayCore:
             except EnvelopeError as e:
                 self._reject(res, f"{env.kind.name.lower()} envelope {env.origin}:{env.seq} from {sender!r} "
                                   f"rejected ({e.reason}): {e}", e.reason)
+        if done or got:  # the bundle's acks, merged: one look at what is held, however many acks it carries
+            self.sched.on_ack(sender, self.store.held_in(done), self.store.held_in(got), now_ms)
 
     def _reject(self, res: BundleResult, line: str, reason: str) -> None:
-        res.rejected.append(line)
+        res.rejected.append(line[:REJECT_LINE_MAX])
         self.store.count_event(f"rejected:{reason}")
 
     @staticmethod

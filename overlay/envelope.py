@@ -67,8 +67,13 @@ MAX_MESSAGE_BYTES = 1 << 20
 MAX_ENVELOPE_BYTES = MAX_MESSAGE_BYTES + (64 << 10)  # the sealed map: a body travels plain if compression does not pay
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # a body after decompression (guards against zip bombs)
 MAX_CONTAINER_BYTES = 8 << 20
+# what a bundle's bodies may add up to once decompressed: senders close a bundle before it (the
+# scheduler), so a receiver holds at most this much of one bundle whatever the bodies compress to
+MAX_BUNDLE_PLAIN_BYTES = 8 << 20
 MAX_ENVELOPES_PER_BUNDLE = 4096
 MAX_GROUP_MEMBERS = 256
+# CBOR items a container may hold: [version, sender, [[map, tag] x n], [tag x members]]
+CONTAINER_ITEMS_MAX = 1 + 3 + (1 + 3 * MAX_ENVELOPES_PER_BUNDLE) + (1 + MAX_GROUP_MEMBERS)
 
 
 class Kind(IntEnum):
@@ -234,15 +239,21 @@ def _unzstd(zdict) -> "zstandard.ZstdDecompressor":
     return d
 
 
-def _decompress(comp: int, data: bytes, zdicts: dict) -> bytes:
+def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYTES) -> bytes:
+    """The plain body, refused (Oversize) past `budget` bytes (at most MAX_BODY_BYTES)."""
+    budget = min(budget, MAX_BODY_BYTES)
+    if comp == Compression.NONE:
+        if len(data) > budget:
+            raise Oversize(f"body of {len(data)} bytes, over the {budget} this bundle may still open to")
+        return data
     try:
         if comp == Compression.NONE:
             return data
         if comp == Compression.ZLIB:
             d = zlib.decompressobj()
-            out = d.decompress(data, MAX_BODY_BYTES)
+            out = d.decompress(data, budget)
             if d.unconsumed_tail:
-                raise Oversize(f"body inflates beyond {MAX_BODY_BYTES} bytes")
+                raise Oversize(f"body inflates beyond the {budget} bytes this bundle may still open to")
             return out
         if comp in (Compression.ZSTD, Compression.ZSTD_DICT, Compression.ZSTD_DICT2) and zstandard is not None:
             zdict = None
@@ -254,9 +265,12 @@ def _decompress(comp: int, data: bytes, zdicts: dict) -> bytes:
             # (max_output_size only bounds frames that do not): a forged size is refused first
             # (found by perf fuzz: a 20-byte body asked for gigabytes, MemoryError)
             declared = zstandard.frame_content_size(data)
-            if declared > MAX_BODY_BYTES:
-                raise Oversize(f"body declares {declared} bytes decompressed, over {MAX_BODY_BYTES}")
-            return _unzstd(zdict).decompress(data, max_output_size=MAX_BODY_BYTES)
+            if declared > budget:
+                raise Oversize(f"body declares {declared} bytes decompressed, over the {budget} this bundle may still open to")
+            out = _unzstd(zdict).decompress(data, max_output_size=budget)
+            if len(out) > budget:
+                raise Oversize(f"body inflates beyond the {budget} bytes this bundle may still open to")
+            return out
     except (zlib.error, getattr(zstandard, "ZstdError", zlib.error)) as e:
         raise Malformed(f"body does not decompress ({Compression(comp).name.lower()}): {e}") from None
     raise Malformed(f"unknown compression {short(comp)}")
@@ -298,7 +312,9 @@ class Codec:
 
     # -- sealing --------------------------------------------------------
     def seal(self, env: Envelope) -> bytes:
-        comp, wire_body = _compress(env.body, self._zdict)
+        # an ack's body travels plain: a receiver decodes it before anything else, so it must cost
+        # what it weighs on the wire (a compressed ack could inflate to megabytes of CBOR)
+        comp, wire_body = (Compression.NONE, env.body) if env.kind == Kind.ACK else _compress(env.body, self._zdict)
         m: dict[int, object] = {
             K_VERSION: ENVELOPE_VERSION, K_KIND: int(env.kind), K_ORIGIN: env.origin, K_SEQ: env.seq,
             K_DST: env.dst, K_CREATED: env.created_ms, K_LIFETIME: env.lifetime_ms,
@@ -345,7 +361,7 @@ class Codec:
         if len(payload) > MAX_CONTAINER_BYTES:
             raise Oversize(f"bundle payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
         try:
-            obj = strict_loads(payload, max_depth=3)
+            obj = strict_loads(payload, max_depth=3, max_items=CONTAINER_ITEMS_MAX)
         except StrictCBORError as e:
             raise Malformed(f"bundle payload is not strict CBOR: {e}") from None
         if not isinstance(obj, list) or len(obj) not in (3, 4):
@@ -355,6 +371,8 @@ class Codec:
             raise BadVersion(f"container version {short(version)}, this node speaks {CONTAINER_VERSION}")
         if not isinstance(sender, str) or not NAME.fullmatch(sender):
             raise Malformed(f"sender is not a node id: {short(sender)}")
+        if sender in self.groups:  # its key is every member's: a bundle "from" it proves nothing
+            raise UnknownPeer(f"sender {sender!r} is a group, not a node")
         if not isinstance(envs, list):
             raise Malformed(f"envelopes are not an array: {short(envs)}")
         if len(envs) > MAX_ENVELOPES_PER_BUNDLE:
@@ -409,6 +427,8 @@ class Codec:
             raise Oversize(f"envelope of {len(mb)} bytes exceeds {MAX_ENVELOPE_BYTES}")
         if len(tag) != TAG_BYTES:
             raise BadTag(f"tag of {len(tag)} bytes, expected {TAG_BYTES}")
+        if sender in self.groups:
+            raise UnknownPeer(f"sender {short(sender)} is a group, not a node")
         signer = None
         shared = [g for g, members in self.groups.items() if sender in members]
         for name in [sender] + shared:
@@ -427,14 +447,16 @@ class Codec:
             m = strict_loads(mb, max_depth=1)
         except StrictCBORError as e:
             raise Malformed(f"envelope map is not strict CBOR: {e}") from None
-        env = self._from_map(m, sender)
+        env = self._from_map(m, sender, container.plain_left if container is not None else MAX_BODY_BYTES)
+        if container is not None:
+            container.plain_left -= len(env.body)
         if signer != sender and env.dst != signer:
             raise BadTag(f"envelope for {short(env.dst)} sealed with the key of group {signer!r}")
         if signer == sender and env.dst in self.groups:
             raise BadTag(f"envelope for group {short(env.dst)} sealed with a pair key")
         return env
 
-    def _from_map(self, m: object, sender: str) -> Envelope:
+    def _from_map(self, m: object, sender: str, budget: int = MAX_BODY_BYTES) -> Envelope:
         if not isinstance(m, dict):
             raise Malformed(f"envelope is not a map: {short(m)}")
         if m.get(K_VERSION) != ENVELOPE_VERSION:
@@ -465,7 +487,9 @@ class Codec:
             raise Malformed(f"envelope field out of range (seq {seq}, created {created}, "
                             f"lifetime {lifetime}, priority {prio}, incarnation {inc})")
         comp = get(K_COMPRESSION, int, "compression", 0)
-        body = _decompress(comp, get(K_BODY, bytes, "body", b""), self._zdicts)
+        if kind == Kind.ACK and comp != Compression.NONE:
+            raise Malformed(f"ack body compressed ({short(comp)}): acks travel plain")
+        body = _decompress(comp, get(K_BODY, bytes, "body", b""), self._zdicts, budget)
         return Envelope(
             kind=Kind(kind), origin=origin, seq=seq, dst=get(K_DST, str, "destination"),
             created_ms=created, lifetime_ms=lifetime, priority=Priority(prio),
@@ -483,6 +507,7 @@ class Container:
     items: list
     origin_tags: list[bytes] | None = None  # group bundles: one per member but the sender
     origin_ok: set = field(default_factory=set)  # groups whose origin tag was checked
+    plain_left: int = MAX_BUNDLE_PLAIN_BYTES  # plain body bytes its envelopes may still open to
 
 
 _dicts: dict[bytes, object] = {}
@@ -586,8 +611,8 @@ def _decode_runs(obj: object) -> tuple[Runs, Runs]:
             if (not isinstance(r, list) or len(r) != 2
                     or not all(isinstance(x, int) and not isinstance(x, bool) for x in r)
                     or not 0 <= r[0] <= r[1] <= MAX_SEQ):
-                raise Malformed(f"bad ack run {short(r)}" + (f": {r[0]}..{r[1]}" if isinstance(r, list)
-                                                            and len(r) == 2 else ""))
+                raise Malformed(f"bad ack run {short(r)}" + (f": {short(r[0])}..{short(r[1])}"
+                                                            if isinstance(r, list) and len(r) == 2 else ""))
             out.append((r[0], r[1]))
         lists.append(out)
     return lists[0], lists[1]

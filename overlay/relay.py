@@ -46,7 +46,7 @@ from pathlib import Path
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig, load_node_config
-from c2dtn.overlay.envelope import CONTAINER_VERSION, K_DST, MAX_CONTAINER_BYTES, TAG_BYTES
+from c2dtn.overlay.envelope import CONTAINER_ITEMS_MAX, CONTAINER_VERSION, K_DST, MAX_CONTAINER_BYTES, TAG_BYTES
 from c2dtn.private import private_dir, private_sqlite
 from c2dtn.strict_cbor import StrictCBORError, short
 from c2dtn.strict_cbor import loads as strict_loads
@@ -119,7 +119,7 @@ def payload_destination(payload: bytes) -> str:
     if len(payload) > MAX_CONTAINER_BYTES:
         raise Unroutable(f"payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
     try:
-        obj = strict_loads(payload, max_depth=3)
+        obj = strict_loads(payload, max_depth=3, max_items=CONTAINER_ITEMS_MAX)
     except StrictCBORError as e:
         raise Unroutable(f"not an overlay container (not strict CBOR: {e})") from None
     if not isinstance(obj, list) or len(obj) not in (3, 4):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from c2dtn.overlay.custody import Custody
 from c2dtn.overlay.store import OutItem
-from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body
+from c2dtn.overlay.envelope import MAX_BUNDLE_PLAIN_BYTES, Codec, Envelope, Kind, Priority, encode_ack_body
 
 ACK_LIFETIME_MS = 3600_000
 # tail probes while no ack shows progress go at doubling intervals of at most this long
@@ -309,20 +309,24 @@ class Scheduler:
             size = len(sealed[0])
         small = self.cfg.aggregate_bytes
         large = max(small, self.cfg.aggregate_large_bytes)
+        plain = sum(len(e) for e in sealed)  # the acks' bodies are plain
         all_large = True  # every envelope in the bundle so far is over `small` (they share up to `large`)
         for it in items:
             env = it.envelope(self.codec.node, floors[it.priority], self.store.inc)
             s = self.codec.seal(env)
             cap = large if len(s) > small and all_large else small
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
-            # over the aggregate size anyway (the acks ride along rather than go on their own)
-            if sealed and size + len(s) > cap and (seqs or len(s) <= cap):
+            # over the aggregate size anyway (the acks ride along rather than go on their own);
+            # and before its bodies, decompressed, pass what a receiver opens of one bundle
+            if sealed and ((size + len(s) > cap and (seqs or len(s) <= cap))
+                           or plain + len(env.body) > MAX_BUNDLE_PLAIN_BYTES):
                 bundles.append(Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx))
-                sealed, seqs, size, rtx, all_large = [], [], 0, 0, True
+                sealed, seqs, size, rtx, all_large, plain = [], [], 0, 0, True, 0
             all_large = all_large and len(s) > small
             sealed.append(s)
             seqs.append(it.seq)
             size += len(s)
+            plain += len(env.body)
             rtx += it.attempts > 0
         if sealed:
             bundles.append(Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx))

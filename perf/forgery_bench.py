@@ -17,6 +17,8 @@ member: the group key and nor's pair keys) or an outsider who captured the traff
   mutate            a genuine deu group bundle under 1-3 structural mutations of its container
                     (an item wrapped, nested or reshaped, items reordered, duplicated, dropped or
                     added, origin tags reordered or duplicated), added items re-sealed by nor
+  as-group          nor speaks as the group itself: sender and origin "fmn", sealed with the
+                    group key as if it were a pair key (an order, or a "done" ack for prt's report)
   spoof-pair        nor seals a direct envelope to prt naming deu, under the nor-prt key
   tamper            a captured genuine bundle with 1-4 random bytes changed
   replay            a captured genuine bundle sent again at once
@@ -52,8 +54,8 @@ NATIONS = ("deu", "nor", "prt", "usa")
 GROUP = "fmn"
 GROUP_KEY = hashlib.sha256(b"c2-forgery group").digest()
 LIFETIME_MS = 60_000
-CLASSES = ("spoof-untagged", "spoof-tagged", "splice", "splice-wrapped", "splice-wrapped-ack", "mutate", "spoof-pair",
-           "tamper", "replay", "replay-late", "outsider", "control")
+CLASSES = ("spoof-untagged", "spoof-tagged", "splice", "splice-wrapped", "splice-wrapped-ack", "mutate", "as-group",
+           "spoof-pair", "tamper", "replay", "replay-late", "outsider", "control")
 MUTATIONS = ("wrap", "nest", "reshape", "reorder", "duplicate", "drop", "add", "add-wrapped", "replace", "tags")
 
 
@@ -153,6 +155,14 @@ class Campaign:
             return cbor2.dumps(spliced)
         if cls == "mutate":
             return cbor2.dumps(self._mutate(cbor2.loads(self.rng.choice(self._group_bundles())), lie))
+        if cls == "as-group":
+            as_group = Codec(GROUP, {"prt": GROUP_KEY})
+            self.seq += 1
+            env = (self.Envelope(self.Kind.DATA, GROUP, self.seq, "prt", self.now, LIFETIME_MS, self.Priority.FLASH,
+                                 body=lie) if self.rng.random() < 0.5 else
+                   self.Envelope(self.Kind.ACK, GROUP, self.seq, "prt", self.now, LIFETIME_MS, self.Priority.FLASH,
+                                 body=self._ack(self.prt_report).body))
+            return as_group.container([as_group.seal(env)])
         if cls == "spoof-pair":
             as_deu = Codec("deu", {"prt": pair_key("nor", "prt")})
             return as_deu.container([as_deu.seal(self._env("prt", lie))])
@@ -245,7 +255,7 @@ class Campaign:
             why[f"crash: {type(e).__name__}"] += 1
             return
         row["accepted"] += res.taken
-        if cls in ("splice-wrapped-ack", "mutate"):  # an ack taken in deu's name is a forgery taken
+        if cls in ("splice-wrapped-ack", "mutate", "as-group"):  # an ack taken in another's name is a forgery taken
             row["accepted"] += max(0, res.acks - self._genuine_acks(payload))
         row["duplicates"] += res.duplicates
         row["expired_or_stale"] += res.data - res.taken - res.duplicates

@@ -42,7 +42,8 @@ def test_the_fuzz_corpus_replays_with_typed_refusals_only(name, tmp_path, monkey
 
 @pytest.mark.parametrize("name, finding", [
     ("container", "sharing-bomb"), ("container", "wrapped-splice"), ("envelope", "sharing-bomb-in-map"),
-    ("ack", "trillion-ids"), ("ack", "sharing-bomb"),
+    ("ack", "trillion-ids"), ("ack", "sharing-bomb"), ("ack", "run-of-strings"), ("envelope", "compressed-ack-bomb"),
+    ("container", "sender-is-group"), ("container", "million-items"), ("bodies", "user-property-string"),
 ])
 def test_the_review_findings_are_in_the_corpus_and_within_the_limits(name, finding, tmp_path, monkeypatch):
     """Each finding of the attacker's review is an entry of the corpus that `make test` replays

@@ -371,3 +371,137 @@ def test_a_coap_message_id_reused_after_exchange_lifetime_is_a_new_request(tmp_p
                            200_000 + EXCHANGE_LIFETIME_MS + 1, [mark])
     assert first[0] is not None and again == [None] and later[0] is not None
     st.close()
+
+
+def test_a_member_cannot_speak_as_the_group_itself(tmp_path):
+    """Review finding: a bundle whose sender is the group's name, sealed with the group key as if
+    it were a pair key, released prt's group report and put an order "from fmn" in its inbox."""
+    prt, nor = make(tmp_path, "prt"), make(tmp_path, "nor")
+    seq = prt.submit("fmn", b"pos prt", 0)
+    prt.poll(0)
+    as_group = Codec("fmn", {"prt": nor.codec.keys["fmn"]})
+    ack = Envelope(Kind.ACK, "fmn", 1, "prt", 0, 60_000, Priority.FLASH,
+                   body=encode_ack_body({prt.store.source: ([seq], [])}))
+    order = Envelope(Kind.DATA, "fmn", 2, "prt", 0, 60_000, Priority.FLASH, body=b"all units: withdraw now")
+    res = prt.on_bundle(as_group.container([as_group.seal(ack), as_group.seal(order)]), 10)
+    assert res.acks == 0 and res.taken == 0 and "is a group, not a node" in res.rejected[0]
+    assert prt.store.held_out()[0] == 1 and prt.take() == []
+    assert prt.store.ack_from("fmn", [seq], []) == ([], [])  # and custody takes no ack "from" a group
+
+
+# -- what the attacker's review of the first fixes found -------------------------------------
+
+def _sealed_map(codec: Codec, peer_key: bytes, m: dict) -> list:
+    import hmac
+
+    mb = cbor2.dumps(m)
+    return [mb, hmac.digest(peer_key, mb, "sha256")[:16]]
+
+
+def test_an_ack_body_travels_plain_and_a_compressed_one_is_refused(tmp_path):
+    """Finding: an ack body was decompressed before it was decoded: 209 bytes inflated to 4 MiB
+    of CBOR (2.1 s, +297 MB)."""
+    import zstandard
+
+    deu, prt = make(tmp_path, "deu"), make(tmp_path, "prt")
+    big = encode_ack_body({f"n{i}/1": (list(range(0, 400, 2)), []) for i in range(4)})
+    sealed = prt.codec.seal(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, Priority.FLASH, body=big))
+    assert len(sealed) > len(big)  # sent as it is, not compressed
+    bomb = zstandard.ZstdCompressor().compress(b"\x9a\x00\x40\x00\x00" + b"\xa0" * (4 << 20))
+    key = prt.codec.keys["deu"]
+    m = {0: 1, 1: 1, 2: "prt", 3: 2, 4: 0, 5: 60_000, 10: "deu", 9: 2, 8: bomb}
+    payload = cbor2.dumps([1, "prt", [_sealed_map(prt.codec, key, m)]])
+    assert len(payload) < 400
+    res = deu.on_bundle(payload, 0)
+    assert res.acks == 0 and "acks travel plain" in res.rejected[0]
+
+
+def test_the_acks_of_one_bundle_look_at_what_is_held_once(tmp_path):
+    """Finding: each ~75-byte ack naming every id cost a scan of all that was held (40 of them
+    in 3.6 kB: 10 s with 20,000 held)."""
+    deu, prt = make(tmp_path, "deu"), make(tmp_path, "prt")
+    seqs = [deu.submit("prt", b"r%d" % i, 0) for i in range(5)]
+    deu.poll(0)
+    scans = []
+    real = deu.store.records.out_seqs_between
+    deu.store.records.out_seqs_between = lambda lo, hi: scans.append((lo, hi)) or real(lo, hi)
+    acks = [prt.codec.seal(Envelope(Kind.ACK, "prt", i, "deu", 0, 60_000, Priority.FLASH,
+                                    body=encode_ack_body({deu.store.source: (list(range(0, 9000, 2)), [])})))
+            for i in range(40)]
+    res = deu.on_bundle(prt.codec.container(acks), 10)
+    assert res.acks == 40 and len(scans) == 1
+    assert deu.store.held_out()[0] == 5 - len([s for s in seqs if s % 2 == 0])
+
+
+def test_a_bundle_opens_to_at_most_8_mib_of_bodies_and_senders_keep_within_it(tmp_path):
+    """Finding: 40 envelopes of 4 MiB bodies compressed to 200 bytes each held 160 MiB at once."""
+    from c2dtn.overlay.envelope import MAX_BUNDLE_PLAIN_BYTES, MAX_MESSAGE_BYTES
+    from c2dtn.overlay.scheduler import SchedulerConfig
+
+    cfg = SchedulerConfig(aggregate_bytes=1 << 20, aggregate_large_bytes=4 << 20, init_window=1 << 30)
+    deu, prt = make(tmp_path, "deu", cfg), make(tmp_path, "prt", cfg)
+    for i in range(20):
+        deu.submit("prt", bytes([i]) * MAX_MESSAGE_BYTES, 0)  # each compresses to a few hundred bytes
+    out = deu.poll(0)
+    assert len(out) >= 3 and all(len(b.payload) < 64 << 10 for b in out)
+    for b in out:
+        assert prt.on_bundle(b.payload, 10).taken == len(b.seqs)  # each of the sender's bundles is taken whole
+    hostile = Codec("deu", {"prt": prt.codec.keys["deu"]})  # a compromised deu box, packing by hand
+    forged = [hostile.seal(Envelope(Kind.DATA, "deu", 100 + i, "prt", 0, 60_000, body=bytes([i]) * MAX_MESSAGE_BYTES))
+              for i in range(12)]
+    res = prt.on_bundle(hostile.container(forged), 20)
+    assert res.taken == MAX_BUNDLE_PLAIN_BYTES // MAX_MESSAGE_BYTES and len(res.rejected) == 12 - res.taken
+    assert "this bundle may still open to" in res.rejected[0]
+
+
+def test_a_ping_flood_is_answered_up_to_a_bound_with_one_log_line(tmp_path, caplog):
+    """Finding: 17 kB of pings with 10-year lifetimes filled prt's 256 MiB quota with answers,
+    and 500 unanswered pings wrote 500 lines."""
+    from c2dtn.overlay.core import PONG_LIFETIME_MAX_MS, PONGS_HELD_MAX
+
+    nor, prt = make(tmp_path, "nor"), make(tmp_path, "prt")
+    pings = [nor.codec.seal(Envelope(Kind.DATA, "nor", i + 1, "prt", 0, 10 * 365 * 86_400_000, Priority.FLASH,
+                                     body=b"p" * 100, app="ping", inc=nor.store.inc)) for i in range(500)]
+    res = prt.on_bundle(nor.codec.container(pings), 0)
+    assert res.taken == 500
+    held = prt.store.records.out_get(list(range(1, 10_000)))
+    assert len(held) == PONGS_HELD_MAX and prt.store.counters()["pings_unanswered"] == 500 - PONGS_HELD_MAX
+    assert all(it.expires_ms <= PONG_LIFETIME_MAX_MS for it in held.values())
+    assert len([r for r in caplog.records if "pings not answered" in r.getMessage()]) == 1
+
+
+def test_an_ack_run_of_strings_is_named_by_prefix_not_written_whole(tmp_path, caplog):
+    """Finding: a 235-byte ack wrote a log line of 16,777,041 characters."""
+    deu, prt = make(tmp_path, "deu"), make(tmp_path, "prt")
+    body = cbor2.dumps({deu.store.source: [[["x" * 100_000, "y" * 100_000]], []]})
+    res = deu.on_bundle(prt.codec.container([prt.codec.seal(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000,
+                                                                      body=body))]), 0)
+    assert res.acks == 0 and len(res.rejected) == 1 and len(res.rejected[0]) <= 300
+    assert all(len(r.getMessage()) <= 400 for r in caplog.records)
+
+
+def test_a_container_of_millions_of_tiny_items_is_refused_at_the_bound(tmp_path):
+    """Finding: an unauthenticated 8 MiB container of empty maps cost 6.4 s and +577 MB."""
+    from c2dtn.overlay.envelope import CONTAINER_ITEMS_MAX
+
+    payload = b"\x83\x01\x63nor\x9a\x00\x10\x00\x00" + b"\xa0" * (1 << 20)
+    prt = make(tmp_path, "prt")
+    res = prt.on_bundle(payload, 0)
+    assert f"more than {CONTAINER_ITEMS_MAX} items" in res.rejected[0]
+    with pytest.raises(Unroutable, match=f"more than {CONTAINER_ITEMS_MAX} items"):
+        payload_destination(payload)
+
+
+def test_mqtt_properties_from_a_peer_are_of_their_type():
+    """Finding: a user_property that was a 4 MiB string became 4 million 1-tuples."""
+    from c2dtn.ip_gateway import bodies
+
+    ok = bodies.pack("pub", "u1", "10.0.0.1:1883", t="c2/a", p=b"x", q=1, r=False,
+                     x={"user_property": [["unit", "DEU-1"]], "message_expiry_interval": 60})
+    assert bodies.unpack(ok)["x"]["user_property"] == [("unit", "DEU-1")]
+    for x, why in (({"user_property": "u" * 1000}, "user_property is not a list"),
+                   ({"message_expiry_interval": "soon"}, "of the wrong type"),
+                   ({"message_expiry_interval": 1 << 40}, "of the wrong type"),
+                   ({"correlation_data": b"c" * 70_000}, "of the wrong type or size")):
+        with pytest.raises(bodies.BodyError, match=why):
+            bodies.unpack(bodies.pack("pub", "u1", "10.0.0.1:1883", t="c2/a", p=b"x", q=1, r=False, x=x))
