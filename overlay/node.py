@@ -67,6 +67,11 @@ STREAM_GATHER_S = 0.020
 ANSWER_CLEAR_S = 0.005
 
 
+# The exit status of a node that stopped because its custody store failed an fsync: a service
+# manager restarts it (EX_TEMPFAIL), and it reopens the store from what is on disk.
+EXIT_STORE_FAILED = 75
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -74,6 +79,9 @@ def now_ms() -> int:
 class OverlayNode:
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
+        self.failed = False  # an fsync failed (_store_failed)
+        self.exit_code = 0
+        self._stop: asyncio.Event | None = None
         private_dir(cfg.storage)  # custody, sessions and the agent's store: orders in every one
         self.sup = Supervisor(cfg, on_restart=self._agent_restarted)
         self.agent = self.sup.agent
@@ -85,6 +93,7 @@ class OverlayNode:
             self.core = OverlayCore(store, Codec(cfg.id, cfg.keys, cfg.groups), cfg.scheduler)
             if cfg.fsync != "loop":
                 self.syncer = Syncer(store.records, inline=cfg.fsync == "auto")
+                self.syncer.on_failure = self._store_failed
         self._signal = asyncio.Event()  # the pump: look again (plan now if _poll_now, else re-arm its timer)
         self._poll_now = False
         self._plan_full = Spell(log)  # planning failed on a full disk
@@ -104,7 +113,21 @@ class OverlayNode:
         self.extensions: list = []  # objects with async start() and stop(), run inside the node (gateways)
 
     # -- lifecycle ---------------------------------------------------------
+    def _store_failed(self, err: OSError) -> None:
+        """An fsync failed: nothing more is acknowledged or handed to the agent, and the node stops
+        (exit status EXIT_STORE_FAILED), to be restarted on what its store holds on disk."""
+        if self.failed:
+            return
+        self.failed = True
+        self.exit_code = EXIT_STORE_FAILED
+        log.critical("custody fsync failed (%s): nothing more is acknowledged or sent; node %s stops so that its "
+                     "store is reopened from what is on disk (exit status %d: restart it)", err, self.cfg.id,
+                     EXIT_STORE_FAILED)
+        if self._stop is not None:
+            self._stop.set()
+
     async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop
         await self.sup.start()
         if self.syncer is not None:
             self.syncer.start()
@@ -334,6 +357,8 @@ class OverlayNode:
             self.core.store.synced(token)
 
     async def _hand_over(self, out: list, unsynced: bool = False) -> None:
+        if self.failed:  # the store is not what is on disk any more: nothing of it goes out
+            return
         if out and not unsynced:
             # the bundles carry envelopes (their seqs must never be reused, as a power cut before
             # the fsync would) and acks (a peer releases custody on them): on disk first, unless
@@ -343,6 +368,8 @@ class OverlayNode:
             except OSError:  # logged by the syncer; the envelopes go again at their retry time
                 return
         for b in out:
+            if self.failed:
+                return
             log.debug("bundle to %s: %d bytes, envelopes %s (%d resent), acks %s", b.dst, len(b.payload),
                       b.seqs, b.retransmissions, b.acks)
             for node, endpoint in self._destinations(b.dst):
@@ -589,10 +616,13 @@ def run_node(cfg: NodeConfig, extensions: list[Callable[[OverlayNode], object]] 
         node = OverlayNode(cfg)
         node.extensions = [make(node) for make in extensions]
         await node.run(stop)
+        return node.exit_code
 
     try:
         import uvloop  # a faster event loop: the node's per-envelope overhead is mostly loop and I/O
 
-        uvloop.run(main())
+        code = uvloop.run(main())
     except ImportError:
-        asyncio.run(main())
+        code = asyncio.run(main())
+    if code:
+        raise SystemExit(code)

@@ -57,6 +57,10 @@ class Syncer:
         self._stop = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        # the first failed fsync: from then on nothing waits for one (synced() raises it), since a
+        # later fsync that succeeds does not prove the pages of the failed one reached the disk
+        self.failed: OSError | None = None
+        self.on_failure = None  # called once with that error (the node stops, to reopen its store)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -65,14 +69,17 @@ class Syncer:
 
     def stop(self) -> None:
         """Stop the thread once its fsync in progress is done; waiters left get one last fsync
-        here (a clean shutdown should not make clients resend what was committed)."""
+        here (a clean shutdown should not make clients resend what was committed), unless an
+        fsync failed (then they hear that error)."""
         with self._cv:
             self._stop = True
             self._cv.notify()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._waiters:
+        if self._waiters and self.failed is not None:
+            self._done(self.store.commits, self.failed)
+        elif self._waiters:
             try:
                 self.store.sync_wal()
                 self._done(self.store.commits, None)
@@ -86,6 +93,8 @@ class Syncer:
     async def synced(self) -> None:
         """Return once every durable commit made before this call is on disk; raises OSError
         if the fsync failed (what it covered may be lost: do not acknowledge it)."""
+        if self.failed is not None:
+            raise OSError(self.failed.errno, f"an earlier custody fsync failed ({self.failed})")
         gen = self.store.commits
         if gen <= self.synced_upto:
             return
@@ -152,6 +161,10 @@ class Syncer:
             self.failures += 1
             log.error("custody fsync failed (%s): %d commits not known to be on disk are not acknowledged",
                       err, gen - self.synced_upto)
+            if self.failed is None:
+                self.failed = err
+                if self.on_failure is not None:
+                    self.on_failure(err)
         while self._waiters and self._waiters[0][0] <= gen:
             _, fut = self._waiters.popleft()
             if not fut.done():

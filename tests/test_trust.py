@@ -505,3 +505,67 @@ def test_mqtt_properties_from_a_peer_are_of_their_type():
                    ({"correlation_data": b"c" * 70_000}, "of the wrong type or size")):
         with pytest.raises(bodies.BodyError, match=why):
             bodies.unpack(bodies.pack("pub", "u1", "10.0.0.1:1883", t="c2/a", p=b"x", q=1, r=False, x=x))
+
+
+def test_after_a_failed_fsync_nothing_is_acknowledged_or_sent_and_the_node_stops(tmp_path):
+    """Defect: the process carried on after an fsync failed; the failed commit stayed in custody
+    and was sent, and a later fsync's success acknowledged a resend (Linux may have dropped the
+    failed pages: a later fsync proves nothing about them)."""
+    import asyncio
+    import errno
+    import threading
+
+    from c2dtn.overlay.client import ApiError, NodeClient
+    from c2dtn.overlay.config import load_node_config
+    from c2dtn.overlay.node import EXIT_STORE_FAILED, OverlayNode
+
+    p = tmp_path / "gw1.toml"
+    p.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\nfsync = "thread"\n[agent]\nkind = "ion"\n'
+                 f'[keys]\ngw4 = "{"ab" * 32}"\n')
+    p.chmod(0o600)
+    node = OverlayNode(load_node_config(p))
+    sent = []
+
+    async def send(dst_node, endpoint, payload, lifetime_s, priority=3):
+        sent.append(payload)
+
+    node.agent.send = send
+    store = node.core.store.records
+    real, calls = store.sync_wal, []
+
+    def flaky():  # the first fsync fails, every later one "succeeds"
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        real()
+
+    store.sync_wal = flaky
+    answers = []
+
+    def client():
+        c = NodeClient(node.cfg.api_socket, "gw1")
+        for i in range(3):
+            try:
+                answers.append(c.send("gw4", b"order %d" % i, priority="routine"))
+            except ApiError as e:
+                answers.append(str(e))
+
+    async def main():
+        stop = asyncio.Event()
+        node._stop = stop
+        node.syncer.start()
+        await node._serve_api()
+        th = threading.Thread(target=client)
+        th.start()
+        while th.is_alive():
+            await asyncio.sleep(0.01)
+        await node._hand_over(node.core.poll(10**13))  # what the pump would hand over now
+        await node._runner.cleanup()
+        node.syncer.stop()
+        return stop.is_set()
+
+    stopped = asyncio.run(main())
+    node.core.store.close()
+    assert stopped and node.exit_code == EXIT_STORE_FAILED
+    assert all("fsync failed" in str(a) for a in answers), answers  # none of the three acknowledged
+    assert sent == []  # and nothing handed to the agent
