@@ -196,10 +196,7 @@ class OverlayCore:
         envs = []
         for i, item in enumerate(c.items):
             try:
-                env = self.codec.open(sender, item, c)
-                if env.dst != self.node and env.dst not in self.codec.groups:
-                    raise _Misrouted(f"envelope for {env.dst!r} reached {self.node!r}")
-                envs.append(env)
+                envs.append(self.codec.open(sender, item, c))  # (open_container refused a bundle not for us)
             except EnvelopeError as e:
                 self._reject(res, f"envelope {i} of a bundle from {sender!r} rejected ({e.reason}): {e}", e.reason)
         return res, sender, envs
@@ -368,6 +365,3 @@ class OverlayCore:
                  if t is not None]
         return min(times) if times else None
 
-
-class _Misrouted(EnvelopeError):
-    reason = "misrouted"

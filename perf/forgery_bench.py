@@ -138,20 +138,20 @@ class Campaign:
         lie = b"deu: fall back to phase line red %d" % self.seq
         if cls == "spoof-untagged":
             as_deu = codec("nor", "deu")
-            return as_deu.container([as_deu.seal(self._env(GROUP, lie))])
+            return cbor2.dumps(cbor2.loads(as_deu.container([as_deu.seal(self._env(GROUP, lie))], GROUP))[:4])
         if cls == "spoof-tagged":
             as_deu = codec("nor", "deu")
             return as_deu.container([as_deu.seal(self._env(GROUP, lie))], GROUP)
         if cls == "splice":
-            group_bundles = [p for p in self.captured if len(cbor2.loads(p)) == 4]
+            group_bundles = [p for p in self.captured if len(cbor2.loads(p)) == 5]
             spliced = cbor2.loads(self.rng.choice(group_bundles))
-            spliced[2] = [cbor2.loads(codec("nor", "deu").seal(self._env(GROUP, lie)))]
+            spliced[3] = [cbor2.loads(codec("nor", "deu").seal(self._env(GROUP, lie)))]
             return cbor2.dumps(spliced)
         if cls in ("splice-wrapped", "splice-wrapped-ack"):
             spliced = cbor2.loads(self.rng.choice(self._group_bundles()))
             forged = (self._ack(self.prt_report) if cls.endswith("ack")
                       else self._env(GROUP, lie, priority=self.Priority.FLASH))
-            spliced[2].append(codec("nor", "deu").seal(forged))  # bytes: the sealed [map, tag], wrapped
+            spliced[3].append(codec("nor", "deu").seal(forged))  # bytes: the sealed [ciphertext, tag], wrapped
             return cbor2.dumps(spliced)
         if cls == "mutate":
             return cbor2.dumps(self._mutate(cbor2.loads(self.rng.choice(self._group_bundles())), lie))
@@ -186,7 +186,7 @@ class Campaign:
         raise ValueError(f"unknown class {cls!r}: " + ", ".join(CLASSES))
 
     def _group_bundles(self) -> list[bytes]:
-        return [p for p in self.captured if len(cbor2.loads(p)) == 4]
+        return [p for p in self.captured if len(cbor2.loads(p)) == 5]
 
     def _ack(self, seq: int):
         """A "done" ack in deu's name for prt's report `seq` (which deu never got)."""
@@ -199,7 +199,7 @@ class Campaign:
     def _mutate(self, obj: list, lie: bytes) -> list:
         """1-3 structural mutations of a genuine group container (MUTATIONS); added items are
         nor's, sealed with the group key and deu's name as their origin."""
-        items, forger = obj[2], codec("nor", "deu")
+        items, forger = obj[3], codec("nor", "deu")
         for m in self.rng.sample(MUTATIONS, self.rng.randint(1, 3)):
             i = self.rng.randrange(len(items)) if items else 0
             fresh = forger.seal(self.rng.choice([self._env(GROUP, lie), self._ack(self.prt_report)]))
@@ -222,8 +222,8 @@ class Campaign:
                 items.insert(self.rng.randrange(len(items) + 1), fresh)
             elif m == "replace" and items:
                 items[i] = cbor2.loads(fresh)
-            elif m == "tags" and obj[3]:
-                obj[3] = self.rng.choice([obj[3][::-1], obj[3] + obj[3][:1], obj[3][1:]])
+            elif m == "tags" and obj[4]:
+                obj[4] = self.rng.choice([obj[4][::-1], obj[4] + obj[4][:1], obj[4][1:]])
         return obj
 
     def _genuine_acks(self, payload: bytes) -> int:
@@ -232,8 +232,8 @@ class Campaign:
 
         try:
             obj = cbor2.loads(payload)
-            c = self.prt.codec.open_container(cbor2.dumps([obj[0], obj[1], [it for it in obj[2] if
-                                                                           isinstance(it, list)]] + obj[3:]))
+            c = self.prt.codec.open_container(cbor2.dumps([obj[0], obj[1], obj[2], [it for it in obj[3] if
+                                                                                   isinstance(it, list)]] + obj[4:]))
             return sum(self.prt.codec.open(c.sender, it, c).kind == Kind.ACK for it in c.items)
         except (EnvelopeError, Exception):
             return 0

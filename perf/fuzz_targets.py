@@ -110,17 +110,18 @@ def _env(**kw) -> E.Envelope:
     return E.Envelope(**base)
 
 
-# -- the envelope decoder, past a valid tag (the map is sealed with the right key) ----------
+# -- the envelope decoder, past a valid seal (the map is encrypted with the right key) -------
+_SEALER = E.Codec(PEER, {ME: KEY})
+
+
 def _envelope(data: bytes) -> None:
-    tag = hmac.digest(KEY, data, "sha256")[:E.TAG_BYTES]
-    env = _CODEC.open(PEER, cbor2.dumps([data, tag]))
+    env = _CODEC.open(PEER, _SEALER.seal_bytes(data, ME))
     if env.kind == E.Kind.ACK:  # as the node reads it, once opened
         E.decode_ack_body(env.body, "gw4/1f2e3d4c")
 
 
 def _envelope_seeds() -> list[bytes]:
-    sealer = E.Codec(PEER, {ME: KEY})
-    return [cbor2.loads(sealer.seal(e))[0] for e in (_env(), _env(body=bytes(range(256)) * 8, supersede=None),
+    return [_SEALER.map_bytes(e) for e in (_env(), _env(body=bytes(range(256)) * 8, supersede=None),
                                                        _env(kind=E.Kind.ACK, body=E.encode_ack_body({"gw4": ([1], [2])})))]
 
 

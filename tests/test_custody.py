@@ -256,7 +256,7 @@ def test_malformed_bundles_and_envelopes_are_counted_and_the_rest_kept(tmp_path,
     assert res.data == 1 and len(res.rejected) == 1
     # an item not in the one form a bundle holds ([map bytes, tag]) refuses the bundle whole
     res1 = b.on_bundle(a.codec.container([good, cbor2.dumps([1, 2, 3])]), 0)
-    assert res1.data == 0 and len(res1.rejected) == 1 and "item 1 is not [map bytes" in res1.rejected[0]
+    assert res1.data == 0 and len(res1.rejected) == 1 and "item 1 is not [ciphertext" in res1.rejected[0]
     res2 = b.on_bundle(b"\x00garbage", 0)
     assert len(res2.rejected) == 1
     assert [d.body for d in b.take()] == [b"good"]
@@ -1015,8 +1015,11 @@ def test_under_overload_and_loss_an_order_is_not_held_behind_a_window_of_superse
     10 % loss both ways, an immediate order every 10 s, the testbed's scheduler settings.  When
     the bundle carrying the acks for a window of positions was lost, and those positions had been
     superseded meanwhile (never sent again), nothing could go and nothing was acked until their
-    timeout: before 2026-11-24 orders waited there, p95 17-23 s, up to 41.5 s.  Now the tail
-    probe goes whatever the window, with the first queued envelope when only copies are out."""
+    timeout: orders waited there, p95 17-23 s, up to 41.5 s.  Now the tail probe goes whatever
+    the window, with the first queued envelope when only copies are out.  The run is chaotic in
+    the bytes of its bundles (three more bytes of body moved one seed's p95 from 8.3 to 8.8 s,
+    another's from 7.9 to 11.6 s): the bounds sit between what it gives now and what the defect
+    gave, not at one run's figure."""
     cfg = SchedulerConfig(min_rto_ms=20_000, initial_rto_ms=60_000, linger_ms=1000, ack_delay_ms=1000,
                           aggregate_bytes=1200)
     a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
@@ -1032,7 +1035,7 @@ def test_under_overload_and_loss_an_order_is_not_held_behind_a_window_of_superse
     got = run({"gw1": a, "gw4": b}, LossyRadio(seed=seed), 660_000, actions=acts)
     lat = sorted((d.received_ms - int(d.body.split()[1])) / 1000 for d in got["gw4"] if d.body.startswith(b"ord"))
     assert len(lat) == len(orders)
-    assert lat[int(0.95 * len(lat))] < 10 and lat[-1] < 20, lat[-8:]
+    assert lat[int(0.95 * len(lat))] < 14 and lat[-1] < 30, lat[-8:]
 
 
 def test_a_new_data_probe_past_a_window_of_superseded_copies_goes_though_its_envelope_would_linger(tmp_path):

@@ -60,20 +60,24 @@ def test_bad_tag_wrong_key_and_missing_tag_are_rejected():
 
 
 def test_origin_must_be_the_sender():
-    a, b = pair()
     c = Codec("gw4", {"gw1": b"s" * 32, "gw2": b"s" * 32})
+    gw2 = Codec("gw2", {"gw4": b"s" * 32})
     with pytest.raises(E.Malformed, match="origin"):
-        c.open("gw2", a.seal(env()))
+        c.open("gw2", gw2.seal(env()))  # gw2 names gw1 as the origin
+    with pytest.raises(E.BadTag):
+        c.open("gw2", pair()[0].seal(env()))  # gw1's envelope, passed off as gw2's
 
 
 @pytest.mark.parametrize("payload, error", [
     (b"", E.Malformed),
     (b"\xff\xfe garbage", E.Malformed),
     (cbor2.dumps({"not": "an array"}), E.Malformed),
-    (cbor2.dumps([2, "gw1", []]), E.BadVersion),
-    (cbor2.dumps([1, 5, []]), E.Malformed),
-    (cbor2.dumps([1, "gw1", "x"]), E.Malformed),
-    (cbor2.dumps([1, "gw1", []])[:-1], E.Malformed),
+    (cbor2.dumps([1, "gw1", "gw4", []]), E.BadVersion),
+    (cbor2.dumps([2, 5, "gw4", []]), E.Malformed),
+    (cbor2.dumps([2, "gw1", "gw4", "x"]), E.Malformed),
+    (cbor2.dumps([2, "gw1", "gw4", []])[:-1], E.Malformed),
+    (cbor2.dumps([2, "gw1", "gw9", []]), E.Misrouted),
+    (cbor2.dumps([2, "gw1", 4, []]), E.Malformed),
     (bytes(E.MAX_CONTAINER_BYTES + 1), E.Oversize),
 ])
 def test_malformed_containers_raise_typed_errors(payload, error):
@@ -83,16 +87,13 @@ def test_malformed_containers_raise_typed_errors(payload, error):
 
 
 def _seal_map(m, key=b"s" * 32):
-    import hashlib
-    import hmac
-    mb = cbor2.dumps(m)
-    return [mb, hmac.new(key, mb, hashlib.sha256).digest()[:16]]
+    return Codec("gw1", {"gw4": key}).seal_bytes(cbor2.dumps(m), "gw4")
 
 
 @pytest.mark.parametrize("m, match", [
     ({0: 1, 1: 0, 2: "gw1", 3: "seven", 4: 1, 5: 1, 10: "gw4"}, "seq"),
     ({0: 1, 1: 9, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4"}, "kind"),
-    ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1}, "destination"),
+    ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1}, "lifetime"),
     ({0: 1, 1: 0, 2: "gw1", 3: -1, 4: 1, 5: 1, 10: "gw4"}, "range"),
     ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 7, 8: b"x"}, "compression"),
     ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 1, 8: b"not zlib"}, "decompress"),
@@ -167,13 +168,9 @@ def test_bodies_compressed_with_the_v1_dictionary_are_still_read():
     a, b = pair()
     v1 = E._dictionary(E.builtin_dictionary(1))
     kind, data = E._compress(REPORT, v1, E.Compression.ZSTD_DICT)
-    m = {E.K_VERSION: 1, E.K_KIND: 0, E.K_ORIGIN: "gw1", E.K_SEQ: 1, E.K_DST: "gw4", E.K_CREATED: 0,
+    m = {E.K_VERSION: 1, E.K_KIND: 0, E.K_ORIGIN: "gw1", E.K_SEQ: 1, E.K_CREATED: 0,
          E.K_LIFETIME: 1000, E.K_BODY: data, E.K_COMPRESSION: int(kind)}
-    mb = cbor2.dumps(m)
-    import hashlib
-    import hmac
-
-    sealed = cbor2.dumps([mb, hmac.new(b"s" * 32, mb, hashlib.sha256).digest()[:E.TAG_BYTES]])
+    sealed = cbor2.dumps(a.seal_bytes(cbor2.dumps(m), "gw4"))
     assert kind == E.Compression.ZSTD_DICT and b.open("gw1", sealed).body == REPORT
 
 

@@ -89,7 +89,7 @@ class _Bound:
 
     def send(self, out, now):
         for b in out:
-            self.net.send_from(Codec("x", {}).open_container(b.payload).sender, [b], now)
+            self.net.send_from(cbor2.loads(b.payload)[1], [b], now)
 
     def due(self, now):
         return self.net.due(now)
@@ -167,11 +167,11 @@ def test_group_envelopes_are_sealed_with_the_group_key_and_checked_against_it():
     # a member cannot pass an envelope addressed to one node off under the group key
     forged = Codec("deu", {"nor": GROUP_KEY}).seal(Envelope(Kind.DATA, "deu", 2, "nor", 0, 60_000, body=b"x"))
     c = nor.open_container(deu.container([forged], "fmn"))
-    with pytest.raises(BadTag, match="sealed with the key of group"):
+    with pytest.raises(BadTag, match="does not match the key of 'fmn'"):
         nor.open("deu", c.items[0], c)
     # ... nor one for the group under a pair key
     pair_only = Codec("deu", {"fmn": pair_key("deu", "nor")})
-    with pytest.raises(BadTag, match="sealed with a pair key"):
+    with pytest.raises(BadTag, match="does not match the key of 'deu'"):
         nor.open("deu", pair_only.seal(Envelope(Kind.DATA, "deu", 3, "fmn", 0, 60_000, body=b"x")))
     outsider = Codec("nor", {"deu": pair_key("deu", "nor")})  # no group key: cannot read the group's envelopes
     with pytest.raises(BadTag):
@@ -186,8 +186,9 @@ def test_a_member_cannot_pass_group_envelopes_off_as_another_members(tmp_path):
     lie = Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: fall back to phase line red")
     genuine = deu.container([deu.seal(Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: hold"))], "fmn")
     spliced = cbor2.loads(genuine)
-    spliced[2] = [cbor2.loads(as_deu.seal(lie))]  # deu's origin tags around nor's envelope
-    forgeries = {"without origin tags": as_deu.container([as_deu.seal(lie)]),
+    spliced[3] = [cbor2.loads(as_deu.seal(lie))]  # deu's origin tags around nor's envelope
+    untagged = cbor2.dumps(cbor2.loads(as_deu.container([as_deu.seal(lie)], "fmn"))[:4])
+    forgeries = {"without origin tags": untagged,
                  "origin tag for 'prt' does not match": as_deu.container([as_deu.seal(lie)], "fmn"),
                  "did not seal": cbor2.dumps(spliced)}
     for why, payload in forgeries.items():
@@ -200,7 +201,8 @@ def test_a_member_cannot_pass_group_envelopes_off_as_another_members(tmp_path):
 def test_origin_tags_cost_9_bytes_per_other_member_and_bundle_not_per_envelope():
     deu = codec("deu")
     sealed = [deu.seal(Envelope(Kind.DATA, "deu", i, "fmn", 0, 60_000, body=b"pos %d" % i)) for i in range(5)]
-    assert len(deu.container(sealed, "fmn")) - len(deu.container(sealed)) == 1 + 2 * (1 + 8)
+    full = deu.container(sealed, "fmn")
+    assert len(full) - len(cbor2.dumps(cbor2.loads(full)[:4])) == 1 + 2 * (1 + 8)
     c = codec("prt").open_container(deu.container(sealed, "fmn"))
     assert len(c.origin_tags) == 2 and [codec("prt").open("deu", s, c).seq for s in c.items] == list(range(5))
 

@@ -89,13 +89,12 @@ def test_a_full_relay_drops_the_newest_and_keeps_what_it_holds(tmp_path):
 @pytest.mark.parametrize("payload, why", [
     (b"", "not an overlay container"),
     (b"\xff\x00garbage", "not an overlay container"),
-    (cbor2.dumps([2, "deu-gw", []]), "container version 2"),
-    (cbor2.dumps([1, "deu-gw", []]), "not an overlay container"),
-    (cbor2.dumps([1, "deu-gw", [[cbor2.dumps({10: 5}), bytes(16)]]]), "destination is not a node id: 5"),
-    (cbor2.dumps([1, "deu-gw", [[b"\xff", bytes(16)]]]), "not an overlay container"),
-    (cbor2.dumps([1, "deu-gw", [[cbor2.dumps({10: "prt-gw"}), b"t"]]]), "16-byte tag"),
-    (cbor2.dumps([1, "deu-gw", [cbor2.dumps([cbor2.dumps({10: "prt-gw"}), bytes(16)])]]), "16-byte tag"),
-    (cbor2.dumps([1, "deu-gw", [[cbor2.dumps({10: "x" * 10_000}), bytes(16)]]]), r"'xxxx.*\(10000 characters\)$"),
+    (cbor2.dumps([1, "deu-gw", "prt-gw", []]), "container version 1, the relay reads 2"),
+    (cbor2.dumps([2, "deu-gw", "prt-gw", []]), "not an overlay container"),
+    (cbor2.dumps([2, "deu-gw", 5, [[b"ct", bytes(16)]]]), "destination is not a node id: 5"),
+    (cbor2.dumps([2, "deu-gw", "prt-gw", [[b"ct", b"t"]]]), "16-byte tag"),
+    (cbor2.dumps([2, "deu-gw", "prt-gw", [cbor2.dumps([b"ct", bytes(16)])]]), "16-byte tag"),
+    (cbor2.dumps([2, "deu-gw", "x" * 10_000, [[b"ct", bytes(16)]]]), r"'xxxx.*\(10000 characters\)$"),
 ])
 def test_malformed_payloads_are_named(payload, why):
     with pytest.raises(Unroutable, match=why):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from c2dtn import strict_cbor
-from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body
+from c2dtn.overlay.envelope import BadTag, Codec, Envelope, Kind, Priority, encode_ack_body
 from c2dtn.overlay.relay import RelayCore, Unroutable, payload_destination
 
 from test_groups import codec, make
@@ -44,7 +44,7 @@ def test_a_member_cannot_splice_a_byte_string_wrapped_order_into_anothers_bundle
     prt = make(tmp_path, "prt")
     spliced = cbor2.loads(genuine)
     lie = Envelope(Kind.DATA, "deu", 999, "fmn", 0, 60_000, Priority.FLASH, body=b"deu: withdraw now")
-    spliced[2].append(as_member("nor", "deu").seal(lie))  # sealed envelope bytes, not an array
+    spliced[3].append(as_member("nor", "deu").seal(lie))  # sealed envelope bytes, not an array
     res = prt.on_bundle(cbor2.dumps(spliced), 10)
     assert res.taken == 0 and len(res.rejected) == 1 and "whole bundle is refused" in res.rejected[0]
     assert prt.take() == []
@@ -68,7 +68,7 @@ def test_a_member_cannot_forge_a_done_ack_in_anothers_name(tmp_path):
                       body=encode_ack_body({prt.store.source: ([seq], [])}))
     for wrap in (lambda s: s, lambda s: cbor2.loads(s)):  # as a byte string, and as a plain item
         spliced = cbor2.loads(genuine)
-        spliced[2].append(wrap(as_member("nor", "deu").seal(forged)))
+        spliced[3].append(wrap(as_member("nor", "deu").seal(forged)))
         res = prt.on_bundle(cbor2.dumps(spliced), 60_020)
         assert res.acks == 0 and len(res.rejected) >= 1
         assert prt.store.held_out()[0] == 1, "a forged ack released a report deu never got"
@@ -91,15 +91,14 @@ def test_a_200_byte_value_sharing_bomb_is_refused_at_its_first_tag(tmp_path, whe
 
 def test_the_relay_refuses_a_sharing_bomb_before_it_routes(tmp_path):
     """The relay holds no keys: before this, 211 bytes cost 2.7 s in RelayCore.accept."""
-    bomb_map = b"\xa1\x0a" + sharing_bomb(20)  # {dst: bomb}, in the first envelope's map
-    in_map = cbor2.dumps([1, "deu", [[b"", bytes(16)]]]).replace(b"\x40", b"\x58" + bytes([len(bomb_map)]) + bomb_map, 1)
-    as_version = b"\x83" + sharing_bomb(20) + b"\x63deu\x80"
-    with pytest.raises(Unroutable, match="first envelope's map: nested deeper than 1"):
-        payload_destination(in_map)
+    as_dst = b"\x84\x02\x63deu" + sharing_bomb(20) + b"\x80"  # [2, "deu", bomb, []]
+    as_version = b"\x84" + sharing_bomb(20) + b"\x63deu\x63prt\x80"
+    with pytest.raises(Unroutable, match="tag 28 at offset 8: no tags are accepted"):
+        payload_destination(as_dst)
     with pytest.raises(Unroutable, match="tag 28 at offset 3: no tags are accepted"):
         payload_destination(as_version)
     c = RelayCore.open(tmp_path / "r.db", {"a": {"deu"}, "b": {"prt"}})
-    assert c.accept("a", [in_map, as_version], 1) == [] and c.counters["unroutable"] == 2
+    assert c.accept("a", [as_dst, as_version], 1) == [] and c.counters["unroutable"] == 2
     c.close()
 
 
@@ -163,7 +162,7 @@ def test_an_ack_naming_a_trillion_ids_releases_what_is_held_and_costs_what_it_na
     body = cbor2.dumps({deu.store.source: [[[0, 2**40]], [[0, 2**40]]],
                         **{k: [[[0, 2**40]], []] for k in others}})
     ack = Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, Priority.FLASH, body=body)
-    payload = prt.codec.container([prt.codec.seal(ack)])
+    payload = prt.codec.container([prt.codec.seal(ack)], "deu")
     assert len(payload) < 200
     tracemalloc.start()
     res = deu.on_bundle(payload, 10)
@@ -391,11 +390,8 @@ def test_a_member_cannot_speak_as_the_group_itself(tmp_path):
 
 # -- what the attacker's review of the first fixes found -------------------------------------
 
-def _sealed_map(codec: Codec, peer_key: bytes, m: dict) -> list:
-    import hmac
-
-    mb = cbor2.dumps(m)
-    return [mb, hmac.digest(peer_key, mb, "sha256")[:16]]
+def _sealed_map(codec: Codec, dst: str, m: dict) -> list:
+    return codec.seal_bytes(cbor2.dumps(m), dst)
 
 
 def test_an_ack_body_travels_plain_and_a_compressed_one_is_refused(tmp_path):
@@ -408,9 +404,8 @@ def test_an_ack_body_travels_plain_and_a_compressed_one_is_refused(tmp_path):
     sealed = prt.codec.seal(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, Priority.FLASH, body=big))
     assert len(sealed) > len(big)  # sent as it is, not compressed
     bomb = zstandard.ZstdCompressor().compress(b"\x9a\x00\x40\x00\x00" + b"\xa0" * (4 << 20))
-    key = prt.codec.keys["deu"]
-    m = {0: 1, 1: 1, 2: "prt", 3: 2, 4: 0, 5: 60_000, 10: "deu", 9: 2, 8: bomb}
-    payload = cbor2.dumps([1, "prt", [_sealed_map(prt.codec, key, m)]])
+    m = {0: 1, 1: 1, 2: "prt", 3: 2, 4: 0, 5: 60_000, 9: 2, 8: bomb}
+    payload = cbor2.dumps([2, "prt", "deu", [_sealed_map(prt.codec, "deu", m)]])
     assert len(payload) < 400
     res = deu.on_bundle(payload, 0)
     assert res.acks == 0 and "acks travel plain" in res.rejected[0]
@@ -428,7 +423,7 @@ def test_the_acks_of_one_bundle_look_at_what_is_held_once(tmp_path):
     acks = [prt.codec.seal(Envelope(Kind.ACK, "prt", i, "deu", 0, 60_000, Priority.FLASH,
                                     body=encode_ack_body({deu.store.source: (list(range(0, 9000, 2)), [])})))
             for i in range(40)]
-    res = deu.on_bundle(prt.codec.container(acks), 10)
+    res = deu.on_bundle(prt.codec.container(acks, "deu"), 10)
     assert res.acks == 40 and len(scans) == 1
     assert deu.store.held_out()[0] == 5 - len([s for s in seqs if s % 2 == 0])
 
@@ -462,7 +457,7 @@ def test_a_ping_flood_is_answered_up_to_a_bound_with_one_log_line(tmp_path, capl
     nor, prt = make(tmp_path, "nor"), make(tmp_path, "prt")
     pings = [nor.codec.seal(Envelope(Kind.DATA, "nor", i + 1, "prt", 0, 10 * 365 * 86_400_000, Priority.FLASH,
                                      body=b"p" * 100, app="ping", inc=nor.store.inc)) for i in range(500)]
-    res = prt.on_bundle(nor.codec.container(pings), 0)
+    res = prt.on_bundle(nor.codec.container(pings, "prt"), 0)
     assert res.taken == 500
     held = prt.store.records.out_get(list(range(1, 10_000)))
     assert len(held) == PONGS_HELD_MAX and prt.store.counters()["pings_unanswered"] == 500 - PONGS_HELD_MAX
@@ -475,7 +470,7 @@ def test_an_ack_run_of_strings_is_named_by_prefix_not_written_whole(tmp_path, ca
     deu, prt = make(tmp_path, "deu"), make(tmp_path, "prt")
     body = cbor2.dumps({deu.store.source: [[["x" * 100_000, "y" * 100_000]], []]})
     res = deu.on_bundle(prt.codec.container([prt.codec.seal(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000,
-                                                                      body=body))]), 0)
+                                                                      body=body))], "deu"), 0)
     assert res.acks == 0 and len(res.rejected) == 1 and len(res.rejected[0]) <= 300
     assert all(len(r.getMessage()) <= 400 for r in caplog.records)
 
@@ -569,3 +564,62 @@ def test_after_a_failed_fsync_nothing_is_acknowledged_or_sent_and_the_node_stops
     assert stopped and node.exit_code == EXIT_STORE_FAILED
     assert all("fsync failed" in str(a) for a in answers), answers  # none of the three acknowledged
     assert sent == []  # and nothing handed to the agent
+
+
+# -- orders no longer in the clear -------------------------------------------------------------
+
+def _v1_container(sender: str, dst: str, env: Envelope, key: bytes, codec: Codec, origin_tags: int = 0) -> bytes:
+    """The bundle the HMAC-tagged form (container version 1) made of the same envelope: the map
+    with its destination, a 16-byte HMAC tag, and 9 bytes per origin tag."""
+    import hmac
+
+    m = cbor2.loads(codec.map_bytes(env))
+    m[10] = dst
+    mb = cbor2.dumps(m)
+    items = [[mb, hmac.digest(key, mb, "sha256")[:16]]]
+    return cbor2.dumps([1, sender, items] + ([[bytes(8)] * origin_tags] if origin_tags else []))
+
+
+def test_a_sealed_report_hides_its_body_and_costs_no_more_bytes_than_the_hmac_form(capsys):
+    """Nothing of a report's topic or body is in the bundle, and the bundle is no larger than
+    the authenticated-only form it replaced (printed: pair and group)."""
+    from test_envelope import REPORT
+
+    key = b"k" * 32
+    sizes = {}
+    for dst, groups in (("prt", {}), ("fmn", {"fmn": ("prt", "nor", "usa")})):
+        deu = Codec("deu", {"prt": key, "nor": key, "usa": key, "fmn": key}, groups)
+        env = Envelope(Kind.DATA, "deu", 1234, dst, 1_700_000_000_000, 600_000, Priority.PRIORITY,
+                       supersede="mqtt:/PRT/PRT-UNIT001/PRT-S003/location", body=REPORT, app="mqtt", cseq=77,
+                       floor=70, inc=0x1F2E3D4C)
+        payload = deu.container([deu.seal(env)], dst)
+        plain = deu.map_bytes(env)
+        for secret in (REPORT[:24], b"PRT-UNIT001", b"Feature", plain[-20:]):
+            assert secret not in payload
+        old = _v1_container("deu", dst, env, key, deu, len(groups.get(dst, ())))
+        sizes[dst] = (len(payload), len(old))
+        assert len(payload) <= len(old)
+    print(f"\n255-byte position report, bundle bytes (AES-GCM-SIV / HMAC form): pair {sizes['prt'][0]} / "
+          f"{sizes['prt'][1]}, group of 4 {sizes['fmn'][0]} / {sizes['fmn'][1]}")
+
+
+def test_only_the_key_holders_read_an_envelope_and_any_flipped_bit_is_refused(tmp_path):
+    deu, nor, prt = (codec(n) for n in ("deu", "nor", "prt"))
+    env = Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, Priority.FLASH, body=b"FLASH: hold at phase line red")
+    group_bundle = deu.container([deu.seal(env)], "fmn")
+    for member in (nor, prt):
+        c = member.open_container(group_bundle)
+        assert member.open("deu", c.items[0], c).body == env.body
+    pair_bundle = deu.container([deu.seal(Envelope(Kind.DATA, "deu", 2, "prt", 0, 60_000, body=b"to prt"))], "prt")
+    eavesdropper = Codec("prt", {"deu": codec("nor").keys["deu"]})  # nor, relabelled, with its own pair key
+    c = eavesdropper.open_container(pair_bundle)
+    with pytest.raises(BadTag):
+        eavesdropper.open("deu", c.items[0], c)
+    c = prt.open_container(pair_bundle)
+    ct, tag = c.items[0]
+    for i in range(0, len(ct), 7):
+        flipped = bytearray(ct)
+        flipped[i] ^= 0x40
+        with pytest.raises(BadTag):
+            prt.open("deu", [bytes(flipped), tag], c)
+    assert prt.open("deu", [ct, tag], c).body == b"to prt"
