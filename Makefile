@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Debian packages, as "command:package"; only missing commands are installed.
 APT_NEEDS := ip:iproute2 tc:iproute2 ethtool:ethtool ping:iputils-ping curl:curl nft:nftables \
-  mosquitto:mosquitto mosquitto_pub:mosquitto-clients coap-client-notls:libcoap3-bin cc:gcc
+  mosquitto:mosquitto mosquitto_pub:mosquitto-clients coap-client-notls:libcoap3-bin cc:gcc tcpdump:tcpdump
 
 # dtn7-rs is built once per version into a cache outside the clone (about 7
 # minutes on a fresh machine) and linked into .tools/; a fresh clone on the same machine reuses it.

@@ -4,7 +4,9 @@ A near gateway (where the clients are) and a far gateway (where the broker is)
 keep one split session per client.  Each envelope body is a CBOR map:
 
   op "conn"   client connected: c (client id), b (broker "ip:port"), v (3.1.1: 4, 5.0: 5),
-              cs (clean start), ka (keep alive), sx (session expiry, v5), w (will or absent)
+              cs (clean start), ka (keep alive), sx (session expiry, v5), w (will or absent),
+              u, pw (the user name and password it logged in with, when it gave them: the far
+              side logs in to the broker with them; the envelope is encrypted)
   op "sub"    s: [[filter, qos, no_local, retain_as_published, retain_handling], ...]
   op "unsub"  f: [filter, ...]
   op "pub"    t (topic), p (payload), q (QoS), r (retain), x (v5 properties)
@@ -78,7 +80,8 @@ def publishes(d: dict) -> list[dict]:
 
 def _check_fields(d: dict, where: str) -> None:
     for k, typ in (("c", str), ("b", str), ("t", str), ("p", bytes), ("q", int), ("r", bool), ("x", dict),
-                   ("s", list), ("f", list), ("v", int), ("cs", bool), ("ka", int), ("sx", int)):
+                   ("s", list), ("f", list), ("v", int), ("cs", bool), ("ka", int), ("sx", int), ("u", str),
+                   ("pw", bytes)):
         if k in d and not isinstance(d[k], typ):
             raise BodyError(f"field {short(k)} of op {where} has type {type(d[k]).__name__}")
     if "x" in d:

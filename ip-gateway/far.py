@@ -209,8 +209,9 @@ class FarSession:
         self._q0_written = self._pings_out = 0
         self.connack = asyncio.get_running_loop().create_future()
         props = {"session_expiry_interval": self.params["sx"]} if v == 5 and "sx" in self.params else {}
-        writer.write(m.encode(m.Connect(self.client, self.params.get("cs", False), self.params.get("ka", 60), None,
-                                        None, s.will_in(self.params.get("w")), v, props), v))
+        writer.write(m.encode(m.Connect(self.client, self.params.get("cs", False), self.params.get("ka", 60),
+                                        self.params.get("u"), self.params.get("pw"), s.will_in(self.params.get("w")),
+                                        v, props), v))
         self._reader_task = asyncio.create_task(self._read(reader, writer))
         ack = await asyncio.wait_for(self.connack, 30)
         if ack.reason:

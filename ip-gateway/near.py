@@ -31,7 +31,7 @@ class NearSide:
         batch = gw.cfg.batch_bytes
         if batch is None:
             batch = gw.node.core.sched.cfg.aggregate_bytes // 2
-        self.core = nc.NearCore(gw.cfg.policy, gw.cfg.max_packet_size, batch)
+        self.core = nc.NearCore(gw.cfg.policy, gw.cfg.max_packet_size, batch, gw.cfg.auth)
         self.writers: dict[int, asyncio.StreamWriter] = {}
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None

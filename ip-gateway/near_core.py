@@ -44,9 +44,11 @@ from typing import TYPE_CHECKING
 import cbor2
 
 from c2dtn.ip_gateway import mqtt as m
+from c2dtn.ip_gateway.auth import READ, WRITE, Auth
 from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway.policy import Policy, TopicRule
 from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Priority
+from c2dtn.spells import Spell
 
 if TYPE_CHECKING:
     from c2dtn.overlay.custody import Mark
@@ -185,6 +187,7 @@ class _Conn:
         self.max_packet: int | None = None
         self.last_rx = now
         self.clean_exit = False
+        self.user: str | None = None  # the user name it logged in with
         self.closing = False  # DISCONNECT seen or an error: close once the replies are out
         self.closed = False
         self.pending: list[m.Packet] = []  # replies waiting for a commit
@@ -197,12 +200,16 @@ class _Conn:
 
 
 class NearCore:
-    def __init__(self, policy: Policy, max_packet_size: int = 1 << 20, batch_bytes: int = 0):
+    def __init__(self, policy: Policy, max_packet_size: int = 1 << 20, batch_bytes: int = 0,
+                 auth: Auth | None = None):
         # a batch stays well inside the overlay's message limit, with room for its client and broker
         batch_bytes = min(batch_bytes, MAX_MESSAGE_BYTES // 2)
         self.policy = policy
         self.max_packet_size = max_packet_size
         self.batch_bytes = batch_bytes  # QoS 0/1 publishes read together share an envelope up to this (0: never)
+        self.auth = auth  # who may connect, publish, subscribe ([gateway] password_file, acl_file): ip-gateway/auth.py
+        self._now = 0.0
+        self._failed_logins = Spell(log, clock=lambda: self._now)
         self.sessions: dict[str, NearSession] = {}
         self.active: dict[str, int] = {}  # client id -> the connection that has its session
         self.conns: dict[int, _Conn] = {}
@@ -256,10 +263,15 @@ class NearCore:
                 c.qos2_in.discard(p.packet_id)
                 replies.append(m.PubComp(p.packet_id))
             elif isinstance(p, m.Subscribe):
-                envs.append(self._subscribe(c, p))
-                marks.append(None)
-                replies.append(m.SubAck(p.packet_id, [so.qos for so in p.subscriptions]))
-                evs.append(SessionsChanged())
+                ok = [so for so in p.subscriptions if self.auth is None
+                      or self.auth.may(c.user, c.sess.client, so.filter, READ, filter_=True)]
+                denied = 0x87 if c.version == 5 else 0x80
+                self.counters["subscriptions_denied"] += len(p.subscriptions) - len(ok)
+                if ok:
+                    envs.append(self._subscribe(c, m.Subscribe(p.packet_id, ok, p.properties)))
+                    marks.append(None)
+                    evs.append(SessionsChanged())
+                replies.append(m.SubAck(p.packet_id, [so.qos if so in ok else denied for so in p.subscriptions]))
             elif isinstance(p, m.Unsubscribe):
                 sess = c.sess
                 for f in p.filters:
@@ -438,6 +450,15 @@ class NearCore:
                 return m.ConnAck(False, 0x85 if v5 else 2), None, []
             client = "c2-" + os.urandom(6).hex()
             props["assigned_client_identifier"] = client
+        if self.auth is not None:
+            self._now = now
+            why = self.auth.login(p.username, p.password)
+            if why:  # 0x86 bad user name or password / 0x87 not authorized (3.1.1: 4 / 5)
+                self.counters["logins_refused"] += 1
+                self._failed_logins.hit("MQTT logins refused, the latest: client %r, user %r (0x%02x)",
+                                        client[:64], (p.username or "")[:64], why)
+                return m.ConnAck(False, why if v5 else (4 if why == 0x86 else 5)), None, []
+            c.user = p.username
         far = self.policy.gateway_for(c.broker.rsplit(":", 1)[0])
         if far is None:
             log.warning("no gateway serves broker %s (client %s): refusing", c.broker, client)
@@ -464,6 +485,10 @@ class NearCore:
         c.max_packet = p.properties.get("maximum_packet_size")
         c.resume = True
         kw = {"v": p.version, "cs": p.clean_start, "ka": p.keepalive}
+        if p.username is not None:  # the far side logs in to the broker as the client did here
+            kw["u"] = p.username
+        if p.password is not None:
+            kw["pw"] = p.password
         if "session_expiry_interval" in p.properties:
             kw["sx"] = p.properties["session_expiry_interval"]
         if p.will:
@@ -491,6 +516,15 @@ class NearCore:
             replies.append(m.PubRec(p.packet_id))  # a resend before PUBREL: taken already
             return None
         sess = c.sess
+        if self.auth is not None and not self.auth.may(c.user, sess.client, p.topic, WRITE):
+            # as the broker itself answers: MQTT 5 hears 0x87; 3.1.1 has no refusal, and Mosquitto
+            # acknowledges and drops what its ACL denies
+            self.counters["publishes_denied"] += 1
+            if p.qos == 1:
+                replies.append(m.PubAck(p.packet_id, 0x87 if c.version == 5 else 0))
+            elif p.qos == 2:
+                replies.append(m.PubRec(p.packet_id, 0x87 if c.version == 5 else 0))
+            return None
         rule = self.policy.rule_for(p.topic)
         if rule is None:
             self.counters["held_local"] += 1
@@ -543,6 +577,9 @@ class NearCore:
         if c is None:
             return None
         pub = aged(s.publish_from(msg, c.version), created_ms, now_ms)
+        if self.auth is not None and not self.auth.may(c.user, client, pub.topic, READ):
+            self.counters["deliveries_denied"] += 1
+            return [Done(inbox_id)]  # the broker would not hand it to this client either
         matching = [f for f in c.sess.subs if m.topic_matches(f, pub.topic)]
         if matching:
             pub.qos = min(pub.qos, max(c.sess.subs[f] for f in matching))

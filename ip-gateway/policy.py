@@ -11,6 +11,9 @@
     batch_bytes = 32768            # near side: QoS 0/1 publishes read together share an envelope up
                                    # to this many payload bytes (0: one envelope each; default: half
                                    # the node's [scheduler] aggregate_bytes, so a batch fits a bundle)
+    password_file = "/etc/mosquitto/passwd"  # near side: clients log in against the broker's own
+    acl_file = "/etc/mosquitto/acl"          # files (mosquitto_passwd's lines; Mosquitto's ACL format)
+    allow_anonymous = false        # default: false when password_file is set, else true
 
     [[gateway.route]]              # brokers in `prefix` are served by gateway node `via`
     prefix = "10.77.9.0/24"
@@ -66,6 +69,7 @@ from typing import Any
 from c2dtn.errors import ConfigError
 from c2dtn.tomlfile import check_name, check_table
 from c2dtn.ip_gateway.mqtt import MqttError, check_topic_filter, topic_matches
+from c2dtn.ip_gateway.auth import Auth, load_auth
 from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Priority
 
 
@@ -145,6 +149,9 @@ class GatewayConfig:
     # trip from PUBREL to the PUBCOMP being in custody.  false: QoS 1 stays 1 (at least once).
     qos1_once: bool = True
     batch_bytes: int | None = None  # None: half the node's aggregate_bytes (NearSide)
+    # password_file / acl_file / allow_anonymous, as Mosquitto names them (ip-gateway/auth.py);
+    # None: none set, every client and topic allowed
+    auth: Auth | None = None
     bridge: BridgeConfig | None = None
     coap: CoapConfig | None = None
 
@@ -245,7 +252,8 @@ def parse_coap(src: str, raw: Any) -> CoapConfig:
 def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     g = check_table(src, "gateway", raw, {"listen", "broker", "tproxy", "tproxy_port", "route", "topic",
                                           "max_packet_size", "bridge", "coap", "far_queue", "max_far_sessions",
-                                          "qos1_once", "batch_bytes"})
+                                          "qos1_once", "batch_bytes", "password_file", "acl_file",
+                                          "allow_anonymous"})
     cfg = GatewayConfig()
     if "listen" in g:
         cfg.listen = _hostport(src, "gateway.listen", g["listen"])
@@ -267,6 +275,12 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise ConfigError(src, f"gateway.{k}", v, f"must be a whole number from {lo} to {hi}")
             setattr(cfg, k, v)
+    for k in ("password_file", "acl_file"):
+        if k in g and (not isinstance(g[k], str) or not g[k]):
+            raise ConfigError(src, f"gateway.{k}", g[k], "must be the path of a file (Mosquitto's format)")
+    if "allow_anonymous" in g and not isinstance(g["allow_anonymous"], bool):
+        raise ConfigError(src, "gateway.allow_anonymous", g["allow_anonymous"], "must be true or false")
+    cfg.auth = load_auth(g.get("password_file"), g.get("acl_file"), g.get("allow_anonymous"), src)
     if "qos1_once" in g:
         if not isinstance(g["qos1_once"], bool):
             raise ConfigError(src, "gateway.qos1_once", g["qos1_once"], "must be true or false")

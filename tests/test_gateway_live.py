@@ -244,6 +244,36 @@ def test_near_subscriber_gets_far_publications_across_an_outage(mqtt_chain):
     assert rows[-1]["disconnects"] == [], "the near subscriber saw the outage"
 
 
+def test_what_crosses_the_radio_link_holds_no_message_in_the_clear(mqtt_chain, tmp_path):
+    """A capture (tcpdump in the r2-r3 link's emulator namespace) while an order of 400 random
+    bytes (compression cannot hide them) goes from h1 to h4's broker through the gateways: the
+    order arrives, and no 16 bytes of it are on the air (envelopes are encrypted)."""
+    nodes, h1, h4 = mqtt_chain
+    st = testbed.read_state()
+    (link,) = [ln for ln in st["links"].values() if {ln["a"], ln["b"]} == {"r2", "r3"}]
+    pcap, order = tmp_path / "radio.pcap", tmp_path / "order.bin"
+    secret = os.urandom(400)
+    order.write_bytes(secret)
+    cap = subprocess.Popen(["ip", "netns", "exec", link["netns"], "tcpdump", "-i", "any", "-U", "-s", "0", "-w",
+                            str(pcap)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1)
+        sub = subprocess.Popen(["ip", "netns", "exec", "c2-h4", "mosquitto_sub", "-h", "127.0.0.1", "-t", "c2/capture",
+                                "-q", "1", "-C", "1", "-W", "150"], stdout=subprocess.PIPE)
+        time.sleep(1)
+        subprocess.run(["ip", "netns", "exec", "c2-h1", "mosquitto_pub", "-h", h4, "-t", "c2/capture", "-q", "1",
+                        "-i", "c2pub-capture", "-f", str(order)], check=True, timeout=60)
+        got = sub.communicate(timeout=180)[0]
+    finally:
+        cap.terminate()
+        cap.wait(10)
+    assert got[:-1] == secret, _custody_state(nodes)  # mosquitto_sub ends the payload with a newline
+    air = pcap.read_bytes()
+    assert b"gw4" in air and len(air) > len(secret), "the capture did not see the overlay's bundles"
+    leaked = [i for i in range(0, len(secret) - 16) if secret[i:i + 16] in air]
+    assert leaked == [], f"{len(leaked)} 16-byte pieces of the order on the air"
+
+
 def test_retained_will_qos2_and_v5_properties_arrive_intact_allow_list_holds(mqtt_chain):
     nodes, h1, h4 = mqtt_chain
     props = {"user_property": [["unit", "NOR-UNIT001"], ["cls", "R"]], "content_type": "application/geo+json",

@@ -1,0 +1,151 @@
+"""Clients log in through the gateway with the broker's own files: the password file
+`mosquitto_passwd` writes and Mosquitto's ACL format, read by ip-gateway/auth.py and applied by
+the near side's core (virtual time, no sockets).  The live check with Mosquitto's own tool is
+test_gateway_live.py's."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from c2dtn.errors import ConfigError
+from c2dtn.ip_gateway import auth as A
+from c2dtn.ip_gateway import mqtt as m
+from c2dtn.ip_gateway import near_core as nc
+
+from test_near_core import Net, policy
+
+
+def pbkdf2_line(user: str, password: str, iterations: int = 101) -> str:
+    salt = os.urandom(12)
+    h = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations)
+    return f"{user}:$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(h).decode()}"
+
+
+ACL = """# anonymous clients
+topic read public/#
+
+user alice
+topic readwrite c2/#
+topic deny c2/secret/#
+
+user bob
+topic write c2/reports/#
+
+pattern readwrite units/%u/#
+pattern read clients/%c
+"""
+
+
+def net(allow_anonymous: bool | None = None) -> Net:
+    a = A.Auth(A.parse_password_file(pbkdf2_line("alice", "s3cret") + "\n" + pbkdf2_line("bob", "b0b") + "\n", "pw"),
+               A.parse_acl_file(ACL, "acl"))
+    if allow_anonymous is not None:
+        a.allow_anonymous = allow_anonymous
+    else:
+        a.allow_anonymous = False
+    return Net(nc.NearCore(policy(), max_packet_size=4096, auth=a))
+
+
+def connect(n: Net, client: str, user: str | None, password: bytes | None, version: int = 5):
+    n._next += 1
+    cid = n._next
+    n.core.open(cid, "10.77.4.2:1883", n.now)
+    n.readers[cid] = m.Parser(1 << 20, version=version)
+    n.inbox[cid] = []
+    n.send(cid, m.Connect(client, True, 0, user, password, version=version), version)
+    return cid, n.take(cid)[0]
+
+
+def test_mosquitto_passwd_lines_are_checked_as_mosquitto_checks_them():
+    if shutil.which("mosquitto_passwd") is None:
+        pytest.skip("mosquitto_passwd is not installed (Debian: mosquitto)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        f = os.path.join(d, "pw")
+        subprocess.run(["mosquitto_passwd", "-c", "-b", f, "alice", "s3cret"], check=True)
+        users = A.parse_password_file(open(f).read(), f)
+    assert users["alice"].matches(b"s3cret") and not users["alice"].matches(b"s3cre7")
+
+
+@pytest.mark.parametrize("version, ok, bad_pw, no_user", [(5, 0, 0x86, 0x87), (4, 0, 4, 5)])
+def test_a_login_is_refused_with_the_protocols_own_code(version, ok, bad_pw, no_user):
+    n = net()
+    assert connect(n, "c1", "alice", b"s3cret", version)[1].reason == ok
+    assert connect(n, "c2", "alice", b"wrong", version)[1].reason == bad_pw
+    assert connect(n, "c3", "mallory", b"s3cret", version)[1].reason == bad_pw
+    assert connect(n, "c4", None, None, version)[1].reason == no_user  # anonymous: off with a password file
+    assert n.core.counters["logins_refused"] == 3
+    assert [b["op"] for _, b, *_ in n.committed] == ["conn"]  # only alice's session reaches the far side
+    assert n.committed[0][1]["u"] == "alice" and n.committed[0][1]["pw"] == b"s3cret"  # the far side logs in as her
+
+
+def test_an_anonymous_client_gets_the_anonymous_rules_where_anonymous_is_allowed():
+    n = net(allow_anonymous=True)
+    cid, ack = connect(n, "anon", None, None)
+    assert ack.reason == 0
+    n.send(cid, m.Subscribe(1, [m.SubOption("public/news", 1), m.SubOption("c2/#", 1)]))
+    assert n.take(cid)[0].reasons == [1, 0x87]
+
+
+@pytest.mark.parametrize("version", [5, 4])
+def test_publishes_and_subscriptions_follow_the_acl(version):
+    n = net()
+    cid, _ = connect(n, "alice-1", "alice", b"s3cret", version)
+    n.send(cid, m.Publish("c2/orders", b"go", 1, packet_id=1), version)
+    n.send(cid, m.Publish("c2/secret/plan", b"no", 1, packet_id=2), version)
+    n.send(cid, m.Publish("units/alice/pos", b"here", 1, packet_id=3), version)
+    n.send(cid, m.Publish("units/bob/pos", b"lie", 1, packet_id=4), version)
+    acks = {p.packet_id: p.reason for p in n.take(cid)}
+    denied = 0x87 if version == 5 else 0  # 3.1.1: acknowledged and dropped, as Mosquitto does
+    assert acks == {1: 0, 2: denied, 3: 0, 4: denied}
+    carried = [b["t"] for _, b, *_ in n.committed if b["op"] == "pub"]
+    assert carried == ["c2/orders"] and n.core.counters["publishes_denied"] == 2
+    assert n.core.counters["held_local"] == 1  # units/alice/pos: allowed, but not on the topic allow-list
+    n.send(cid, m.Subscribe(5, [m.SubOption("c2/#", 1), m.SubOption("c2/secret/x", 1), m.SubOption("#", 0),
+                                m.SubOption("clients/alice-1", 0)]), version)
+    no = 0x87 if version == 5 else 0x80
+    assert n.take(cid)[0].reasons == [1, no, no, 0]
+    subs = [b["s"] for _, b, *_ in n.committed if b["op"] == "sub"]
+    assert [s[0] for s in subs[0]] == ["c2/#", "clients/alice-1"]
+
+
+def test_what_the_acl_denies_a_reader_is_not_delivered_to_it():
+    n = net()
+    cid, _ = connect(n, "bob-1", "bob", b"b0b")
+    n.send(cid, m.Subscribe(1, [m.SubOption("units/bob/#", 1)]))
+    n.take(cid)
+    evs = n.core.deliver("bob-1", 7, {"op": "msg", "c": "bob-1", "b": "10.77.4.2:1883", "t": "c2/reports/x",
+                                      "p": b"r", "q": 1, "r": False, "x": {}}, 0, 0)
+    assert evs == [nc.Done(7)] and n.core.counters["deliveries_denied"] == 1
+
+
+@pytest.mark.parametrize("text, says", [
+    ("alice", "not `user:hash`"),
+    ("alice:$5$abc$def", "a hash of kind"),
+    ("alice:$7$x$AAAA$AAAA", "invalid literal"),
+    ("alice:$7$101$!!$AAAA", "not a hash mosquitto_passwd writes"),
+])
+def test_a_bad_password_file_line_is_named(text, says):
+    with pytest.raises(ConfigError, match=says):
+        A.parse_password_file(text, "passwd")
+
+
+def test_a_bad_acl_line_is_named_and_a_gateway_config_reads_both_files(tmp_path):
+    with pytest.raises(ConfigError, match="acl:2.*a line is `user`, `topic` or `pattern`"):
+        A.parse_acl_file("user alice\nallow c2/#\n", "acl")
+    from c2dtn.ip_gateway.policy import parse_gateway
+
+    (tmp_path / "pw").write_text(pbkdf2_line("alice", "s3cret") + "\n")
+    (tmp_path / "acl").write_text(ACL)
+    cfg = parse_gateway("gw.toml", {"password_file": str(tmp_path / "pw"), "acl_file": str(tmp_path / "acl")})
+    assert cfg.auth.allow_anonymous is False and cfg.auth.login("alice", b"s3cret") == 0
+    assert parse_gateway("gw.toml", {}).auth is None
+    with pytest.raises(ConfigError, match="password_file' = .*nope.*cannot be read"):
+        parse_gateway("gw.toml", {"password_file": str(tmp_path / "nope")})
