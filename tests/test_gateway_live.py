@@ -33,12 +33,13 @@ TOPICS = ('[[gateway.topic]]\nfilter = "c2/#"\npriority = "immediate"\nlifetime 
           '[[gateway.topic]]\nfilter = "nat/#"\npriority = "routine"\nlifetime = 3600\n')
 
 
-def gateway_tables(h1: str, h4: str) -> dict[str, str]:
+def gateway_tables(h1: str, h4: str, auth: str = "") -> dict[str, str]:
     """gw1 intercepts clients on h1 bound for h4's broker, and also listens on port 1884 for
     clients pointed at it (explicit mode, standing for h4's broker); both bridge nat/#
-    between the brokers.  Only c2/# and nat/# are on the allow-list."""
+    between the brokers.  Only c2/# and nat/# are on the allow-list.  auth: gw1's
+    password_file/acl_file lines."""
     prefix = h4.rsplit(".", 1)[0] + ".0/24"
-    return {"gw1": f'[gateway]\ntproxy = true\nmax_packet_size = {MAX_PACKET}\n'
+    return {"gw1": f'[gateway]\ntproxy = true\nmax_packet_size = {MAX_PACKET}\n{auth}'
                    f'listen = "0.0.0.0:{EXPLICIT_PORT}"\nbroker = "{h4}:1883"\n\n'
                    f'[gateway.bridge]\nbroker = "{h1}:1883"\npeers = ["gw4"]\nout = ["nat/#"]\n\n'
                    f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n{TOPICS}',
@@ -49,7 +50,13 @@ def _mqtt_chain(tmp, agent: str = "dtn7"):
     testbed.down()
     st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=13)
     h1, h4 = testbed.node_address(st, "h1"), testbed.node_address(st, "h4")
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=gateway_tables(h1, h4), agent=agent)
+    # gw1 checks logins against a file mosquitto_passwd wrote, and an ACL: anonymous clients (the
+    # other tests') may do anything, alice only under c2/alice/
+    tmp.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(tmp / "passwd"), "alice", "s3cret"], check=True)
+    (tmp / "acl").write_text("topic readwrite #\n\nuser alice\ntopic readwrite c2/alice/#\n")
+    auth = f'password_file = "{tmp / "passwd"}"\nacl_file = "{tmp / "acl"}"\nallow_anonymous = true\n'
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=gateway_tables(h1, h4, auth), agent=agent)
     brokers = [start_mosquitto("c2-h4", tmp / "broker4", h4), start_mosquitto("c2-h1", tmp / "broker1", h1)]
     try:
         for n in BPA:
@@ -313,6 +320,39 @@ def test_retained_will_qos2_and_v5_properties_arrive_intact_allow_list_holds(mqt
     assert ret and ret[0]["retain"] is True and ret[0]["payload"].startswith("0 ")
     assert nodes.status("gw1")["mqtt"]["counters"]["held_local"] >= 3
     assert nodes.status("gw4")["mqtt"]["counters"].get("bad_bodies", 0) == 0
+
+
+def test_clients_log_in_with_the_brokers_password_file_and_acl(mqtt_chain):
+    """gw1's password_file is one mosquitto_passwd wrote; a wrong password and a topic the ACL
+    denies get the protocol's own codes, and alice's allowed order reaches h4's broker."""
+    nodes, h1, h4 = mqtt_chain
+
+    def login(user, password, version):
+        s = netns.socket_in("c2-h1", socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(20)
+        s.connect((h4, 1883))
+        s.sendall(m.encode(m.Connect(f"c2auth{time.monotonic_ns()}", True, 60, user, password, None, version, {}),
+                           version))
+        return s, m.Parser(version=version).feed(s.recv(4096))[0].reason
+
+    assert login("alice", b"wrong", 5)[1] == 0x86 and login("alice", b"wrong", 4)[1] == 4
+    s, reason = login("alice", b"s3cret", 5)
+    assert reason == 0
+    s.sendall(m.encode(m.Publish("c2/bob/orders", b"not hers", 1, packet_id=1), 5)
+              + m.encode(m.Subscribe(2, [m.SubOption("c2/bob/#", 1)]), 5))
+    got = []
+    while len(got) < 2:
+        got += m.Parser(version=5).feed(s.recv(4096))
+    assert {type(p).__name__: p for p in got}["PubAck"].reason == 0x87
+    assert {type(p).__name__: p for p in got}["SubAck"].reasons == [0x87]
+    s.close()
+    sub = subprocess.Popen(["ip", "netns", "exec", "c2-h4", "mosquitto_sub", "-h", "127.0.0.1", "-t", "c2/alice/#",
+                            "-q", "1", "-C", "1", "-W", "120"], stdout=subprocess.PIPE, text=True)
+    time.sleep(1)
+    subprocess.run(["ip", "netns", "exec", "c2-h1", "mosquitto_pub", "-h", h4, "-t", "c2/alice/orders", "-q", "1",
+                    "-u", "alice", "-P", "s3cret", "-m", "hold at phase line red"], check=True, timeout=60)
+    assert sub.communicate(timeout=150)[0].strip() == "hold at phase line red", _custody_state(nodes)
+    assert nodes.status("gw1")["mqtt"]["counters"]["logins_refused"] >= 2
 
 
 def _raw(h4: str, version: int = 5) -> socket.socket:
