@@ -302,14 +302,24 @@ class MqttGateway:
         if f is None or f.broker != broker:
             if f is not None:
                 f.cancel()
-            elif len(self.far) >= self.cfg.max_far_sessions:
+            elif len(self.far) >= self.cfg.max_far_sessions or self._peer_sessions(origin) >= self._peer_share():
                 if key not in self._full_logged:
                     self._full_logged.add(key)
-                    log.warning("%d far sessions held (max_far_sessions): %s's messages wait in custody",
-                                len(self.far), key)
+                    log.warning("%d far sessions held, %d for %s (max_far_sessions %d, %d a peer): %s's messages "
+                                "wait in custody", len(self.far), self._peer_sessions(origin),
+                                origin, self.cfg.max_far_sessions, self._peer_share(), key)
                 return None
             f = self.far[key] = FarSession(self, origin, client, broker)
         return f
+
+    def _peer_share(self) -> int:
+        """Far sessions one peer gateway's clients may hold: max_far_sessions shared among the
+        peers this node has keys for, so that one peer's clients cannot take them all."""
+        peers = [k for k in self.node.cfg.keys if k not in self.node.cfg.groups] or [""]
+        return max(1, self.cfg.max_far_sessions // len(peers))
+
+    def _peer_sessions(self, origin: str) -> int:
+        return sum(1 for k in self.far if k.startswith(origin + "/"))
 
     def far_changed(self, f: FarSession) -> None:
         self.save_sessions()
@@ -317,6 +327,8 @@ class MqttGateway:
     def far_left(self, f: FarSession) -> None:
         """Its client disconnected: the session ends now or after its expiry interval."""
         sx = f.expiry_s()
+        if sx is None and self.cfg.limits.persistent_client_expiration:  # "for ever": as Mosquitto's option says
+            sx = self.cfg.limits.persistent_client_expiration
         if sx == 0:
             self._end_far(f, "ended with its client's disconnect")
         elif sx is not None:

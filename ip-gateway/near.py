@@ -31,7 +31,7 @@ class NearSide:
         batch = gw.cfg.batch_bytes
         if batch is None:
             batch = gw.node.core.sched.cfg.aggregate_bytes // 2
-        self.core = nc.NearCore(gw.cfg.policy, gw.cfg.max_packet_size, batch, gw.cfg.auth)
+        self.core = nc.NearCore(gw.cfg.policy, gw.cfg.max_packet_size, batch, gw.cfg.auth, gw.cfg.limits)
         self.writers: dict[int, asyncio.StreamWriter] = {}
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
@@ -44,7 +44,8 @@ class NearSide:
         """One client connection, until it or the core ends it."""
         cid = next(self._ids)
         self.writers[cid] = writer
-        self.core.open(cid, f"{broker[0]}:{broker[1]}", time.time())
+        peer = writer.get_extra_info("peername")
+        self.core.open(cid, f"{broker[0]}:{broker[1]}", time.time(), peer[0] if peer else "")
         try:
             while cid in self.writers:
                 data = await reader.read(65536)

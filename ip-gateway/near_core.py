@@ -46,7 +46,7 @@ import cbor2
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway.auth import READ, WRITE, Auth
 from c2dtn.ip_gateway import bodies as s
-from c2dtn.ip_gateway.policy import Policy, TopicRule
+from c2dtn.ip_gateway.policy import Policy, SessionLimits, TopicRule
 from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Priority
 from c2dtn.spells import Spell
 
@@ -188,6 +188,7 @@ class _Conn:
         self.last_rx = now
         self.clean_exit = False
         self.user: str | None = None  # the user name it logged in with
+        self.source = ""  # the client's address
         self.closing = False  # DISCONNECT seen or an error: close once the replies are out
         self.closed = False
         self.pending: list[m.Packet] = []  # replies waiting for a commit
@@ -201,13 +202,14 @@ class _Conn:
 
 class NearCore:
     def __init__(self, policy: Policy, max_packet_size: int = 1 << 20, batch_bytes: int = 0,
-                 auth: Auth | None = None):
+                 auth: Auth | None = None, limits: SessionLimits | None = None):
         # a batch stays well inside the overlay's message limit, with room for its client and broker
         batch_bytes = min(batch_bytes, MAX_MESSAGE_BYTES // 2)
         self.policy = policy
         self.max_packet_size = max_packet_size
         self.batch_bytes = batch_bytes  # QoS 0/1 publishes read together share an envelope up to this (0: never)
         self.auth = auth  # who may connect, publish, subscribe ([gateway] password_file, acl_file): ip-gateway/auth.py
+        self.limits = limits or SessionLimits()
         self._now = 0.0
         self._failed_logins = Spell(log, clock=lambda: self._now)
         self.sessions: dict[str, NearSession] = {}
@@ -216,8 +218,10 @@ class NearCore:
         self.counters: Counter[str] = Counter()
 
     # -- connections -------------------------------------------------------------------
-    def open(self, conn: int, broker: str, now: float) -> None:
-        self.conns[conn] = _Conn(conn, broker, self.max_packet_size, now)
+    def open(self, conn: int, broker: str, now: float, source: str = "") -> None:
+        """A client connected, from address `source`, to `broker` ("ip:port" it meant)."""
+        self.conns[conn] = c = _Conn(conn, broker, self.max_packet_size, now)
+        c.source = source
 
     def data(self, conn: int, data: bytes, now: float) -> list[Event]:
         c = self.conns.get(conn)
@@ -422,6 +426,8 @@ class NearCore:
             del self.sessions[sess.client]
         elif sess.expiry_s != NEVER:
             sess.expires_at = now + sess.expiry_s
+        elif self.limits.persistent_client_expiration:  # a session "for ever" ends after this, as Mosquitto's
+            sess.expires_at = now + self.limits.persistent_client_expiration
         evs.append(SessionsChanged())
         return evs
 
@@ -438,6 +444,17 @@ class NearCore:
         if c.version == 5 and c.sess is not None:
             evs.append(Write(c.id, m.encode(m.Disconnect(reason, {"reason_string": why[:200]}), 5)))
         return evs + self._shut(c, now)
+
+    def _over_limits(self, c: _Conn, client: str) -> str:
+        """Why this CONNECT is over [gateway] max_sessions or max_connections_per_address ("": it is not)."""
+        lim = self.limits
+        if client not in self.sessions and len(self.sessions) >= lim.max_sessions:
+            return f"{len(self.sessions)} sessions held (max_sessions {lim.max_sessions})"
+        if lim.max_connections_per_address and c.source:
+            n = sum(1 for o in self.conns.values() if o.source == c.source and o.sess is not None and not o.closed)
+            if n >= lim.max_connections_per_address:
+                return f"{n} connections from {c.source} (max_connections_per_address {lim.max_connections_per_address})"
+        return ""
 
     # -- what a client sends -------------------------------------------------------------
     def _connect(self, c: _Conn, p: m.Connect, now: float) -> tuple[m.ConnAck, Envelope | None, list[Event]]:
@@ -459,6 +476,11 @@ class NearCore:
                                         client[:64], (p.username or "")[:64], why)
                 return m.ConnAck(False, why if v5 else (4 if why == 0x86 else 5)), None, []
             c.user = p.username
+        busy = self._over_limits(c, client)
+        if busy:  # refused before anything of it is taken: 0x97 quota exceeded (3.1.1: 3 server unavailable)
+            self.counters["connects_over_limits"] += 1
+            self._failed_logins.hit("MQTT connections refused over the session limits, the latest: %s", busy)
+            return m.ConnAck(False, 0x97 if v5 else 3, {"reason_string": busy[:200]} if v5 else {}), None, []
         far = self.policy.gateway_for(c.broker.rsplit(":", 1)[0])
         if far is None:
             log.warning("no gateway serves broker %s (client %s): refusing", c.broker, client)

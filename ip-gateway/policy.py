@@ -14,6 +14,11 @@
     password_file = "/etc/mosquitto/passwd"  # near side: clients log in against the broker's own
     acl_file = "/etc/mosquitto/acl"          # files (mosquitto_passwd's lines; Mosquitto's ACL format)
     allow_anonymous = false        # default: false when password_file is set, else true
+    max_sessions = 1000            # near side: client sessions held; a new client past it is refused
+                                   # at CONNECT (MQTT 5 0x97, 3.1.1 code 3), before anything is PUBACKed
+    max_connections_per_address = 0  # near side: connections from one address (0: no limit)
+    persistent_client_expiration = "7d"  # both sides: a session without expiry (3.1.1 clean
+                                   # session 0) ends this long after its client left (default: never)
 
     [[gateway.route]]              # brokers in `prefix` are served by gateway node `via`
     prefix = "10.77.9.0/24"
@@ -133,6 +138,15 @@ class CoapConfig:
 
 
 @dataclass
+class SessionLimits:
+    """[gateway] max_sessions, max_connections_per_address, persistent_client_expiration (s)."""
+
+    max_sessions: int = 1000
+    max_connections_per_address: int = 0  # 0: no limit
+    persistent_client_expiration: float = 0.0  # 0: sessions without expiry are kept (3.1.1 clean session 0)
+
+
+@dataclass
 class GatewayConfig:
     listen: tuple[str, int] | None = None
     broker: tuple[str, int] | None = None
@@ -152,6 +166,7 @@ class GatewayConfig:
     # password_file / acl_file / allow_anonymous, as Mosquitto names them (ip-gateway/auth.py);
     # None: none set, every client and topic allowed
     auth: Auth | None = None
+    limits: SessionLimits = field(default_factory=SessionLimits)  # max_sessions, ... (near side; far: expiration)
     bridge: BridgeConfig | None = None
     coap: CoapConfig | None = None
 
@@ -199,6 +214,18 @@ def parse_bridge(src: str, raw: Any) -> BridgeConfig:
         raise ConfigError(src, "gateway.bridge.client_id", cid, "must be a non-empty string")
     return BridgeConfig(_hostport(src, "gateway.bridge.broker", b["broker"]), peers, out,
                         _filters(src, "gateway.bridge.in", b["in"]) if "in" in b else out, qos, cid)
+
+
+_UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400, "m": 30 * 86400, "y": 365 * 86400}
+
+
+def _duration(src: str, where: str, v: Any) -> float:
+    """Mosquitto's form of a period: a number and h, d, w, m (30 days) or y; or seconds."""
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return float(v)
+    if isinstance(v, str) and len(v) > 1 and v[:-1].isdigit() and v[-1] in _UNITS and int(v[:-1]) > 0:
+        return float(int(v[:-1]) * _UNITS[v[-1]])
+    raise ConfigError(src, where, v, 'a period as Mosquitto writes it ("12h", "7d", "2w", "1m", "1y") or seconds')
 
 
 def _priority(src: str, where: str, v: Any) -> Priority:
@@ -253,7 +280,8 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     g = check_table(src, "gateway", raw, {"listen", "broker", "tproxy", "tproxy_port", "route", "topic",
                                           "max_packet_size", "bridge", "coap", "far_queue", "max_far_sessions",
                                           "qos1_once", "batch_bytes", "password_file", "acl_file",
-                                          "allow_anonymous"})
+                                          "allow_anonymous", "max_sessions", "max_connections_per_address",
+                                          "persistent_client_expiration"})
     cfg = GatewayConfig()
     if "listen" in g:
         cfg.listen = _hostport(src, "gateway.listen", g["listen"])
@@ -281,6 +309,15 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     if "allow_anonymous" in g and not isinstance(g["allow_anonymous"], bool):
         raise ConfigError(src, "gateway.allow_anonymous", g["allow_anonymous"], "must be true or false")
     cfg.auth = load_auth(g.get("password_file"), g.get("acl_file"), g.get("allow_anonymous"), src)
+    for k, lo, hi in (("max_sessions", 1, 1 << 20), ("max_connections_per_address", 0, 1 << 16)):
+        if k in g:
+            v = g[k]
+            if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ConfigError(src, f"gateway.{k}", v, f"must be a whole number from {lo} to {hi}")
+            setattr(cfg.limits, k, v)
+    if "persistent_client_expiration" in g:
+        cfg.limits.persistent_client_expiration = _duration(src, "gateway.persistent_client_expiration",
+                                                            g["persistent_client_expiration"])
     if "qos1_once" in g:
         if not isinstance(g["qos1_once"], bool):
             raise ConfigError(src, "gateway.qos1_once", g["qos1_once"], "must be true or false")

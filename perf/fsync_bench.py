@@ -57,7 +57,8 @@ class GatewayNode:
         self.core, self.syncer = core, syncer
         from types import SimpleNamespace
 
-        self.cfg = SimpleNamespace(storage=storage)
+        codec = core.codec
+        self.cfg = SimpleNamespace(storage=storage, keys=codec.keys, groups=codec.groups)
         self.app_handlers: dict = {}
 
     def submitted(self, priority) -> None:

@@ -149,3 +149,64 @@ def test_a_bad_acl_line_is_named_and_a_gateway_config_reads_both_files(tmp_path)
     assert parse_gateway("gw.toml", {}).auth is None
     with pytest.raises(ConfigError, match="password_file' = .*nope.*cannot be read"):
         parse_gateway("gw.toml", {"password_file": str(tmp_path / "nope")})
+
+
+# -- session limits, as Mosquitto names them -------------------------------------------------
+
+def limited(**kw) -> Net:
+    from c2dtn.ip_gateway.policy import SessionLimits
+
+    return Net(nc.NearCore(policy(), max_packet_size=4096, limits=SessionLimits(**kw)))
+
+
+def connect_from(n: Net, client: str, source: str, version: int = 4, clean: bool = False):
+    n._next += 1
+    cid = n._next
+    n.core.open(cid, "10.77.4.2:1883", n.now, source)
+    n.readers[cid] = m.Parser(1 << 20, version=version)
+    n.inbox[cid] = []
+    props = {"session_expiry_interval": nc.NEVER} if version == 5 and not clean else {}
+    n.send(cid, m.Connect(client, clean, 0, version=version, properties=props), version)
+    return cid, n.take(cid)[0]
+
+
+@pytest.mark.parametrize("version, refused", [(4, 3), (5, 0x97)])
+def test_junk_sessions_past_max_sessions_are_refused_at_connect_not_after_a_puback(version, refused):
+    """Defect: 10,000 junk clients (clean session 0) filled the far side's sessions; a genuine
+    client's publishes were then PUBACKed and waited in custody for room no one would free."""
+    n = limited(max_sessions=50)
+    for i in range(50):
+        cid, ack = connect_from(n, f"junk{i}", f"10.80.1.{i % 200}", version)
+        assert ack.reason == 0
+        n.lose(cid)  # gone; its session (clean session 0) stays
+    cid, ack = connect_from(n, "genuine", "10.80.1.250", version)
+    assert ack.reason == refused and cid in n.closed  # the client sees it, nothing of it is taken
+    n.send(cid, m.Publish("c2/orders", b"go", 1, packet_id=1), version)
+    assert "genuine" not in [b["c"] for _, b, *_ in n.committed]
+    assert n.core.counters["connects_over_limits"] == 1
+    cid, ack = connect_from(n, "junk3", "10.80.1.3", version)  # a held session comes back: not a new one
+    assert ack.reason == 0
+
+
+def test_connections_per_address_and_sessions_for_ever_end_as_configured():
+    n = limited(max_connections_per_address=2, persistent_client_expiration=3600)
+    held = [connect_from(n, f"u{i}", "10.80.1.7")[1].reason for i in range(3)]
+    assert held == [0, 0, 3]
+    assert connect_from(n, "other", "10.80.1.8")[1].reason == 0
+    cid = n.core.active["u0"]
+    n.lose(cid)
+    assert "u0" in n.core.sessions
+    n.advance(3601)
+    assert "u0" not in n.core.sessions and "u0" in n.ended  # the session "for ever" ended after an hour
+
+
+def test_session_limits_are_read_in_mosquittos_words():
+    from c2dtn.ip_gateway.policy import parse_gateway
+
+    cfg = parse_gateway("gw.toml", {"max_sessions": 200, "max_connections_per_address": 8,
+                                    "persistent_client_expiration": "2w"})
+    assert (cfg.limits.max_sessions, cfg.limits.max_connections_per_address,
+            cfg.limits.persistent_client_expiration) == (200, 8, 14 * 86400)
+    with pytest.raises(ConfigError, match="persistent_client_expiration' = '2 weeks'"):
+        parse_gateway("gw.toml", {"persistent_client_expiration": "2 weeks"})
+    assert parse_gateway("gw.toml", {}).limits.max_sessions == 1000
