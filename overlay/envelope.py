@@ -396,43 +396,13 @@ class Codec:
 
     # -- opening ---------------------------------------------------------
     def open_container(self, payload: bytes) -> "Container":
-        """Split a bundle payload into its sender, destination, sealed envelopes and origin
-        tags; checks shape only.  Every item must be [ciphertext, 16-byte tag], the one form
-        that is opened and that origin tags cover: a bundle with any item in another form is
-        refused whole."""
-        if len(payload) > MAX_CONTAINER_BYTES:
-            raise Oversize(f"bundle payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
-        try:
-            obj = strict_loads(payload, max_depth=3, max_items=CONTAINER_ITEMS_MAX)
-        except StrictCBORError as e:
-            raise Malformed(f"bundle payload is not strict CBOR: {e}") from None
-        if not isinstance(obj, list) or len(obj) not in (4, 5):
-            raise Malformed(f"bundle payload is not a 4- or 5-item array: {short(obj)}")
-        if obj[0] != CONTAINER_VERSION:
-            raise BadVersion(f"container version {short(obj[0])}, this node speaks {CONTAINER_VERSION}")
-        _, sender, dst, envs = obj[:4]
-        if not isinstance(sender, str) or not NAME.fullmatch(sender):
-            raise Malformed(f"sender is not a node id: {short(sender)}")
+        """Split a bundle payload (split_container) and check it is for this node: sent by a node,
+        not a group, to this node or a group it is in."""
+        sender, dst, envs, tags = split_container(payload)
         if sender in self.groups:  # its key is every member's: a bundle "from" it proves nothing
             raise UnknownPeer(f"sender {sender!r} is a group, not a node")
-        if not isinstance(dst, str) or not NAME.fullmatch(dst):
-            raise Malformed(f"destination is not a node id: {short(dst)}")
         if dst != self.node and dst not in self.groups:
             raise Misrouted(f"bundle for {dst!r} reached {self.node!r}")
-        if not isinstance(envs, list):
-            raise Malformed(f"envelopes are not an array: {short(envs)}")
-        if len(envs) > MAX_ENVELOPES_PER_BUNDLE:
-            raise Oversize(f"{len(envs)} envelopes in one bundle exceeds {MAX_ENVELOPES_PER_BUNDLE}")
-        for i, it in enumerate(envs):
-            if not (isinstance(it, list) and len(it) == 2 and isinstance(it[0], bytes)
-                    and isinstance(it[1], bytes) and len(it[1]) == TAG_BYTES):
-                raise Malformed(f"item {i} is not [ciphertext, {TAG_BYTES}-byte tag] but {short(it)}: "
-                                f"the whole bundle is refused")
-        tags = obj[4] if len(obj) == 5 else None
-        if tags is not None and (not isinstance(tags, list) or len(tags) > MAX_GROUP_MEMBERS
-                                 or not all(isinstance(t, bytes) and len(t) == ORIGIN_TAG_BYTES for t in tags)):
-            raise Malformed(f"origin tags are not up to {MAX_GROUP_MEMBERS} byte strings of {ORIGIN_TAG_BYTES}: "
-                            f"{short(tags)}")
         return Container(sender, envs, tags, dst=dst)
 
     def check_origin(self, c: "Container", group: str) -> None:
@@ -574,6 +544,42 @@ def builtin_dictionary(version: int = 2) -> bytes:
     """A zstd dictionary for position reports that ships with c2dtn (perf/train_dict.py)."""
     name = "position-reports.zdict" if version == 1 else f"position-reports-v{version}.zdict"
     return resources.files("c2dtn.overlay").joinpath("data", name).read_bytes()
+
+
+def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None]:
+    """(sender, destination, items, origin tags or None) of a bundle payload, checked for shape
+    alone, in the strict CBOR subset (what a relay reads too).  Every item must be [ciphertext,
+    16-byte tag], the one form that is opened and that origin tags cover: a bundle with any item
+    in another form is refused whole."""
+    if len(payload) > MAX_CONTAINER_BYTES:
+        raise Oversize(f"bundle payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
+    try:
+        obj = strict_loads(payload, max_depth=3, max_items=CONTAINER_ITEMS_MAX)
+    except StrictCBORError as e:
+        raise Malformed(f"bundle payload is not strict CBOR: {e}") from None
+    if not isinstance(obj, list) or len(obj) not in (4, 5):
+        raise Malformed(f"bundle payload is not a 4- or 5-item array: {short(obj)}")
+    if obj[0] != CONTAINER_VERSION:
+        raise BadVersion(f"container version {short(obj[0])}, this node speaks {CONTAINER_VERSION}")
+    _, sender, dst, envs = obj[:4]
+    for what, name in (("sender", sender), ("destination", dst)):
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise Malformed(f"{what} is not a node id: {short(name)}")
+    if not isinstance(envs, list):
+        raise Malformed(f"envelopes are not an array: {short(envs)}")
+    if len(envs) > MAX_ENVELOPES_PER_BUNDLE:
+        raise Oversize(f"{len(envs)} envelopes in one bundle exceeds {MAX_ENVELOPES_PER_BUNDLE}")
+    for i, it in enumerate(envs):
+        if not (isinstance(it, list) and len(it) == 2 and isinstance(it[0], bytes)
+                and isinstance(it[1], bytes) and len(it[1]) == TAG_BYTES):
+            raise Malformed(f"item {i} is not [ciphertext, {TAG_BYTES}-byte tag] but {short(it)}: "
+                            f"the whole bundle is refused")
+    tags = obj[4] if len(obj) == 5 else None
+    if tags is not None and (not isinstance(tags, list) or len(tags) > MAX_GROUP_MEMBERS
+                             or not all(isinstance(t, bytes) and len(t) == ORIGIN_TAG_BYTES for t in tags)):
+        raise Malformed(f"origin tags are not up to {MAX_GROUP_MEMBERS} byte strings of {ORIGIN_TAG_BYTES}: "
+                        f"{short(tags)}")
+    return sender, dst, envs, tags
 
 
 def _subkey(secret: bytes, label: bytes) -> bytes:

@@ -46,11 +46,9 @@ from pathlib import Path
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig, load_node_config
-from c2dtn.overlay.envelope import CONTAINER_ITEMS_MAX, CONTAINER_VERSION, MAX_CONTAINER_BYTES, TAG_BYTES
+from c2dtn.overlay.envelope import EnvelopeError, split_container
 from c2dtn.private import private_dir, private_sqlite
-from c2dtn.strict_cbor import StrictCBORError, short
-from c2dtn.strict_cbor import loads as strict_loads
-from c2dtn.tomlfile import NAME, check_name, check_table, read_toml
+from c2dtn.tomlfile import check_name, check_table, read_toml
 
 log = logging.getLogger("c2dtn.relay")
 
@@ -113,26 +111,15 @@ def island_members(cfg: NodeConfig) -> set[str]:
 
 def payload_destination(payload: bytes) -> str:
     """The destination node of an overlay bundle payload, read without any key: the container
-    names it in the clear (its envelopes are encrypted).  Decoded as strictly as a node decodes
-    it (c2dtn.strict_cbor): the relay checks no tag, so this is all that stands between a
-    peer's bytes and its event loop."""
-    if len(payload) > MAX_CONTAINER_BYTES:
-        raise Unroutable(f"payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
+    names it in the clear (its envelopes are encrypted).  Checked as strictly as a node checks
+    it (envelope.split_container): the relay checks no tag, so this is all that stands between
+    a peer's bytes and its event loop."""
     try:
-        obj = strict_loads(payload, max_depth=3, max_items=CONTAINER_ITEMS_MAX)
-    except StrictCBORError as e:
-        raise Unroutable(f"not an overlay container (not strict CBOR: {e})") from None
-    if not isinstance(obj, list) or len(obj) not in (4, 5):
-        raise Unroutable(f"not an overlay container: {short(obj)}")
-    if obj[0] != CONTAINER_VERSION:
-        raise Unroutable(f"container version {short(obj[0])}, the relay reads {CONTAINER_VERSION}")
-    dst, envs = obj[2], obj[3]
-    if not isinstance(envs, list) or not envs or not all(
-            isinstance(it, list) and len(it) == 2 and isinstance(it[0], bytes) and isinstance(it[1], bytes)
-            and len(it[1]) == TAG_BYTES for it in envs):
-        raise Unroutable(f"not an overlay container: the items are not [ciphertext, {TAG_BYTES}-byte tag]")
-    if not isinstance(dst, str) or not NAME.fullmatch(dst):
-        raise Unroutable(f"destination is not a node id: {short(dst)}")
+        _, dst, envs, _ = split_container(payload)
+    except EnvelopeError as e:
+        raise Unroutable(f"not an overlay container ({e.reason}): {e}") from None
+    if not envs:
+        raise Unroutable("not an overlay container: no envelopes")
     return dst
 
 

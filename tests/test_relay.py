@@ -89,7 +89,7 @@ def test_a_full_relay_drops_the_newest_and_keeps_what_it_holds(tmp_path):
 @pytest.mark.parametrize("payload, why", [
     (b"", "not an overlay container"),
     (b"\xff\x00garbage", "not an overlay container"),
-    (cbor2.dumps([1, "deu-gw", "prt-gw", []]), "container version 1, the relay reads 2"),
+    (cbor2.dumps([1, "deu-gw", "prt-gw", []]), "container version 1, this node speaks 2"),
     (cbor2.dumps([2, "deu-gw", "prt-gw", []]), "not an overlay container"),
     (cbor2.dumps([2, "deu-gw", 5, [[b"ct", bytes(16)]]]), "destination is not a node id: 5"),
     (cbor2.dumps([2, "deu-gw", "prt-gw", [[b"ct", b"t"]]]), "16-byte tag"),

@@ -149,6 +149,21 @@ def test_a_power_cut_after_a_bundle_went_before_its_fsync_costs_no_later_message
     assert [d.body for d in b.take()] == [b"first", b"sent, then the power failed", b"after the power cut"]
 
 
+async def serve_api_to(node, client, then=None) -> None:
+    """The node's API served (its syncer running) while `client` runs in a thread; `then`
+    (a coroutine function) before it stops."""
+    node.syncer.start()
+    await node._serve_api()
+    th = threading.Thread(target=client)
+    th.start()
+    while th.is_alive():
+        await asyncio.sleep(0.01)
+    if then is not None:
+        await then()
+    await node._runner.cleanup()
+    node.syncer.stop()
+
+
 def test_a_flash_message_goes_to_the_agent_before_its_fsync_and_is_answered_after_it(tmp_path):
     """Through the node's API, with an fsync that takes 80 ms: the bundle is handed to the agent
     at once, the client's answer (the message is in custody) comes only once the fsync is done."""
@@ -183,17 +198,7 @@ def test_a_flash_message_goes_to_the_agent_before_its_fsync_and_is_answered_afte
             c.send("gw4", b"order %d" % i, priority="flash")
             answers.append((t0, time.monotonic()))
 
-    async def main():
-        node.syncer.start()
-        await node._serve_api()
-        th = threading.Thread(target=client)
-        th.start()
-        while th.is_alive():
-            await asyncio.sleep(0.01)
-        await node._runner.cleanup()
-        node.syncer.stop()
-
-    asyncio.run(main())
+    asyncio.run(serve_api_to(node, client))
     node.core.store.close()
     assert len(sent) == 3 and len(answers) == 3
     # the first submit's reservation of seqs had to reach the disk before anything could go early

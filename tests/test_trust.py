@@ -11,6 +11,7 @@ from c2dtn.overlay.envelope import BadTag, Codec, Envelope, Kind, Priority, enco
 from c2dtn.overlay.relay import RelayCore, Unroutable, payload_destination
 
 from test_groups import codec, make
+from test_send_before_sync import serve_api_to
 
 
 def sharing_bomb(levels: int) -> bytes:
@@ -287,17 +288,7 @@ def test_the_node_api_answers_413_for_a_message_over_the_limit_and_takes_one_at_
             got["over"] = str(e)
         got["at"] = c.send("gw4", b"x" * MAX_MESSAGE_BYTES)
 
-    async def main():
-        node.syncer.start()
-        await node._serve_api()
-        th = threading.Thread(target=client)
-        th.start()
-        while th.is_alive():
-            await asyncio.sleep(0.01)
-        await node._runner.cleanup()
-        node.syncer.stop()
-
-    asyncio.run(main())
+    asyncio.run(serve_api_to(node, client))
     held = node.core.store.held_out()[0]
     node.core.store.close()
     assert f"a message of {MAX_MESSAGE_BYTES + 1} bytes is over the overlay's limit" in got["over"]
@@ -546,17 +537,8 @@ def test_after_a_failed_fsync_nothing_is_acknowledged_or_sent_and_the_node_stops
                 answers.append(str(e))
 
     async def main():
-        stop = asyncio.Event()
-        node._stop = stop
-        node.syncer.start()
-        await node._serve_api()
-        th = threading.Thread(target=client)
-        th.start()
-        while th.is_alive():
-            await asyncio.sleep(0.01)
-        await node._hand_over(node.core.poll(10**13))  # what the pump would hand over now
-        await node._runner.cleanup()
-        node.syncer.stop()
+        node._stop = stop = asyncio.Event()
+        await serve_api_to(node, client, then=lambda: node._hand_over(node.core.poll(10**13)))  # the pump's next
         return stop.is_set()
 
     stopped = asyncio.run(main())
