@@ -56,6 +56,7 @@ class Target:
     what: str
     counts: dict = field(default_factory=lambda: {"accepted": 0, "refused": 0})
     rss_limit: bool = True  # False where another program's memory is in the process (an oracle)
+    timed: bool = True  # False under atheris: instrumented code is several times slower (perf/fuzz.py times it after)
 
     def __call__(self, data: bytes) -> None:
         """Run one input: taken or refused, within TIME_LIMIT_S and MEMORY_LIMIT (OverLimit)."""
@@ -63,7 +64,7 @@ class Target:
         t0 = time.perf_counter()
         self._once(data, count=True)
         took = time.perf_counter() - t0
-        if took > TIME_LIMIT_S:  # the machine may have paused: slow twice is slow
+        if took > TIME_LIMIT_S and self.timed:  # the machine may have paused: slow twice is slow
             t0 = time.perf_counter()
             self._once(data, count=False)
             took = min(took, time.perf_counter() - t0)
