@@ -96,6 +96,7 @@ class Campaign:
         self.prt = _core(work, "prt")
         self.now = 1_000
         self.captured: list[bytes] = []  # genuine bundles deu sent to prt or the group
+        self._groups: list[bytes] | None = None  # those of them for the group
         self.seq = 1 << 40  # the forgers' seqs: never ones deu used, so dedupe cannot be what refuses them
         self.rows: dict[str, Counter] = {c: Counter() for c in CLASSES}
         self.reasons: dict[str, Counter] = {c: Counter() for c in CLASSES}
@@ -143,8 +144,7 @@ class Campaign:
             as_deu = codec("nor", "deu")
             return as_deu.container([as_deu.seal(self._env(GROUP, lie))], GROUP)
         if cls == "splice":
-            group_bundles = [p for p in self.captured if len(cbor2.loads(p)) == 5]
-            spliced = cbor2.loads(self.rng.choice(group_bundles))
+            spliced = cbor2.loads(self.rng.choice(self._group_bundles()))
             spliced[3] = [cbor2.loads(codec("nor", "deu").seal(self._env(GROUP, lie)))]
             return cbor2.dumps(spliced)
         if cls in ("splice-wrapped", "splice-wrapped-ack"):
@@ -186,7 +186,10 @@ class Campaign:
         raise ValueError(f"unknown class {cls!r}: " + ", ".join(CLASSES))
 
     def _group_bundles(self) -> list[bytes]:
-        return [p for p in self.captured if len(cbor2.loads(p)) == 5]
+        """The captured bundles for the group (5 items: origin tags), found once."""
+        if self._groups is None:
+            self._groups = [p for p in self.captured if len(cbor2.loads(p)) == 5]
+        return self._groups
 
     def _ack(self, seq: int):
         """A "done" ack in deu's name for prt's report `seq` (which deu never got)."""
