@@ -210,7 +210,7 @@ class Campaign:
                 items[i] = cbor2.dumps(items[i])
             elif m == "nest" and items:
                 items[i] = [items[i]]
-            elif m == "reshape" and items:
+            elif m == "reshape" and items and isinstance(items[i], list) and len(items[i]) == 2:
                 items[i] = self.rng.choice([[*items[i], b""], items[i][:1], items[i][::-1],
                                             [items[i][0], items[i][1][:8]], {0: items[i][0], 1: items[i][1]}])
             elif m == "reorder":
