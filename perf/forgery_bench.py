@@ -302,8 +302,9 @@ class Campaign:
 
 def _reason(line: str) -> str:
     """The kind of a rejection line (`BundleResult.rejected`), for the report's counts."""
-    if "(malformed)" in line:  # its message may name a tag's form, but nothing was checked against a key
-        return "malformed"
+    for reason in ("malformed", "misrouted"):  # a message may name a tag's form: nothing was checked against a key
+        if f"({reason})" in line:
+            return reason
     for key in ("origin tag", "did not seal", "without origin tags", "sealed with", "bad tag", "tag",
                 "expired", "unknown", "malformed", "version", "oversize"):
         if key in line:
