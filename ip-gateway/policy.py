@@ -7,7 +7,7 @@
     tproxy_port = 11883            # where intercepted flows land
     far_queue = 1000               # far side: messages waiting for one client's broker connection
     max_far_sessions = 10000       # far side: broker sessions held for origin clients
-    qos1_once = true               # far side: QoS 1 messages go to the broker at QoS 2 (below)
+    qos1_once = false              # far side: true publishes QoS 1 messages to the broker at QoS 2 (below)
     batch_bytes = 32768            # near side: QoS 0/1 publishes read together share an envelope up
                                    # to this many payload bytes (0: one envelope each; default: half
                                    # the node's [scheduler] aggregate_bytes, so a batch fits a bundle)
@@ -156,12 +156,13 @@ class GatewayConfig:
     max_packet_size: int = 1 << 20
     far_queue: int = 1000
     max_far_sessions: int = 10_000
-    # The far side publishes a QoS 1 message to the broker at QoS 2, so that a far gateway
-    # killed after the broker took it and before its ack was in custody resends it (same
-    # packet id, DUP) into the broker's QoS 2 dedupe instead of publishing it twice.  A
-    # subscriber with a QoS 2 subscription gets it at QoS 2; what is left is the one round
-    # trip from PUBREL to the PUBCOMP being in custody.  false: QoS 1 stays 1 (at least once).
-    qos1_once: bool = True
+    # Default: a QoS 1 message reaches the broker at QoS 1, so a subscriber gets
+    # min(publish QoS, subscription QoS) as from the broker itself (at least once: a far
+    # gateway killed between the broker's PUBACK and its custody commit publishes it again).
+    # true: published at QoS 2, so that resend (same packet id, DUP) meets the broker's QoS 2
+    # dedupe; the cost is a QoS 2 subscriber getting it at QoS 2 and one more round trip.
+    # See docs/decisions/0002-qos1-transparent.md.
+    qos1_once: bool = False
     batch_bytes: int | None = None  # None: half the node's aggregate_bytes (NearSide)
     # password_file / acl_file / allow_anonymous, as Mosquitto names them (ip-gateway/auth.py);
     # None: none set, every client and topic allowed

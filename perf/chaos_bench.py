@@ -15,7 +15,7 @@ or hdtn on every node).
 Figures per QoS: published, PUBACKed (or PUBCOMPed) at the publisher, delivered at the
 subscriber once, delivered more than once, lost (published, acknowledged and never
 delivered), and the delivery latency p50 / p95 / max.  Both must arrive once: QoS 1 too,
-as the far side publishes it to the broker at QoS 2 ([gateway] qos1_once).  Writes
+as gw4 publishes it to the broker at QoS 2 (`qos1_once = true` in its [gateway]).  Writes
 results/<time>-chaos/ with report.md, summary.json, events.jsonl (kills, outages,
 deliveries) and plot.png (+ .json).
 """
@@ -134,7 +134,7 @@ def campaign(minutes: float, kills: int, rate: float, profile: str, outage_s: fl
     rule = '[[gateway.topic]]\nfilter = "c2/#"\npriority = "immediate"\nlifetime = 86400\n'
     nodes = Nodes(st, BPA, ["gw1", "gw4"], work / "nodes", agent=agent,
                   gateways={"gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\n'
-                                   f'via = "gw4"\n\n{rule}', "gw4": f"[gateway]\n\n{rule}"})
+                                   f'via = "gw4"\n\n{rule}', "gw4": f"[gateway]\nqos1_once = true\n\n{rule}"})
     broker = start_mosquitto("c2-h4", work / "broker", h4)
     sub = None
     t0 = time.monotonic()

@@ -72,16 +72,22 @@ def broker(tmp_path):
 class Subscriber:
     """A paho client on the broker, keeping every publication it gets."""
 
-    def __init__(self, port: int, topic: str = "t/#"):
+    def __init__(self, port: int, topic: str = "t/#", qos: int = 1):
         import paho.mqtt.client as paho
 
         self.got: list[tuple[str, bytes]] = []
+        self.qos: list[int] = []  # the QoS each publication came at
+
+        def on_message(_c, _u, msg):
+            self.got.append((msg.topic, msg.payload))
+            self.qos.append(msg.qos)
+
         self.c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"c2sub-{port}")
-        self.c.on_message = lambda _c, _u, msg: self.got.append((msg.topic, msg.payload))
+        self.c.on_message = on_message
         subscribed = []
         self.c.on_subscribe = lambda *a: subscribed.append(1)
         self.c.connect("127.0.0.1", port)
-        self.c.subscribe(topic, qos=1)
+        self.c.subscribe(topic, qos=qos)
         self.c.loop_start()
         deadline = time.monotonic() + 10
         while not subscribed and time.monotonic() < deadline:
@@ -303,12 +309,31 @@ class AckSwallower:
         self.conns = []
 
 
+@pytest.mark.parametrize("qos1_once,expect", [(None, [0, 1, 2]), (False, [0, 1, 2]), (True, [0, 2, 2])])
+def test_a_subscriber_gets_each_publication_at_the_qos_the_broker_itself_would_give(tmp_path, broker, qos1_once,
+                                                                                     expect):
+    """A QoS 2 subscriber at the far broker gets QoS 0, 1 and 2 publications at min(publish
+    QoS, subscription QoS), as from the broker alone; qos1_once = true raises QoS 1 to 2."""
+    sub = Subscriber(broker.port, qos=2)
+    b = f"127.0.0.1:{broker.port}"
+
+    async def main():
+        p = Pair(tmp_path, **({} if qos1_once is None else {"qos1_once": qos1_once}))
+        await p.gw.start()
+        p.send([conn("c2-q", b)] + [pub("c2-q", b, f"t/{q}", b"q%d" % q, q=q) for q in (0, 1, 2)])
+        assert await until(lambda: len(sub.got) == 3 and p.held() == 0), (sub.got, p.held())
+        await p.gw.stop()
+
+    run_then_close(main, sub)
+    assert [q for _, q in sorted(zip([t for t, _ in sub.got], sub.qos))] == expect, (sub.got, sub.qos)
+
+
 @pytest.mark.parametrize("qos1_once,copies", [(True, 1), (False, 2)])
 def test_a_far_gateway_killed_before_the_brokers_acks_came_publishes_qos1_messages_once(tmp_path, broker, qos1_once,
                                                                                         copies):
     """10 QoS 1 messages reach the broker; the gateway dies before any ack comes back and,
-    restarted, sends them again (same packet ids, DUP).  Sent at QoS 2 (qos1_once, the
-    default) the broker knows them and its subscribers get each once; at QoS 1 twice."""
+    restarted, sends them again (same packet ids, DUP).  Sent at QoS 2 (qos1_once = true)
+    the broker knows them and its subscribers get each once; at QoS 1 (the default) twice."""
     sub = Subscriber(broker.port)
 
     async def main():
