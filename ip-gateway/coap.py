@@ -219,8 +219,7 @@ class CoapGateway:
         if self.node.syncer is not None and self.node.syncer.pending():
             self._start(self._committed_when_synced(a, seq is not None))  # the ACK once it is on disk
             return
-        self.near.committed(a.key, seq is not None)
-        self.run(a.then)
+        self.run(self.near.committed(a.key, seq is not None, a.then, now_ms()))
 
     async def _committed_when_synced(self, a: cc.Submit, took: bool) -> None:
         try:
@@ -228,8 +227,7 @@ class CoapGateway:
         except OSError:  # logged by the syncer: no ACK, the client retransmits and is answered then
             self.near.exchanges.pop(a.key, None)
             return
-        self.near.committed(a.key, took)
-        self.run(a.then)
+        self.run(self.near.committed(a.key, took, a.then, now_ms()))
 
     def _consume(self, inbox_id: int) -> None:
         self.node.consumed([inbox_id])

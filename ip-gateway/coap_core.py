@@ -1,9 +1,12 @@
 """CoAP split session (I/O-free): RFC 7252 towards the clients, envelopes towards the link.
 
 Near side (clients here), `NearCoap`: datagrams and `now` in, actions out.
-- A confirmable request is acknowledged with an empty ACK only once its envelope is
-  committed to custody (the `Submit` action carries the ACK to send after the commit);
-  the response comes later as a separate CON response with the client's token,
+- A confirmable request is acknowledged only once its envelope is committed to custody
+  (the `Submit` action carries the empty ACK; `committed` says what to send then).  A
+  response back within PIGGYBACK_WAIT_MS of the commit goes piggybacked on the ACK, as
+  the server itself would answer (some clients, libcoap's among them, take the first
+  Block2 block of a body only in a piggybacked response); else the empty ACK goes then
+  and the response comes later as a separate CON response with the client's token,
   retransmitted per RFC 7252 4.2 (ACK_TIMEOUT x random factor, doubling, MAX_RETRANSMIT)
   until the client ACKs it.  A NON request goes the same way without the empty ACK, and
   its response is NON.
@@ -69,6 +72,9 @@ ACK_TIMEOUT_MS = 2000
 ACK_RANDOM_FACTOR = 1.5
 MAX_RETRANSMIT = 4
 EXCHANGE_LIFETIME_MS = 247_000
+# a committed CON request's empty ACK waits this long for its response to piggyback on it:
+# well inside ACK_TIMEOUT, so the client does not retransmit meanwhile (RFC 7252 5.2.2)
+PIGGYBACK_WAIT_MS = 1000
 # options this gateway acts on itself and does not pass on as they came
 OBSERVE, BLOCK2, BLOCK1, SIZE2, SIZE1 = 6, 23, 27, 28, 60
 URI_HOST, URI_PORT, PROXY_URI, PROXY_SCHEME = 3, 7, 35, 39
@@ -233,6 +239,13 @@ class _Pending:  # a CON response waiting for the client's ACK
 
 
 @dataclass
+class _Acking:  # a committed CON request whose empty ACK waits for its response to piggyback on
+    token: bytes
+    ack: Reply
+    until_ms: int
+
+
+@dataclass
 class _Kept:  # a response body kept for the client's later Block2 blocks, or an upload being gathered
     message: Message
     until_ms: int
@@ -252,6 +265,9 @@ class NearCoap:
         self.bodies: dict[tuple[Addr, bytes], _Kept] = {}  # (client, resource_key) -> response for Block2
         self.uploads: dict[tuple[Addr, bytes], _Kept] = {}  # (client, resource_key) -> Block1 so far
         self.held: dict[tuple[Addr, bytes], list] = {}  # observation -> [inbox_id, body, origin, until, first held]
+        self.acking: dict[tuple[Addr, int], _Acking] = {}  # (client, mid) -> its ACK, waiting for the response
+        self.acking_token: dict[tuple[Addr, bytes], int] = {}  # (client, token) -> that mid
+        self.tokens: dict[tuple[Addr, int], bytes] = {}  # (client, mid) -> token, of requests not yet committed
         self.mid = self.rng.randrange(1 << 16)
         self.obs_value = 0
 
@@ -297,7 +313,10 @@ class NearCoap:
         if ex is not None and ex[0] == digest and ex[1] > now_ms:
             self.counters["duplicates"] += 1
             # answered again once its envelope is committed; before that the commit's ACK is coming
-            return [Reply(empty(Type.ACK, m.mid), client, via)] if con and ex[2] else []
+            if con and ex[2]:
+                self._unpiggyback(key)
+                return [Reply(empty(Type.ACK, m.mid), client, via)]
+            return []
         if listener and (m.opt.proxy_uri is not None or m.opt.proxy_scheme is not None):
             target = forward_target(m)
             if isinstance(target, str):
@@ -334,6 +353,9 @@ class NearCoap:
                             **({"obs": m.opt.observe} if m.opt.observe in (0, 1) and m.code == Code.GET else {})})
         self.counters["requests"] += 1
         then = [Reply(empty(Type.ACK, m.mid), client, via)] if con else []
+        if con and m.opt.observe is None:
+            self.tokens[key] = m.token
+            self._bound(self.tokens)
         # a repeat of a message id only within EXCHANGE_LIFETIME (RFC 7252 4.5: it may be reused after)
         mark = (f"coap:{client[0]}:{client[1]}:{m.mid}", digest, EXCHANGE_LIFETIME_MS)
         return [Submit(dst, body, rule.lifetime_s * 1000, rule.priority, mark, then, key)]
@@ -396,15 +418,29 @@ class NearCoap:
             return Reply(encode(r, Type.ACK, m.mid, m.token), client, via)
         return Reply(encode(r, Type.NON, self._next_mid(), m.token), client, via)
 
-    def committed(self, key: tuple[Addr, int], took: bool) -> None:
+    def committed(self, key: tuple[Addr, int], took: bool, then: list, now_ms: int) -> list:
         """The request's envelope is in custody (`took`: new; else a repeat of one taken
-        before a restart, counted as a duplicate)."""
+        before a restart, counted as a duplicate): what to send now.  A new CON request's
+        empty ACK (`then`) waits up to PIGGYBACK_WAIT_MS for the response."""
         ex = self.exchanges.get(key)
         if ex is not None:
             self.exchanges[key] = (ex[0], ex[1], True)
+        token = self.tokens.pop(key, None)
         if not took:
             self.counters["requests"] -= 1
             self.counters["duplicates"] += 1
+            return then
+        if token is None or len(then) != 1:
+            return then
+        self.acking[key] = _Acking(token, then[0], now_ms + PIGGYBACK_WAIT_MS)
+        self.acking_token[(key[0], token)] = key[1]
+        return []
+
+    def _unpiggyback(self, key: tuple[Addr, int]) -> _Acking | None:
+        a = self.acking.pop(key, None)
+        if a is not None:
+            self.acking_token.pop((key[0], a.token), None)
+        return a
 
     def _answer(self, m: Message, code: Code, why: str, client: Addr, via: Addr) -> Reply:
         return self._reply(m, Message(code=code, payload=why.encode()), client, via)
@@ -458,6 +494,11 @@ class NearCoap:
             self.bodies[(client, body.get("k", b""))] = _Kept(msg, now_ms + EXCHANGE_LIFETIME_MS)
             self._bound(self.bodies)
             msg = self._block(msg, num, szx)
+        mid = self.acking_token.get((client, body["t"])) if not body.get("obs") else None
+        if mid is not None:  # its request's ACK is still waiting: the response rides on it
+            self._unpiggyback((client, mid))
+            self.counters["piggybacked"] += 1
+            return [*out, Reply(encode(msg, Type.ACK, mid, body["t"]), client, via), Consume(inbox_id)]
         data = encode(msg, Type.CON if con else Type.NON, self._next_mid(), body["t"])
         reply = Reply(data, client, via)
         if not con:
@@ -489,6 +530,8 @@ class NearCoap:
         """Retransmissions due (RFC 7252 4.2); a response unacknowledged after MAX_RETRANSMIT
         is given up (the client is gone or gave up its exchange) and its envelope consumed."""
         out: list = []
+        for key in [k for k, a in self.acking.items() if a.until_ms <= now_ms]:
+            out.append(self._unpiggyback(key).ack)  # no response yet: the empty ACK (RFC 7252 5.2.2)
         for key, (inbox_id, body, origin, until, _) in list(self.held.items()):
             if until <= now_ms:  # nothing newer came: the stale one is the newest there is
                 del self.held[key]
@@ -516,7 +559,8 @@ class NearCoap:
         return out
 
     def next_deadline_ms(self) -> int | None:
-        return min([p.next_ms for p in self.pending.values()] + [h[3] for h in self.held.values()], default=None)
+        return min([p.next_ms for p in self.pending.values()] + [h[3] for h in self.held.values()]
+                   + [a.until_ms for a in self.acking.values()], default=None)
 
     def waiting_for(self, inbox_id: int) -> bool:
         return any(p.inbox_id == inbox_id for p in self.pending.values())
