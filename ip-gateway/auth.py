@@ -101,6 +101,9 @@ def _covers(acl: str, topic: str, filter_: bool) -> bool:
     return len(a) == len(t)
 
 
+_UNSAFE = set("+#/")
+
+
 @dataclass
 class Acl:
     anonymous: list[_Rule] = field(default_factory=list)
@@ -111,6 +114,10 @@ class Acl:
         rules = list(self.anonymous if user is None else self.users.get(user, []))
         for p in self.patterns:
             if "%u" in p.topic and user is None:
+                continue
+            # a client id or user name holding + # or / would widen the pattern past its own
+            # level (Mosquitto's CVE-2017-7650): such a pattern does not apply to that client
+            if ("%c" in p.topic and _UNSAFE & set(client)) or ("%u" in p.topic and _UNSAFE & set(user or "")):
                 continue
             rules.append(_Rule(p.access, p.topic.replace("%c", client).replace("%u", user or "")))
         if any(r.denies(topic, filter_) for r in rules):

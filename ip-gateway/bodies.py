@@ -11,7 +11,8 @@ keep one split session per client.  Each envelope body is a CBOR map:
   op "unsub"  f: [filter, ...]
   op "pub"    t (topic), p (payload), q (QoS), r (retain), x (v5 properties)
   op "pubs"   m: [{t, p, q, r, x}, ...], publishes of QoS 0 or 1 read together, in order (near_core._batched)
-  op "disc"   the client left: w true if its will must be published (no DISCONNECT seen)
+  op "disc"   the client left: w true if its will must be published (no DISCONNECT seen);
+              sx (MQTT 5) the session expiry interval then in force
   op "msg"    far -> near: a publication for client c from the broker (t, p, q, r, x)
   op "bpub"   bridge -> bridge: a publication from the sender's local broker (t, p, q, r, x);
               c is the sending bridge's client id

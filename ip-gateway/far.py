@@ -353,7 +353,7 @@ class FarSession:
     async def _apply(self, d: Delivery | Part, msg: dict) -> None:
         op = msg["op"]
         if op == "conn":
-            self.params = {k: msg[k] for k in ("v", "cs", "ka", "sx", "w") if k in msg}
+            self.params = {k: msg[k] for k in ("v", "cs", "ka", "sx", "w", "u", "pw") if k in msg}
             self.params["clean"] = bool(msg.get("cs"))  # "cs" is cleared once connected (reconnects resume)
             if self.params.get("cs"):
                 self.subs.clear()
@@ -368,6 +368,8 @@ class FarSession:
             self.gw.delivered(d.id)
             return
         if op == "disc":
+            if isinstance(msg.get("sx"), int) and self.params.get("v", 4) == 5:
+                self.params["sx"] = msg["sx"]  # set again at the client's DISCONNECT (MQTT 5 3.14.2.2.2)
             self.present = False
             self.gone_at = time.time()
             self.gw.far_changed(self)
@@ -474,7 +476,9 @@ class FarSession:
     def _drop_clean(self) -> None:
         if self.writer is not None:
             with contextlib.suppress(Exception):
-                self.writer.write(m.encode(m.Disconnect(), self.params.get("v", 4)))
+                v = self.params.get("v", 4)
+                props = {"session_expiry_interval": self.params["sx"]} if v == 5 and "sx" in self.params else {}
+                self.writer.write(m.encode(m.Disconnect(0, props), v))
                 self.writer.close()
             self.writer = None
 

@@ -327,8 +327,9 @@ class MqttGateway:
     def far_left(self, f: FarSession) -> None:
         """Its client disconnected: the session ends now or after its expiry interval."""
         sx = f.expiry_s()
-        if sx is None and self.cfg.limits.persistent_client_expiration:  # "for ever": as Mosquitto's option says
-            sx = self.cfg.limits.persistent_client_expiration
+        cap = self.cfg.limits.persistent_client_expiration
+        if cap and (sx is None or sx > cap):  # no session outlives its client longer (docs/security.md)
+            sx = cap
         if sx == 0:
             self._end_far(f, "ended with its client's disconnect")
         elif sx is not None:

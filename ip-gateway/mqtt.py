@@ -444,9 +444,10 @@ class _Reader:
 class Parser:
     """Frames and decodes a stream of MQTT packets."""
 
-    def __init__(self, max_packet_size: int = 1 << 20, version: int | None = None):
+    def __init__(self, max_packet_size: int = 1 << 20, version: int | None = None, connect_max: int | None = None):
         self.max_packet_size = max_packet_size
         self.version = version  # None until a CONNECT told it
+        self.connect_max = connect_max  # the limit until then (None: max_packet_size)
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> list[Packet]:
@@ -479,9 +480,12 @@ class Parser:
             if i == 5:
                 raise MqttError(Reason.MALFORMED_PACKET, "remaining length longer than 4 bytes")
             mul <<= 7
-        if i + length > self.max_packet_size:
+        limit = self.max_packet_size
+        if self.version is None and self.connect_max is not None:
+            limit = min(limit, self.connect_max)
+        if i + length > limit:
             raise MqttError(Reason.PACKET_TOO_LARGE,
-                            f"packet of {i + length} bytes exceeds the maximum packet size {self.max_packet_size}")
+                            f"packet of {i + length} bytes exceeds the maximum packet size {limit}")
         if len(b) < i + length:
             return None
         return b[0], i, i + length

@@ -45,7 +45,7 @@ class NearSide:
         cid = next(self._ids)
         self.writers[cid] = writer
         peer = writer.get_extra_info("peername")
-        self.core.open(cid, f"{broker[0]}:{broker[1]}", time.time(), peer[0] if peer else "")
+        self.run(self.core.open(cid, f"{broker[0]}:{broker[1]}", time.time(), peer[0] if peer else ""))
         try:
             while cid in self.writers:
                 data = await reader.read(65536)

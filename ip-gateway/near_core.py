@@ -6,7 +6,7 @@ envelopes to commit, deliveries done and deadlines out.  The asyncio shell
 One NearCore serves every client connection of a gateway, because sessions
 outlive connections and a client id may move between them (takeover).
 
-    core.open(conn, broker, now)                  a client connected (broker: "ip:port" it meant)
+    core.open(conn, broker, now, source) -> events  a client connected (broker: "ip:port" it meant)
     core.data(conn, bytes, now)      -> events    what it sent
     core.committed(conn, ok, now)    -> events    after a Submit: the store took it (ok) or was full
     core.deliver(client, id, msg, ...) -> events  a publication from the far broker (None: not connected)
@@ -59,6 +59,8 @@ CONTROL_LIFETIME_MS = 7 * 24 * 3600 * 1000
 TOPIC_ALIAS_MAX = 64       # announced to MQTT 5 clients in CONNACK
 NEVER = 0xFFFFFFFF         # a session expiry interval that never ends (and 3.1.1's clean session 0)
 KEEPALIVE_GRACE = 1.5      # a client silent for 1.5 x its keep alive is gone (spec 3.1.2.10)
+CONNECT_TIMEOUT_S = 10.0   # a connection that sent no CONNECT by then is closed
+CONNECT_MAX_BYTES = 256 << 10  # the largest packet taken before CONNECT (a CONNECT with a will)
 
 Envelope = tuple[str, bytes, int, Priority, str | None]  # (destination, body, lifetime ms, priority, supersession key)
 
@@ -151,6 +153,8 @@ class NearSession:
     sub_ids: dict[str, int] = field(default_factory=dict)   # filter -> subscription identifier (MQTT 5)
     expiry_s: int = 0                                        # session expiry interval
     expires_at: float | None = None                          # wall time it ends, while no connection has it
+    user: str | None = None                                  # the user name its client logged in with
+    owned: bool = True                                       # False: from a file without users (anyone's)
     # not in the file (a restarted gateway resends as PUBLISH, under the same id: pub_pid):
     sent: set[int] = field(default_factory=set)      # inbox ids sent to the client, not yet acknowledged
     released: set[int] = field(default_factory=set)  # QoS 2 inbox ids whose PUBREC came, PUBCOMP not
@@ -162,7 +166,7 @@ class NearSession:
     def from_dict(cls, d: dict) -> NearSession:
         sess = cls(d["client"], d["broker"], d["far"], d.get("version", 4), dict(d.get("subs", {})),
                    dict(d.get("sub_ids", {})), d.get("expiry_s", 0 if d.get("clean", True) else NEVER),
-                   d.get("expires_at"))
+                   d.get("expires_at"), d.get("user") if isinstance(d.get("user"), str) else None, "user" in d)
         return sess
 
 
@@ -176,7 +180,7 @@ class _Out:
 class _Conn:
     def __init__(self, cid: int, broker: str, max_packet_size: int, now: float):
         self.id, self.broker = cid, broker
-        self.parser = m.Parser(max_packet_size)
+        self.parser = m.Parser(max_packet_size, connect_max=CONNECT_MAX_BYTES)
         self.sess: NearSession | None = None
         self.qos2_in: set[int] = set()     # QoS 2 packet ids taken, PUBREL not yet seen
         self.out: dict[int, _Out] = {}     # packet id -> publication in flight to the client
@@ -185,7 +189,7 @@ class _Conn:
         self.keepalive = 0
         self.receive_max = 65535
         self.max_packet: int | None = None
-        self.last_rx = now
+        self.last_rx = self.opened = now
         self.clean_exit = False
         self.user: str | None = None  # the user name it logged in with
         self.source = ""  # the client's address
@@ -194,6 +198,7 @@ class _Conn:
         self.pending: list[m.Packet] = []  # replies waiting for a commit
         self.pending_marks: list[str] = []  # the custody marks of the publishes those replies answer
         self.resume = False
+        self.disc_sx: int | None = None  # the session expiry interval its DISCONNECT set (MQTT 5)
 
     @property
     def version(self) -> int:
@@ -212,16 +217,32 @@ class NearCore:
         self.limits = limits or SessionLimits()
         self._now = 0.0
         self._failed_logins = Spell(log, clock=lambda: self._now)
+        self._bad_first = Spell(log, clock=lambda: self._now)  # one line per spell: a scan does not flood the log
         self.sessions: dict[str, NearSession] = {}
         self.active: dict[str, int] = {}  # client id -> the connection that has its session
         self.conns: dict[int, _Conn] = {}
         self.counters: Counter[str] = Counter()
 
     # -- connections -------------------------------------------------------------------
-    def open(self, conn: int, broker: str, now: float, source: str = "") -> None:
-        """A client connected, from address `source`, to `broker` ("ip:port" it meant)."""
+    def open(self, conn: int, broker: str, now: float, source: str = "") -> list[Event]:
+        """A client connected, from address `source`, to `broker` ("ip:port" it meant).  Until
+        its CONNECT it may send CONNECT_MAX_BYTES, for CONNECT_TIMEOUT_S; it is closed at once
+        when more connections than max_connections_per_address from its address (or than
+        max_sessions in all) are waiting for their CONNECT."""
         self.conns[conn] = c = _Conn(conn, broker, self.max_packet_size, now)
         c.source = source
+        lim = self.limits
+        waiting = [o for o in self.conns.values() if o.sess is None and not o.closed]
+        n = sum(1 for o in waiting if o.source == source) if lim.max_connections_per_address and source else 0
+        if n > lim.max_connections_per_address or len(waiting) > lim.max_sessions:
+            self.counters["connects_over_limits"] += 1
+            self._now = now
+            self._failed_logins.hit("MQTT connections refused over the session limits, the latest: %s",
+                                    f"{n} connections from {source} without CONNECT (max_connections_per_address "
+                                    f"{lim.max_connections_per_address})" if n > lim.max_connections_per_address
+                                    else f"{len(waiting)} connections without CONNECT (max_sessions {lim.max_sessions})")
+            return self._shut(c, now)
+        return []
 
     def data(self, conn: int, data: bytes, now: float) -> list[Event]:
         c = self.conns.get(conn)
@@ -233,7 +254,9 @@ class NearCore:
         except m.MqttError as e:
             if c.sess is None and c.parser.version is None:
                 self.counters["protocol_errors"] += 1
-                log.warning("connection %d sent a bad first packet: %s (reason 0x%02x); closing it", conn, e, e.reason)
+                self._now = now
+                self._bad_first.hit("connections closed on a bad first packet, the latest: %d from %s: %s (reason 0x%02x)",
+                                    conn, c.source or "?", str(e)[:200], e.reason)
                 code = m.connack_code_v3(e.reason) if e.reason == m.Reason.UNSUPPORTED_PROTOCOL_VERSION else None
                 evs = [Write(conn, m.encode(m.ConnAck(False, code), 4))] if code is not None else []
                 return evs + self._shut(c, now)
@@ -306,7 +329,7 @@ class NearCore:
                     if c.sess.expiry_s == 0 and sx != 0:
                         return evs + self._fail(c, m.Reason.PROTOCOL_ERROR,
                                                 "session expiry set at DISCONNECT after 0 at CONNECT", now)
-                    c.sess.expiry_s = sx
+                    c.sess.expiry_s = c.disc_sx = sx
                 c.closing = True
                 break
         if envs:
@@ -420,14 +443,17 @@ class NearCore:
         if sess is None or self.active.get(sess.client) != conn:
             return evs
         del self.active[sess.client]
-        evs.append(Submit(None, [(sess.far, s.pack("disc", sess.client, sess.broker, w=not c.clean_exit),
+        # the far side ends its broker session when this one ends: an expiry DISCONNECT set goes too
+        extra = {"sx": c.disc_sx} if c.disc_sx is not None else {}
+        evs.append(Submit(None, [(sess.far, s.pack("disc", sess.client, sess.broker, w=not c.clean_exit, **extra),
                                   CONTROL_LIFETIME_MS, Priority.IMMEDIATE, None)]))
+        cap = self.limits.persistent_client_expiration
         if sess.expiry_s == 0:
             del self.sessions[sess.client]
+        elif cap and (sess.expiry_s == NEVER or sess.expiry_s > cap):  # no session outlives its client longer
+            sess.expires_at = now + cap
         elif sess.expiry_s != NEVER:
             sess.expires_at = now + sess.expiry_s
-        elif self.limits.persistent_client_expiration:  # a session "for ever" ends after this, as Mosquitto's
-            sess.expires_at = now + self.limits.persistent_client_expiration
         evs.append(SessionsChanged())
         return evs
 
@@ -451,7 +477,7 @@ class NearCore:
         if client not in self.sessions and len(self.sessions) >= lim.max_sessions:
             return f"{len(self.sessions)} sessions held (max_sessions {lim.max_sessions})"
         if lim.max_connections_per_address and c.source:
-            n = sum(1 for o in self.conns.values() if o.source == c.source and o.sess is not None and not o.closed)
+            n = sum(1 for o in self.conns.values() if o.source == c.source and o is not c and not o.closed)
             if n >= lim.max_connections_per_address:
                 return f"{n} connections from {c.source} (max_connections_per_address {lim.max_connections_per_address})"
         return ""
@@ -475,6 +501,18 @@ class NearCore:
                 self._failed_logins.hit("MQTT logins refused, the latest: client %r, user %r (0x%02x)",
                                         client[:64], (p.username or "")[:64], why)
                 return m.ConnAck(False, why if v5 else (4 if why == 0x86 else 5)), None, []
+            if p.will and not self.auth.may(p.username, client, p.will.topic, WRITE):
+                self.counters["wills_denied"] += 1  # a will is a publish: the same rule (Mosquitto 2.0 refuses too)
+                self._failed_logins.hit("MQTT wills refused by the ACL, the latest: client %r, user %r, topic %r",
+                                        client[:64], (p.username or "")[:64], p.will.topic[:64])
+                return m.ConnAck(False, 0x87 if v5 else 5), None, []
+            prev = self.sessions.get(client)
+            if (prev is not None and prev.owned and prev.user != p.username
+                    and (prev.expires_at is None or prev.expires_at > now)):
+                self.counters["takeovers_refused"] += 1  # a client id's session is its user's alone
+                self._failed_logins.hit("MQTT logins refused, the latest: client %r, user %r (the session is %r's)",
+                                        client[:64], (p.username or "")[:64], (prev.user or "")[:64])
+                return m.ConnAck(False, 0x87 if v5 else 5), None, []
             c.user = p.username
         busy = self._over_limits(c, client)
         if busy:  # refused before anything of it is taken: 0x97 quota exceeded (3.1.1: 3 server unavailable)
@@ -499,6 +537,7 @@ class NearCore:
         expiry = p.properties.get("session_expiry_interval", 0) if v5 else (0 if p.clean_start else NEVER)
         sess = prev if present else NearSession(client, c.broker, far)
         sess.version, sess.broker, sess.far, sess.expiry_s, sess.expires_at = p.version, c.broker, far, expiry, None
+        sess.user, sess.owned = p.username, True
         self.sessions[client] = sess
         self.active[client] = c.id
         c.sess = sess
@@ -655,11 +694,16 @@ class NearCore:
         ds = [c.last_rx + KEEPALIVE_GRACE * c.keepalive for c in self.conns.values()
               if c.sess is not None and c.keepalive and not c.closed]
         ds += [x.expires_at for x in self.sessions.values() if x.expires_at is not None]
+        ds += [c.opened + CONNECT_TIMEOUT_S for c in self.conns.values() if c.sess is None and not c.closed]
         return min(ds, default=None)
 
     def tick(self, now: float) -> list[Event]:
         evs: list[Event] = []
         for c in list(self.conns.values()):
+            if c.sess is None and not c.closed and now >= c.opened + CONNECT_TIMEOUT_S:
+                self.counters["connect_timeouts"] += 1  # counted, not logged: a scanner would fill the log
+                evs += self._shut(c, now)
+                continue
             if c.sess is not None and c.keepalive and now >= c.last_rx + KEEPALIVE_GRACE * c.keepalive:
                 self.counters["keepalive_timeouts"] += 1
                 log.warning("client %s silent for %.0f s (keep alive %d s): closing, its will goes",

@@ -210,3 +210,130 @@ def test_session_limits_are_read_in_mosquittos_words():
     with pytest.raises(ConfigError, match="persistent_client_expiration' = '2 weeks'"):
         parse_gateway("gw.toml", {"persistent_client_expiration": "2 weeks"})
     assert parse_gateway("gw.toml", {}).limits.max_sessions == 1000
+
+
+# -- found by the attacker review of the login, ACL and session limits ------------------------
+def test_a_will_on_a_topic_the_user_may_not_write_is_refused_at_connect():
+    """Before: alice, denied c2/secret/fire as a PUBLISH (0x87), set it as her will and cut
+    the connection; the broker published it."""
+    for version, code in ((5, 0x87), (4, 5)):
+        n = net()
+        n._next += 1
+        cid = n._next
+        n.core.open(cid, "10.77.4.2:1883", n.now)
+        n.readers[cid] = m.Parser(1 << 20, version=version)
+        n.inbox[cid] = []
+        n.send(cid, m.Connect("alice-1", True, 0, "alice", b"s3cret", m.Will("c2/secret/fire", b"launch", 1),
+                              version), version)
+        assert n.take(cid)[0].reason == code and cid in n.closed
+        assert n.committed == [] and n.core.counters["wills_denied"] == 1
+        cid, ack = connect(n, "alice-2", "alice", b"s3cret", version)  # a will she may write is taken
+        assert ack.reason == 0
+
+
+def test_wildcards_or_levels_in_a_client_id_or_user_name_do_not_widen_a_pattern():
+    """Mosquitto's CVE-2017-7650: bob with client id `#` turned `pattern read clients/%c`
+    into clients/# and read alice's."""
+    n = net()
+    cid, ack = connect(n, "#", "bob", b"b0b")
+    assert ack.reason == 0
+    n.send(cid, m.Subscribe(1, [m.SubOption("clients/alice-1", 0), m.SubOption("clients/#", 0)]))
+    assert n.take(cid)[0].reasons == [0x87, 0x87]
+    evs = n.core.deliver("#", 9, {"op": "msg", "c": "#", "b": "10.77.4.2:1883", "t": "clients/alice-1",
+                                  "p": b"alice's", "q": 0, "r": False, "x": {}}, 0, 0)
+    assert evs == [nc.Done(9)] and n.take(cid) == []  # dropped for bob, never written
+    acl = A.parse_acl_file("pattern readwrite units/%u/#\npattern read clients/%c\n", "acl")
+    for user in ("+", "#", "bob/x"):
+        assert not acl.allows(user, "c", "units/bob/x/orders", A.WRITE), user
+    assert not acl.allows("bob", "alice/+", "clients/alice/x", A.READ)
+    assert acl.allows("bob", "c", "units/bob/orders", A.WRITE) and acl.allows(None, "c1", "clients/c1", A.READ)
+
+
+def test_another_user_cannot_take_over_a_client_ids_session():
+    n = net()
+    a, ack = connect(n, "alice-1", "alice", b"s3cret")
+    assert ack.reason == 0
+    b, ack = connect(n, "alice-1", "bob", b"b0b")
+    assert ack.reason == 0x87 and b in n.closed and a not in n.closed
+    assert n.core.active["alice-1"] == a and n.core.counters["takeovers_refused"] == 1
+    a2, ack = connect(n, "alice-1", "alice", b"s3cret")  # her own takeover stands, as in MQTT
+    assert ack.reason == 0 and a in n.closed
+
+
+def test_no_session_outlives_persistent_client_expiration_and_its_disconnect_expiry_reaches_the_far_side():
+    """Before: CONNECT with expiry 0xFFFFFFFE (not "never", so uncapped), DISCONNECT with 0: the
+    near side freed its slot at once, the far side kept the broker session for 136 years."""
+    from c2dtn.ip_gateway import bodies
+    from c2dtn.ip_gateway.policy import SessionLimits
+
+    n = Net(nc.NearCore(policy(), max_packet_size=4096, limits=SessionLimits(persistent_client_expiration=7 * 86400)))
+    cid, _ = n.connect("junk", props={"session_expiry_interval": 0xFFFFFFFE})
+    n.send(cid, m.Disconnect())
+    assert n.core.sessions["junk"].expires_at - n.now == 7 * 86400
+    cid, _ = n.connect("junk2", props={"session_expiry_interval": 0xFFFFFFFE})
+    n.send(cid, m.Disconnect(0, {"session_expiry_interval": 0}))
+    assert "junk2" not in n.core.sessions
+    disc = [b for _, b, *_ in n.committed if b["op"] == "disc" and b["c"] == "junk2"][0]
+    assert disc["sx"] == 0
+    assert bodies.unpack(bodies.pack("disc", "junk2", "b:1", w=False, sx=0))["sx"] == 0
+
+
+def test_connections_that_never_send_connect_are_bounded_and_closed():
+    from c2dtn.ip_gateway.policy import SessionLimits
+
+    core = nc.NearCore(policy(), max_packet_size=1 << 20, limits=SessionLimits(max_connections_per_address=2))
+    shut = sum(bool(core.open(cid, "10.77.4.2:1883", 0.0, source="10.0.0.66")) for cid in range(1, 101))
+    assert shut == 98 and len(core.conns) == 2 and core.counters["connects_over_limits"] == 98
+    # a first packet announcing ~1 MiB: refused past CONNECT_MAX_BYTES, before it is buffered
+    evs = core.data(1, bytes([0x10, 0xF0, 0xFF, 0x3F]) + b"\0" * 1000, 0.0)
+    assert any(isinstance(e, nc.Close) for e in evs) and 1 not in core.conns
+    quiet = nc.NearCore(policy(), limits=SessionLimits(max_connections_per_address=2))
+    quiet.open(1, "10.77.4.2:1883", 0.0, source="10.0.0.67")
+    quiet.data(1, bytes([0x10]), 0.0)  # a start, then silence
+    assert quiet.next_deadline() == nc.CONNECT_TIMEOUT_S
+    assert [type(e) for e in quiet.tick(nc.CONNECT_TIMEOUT_S)] == [nc.Close] and not quiet.conns
+    assert quiet.counters["connect_timeouts"] == 1
+
+
+def test_the_far_side_logs_in_to_the_broker_with_the_clients_user_name_and_password(monkeypatch):
+    """Before: the conn envelope carried u/pw but the far side dropped them and logged in
+    anonymously, so the broker's own ACL never applied (and a broker without anonymous
+    access refused every session whose messages were already PUBACKed)."""
+    import asyncio
+    import types
+
+    from c2dtn.ip_gateway import bodies
+    from c2dtn.ip_gateway import far as F
+
+    sent = bytearray()
+
+    class W:
+        transport = types.SimpleNamespace(abort=lambda: None)
+
+        def write(self, b):
+            sent.extend(b)
+
+        def close(self):
+            pass
+
+        def is_closing(self):
+            return False
+
+    async def fake_open(host, port):
+        r = asyncio.StreamReader()
+        r.feed_data(m.encode(m.ConnAck(False, 0), 5))
+        return r, W()
+
+    monkeypatch.setattr(asyncio, "open_connection", fake_open)
+    gw = types.SimpleNamespace(cfg=types.SimpleNamespace(max_packet_size=1 << 20), far_changed=lambda f: None,
+                               delivered=lambda i: None, counters={})
+    msg = bodies.unpack(bodies.pack("conn", "alice-1", "10.77.4.2:1883", v=5, cs=True, ka=0, u="alice", pw=b"s3cret"))
+
+    async def go():
+        f = F.FarSession(gw, "gw1", "alice-1", "10.77.4.2:1883")
+        await f._apply(types.SimpleNamespace(id=1, created_ms=0), msg)
+        f.cancel()
+
+    asyncio.run(go())
+    conn = m.Parser(1 << 20).feed(bytes(sent))[0]
+    assert (conn.username, conn.password) == ("alice", b"s3cret")
