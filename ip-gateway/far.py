@@ -398,6 +398,7 @@ class FarSession:
             self.gw.far_changed(self)
             self.gw.delivered(d.id)
         elif op == "pub":
+            await self.gw.subscribed_before(d.envelope if isinstance(d, Part) else d.id, self.broker)
             pub = aged(s.publish_from(msg, self.params.get("v", 4)), d.created_ms, now_ms())
             if pub.qos == 1 and self.gw.cfg.qos1_once:
                 pub.qos = 2  # the broker's QoS 2 dedupe: see qos1_once in policy.py

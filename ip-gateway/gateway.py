@@ -13,6 +13,7 @@ acked) only once the broker accepted it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import struct
@@ -32,6 +33,8 @@ from c2dtn.overlay.node import now_ms
 from c2dtn.strict_cbor import short
 from c2dtn.spells import Spell
 
+SUB_BARRIER_S = 2.0  # the longest a publish waits for earlier subscriptions to its broker (subscribed_before)
+
 log = logging.getLogger("c2dtn.gateway")
 
 
@@ -46,6 +49,10 @@ class MqttGateway:
         self.far: dict[str, FarSession] = {}
         self._taken: set[int] = set()
         self._done: list[int] = []
+        # SUBSCRIBE/UNSUBSCRIBE envelopes handed out, not yet answered by the broker: inbox id ->
+        # (broker, loop time); a later publish to that broker waits for them (subscribed_before)
+        self._subscribing: dict[int, tuple[str, float]] = {}
+        self._subs_changed = asyncio.Event()
         self._mark = 0  # inbox ids up to here have been handed out (or kept for an absent client)
         self._rescan = False  # a session could not be made (max_far_sessions): look again when one ends
         self._full_logged: set[str] = set()
@@ -153,6 +160,9 @@ class MqttGateway:
         one turn of the event loop share one commit."""
         if inbox_id is None:
             return
+        if self._subscribing.pop(inbox_id, None) is not None:
+            self._subs_changed.set()
+            self._subs_changed = asyncio.Event()
         self._taken.add(inbox_id)  # not handed out again before the commit
         self._done.append(inbox_id)
         if len(self._done) == 1:
@@ -271,6 +281,21 @@ class MqttGateway:
                 continue  # kept in custody until a session ends
             self._queue(f, d, msg)
 
+    async def subscribed_before(self, inbox_id: int, broker: str) -> None:
+        """Wait (at most SUB_BARRIER_S) until the broker answered every subscription to it that
+        arrived before this publish, from any session: a client that saw its SUBACK gets what
+        another client published after it, as from the broker itself (the near side SUBACKs
+        once the subscription is in custody, before it crossed)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SUB_BARRIER_S
+        while self._subscribing:
+            now = loop.time()
+            if now >= deadline or not any(i < inbox_id and b == broker and now - t < SUB_BARRIER_S
+                                          for i, (b, t) in self._subscribing.items()):
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._subs_changed.wait(), deadline - now)
+
     def _queue_of(self, d: Delivery, msg: dict) -> FarSession | None:
         """The queue an envelope would go to, if it exists (none for the near side's)."""
         if msg["op"] == "msg":
@@ -290,6 +315,8 @@ class MqttGateway:
             self.counters["far_queue_full"] += 1
             return False
         self._taken.add(d.id)
+        if msg["op"] in ("sub", "unsub"):
+            self._subscribing[d.id] = (msg["b"], asyncio.get_running_loop().time())
         for item in (Part.split(d, msg) if msg["op"] == "pubs" else [(d, msg)]):
             f.queue.put_nowait(item)
         return True
