@@ -69,7 +69,8 @@ class MqttGateway:
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
         now = time.time()
-        self.near.core.sessions, far_state = sessions_file.load(self.state_path, now)
+        self.near.core.sessions, far_state = sessions_file.load(self.state_path, now,
+                                                                self.cfg.limits.persistent_client_expiration)
         for key, st in far_state.items():
             left = None  # seconds the session of a client that had left still has
             if not st.get("present", True) and isinstance(st.get("gone_at"), (int, float)):

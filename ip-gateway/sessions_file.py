@@ -17,10 +17,11 @@ log = logging.getLogger("c2dtn.gateway")
 FAR_FIELDS = ("origin", "client", "broker", "params", "subs")
 
 
-def load(path: Path, now: float) -> tuple[dict[str, NearSession], dict[str, dict]]:
+def load(path: Path, now: float, cap: float = 0.0) -> tuple[dict[str, NearSession], dict[str, dict]]:
     """(near sessions, far session states); empty, with one log line, for a missing,
     unreadable or damaged file.  A near session that had a connection when the file was
-    written ends `expiry` seconds from `now` (its client is not connected any more)."""
+    written ends `expiry` seconds from `now` (its client is not connected any more), or
+    `cap` seconds ([gateway] persistent_client_expiration) if that is sooner."""
     try:
         st = cbor2.loads(path.read_bytes())
     except FileNotFoundError:
@@ -35,7 +36,9 @@ def load(path: Path, now: float) -> tuple[dict[str, NearSession], dict[str, dict
         log.error("MQTT session file %s damaged (%s): starting without sessions", path, e)
         return {}, {}
     for sess in near.values():
-        if sess.expires_at is None and sess.expiry_s != NEVER:
+        if sess.expires_at is None and cap and (sess.expiry_s == NEVER or sess.expiry_s > cap):
+            sess.expires_at = now + cap
+        elif sess.expires_at is None and sess.expiry_s != NEVER:
             sess.expires_at = now + sess.expiry_s
     return near, far
 

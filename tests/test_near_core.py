@@ -506,5 +506,9 @@ def test_sessions_survive_the_session_file_round_trip(tmp_path):
     near, far = sessions_file.load(tmp_path / "s.cbor", T0 + 30)
     assert near["u8"].subs == {"c2/#": 1} and near["u8"].sub_ids == {"c2/#": 5}
     assert near["u8"].expires_at == T0 + 30 + 120 and near["u9"].expires_at is None and far == {}
+    assert near["u8"].user is None and near["u8"].owned  # written with its (anonymous) owner
+    # persistent_client_expiration caps what the file brings back, as it caps a disconnect
+    near, _ = sessions_file.load(tmp_path / "s.cbor", T0 + 30, cap=60)
+    assert near["u8"].expires_at == T0 + 30 + 60 and near["u9"].expires_at == T0 + 30 + 60
     (tmp_path / "bad.cbor").write_bytes(b"\xff\x00garbage")
     assert sessions_file.load(tmp_path / "bad.cbor", T0) == ({}, {})
