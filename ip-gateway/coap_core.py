@@ -259,14 +259,14 @@ class NearCoap:
     counters: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        self.exchanges: dict[tuple[Addr, int], tuple[bytes, int, bool]] = {}  # (digest, until, committed)
+        # (client, mid) -> (digest, until, committed, the piggybacked response sent, if one was)
+        self.exchanges: dict[tuple[Addr, int], tuple[bytes, int, bool, bytes | None]] = {}
         self.pending: dict[tuple[Addr, int], _Pending] = {}
         self.notifying: dict[tuple[Addr, bytes], tuple[Addr, int]] = {}  # observation -> its pending key
         self.bodies: dict[tuple[Addr, bytes], _Kept] = {}  # (client, resource_key) -> response for Block2
         self.uploads: dict[tuple[Addr, bytes], _Kept] = {}  # (client, resource_key) -> Block1 so far
         self.held: dict[tuple[Addr, bytes], list] = {}  # observation -> [inbox_id, body, origin, until, first held]
         self.acking: dict[tuple[Addr, int], _Acking] = {}  # (client, mid) -> its ACK, waiting for the response
-        self.acking_token: dict[tuple[Addr, bytes], int] = {}  # (client, token) -> that mid
         self.tokens: dict[tuple[Addr, int], bytes] = {}  # (client, mid) -> token, of requests not yet committed
         self.mid = self.rng.randrange(1 << 16)
         self.obs_value = 0
@@ -313,9 +313,9 @@ class NearCoap:
         if ex is not None and ex[0] == digest and ex[1] > now_ms:
             self.counters["duplicates"] += 1
             # answered again once its envelope is committed; before that the commit's ACK is coming
-            if con and ex[2]:
+            if con and ex[2]:  # the same ACK again (RFC 7252 4.5): the response, if it rode on it
                 self._unpiggyback(key)
-                return [Reply(empty(Type.ACK, m.mid), client, via)]
+                return [Reply(ex[3] or empty(Type.ACK, m.mid), client, via)]
             return []
         if listener and (m.opt.proxy_uri is not None or m.opt.proxy_scheme is not None):
             target = forward_target(m)
@@ -348,7 +348,7 @@ class NearCoap:
             if isinstance(got, Reply):
                 return [got]
             data = got
-        self.exchanges[key] = (digest, now_ms + EXCHANGE_LIFETIME_MS, False)
+        self.exchanges[key] = (digest, now_ms + EXCHANGE_LIFETIME_MS, False, None)
         body = cbor2.dumps({"op": "req", "m": data, "c": list(client), "s": list(server), "v": list(via), "con": con,
                             **({"obs": m.opt.observe} if m.opt.observe in (0, 1) and m.code == Code.GET else {})})
         self.counters["requests"] += 1
@@ -424,7 +424,7 @@ class NearCoap:
         empty ACK (`then`) waits up to PIGGYBACK_WAIT_MS for the response."""
         ex = self.exchanges.get(key)
         if ex is not None:
-            self.exchanges[key] = (ex[0], ex[1], True)
+            self.exchanges[key] = (ex[0], ex[1], True, None)
         token = self.tokens.pop(key, None)
         if not took:
             self.counters["requests"] -= 1
@@ -433,14 +433,10 @@ class NearCoap:
         if token is None or len(then) != 1:
             return then
         self.acking[key] = _Acking(token, then[0], now_ms + PIGGYBACK_WAIT_MS)
-        self.acking_token[(key[0], token)] = key[1]
         return []
 
     def _unpiggyback(self, key: tuple[Addr, int]) -> _Acking | None:
-        a = self.acking.pop(key, None)
-        if a is not None:
-            self.acking_token.pop((key[0], a.token), None)
-        return a
+        return self.acking.pop(key, None)
 
     def _answer(self, m: Message, code: Code, why: str, client: Addr, via: Addr) -> Reply:
         return self._reply(m, Message(code=code, payload=why.encode()), client, via)
@@ -494,11 +490,18 @@ class NearCoap:
             self.bodies[(client, body.get("k", b""))] = _Kept(msg, now_ms + EXCHANGE_LIFETIME_MS)
             self._bound(self.bodies)
             msg = self._block(msg, num, szx)
-        mid = self.acking_token.get((client, body["t"])) if not body.get("obs") else None
-        if mid is not None:  # its request's ACK is still waiting: the response rides on it
+        # its own request's ACK is still waiting (the same exchange: client, message id, token and
+        # the address it spoke to): the response rides on it, and answers that request's repeats
+        mid = body.get("mid")
+        a = self.acking.get((client, mid)) if con and isinstance(mid, int) and not body.get("obs") else None
+        if a is not None and a.token == body["t"] and tuple(a.ack.via) == via:
             self._unpiggyback((client, mid))
             self.counters["piggybacked"] += 1
-            return [*out, Reply(encode(msg, Type.ACK, mid, body["t"]), client, via), Consume(inbox_id)]
+            data = encode(msg, Type.ACK, mid, body["t"])
+            ex = self.exchanges.get((client, mid))
+            if ex is not None:
+                self.exchanges[(client, mid)] = (ex[0], ex[1], True, data)
+            return [*out, Reply(data, client, via), Consume(inbox_id)]
         data = encode(msg, Type.CON if con else Type.NON, self._next_mid(), body["t"])
         reply = Reply(data, client, via)
         if not con:
@@ -589,7 +592,7 @@ def response_body(req: dict, resp: Message) -> bytes:
     and what the near side needs to answer the way it was asked (Observe, the blocks)."""
     m = decode(req["m"])
     out = {"op": "rsp", "m": encode(strip(resp), Type.NON, 0, b""), "c": req["c"], "s": req["s"],
-           "v": req.get("v", req["s"]), "con": req["con"], "t": m.token, "k": resource_key(m)}
+           "v": req.get("v", req["s"]), "con": req["con"], "t": m.token, "k": resource_key(m), "mid": m.mid}
     if req.get("obs") == 0 and resp.opt.observe is not None:
         out["obs"] = True
     if m.opt.block2 is not None:

@@ -208,7 +208,7 @@ class FarSession:
         self.writer = self._conn = writer
         self._q0_written = self._pings_out = 0
         self.connack = asyncio.get_running_loop().create_future()
-        props = {"session_expiry_interval": self.params["sx"]} if v == 5 and "sx" in self.params else {}
+        props = {"session_expiry_interval": self._broker_expiry()} if v == 5 and "sx" in self.params else {}
         writer.write(m.encode(m.Connect(self.client, self.params.get("cs", False), self.params.get("ka", 60),
                                         self.params.get("u"), self.params.get("pw"), s.will_in(self.params.get("w")),
                                         v, props), v))
@@ -368,7 +368,7 @@ class FarSession:
             self.gw.delivered(d.id)
             return
         if op == "disc":
-            if isinstance(msg.get("sx"), int) and self.params.get("v", 4) == 5:
+            if isinstance(msg.get("sx"), int) and 0 <= msg["sx"] <= 0xFFFFFFFF and self.params.get("v", 4) == 5:
                 self.params["sx"] = msg["sx"]  # set again at the client's DISCONNECT (MQTT 5 3.14.2.2.2)
             self.present = False
             self.gone_at = time.time()
@@ -385,6 +385,7 @@ class FarSession:
         await self._ensure_connected()
         if op == "sub":
             subs = [m.SubOption(x[0], *x[1:5]) for x in msg.get("s", []) if isinstance(x, list) and x]
+            self.gw.sub_written(d.id)
             await self._request(m.Subscribe(self._pid(), subs))
             for so in subs:
                 self.subs[so.filter] = [so.qos, so.no_local, so.retain_as_published, so.retain_handling]
@@ -392,13 +393,14 @@ class FarSession:
             self.gw.delivered(d.id)
         elif op == "unsub":
             flts = [f for f in msg.get("f", []) if isinstance(f, str)]
+            self.gw.sub_written(d.id)
             await self._request(m.Unsubscribe(self._pid(), flts))
             for f in flts:
                 self.subs.pop(f, None)
             self.gw.far_changed(self)
             self.gw.delivered(d.id)
         elif op == "pub":
-            await self.gw.subscribed_before(d.envelope if isinstance(d, Part) else d.id, self.broker)
+            await self.gw.subscribed_before(d.envelope if isinstance(d, Part) else d.id, self.broker, msg.get("t", ""))
             pub = aged(s.publish_from(msg, self.params.get("v", 4)), d.created_ms, now_ms())
             if pub.qos == 1 and self.gw.cfg.qos1_once:
                 pub.qos = 2  # the broker's QoS 2 dedupe: see qos1_once in policy.py
@@ -474,11 +476,17 @@ class FarSession:
         if self.inflight and self.writer is not None:
             raise ConnectionError(f"{len(self.inflight)} publishes not acknowledged by the broker in 30 s")
 
+    def _broker_expiry(self) -> int:
+        """The session expiry the broker is asked for: the client's, cut to persistent_client_expiration."""
+        sx = self.params["sx"]
+        cap = int(self.gw.cfg.limits.persistent_client_expiration)
+        return min(sx, cap) if cap and isinstance(sx, int) else sx
+
     def _drop_clean(self) -> None:
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 v = self.params.get("v", 4)
-                props = {"session_expiry_interval": self.params["sx"]} if v == 5 and "sx" in self.params else {}
+                props = {"session_expiry_interval": self._broker_expiry()} if v == 5 and "sx" in self.params else {}
                 self.writer.write(m.encode(m.Disconnect(0, props), v))
                 self.writer.close()
             self.writer = None

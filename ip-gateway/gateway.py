@@ -21,6 +21,7 @@ import time
 from collections import Counter
 
 from c2dtn.ip_gateway import bodies as s
+from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import sessions_file
 from c2dtn.ip_gateway.bridge import BridgeSession
 from c2dtn.ip_gateway.far import FarSession, Part, session_expiry_s
@@ -33,7 +34,11 @@ from c2dtn.overlay.node import now_ms
 from c2dtn.strict_cbor import short
 from c2dtn.spells import Spell
 
-SUB_BARRIER_S = 2.0  # the longest a publish waits for earlier subscriptions to its broker (subscribed_before)
+# a publish waits for an earlier subscription to its broker (subscribed_before) that its session
+# wrote within SUB_HANDOUT_S of its arrival, for at most SUB_BARRIER_S from that writing
+SUB_HANDOUT_S = 0.5
+SUB_BARRIER_S = 2.0
+SUB_PENDING_MAX = 4096  # subscription envelopes tracked so (the oldest forgotten past it)
 
 log = logging.getLogger("c2dtn.gateway")
 
@@ -50,8 +55,9 @@ class MqttGateway:
         self._taken: set[int] = set()
         self._done: list[int] = []
         # SUBSCRIBE/UNSUBSCRIBE envelopes handed out, not yet answered by the broker: inbox id ->
-        # (broker, loop time); a later publish to that broker waits for them (subscribed_before)
-        self._subscribing: dict[int, tuple[str, float]] = {}
+        # [broker, filters, handed out at, written to the broker at]; a later publish to that
+        # broker on a topic they match waits for them (subscribed_before)
+        self._subscribing: dict[int, list] = {}
         self._subs_changed = asyncio.Event()
         self._mark = 0  # inbox ids up to here have been handed out (or kept for an absent client)
         self._rescan = False  # a session could not be made (max_far_sessions): look again when one ends
@@ -75,6 +81,9 @@ class MqttGateway:
             left = None  # seconds the session of a client that had left still has
             if not st.get("present", True) and isinstance(st.get("gone_at"), (int, float)):
                 sx = session_expiry_s(st["params"])
+                cap = self.cfg.limits.persistent_client_expiration
+                if cap and (sx is None or sx > cap):  # as far_left caps it
+                    sx = cap
                 if sx is not None:
                     left = st["gone_at"] + sx - now
                     if left <= 0:
@@ -282,20 +291,37 @@ class MqttGateway:
                 continue  # kept in custody until a session ends
             self._queue(f, d, msg)
 
-    async def subscribed_before(self, inbox_id: int, broker: str) -> None:
-        """Wait (at most SUB_BARRIER_S) until the broker answered every subscription to it that
-        arrived before this publish, from any session: a client that saw its SUBACK gets what
-        another client published after it, as from the broker itself (the near side SUBACKs
-        once the subscription is in custody, before it crossed)."""
+    def sub_written(self, inbox_id: int) -> None:
+        """Its session wrote this SUBSCRIBE/UNSUBSCRIBE to the broker."""
+        e = self._subscribing.get(inbox_id)
+        if e is not None:
+            e[3] = asyncio.get_running_loop().time()
+
+    def _holds(self, e: list, inbox_id: int, i: int, broker: str, topic: str, now: float) -> bool:
+        """Does subscription envelope `i` (entry `e`) hold back publish `inbox_id`?  Only one to
+        the same broker, on a filter the topic matches, that its session takes up at once
+        (written within SUB_HANDOUT_S of arriving: one queued behind its session's own backlog
+        does not hold other sessions), for at most SUB_BARRIER_S from its writing."""
+        broker_e, flts, handed, written = e
+        if i >= inbox_id or broker_e != broker or not any(m.topic_matches(f, topic) for f in flts):
+            return False
+        return now - handed < SUB_HANDOUT_S if written is None else now - written < SUB_BARRIER_S
+
+    async def subscribed_before(self, inbox_id: int, broker: str, topic: str) -> None:
+        """Wait until the broker answered the subscriptions to it on `topic` that arrived
+        before this publish, from any session (see _holds): a client that saw its SUBACK
+        gets what another client published after it, as from the broker itself (the near
+        side SUBACKs once the subscription is in custody, before it crossed)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + SUB_BARRIER_S
         while self._subscribing:
             now = loop.time()
-            if now >= deadline or not any(i < inbox_id and b == broker and now - t < SUB_BARRIER_S
-                                          for i, (b, t) in self._subscribing.items()):
+            for i in [i for i, e in self._subscribing.items()  # those that can hold nothing any more
+                      if now - (e[2] if e[3] is None else e[3]) >= (SUB_HANDOUT_S if e[3] is None else SUB_BARRIER_S)]:
+                del self._subscribing[i]
+            if not any(self._holds(e, inbox_id, i, broker, topic, now) for i, e in self._subscribing.items()):
                 return
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._subs_changed.wait(), deadline - now)
+                await asyncio.wait_for(self._subs_changed.wait(), min(SUB_HANDOUT_S, SUB_BARRIER_S))
 
     def _queue_of(self, d: Delivery, msg: dict) -> FarSession | None:
         """The queue an envelope would go to, if it exists (none for the near side's)."""
@@ -317,7 +343,11 @@ class MqttGateway:
             return False
         self._taken.add(d.id)
         if msg["op"] in ("sub", "unsub"):
-            self._subscribing[d.id] = (msg["b"], asyncio.get_running_loop().time())
+            flts = [x[0] for x in msg.get("s", []) if isinstance(x, list) and x and isinstance(x[0], str)] \
+                if msg["op"] == "sub" else [f for f in msg.get("f", []) if isinstance(f, str)]
+            self._subscribing[d.id] = [msg["b"], flts, asyncio.get_running_loop().time(), None]
+            while len(self._subscribing) > SUB_PENDING_MAX:
+                del self._subscribing[next(iter(self._subscribing))]
         for item in (Part.split(d, msg) if msg["op"] == "pubs" else [(d, msg)]):
             f.queue.put_nowait(item)
         return True

@@ -61,6 +61,7 @@ NEVER = 0xFFFFFFFF         # a session expiry interval that never ends (and 3.1.
 KEEPALIVE_GRACE = 1.5      # a client silent for 1.5 x its keep alive is gone (spec 3.1.2.10)
 CONNECT_TIMEOUT_S = 10.0   # a connection that sent no CONNECT by then is closed
 CONNECT_MAX_BYTES = 256 << 10  # the largest packet taken before CONNECT (a CONNECT with a will)
+CONNECT_WAITING_PER_ADDRESS = 16  # connections from one address waiting for their CONNECT, by default
 
 Envelope = tuple[str, bytes, int, Priority, str | None]  # (destination, body, lifetime ms, priority, supersession key)
 
@@ -226,22 +227,27 @@ class NearCore:
     # -- connections -------------------------------------------------------------------
     def open(self, conn: int, broker: str, now: float, source: str = "") -> list[Event]:
         """A client connected, from address `source`, to `broker` ("ip:port" it meant).  Until
-        its CONNECT it may send CONNECT_MAX_BYTES, for CONNECT_TIMEOUT_S; it is closed at once
-        when more connections than max_connections_per_address from its address (or than
-        max_sessions in all) are waiting for their CONNECT."""
+        its CONNECT it may send CONNECT_MAX_BYTES, for CONNECT_TIMEOUT_S.  It is closed at
+        once when its address has more connections waiting for their CONNECT than
+        max_connections_per_address (CONNECT_WAITING_PER_ADDRESS when that is 0); past
+        max_sessions waiting in all, the oldest waiting one is closed instead, so that one
+        host's idle connections cannot shut everyone else out."""
         self.conns[conn] = c = _Conn(conn, broker, self.max_packet_size, now)
         c.source = source
         lim = self.limits
+        per = lim.max_connections_per_address or CONNECT_WAITING_PER_ADDRESS
         waiting = [o for o in self.conns.values() if o.sess is None and not o.closed]
-        n = sum(1 for o in waiting if o.source == source) if lim.max_connections_per_address and source else 0
-        if n > lim.max_connections_per_address or len(waiting) > lim.max_sessions:
+        n = sum(1 for o in waiting if o.source == source) if source else 0
+        self._now = now
+        if n > per:
             self.counters["connects_over_limits"] += 1
-            self._now = now
             self._failed_logins.hit("MQTT connections refused over the session limits, the latest: %s",
-                                    f"{n} connections from {source} without CONNECT (max_connections_per_address "
-                                    f"{lim.max_connections_per_address})" if n > lim.max_connections_per_address
-                                    else f"{len(waiting)} connections without CONNECT (max_sessions {lim.max_sessions})")
+                                    f"{n} connections from {source} without CONNECT (at most {per})")
             return self._shut(c, now)
+        if len(waiting) > lim.max_sessions:
+            oldest = min(waiting, key=lambda o: o.opened)
+            self.counters["connect_timeouts"] += 1
+            return self._shut(oldest, now)
         return []
 
     def data(self, conn: int, data: bytes, now: float) -> list[Event]:
@@ -487,6 +493,7 @@ class NearCore:
         """The CONNACK, the "conn" envelope (None: refused) and what a takeover does to the old connection."""
         v5 = p.version == 5
         props: m.Properties = {}
+        replaced: list[Event] = []  # another user's session this client id had, ended
         client = p.client_id
         if not client:
             if not p.clean_start:
@@ -507,23 +514,29 @@ class NearCore:
                                         client[:64], (p.username or "")[:64], p.will.topic[:64])
                 return m.ConnAck(False, 0x87 if v5 else 5), None, []
             prev = self.sessions.get(client)
-            if (prev is not None and prev.owned and prev.user != p.username
-                    and (prev.expires_at is None or prev.expires_at > now)):
-                self.counters["takeovers_refused"] += 1  # a client id's session is its user's alone
-                self._failed_logins.hit("MQTT logins refused, the latest: client %r, user %r (the session is %r's)",
-                                        client[:64], (p.username or "")[:64], (prev.user or "")[:64])
-                return m.ConnAck(False, 0x87 if v5 else 5), None, []
+            if prev is not None and prev.owned and prev.user != p.username:
+                if client in self.active:  # its user is connected: no other user takes it over
+                    self.counters["takeovers_refused"] += 1
+                    self._failed_logins.hit("MQTT logins refused, the latest: client %r, user %r (connected as %r)",
+                                            client[:64], (p.username or "")[:64], (prev.user or "")[:64])
+                    return m.ConnAck(False, 0x87 if v5 else 5), None, []
+                # its user is away: the session is never handed to another user; it ends (what
+                # waited for it is dropped, counted) and this client starts afresh, so a user
+                # that took an id first cannot lock its owner out (docs/security.md)
+                del self.sessions[client]
+                self.counters["sessions_replaced"] += 1
+                replaced = [Ended(client), SessionsChanged()]
             c.user = p.username
         busy = self._over_limits(c, client)
         if busy:  # refused before anything of it is taken: 0x97 quota exceeded (3.1.1: 3 server unavailable)
             self.counters["connects_over_limits"] += 1
             self._failed_logins.hit("MQTT connections refused over the session limits, the latest: %s", busy)
-            return m.ConnAck(False, 0x97 if v5 else 3, {"reason_string": busy[:200]} if v5 else {}), None, []
+            return m.ConnAck(False, 0x97 if v5 else 3, {"reason_string": busy[:200]} if v5 else {}), None, replaced
         far = self.policy.gateway_for(c.broker.rsplit(":", 1)[0])
         if far is None:
             log.warning("no gateway serves broker %s (client %s): refusing", c.broker, client)
-            return m.ConnAck(False, 0x88 if v5 else 3, props), None, []
-        evs: list[Event] = []
+            return m.ConnAck(False, 0x88 if v5 else 3, props), None, replaced
+        evs: list[Event] = list(replaced)
         old_id = self.active.pop(client, None)
         old = self.conns.get(old_id) if old_id is not None else None
         if old is not None and old is not c:  # taken over: the old connection ends, without its will
@@ -545,7 +558,7 @@ class NearCore:
         c.receive_max = p.properties.get("receive_maximum", 65535)
         c.max_packet = p.properties.get("maximum_packet_size")
         c.resume = True
-        kw = {"v": p.version, "cs": p.clean_start, "ka": p.keepalive}
+        kw = {"v": p.version, "cs": p.clean_start or bool(replaced), "ka": p.keepalive}
         if p.username is not None:  # the far side logs in to the broker as the client did here
             kw["u"] = p.username
         if p.password is not None:

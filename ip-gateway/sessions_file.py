@@ -40,6 +40,8 @@ def load(path: Path, now: float, cap: float = 0.0) -> tuple[dict[str, NearSessio
             sess.expires_at = now + cap
         elif sess.expires_at is None and sess.expiry_s != NEVER:
             sess.expires_at = now + sess.expiry_s
+        elif sess.expires_at is not None and cap:  # the cap may have been lowered since
+            sess.expires_at = min(sess.expires_at, now + cap)
     return near, far
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import click
 
@@ -166,6 +167,21 @@ def forgery_cmd(attempts: int, seed: int) -> None:
     from c2dtn.perf import forgery_bench
 
     forgery_bench.main(attempts, seed, console=Console())
+
+
+@perf.command("paho-interop")
+@click.option("--suite", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="a checkout of github eclipse/paho.mqtt.testing (or its interoperability/ folder)")
+def paho_interop_cmd(suite: Path) -> None:
+    """Eclipse Paho's MQTT 5.0 and 3.1.1 interoperability client tests, Mosquitto alone and through gw1."""
+    from rich.console import Console
+
+    from c2dtn.perf import paho_interop
+
+    try:
+        paho_interop.main(suite, console=Console())
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--suite") from None
 
 
 @perf.command("chaos")

@@ -249,15 +249,37 @@ def test_wildcards_or_levels_in_a_client_id_or_user_name_do_not_widen_a_pattern(
     assert acl.allows("bob", "c", "units/bob/orders", A.WRITE) and acl.allows(None, "c1", "clients/c1", A.READ)
 
 
-def test_another_user_cannot_take_over_a_client_ids_session():
+def test_another_user_cannot_take_over_a_connected_client_nor_lock_an_away_one_out():
     n = net()
     a, ack = connect(n, "alice-1", "alice", b"s3cret")
     assert ack.reason == 0
     b, ack = connect(n, "alice-1", "bob", b"b0b")
-    assert ack.reason == 0x87 and b in n.closed and a not in n.closed
+    assert ack.reason == 0x87 and b in n.closed and a not in n.closed  # alice stays connected
     assert n.core.active["alice-1"] == a and n.core.counters["takeovers_refused"] == 1
     a2, ack = connect(n, "alice-1", "alice", b"s3cret")  # her own takeover stands, as in MQTT
     assert ack.reason == 0 and a in n.closed
+    # bob took "bob-1" first (a persistent session) and left: its owner is not locked out, and
+    # gets a fresh session, never bob's (found by review: refused for as long as bob's lived)
+    n._next += 1
+    cid = n._next
+    n.core.open(cid, "10.77.4.2:1883", n.now)
+    n.readers[cid] = m.Parser(1 << 20, version=5)
+    n.inbox[cid] = []
+    n.send(cid, m.Connect("bob-1", False, 0, "bob", b"b0b", version=5,
+                          properties={"session_expiry_interval": nc.NEVER}), 5)
+    n.send(cid, m.Subscribe(1, [m.SubOption("c2/reports/x", 0)]))
+    n.lose(cid)
+    assert "bob-1" in n.core.sessions
+    n._next += 1
+    cid = n._next
+    n.core.open(cid, "10.77.4.2:1883", n.now)
+    n.readers[cid] = m.Parser(1 << 20, version=5)
+    n.inbox[cid] = []
+    n.send(cid, m.Connect("bob-1", False, 0, "alice", b"s3cret", version=5), 5)
+    ack = n.take(cid)[0]
+    assert ack.reason == 0 and not ack.session_present and n.core.sessions["bob-1"].subs == {}
+    assert "bob-1" in n.ended and n.core.counters["sessions_replaced"] == 1
+    assert [b for _, b, *_ in n.committed if b["op"] == "conn" and b["c"] == "bob-1"][-1]["cs"] is True
 
 
 def test_no_session_outlives_persistent_client_expiration_and_its_disconnect_expiry_reaches_the_far_side():
@@ -287,6 +309,16 @@ def test_connections_that_never_send_connect_are_bounded_and_closed():
     # a first packet announcing ~1 MiB: refused past CONNECT_MAX_BYTES, before it is buffered
     evs = core.data(1, bytes([0x10, 0xF0, 0xFF, 0x3F]) + b"\0" * 1000, 0.0)
     assert any(isinstance(e, nc.Close) for e in evs) and 1 not in core.conns
+    # by default (no per-address limit) one host holds at most CONNECT_WAITING_PER_ADDRESS idle
+    # connections, and past max_sessions waiting in all the oldest goes, not the newcomer
+    # (found by review: 1,000 idle connections from one host shut every new client out)
+    core = nc.NearCore(policy(), limits=SessionLimits(max_sessions=40))
+    shut = sum(bool(core.open(cid, "b:1", 0.0, source="10.0.0.66")) for cid in range(1, 101))
+    assert shut == 100 - nc.CONNECT_WAITING_PER_ADDRESS
+    for i in range(40):
+        core.open(1000 + i, "b:1", 1.0 + i, source=f"10.0.1.{i}")
+    assert core.open(2000, "b:1", 50.0, source="10.0.2.1") != [] and 2000 in core.conns  # the oldest went
+    assert 1 not in core.conns  # opened first, at 0.0
     quiet = nc.NearCore(policy(), limits=SessionLimits(max_connections_per_address=2))
     quiet.open(1, "10.77.4.2:1883", 0.0, source="10.0.0.67")
     quiet.data(1, bytes([0x10]), 0.0)  # a start, then silence

@@ -415,3 +415,38 @@ def test_notifications_sent_in_the_same_instant_still_get_increasing_observe_val
         acts = n.response(100 + i, notification(n, req, str(i).encode()), now, "gw4", now)
         seen.append(cc.decode(only(acts, cc.Reply).data).opt.observe)
     assert all(0 < b - a < 1 << 23 for a, b in zip(seen, seen[1:])), seen
+
+
+def test_a_piggybacked_response_lost_on_the_wire_is_sent_again_for_the_clients_retransmission():
+    """Found by review: the retransmitted request got an empty ACK, the response was gone."""
+    n = near()
+    sub = only(n.datagram(request(mid=7, token=b"\x01"), CLIENT, SERVER, 0), cc.Submit)
+    assert n.committed(sub.key, True, sub.then, 10) == []
+    acts = n.response(50, cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CHANGED, payload=b"ok"))),
+                      300)
+    first = only(acts, cc.Reply).data
+    assert cc.decode(first).mtype == Type.ACK and only(acts, cc.Consume).inbox_id == 50  # ... and lost
+    again = n.datagram(request(mid=7, token=b"\x01"), CLIENT, SERVER, 2500)  # the client's retransmission
+    assert only(again, cc.Reply).data == first
+
+
+def test_a_response_rides_only_on_its_own_requests_ack():
+    """Found by review: a client may use one token (here the empty one) towards two servers;
+    server A's response rode on the ACK of the request to B, from A's address."""
+    n = near()
+    A, B = ("10.77.9.2", 5683), ("10.77.9.3", 5683)
+    sa = only(n.datagram(request(mid=1, token=b""), CLIENT, A, 0), cc.Submit)
+    sb = only(n.datagram(request(mid=2, token=b""), CLIENT, B, 0), cc.Submit)
+    n.committed(sa.key, True, sa.then, 10)
+    n.committed(sb.key, True, sb.then, 10)
+    rep = only(n.response(60, cc.unpack(cc.response_body(cc.unpack(sa.body), Message(code=Code.CHANGED, payload=b"A"))),
+                          200), cc.Reply)
+    r = cc.decode(rep.data)
+    assert (rep.via, r.mtype, r.mid, r.payload) == (A, Type.ACK, 1, b"A")
+    assert cc.decode(only(n.poll(10 + cc.PIGGYBACK_WAIT_MS), cc.Reply).data).mid == 2  # B's empty ACK, on time
+    # a response from a far gateway that does not say its request's message id goes separately
+    sc = only(n.datagram(request(mid=3, token=b"\x03"), CLIENT, A, 2000), cc.Submit)
+    n.committed(sc.key, True, sc.then, 2000)
+    body = cc.unpack(cc.response_body(cc.unpack(sc.body), Message(code=Code.CHANGED)))
+    del body["mid"]
+    assert cc.decode(only(n.response(61, body, 2100), cc.Reply).data).mtype == Type.CON

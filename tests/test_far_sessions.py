@@ -504,3 +504,74 @@ def test_a_broker_that_answers_no_pingreq_has_its_connection_made_again_and_qos0
         broker.server.close()
 
     asyncio.run(main())
+
+
+def test_a_publish_waits_only_for_earlier_subscriptions_its_topic_matches_that_are_being_answered():
+    """Found by review: any unanswered SUBSCRIBE held every later publish of every session for
+    the whole barrier, so one client whose subscriptions sat behind its own backlog held the
+    others to one publish per 2 s."""
+    from c2dtn.ip_gateway import gateway as G
+
+    gw = G.MqttGateway.__new__(G.MqttGateway)
+    b = "10.77.4.2:1883"
+
+    async def go():
+        gw._subscribing, gw._subs_changed = {}, asyncio.Event()
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        for k in range(5):  # an attacker's SUBSCRIBEs, never written (behind its backlog) nor answered
+            gw._subscribing[10 * k] = [b, ["#"], loop.time(), None]
+            await gw.subscribed_before(10 * k + 1, b, "c2/x")
+        stuck = time.monotonic() - t0
+        gw._subscribing.clear()
+        gw._subscribing[100] = [b, ["c2/other/#"], loop.time(), loop.time()]  # written, on another filter
+        gw._subscribing[101] = [b, ["c2/#"], loop.time(), loop.time()]  # written, on this topic: answered soon
+        t0 = time.monotonic()
+        loop.call_later(0.3, lambda: (gw._subscribing.pop(101), gw._subs_changed.set()))
+        await gw.subscribed_before(102, b, "c2/x")
+        waited = time.monotonic() - t0
+        t0 = time.monotonic()
+        await gw.subscribed_before(99, b, "c2/x")  # earlier than the subscriptions: no wait
+        await gw.subscribed_before(200, "10.77.4.3:1883", "c2/x")  # another broker: no wait
+        return stuck, waited, time.monotonic() - t0
+
+    stuck, waited, none = asyncio.run(go())
+    # each stuck subscription holds at most SUB_HANDOUT_S, once: not the whole barrier per publish
+    assert stuck < 5 * G.SUB_HANDOUT_S + 0.5 and 0.25 < waited < 1.0 and none < 0.05, (stuck, waited, none)
+    assert len(gw._subscribing) == 1  # the one to c2/other/# stays while it may still hold
+
+
+def test_a_far_session_restored_after_a_restart_expires_within_persistent_client_expiration(tmp_path, monkeypatch):
+    """Found by review: restored from the file, a session "for ever" whose client had left got
+    no expiry at all, holding a broker session and a max_far_sessions slot."""
+    import types
+
+    import cbor2
+
+    from c2dtn.ip_gateway import far as F
+    from c2dtn.ip_gateway import gateway as G
+    from c2dtn.ip_gateway.policy import SessionLimits
+
+    async def idle(self, *a, **k):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(F.FarSession, "_run", idle)
+    monkeypatch.setattr(F.FarSession, "_keepalive", idle)
+    now = time.time()
+    (tmp_path / "mqtt-sessions.cbor").write_bytes(cbor2.dumps({"near": {}, "far": {"gw1/c1": {
+        "origin": "gw1", "client": "c1", "broker": "127.0.0.1:9", "params": {"v": 4, "cs": False, "ka": 60},
+        "subs": {"c2/#": [1, False, False, 0]}, "present": False, "gone_at": now - 10}}}))
+    node = types.SimpleNamespace(core=types.SimpleNamespace(take=lambda *a, **k: []),
+                                 cfg=types.SimpleNamespace(storage=tmp_path), app_handlers={}, syncer=None)
+
+    async def go():
+        gw = G.MqttGateway(node, GatewayConfig(batch_bytes=0, limits=SessionLimits(persistent_client_expiration=3600)))
+        await gw.start()
+        f = gw.far["gw1/c1"]
+        left = f._expiry.when() - asyncio.get_running_loop().time() if f._expiry is not None else None
+        for x in gw.far.values():
+            x.cancel()
+        return left
+
+    left = asyncio.run(go())
+    assert left is not None and 3580 < left <= 3590, left
