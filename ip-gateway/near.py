@@ -19,6 +19,8 @@ from c2dtn.ip_gateway import near_core as nc
 from c2dtn.overlay.store import QuotaExceeded, TooLarge
 from c2dtn.spells import Spell
 
+MARKS_PENDING_MAX = 100_000  # answered marks kept for another try while the store cannot drop them
+
 if TYPE_CHECKING:
     from c2dtn.ip_gateway.gateway import MqttGateway
 
@@ -37,6 +39,7 @@ class NearSide:
         self._timer: asyncio.TimerHandle | None = None
         self._syncing: dict[int, asyncio.Task] = {}  # conn -> its replies waiting for the fsync
         self._full = Spell(log)  # custody refusing publishes (a full disk, the quota)
+        self._unanswered: list[str] = []  # marks whose drop the store refused (a full disk): tried again
         self._synced_at: dict[int, int] = {}  # conn -> the store's commit count its replies wait for
 
     async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -98,7 +101,7 @@ class NearSide:
                     else:
                         q.extendleft(reversed(self.core.committed(ev.conn, ok, time.time())))
             elif isinstance(ev, nc.Answered):
-                self.gw.core.store.marks_answered(ev.keys)
+                self._marks_answered(ev.keys)
             elif isinstance(ev, nc.Done):
                 self.gw.delivered(ev.inbox_id)
             elif isinstance(ev, nc.Release):
@@ -134,6 +137,17 @@ class NearSide:
             self.run(self.core.committed(conn, ok, time.time()))
 
         self._syncing[conn] = asyncio.get_running_loop().create_task(reply())
+
+    def _marks_answered(self, keys: list[str]) -> None:
+        """Drop the marks of publishes whose PUBACK was written; a store that cannot take the
+        change (the disk is full) keeps them, and they are dropped with the next ones."""
+        keys = self._unanswered + list(keys)
+        try:
+            self.gw.core.store.marks_answered(keys)
+            self._unanswered = []
+        except QuotaExceeded as e:  # StoreFull too: nothing of the change was kept
+            self._unanswered = keys[-MARKS_PENDING_MAX:]
+            self._full.hit("custody full, MQTT publishes refused (MQTT 5: 0x97; 3.1.1: disconnect): %s", e)
 
     def _arm(self) -> None:
         """A timer at the core's next deadline (keep alive, session expiry).  One that fires

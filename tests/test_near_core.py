@@ -512,3 +512,32 @@ def test_sessions_survive_the_session_file_round_trip(tmp_path):
     assert near["u8"].expires_at == T0 + 30 + 60 and near["u9"].expires_at == T0 + 30 + 60
     (tmp_path / "bad.cbor").write_bytes(b"\xff\x00garbage")
     assert sessions_file.load(tmp_path / "bad.cbor", T0) == ({}, {})
+
+
+def test_marks_a_full_disk_would_not_let_go_are_dropped_with_the_next_puback_not_crashing_the_connection():
+    """Found by CI's disk-full campaign: dropping the marks of PUBACKed publishes is a commit;
+    on a full disk it raised StoreFull inside the connection's handler, which died, and MQTT 5
+    clients were disconnected instead of hearing 0x97."""
+    import types
+
+    from c2dtn.ip_gateway.near import NearSide
+    from c2dtn.ip_gateway.policy import GatewayConfig
+    from c2dtn.overlay.store import StoreFull
+
+    tried: list[list[str]] = []
+
+    class Store:
+        full = True
+
+        def marks_answered(self, keys):
+            tried.append(list(keys))
+            if self.full:
+                raise StoreFull("custody store: the disk is full")
+
+    store = Store()
+    gw = types.SimpleNamespace(cfg=GatewayConfig(batch_bytes=0), core=types.SimpleNamespace(store=store))
+    near = NearSide(gw)
+    near.run([nc.Answered(["a", "b"])])  # no exception: kept for the next try
+    store.full = False
+    near.run([nc.Answered(["c"])])
+    assert tried == [["a", "b"], ["a", "b", "c"]] and near._unanswered == []
