@@ -14,6 +14,7 @@ and each test's output.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -45,6 +46,31 @@ sys.exit(0 if r.wasSuccessful() else 1)
 """
 
 
+@contextlib.contextmanager
+def broker_pair(tmp: Path, topic_filter: str, seed: int):
+    """nps-chain (lan) with Mosquitto on h4 at 1883, behind gw1's explicit listener and the
+    overlay (gw4 publishes there), and at 1884, reached direct; yields (gw1, h4, nodes).
+    Shared with tests/test_conformance_mqtt.py."""
+    testbed.down()
+    st = testbed.up("nps-chain", profile="lan", seed=seed)
+    h4, gw1 = testbed.node_address(st, "h4"), testbed.node_address(st, "gw1")
+    topics = f'[[gateway.topic]]\nfilter = "{topic_filter}"\npriority = "immediate"\nlifetime = 600\n'
+    gateways = {"gw1": f'[gateway]\nlisten = "0.0.0.0:1883"\nbroker = "{h4}:1883"\n\n'
+                       f'[[gateway.route]]\nprefix = "{h4.rsplit(".", 1)[0]}.0/24"\nvia = "gw4"\n\n{topics}',
+                "gw4": f"[gateway]\n\n{topics}"}
+    brokers = [start_mosquitto("c2-h4", tmp, h4, port) for port in (1883, 1884)]
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=gateways)
+    try:
+        nodes.start_all(BPA)
+        yield gw1, h4, nodes
+    finally:
+        nodes.stop_all()
+        for b in brokers:
+            b.terminate()
+            b.wait(10)
+        testbed.down()
+
+
 def test_names(suite: Path, mod: str) -> list[str]:
     return re.findall(r"^\s+def (test_\w+)\(self", (suite / f"{mod}.py").read_text(), re.M)
 
@@ -65,21 +91,8 @@ def main(suite: Path, console=None) -> Path:
         raise ValueError(f"{suite}: no client_test5.py (give a checkout of paho.mqtt.testing)")
     out = run_dir("paho-interop")
     tmp = Path(tempfile.mkdtemp(prefix="c2paho-"))
-    testbed.down()
-    st = testbed.up("nps-chain", profile="lan", seed=23)
-    h4, gw1 = testbed.node_address(st, "h4"), testbed.node_address(st, "gw1")
-    topics = '[[gateway.topic]]\nfilter = "#"\npriority = "immediate"\nlifetime = 600\n'
-    gateways = {"gw1": f'[gateway]\nlisten = "0.0.0.0:1883"\nbroker = "{h4}:1883"\n\n'
-                       f'[[gateway.route]]\nprefix = "{h4.rsplit(".", 1)[0]}.0/24"\nvia = "gw4"\n\n{topics}',
-                "gw4": f"[gateway]\n\n{topics}"}
-    brokers = [start_mosquitto("c2-h4", tmp, h4, port) for port in (1883, 1884)]
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=gateways)
     rows = []
-    try:
-        for n in BPA:
-            nodes.start(n, wait=False)
-        for n in BPA:
-            nodes.wait_ready(n, timeout=60)
+    with broker_pair(tmp, "#", 23) as (gw1, h4, nodes):
         plan = [(v, mod, name) for v, mod in SUITES.items() for name in test_names(suite, mod)]
         (out / "logs").mkdir()
         with progress(console, "tests") as bar:
@@ -91,12 +104,6 @@ def main(suite: Path, console=None) -> Path:
                                                                f"{through}\n{log_t}\n")
                 rows.append({"version": v, "test": name, "alone": alone, "through": through})
                 bar.advance(task)
-    finally:
-        nodes.stop_all()
-        for b in brokers:
-            b.terminate()
-            b.wait(10)
-        testbed.down()
     summary = {v: {"tests": sum(r["version"] == v for r in rows),
                    "alone": sum(r["version"] == v and r["alone"] == "pass" for r in rows),
                    "through": sum(r["version"] == v and r["through"] == "pass" for r in rows),

@@ -72,10 +72,7 @@ def chain(tmp_path_factory):
                                  "-d", "10"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for port in (THROUGH, DIRECT)]
     try:
-        for n in BPA:
-            nodes.start(n, wait=False)
-        for n in BPA:
-            nodes.wait_ready(n, timeout=60)
+        nodes.start_all(BPA)
         big = tmp / "big.txt"
         big.write_bytes(bytes(0x41 + i % 26 for i in range(BIG)))
         yield h4, nodes, big

@@ -13,42 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from c2dtn.topologies import testbed
-from c2dtn.topologies.broker import mosquitto_missing, start_mosquitto
-from c2dtn.topologies.nodes import Nodes, dtnd_missing
+from c2dtn.perf import paho_interop
+from c2dtn.topologies.broker import mosquitto_missing
+from c2dtn.topologies.nodes import dtnd_missing
 
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
               pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
 
-BPA = ["gw1", "r2", "r3", "gw4"]
 SCENARIOS = Path(__file__).with_name("mqtt_scenarios.py")
 
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("mqtt-conf")
-    testbed.down()
-    st = testbed.up("nps-chain", profile="lan", seed=19)
-    h4, gw1 = testbed.node_address(st, "h4"), testbed.node_address(st, "gw1")
-    prefix = h4.rsplit(".", 1)[0] + ".0/24"
-    topics = '[[gateway.topic]]\nfilter = "c2conf/#"\npriority = "immediate"\nlifetime = 600\n'
-    gateways = {"gw1": f'[gateway]\nlisten = "0.0.0.0:1883"\nbroker = "{h4}:1883"\n\n'
-                       f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n{topics}',
-                "gw4": f"[gateway]\n\n{topics}"}
-    brokers = [start_mosquitto("c2-h4", tmp, h4, port) for port in (1883, 1884)]
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=gateways)
-    try:
-        for n in BPA:
-            nodes.start(n, wait=False)
-        for n in BPA:
-            nodes.wait_ready(n, timeout=60)
-        yield gw1, h4, nodes
-    finally:
-        nodes.stop_all()
-        for b in brokers:
-            b.terminate()
-            b.wait(10)
-        testbed.down()
+    with paho_interop.broker_pair(tmp_path_factory.mktemp("mqtt-conf"), "c2conf/#", 19) as pair:
+        yield pair
 
 
 def observe(host: str, port: int, version: int) -> dict:
