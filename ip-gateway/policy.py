@@ -72,7 +72,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from c2dtn.errors import ConfigError
-from c2dtn.tomlfile import check_name, check_table
+from c2dtn.confref import Field as F, table
+from c2dtn.tomlfile import check_name
 from c2dtn.ip_gateway.mqtt import MqttError, check_topic_filter, topic_matches
 from c2dtn.ip_gateway.auth import Auth, load_auth
 from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Priority
@@ -172,6 +173,86 @@ class GatewayConfig:
     coap: CoapConfig | None = None
 
 
+_PRIO = "flash, immediate, priority or routine (flash and immediate go first and never linger)"
+GATEWAY = table("gateway", "The MQTT gateway (`c2dtn gateway run`): the near side takes clients' packets off IP "
+                "into custody, the far side delivers them to the broker they meant (docs: mqtt). A box can be both.", [
+    F("listen", "host:port", "(none)", "Explicit listener: clients point here and mean `broker`.", '"0.0.0.0:1883"'),
+    F("broker", "host:port", "(none)", "The broker an explicit listener stands for (needed with listen).",
+      '"10.77.9.2:1883"'),
+    F("tproxy", "boolean", "false", "Intercept MQTT (TCP 1883) crossing the box to brokers a [[gateway.route]] "
+      "names (TPROXY; needs root).", "false"),
+    F("tproxy_port", "integer", str(GatewayConfig.tproxy_port), "Where intercepted flows land.", "11883"),
+    F("max_packet_size", "integer", str(GatewayConfig.max_packet_size), "Largest MQTT packet taken from a client "
+      "(64 up to the largest message the overlay carries).", "1048576", "bytes"),
+    F("far_queue", "integer", str(GatewayConfig.far_queue), "Far side: messages waiting for one client's broker "
+      "connection; past it they stay in custody, refused, never dropped.", "1000"),
+    F("max_far_sessions", "integer", str(GatewayConfig.max_far_sessions), "Far side: broker sessions held for "
+      "origin clients.", "10000"),
+    F("qos1_once", "boolean", "false", "Far side: publish QoS 1 messages to the broker at QoS 2, so a resend after "
+      "a crash meets the broker's dedupe (decision 0002).", "false"),
+    F("batch_bytes", "integer", "(half the node's aggregate_bytes)", "Near side: QoS 0/1 publishes read together "
+      "share an envelope up to this many payload bytes (0: one envelope each).", "8192", "bytes"),
+    F("password_file", "path", "(none)", "Near side: clients log in against this file (mosquitto_passwd's format).",
+      '"/etc/mosquitto/passwd"'),
+    F("acl_file", "path", "(none)", "Near side: topic access by user (Mosquitto's ACL format).",
+      '"/etc/mosquitto/acl"'),
+    F("allow_anonymous", "boolean", "(false with a password_file, else true)", "Whether a client without a "
+      "username may connect.", "false"),
+    F("max_sessions", "integer", str(SessionLimits.max_sessions), "Near side: client sessions held; a new client "
+      "past it is refused at CONNECT (MQTT 5 0x97, 3.1.1 code 3) before anything is acknowledged.", "1000"),
+    F("max_connections_per_address", "integer", "0", "Near side: connections from one address (0: no limit).",
+      "16"),
+    F("persistent_client_expiration", "period", "(never)", "Both sides: a session without expiry (3.1.1 clean "
+      'session 0) ends this long after its client left; Mosquitto\'s form ("12h", "7d", "2w", "1m", "1y") '
+      "or seconds.", '"7d"'),
+    F("route", "array of tables", "[]", "Which gateway serves which brokers ([[gateway.route]]).", "[]"),
+    F("topic", "array of tables", "[]", "What crosses the link ([[gateway.topic]]).", "[]"),
+    F("bridge", "table", "(none)", "Bridge mode ([gateway.bridge]).",
+      '{ broker = "127.0.0.1:1883", peers = ["gw4"], out = ["bft/#"] }'),
+    F("coap", "table", "(none)", "The CoAP gateway ([gateway.coap]).", "{}"),
+])
+GW_ROUTE = table("gateway.route", "Brokers (and CoAP servers) in `prefix` are served by the gateway node `via`.", [
+    F("prefix", "IP prefix", None, "The brokers' addresses.", '"10.77.9.0/24"'),
+    F("via", "name", None, "The far gateway's node id.", '"gw4"'),
+], array=True)
+GW_TOPIC = table("gateway.topic", "What crosses the link: the first rule whose filter matches a topic gives its "
+                 "priority and lifetime; a topic no rule matches stays local (acknowledged, counted held_local).", [
+    F("filter", "MQTT topic filter", None, "Topics this rule releases.", '"bft/+/+/+/location"'),
+    F("priority", "string", '"routine"', _PRIO + ".", '"priority"'),
+    F("lifetime", "integer", "3600", "How long the message may take to arrive.", "600", "s"),
+    F("supersede", "string", "(none)", '"topic": a newer message on the same topic replaces a queued older one.',
+      '"topic"'),
+], array=True)
+GW_BRIDGE = table("gateway.bridge", "Bridge mode: the gateway is a client of a local broker and exchanges "
+                  "publications with its peers' bridges (a [[gateway.topic]] rule must release each).", [
+    F("broker", "host:port", None, "The local broker.", '"127.0.0.1:1883"'),
+    F("peers", "array of names", None, "The gateways whose bridges it exchanges with.", '["gw4"]'),
+    F("out", "array of topic filters", None, "Filters subscribed here and sent to every peer.",
+      '["bft/+/+/+/location"]'),
+    F("in", "array of topic filters", "(as out)", "Filters accepted from peers and published here.",
+      '["bft/+/+/+/location"]'),
+    F("qos", "integer", "1", "QoS of the bridge's subscriptions (0-2).", "1"),
+    F("client_id", "string", '"c2bridge-<node id>"', "The bridge's client id at the local broker.", '"c2bridge-gw1"'),
+])
+GW_COAP = table("gateway.coap", "The CoAP gateway (docs: coap); an empty table: far side only.", [
+    F("listen", "host:port", "(none)", "Explicit listener: clients send here ...", '"0.0.0.0:5683"'),
+    F("server", "host:port", "(none)", "... and mean this server (a Proxy-Uri names another; no server: those only).",
+      '"10.77.9.2:5683"'),
+    F("tproxy", "boolean", "false", "Intercept CoAP (UDP 5683) crossing the box to servers a [[gateway.route]] "
+      "names (TPROXY; needs root).", "false"),
+    F("tproxy_port", "integer", str(CoapConfig.tproxy_port), "Where intercepted datagrams land.", "15683"),
+    F("resource", "array of tables", "[]", "What crosses the link ([[gateway.coap.resource]]).", "[]"),
+])
+GW_RESOURCE = table("gateway.coap.resource", "The first rule whose path matches a request gives its priority and "
+                    "lifetime; a request no rule matches is answered here with 4.03 Forbidden.", [
+    F("path", "string", None, 'Shell-style pattern on the Uri-Path, starting with "/" ("*" also spans "/").',
+      '"/orders/*"'),
+    F("priority", "string", '"routine"', _PRIO + ".", '"immediate"'),
+    F("lifetime", "integer", "3600", "How long the request may take to arrive.", "3600", "s"),
+    F("allow", "boolean", "true", "false: answered here with 4.03 Forbidden.", "true"),
+], array=True)
+
+
 def _hostport(src: str, where: str, v: Any) -> tuple[str, int]:
     if not isinstance(v, str) or ":" not in v:
         raise ConfigError(src, where, v, 'must be "address:port"')
@@ -200,8 +281,7 @@ def _filters(src: str, where: str, v: Any) -> list[str]:
 
 
 def parse_bridge(src: str, raw: Any) -> BridgeConfig:
-    b = check_table(src, "gateway.bridge", raw, {"broker", "peers", "out", "in", "qos", "client_id"},
-                    {"broker", "peers", "out"})
+    b = GW_BRIDGE.check(src, "gateway.bridge", raw)
     peers = b["peers"]
     if not isinstance(peers, list) or not peers:
         raise ConfigError(src, "gateway.bridge.peers", peers, "must be a non-empty list of gateway node names")
@@ -254,7 +334,7 @@ def _tproxy(src: str, where: str, t: dict, port: int) -> tuple[bool, int]:
 def parse_coap(src: str, raw: Any) -> CoapConfig:
     from c2dtn.ip_gateway.coap_core import ResourceRule
 
-    c = check_table(src, "gateway.coap", raw, {"listen", "server", "resource", "tproxy", "tproxy_port"})
+    c = GW_COAP.check(src, "gateway.coap", raw)
     cfg = CoapConfig()
     cfg.tproxy, cfg.tproxy_port = _tproxy(src, "gateway.coap", c, cfg.tproxy_port)
     if "listen" in c:
@@ -266,7 +346,7 @@ def parse_coap(src: str, raw: Any) -> CoapConfig:
         raise ConfigError(src, "gateway.coap.resource", rules, "must be an array of tables ([[gateway.coap.resource]])")
     for i, r in enumerate(rules):
         w = f"gateway.coap.resource[{i}]"
-        check_table(src, w, r, {"path", "priority", "lifetime", "allow"}, {"path"})
+        GW_RESOURCE.check(src, w, r)
         if not isinstance(r["path"], str) or not r["path"].startswith("/"):
             raise ConfigError(src, w + ".path", r["path"], 'must be a path pattern starting with "/"', 'e.g. "/orders/*"')
         allow = r.get("allow", True)
@@ -278,11 +358,7 @@ def parse_coap(src: str, raw: Any) -> CoapConfig:
 
 
 def parse_gateway(src: str, raw: Any) -> GatewayConfig:
-    g = check_table(src, "gateway", raw, {"listen", "broker", "tproxy", "tproxy_port", "route", "topic",
-                                          "max_packet_size", "bridge", "coap", "far_queue", "max_far_sessions",
-                                          "qos1_once", "batch_bytes", "password_file", "acl_file",
-                                          "allow_anonymous", "max_sessions", "max_connections_per_address",
-                                          "persistent_client_expiration"})
+    g = GATEWAY.check(src, "gateway", raw)
     cfg = GatewayConfig()
     if "listen" in g:
         cfg.listen = _hostport(src, "gateway.listen", g["listen"])
@@ -329,7 +405,7 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
         cfg.coap = parse_coap(src, g["coap"])
     for i, r in enumerate(g.get("route", [])):
         w = f"gateway.route[{i}]"
-        check_table(src, w, r, {"prefix", "via"}, {"prefix", "via"})
+        GW_ROUTE.check(src, w, r)
         try:
             net = ipaddress.ip_network(r["prefix"], strict=False)
         except (ValueError, TypeError):
@@ -337,7 +413,7 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
         cfg.policy.routes.append((net, check_name(src, w + ".via", r["via"])))
     for i, t in enumerate(g.get("topic", [])):
         w = f"gateway.topic[{i}]"
-        check_table(src, w, t, {"filter", "priority", "lifetime", "supersede"}, {"filter"})
+        GW_TOPIC.check(src, w, t)
         if not isinstance(t["filter"], str):
             raise ConfigError(src, w + ".filter", t["filter"], "must be an MQTT topic filter (a string)")
         try:

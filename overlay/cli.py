@@ -45,6 +45,32 @@ def _log_as(node_id: str, verbose: bool) -> None:
                         format=f"%(asctime)s {node_id} %(name)s %(levelname)s %(message)s")
 
 
+@node.command("check")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+def check_cmd(config: str) -> None:
+    """Load CONFIG as `node run` and `gateway run` would (keys, [gateway] and the agent's own
+    table included) and say what it describes, or name the first bad value."""
+    from c2dtn.overlay.config import load_node_config
+
+    cfg = load_node_config(config)
+    parts = [f"node {cfg.id}", f"agent {cfg.agent}", f"{len(cfg.peers)} peer(s)", f"{len(cfg.keys)} key(s)"]
+    if cfg.gateway is not None:
+        from c2dtn.ip_gateway.policy import parse_gateway
+
+        gw = parse_gateway(config, cfg.gateway)
+        parts.append(f"gateway: {len(gw.policy.routes)} route(s), {len(gw.policy.topics)} topic rule(s)"
+                     + (", CoAP" if gw.coap else "") + (", bridge" if gw.bridge else ""))
+    click.echo(f"{config}: ok: " + "; ".join(parts))
+
+
+@node.command("config-reference")
+def config_reference_cmd() -> None:
+    """Print every table and field of the node, keys and relay configs (Markdown), as the docs show it."""
+    from c2dtn.confref import markdown
+
+    click.echo(markdown())
+
+
 @node.command("renew-incarnation")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 def renew_incarnation_cmd(config: str) -> None:

@@ -43,12 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from c2dtn.confref import Field as F, table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig, load_node_config
 from c2dtn.overlay.envelope import EnvelopeError, split_container
 from c2dtn.private import private_dir, private_sqlite
-from c2dtn.tomlfile import check_name, check_table, read_toml
+from c2dtn.tomlfile import check_name, read_toml
 
 log = logging.getLogger("c2dtn.relay")
 
@@ -74,12 +75,25 @@ class RelayConfig:
         return self.storage / "relay.db"
 
 
+RELAY_TOP = table("(top level)", "A relay config has one table.", [
+    F("relay", "table", None, "The relay.", '{ id = "tacnet", storage = "/var/lib/c2dtn/tacnet", islands = [] }'),
+], doc="relay")
+RELAY = table("relay", "One box, one agent per island, bundles carried across unchanged (docs: design).", [
+    F("id", "name", None, "The relay's node id (what [relays] in the nodes' configs name).", '"tacnet"'),
+    F("storage", "path", None, "The relay's durable queue (relay.db).", '"/var/lib/c2dtn/tacnet"'),
+    F("netns", "string", "(none)", "Run inside this network namespace.", '"c2-tacnet"'),
+    F("islands", "array of paths", None, "Node configs, one per agent kind (at least two; relative to this file).",
+      '["tacnet.dtn7.toml", "tacnet.ibrdtn.toml"]'),
+    F("max_bytes", "integer", str(RelayConfig.max_bytes), "Bound on what the relay holds (at least 65536).",
+      "268435456", "bytes"),
+], doc="relay")
+
+
 def load_relay_config(path: str | Path) -> RelayConfig:
     src = str(path)
     data = read_toml(path)
-    check_table(src, "(top level)", data, {"relay"}, {"relay"})
-    r = check_table(src, "relay", data["relay"], {"id", "storage", "netns", "islands", "max_bytes"},
-                    {"id", "storage", "islands"})
+    RELAY_TOP.check(src, "(top level)", data)
+    r = RELAY.check(src, "relay", data["relay"])
     isl = r["islands"]
     if not isinstance(isl, list) or len(isl) < 2 or not all(isinstance(p, str) for p in isl):
         raise ConfigError(src, "relay.islands", isl, "must list at least two node configuration files")

@@ -31,6 +31,7 @@ import aiohttp
 import cbor2
 
 from c2dtn.cla_adapters import ClaSpec
+from c2dtn.confref import Field as F, table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
 from c2dtn.overlay.agents import register
@@ -133,6 +134,14 @@ def bundle_payload(raw: bytes) -> tuple[str, bytes]:
     raise ValueError("bundle has no payload block")
 
 
+OPTIONS = table("agent.dtn7", "dtn7-rs's own settings (docs: agents/dtn7).", [
+    F("store", "string", '"sled"', "dtnd's bundle store: " + ", ".join(STORES) + " (mem holds nothing over a restart).",
+      '"sled"'),
+    F("web_port", "integer", "3000", "dtnd's HTTP and WebSocket API on 127.0.0.1 (one per node on a box).", "3000"),
+    F("janitor", "duration", '"5s"', "How often dtnd retries bundles it holds (a number and ms, s or m).", '"5s"'),
+])
+
+
 @register("dtn7")
 class Dtn7Agent(BundleAgent):
     # BPv7; dtnd's web API takes a bundle of up to 16 MB; group endpoints (dtn://group/~x);
@@ -150,9 +159,7 @@ class Dtn7Agent(BundleAgent):
     # -- configuration ---------------------------------------------------------------------
     @classmethod
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
-        from c2dtn.tomlfile import check_table
-
-        check_table(source, "agent.dtn7", table, {"store", "web_port", "janitor"})
+        OPTIONS.check(source, "agent.dtn7", table)
         o = {"store": table.get("store", "sled"), "web_port": table.get("web_port", 3000),
              "janitor": str(table.get("janitor", "5s"))}
         if o["store"] not in STORES:

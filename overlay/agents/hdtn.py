@@ -78,6 +78,7 @@ import zlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from c2dtn.confref import Field as F, table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import (AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo,
                                 queued_deliveries, static_peers)
@@ -229,6 +230,22 @@ def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
             "contacts.json": json.dumps({"contacts": contacts}, indent=1) + "\n"}
 
 
+OPTIONS = table("agent.hdtn", "HDTN's own settings (docs: agents/hdtn).", [
+    F("number", "integer", "0", "This node's HDTN node number, even (0: derived from the node id); the overlay's "
+      "endpoint is ipn:<number+1>.1.", "0"),
+    F("numbers", "table", "{}", "Other nodes' HDTN numbers by node id (even), where they are not derived.",
+      "{ gw4 = 40 }"),
+    F("app_port", "integer", "4560", "The TCPCLv4 induct the overlay connects to.", "4560"),
+    F("store_mb", "integer", "256", "HDTN's disk store (totalStorageCapacityBytes).", "256", "MiB"),
+    F("rate_bits", "integer", "0", "Every contact's rate (0: unlimited); HDTN paces UDP and LTP to it.", "9800",
+      "bit/s"),
+    F("rates_bits", "table", "{}", "A neighbour's own rate by node id (the contact to it).", "{ r2 = 9800 }",
+      "bit/s"),
+    F("keepalive_s", "integer", str(PEER_KEEPALIVE_S), "TCPCLv4 keepalive between HDTN nodes (1 to 65535); longer "
+      "than the longest cut, as HDTN 1.3.1 does not recover from a session the keepalive ends.", "600", "s"),
+])
+
+
 @register("hdtn")
 class HdtnAgent(BundleAgent):
     # BPv7; bundles up to HDTN's maxBundleSizeBytes here; no group endpoints; its disk store is restored
@@ -257,10 +274,7 @@ class HdtnAgent(BundleAgent):
     # -- configuration ---------------------------------------------------------------------
     @classmethod
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
-        from c2dtn.tomlfile import check_table
-
-        check_table(source, "agent.hdtn", table, {"number", "numbers", "app_port", "store_mb", "rate_bits",
-                                                  "rates_bits", "keepalive_s"})
+        OPTIONS.check(source, "agent.hdtn", table)
         o = {"number": table.get("number", 0), "numbers": table.get("numbers", {}), "app_port": table.get("app_port", 4560),
              "store_mb": table.get("store_mb", 256), "rate_bits": table.get("rate_bits", 0),
              "keepalive_s": table.get("keepalive_s", PEER_KEEPALIVE_S), "rates_bits": table.get("rates_bits", {})}

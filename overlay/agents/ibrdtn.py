@@ -45,6 +45,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from c2dtn.confref import Field as F, table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo, static_peers
 from c2dtn.overlay.agents import register
@@ -180,6 +181,12 @@ class ApiReader:
         return replies, notes
 
 
+OPTIONS = table("agent.ibrdtn", "IBR-DTN's own settings (docs: agents/ibrdtn).", [
+    F("api_port", "integer", "4550", "The daemon's API on 127.0.0.1 of the node's namespace.", "4550"),
+    F("bundle_lifetime_s", "integer", "60", "The lifetime of the bundles this node sends (5 to 86400).", "600", "s"),
+])
+
+
 @register("ibrdtn")
 class IbrdtnAgent(BundleAgent):
     # BPv6; payloads up to 16 MB through the API here; no group endpoints in this driver;
@@ -202,9 +209,7 @@ class IbrdtnAgent(BundleAgent):
 
     @classmethod
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
-        from c2dtn.tomlfile import check_table
-
-        check_table(source, "agent.ibrdtn", table, {"api_port", "bundle_lifetime_s"})
+        OPTIONS.check(source, "agent.ibrdtn", table)
         port = table.get("api_port", 4550)
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
             raise ConfigError(source, "agent.ibrdtn.api_port", port, "not a port", "1 to 65535")

@@ -109,6 +109,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from c2dtn.confref import Field as F, table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import (AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo,
                                 queued_deliveries, static_peers)
@@ -405,6 +406,22 @@ def parse_delivery(body: bytes) -> tuple[str, int, bytes]:
     return body[2:2 + n].decode(errors="replace"), int.from_bytes(body[2 + n:10 + n], "big"), body[10 + n:]
 
 
+OPTIONS = table("agent.ion", "ION-DTN's own settings (docs: agents/ion).", [
+    F("number", "integer", "0", "This node's ipn node number (0: derived from the node id).", "0"),
+    F("numbers", "table", "{}", "Other nodes' ipn numbers by node id, where they are not derived.", "{ gw4 = 40 }"),
+    F("sdr_mb", "integer", "64", "Size of ION's SDR (the bundles it holds; created once).", "64", "MiB"),
+    F("rate_bytes", "integer", "12500000", "Nominal rate of every egress plan and LTP contact; set it to the "
+      "radio's rate on a radio link, or ION queues what the link cannot carry.", "1225", "bytes/s"),
+    F("rates", "table", "{}", "A neighbour's own rate by node id (its radio link's).", "{ r2 = 1225 }", "bytes/s"),
+    F("bibe", "array of names", "[]", 'Neighbours sent to with ION\'s BIBE custody transfer ("*": every one); '
+      "an option to measure, not the overlay's custody.", '["r2"]'),
+    F("bibe_from", "array of names", "[]", 'Neighbours whose BIBE PDUs this node takes custody of ("*": every one).',
+      '["gw1"]'),
+    F("bibe_latency_s", "integer", "5", "Expected one-way delivery time between BIBE neighbours, queueing "
+      "included; an unsignalled PDU is sent again after twice this plus 2 s.", "5", "s"),
+])
+
+
 @register("ion")
 class IonAgent(BundleAgent):
     # BPv7; the helper takes payloads up to 16 MB; no group endpoints (imc: above); the SDR is a file
@@ -429,10 +446,7 @@ class IonAgent(BundleAgent):
     # -- configuration ---------------------------------------------------------------------
     @classmethod
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
-        from c2dtn.tomlfile import check_table
-
-        check_table(source, "agent.ion", table, {"number", "numbers", "sdr_mb", "rate_bytes", "rates", "bibe",
-                                                 "bibe_from", "bibe_latency_s"})
+        OPTIONS.check(source, "agent.ion", table)
         o = {"number": table.get("number", 0), "numbers": table.get("numbers", {}),
              "sdr_mb": table.get("sdr_mb", 64), "rate_bytes": table.get("rate_bytes", 12_500_000),
              "rates": table.get("rates", {}), "bibe": table.get("bibe", []), "bibe_from": table.get("bibe_from", []),
