@@ -35,9 +35,10 @@ APT_BPAS := autoconf automake libtool pkg-config make g++ libsqlite3-dev libssl-
 	libboost-thread-dev libboost-regex-dev libboost-program-options-dev libboost-test-dev \
 	libboost-iostreams-dev libboost-random-dev libboost-log-dev
 
-.PHONY: demo test deps apt venv tools bpas apt-bpas clean down lock
+.PHONY: demo test docs deps apt venv tools bpas apt-bpas clean down lock
 
-demo: deps
+# the demo runs on dtn7-rs alone: it builds no other agent
+demo: apt venv tools
 	$(BIN)/c2dtn perf bft
 
 # -v: each test's name as it starts (the live tests take minutes each), and the suite's progress
@@ -46,11 +47,22 @@ test: deps
 
 deps: apt venv tools bpas
 
+# the documentation site (MkDocs, Material theme) at http://127.0.0.1:8000; CI builds it with --strict
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 tools: $(DTN7_ROOT)/bin/dtnd
 	@mkdir -p .tools && ln -sfn $(DTN7_ROOT) .tools/dtn7
 
+# the newest rust-version among dtn7-rs's locked dependencies (clap 4.5); Debian 12's own rustc is older
+DTN7_RUST := 1.74
 $(DTN7_ROOT)/bin/dtnd:
-	@command -v cargo >/dev/null || { echo "cargo (Rust) is needed to build dtn7-rs $(DTN7_VERSION)" >&2; exit 1; }
+	@have=$$(rustc --version 2>/dev/null | cut -d' ' -f2); \
+	if [ -z "$$have" ] || ! command -v cargo >/dev/null || \
+	   [ "$$(printf '%s\n' $(DTN7_RUST) "$$have" | sort -V | head -1)" != $(DTN7_RUST) ]; then \
+	  echo "dtn7-rs $(DTN7_VERSION) is built with cargo and needs Rust $(DTN7_RUST) or newer; found: $${have:-no rustc}." >&2; \
+	  echo "Debian 12's rustc is 1.63: install a current one with rustup (https://rustup.rs), then run make again." >&2; \
+	  exit 1; fi
 	@echo "building dtn7-rs $(DTN7_VERSION) into $(DTN7_ROOT) (once per machine, about 7 minutes)"
 	rm -rf $(DTN7_ROOT).partial
 	cargo install dtn7 --version $(DTN7_VERSION) --locked --root $(DTN7_ROOT).partial
@@ -91,6 +103,7 @@ apt:
 	  cmd=$${need%%:*}; pkg=$${need##*:}; \
 	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; \
 	done; \
+	test -x $(BIN)/python || $(PYTHON) -c 'import ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
 	$(call apt_install,)
 
 venv: $(VENV)/.installed

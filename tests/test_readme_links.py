@@ -1,5 +1,5 @@
-"""Every local link and image in README.md points at a file that is in the repository
-(tracked by git, not ignored), so a reader of a fresh clone finds the evidence."""
+"""Every local link and image in README.md and the docs' pages points at a file that is in
+the repository (tracked by git, not ignored), so a reader of a fresh clone finds the evidence."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# the pages a reader is pointed at (docs/results/ holds the campaigns' raw reports)
+PAGES = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
@@ -33,30 +35,30 @@ def test_link_pattern_finds_links_and_images():
     assert local_links(text) == ["docs/r/report.md", "docs/r/plot.png"]
 
 
-def test_every_local_link_and_image_in_the_readme_is_a_tracked_file():
+def test_every_local_link_and_image_in_the_readme_and_the_docs_is_a_tracked_file():
     tracked = _tracked()
     if tracked is None:
         pytest.skip("not a git checkout: cannot tell tracked files")
-    links = local_links((ROOT / "README.md").read_text())
-    assert links, "README.md has no local links (the pattern is broken?)"
+    links = [(page, t) for page in PAGES for t in local_links(page.read_text())]
+    assert len(links) > 100, "the pages have few local links (the pattern is broken?)"
     bad = []
-    for target in links:
-        p = (ROOT / target).resolve()
+    for page, target in links:
+        p = (page.parent / target).resolve()
         rel = p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else target
         if p.is_dir():
             if not any(t.startswith(rel + "/") for t in tracked):
-                bad.append(f"{target}: a folder with no tracked file")
+                bad.append(f"{page.name}: {target}: a folder with no tracked file")
         elif rel not in tracked:
-            bad.append(f"{target}: " + ("exists but is not tracked (ignored?)" if p.exists() else "missing"))
+            bad.append(f"{page.name}: {target}: " + ("exists but is not tracked (ignored?)" if p.exists() else "missing"))
     assert not bad, "\n".join(bad)
 
 
 def test_every_run_the_readme_cites_says_its_command_and_commit():
     """A figure quoted from docs/results/<run>/ can be re-run: the run's own run.json names
     the command and the commit, or (runs older than run.json) the evidence index does."""
-    runs = sorted({m for t in local_links((ROOT / "README.md").read_text())
-                   for m in re.findall(r"docs/results/([^/]+)/", t)})
-    assert runs, "the README cites no run"
+    runs = sorted({m for page in PAGES for t in local_links(page.read_text())
+                   for m in re.findall(r"results/([^/]+)/", t)})
+    assert runs, "the pages cite no run"
     index = (ROOT / "docs/results/README.md").read_text()
     bad = []
     for run in runs:

@@ -1,19 +1,7 @@
 """dtn7-rs driver: runs dtnd for a node, sends over its HTTP API, receives over its
 WebSocket API.
 
-Settings (`[agent.dtn7]`; older configs put them in `[agent]` itself, still read):
-  store = "sled"      mem | sled | sneakers (sled and sneakers persist across a SIGKILL)
-  web_port = 3000     dtnd's HTTP and WebSocket API (and its http CLA)
-  janitor = "5s"      how often dtnd walks its store
-
-Facts about dtnd 0.21 this driver is built around (read from its source):
-- POST /send?dst=<eid>&lifetime=<humantime> sends from the node's own EID;
-- WebSocket /ws: "/data" switches deliveries to CBOR {bid, src, dst, cts,
-  lifetime, data}; "/subscribe <name>" attaches to a registered endpoint;
-- bundles that reached an endpoint while nobody was attached wait in memory;
-  subscribing hands over only one of them, so the driver also drains the rest
-  with GET /endpoint?<name> (whole BPv7 bundles, payload taken out here);
-- dtnd has no priority in BPv7; the overlay's scheduler orders what it hands over.
+How it works, its quirks and the workarounds here: docs/agents/dtn7.md.
 """
 
 from __future__ import annotations

@@ -1,38 +1,6 @@
 """IBR-DTN driver: runs IBR-DTN's dtnd for a node and speaks its extended text API.
 
-IBR-DTN is BPv6 (RFC 5050) only, over TCPCLv3 (RFC 7242) or UDP: it cannot exchange
-bundles with dtn7-rs (BPv7) or ION (BPv7 here), so every agent on a path must be IBR-DTN
-(a c2dtn relay between islands is the way across; issue 15).
-
-Settings (`[agent.ibrdtn]`):
-  api_port = 4550            the daemon's API, on 127.0.0.1 of the node's namespace
-  bundle_lifetime_s = 60     the lifetime of the bundles this node sends (5 to 86400)
-
-Why 60 s and not the hour the other agents get: IBR-DTN deletes a bundle it forwarded only
-when the next hop was its destination (BundleCore's TransferCompletedEvent); a relay keeps
-every other one until it expires.  What a neighbour already has is known only in memory, so
-a relay whose daemon restarts sends its whole store to the next hop again.  Over the radio's
-UDP CL (no handshake to learn the neighbour's summary) an hour of forwarded bundles took
-the 9.6 kbit/s link for minutes after each kill while new envelopes waited behind them
-(`c2dtn perf chaos --agent ibrdtn --targets agents`: deliveries stopped ~110 s).  The
-overlay resends what is not acked (its shortest retransmission timeout is 20 s, tail probes
-go at most 30 s apart), so a bundle older than that has been replaced anyway; 60 s still
-covers a bundle waiting out a short cut at a hop.
-
-The daemon keeps bundles in SQLite (`storage = sqlite` in the generated ibrdtnd.conf), so
-what it holds survives a SIGKILL.  EIDs: dtn://<node>/c2dtn; neighbours are static
-connections (`staticN_*`), routes are `routeN = ^dtn://<to>/.* dtn://<via>` (its regex
-routes), discovery is off.
-
-The API (daemon/src/api/ExtendedApiHandler.cpp in IBR-DTN's source, read for this): one TCP
-connection, `protocol extended`, `set endpoint c2dtn`, `set encoding raw`; sending is
-`bundle put plain` + a plain bundle (headers, a payload block of `Length` raw bytes) +
-`bundle send`; a delivery is announced by `602 NOTIFY BUNDLE <ts> <seq> <source>` at any
-moment, also between a command and its reply, and is fetched with `bundle load queue`,
-`payload get`, then marked `bundle delivered <id>` and `bundle free`.  The connection
-has one bundle register, so a send and a fetch never interleave (one lock).  The bundle is
-marked delivered once handed to the node: the node's own custody (acks end to end) covers
-a node that dies before its commit.
+How it works, its quirks and the workarounds here: docs/agents/ibrdtn.md.
 """
 
 from __future__ import annotations
