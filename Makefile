@@ -11,8 +11,8 @@ BIN := $(VENV)/bin
 APT_NEEDS := ip:iproute2 tc:iproute2 ethtool:ethtool ping:iputils-ping curl:curl nft:nftables \
   mosquitto:mosquitto mosquitto_pub:mosquitto-clients coap-client-notls:libcoap3-bin cc:gcc tcpdump:tcpdump
 
-# dtn7-rs is built once per version into a cache outside the clone (about 7
-# minutes on a fresh machine) and linked into .tools/; a fresh clone on the same machine reuses it.
+# dtn7-rs is built once per version into a cache outside the clone (about 4
+# minutes on a fresh machine, docs/install.md) and linked into .tools/; a fresh clone on the same machine reuses it.
 DTN7_VERSION := 0.21.0
 C2DTN_CACHE ?= $(HOME)/.cache/c2dtn
 DTN7_ROOT := $(C2DTN_CACHE)/dtn7-$(DTN7_VERSION)
@@ -63,7 +63,7 @@ $(DTN7_ROOT)/bin/dtnd:
 	  echo "dtn7-rs $(DTN7_VERSION) is built with cargo and needs Rust $(DTN7_RUST) or newer; found: $${have:-no rustc}." >&2; \
 	  echo "Debian 12's rustc is 1.63: install a current one with rustup (https://rustup.rs), then run make again." >&2; \
 	  exit 1; fi
-	@echo "building dtn7-rs $(DTN7_VERSION) into $(DTN7_ROOT) (once per machine, about 7 minutes)"
+	@echo "building dtn7-rs $(DTN7_VERSION) into $(DTN7_ROOT) (once per machine, about 4 minutes)"
 	rm -rf $(DTN7_ROOT).partial
 	cargo install dtn7 --version $(DTN7_VERSION) --locked --root $(DTN7_ROOT).partial
 	rm -rf $(DTN7_ROOT) && mv $(DTN7_ROOT).partial $(DTN7_ROOT)
