@@ -37,12 +37,13 @@ class Nodes:
                  per_link_cla: bool = True, gateways: dict[str, str] | None = None,
                  groups: dict[str, list[str]] | None = None, scheduler: dict[str, int] | None = None,
                  agent: str | dict[str, str] | None = None, relay: str | None = None,
-                 options: dict[str, str] | None = None):
+                 options: dict[str, str] | None = None, configs: dict[str, Path] | None = None):
         """gateways: node -> its [gateway] TOML table; those run `c2dtn gateway run`.
         groups: group name -> member overlay nodes; scheduler: [scheduler] settings; agent, relay:
         one agent, or one per node with a relay between the islands (see write_configs); by default
         what the topology's nodes name (`agent = ...`, dtn7 where none), its relay if it runs a BPA.
-        options: node -> TOML added to its config (an agent's own table, say)."""
+        options: node -> TOML added to its config (an agent's own table, say).
+        configs: node -> a config file written elsewhere (the docs' own, say), run as it is."""
         if agent is None:
             agent, named_relay = topology_agents(st)
             relay = relay or (named_relay if named_relay in bpa else None)
@@ -55,9 +56,9 @@ class Nodes:
         if isinstance(agent, str) and agent in HARNESS_CLAS:
             cla, per_link_cla = harness_cla(agent, cla), False
         per_node = options or {}
-        self.paths = write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla,
-                                   extra={n: self.gateways.get(n, "") + per_node.get(n, "") for n in bpa},
-                                   groups=groups, scheduler=scheduler, agent=agent, relay=relay)
+        self.paths = configs or write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla,
+                                              extra={n: self.gateways.get(n, "") + per_node.get(n, "") for n in bpa},
+                                              groups=groups, scheduler=scheduler, agent=agent, relay=relay)
         self.relay = relay
         self.procs: dict[str, subprocess.Popen] = {}
         self._log_from: dict[str, int] = {}
