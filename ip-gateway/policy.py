@@ -1,54 +1,7 @@
 """Gateway policy (I/O-free): which gateway serves which brokers and servers, and what crosses the link.
 
-    [gateway]
-    listen = "0.0.0.0:1883"        # explicit listener: clients point here ...
-    broker = "10.77.9.2:1883"      # ... and mean this broker (explicit mode only)
-    tproxy = false                 # true: intercept TCP 1883 crossing the box (TPROXY)
-    tproxy_port = 11883            # where intercepted flows land
-    far_queue = 1000               # far side: messages waiting for one client's broker connection
-    max_far_sessions = 10000       # far side: broker sessions held for origin clients
-    qos1_once = false              # far side: true publishes QoS 1 messages to the broker at QoS 2 (below)
-    batch_bytes = 32768            # near side: QoS 0/1 publishes read together share an envelope up
-                                   # to this many payload bytes (0: one envelope each; default: half
-                                   # the node's [scheduler] aggregate_bytes, so a batch fits a bundle)
-    password_file = "/etc/mosquitto/passwd"  # near side: clients log in against the broker's own
-    acl_file = "/etc/mosquitto/acl"          # files (mosquitto_passwd's lines; Mosquitto's ACL format)
-    allow_anonymous = false        # default: false when password_file is set, else true
-    max_sessions = 1000            # near side: client sessions held; a new client past it is refused
-                                   # at CONNECT (MQTT 5 0x97, 3.1.1 code 3), before anything is PUBACKed
-    max_connections_per_address = 0  # near side: connections from one address (0: no limit)
-    persistent_client_expiration = "7d"  # both sides: a session without expiry (3.1.1 clean
-                                   # session 0) ends this long after its client left (default: never)
-
-    [[gateway.route]]              # brokers in `prefix` are served by gateway node `via`
-    prefix = "10.77.9.0/24"
-    via = "gw4"
-
-    [[gateway.topic]]              # first match wins; a topic that matches none stays local
-    filter = "bft/+/+/+/location"
-    priority = "priority"          # flash | immediate | priority | routine
-    lifetime = 600                 # seconds
-    supersede = "topic"            # "topic": a newer message on the same topic replaces a queued older one
-
-    [gateway.bridge]               # bridge mode: a client of this (local) broker ...
-    broker = "127.0.0.1:1883"
-    peers = ["gw4"]                # ... exchanging publications with these gateways' bridges
-    out = ["/+/+/+/location"]      # filters subscribed here and sent to every peer
-    in = ["/+/+/+/location"]       # filters accepted from peers and published here (default: out)
-    qos = 1                        # QoS of the bridge's subscriptions (0-2)
-    client_id = "c2bridge-gw1"     # default: c2bridge-<node id>
-
-    [gateway.coap]                 # the CoAP gateway (an empty table: far side only)
-    listen = "0.0.0.0:5683"        # explicit listener: clients send here ...
-    server = "10.77.9.2:5683"      # ... and mean this server (a Proxy-Uri names another; no server: those only)
-    tproxy = false                 # true: intercept UDP 5683 crossing the box to servers a route names (TPROXY)
-    tproxy_port = 15683            # where intercepted datagrams land
-
-    [[gateway.coap.resource]]      # first match wins; a request that matches none stays local (4.03)
-    path = "/orders/*"             # shell-style pattern on the Uri-Path ("*" also spans "/")
-    priority = "immediate"
-    lifetime = 3600                # seconds
-    allow = true                   # false: answered here with 4.03 Forbidden
+The [gateway] tables' fields are declared below (`table(...)`) and rendered in the
+configuration reference (docs/configuration.md).
 
 The far side holds one broker session per origin client.  It ends when the client's
 session does (a clean 3.1.1 session or an MQTT 5 session expiry of 0 at its disconnect,

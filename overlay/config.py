@@ -1,58 +1,8 @@
 """Node configuration (TOML): one file per gateway or relay box.
 
-    [node]
-    id = "gw1"                       # node id; the agent's EID is dtn://gw1/
-    storage = "/var/lib/c2dtn/gw1"   # custody database, agent store, API socket, logs
-    api_group = "c2dtn"              # optional: the API socket's group (mode 0660); else the owner's
-    keys_file = "gw1.keys.toml"      # optional: [keys] and [groups] from this file (`c2dtn keys`
-                                     #   writes one per box, mode 0600), not from this one
-    netns = "c2-gw1"                 # optional: run inside this network namespace (testbed)
-    overlay = true                   # false: run only the BPA (a relay such as r2)
-    fsync = "auto"                   # replies and bundles wait for one fsync of every custody
-                                     #   commit before them (group commit), on the event loop
-                                     #   while fsyncs take under 2 ms, by a writer thread once
-                                     #   one is slower; "thread": always the thread; "loop":
-                                     #   each commit fsyncs on the event loop (before 2026-11-24)
-
-    [agent]
-    kind = "dtn7"                    # which BPA (overlay.agents: its driver reads the rest)
-    listen = ["tcpcl://0.0.0.0:4556"]
-    routing = "static"               # static | epidemic (dtn7's groups need epidemic: [groups])
-
-    [agent.dtn7]                     # the agent's own settings (see its driver; dtn7 reads
-    store = "sled"                   #   them from [agent] too, as older configs have them)
-    web_port = 3000
-    janitor = "5s"
-
-    [[agent.peers]]                  # neighbours the agent keeps contact with
-    node = "r2"
-    cla = "tcpcl://10.77.1.2:4556"
-
-    [[agent.routes]]                 # static routing: bundles for `to` go via `via`
-    to = "gw4"                       # a node id, or "*" for everything else
-    via = "r2"
-
-    [relays]                         # optional: nodes of another agent's island (a BPv6 one,
-    prt-gw = "tacnet"                #   say) are reached through this relay (overlay.relay)
-
-    [keys]                           # HMAC keys shared with the overlay nodes we talk to (a file
-                                     #   with keys must be mode 0600, as ssh wants a private key)
-    gw4 = "64 hex digits"
-    fmn = "64 hex digits"            # ... and one per group, shared by all its members
-
-    [groups]                         # optional: one bundle reaches every member (multicast; on
-                                     #   an agent without group endpoints, the node sends one
-                                     #   bundle per member: BundleAgent.destinations)
-    fmn = ["deu-gw", "nor-gw", "prt-gw", "usa-gw"]
-
-    [scheduler]                      # optional, see overlay.scheduler.SchedulerConfig
-    init_window = 16384
-    aggregate_large_bytes = 1048576  # envelopes over aggregate_bytes share bundles up to this
-                                     #   (a LAN: a BPA's cost is per bundle; at most 4 MB)
-
-    [quota]                          # optional: bounds of the custody store
-    max_envelopes = 100000
-    max_bytes = 268435456
+Every table and field, with its type, default and an example, is in the configuration
+reference (docs/configuration.md, `c2dtn node config-reference`), rendered from the
+`table(...)` declarations below, which are also the keys the loader accepts.
 """
 
 from __future__ import annotations
