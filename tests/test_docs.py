@@ -139,3 +139,33 @@ def test_every_command_in_the_docs_exists_with_the_options_it_is_given(page, lin
     assert used <= known | {"--help"}, f"{page.name}: `{line}`: {sorted(used - known)} not options of c2dtn {' '.join(path)}"
     r = CliRunner().invoke(cli, path + ["--help"])
     assert r.exit_code == 0 and "Usage:" in r.output, r.output
+
+
+SEEDS = ROOT.parent / "shared" / "seeds"
+# (campaign page, seed, a headline figure as the seed prints it)
+SEED_QUOTES = [
+    ("perf/bft.md", "000", "both Mosquitto and VerneMQ did not perform well with loss rates of 60-85 % with the "
+                           "2 seconds sending period and about 27-36 % with the 10 seconds period"),
+    ("perf/bft.md", "000", "If the sending rate was lower (10 seconds) Mosquitto and VerneMQ performed reliably."),
+    ("perf/bft.md", "001", "The message size of a WS-N message was 1863."),
+    ("perf/bft.md", "001", "The size (content) of each message was 880 Bytes"),
+    ("perf/bft.md", "001", "The size (content) of each message was 894 bytes"),
+    ("perf/bundles.md", "002", "rtt range between 70 and 99 milliseconds."),
+    ("perf/bundles.md", "002", "For 100Kbyte tests, IBRDTN performed significantly better than SPINDLE and ION."),
+    ("perf/bundles.md", "002", "it was able to achieve a data rate over 100Mbits per second."),
+    ("perf/orders.md", "004", "loss rate between 35.29 % and 58.82 %"),
+    ("perf/orders.md", "004", "REST HTTP/JSON 418 Bytes"),
+]
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"^> ?", "", text, flags=re.M))
+
+
+@pytest.mark.parametrize("page,seed,quote", SEED_QUOTES, ids=[f"{p}:{s}:{q[:30]}" for p, s, q in SEED_QUOTES])
+def test_each_seeds_headline_figures_are_quoted_exactly_on_the_page_that_reproduces_it(page, seed, quote):
+    assert quote in _flat((DOCS / page).read_text()), f"{page} does not quote seed {seed}: {quote!r}"
+    papers = list(SEEDS.glob(f"{seed}_*.txt"))
+    if not papers:
+        pytest.skip(f"seed {seed}'s text is not at {SEEDS} (the docs' quote is checked, not its source)")
+    assert quote in _flat(papers[0].read_text(errors="replace")), f"seed {seed} does not say {quote!r}"
