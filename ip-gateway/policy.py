@@ -127,8 +127,9 @@ class GatewayConfig:
 
 
 _PRIO = "flash, immediate, priority or routine (flash and immediate go first and never linger)"
-GATEWAY = table("gateway", "The MQTT gateway (`c2dtn gateway run`): the near side takes clients' packets off IP "
-                "into custody, the far side delivers them to the broker they meant (docs: mqtt). A box can be both.", [
+GATEWAY = table("gateway", "The MQTT and CoAP gateways (`c2dtn gateway run`): the near side takes clients' "
+                "packets off IP into custody, the far side delivers them to the broker or server they meant "
+                "([MQTT](mqtt.md), [CoAP](coap.md)). A box can be both.", [
     F("listen", "host:port", "(none)", "Explicit listener: clients point here and mean `broker`.", '"0.0.0.0:1883"'),
     F("broker", "host:port", "(none)", "The broker an explicit listener stands for (needed with listen).",
       '"10.77.9.2:1883"'),
@@ -187,7 +188,7 @@ GW_BRIDGE = table("gateway.bridge", "Bridge mode: the gateway is a client of a l
     F("qos", "integer", "1", "QoS of the bridge's subscriptions (0-2).", "1"),
     F("client_id", "string", '"c2bridge-<node id>"', "The bridge's client id at the local broker.", '"c2bridge-gw1"'),
 ])
-GW_COAP = table("gateway.coap", "The CoAP gateway (docs: coap); an empty table: far side only.", [
+GW_COAP = table("gateway.coap", "The CoAP gateway ([CoAP](coap.md)); an empty table: far side only.", [
     F("listen", "host:port", "(none)", "Explicit listener: clients send here ...", '"0.0.0.0:5683"'),
     F("server", "host:port", "(none)", "... and mean this server (a Proxy-Uri names another; no server: those only).",
       '"10.77.9.2:5683"'),

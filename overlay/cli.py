@@ -61,6 +61,11 @@ def check_cmd(config: str) -> None:
         parts.append(f"gateway: {len(gw.policy.routes)} route(s), {len(gw.policy.topics)} topic rule(s)"
                      + (", CoAP" if gw.coap else "") + (", bridge" if gw.bridge else ""))
     click.echo(f"{config}: ok: " + "; ".join(parts))
+    from c2dtn.overlay.agents import agent_class
+
+    why = agent_class(cfg.agent).missing()
+    if why:  # the file is right; this machine cannot run it yet
+        click.echo(f"{config}: agent {cfg.agent} is not usable on this machine: {why}")
 
 
 @node.command("config-reference")

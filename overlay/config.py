@@ -44,8 +44,9 @@ NODE = table("node", "This box.", [
       "(created mode 0700).", '"/var/lib/c2dtn/gw1"'),
     F("netns", "string", "(none)", "Run inside this network namespace (the testbed's nodes).", '"c2-gw1"'),
     F("overlay", "boolean", "true", "false: run only the agent, no custody or API (a relay such as r2).", "true"),
-    F("api_group", "string", "(the owner's)", "The API socket's group (mode 0660), so that a gateway running as "
-      "another user of that group can use it; must exist on this machine.", '"root"'),
+    F("api_group", "string", "(the owner's)", "The API socket's group: the socket becomes mode 0660 and the "
+      "storage folder 0710 for that group, so that a gateway or client running as another user of the group "
+      "reaches the socket and nothing else; the group must exist on this machine.", '"root"'),
     F("keys_file", "path", "(none)", "Read [keys] and [groups] from this file (relative to this one; mode 0600) "
       "instead of from this one.", '"gw1.keys.toml"'),
     F("fsync", "string", '"auto"', 'Where custody commits are fsynced before anything is acknowledged: "auto" '
@@ -78,7 +79,7 @@ GROUP = F("<group id>", "array of names", "(none)", "The group's members, this n
           "its own key and every other member a pair key. dtn7 needs routing = \"epidemic\".",
           '["deu-gw", "nor-gw", "prt-gw"]')
 KEYS = table("keys", "Keys shared with the overlay nodes this node talks to: envelopes are sealed "
-             "(AES-GCM-SIV) with the key of their destination (docs: security).", [], free=KEY)
+             "(AES-GCM-SIV) with the key of their destination ([security](security.md)).", [], free=KEY)
 GROUPS = table("groups", "Multicast groups: one bundle reaches every member (an agent without group "
                "endpoints gets one bundle per member).", [], free=GROUP)
 RELAYS = table("relays", "Nodes of another agent's island (a BPv6 one, say), reached through a relay "

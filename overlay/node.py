@@ -449,6 +449,9 @@ class OverlayNode:
         # the umask, so nobody else could connect in the moment before this
         if self.cfg.api_gid is not None:
             os.chown(sock, -1, self.cfg.api_gid)
+            # the group may pass through the storage folder to the socket, not list or read it
+            os.chown(self.cfg.storage, -1, self.cfg.api_gid)
+            os.chmod(self.cfg.storage, 0o710)
         os.chmod(sock, 0o660)
 
     async def _api_send(self, req: web.Request) -> web.Response:

@@ -78,7 +78,7 @@ class RelayConfig:
 RELAY_TOP = table("(top level)", "A relay config has one table.", [
     F("relay", "table", None, "The relay.", '{ id = "tacnet", storage = "/var/lib/c2dtn/tacnet", islands = [] }'),
 ], doc="relay")
-RELAY = table("relay", "One box, one agent per island, bundles carried across unchanged (docs: design).", [
+RELAY = table("relay", "One box, one agent per island, bundles carried across unchanged ([the bundle overlay](design.md)).", [
     F("id", "name", None, "The relay's node id (what [relays] in the nodes' configs name).", '"tacnet"'),
     F("storage", "path", None, "The relay's durable queue (relay.db).", '"/var/lib/c2dtn/tacnet"'),
     F("netns", "string", "(none)", "Run inside this network namespace.", '"c2-tacnet"'),

@@ -134,6 +134,10 @@ filter = "c2/#"
         # the API socket: its owner and the api_group, nobody else
         st = os.stat(store / "api.sock")
         assert (st.st_mode & 0o777, st.st_gid) == (0o660, grp.getgrnam("daemon").gr_gid)
+        # ... reached through the storage folder, which that group may pass through but not list
+        st = os.stat(store)
+        assert (st.st_mode & 0o777, st.st_gid) == (0o710, grp.getgrnam("daemon").gr_gid)
+        assert (os.stat(store / "custody.db").st_mode & 0o777) == 0o600
     finally:
         p.send_signal(signal.SIGTERM)
         try:

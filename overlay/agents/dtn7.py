@@ -122,7 +122,7 @@ def bundle_payload(raw: bytes) -> tuple[str, bytes]:
     raise ValueError("bundle has no payload block")
 
 
-OPTIONS = table("agent.dtn7", "dtn7-rs's own settings (docs: agents/dtn7).", [
+OPTIONS = table("agent.dtn7", "dtn7-rs's own settings ([its page](agents/dtn7.md)).", [
     F("store", "string", '"sled"', "dtnd's bundle store: " + ", ".join(STORES) + " (mem holds nothing over a restart).",
       '"sled"'),
     F("web_port", "integer", "3000", "dtnd's HTTP and WebSocket API on 127.0.0.1 (one per node on a box).", "3000"),

@@ -167,7 +167,7 @@ def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
             "contacts.json": json.dumps({"contacts": contacts}, indent=1) + "\n"}
 
 
-OPTIONS = table("agent.hdtn", "HDTN's own settings (docs: agents/hdtn).", [
+OPTIONS = table("agent.hdtn", "HDTN's own settings ([its page](agents/hdtn.md)).", [
     F("number", "integer", "0", "This node's HDTN node number, even (0: derived from the node id); the overlay's "
       "endpoint is ipn:<number+1>.1.", "0"),
     F("numbers", "table", "{}", "Other nodes' HDTN numbers by node id (even), where they are not derived.",

@@ -149,7 +149,7 @@ class ApiReader:
         return replies, notes
 
 
-OPTIONS = table("agent.ibrdtn", "IBR-DTN's own settings (docs: agents/ibrdtn).", [
+OPTIONS = table("agent.ibrdtn", "IBR-DTN's own settings ([its page](agents/ibrdtn.md)).", [
     F("api_port", "integer", "4550", "The daemon's API on 127.0.0.1 of the node's namespace.", "4550"),
     F("bundle_lifetime_s", "integer", "60", "The lifetime of the bundles this node sends (5 to 86400).", "600", "s"),
 ])

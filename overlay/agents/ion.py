@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import struct
 import zlib
@@ -34,7 +35,15 @@ FOREVER_S = 300_000_000  # contacts and ranges of LTP spans: from the node's sta
 # (ION refuses an end past 19 January 2038; each start of the node writes them anew)
 LTP_SESSIONS = 16  # export sessions per span (each carries one bundle: LTP's window), and import
 LTP_SEGMENT = 1024  # bytes of block data per LTP segment (one UDP datagram, below any link's MTU)
-HELPER = Path(__file__).resolve().parent.parent.parent / ".tools" / "c2dtn-ionbp"
+HELPER = Path(__file__).resolve().parent.parent.parent / ".tools" / "c2dtn-ionbp"  # where `make bpas` builds it
+
+
+def find_helper() -> Path | None:
+    """c2dtn-ionbp from $C2DTN_IONBP, the clone's .tools/, or PATH (a box install)."""
+    for c in (os.environ.get("C2DTN_IONBP", ""), str(HELPER), shutil.which("c2dtn-ionbp") or ""):
+        if c and os.access(c, os.X_OK):
+            return Path(c)
+    return None
 ATTACH_S = 10  # the helper attaches in well under a second; longer than this: the node is locked (above)
 SEND_S = 30  # bp_send answers within this (a 16 MB payload into the SDR file), or the helper is stuck
 RESTART_S = 60  # ionunlock and the ionrestart it runs (its grace period, then stopping and starting daemons)
@@ -313,12 +322,14 @@ def parse_delivery(body: bytes) -> tuple[str, int, bytes]:
     return body[2:2 + n].decode(errors="replace"), int.from_bytes(body[2 + n:10 + n], "big"), body[10 + n:]
 
 
-OPTIONS = table("agent.ion", "ION-DTN's own settings (docs: agents/ion).", [
+OPTIONS = table("agent.ion", "ION-DTN's own settings ([its page](agents/ion.md)).", [
     F("number", "integer", "0", "This node's ipn node number (0: derived from the node id).", "0"),
     F("numbers", "table", "{}", "Other nodes' ipn numbers by node id, where they are not derived.", "{ gw4 = 40 }"),
     F("sdr_mb", "integer", "64", "Size of ION's SDR (the bundles it holds; created once).", "64", "MiB"),
-    F("rate_bytes", "integer", "12500000", "Nominal rate of every egress plan and LTP contact; set it to the "
-      "radio's rate on a radio link, or ION queues what the link cannot carry.", "1225", "bytes/s"),
+    F("rate_bytes", "integer", "12500000", "Nominal rate of every egress plan and LTP contact. On a radio "
+      "link set it a little under the radio's rate (the testbed writes 90 % for LTP): ION then paces what it "
+      "sends, where at the default it would hand the radio more than it carries and the radio's queue would "
+      "hold it.", "1100", "bytes/s"),
     F("rates", "table", "{}", "A neighbour's own rate by node id (its radio link's).", "{ r2 = 1225 }", "bytes/s"),
     F("bibe", "array of names", "[]", 'Neighbours sent to with ION\'s BIBE custody transfer ("*": every one); '
       "an option to measure, not the overlay's custody.", '["r2"]'),
@@ -379,8 +390,9 @@ class IonAgent(BundleAgent):
         why = not_built("ion")
         if why:
             return why
-        if not HELPER.exists():
-            return f"c2dtn-ionbp is not built ({HELPER}): run `make bpas`"
+        if find_helper() is None:
+            return (f"c2dtn-ionbp is not built ({HELPER}): run `make bpas`, or put it on PATH "
+                    "(or name it in C2DTN_IONBP)")
         return None
 
     # -- the daemon ----------------------------------------------------------------------------
@@ -468,7 +480,7 @@ class IonAgent(BundleAgent):
         self._attached.clear()
         errlog = open(self.cfg.agent_dir / "helper.log", "ab")
         try:
-            self._helper = await self._in_node(str(HELPER), self.eid, stdin=asyncio.subprocess.PIPE,
+            self._helper = await self._in_node(str(find_helper() or HELPER), self.eid, stdin=asyncio.subprocess.PIPE,
                                                stdout=asyncio.subprocess.PIPE, stderr=errlog, limit=MAX_FRAME)
         finally:
             errlog.close()
