@@ -79,6 +79,9 @@ def test_the_agent_pages_two_box_config_carries_orders_across_the_radio(two_boxe
     sent = lines(pub, 60)[-1]
     got = lines(sub, 100)
     assert sent["acked"] == 5, sent
-    assert sorted(r["topic"] for r in got if "topic" in r) == [f"orders/alpha/{i}" for i in range(5)], got
+    msgs = [r for r in got if "topic" in r]
+    assert sorted(int(r["payload"].split()[0]) for r in msgs) == list(range(5)), got  # each once
+    assert {r["topic"] for r in msgs} == {"orders/alpha/"}
     # they crossed as bundles through the gateways (TPROXY on gw1), not as MQTT over IP
-    assert nodes.status("gw4")["mqtt"]["counters"]["to_broker"] >= 5
+    assert nodes.status("gw1")["mqtt"]["counters"]["published"] == 5
+    assert nodes.status("gw4")["mqtt"]["counters"]["to_broker"] >= 1  # (publishes read together share an envelope)
