@@ -169,3 +169,13 @@ def test_each_seeds_headline_figures_are_quoted_exactly_on_the_page_that_reprodu
     if not papers:
         pytest.skip(f"seed {seed}'s text is not at {SEEDS} (the docs' quote is checked, not its source)")
     assert quote in _flat(papers[0].read_text(errors="replace")), f"seed {seed} does not say {quote!r}"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_on_a_machine_with_no_agent_built_builds_dtn7_rs_and_no_other(tmp_path):
+    r = subprocess.run(["make", "-n", "demo", f"C2DTN_CACHE={tmp_path}"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "cargo install dtn7" in r.stdout and "perf bft" in r.stdout
+    assert "build-bpa.sh" not in r.stdout and "c2dtn-ionbp" not in r.stdout
+    r = subprocess.run(["make", "-n", "test", f"C2DTN_CACHE={tmp_path}"], cwd=ROOT, capture_output=True, text=True)
+    assert all(f"build-bpa.sh {b}" in r.stdout for b in ("ion", "ibrdtn", "hdtn")), r.stdout
