@@ -11,7 +11,7 @@ from c2dtn.topologies.model import builtin_names, load
 
 
 def test_every_shipped_topology_loads():
-    assert set(builtin_names()) == {"nps-chain", "fmn-2nations", "fmn-4nations", "fmn-4nations-mixed", "platoons"}
+    assert set(builtin_names()) == {"nps-chain", "fmn-2nations", "fmn-4nations", "fmn-4nations-mixed", "platoons", "two-box"}
     for name in builtin_names():
         t = load(name)
         assert t.nodes and t.links
