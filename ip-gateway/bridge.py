@@ -26,7 +26,7 @@ class BridgeSession(FarSession):
     always_subscribe = True  # the config, not a remembered session, says what is bridged
 
     def __init__(self, gw: "MqttGateway", cfg: BridgeConfig):
-        super().__init__(gw, "", cfg.client_id or f"c2bridge-{gw.node.cfg.id}", f"{cfg.broker[0]}:{cfg.broker[1]}",
+        super().__init__(gw, "", cfg.client_id or f"c2bridge-{gw.port.node_id}", f"{cfg.broker[0]}:{cfg.broker[1]}",
                          {"params": {"v": 5, "cs": False, "ka": 60, "sx": 7 * 24 * 3600},
                           "subs": {f: [cfg.qos, True, True, 0] for f in cfg.out}, "present": True})
         self.cfg = cfg

@@ -17,9 +17,9 @@ def gateway() -> None:
 
 def _load(config: str):
     from c2dtn.ip_gateway.policy import parse_gateway
-    from c2dtn.overlay.config import load_node_config
+    from c2dtn.overlay.port import load_config
 
-    cfg = load_node_config(config)
+    cfg = load_config(config)
     if cfg.gateway is None:
         raise ConfigError(config, "gateway", None, "no [gateway] table", "see ip_gateway.policy for its fields")
     if not cfg.overlay:
@@ -35,16 +35,16 @@ def run_cmd(config: str, verbose: bool) -> None:
     import logging
 
     from c2dtn.ip_gateway.gateway import MqttGateway
-    from c2dtn.overlay.node import run_node
+    from c2dtn.overlay.port import run
 
     cfg, gcfg = _load(config)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s")
-    gateways = [lambda node: MqttGateway(node, gcfg)]
+    gateways = [lambda port: MqttGateway(port, gcfg)]
     if gcfg.coap is not None:
         from c2dtn.ip_gateway.coap import CoapGateway
 
-        gateways.append(lambda node: CoapGateway(node, gcfg))
-    run_node(cfg, gateways)
+        gateways.append(lambda port: CoapGateway(port, gcfg))
+    run(cfg, gateways)
 
 
 @gateway.command("status")
@@ -52,9 +52,9 @@ def run_cmd(config: str, verbose: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the raw status")
 def status_cmd(config: str, as_json: bool) -> None:
     """Client sessions, queues per class and destination, custody counts, link state."""
-    from c2dtn.overlay.cli import api
+    from c2dtn.overlay.port import request
 
-    st = api(config, "GET", "/status")
+    st = request(config, "GET", "/status")
     if as_json:
         click.echo(json.dumps(st, indent=1))
         return

@@ -31,9 +31,7 @@ from aiocoap import Code, Message
 from c2dtn.ip_gateway import coap_core as cc
 from c2dtn.ip_gateway import tproxy
 from c2dtn.ip_gateway.policy import GatewayConfig
-from c2dtn.overlay.store import QuotaExceeded, TooLarge
-from c2dtn.overlay.node import now_ms
-from c2dtn.overlay.store import Delivery
+from c2dtn.overlay.port import Delivery, Port, QuotaExceeded, TooLarge, now_ms
 
 log = logging.getLogger("c2dtn.gateway.coap")
 
@@ -94,9 +92,8 @@ class _Interceptor:
 class CoapGateway:
     name = "coap"
 
-    def __init__(self, node, cfg: GatewayConfig):
-        self.node, self.cfg, self.ccfg = node, cfg, cfg.coap
-        self.core = node.core
+    def __init__(self, port: Port, cfg: GatewayConfig):
+        self.port, self.cfg, self.ccfg = port, cfg, cfg.coap
         self.near = cc.NearCoap(self.ccfg.resources, cfg.policy.gateway_for)
         self.listeners: dict[cc.Addr, _Listener] = {}  # by the address clients send to
         self._spoof: OrderedDict[cc.Addr, socket.socket] = OrderedDict()  # TPROXY: answer as these servers
@@ -111,7 +108,7 @@ class CoapGateway:
         self._observations: dict[tuple, tuple[asyncio.Task, int]] = {}  # observation_key -> (task, inbox id)
 
     async def start(self) -> None:
-        self.node.app_handlers[cc.APP] = self.on_inbox
+        self.port.subscribe(cc.APP, self.on_inbox)
         if self.ccfg.listen:
             loop = asyncio.get_running_loop()
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -204,8 +201,7 @@ class CoapGateway:
 
     def _submit(self, a: cc.Submit) -> None:
         try:
-            seq = self.core.store.submit_many([(a.dst, a.body, a.lifetime_ms, a.priority, None, cc.APP)], now_ms(),
-                                              [a.mark])[0]
+            seq = self.port.submit([(a.dst, a.body, a.lifetime_ms, a.priority, None, cc.APP)], [a.mark])[0]
         except QuotaExceeded as e:
             if a.key is None:  # a cancel: the far side's observation ends with the request's lifetime
                 log.warning("CoAP observation cancel not kept: %s", e)
@@ -214,23 +210,21 @@ class CoapGateway:
             self.near.counters["refused_quota"] += 1
             log.warning("CoAP request from %s:%d refused: %s", *a.key[0], e)
             return  # no ACK: the client retransmits, and may find room then
-        if seq is not None:
-            self.node.submitted(a.priority)
-        if self.node.syncer is not None and self.node.syncer.pending():
+        if self.port.commit_mark() is not None:
             self._start(self._committed_when_synced(a, seq is not None))  # the ACK once it is on disk
             return
         self.run(self.near.committed(a.key, seq is not None, a.then, now_ms()))
 
     async def _committed_when_synced(self, a: cc.Submit, took: bool) -> None:
         try:
-            await self.node.synced()
+            await self.port.durable()
         except OSError:  # logged by the syncer: no ACK, the client retransmits and is answered then
             self.near.exchanges.pop(a.key, None)
             return
         self.run(self.near.committed(a.key, took, a.then, now_ms()))
 
     def _consume(self, inbox_id: int) -> None:
-        self.node.consumed([inbox_id])
+        self.port.consumed([inbox_id])
         self._taken.discard(inbox_id)
 
     def _start(self, coro) -> asyncio.Task:
@@ -254,7 +248,7 @@ class CoapGateway:
     # -- envelopes from the other side --------------------------------------------------
     def on_inbox(self) -> None:
         while True:
-            batch = self.core.take(10_000, app=cc.APP, after=self._mark)
+            batch = self.port.take(10_000, app=cc.APP, after=self._mark)
             if not batch:
                 break
             self._mark = batch[-1].id
@@ -329,16 +323,15 @@ class CoapGateway:
                 break
         life = max(60_000, d.created_ms + d.lifetime_ms - now_ms())
         try:
-            self.core.store.submit_many([(d.origin, out, life, d.priority, None, cc.APP)], now_ms())
+            self.port.submit([(d.origin, out, life, d.priority, None, cc.APP)])
         except TooLarge as e:  # it can never cross: the client hears 5.02 with the reason instead
             log.warning("CoAP response for %s:%d: %s", d.origin, d.seq, e)
             out = cc.response_body(body, Message(code=Code.BAD_GATEWAY, payload=str(e).encode()[:200]))
-            self.core.store.submit_many([(d.origin, out, life, d.priority, None, cc.APP)], now_ms())
+            self.port.submit([(d.origin, out, life, d.priority, None, cc.APP)])
         except QuotaExceeded as e:
             log.warning("CoAP response for %s:%d not kept (%s): the request is asked again", d.origin, d.seq, e)
             self._taken.discard(d.id)
             return
-        self.node.submitted(d.priority)
         self._consume(d.id)
 
     async def _observe(self, d: Delivery, body: dict, key: tuple) -> None:
@@ -382,13 +375,10 @@ class CoapGateway:
     def _notify(self, d: Delivery, body: dict, resp, supersede: str) -> None:
         life = max(60_000, d.created_ms + d.lifetime_ms - now_ms())
         try:
-            self.core.store.submit_many([(d.origin, cc.response_body(body, resp), life, d.priority, supersede, cc.APP)],
-                                        now_ms())
+            self.port.submit([(d.origin, cc.response_body(body, resp), life, d.priority, supersede, cc.APP)])
         except (QuotaExceeded, TooLarge) as e:  # a later notification will carry the state
             self.near.counters["notifications_refused"] += 1
             log.warning("CoAP notification for %s not kept: %s", d.origin, e)
-            return
-        self.node.submitted(d.priority)
 
     def status(self) -> dict:
         return {"counters": dict(self.near.counters), "pending_responses": len(self.near.pending),

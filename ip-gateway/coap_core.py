@@ -64,7 +64,7 @@ from aiocoap.optiontypes import BlockOption
 
 from c2dtn.strict_cbor import StrictCBORError
 from c2dtn.strict_cbor import loads as strict_loads
-from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Priority
+from c2dtn.overlay.port import MAX_MESSAGE_BYTES, Priority
 
 APP = "coap"
 # RFC 7252 4.8 transmission parameters (the defaults)

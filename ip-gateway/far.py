@@ -21,8 +21,7 @@ from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway.near_core import PUB_PIDS, Envelope, aged, lifetime_ms, pub_pid
 from c2dtn.ip_gateway.policy import TopicRule
-from c2dtn.overlay.store import Delivery, QuotaExceeded, TooLarge
-from c2dtn.overlay.node import now_ms
+from c2dtn.overlay.port import Delivery, QuotaExceeded, TooLarge, now_ms
 
 if TYPE_CHECKING:
     from c2dtn.ip_gateway.gateway import MqttGateway
@@ -42,28 +41,19 @@ def session_expiry_s(params: dict) -> float | None:
 
 # A QoS 1/2 publish's packet id is its inbox id's (the custody delivery's) modulo PUB_PIDS, plus 1:
 # the same message always goes with the same id, also after a restart of this gateway, as MQTT
-# asks of a client resuming a session (resend what the broker has not acknowledged with its
-# original packet id; before 2026-11-24 ids were drawn afresh, and a broker that does not check
-# for reused ids, as Mosquitto does, would take the message that drew the id of a QoS 2 publish
-# left awaiting PUBREL by a killed gateway for its resend).  Inbox ids are never reused
+# asks of a client resuming a session (decision 0007).  Inbox ids are never reused
 # (AUTOINCREMENT) and at most FAR_INFLIGHT_MAX publishes are in flight, so two messages in flight
 # share an id only if 60,000 ids apart (then the later one waits).  SUBSCRIBE and UNSUBSCRIBE
 # take ids above PUB_PIDS.
 # QoS 1/2 publishes in flight to the broker at once.  MQTT 5: the broker's Receive Maximum (its
 # CONNACK), at most FAR_INFLIGHT_MAX.  MQTT 3.1.1 has no such field: FAR_INFLIGHT_V311, which is
-# Mosquitto's default max_inflight_messages.  Past it, Mosquitto answers a 3.1.1 client's QoS 2
-# PUBLISH with a plain PUBREC and drops the message (its "quota exceeded", which 3.1.1 cannot
-# say): with 200 in flight, a backlog after an outage lost all but 20 of each burst
-# (`c2dtn perf chaos`, 2026-11-24: 17 and 46 of 300 QoS 2 messages).
+# Mosquitto's default max_inflight_messages; past it Mosquitto drops QoS 2 messages (decision 0007).
 FAR_INFLIGHT_MAX = 200
 FAR_INFLIGHT_V311 = 20
 # QoS 0 publishes have no ack to pace them: after every FAR_QOS0_CHUNK of them a PINGREQ goes, and
 # a chunk waits for the PINGRESP of the one before (the broker has read what came before it), so at
-# most two chunks are ahead of the broker.  Written as fast as custody handed them out, a backlog of
-# QoS 0 publishes outran Mosquitto's queue to its subscriber (max_queued_messages, 1,000; QoS 0 past
-# it is dropped): 20,000 at QoS 0 through perf gateway's chain, 2026-11-25, all written to the
-# broker, lost 40 to 2,144 at the subscriber in 11 of 20 runs unpaced, 8 to 77 in 10 of 70 paced
-# (chunks of 20, 50 and 100 alike; where those went was not traced).
+# most two chunks are ahead of the broker: unpaced, a backlog outran Mosquitto's queue to its
+# subscriber (decision 0007).
 FAR_QOS0_CHUNK = 100
 FAR_PING_WAIT_S = 60.0  # a PINGREQ unanswered this long: the broker connection is dropped and made again
 
@@ -290,7 +280,7 @@ class FarSession:
             else:
                 try:
                     self.gw.submit_many(self._envelopes(p, rule))
-                    await self.gw.node.synced()  # on disk (the custody writer thread) before the ack
+                    await self.gw.port.durable()  # on disk (the custody writer thread) before the ack
                     self.gw.far_full.over("custody takes broker publications again")
                 except TooLarge as e:  # it can never cross: acked, so the broker does not resend it forever
                     self.gw.counters["far_too_large"] += 1
@@ -457,8 +447,7 @@ class FarSession:
     async def _wait_room(self, deadline: float) -> None:
         """Until the broker answers (a PUBACK or PUBCOMP frees a place in flight, a PINGRESP comes)
         or the connection drops, at most a second; raises past the deadline.  Woken by the answer
-        itself: a 5 ms poll here held a 3.1.1 session (20 in flight) to about 2,000
-        publishes a second on lan (perf gateway, 2026-11-25)."""
+        itself, not by a poll (decision 0007)."""
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining <= 0:
             raise asyncio.TimeoutError("the broker acknowledged nothing for 60 s")

@@ -28,9 +28,7 @@ from c2dtn.ip_gateway.far import FarSession, Part, session_expiry_s
 from c2dtn.ip_gateway.near import NearSide
 from c2dtn.ip_gateway.near_core import Envelope
 from c2dtn.ip_gateway.policy import GatewayConfig
-from c2dtn.overlay.custody import Mark
-from c2dtn.overlay.store import Delivery
-from c2dtn.overlay.node import now_ms
+from c2dtn.overlay.port import Delivery, Mark, Port, now_ms
 from c2dtn.strict_cbor import short
 from c2dtn.spells import Spell
 
@@ -46,9 +44,8 @@ log = logging.getLogger("c2dtn.gateway")
 class MqttGateway:
     name = "mqtt"
 
-    def __init__(self, node, cfg: GatewayConfig):
-        self.node, self.cfg = node, cfg
-        self.core = node.core
+    def __init__(self, port: Port, cfg: GatewayConfig):
+        self.port, self.cfg = port, cfg
         self.counters: Counter[str] = Counter()
         self.near = NearSide(self)
         self.far: dict[str, FarSession] = {}
@@ -62,7 +59,7 @@ class MqttGateway:
         self._mark = 0  # inbox ids up to here have been handed out (or kept for an absent client)
         self._rescan = False  # a session could not be made (max_far_sessions): look again when one ends
         self._full_logged: set[str] = set()
-        self.state_path = node.cfg.storage / "mqtt-sessions.cbor"
+        self.state_path = port.storage / "mqtt-sessions.cbor"
         self._servers: list[asyncio.AbstractServer] = []
         self._tproxy = None
         self.bridge: BridgeSession | None = None
@@ -97,7 +94,7 @@ class MqttGateway:
             self.bridge = BridgeSession(self, self.cfg.bridge)
             log.info("bridging broker %s: out %s, in %s, peers %s", self.bridge.broker, self.cfg.bridge.out,
                      self.cfg.bridge.in_, self.cfg.bridge.peers)
-        self.node.app_handlers[s.APP] = self.on_inbox
+        self.port.subscribe(s.APP, self.on_inbox)
         if self.cfg.listen:
             srv = await asyncio.start_server(lambda r, w: self.near.accept(r, w, self.cfg.broker), *self.cfg.listen)
             self._servers.append(srv)
@@ -158,11 +155,7 @@ class MqttGateway:
     # -- custody -------------------------------------------------------------
     def submit_many(self, items: list[Envelope],
                     marks: list[Mark] | None = None) -> None:
-        now = now_ms()
-        self.core.store.submit_many([(dst, body, life, prio, sup, s.APP) for dst, body, life, prio, sup in items], now,
-                                    marks)
-        if items:
-            self.node.submitted(min(prio for _dst, _body, _life, prio, _sup in items))
+        self.port.submit([(dst, body, life, prio, sup, s.APP) for dst, body, life, prio, sup in items], marks)
 
     def delivered(self, inbox_id: int | None) -> None:
         """Done with an envelope (the broker or client acknowledged it).  Consumption is
@@ -191,7 +184,7 @@ class MqttGateway:
 
     def _flush_done(self) -> None:
         ids, self._done = self._done, []
-        self.node.consumed(ids)
+        self.port.consumed(ids)
         self._taken.difference_update(ids)
 
     # -- envelopes from the other side ------------------------------------------
@@ -203,7 +196,7 @@ class MqttGateway:
             for f in self._queues():
                 f.deferring, f.deferred_from = False, None
         while True:
-            batch = self.core.take(10_000, app=s.APP, after=cursor)
+            batch = self.port.take(10_000, app=s.APP, after=cursor)
             if not batch:
                 return
             cursor = batch[-1].id
@@ -232,7 +225,7 @@ class MqttGateway:
         f.deferring, f.deferred_from = False, None
         while not f.deferring and cursor < self._mark:
             room = self.cfg.far_queue - f.queue.qsize() + 1
-            batch = [d for d in self.core.take(max(64, room), app=s.APP, after=cursor)
+            batch = [d for d in self.port.take(max(64, room), app=s.APP, after=cursor)
                      if d.id <= self._mark]
             if not batch:
                 return
@@ -373,7 +366,7 @@ class MqttGateway:
     def _peer_share(self) -> int:
         """Far sessions one peer gateway's clients may hold: max_far_sessions shared among the
         peers this node has keys for, so that one peer's clients cannot take them all."""
-        peers = [k for k in self.node.cfg.keys if k not in self.node.cfg.groups] or [""]
+        peers = self.port.peers() or [""]
         return max(1, self.cfg.max_far_sessions // len(peers))
 
     def _peer_sessions(self, origin: str) -> int:

@@ -16,7 +16,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from c2dtn.ip_gateway import near_core as nc
-from c2dtn.overlay.store import QuotaExceeded, TooLarge
+from c2dtn.overlay.port import QuotaExceeded, TooLarge
 from c2dtn.spells import Spell
 
 MARKS_PENDING_MAX = 100_000  # answered marks kept for another try while the store cannot drop them
@@ -32,7 +32,7 @@ class NearSide:
         self.gw = gw
         batch = gw.cfg.batch_bytes
         if batch is None:
-            batch = gw.node.core.sched.cfg.aggregate_bytes // 2
+            batch = gw.port.aggregate_bytes // 2
         self.core = nc.NearCore(gw.cfg.policy, gw.cfg.max_packet_size, batch, gw.cfg.auth, gw.cfg.limits)
         self.writers: dict[int, asyncio.StreamWriter] = {}
         self._ids = itertools.count(1)
@@ -96,8 +96,9 @@ class NearSide:
                     ok = False
                     self._full.hit("custody full, MQTT publishes refused (MQTT 5: 0x97; 3.1.1: disconnect): %s", e)
                 if ev.conn is not None:
-                    if ok and self.gw.node.syncer is not None and self.gw.node.syncer.pending():
-                        self._reply_when_synced(ev.conn)
+                    mark = self.gw.port.commit_mark() if ok else None
+                    if mark is not None:
+                        self._reply_when_synced(ev.conn, mark)
                     else:
                         q.extendleft(reversed(self.core.committed(ev.conn, ok, time.time())))
             elif isinstance(ev, nc.Answered):
@@ -115,21 +116,23 @@ class NearSide:
             self.gw.save_sessions()
         self._arm()
 
-    def _reply_when_synced(self, conn: int) -> None:
+    def _reply_when_synced(self, conn: int, mark: int) -> None:
         """The core holds this connection's replies until committed(), which hands out all of
         them: they go once an fsync covered this connection's last commit (a timer's Submit
         may add one while the first waits), or not at all if it failed (refused as a commit
         that failed: the client resends)."""
-        syncer = self.gw.node.syncer
-        self._synced_at[conn] = syncer.store.commits
+        self._synced_at[conn] = mark
         if conn in self._syncing:
             return
 
         async def reply() -> None:
             ok = True
             try:
-                while syncer.synced_upto < self._synced_at[conn]:
-                    await syncer.synced()
+                while True:  # (a timer's Submit may move the mark while this waits)
+                    mark = self._synced_at[conn]
+                    await self.gw.port.durable(mark)
+                    if self._synced_at[conn] <= mark:
+                        break
             except OSError:  # logged by the syncer
                 ok = False
             finally:
@@ -143,7 +146,7 @@ class NearSide:
         change (the disk is full) keeps them, and they are dropped with the next ones."""
         keys = self._unanswered + list(keys)
         try:
-            self.gw.core.store.marks_answered(keys)
+            self.gw.port.marks_answered(keys)
             self._unanswered = []
         except QuotaExceeded as e:  # StoreFull too: nothing of the change was kept
             self._unanswered = keys[-MARKS_PENDING_MAX:]

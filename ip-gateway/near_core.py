@@ -47,11 +47,11 @@ from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway.auth import READ, WRITE, Auth
 from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway.policy import Policy, SessionLimits, TopicRule
-from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Priority
+from c2dtn.overlay.port import MAX_MESSAGE_BYTES, Priority
 from c2dtn.spells import Spell
 
 if TYPE_CHECKING:
-    from c2dtn.overlay.custody import Mark
+    from c2dtn.overlay.port import Mark
 
 log = logging.getLogger("c2dtn.gateway")
 

@@ -1,2 +1,2 @@
 """overlay: the bundle layer (BundleAgent drivers, node supervisor, envelope codec,
-custody store, scheduler).  Built under issue 3; nothing here yet."""
+custody store, scheduler, the node and its port for the gateways)."""

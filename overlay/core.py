@@ -106,7 +106,7 @@ class OverlayCore:
         that arrived together), durable if any brought data, relaxed if only acks.
         acks_later: when data came too, the acks that came with it are kept for apply_acks(),
         a commit of their own, made once what the data calls for (a delivery, an answer) is
-        under way: the releases they cause cost a round trip ~0.2 ms at each end (issue 14).
+        under way: the releases they cause are not on the round trip's path (decision 0006).
         answer_now: answers (pongs) are planned in the same commit (poll(only=...)), and left in
         `answers` as (bundles, unsynced) for the caller to hand over once it returns."""
         opened = [self._open(p) for p in payloads]

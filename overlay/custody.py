@@ -39,7 +39,7 @@ sent, releasing acked envelopes, acks sent, retransmission times, expiry reports
 not fsynced on its own (see store_sqlite.py).
 
 Sending before the fsync.  A bundle may go to the agent before the commits it comes from
-are on disk (a flash message's round trip then does not wait on the disk twice, issue 14),
+are on disk (a flash message's round trip then does not wait on the disk twice, decision 0006),
 as long as a power cut in that moment can cost nothing but a repeat:
 - seqs: a power cut would undo the submit and hand its seq out again, and the receiver,
   having seen it, would take the new message for a duplicate and lose it.  So seqs are

@@ -29,6 +29,7 @@ from c2dtn.overlay import api
 from c2dtn.overlay.custody import CustodyStore, QuotaExceeded
 from c2dtn.overlay.store import StoreFull, TooLarge
 from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Codec, Priority
+from c2dtn.overlay.port import Port, now_ms
 from c2dtn.overlay.supervisor import Supervisor
 from c2dtn.overlay.syncer import Syncer
 from c2dtn.private import private_dir
@@ -43,37 +44,21 @@ log = logging.getLogger("c2dtn.node")
 
 RECEIVE_BATCH = 64  # bundles taken in one commit at most
 CHECKPOINT_EVERY_S = 0.5
-# Priority and routine envelopes submitted within this long of each other are planned
-# together (one bundle, one hand-over to the BPA, instead of one each); flash and immediate
-# ones are planned at once.
+# Priority and routine envelopes submitted within this long of each other are planned together
+# (one bundle, one hand-over); flash and immediate ones are planned at once.  Decision 0006.
 SUBMIT_GATHER_S = 0.002
-# While such submits keep coming (a stream), they are planned at most this often: a client
-# that submits one envelope at a time, each as soon as the last is in custody, is ~4 ms apart
-# on lan, so 2 ms planned each alone, and every envelope cost a plan, a bundle, a hand-over
-# and a take at the far end.  With this (and fsync = "auto"), 1 kB envelopes streamed at 1.07
-# and 1.06 of bare dtnd's rate against 0.59 before, taking turns (README, issue 14, `c2dtn perf
-# overlay`); a lone envelope still goes after SUBMIT_GATHER_S, and one in a stream waits at
-# most this long more.
+# While such submits keep coming (a stream), they are planned at most this often (a lone one
+# still goes after SUBMIT_GATHER_S).  Decision 0006.
 STREAM_GATHER_S = 0.020
-
-
 # The acks that came with what was answered (a ping), and the plan they may call for, are
-# applied this long after the answer is with the agent: releases and window moves are not
-# urgent, and on lan (four dtnd on two cores) that work, done at once, took the CPU the agents
-# were carrying the answer with: a 1 kB round trip's extra over bare dtnd went from 2.53, 2.56
-# and 2.53 ms to 1.80, 2.04 and 2.12 with it, taking turns (150 pairs each, 2026-11-26, issue
-# 14).  Against a radio link's round trips and the ack delay (SchedulerConfig.ack_delay_ms) it
-# is nothing.
+# applied this long after the answer is with the agent: they are not urgent, and done at once
+# they take the CPU the agents carry the answer with.  Decision 0006.
 ANSWER_CLEAR_S = 0.005
 
 
 # The exit status of a node that stopped because its custody store failed an fsync: a service
 # manager restarts it (EX_TEMPFAIL), and it reopens the store from what is on disk.
 EXIT_STORE_FAILED = 75
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class OverlayNode:
@@ -94,6 +79,8 @@ class OverlayNode:
             if cfg.fsync != "loop":
                 self.syncer = Syncer(store.records, inline=cfg.fsync == "auto")
                 self.syncer.on_failure = self._store_failed
+            # what the gateways may use of this node (overlay/port.py)
+            self.port = Port(self.core, self.syncer, cfg.storage, self.submitted, self.consumed)
         self._signal = asyncio.Event()  # the pump: look again (plan now if _poll_now, else re-arm its timer)
         self._poll_now = False
         self._plan_full = Spell(log)  # planning failed on a full disk
@@ -107,10 +94,13 @@ class OverlayNode:
         self._runner: web.AppRunner | None = None
         self.started_ms = now_ms()
         self.send_errors = 0
-        # app name -> callback run when envelopes of that app arrive (the MQTT gateway);
-        # their envelopes are not handed out by GET /recv
-        self.app_handlers: dict[str, Callable[[], None]] = {}
         self.extensions: list = []  # objects with async start() and stop(), run inside the node (gateways)
+
+    @property
+    def app_handlers(self) -> dict[str, Callable[[], None]]:
+        """app -> callback run when envelopes of that app arrive (the gateways, Port.subscribe);
+        their envelopes are not handed out by GET /recv."""
+        return self.port.handlers if self.core is not None else {}
 
     # -- lifecycle ---------------------------------------------------------
     def _store_failed(self, err: OSError) -> None:
@@ -248,9 +238,8 @@ class OverlayNode:
                 except Exception:  # a bug in one application must not stop the node
                     log.exception("the %s handler failed", app)
         # the acks that came with data, and planning for what else arrived, after the turn of a
-        # GET /recv woken above (0.13 ms of a 1 kB round trip, issue 14), and after the answers
-        # are with the agent (aiohttp writes a request's body in a task of its own: what is
-        # ready before it runs first)
+        # GET /recv woken above, and after the answers are with the agent (aiohttp writes a
+        # request's body in a task of its own: what is ready before it runs first; decision 0006)
         answers = None
         if self.core.answered:  # answers go now, before the fsync of what they answer
             self.core.answered = False
@@ -300,9 +289,8 @@ class OverlayNode:
 
     def consumed(self, ids: list[int]) -> None:
         """The application took these (API, gateways): their acks go after the ack delay, with
-        whatever goes that way, or at once past ACK_BATCH; a plan at once for each (a GET
-        /recv's POST /consumed) cost 0.4 ms of gw1's 2.6 ms of CPU per 1 kB round trip, on a
-        machine whose agents need the CPU to carry the next bundle (issue 14)."""
+        whatever goes that way, or at once past ACK_BATCH; not a plan at once for each (decision
+        0006)."""
         if self.core.consumed(ids, now_ms()):
             self.wake()
         else:
@@ -350,11 +338,8 @@ class OverlayNode:
     async def synced(self) -> None:
         """Every custody commit made so far is on disk (at once with [node] fsync = "loop").
         Raises OSError when the fsync failed: what waited must not be acknowledged."""
-        token = self.core.store.sync_point() if self.core else 0
-        if self.syncer is not None:
-            await self.syncer.synced()
-        if self.core:
-            self.core.store.synced(token)
+        if self.core is not None:
+            await self.port.synced()
 
     async def _hand_over(self, out: list, unsynced: bool = False) -> None:
         if self.failed:  # the store is not what is on disk any more: nothing of it goes out
@@ -398,8 +383,8 @@ class OverlayNode:
 
     def _start_hand_over(self, out: list | None, unsynced: bool) -> asyncio.Task | None:
         """Hand `out` to the agent in a task (returned).  unsynced: planned to go before the
-        fsync (custody module doc: a flash submit, an answer), the fsync following; a 1 kB
-        round trip waited on two fsyncs of 0.2-0.45 ms before (issue 14)."""
+        fsync (custody module doc: a flash submit, an answer), the fsync following (decision
+        0006)."""
         if not out:
             return None
         task = asyncio.get_running_loop().create_task(self._hand_over_locked(out, unsynced))
@@ -483,8 +468,7 @@ class OverlayNode:
             if handover is not None:
                 # planned at once (flash, immediate): the answer follows the bundle's hand-over to
                 # the agent (and its fsync, before or after it), so that an fsync on the loop, or
-                # the answer's writing, never comes between (a megabyte's answer took 0.5 ms to
-                # finish: timestamps in the node, by hand, issue 14)
+                # the answer's writing, never comes between (decision 0006)
                 await asyncio.shield(handover)
             await self.synced()
         except QuotaExceeded as e:
@@ -566,15 +550,10 @@ class OverlayNode:
         return st
 
 
-# glibc's malloc serves a block of 128 kB and up with mmap, and hands freed memory at the
-# top of its heap back to the kernel past 128 kB (both thresholds then adapt, but not to
-# this pattern): every megabyte body the node copies (sealing, opening, HTTP buffers) came
-# in fresh pages, ~945 page faults per 1 MB round trip through two cores, 12.8 ms of their
-# work against 10.4 with these; through the overlay on lan, the 1 MB round trip's extra over
-# bare dtnd went from 23.0 and 26.7 ms to 19.6 and 18.0, taking turns (2026-11-26, issue 14).
-# Blocks up to the largest container come from the heap, and up to TRIM_BYTES of freed heap
-# stay with the process (its RSS after a burst of large envelopes, not more).  No library
-# sets them: mallopt(3) via ctypes.
+# glibc's malloc serves blocks of 128 kB and up with mmap and trims freed heap past 128 kB, so
+# every megabyte body the node copies came in fresh pages (decision 0006).  Blocks up to the
+# largest container come from the heap, and up to TRIM_BYTES of freed heap stay with the
+# process.  No library sets them: mallopt(3) via ctypes.
 MMAP_THRESHOLD_BYTES = (8 << 20) + (64 << 10)
 TRIM_BYTES = 32 << 20
 

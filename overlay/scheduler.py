@@ -419,8 +419,7 @@ class Scheduler:
         if p.last_queue_cut_ms < 0 or now_ms - p.last_queue_cut_ms >= now_rtt:
             p.last_queue_cut_ms = now_ms
             # queue_keep_ms > 0 leaves that much queued, so that the link stays busy through a loss
-            # or a delayed ack: bulk goodput on cnr-tactical-2 0.57 -> 0.75 at 500 ms, but orders
-            # under overload wait longer (virtual time, p95 8 -> 10-14 s): README, issue 14
+            # or a delayed ack, at the cost of orders' wait under overload (docs/history/overlay.md)
             p.window = max(self.cfg.min_window, p.window * (p.min_rtt_ms + self.cfg.queue_keep_ms) / now_rtt)
             p.ssthresh = max(self.cfg.min_window, p.window)
             self.store.count_event("queue_cuts")

@@ -22,10 +22,7 @@ Large bodies (FILE_BODY_BYTES and up) live in files of their own, in the folder
 `<store>.bodies` beside the database; the body column then holds the file's name (TEXT,
 where a body held in the row is a BLOB).  SQLite's own measurements ("Internal Versus
 External BLOBs") put the turn near 100 kB with 4 KB pages, for reading; here, writing as
-well, near 200 kB (FILE_BODY_BYTES).  A megabyte body cost the store about 5.4 ms to take,
-read and release against 1.3 ms as a file (the WAL's write, the checkpoint's second one, the
-overflow chain freed and overwritten), and a megabyte's round trip through the overlay
-crosses the store four times (issue 14).  Rules that keep a
+well, near 200 kB (FILE_BODY_BYTES; decision 0006).  Rules that keep a
 row and its file together:
 - a row never names a file that is not on disk: a transaction's files are written and
   fsynced (and the folder once) by its COMMIT, whatever the transaction's durability --
@@ -358,9 +355,8 @@ class SqliteStore:
 
     def _start_writes(self, values: Iterable) -> None:
         """Bodies of the open transaction about to be sealed (read to go out): their files are
-        written and fsynced in a thread while the envelope is sealed (the HMAC, 0.7 ms a
-        megabyte, and the write both leave the GIL), where the commit did it after, on a
-        round trip's path (a megabyte's file ~1.2 ms here, issue 14).  The commit waits for them
+        written and fsynced in a thread while the envelope is sealed (both leave the GIL), not
+        by the commit after, on a round trip's path (decision 0006).  The commit waits for them
         (_files_to_disk); still only files a row names: those of rows taken in the same
         transaction (an answered ping) are never read to go out."""
         for v in values:

@@ -13,13 +13,10 @@ all commits counted before it; the executor would run several at once for nothin
 
 With `fsync = "auto"` (the default) the fsync runs on the event loop, in `synced()` itself,
 while the disk's fsyncs are fast (the median of the last RECENT under INLINE_FSYNC_MS),
-and in the thread while they are slow.  Handing an fsync of a quarter of a millisecond to
-the thread and back cost 1 to 3 ms of waiting on a busy node (the thread waits for the
-GIL, the loop for its callback): the overlay's 1 kB stream on lan waited longer for its
-fsyncs than for anything else (issue 14).  A slow disk (10 ms, `c2dtn perf fsync`) holds
-the loop once: its first fsync sends the rest to the thread.  The median, not the last
-one: a fast disk has a 25 ms fsync now and then (seen under the overlay's 10 kB stream, a
-few in a thousand), which the loop then waits out, rather than leave the loop for good.
+and in the thread while they are slow: a short fsync handed to the thread and back waits
+for the GIL and the loop's callback (decision 0006).  A slow disk (`c2dtn perf fsync`)
+holds the loop once: its first fsync sends the rest to the thread.  The median, not the
+last one: a fast disk's rare slow fsync is waited out on the loop, not taken as a sign.
 """
 
 from __future__ import annotations

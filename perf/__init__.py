@@ -1,1 +1,1 @@
-"""perf: workloads, the run harness and reports (issue 5); today the link-emulator benchmark."""
+"""perf: workloads, the run harness and reports (`c2dtn perf`; docs/perf/)."""

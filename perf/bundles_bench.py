@@ -56,7 +56,7 @@ CLAS = ("tcpcl", "udp", "mtcp", "ltp", "udp+bibe")
 # udp+bibe: ION's BIBE custody across the radio hop r2 -> r3, where the link is lossy and cut, the way
 # the data goes (gw1 -> gw4; acks and echoes come back over plain UDP).  One way (overlay.agents.ion):
 # both ways passed no ack back.  Not on every hop: with BIBE both ways between every pair of
-# neighbours (2026-11-25) one run wrecked r2's SDR at the start ("Dataspace read failed", then bibeclo
+# neighbours one run wrecked r2's SDR at the start ("Dataspace read failed", then bibeclo
 # asking for -6 bytes)
 VARIANTS = {"udp+bibe": ("ion", "udp", {"r2": '[agent.ion]\nbibe = ["r3"]\n', "r3": '[agent.ion]\nbibe_from = ["r2"]\n'})}
 SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}

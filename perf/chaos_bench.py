@@ -1,6 +1,6 @@
 """Kill anywhere: QoS 1 and QoS 2 through the gateways while processes die at random.
 
-`c2dtn perf chaos` (issue 17's kill-anywhere campaign).  nps-chain, the r2=r3 radio link
+`c2dtn perf chaos` (the kill-anywhere campaign).  nps-chain, the r2=r3 radio link
 on --profile (cnr-tactical-2), cut for --outage-s every --outage-every s.  Mosquitto on
 h4; gw1 intercepts (TPROXY) MQTT from h1 bound for it, gw4 publishes there.  Two
 paho-mqtt publishers on h1 (QoS 1 and QoS 2, --rate messages a second each, for
@@ -9,7 +9,7 @@ paho-mqtt publishers on h1 (QoS 1 and QoS 2, --rate messages a second each, for
 node and its BPA daemon: a power cut of the box; restarted 3 s later), the far gateway
 likewise, or one BPA daemon alone (gw1's, r2's, r3's, gw4's; its node's supervisor
 restarts it), taking turns in a shuffled order.  `--targets agents` kills BPA daemons
-alone (issue 15: a SIGKILL of each agent's daemon mid-transfer, with --agent ion, ibrdtn
+alone (a SIGKILL of each agent's daemon mid-transfer, with --agent ion, ibrdtn
 or hdtn on every node).
 
 Figures per QoS: published, PUBACKed (or PUBCOMPed) at the publisher, delivered at the

@@ -1,6 +1,6 @@
 """Disk full under traffic: clear refusals, nothing held lost, traffic back when space frees.
 
-`c2dtn perf diskfull` (issue 17's disk-full campaign).  A near MQTT gateway (gw1:
+`c2dtn perf diskfull` (the disk-full campaign).  A near MQTT gateway (gw1:
 ip_gateway.MqttGateway on its custody store, the writer thread on) keeps its store and its
 session file on a tmpfs of --disk-mb, as an edge box keeps them on a small card.  Its
 overlay core talks to a far core (gw4, on an ordinary disk) over an in-memory link of
@@ -41,7 +41,8 @@ from pathlib import Path
 
 from c2dtn.ip_gateway import bodies
 from c2dtn.ip_gateway import mqtt as m
-from c2dtn.perf.fsync_bench import GatewayNode, _free_port, gateway_config
+from c2dtn.overlay.port import Port
+from c2dtn.perf.fsync_bench import _free_port, gateway_config
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import progress, run_dir, tally_logs
 
@@ -236,7 +237,7 @@ class Pair:
         self.core = OverlayCore(self.store, Codec("c2gw1", {"c2gw4": KEY}))
         self.syncer = Syncer(self.store.records)
         self.syncer.start()
-        self.node = GatewayNode(self.core, self.syncer, disk)
+        self.node = Port(self.core, self.syncer, disk)
         self.gw = MqttGateway(self.node, gateway_config(port))
         self.far = OverlayCore(CustodyStore(far_dir / "custody.db", "c2gw4"), Codec("c2gw4", {"c2gw1": KEY}))
         self.up = True

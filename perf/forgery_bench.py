@@ -1,6 +1,6 @@
 """Forged, tampered and replayed bundles against a receiving overlay core.
 
-`c2dtn perf forgery` (issue 17: "Group members can forge each other", "Replay"; the
+`c2dtn perf forgery` ("group members can forge each other", "replay"; the
 "forged accepted" column of its campaign table).  fmn-4nations' group: deu, nor, prt and
 usa share the group key "fmn" and a pair key for every two of them.  deu sends genuine
 traffic (group envelopes to fmn and direct ones to prt) through its own overlay core;

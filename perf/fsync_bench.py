@@ -1,6 +1,6 @@
 """PUBACK latency on a slow disk: custody fsyncs on the event loop against the writer thread.
 
-`c2dtn perf fsync` (issue 17: "one slow disk stalls every client").  A near MQTT gateway
+`c2dtn perf fsync` ("one slow disk stalls every client").  A near MQTT gateway
 (ip_gateway.MqttGateway on its custody store) runs in a child process whose fsync and
 fdatasync take --disk-ms longer (LD_PRELOAD of perf/slow_fsync.c: the SD card or eMMC of
 an edge box).  No BPA: what the gateway's pump plans is dropped once the fsync covered
@@ -10,7 +10,7 @@ is.  --clients MQTT 3.1.1 clients each publish QoS 1 (256 B) --rate times a seco
 PINGREQ every 50 ms (a client that asks nothing of the disk).  The two `[node] fsync`
 modes take turns, --runs times each:
 
-  loop    each durable commit fsyncs on the event loop (c2dtn before 2026-11-24)
+  loop    each durable commit fsyncs on the event loop (how c2dtn did it first)
   thread  commits return unsynced; one writer thread fsyncs for all commits made
           meanwhile and the replies wait for it (overlay/syncer.py)
 
@@ -48,33 +48,6 @@ SHIM = Path(__file__).with_name("slow_fsync.c")
 
 
 # -- the child: a near gateway on its custody store, fsync slowed by the shim ------------
-class GatewayNode:
-    """What MqttGateway needs of its node, around a custody store and (fsync = "thread" or "auto") a
-    Syncer, without a BPA: the near side alone, as the benchmark and tests/test_syncer.py
-    run it."""
-
-    def __init__(self, core, syncer, storage: Path):
-        self.core, self.syncer = core, syncer
-        from types import SimpleNamespace
-
-        codec = core.codec
-        self.cfg = SimpleNamespace(storage=storage, keys=codec.keys, groups=codec.groups)
-        self.app_handlers: dict = {}
-
-    def submitted(self, priority) -> None:
-        pass
-
-    def wake(self) -> None:
-        pass
-
-    def consumed(self, ids: list[int]) -> None:
-        self.core.consumed(ids)
-
-    async def synced(self) -> None:
-        if self.syncer is not None:
-            await self.syncer.synced()
-
-
 def gateway_config(port: int):
     from c2dtn.ip_gateway.policy import GatewayConfig, Policy, TopicRule
     from c2dtn.overlay.envelope import Priority
@@ -88,6 +61,7 @@ async def serve(mode: str, storage: Path, port: int) -> dict:
     """Run the gateway until SIGTERM; return the store's counts.  mode: loop, thread, auto or unsynced."""
     from c2dtn.ip_gateway.gateway import MqttGateway
     from c2dtn.overlay.core import OverlayCore
+    from c2dtn.overlay.port import Port
     from c2dtn.overlay.custody import CustodyStore, Quota
     from c2dtn.overlay.envelope import Codec
     from c2dtn.overlay.syncer import Syncer
@@ -100,7 +74,7 @@ async def serve(mode: str, storage: Path, port: int) -> dict:
     syncer = Syncer(store.records, inline=mode == "auto") if mode in ("thread", "auto") else None
     if syncer:
         syncer.start()
-    node = GatewayNode(core, syncer, storage)
+    node = Port(core, syncer, storage)  # the gateway's view of a node, with no agent behind it
     gw = MqttGateway(node, gateway_config(port))
     await gw.start()
     stop = asyncio.Event()

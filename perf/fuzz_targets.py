@@ -1,4 +1,4 @@
-"""What c2dtn takes from peers and operators, as fuzz targets (issue 17).
+"""What c2dtn takes from peers and operators, as fuzz targets.
 
 Each target takes bytes and either accepts them or refuses them with its own typed error
 (the `refuses` classes); any other exception is a crash.  perf/fuzz.py runs them under

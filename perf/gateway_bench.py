@@ -10,7 +10,7 @@ and links.  Figures per mode and QoS (medians over --runs):
   publish rate   messages / time until mosquitto_pub has every PUBACK and exits
   delivery rate  messages / time until mosquitto_sub has the last one
   gw1 msgs/core-s  messages / CPU seconds the near gateway process used (the one-core figure;
-                 issue 14's target is >= 10,000 QoS 1 messages per gw1 CPU-second)
+                 the target is >= 10,000 QoS 1 messages per gw1 CPU-second)
 
 The C clients keep the clients' own cost out of the figures.  Writes
 results/<time>-gateway-bench/ with summary.json, summary.csv and plot.png.

@@ -1,5 +1,5 @@
 """Differential MQTT 5: our packet reader (ip-gateway/mqtt.py) against the mqtt5 codec (Rust,
-PyPI), the `mqtt_diff` fuzz target (issue 17).
+PyPI), the `mqtt_diff` fuzz target.
 
 Both read the first packet of the same bytes.  They agree when both wait for more bytes, both
 refuse, or both take it with the same fields (spec defaults filled in) and the same length.  A

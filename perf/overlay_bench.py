@@ -3,11 +3,10 @@
 On `lan` (nps-chain, dtnd on gw1, r2, r3, gw4, the overlay on gw1 and gw4):
 round trip (bping style: the far end answers) and throughput (a stream of
 bundles or envelopes, first sent to last received) for payloads of 1 kB,
-10 kB, 100 kB and 1 MB, overlay / bare ratios printed side by side (targets of
-issue 14: throughput >= 0.9 x bare, round trip <= 1.3 x bare).  On `cnr-tactical-2`:
+10 kB, 100 kB and 1 MB, overlay / bare ratios printed side by side (targets: throughput >= 0.9 x bare, round trip <= 1.3 x bare; decision 0006).  On `cnr-tactical-2`:
 goodput of a bulk transfer as a fraction of the 9.8 kbit/s link (target >= 0.75).
 
-With --agents (issue 15) the same on lan for every agent named: dtn7 as above; ION,
+With --agents the same on lan for every agent named: dtn7 as above; ION,
 IBR-DTN and HDTN serve one endpoint per node, so their bare figures cannot be taken beside a
 running overlay node.  Each run of such an agent is two blocks on fresh chains: the agent
 bare (perf.dtnd_client --config on gw1 and gw4: echo and rtt, source and sink, every size),

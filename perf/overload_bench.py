@@ -1,4 +1,4 @@
-"""Overload: far more offered than the radio link carries, for a long time (issue 17).
+"""Overload: far more offered than the radio link carries, for a long time.
 
 `c2dtn perf overload [--minutes 20] [--factor 3]`: nps-chain, the r2=r3 link on --profile
 (cnr-tactical-2: 9.8 kbit/s, 10 % loss).  On h1, --units GeoJSON position reporters

@@ -1,6 +1,6 @@
 """Power loss under load: is every PUBACKed message still in custody after the cut?
 
-`c2dtn perf powerloss` (issue 17's power-loss campaign).  The near MQTT gateway of
+`c2dtn perf powerloss` (the power-loss campaign).  The near MQTT gateway of
 `perf fsync` (fsync_bench.serve: the gateway on its custody store, no BPA) runs in a
 child process with perf/slow_fsync.c preloaded: every fsync copies the file as it then
 is aside (C2_DURABLE_DIR), which is what a disk that keeps exactly what was fsynced, and

@@ -22,9 +22,9 @@ from c2dtn.ip_gateway.policy import GatewayConfig
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import CustodyStore
 from c2dtn.overlay.envelope import Codec, Priority
-from c2dtn.overlay.node import now_ms
+from c2dtn.overlay.port import now_ms
 from c2dtn.overlay.scheduler import SchedulerConfig
-from c2dtn.perf.fsync_bench import GatewayNode
+from c2dtn.overlay.port import Port
 
 pytestmark = pytest.mark.skipif(not shutil.which("mosquitto"), reason="mosquitto not installed (make apt installs it)")
 
@@ -110,7 +110,7 @@ class Pair:
         self.gw = self.new_gateway()
 
     def new_gateway(self) -> MqttGateway:
-        return MqttGateway(GatewayNode(self.core4, None, self.storage), GatewayConfig(**self.gw_cfg))
+        return MqttGateway(Port(self.core4, None, self.storage), GatewayConfig(**self.gw_cfg))
 
     def send(self, bodies: list[bytes]) -> None:
         """Through the overlay into gw4's inbox; the far gateway is told, as the node tells it."""
@@ -561,8 +561,7 @@ def test_a_far_session_restored_after_a_restart_expires_within_persistent_client
     (tmp_path / "mqtt-sessions.cbor").write_bytes(cbor2.dumps({"near": {}, "far": {"gw1/c1": {
         "origin": "gw1", "client": "c1", "broker": "127.0.0.1:9", "params": {"v": 4, "cs": False, "ka": 60},
         "subs": {"c2/#": [1, False, False, 0]}, "present": False, "gone_at": now - 10}}}))
-    node = types.SimpleNamespace(core=types.SimpleNamespace(take=lambda *a, **k: []),
-                                 cfg=types.SimpleNamespace(storage=tmp_path), app_handlers={}, syncer=None)
+    node = Port(types.SimpleNamespace(take=lambda *a, **k: []), None, tmp_path)
 
     async def go():
         gw = G.MqttGateway(node, GatewayConfig(batch_bytes=0, limits=SessionLimits(persistent_client_expiration=3600)))

@@ -4,6 +4,8 @@ and the deadlines out.  No socket, no store, no clock."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ipaddress
 
 import pytest
@@ -522,6 +524,7 @@ def test_marks_a_full_disk_would_not_let_go_are_dropped_with_the_next_puback_not
 
     from c2dtn.ip_gateway.near import NearSide
     from c2dtn.ip_gateway.policy import GatewayConfig
+    from c2dtn.overlay.port import Port
     from c2dtn.overlay.store import StoreFull
 
     tried: list[list[str]] = []
@@ -535,7 +538,7 @@ def test_marks_a_full_disk_would_not_let_go_are_dropped_with_the_next_puback_not
                 raise StoreFull("custody store: the disk is full")
 
     store = Store()
-    gw = types.SimpleNamespace(cfg=GatewayConfig(batch_bytes=0), core=types.SimpleNamespace(store=store))
+    gw = types.SimpleNamespace(cfg=GatewayConfig(batch_bytes=0), port=Port(types.SimpleNamespace(store=store), None, Path(".")))
     near = NearSide(gw)
     near.run([nc.Answered(["a", "b"])])  # no exception: kept for the next try
     store.full = False

@@ -18,7 +18,8 @@ from c2dtn.overlay.custody import CustodyStore
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.envelope import Codec
 from c2dtn.overlay.syncer import Syncer
-from c2dtn.perf.fsync_bench import GatewayNode, gateway_config
+from c2dtn.overlay.port import Port
+from c2dtn.perf.fsync_bench import gateway_config
 
 KEY = b"k" * 32
 
@@ -198,7 +199,7 @@ def test_puback_waits_for_the_fsync_and_other_clients_are_answered_meanwhile(tmp
         sy = Syncer(store.records)
         sy.start()
         port = _free_port()
-        gw = MqttGateway(GatewayNode(core, sy, tmp_path), gateway_config(port))  # topics c2/# to gw4
+        gw = MqttGateway(Port(core, sy, tmp_path), gateway_config(port))  # topics c2/# to gw4
         await gw.start()
 
         def clients():

@@ -208,12 +208,9 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
                     if rated:  # on a radio link a second of linger and ack delay lets several envelopes and acks share a bundle
                         sched.update(linger_ms=1000, ack_delay_ms=1000)
                 elif not rated:
-                    # no link with a rate limit anywhere (a LAN): 64 kB bundles, so that 10 kB messages share
-                    # them and the BPAs handle a sixth as many (measured: 0.58 -> 0.91 of bare dtnd's throughput);
-                    # where a radio is on the way, a big bundle would hold flash traffic behind it for minutes.
-                    # Envelopes over that share bundles up to a megabyte (dtnd took ~36 ms a bundle from
-                    # 100 kB up: 100 kB messages went at 4.1 times bare dtnd's rate against 0.92-1.05, and
-                    # 10 kB ones slowed in bundles that big: 1.07 against 1.33; issue 14)
+                    # no link with a rate limit anywhere (a LAN): 64 kB bundles, larger envelopes share
+                    # bundles up to a megabyte; where a radio is on the way, a big bundle would hold
+                    # flash traffic behind it for minutes (decision 0006)
                     sched = {"aggregate_bytes": 65536, "aggregate_large_bytes": 1 << 20}
                 sched.update(scheduler or {})
                 if sched:

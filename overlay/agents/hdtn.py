@@ -298,10 +298,8 @@ class HdtnAgent(BundleAgent):
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: tcpcl4.Session,
                     up: asyncio.Future) -> None:
         why = "HDTN closed the session"
-        # HDTN 1.3.1 sets no TCP_NODELAY (its source has none): a small bundle it hands over, written
-        # in more than one piece, waits by Nagle's algorithm for the ACK of the piece before, which
-        # Linux delays up to 40 ms.  Acking at once took a 1 kB round trip over four HDTN hops from
-        # 44 ms to under 2 (perf overlay --agents hdtn, 2026-11-24)
+        # HDTN sets no TCP_NODELAY: a small bundle it writes in pieces waits by Nagle's algorithm
+        # for our delayed ACK of the piece before; we ack at once (decision 0006)
         sock = writer.get_extra_info("socket")
         try:
             while True:

@@ -186,7 +186,7 @@ def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
     both = [p.node for p in bibe if p in bibe_from]
     if both:
         raise ConfigError(cfg.source, "agent.ion.bibe_from", both[0], "is also in agent.ion.bibe: BIBE custody both "
-                          "ways between two ION 4.1.3 nodes passed no bundle back here (2026-11-25)",
+                          "ways between two ION 4.1.3 nodes passed no bundle back in the live tests",
                           "use BIBE one way on a link: the way the traffic that needs custody goes")
     protocols = sorted({_duct(s) for s in cfg.listen} | {_duct(p.cla) for p in cfg.peers}
                        | ({"bibe"} if uses_bibe else set()))
