@@ -23,11 +23,14 @@ PERF_EXTRA = ("rich", "matplotlib", "paho")  # what pyproject's [perf] extra bri
 def _needs_extra(name: str, missing: str) -> click.Command:
     """Stands in for a command group whose extra is not installed (a gateway box has none)."""
 
-    @click.command(name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-                   add_help_option=False)
+    @click.command(
+        name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False
+    )
     def stand_in() -> None:
-        raise click.ClickException(f"`c2dtn {name}` is part of the testbed and benchmarks and needs {missing}, "
-                                   "which a gateway box does not install: pip install 'c2dtn[perf]'")
+        raise click.ClickException(
+            f"`c2dtn {name}` is part of the testbed and benchmarks and needs {missing}, "
+            "which a gateway box does not install: pip install 'c2dtn[perf]'"
+        )
 
     stand_in.help = f"(needs the [perf] extra: {missing} is not installed)"
     return stand_in
@@ -51,6 +54,7 @@ def _register() -> None:
     cli.add_command(topo)
     cli.add_command(perf)
     node.add_command(node_configs_cmd)
+
 
 _register()
 

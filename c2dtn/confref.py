@@ -49,11 +49,17 @@ class Table:
 TABLES: dict[str, Table] = {}
 
 FILES = {
-    "node": ("Node configuration", "One file per gateway or relay box: `c2dtn node run CONFIG` "
-             "(and `c2dtn gateway run CONFIG` for its [gateway] table). `c2dtn node check CONFIG` loads one "
-             "and names the first bad value."),
-    "keys": ("Keys file", "The `[node] keys_file` a node config may name instead of carrying [keys] and [groups] "
-             "itself; `c2dtn keys` writes one per box, mode 0600."),
+    "node": (
+        "Node configuration",
+        "One file per gateway or relay box: `c2dtn node run CONFIG` "
+        "(and `c2dtn gateway run CONFIG` for its [gateway] table). `c2dtn node check CONFIG` loads one "
+        "and names the first bad value.",
+    ),
+    "keys": (
+        "Keys file",
+        "The `[node] keys_file` a node config may name instead of carrying [keys] and [groups] "
+        "itself; `c2dtn keys` writes one per box, mode 0600.",
+    ),
     "relay": ("Relay configuration", "A relay between two agent islands: `c2dtn relay run CONFIG`."),
 }
 
@@ -94,7 +100,11 @@ def markdown() -> str:
             rows = t.fields + ([t.free] if t.free else [])
             out += ["| field | type | default | unit | what it does | example |", "|---|---|---|---|---|---|"]
             for f in rows:
-                default = "**required**" if f.default is None else f"`{f.default}`" if f.default[:1] not in "(" else f.default
-                out.append(f"| `{f.name}` | {f.type} | {_cell(default)} | {f.unit} | {_cell(f.text)} | `{_cell(f.example)}` |")
+                default = (
+                    "**required**" if f.default is None else f"`{f.default}`" if f.default[:1] not in "(" else f.default
+                )
+                out.append(
+                    f"| `{f.name}` | {f.type} | {_cell(default)} | {f.unit} | {_cell(f.text)} | `{_cell(f.example)}` |"
+                )
             out.append("")
     return "\n".join(out)

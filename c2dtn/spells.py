@@ -27,8 +27,14 @@ class Spell:
             self._told_count = 1
             self.log.log(self.level, msg + " (logged once while this lasts)", *args)
         elif now - self._told >= self.every_s:
-            self.log.log(self.level, msg + " (%d more times in the last %.0f s; %.0f s since it began)",
-                         *args, self.count - self._told_count, now - self._told, now - self.since)
+            self.log.log(
+                self.level,
+                msg + " (%d more times in the last %.0f s; %.0f s since it began)",
+                *args,
+                self.count - self._told_count,
+                now - self._told,
+                now - self.since,
+            )
             self._told, self._told_count = now, self.count
 
     def over(self, msg: str, *args) -> None:

@@ -63,7 +63,7 @@ def check(data: bytes, max_depth: int = MAX_DEPTH, sequence: bool = False, max_i
             w = _LEN[ai]
             if i + w > n:
                 raise StrictCBORError(f"ends at offset {n} inside the head at {at}")
-            val = int.from_bytes(data[i:i + w], "big")
+            val = int.from_bytes(data[i : i + w], "big")
             i += w
         elif ai == 31:
             raise StrictCBORError(f"indefinite length at offset {at}")
@@ -78,8 +78,9 @@ def check(data: bytes, max_depth: int = MAX_DEPTH, sequence: bool = False, max_i
         elif major in (4, 5):
             count = val * 2 if major == 5 else val
             if count > n - i:
-                raise StrictCBORError(f"{'map' if major == 5 else 'array'} of {val} at offset {at} "
-                                      f"cannot fit in the {n - i} bytes left")
+                raise StrictCBORError(
+                    f"{'map' if major == 5 else 'array'} of {val} at offset {at} cannot fit in the {n - i} bytes left"
+                )
             if len(todo) > max_depth:
                 raise StrictCBORError(f"nested deeper than {max_depth} at offset {at}")
             todo.append(count)
@@ -92,8 +93,9 @@ def check(data: bytes, max_depth: int = MAX_DEPTH, sequence: bool = False, max_i
             raise StrictCBORError(f"simple value {val} at offset {at}")
 
 
-def loads(data: bytes, max_depth: int = MAX_DEPTH, indefinite_array: bool = False,
-          max_items: int | None = None) -> object:
+def loads(
+    data: bytes, max_depth: int = MAX_DEPTH, indefinite_array: bool = False, max_items: int | None = None
+) -> object:
     """Decode one item of the strict subset (StrictCBORError names what is wrong).
     indefinite_array: the item may be one indefinite-length array whose items are in the
     subset (a BPv7 bundle, RFC 9171 §4.1)."""

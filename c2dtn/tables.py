@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 
-def render(headers: Sequence[str], rows: Iterable[Sequence[object]], title: str | None = None,
-           right: Iterable[int] = ()) -> str:
+def render(
+    headers: Sequence[str], rows: Iterable[Sequence[object]], title: str | None = None, right: Iterable[int] = ()
+) -> str:
     """Columns as wide as their widest cell, two spaces apart; `right`: indexes of
     right-aligned columns (numbers).  Nothing is cut: a long cell widens its column."""
     cells = [[str(c) for c in headers]] + [["" if c is None else str(c) for c in r] for r in rows]

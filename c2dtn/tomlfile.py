@@ -34,9 +34,13 @@ def check_private(src: str, where: str) -> None:
     except OSError:
         return  # read a moment ago; gone now: nothing to judge
     if mode & 0o077:
-        raise ConfigError(src, where, f"file mode {mode:04o}",
-                          "permissions too open for a file holding keys: other users can read or change them",
-                          f"chmod 600 {src}")
+        raise ConfigError(
+            src,
+            where,
+            f"file mode {mode:04o}",
+            "permissions too open for a file holding keys: other users can read or change them",
+            f"chmod 600 {src}",
+        )
 
 
 def check_table(src: str, where: str, table: Any, allowed: set[str], required: set[str] = frozenset()) -> dict:

@@ -42,8 +42,13 @@ def parse_cla(value: object, source: str = "CLA", field: str = "cla") -> ClaSpec
     except ValueError as e:  # "Invalid IPv6 URL" for a lone '[' (found by perf fuzz)
         raise ConfigError(source, field, value, f"not a CLA spec: {e}") from None
     if u.scheme not in DEFAULT_PORTS:
-        raise ConfigError(source, field, value, f"unknown convergence layer {u.scheme!r}",
-                          "use " + ", ".join(f"{s}://" for s in DEFAULT_PORTS))
+        raise ConfigError(
+            source,
+            field,
+            value,
+            f"unknown convergence layer {u.scheme!r}",
+            "use " + ", ".join(f"{s}://" for s in DEFAULT_PORTS),
+        )
     if not u.hostname:
         raise ConfigError(source, field, value, "no address", f"write e.g. '{u.scheme}://10.77.1.2'")
     try:

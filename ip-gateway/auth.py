@@ -58,16 +58,19 @@ def parse_password_file(text: str, source: str) -> dict[str, _Hash]:
                 it = int(parts[2])
                 if not 1 <= it <= 10_000_000:
                     raise ValueError(f"iterations {it}")
-                users[user] = _Hash("7", it, base64.b64decode(parts[3], validate=True),
-                                    base64.b64decode(parts[4], validate=True))
+                users[user] = _Hash(
+                    "7", it, base64.b64decode(parts[3], validate=True), base64.b64decode(parts[4], validate=True)
+                )
             elif len(parts) == 4 and parts[1] == "6":
-                users[user] = _Hash("6", 1, base64.b64decode(parts[2], validate=True),
-                                    base64.b64decode(parts[3], validate=True))
+                users[user] = _Hash(
+                    "6", 1, base64.b64decode(parts[2], validate=True), base64.b64decode(parts[3], validate=True)
+                )
             else:
                 raise ValueError("a hash of kind $7$ or $6$ was expected")
         except (ValueError, binascii.Error) as e:
-            raise ConfigError(where, "password_file", f"{user}:{h[:12]}...",
-                              f"not a hash mosquitto_passwd writes ({e})") from None
+            raise ConfigError(
+                where, "password_file", f"{user}:{h[:12]}...", f"not a hash mosquitto_passwd writes ({e})"
+            ) from None
     return users
 
 
@@ -149,7 +152,9 @@ def parse_acl_file(text: str, source: str) -> Acl:
                 raise ConfigError(where, "acl_file", line, "not `topic|pattern [read|write|readwrite|deny] TOPIC`")
             (acl.patterns if word == "pattern" else current).append(rule)
         else:
-            raise ConfigError(where, "acl_file", line[:60], "a line is `user`, `topic` or `pattern` (Mosquitto's format)")
+            raise ConfigError(
+                where, "acl_file", line[:60], "a line is `user`, `topic` or `pattern` (Mosquitto's format)"
+            )
     return acl
 
 
@@ -177,8 +182,9 @@ class Auth:
         return self.acl is None or self.acl.allows(user, client, topic, access, filter_)
 
 
-def load_auth(password_file: str | None, acl_file: str | None, allow_anonymous: bool | None,
-              source: str) -> Auth | None:
+def load_auth(
+    password_file: str | None, acl_file: str | None, allow_anonymous: bool | None, source: str
+) -> Auth | None:
     """The gateway's Auth from its config (None: nothing configured, everyone allowed, as before).
     allow_anonymous defaults to false when a password file is set, as Mosquitto 2.0's does."""
     if password_file is None and acl_file is None and allow_anonymous is None:

@@ -64,8 +64,10 @@ def unpack(body: bytes) -> dict[str, Any]:
     if d["op"] == "pubs":
         parts = d.get("m")
         if not isinstance(parts, list) or not 1 <= len(parts) <= MAX_PARTS:
-            raise BodyError(f"op pubs needs 1 to {MAX_PARTS} publishes in m, not {type(parts).__name__}"
-                            f"{'' if not isinstance(parts, list) else f' of {len(parts)}'}")
+            raise BodyError(
+                f"op pubs needs 1 to {MAX_PARTS} publishes in m, not {type(parts).__name__}"
+                f"{'' if not isinstance(parts, list) else f' of {len(parts)}'}"
+            )
         for i, part in enumerate(parts):
             if not isinstance(part, dict):
                 raise BodyError(f"publish {i} of op pubs is a {type(part).__name__}, not a map")
@@ -80,9 +82,23 @@ def publishes(d: dict) -> list[dict]:
 
 
 def _check_fields(d: dict, where: str) -> None:
-    for k, typ in (("c", str), ("b", str), ("t", str), ("p", bytes), ("q", int), ("r", bool), ("x", dict),
-                   ("s", list), ("f", list), ("v", int), ("cs", bool), ("ka", int), ("sx", int), ("u", str),
-                   ("pw", bytes)):
+    for k, typ in (
+        ("c", str),
+        ("b", str),
+        ("t", str),
+        ("p", bytes),
+        ("q", int),
+        ("r", bool),
+        ("x", dict),
+        ("s", list),
+        ("f", list),
+        ("v", int),
+        ("cs", bool),
+        ("ka", int),
+        ("sx", int),
+        ("u", str),
+        ("pw", bytes),
+    ):
         if k in d and not isinstance(d[k], typ):
             raise BodyError(f"field {short(k)} of op {where} has type {type(d[k]).__name__}")
     if "x" in d:
@@ -106,8 +122,9 @@ def props_in(x: dict) -> m.Properties:
         if k not in m.PROPERTY_IDS:
             raise BodyError(f"unknown MQTT property {short(k)}")
         if k == "user_property":
-            if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(s, str)
-                                                                                           for s in p) for p in v):
+            if not isinstance(v, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in v
+            ):
                 raise BodyError(f"user_property is not a list of [name, value] strings: {short(v)}")
             v = [tuple(p) for p in v]
         out[k] = v

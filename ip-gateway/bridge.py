@@ -26,9 +26,17 @@ class BridgeSession(FarSession):
     always_subscribe = True  # the config, not a remembered session, says what is bridged
 
     def __init__(self, gw: "MqttGateway", cfg: BridgeConfig):
-        super().__init__(gw, "", cfg.client_id or f"c2bridge-{gw.port.node_id}", f"{cfg.broker[0]}:{cfg.broker[1]}",
-                         {"params": {"v": 5, "cs": False, "ka": 60, "sx": 7 * 24 * 3600},
-                          "subs": {f: [cfg.qos, True, True, 0] for f in cfg.out}, "present": True})
+        super().__init__(
+            gw,
+            "",
+            cfg.client_id or f"c2bridge-{gw.port.node_id}",
+            f"{cfg.broker[0]}:{cfg.broker[1]}",
+            {
+                "params": {"v": 5, "cs": False, "ka": 60, "sx": 7 * 24 * 3600},
+                "subs": {f: [cfg.qos, True, True, 0] for f in cfg.out},
+                "present": True,
+            },
+        )
         self.cfg = cfg
 
     def key(self) -> str:
@@ -36,11 +44,10 @@ class BridgeSession(FarSession):
 
     def _envelopes(self, p: m.Publish, rule: TopicRule) -> list[Envelope]:
         self.gw.counters["bridged_out"] += 1
-        body = s.pack("bpub", self.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
-                      x=s.props_out(p.properties))
+        body = s.pack(
+            "bpub", self.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain, x=s.props_out(p.properties)
+        )
         return [(peer, body, lifetime_ms(rule, p), rule.priority, rule.key(p.topic)) for peer in self.cfg.peers]
 
     def accepts(self, topic: str) -> bool:
         return any(m.topic_matches(f, topic) for f in self.cfg.in_)
-
-

@@ -38,7 +38,10 @@ def run_cmd(config: str, verbose: bool) -> None:
     from c2dtn.overlay.port import run
 
     cfg, gcfg = _load(config)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s",
+    )
     gateways = [lambda port: MqttGateway(port, gcfg)]
     if gcfg.coap is not None:
         from c2dtn.ip_gateway.coap import CoapGateway
@@ -60,16 +63,30 @@ def status_cmd(config: str, as_json: bool) -> None:
         return
     g = st.get("mqtt", {})
     rows = [(cl, "near", "", "yes", "") for cl in g.get("clients", [])]
-    rows += [(k, "far", f["broker"], "yes" if f["connected"] else "no", ", ".join(f["subs"]))
-             for k, f in g.get("sessions_far", {}).items()]
-    click.echo(render(("client", "side", "broker", "connected", "subscriptions"), rows,
-                      title=f"gateway {st['node']}: MQTT sessions"))
+    rows += [
+        (k, "far", f["broker"], "yes" if f["connected"] else "no", ", ".join(f["subs"]))
+        for k, f in g.get("sessions_far", {}).items()
+    ]
+    click.echo(
+        render(
+            ("client", "side", "broker", "connected", "subscriptions"),
+            rows,
+            title=f"gateway {st['node']}: MQTT sessions",
+        )
+    )
     click.echo()
-    click.echo(render(("destination", "class", "queued", "in flight", "bytes"),
-                      [(r["dst"], r["priority"], r["queued"], r["in_flight"], r["bytes"]) for r in st.get("queues", [])],
-                      title="queues (custody)", right=(2, 3, 4)))
+    click.echo(
+        render(
+            ("destination", "class", "queued", "in flight", "bytes"),
+            [(r["dst"], r["priority"], r["queued"], r["in_flight"], r["bytes"]) for r in st.get("queues", [])],
+            title="queues (custody)",
+            right=(2, 3, 4),
+        )
+    )
     click.echo()
     peers = ", ".join(f"{p['node']} ({p['cla']})" for p in st.get("peers", [])) or "none"
     click.echo(f"peers: {peers}")
-    click.echo("counters: " + ", ".join(f"{k} {v}" for k, v in sorted({**st.get('counters', {}),
-                                                                      **g.get('counters', {})}.items())))
+    click.echo(
+        "counters: "
+        + ", ".join(f"{k} {v}" for k, v in sorted({**st.get("counters", {}), **g.get("counters", {})}.items()))
+    )

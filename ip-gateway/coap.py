@@ -116,10 +116,14 @@ class CoapGateway:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(self.ccfg.listen)
             _, proto = await loop.create_datagram_endpoint(
-                lambda: _Listener(self, self.ccfg.server, self.ccfg.listen), sock=sock)
+                lambda: _Listener(self, self.ccfg.server, self.ccfg.listen), sock=sock
+            )
             self.listeners[self.ccfg.listen] = proto
-            log.info("CoAP listener on %s:%d for %s", *self.ccfg.listen,
-                     "server %s:%d" % self.ccfg.server if self.ccfg.server else "forward-proxy requests only")
+            log.info(
+                "CoAP listener on %s:%d for %s",
+                *self.ccfg.listen,
+                "server %s:%d" % self.ccfg.server if self.ccfg.server else "forward-proxy requests only",
+            )
         if self.ccfg.tproxy:
             self._interceptor = _Interceptor(self, self.ccfg.tproxy_port)
             # only to servers a route names: the rest (a server on this side) is routed as before
@@ -127,8 +131,11 @@ class CoapGateway:
             tproxy.intercept("udp", 5683, self.ccfg.tproxy_port, nets)
             if not nets:
                 log.warning("[gateway.coap] tproxy = true but no [[gateway.route]]: no CoAP is intercepted")
-            log.info("intercepting CoAP (UDP 5683) crossing this box to %s, TPROXY to port %d",
-                     ", ".join(nets) or "nothing", self.ccfg.tproxy_port)
+            log.info(
+                "intercepting CoAP (UDP 5683) crossing this box to %s, TPROXY to port %d",
+                ", ".join(nets) or "nothing",
+                self.ccfg.tproxy_port,
+            )
         self.on_inbox()
 
     async def stop(self) -> None:
@@ -193,8 +200,9 @@ class CoapGateway:
         if now - last < DROP_LOG_EVERY_S:
             self._drops[a.source] = (last, quiet + 1)
             return
-        log.warning("%s%s", a.why, f" ({quiet} more from {a.source} not logged in the last {now - last:.0f} s)"
-                    if quiet else "")
+        log.warning(
+            "%s%s", a.why, f" ({quiet} more from {a.source} not logged in the last {now - last:.0f} s)" if quiet else ""
+        )
         self._drops[a.source] = (now, 0)
         if len(self._drops) > 4096:
             self._drops.popitem(last=False)
@@ -304,8 +312,13 @@ class CoapGateway:
                 left = deadline - time.time()
                 if left <= 0:
                     self.near.counters["server_timeouts"] += 1
-                    log.warning("CoAP %s %s to %s: no answer within the request's lifetime: 5.04 back to %s",
-                                req.code, cc.path_of(req), server, d.origin)
+                    log.warning(
+                        "CoAP %s %s to %s: no answer within the request's lifetime: 5.04 back to %s",
+                        req.code,
+                        cc.path_of(req),
+                        server,
+                        d.origin,
+                    )
                     out = cc.timeout_body(body, f"{server} did not answer within the request's lifetime")
                     break
                 msg = cc.strip(req)
@@ -314,8 +327,14 @@ class CoapGateway:
                     resp = await asyncio.wait_for(self._client.request(msg).response, min(left, REQUEST_TIMEOUT_S))
                 except (aiocoap.error.Error, OSError, asyncio.TimeoutError) as e:
                     self.near.counters["server_retries"] += 1
-                    log.info("CoAP %s %s to %s: %s; again in %.0f s", req.code, cc.path_of(req), server,
-                             type(e).__name__, RETRY_S)
+                    log.info(
+                        "CoAP %s %s to %s: %s; again in %.0f s",
+                        req.code,
+                        cc.path_of(req),
+                        server,
+                        type(e).__name__,
+                        RETRY_S,
+                    )
                     await asyncio.sleep(min(RETRY_S, max(0.0, deadline - time.time())))
                     continue
                 self.near.counters["replayed"] += 1
@@ -360,8 +379,9 @@ class CoapGateway:
                         self._notify(d, body, n, supersede)
                     log.info("CoAP observation at %s ended by the server; registering again in %.0f s", server, RETRY_S)
                 except (aiocoap.error.Error, OSError, asyncio.TimeoutError) as e:
-                    log.info("CoAP observe %s at %s: %s; again in %.0f s", cc.path_of(req), server,
-                             type(e).__name__, RETRY_S)
+                    log.info(
+                        "CoAP observe %s at %s: %s; again in %.0f s", cc.path_of(req), server, type(e).__name__, RETRY_S
+                    )
                 finally:
                     if not pr.observation.cancelled:
                         pr.observation.cancel()
@@ -381,5 +401,9 @@ class CoapGateway:
             log.warning("CoAP notification for %s not kept: %s", d.origin, e)
 
     def status(self) -> dict:
-        return {"counters": dict(self.near.counters), "pending_responses": len(self.near.pending),
-                "replaying": len(self._tasks) - len(self._observations), "observing": len(self._observations)}
+        return {
+            "counters": dict(self.near.counters),
+            "pending_responses": len(self.near.pending),
+            "replaying": len(self._tasks) - len(self._observations),
+            "observing": len(self._observations),
+        }

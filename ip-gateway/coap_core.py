@@ -145,8 +145,10 @@ def forward_target(m: Message) -> tuple[Message, Addr] | str:
         uri = m.opt.proxy_uri
     else:
         host = m.opt.uri_host or ""
-        uri = f"{m.opt.proxy_scheme}://{f'[{host}]' if ':' in host else host}" \
-              f"{f':{m.opt.uri_port}' if m.opt.uri_port else ''}/"
+        uri = (
+            f"{m.opt.proxy_scheme}://{f'[{host}]' if ':' in host else host}"
+            f"{f':{m.opt.uri_port}' if m.opt.uri_port else ''}/"
+        )
     try:
         parsed = urllib.parse.urlsplit(uri)
         port = parsed.port or 5683
@@ -326,8 +328,11 @@ class NearCoap:
             data = encode(m, m.mtype, m.mid, m.token)
         elif server is None:
             self.counters["proxy_refused"] += 1
-            return [self._answer(m, Code.NOT_FOUND, "this listener is a forward proxy: name the server in Proxy-Uri",
-                                 client, via)]
+            return [
+                self._answer(
+                    m, Code.NOT_FOUND, "this listener is a forward proxy: name the server in Proxy-Uri", client, via
+                )
+            ]
         path = path_of(m)
         rule = next((r for r in self.rules if r.matches(path)), None)
         if rule is None or not rule.allow:
@@ -349,8 +354,17 @@ class NearCoap:
                 return [got]
             data = got
         self.exchanges[key] = (digest, now_ms + EXCHANGE_LIFETIME_MS, False, None)
-        body = cbor2.dumps({"op": "req", "m": data, "c": list(client), "s": list(server), "v": list(via), "con": con,
-                            **({"obs": m.opt.observe} if m.opt.observe in (0, 1) and m.code == Code.GET else {})})
+        body = cbor2.dumps(
+            {
+                "op": "req",
+                "m": data,
+                "c": list(client),
+                "s": list(server),
+                "v": list(via),
+                "con": con,
+                **({"obs": m.opt.observe} if m.opt.observe in (0, 1) and m.code == Code.GET else {}),
+            }
+        )
         self.counters["requests"] += 1
         then = [Reply(empty(Type.ACK, m.mid), client, via)] if con else []
         if con and m.opt.observe is None:
@@ -369,8 +383,9 @@ class NearCoap:
         start = b1.block_number * b1.size
         if start > len(so_far):
             self.counters["blocks_out_of_order"] += 1
-            return self._answer(m, Code.REQUEST_ENTITY_INCOMPLETE, f"block {b1.block_number} before the ones ahead of it",
-                                client, via)
+            return self._answer(
+                m, Code.REQUEST_ENTITY_INCOMPLETE, f"block {b1.block_number} before the ones ahead of it", client, via
+            )
         if b1.more and start + len(m.payload) <= len(so_far):  # a block had already (resent): same answer
             whole = so_far
         else:
@@ -403,7 +418,7 @@ class NearCoap:
         """Block `num` of a kept response."""
         out = copy(resp, NOT_CARRIED)
         size = 1 << (szx + 4)
-        out.payload = resp.payload[num * size:(num + 1) * size]
+        out.payload = resp.payload[num * size : (num + 1) * size]
         out.opt.block2 = _blockwise(num, int(len(resp.payload) > (num + 1) * size), szx)
         out.opt.size2 = len(resp.payload)
         if resp.opt.observe is not None and num == 0:
@@ -442,8 +457,15 @@ class NearCoap:
         return self._reply(m, Message(code=code, payload=why.encode()), client, via)
 
     # -- responses from the far side ------------------------------------------------
-    def response(self, inbox_id: int, body: dict, now_ms: int, origin: str = "", created_ms: int | None = None,
-                 stale: bool = False) -> list:
+    def response(
+        self,
+        inbox_id: int,
+        body: dict,
+        now_ms: int,
+        origin: str = "",
+        created_ms: int | None = None,
+        stale: bool = False,
+    ) -> list:
         """A response envelope arrived (from gateway `origin`, made at `created_ms`): send it
         to its client (CON: until ACKed).  A notification replaces an older one of its
         observation still waiting for its ACK, or held as stale."""
@@ -468,7 +490,13 @@ class NearCoap:
                 # /time has Max-Age 1, the radio link takes longer): waiting for a newer one, as
                 # late, would only hold every notification to the cap; it goes now, Max-Age 0.
                 first = held[4] if held else now_ms
-                self.held[obs_key] = [inbox_id, body, origin, min(now_ms + STALE_HOLD_MS, first + STALE_HOLD_MAX_MS), first]
+                self.held[obs_key] = [
+                    inbox_id,
+                    body,
+                    origin,
+                    min(now_ms + STALE_HOLD_MS, first + STALE_HOLD_MAX_MS),
+                    first,
+                ]
                 self.counters["notifications_stale"] += 1
                 return out
         msg.opt.max_age = 0 if stale else max(0, max_age - age_s)
@@ -507,8 +535,9 @@ class NearCoap:
         if not con:
             return [*out, reply, Consume(inbox_id)]
         timeout = ACK_TIMEOUT_MS * self.rng.uniform(1.0, ACK_RANDOM_FACTOR)
-        self.pending[(client, self.mid)] = _Pending(inbox_id, reply, timeout, now_ms + int(timeout),
-                                                    observation=observation)
+        self.pending[(client, self.mid)] = _Pending(
+            inbox_id, reply, timeout, now_ms + int(timeout), observation=observation
+        )
         if observation:
             self.notifying[obs_key] = (client, self.mid)
         return [*out, reply]
@@ -525,8 +554,18 @@ class NearCoap:
         if not origin:
             return []
         self.counters["observations_cancelled"] += 1
-        body = cbor2.dumps({"op": "cancel", "m": b"", "c": list(client), "s": list(server), "v": list(server),
-                            "con": False, "t": token, "why": why})
+        body = cbor2.dumps(
+            {
+                "op": "cancel",
+                "m": b"",
+                "c": list(client),
+                "s": list(server),
+                "v": list(server),
+                "con": False,
+                "t": token,
+                "why": why,
+            }
+        )
         return [Submit(origin, body, EXCHANGE_LIFETIME_MS, Priority.IMMEDIATE, None, [], None)]
 
     def poll(self, now_ms: int) -> list:
@@ -562,8 +601,12 @@ class NearCoap:
         return out
 
     def next_deadline_ms(self) -> int | None:
-        return min([p.next_ms for p in self.pending.values()] + [h[3] for h in self.held.values()]
-                   + [a.until_ms for a in self.acking.values()], default=None)
+        return min(
+            [p.next_ms for p in self.pending.values()]
+            + [h[3] for h in self.held.values()]
+            + [a.until_ms for a in self.acking.values()],
+            default=None,
+        )
 
     def waiting_for(self, inbox_id: int) -> bool:
         return any(p.inbox_id == inbox_id for p in self.pending.values())
@@ -591,8 +634,17 @@ def response_body(req: dict, resp: Message) -> bytes:
     """The response envelope's body: the response (token and message id are the near side's),
     and what the near side needs to answer the way it was asked (Observe, the blocks)."""
     m = decode(req["m"])
-    out = {"op": "rsp", "m": encode(strip(resp), Type.NON, 0, b""), "c": req["c"], "s": req["s"],
-           "v": req.get("v", req["s"]), "con": req["con"], "t": m.token, "k": resource_key(m), "mid": m.mid}
+    out = {
+        "op": "rsp",
+        "m": encode(strip(resp), Type.NON, 0, b""),
+        "c": req["c"],
+        "s": req["s"],
+        "v": req.get("v", req["s"]),
+        "con": req["con"],
+        "t": m.token,
+        "k": resource_key(m),
+        "mid": m.mid,
+    }
     if req.get("obs") == 0 and resp.opt.observe is not None:
         out["obs"] = True
     if m.opt.block2 is not None:
@@ -629,7 +681,11 @@ def unpack(body: bytes) -> dict:
         raise ValueError("field 'k' or 'obs' of the wrong type")
     for k, n in (("b1", 3), ("b2", 2)):
         v = d.get(k)
-        if v is not None and not (isinstance(v, list) and len(v) == n and v[-1] in range(7) and
-                                  all(isinstance(x, int) and 0 <= x < 1 << 20 for x in v)):
+        if v is not None and not (
+            isinstance(v, list)
+            and len(v) == n
+            and v[-1] in range(7)
+            and all(isinstance(x, int) and 0 <= x < 1 << 20 for x in v)
+        ):
             raise ValueError(f"field {k!r} is not a block number and size")
     return d

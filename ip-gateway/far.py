@@ -76,7 +76,9 @@ class Part:
     @staticmethod
     def split(d: Delivery, msg: dict) -> list[tuple["Part", dict]]:
         pending = set(range(len(msg["m"])))
-        return [(Part(d, i, pending), {"op": "pub", "c": msg["c"], "b": msg["b"], **pm}) for i, pm in enumerate(msg["m"])]
+        return [
+            (Part(d, i, pending), {"op": "pub", "c": msg["c"], "b": msg["b"], **pm}) for i, pm in enumerate(msg["m"])
+        ]
 
     def finish(self) -> bool:
         """This part is done; True when it was the envelope's last."""
@@ -199,15 +201,28 @@ class FarSession:
         self._q0_written = self._pings_out = 0
         self.connack = asyncio.get_running_loop().create_future()
         props = {"session_expiry_interval": self._broker_expiry()} if v == 5 and "sx" in self.params else {}
-        writer.write(m.encode(m.Connect(self.client, self.params.get("cs", False), self.params.get("ka", 60),
-                                        self.params.get("u"), self.params.get("pw"), s.will_in(self.params.get("w")),
-                                        v, props), v))
+        writer.write(
+            m.encode(
+                m.Connect(
+                    self.client,
+                    self.params.get("cs", False),
+                    self.params.get("ka", 60),
+                    self.params.get("u"),
+                    self.params.get("pw"),
+                    s.will_in(self.params.get("w")),
+                    v,
+                    props,
+                ),
+                v,
+            )
+        )
         self._reader_task = asyncio.create_task(self._read(reader, writer))
         ack = await asyncio.wait_for(self.connack, 30)
         if ack.reason:
             raise ConnectionError(f"broker {self.broker} refused client {self.client}: reason 0x{ack.reason:02x}")
-        self.max_inflight = (min(FAR_INFLIGHT_MAX, ack.properties.get("receive_maximum", 65535)) if v == 5
-                             else FAR_INFLIGHT_V311)
+        self.max_inflight = (
+            min(FAR_INFLIGHT_MAX, ack.properties.get("receive_maximum", 65535)) if v == 5 else FAR_INFLIGHT_V311
+        )
         self.params["cs"] = False  # a reconnect resumes the session the first connect started
         if self.subs and (self.always_subscribe or not ack.session_present):
             await self._request(m.Subscribe(self._pid(), [m.SubOption(f, *o) for f, o in self.subs.items()]))
@@ -298,8 +313,9 @@ class FarSession:
     def _envelopes(self, p: m.Publish, rule: TopicRule) -> list[Envelope]:
         """What a publication from the broker becomes: one "msg" back to the origin client."""
         self.gw.counters["returned"] += 1
-        body = s.pack("msg", self.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain,
-                      x=s.props_out(p.properties))
+        body = s.pack(
+            "msg", self.client, self.broker, t=p.topic, p=p.payload, q=p.qos, r=p.retain, x=s.props_out(p.properties)
+        )
         key = rule.key(p.topic)
         return [(self.origin, body, lifetime_ms(rule, p), rule.priority, key and f"{key}@{self.client}")]
 
@@ -439,8 +455,12 @@ class FarSession:
             try:
                 await self._wait_room(deadline)
             except asyncio.TimeoutError:
-                log.warning("session %s: broker %s answered no PINGREQ for %.0f s; reconnecting", self.key(),
-                            self.broker, FAR_PING_WAIT_S)
+                log.warning(
+                    "session %s: broker %s answered no PINGREQ for %.0f s; reconnecting",
+                    self.key(),
+                    self.broker,
+                    FAR_PING_WAIT_S,
+                )
                 self._drop()
                 return
 
@@ -479,5 +499,3 @@ class FarSession:
                 self.writer.write(m.encode(m.Disconnect(0, props), v))
                 self.writer.close()
             self.writer = None
-
-

@@ -72,8 +72,9 @@ class MqttGateway:
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
         now = time.time()
-        self.near.core.sessions, far_state = sessions_file.load(self.state_path, now,
-                                                                self.cfg.limits.persistent_client_expiration)
+        self.near.core.sessions, far_state = sessions_file.load(
+            self.state_path, now, self.cfg.limits.persistent_client_expiration
+        )
         for key, st in far_state.items():
             left = None  # seconds the session of a client that had left still has
             if not st.get("present", True) and isinstance(st.get("gone_at"), (int, float)):
@@ -92,8 +93,13 @@ class MqttGateway:
                 f.expire_in(left)
         if self.cfg.bridge:
             self.bridge = BridgeSession(self, self.cfg.bridge)
-            log.info("bridging broker %s: out %s, in %s, peers %s", self.bridge.broker, self.cfg.bridge.out,
-                     self.cfg.bridge.in_, self.cfg.bridge.peers)
+            log.info(
+                "bridging broker %s: out %s, in %s, peers %s",
+                self.bridge.broker,
+                self.cfg.bridge.out,
+                self.cfg.bridge.in_,
+                self.cfg.bridge.peers,
+            )
         self.port.subscribe(s.APP, self.on_inbox)
         if self.cfg.listen:
             srv = await asyncio.start_server(lambda r, w: self.near.accept(r, w, self.cfg.broker), *self.cfg.listen)
@@ -105,8 +111,9 @@ class MqttGateway:
             tproxy.intercept("tcp", 1883, self.cfg.tproxy_port)
             self._tproxy = True
             sock = tproxy.transparent_socket(socket.SOCK_STREAM, ("0.0.0.0", self.cfg.tproxy_port))
-            srv = await asyncio.start_server(lambda r, w: self.near.accept(r, w, w.get_extra_info("sockname")[:2]),
-                                             sock=sock)
+            srv = await asyncio.start_server(
+                lambda r, w: self.near.accept(r, w, w.get_extra_info("sockname")[:2]), sock=sock
+            )
             self._servers.append(srv)
             log.info("intercepting MQTT (TCP 1883) crossing this box, TPROXY to port %d", self.cfg.tproxy_port)
         self.on_inbox()
@@ -129,8 +136,18 @@ class MqttGateway:
         """The session file, as the sessions are now, written (and fsynced) by a worker thread,
         not on the event loop; saves asked for while one is being written become one, of the
         newest state."""
-        far = {k: {"origin": f.origin, "client": f.client, "broker": f.broker, "params": f.params,
-                   "subs": f.subs, "present": f.present, "gone_at": f.gone_at} for k, f in self.far.items()}
+        far = {
+            k: {
+                "origin": f.origin,
+                "client": f.client,
+                "broker": f.broker,
+                "params": f.params,
+                "subs": f.subs,
+                "present": f.present,
+                "gone_at": f.gone_at,
+            }
+            for k, f in self.far.items()
+        }
         self._sessions_data = sessions_file.dump(self.near.core.sessions, far)
         if self._sessions_writer is None:
             self._sessions_writer = asyncio.get_running_loop().create_task(self._write_sessions())
@@ -153,8 +170,7 @@ class MqttGateway:
             await asyncio.shield(self._sessions_writer)
 
     # -- custody -------------------------------------------------------------
-    def submit_many(self, items: list[Envelope],
-                    marks: list[Mark] | None = None) -> None:
+    def submit_many(self, items: list[Envelope], marks: list[Mark] | None = None) -> None:
         self.port.submit([(dst, body, life, prio, sup, s.APP) for dst, body, life, prio, sup in items], marks)
 
     def delivered(self, inbox_id: int | None) -> None:
@@ -225,8 +241,7 @@ class MqttGateway:
         f.deferring, f.deferred_from = False, None
         while not f.deferring and cursor < self._mark:
             room = self.cfg.far_queue - f.queue.qsize() + 1
-            batch = [d for d in self.port.take(max(64, room), app=s.APP, after=cursor)
-                     if d.id <= self._mark]
+            batch = [d for d in self.port.take(max(64, room), app=s.APP, after=cursor) if d.id <= self._mark]
             if not batch:
                 return
             cursor = batch[-1].id
@@ -270,8 +285,12 @@ class MqttGateway:
             if msg["op"] == "bpub":
                 if self.bridge is None or not self.bridge.accepts(msg["t"]):
                     self.counters["bridge_refused"] += 1
-                    log.warning("bridged publication on %s from %s refused: %s", short(msg["t"]), d.origin,
-                                "no bridge here" if self.bridge is None else "no `in` filter matches")
+                    log.warning(
+                        "bridged publication on %s from %s refused: %s",
+                        short(msg["t"]),
+                        d.origin,
+                        "no bridge here" if self.bridge is None else "no `in` filter matches",
+                    )
                     self.delivered(d.id)
                     continue
                 if self._queue(self.bridge, d, {**msg, "op": "pub"}):
@@ -308,8 +327,11 @@ class MqttGateway:
         loop = asyncio.get_running_loop()
         while self._subscribing:
             now = loop.time()
-            for i in [i for i, e in self._subscribing.items()  # those that can hold nothing any more
-                      if now - (e[2] if e[3] is None else e[3]) >= (SUB_HANDOUT_S if e[3] is None else SUB_BARRIER_S)]:
+            for i in [
+                i
+                for i, e in self._subscribing.items()  # those that can hold nothing any more
+                if now - (e[2] if e[3] is None else e[3]) >= (SUB_HANDOUT_S if e[3] is None else SUB_BARRIER_S)
+            ]:
                 del self._subscribing[i]
             if not any(self._holds(e, inbox_id, i, broker, topic, now) for i, e in self._subscribing.items()):
                 return
@@ -329,19 +351,25 @@ class MqttGateway:
         in order, until its queue has drained to half (FarSession._run asks then)."""
         if f.deferring or f.queue.qsize() >= self.cfg.far_queue:
             if not f.deferring:
-                log.warning("session %s: %d messages queued for its broker connection; more wait in custody",
-                            f.key(), f.queue.qsize())
+                log.warning(
+                    "session %s: %d messages queued for its broker connection; more wait in custody",
+                    f.key(),
+                    f.queue.qsize(),
+                )
                 f.deferring, f.deferred_from = True, d.id
             self.counters["far_queue_full"] += 1
             return False
         self._taken.add(d.id)
         if msg["op"] in ("sub", "unsub"):
-            flts = [x[0] for x in msg.get("s", []) if isinstance(x, list) and x and isinstance(x[0], str)] \
-                if msg["op"] == "sub" else [f for f in msg.get("f", []) if isinstance(f, str)]
+            flts = (
+                [x[0] for x in msg.get("s", []) if isinstance(x, list) and x and isinstance(x[0], str)]
+                if msg["op"] == "sub"
+                else [f for f in msg.get("f", []) if isinstance(f, str)]
+            )
             self._subscribing[d.id] = [msg["b"], flts, asyncio.get_running_loop().time(), None]
             while len(self._subscribing) > SUB_PENDING_MAX:
                 del self._subscribing[next(iter(self._subscribing))]
-        for item in (Part.split(d, msg) if msg["op"] == "pubs" else [(d, msg)]):
+        for item in Part.split(d, msg) if msg["op"] == "pubs" else [(d, msg)]:
             f.queue.put_nowait(item)
         return True
 
@@ -356,9 +384,16 @@ class MqttGateway:
             elif len(self.far) >= self.cfg.max_far_sessions or self._peer_sessions(origin) >= self._peer_share():
                 if key not in self._full_logged:
                     self._full_logged.add(key)
-                    log.warning("%d far sessions held, %d for %s (max_far_sessions %d, %d a peer): %s's messages "
-                                "wait in custody", len(self.far), self._peer_sessions(origin),
-                                origin, self.cfg.max_far_sessions, self._peer_share(), key)
+                    log.warning(
+                        "%d far sessions held, %d for %s (max_far_sessions %d, %d a peer): %s's messages "
+                        "wait in custody",
+                        len(self.far),
+                        self._peer_sessions(origin),
+                        origin,
+                        self.cfg.max_far_sessions,
+                        self._peer_share(),
+                        key,
+                    )
                 return None
             f = self.far[key] = FarSession(self, origin, client, broker)
         return f
@@ -408,12 +443,28 @@ class MqttGateway:
         asyncio.get_running_loop().call_soon(self.on_inbox, True)
 
     def status(self) -> dict:
-        return {**self.near.core.status(),
-                "sessions_far": {k: {"broker": f.broker, "connected": f.writer is not None, "subs": sorted(f.subs),
-                                     "queued": f.queue.qsize(), "present": f.present,
-                                     "waiting_in_custody": f.deferring} for k, f in self.far.items()},
-                "bridge": None if self.bridge is None else {
-                    "broker": self.bridge.broker, "connected": self.bridge.writer is not None,
-                    "out": self.cfg.bridge.out, "in": self.cfg.bridge.in_, "peers": self.cfg.bridge.peers,
-                    "queued": self.bridge.queue.qsize()},
-                "counters": dict(self.counters + self.near.core.counters)}
+        return {
+            **self.near.core.status(),
+            "sessions_far": {
+                k: {
+                    "broker": f.broker,
+                    "connected": f.writer is not None,
+                    "subs": sorted(f.subs),
+                    "queued": f.queue.qsize(),
+                    "present": f.present,
+                    "waiting_in_custody": f.deferring,
+                }
+                for k, f in self.far.items()
+            },
+            "bridge": None
+            if self.bridge is None
+            else {
+                "broker": self.bridge.broker,
+                "connected": self.bridge.writer is not None,
+                "out": self.cfg.bridge.out,
+                "in": self.cfg.bridge.in_,
+                "peers": self.cfg.bridge.peers,
+                "queued": self.bridge.queue.qsize(),
+            },
+            "counters": dict(self.counters + self.near.core.counters),
+        }

@@ -84,8 +84,13 @@ class MqttError(Exception):
 
 def connack_code_v3(reason: Reason) -> int | None:
     """The 3.1.1 CONNACK return code for a refused CONNECT, None where 3.1.1 just closes."""
-    return {Reason.UNSUPPORTED_PROTOCOL_VERSION: 1, Reason.CLIENT_IDENTIFIER_NOT_VALID: 2,
-            Reason.SERVER_UNAVAILABLE: 3, Reason.BAD_USER_NAME_OR_PASSWORD: 4, Reason.NOT_AUTHORIZED: 5}.get(reason)
+    return {
+        Reason.UNSUPPORTED_PROTOCOL_VERSION: 1,
+        Reason.CLIENT_IDENTIFIER_NOT_VALID: 2,
+        Reason.SERVER_UNAVAILABLE: 3,
+        Reason.BAD_USER_NAME_OR_PASSWORD: 4,
+        Reason.NOT_AUTHORIZED: 5,
+    }.get(reason)
 
 
 # -- properties (MQTT 5, spec 2.2.2.2) ------------------------------------------
@@ -109,8 +114,11 @@ PROPERTIES: dict[int, tuple[str, int, frozenset]] = {
     0x19: ("request_response_information", BYTE, frozenset({_P.CONNECT})),
     0x1A: ("response_information", STR, frozenset({_P.CONNACK})),
     0x1C: ("server_reference", STR, frozenset({_P.CONNACK, _P.DISCONNECT})),
-    0x1F: ("reason_string", STR, frozenset(set(_P) - {_P.CONNECT, _P.PUBLISH, _P.SUBSCRIBE, _P.UNSUBSCRIBE,
-                                                       _P.PINGREQ, _P.PINGRESP})),
+    0x1F: (
+        "reason_string",
+        STR,
+        frozenset(set(_P) - {_P.CONNECT, _P.PUBLISH, _P.SUBSCRIBE, _P.UNSUBSCRIBE, _P.PINGREQ, _P.PINGRESP}),
+    ),
     0x21: ("receive_maximum", TWO, frozenset({_P.CONNECT, _P.CONNACK})),
     0x22: ("topic_alias_maximum", TWO, frozenset({_P.CONNECT, _P.CONNACK})),
     0x23: ("topic_alias", TWO, frozenset({_P.PUBLISH})),
@@ -126,26 +134,86 @@ PROPERTIES: dict[int, tuple[str, int, frozenset]] = {
 _ZERO_OR_ONE = (lambda v: v in (0, 1), "must be 0 or 1")
 _NOT_ZERO = (lambda v: v != 0, "must not be 0")
 _PROPERTY_VALUES = {
-    "payload_format_indicator": _ZERO_OR_ONE, "request_problem_information": _ZERO_OR_ONE,
-    "request_response_information": _ZERO_OR_ONE, "maximum_qos": _ZERO_OR_ONE, "retain_available": _ZERO_OR_ONE,
-    "wildcard_subscription_available": _ZERO_OR_ONE, "subscription_identifier_available": _ZERO_OR_ONE,
-    "shared_subscription_available": _ZERO_OR_ONE, "receive_maximum": _NOT_ZERO, "maximum_packet_size": _NOT_ZERO,
+    "payload_format_indicator": _ZERO_OR_ONE,
+    "request_problem_information": _ZERO_OR_ONE,
+    "request_response_information": _ZERO_OR_ONE,
+    "maximum_qos": _ZERO_OR_ONE,
+    "retain_available": _ZERO_OR_ONE,
+    "wildcard_subscription_available": _ZERO_OR_ONE,
+    "subscription_identifier_available": _ZERO_OR_ONE,
+    "shared_subscription_available": _ZERO_OR_ONE,
+    "receive_maximum": _NOT_ZERO,
+    "maximum_packet_size": _NOT_ZERO,
     "subscription_identifier": _NOT_ZERO,
 }  # (topic_alias 0 the near gateway answers itself: Topic Alias Invalid, 3.3.2.3.4)
 # the reason codes each packet may carry (MQTT 5: 3.2.2.2, 3.4.2.1, 3.5.2.1, 3.6.2.1, 3.7.2.1, 3.9.3,
 # 3.11.3, 3.14.2.1, 3.15.2.1; SUBACK in 3.1.1: 3.9.3, CONNACK in 3.1.1: 0 to 5)
 REASONS_V5: dict[int, frozenset[int]] = {
-    _P.CONNACK: frozenset({0x00, 0x80, 0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x89, 0x8A, 0x8C, 0x90,
-                           0x95, 0x97, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9F}),
+    _P.CONNACK: frozenset(
+        {
+            0x00,
+            0x80,
+            0x81,
+            0x82,
+            0x83,
+            0x84,
+            0x85,
+            0x86,
+            0x87,
+            0x88,
+            0x89,
+            0x8A,
+            0x8C,
+            0x90,
+            0x95,
+            0x97,
+            0x99,
+            0x9A,
+            0x9B,
+            0x9C,
+            0x9D,
+            0x9F,
+        }
+    ),
     _P.PUBACK: frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99}),
     _P.PUBREC: frozenset({0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99}),
     _P.PUBREL: frozenset({0x00, 0x92}),
     _P.PUBCOMP: frozenset({0x00, 0x92}),
     _P.SUBACK: frozenset({0x00, 0x01, 0x02, 0x80, 0x83, 0x87, 0x8F, 0x91, 0x97, 0x9E, 0xA1, 0xA2}),
     _P.UNSUBACK: frozenset({0x00, 0x11, 0x80, 0x83, 0x87, 0x8F, 0x91}),
-    _P.DISCONNECT: frozenset({0x00, 0x04, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90, 0x93,
-                              0x94, 0x95, 0x96, 0x97, 0x98, 0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1,
-                              0xA2}),
+    _P.DISCONNECT: frozenset(
+        {
+            0x00,
+            0x04,
+            0x80,
+            0x81,
+            0x82,
+            0x83,
+            0x87,
+            0x89,
+            0x8B,
+            0x8D,
+            0x8E,
+            0x8F,
+            0x90,
+            0x93,
+            0x94,
+            0x95,
+            0x96,
+            0x97,
+            0x98,
+            0x99,
+            0x9A,
+            0x9B,
+            0x9C,
+            0x9D,
+            0x9E,
+            0x9F,
+            0xA0,
+            0xA1,
+            0xA2,
+        }
+    ),
     _P.AUTH: frozenset({0x00, 0x18, 0x19}),
 }
 REASONS_V3: dict[int, frozenset[int]] = {_P.CONNACK: frozenset(range(6)), _P.SUBACK: frozenset({0, 1, 2, 0x80})}
@@ -154,8 +222,10 @@ REASONS_V3: dict[int, frozenset[int]] = {_P.CONNACK: frozenset(range(6)), _P.SUB
 def _check_reason(ptype: PacketType, code: int, v5: bool) -> int:
     allowed = (REASONS_V5 if v5 else REASONS_V3).get(ptype)
     if allowed is not None and code not in allowed:
-        raise MqttError(Reason.MALFORMED_PACKET, f"{ptype.name} reason code 0x{code:02x} is not one MQTT "
-                                                 f"{'5' if v5 else '3.1.1'} defines for it")
+        raise MqttError(
+            Reason.MALFORMED_PACKET,
+            f"{ptype.name} reason code 0x{code:02x} is not one MQTT {'5' if v5 else '3.1.1'} defines for it",
+        )
     return code
 
 
@@ -297,8 +367,23 @@ class Auth:
     type = PacketType.AUTH
 
 
-Packet = (Connect | ConnAck | Publish | PubAck | PubRec | PubRel | PubComp | Subscribe | SubAck | Unsubscribe
-          | UnsubAck | PingReq | PingResp | Disconnect | Auth)
+Packet = (
+    Connect
+    | ConnAck
+    | Publish
+    | PubAck
+    | PubRec
+    | PubRel
+    | PubComp
+    | Subscribe
+    | SubAck
+    | Unsubscribe
+    | UnsubAck
+    | PingReq
+    | PingResp
+    | Disconnect
+    | Auth
+)
 
 
 # -- topic names and filters -----------------------------------------------------
@@ -370,7 +455,9 @@ class _Reader:
             v += (c & 0x7F) * mul
             if not c & 0x80:
                 if c == 0 and k:  # MQTT-1.5.5-1
-                    raise MqttError(Reason.MALFORMED_PACKET, f"{what}: variable byte integer {v} not in its shortest form")
+                    raise MqttError(
+                        Reason.MALFORMED_PACKET, f"{what}: variable byte integer {v} not in its shortest form"
+                    )
                 return v
             mul <<= 7
         raise MqttError(Reason.MALFORMED_PACKET, f"{what}: variable byte integer longer than 4 bytes")
@@ -378,7 +465,7 @@ class _Reader:
     def binary(self, what: str) -> bytes:
         n = self.u16(what)
         self.need(n, what)
-        v = bytes(self.b[self.i:self.i + n])
+        v = bytes(self.b[self.i : self.i + n])
         self.i += n
         return v
 
@@ -393,7 +480,7 @@ class _Reader:
         return s
 
     def rest(self) -> bytes:
-        v = bytes(self.b[self.i:self.end])
+        v = bytes(self.b[self.i : self.end])
         self.i = self.end
         return v
 
@@ -484,8 +571,9 @@ class Parser:
         if self.version is None and self.connect_max is not None:
             limit = min(limit, self.connect_max)
         if i + length > limit:
-            raise MqttError(Reason.PACKET_TOO_LARGE,
-                            f"packet of {i + length} bytes exceeds the maximum packet size {limit}")
+            raise MqttError(
+                Reason.PACKET_TOO_LARGE, f"packet of {i + length} bytes exceeds the maximum packet size {limit}"
+            )
         if len(b) < i + length:
             return None
         return b[0], i, i + length
@@ -518,8 +606,12 @@ class Parser:
             if v5:
                 pkt.properties = r.properties(ptype, "CONNACK")
         elif ptype in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
-            cls = {PacketType.PUBACK: PubAck, PacketType.PUBREC: PubRec, PacketType.PUBREL: PubRel,
-                   PacketType.PUBCOMP: PubComp}[ptype]
+            cls = {
+                PacketType.PUBACK: PubAck,
+                PacketType.PUBREC: PubRec,
+                PacketType.PUBREL: PubRel,
+                PacketType.PUBCOMP: PubComp,
+            }[ptype]
             pkt = cls(self._packet_id(r, ptype))
             if v5 and r.left():
                 pkt.reason = _check_reason(ptype, r.byte(f"{ptype.name} reason"), v5)
@@ -604,7 +696,9 @@ class Parser:
             try:
                 pkt.payload.decode("utf-8")
             except UnicodeDecodeError:
-                raise MqttError(Reason.PAYLOAD_FORMAT_INVALID, f"payload on {topic!r} is marked UTF-8 but is not") from None
+                raise MqttError(
+                    Reason.PAYLOAD_FORMAT_INVALID, f"payload on {topic!r} is marked UTF-8 but is not"
+                ) from None
         return pkt
 
     def _connect(self, r: _Reader) -> Connect:
@@ -613,8 +707,10 @@ class Parser:
         if name not in ("MQTT", "MQIsdp"):
             raise MqttError(Reason.MALFORMED_PACKET, f"protocol name {name!r} is not MQTT")
         if name != "MQTT" or level not in (4, 5):
-            raise MqttError(Reason.UNSUPPORTED_PROTOCOL_VERSION,
-                            f"protocol {name!r} level {level}: this gateway speaks MQTT 3.1.1 (4) and 5.0 (5)")
+            raise MqttError(
+                Reason.UNSUPPORTED_PROTOCOL_VERSION,
+                f"protocol {name!r} level {level}: this gateway speaks MQTT 3.1.1 (4) and 5.0 (5)",
+            )
         v5 = level == 5
         fl = r.byte("CONNECT flags")
         if fl & 1:
@@ -674,7 +770,7 @@ def _props(props: Properties) -> bytes:
         if name not in PROPERTY_IDS:
             raise ValueError(f"unknown MQTT 5 property {name!r}")
         pid, typ = PROPERTY_IDS[name]
-        for v in (value if name in MULTI else [value]):
+        for v in value if name in MULTI else [value]:
             out += _varint(pid)
             if typ == BYTE:
                 out.append(v)
@@ -702,7 +798,7 @@ def encode(p: Packet, version: int = 4) -> bytes:
     t = p.type
     if t == PacketType.CONNECT:
         v5 = p.version == 5
-        fl = (2 if p.clean_start else 0)
+        fl = 2 if p.clean_start else 0
         body = bytearray(_str("MQTT") + bytes([p.version]))
         if p.will:
             fl |= 4 | (p.will.qos << 3) | (0x20 if p.will.retain else 0)

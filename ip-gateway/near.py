@@ -42,8 +42,7 @@ class NearSide:
         self._unanswered: list[str] = []  # marks whose drop the store refused (a full disk): tried again
         self._synced_at: dict[int, int] = {}  # conn -> the store's commit count its replies wait for
 
-    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     broker: tuple[str, int]) -> None:
+    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, broker: tuple[str, int]) -> None:
         """One client connection, until it or the core ends it."""
         cid = next(self._ids)
         self.writers[cid] = writer

@@ -56,10 +56,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("c2dtn.gateway")
 
 CONTROL_LIFETIME_MS = 7 * 24 * 3600 * 1000
-TOPIC_ALIAS_MAX = 64       # announced to MQTT 5 clients in CONNACK
-NEVER = 0xFFFFFFFF         # a session expiry interval that never ends (and 3.1.1's clean session 0)
-KEEPALIVE_GRACE = 1.5      # a client silent for 1.5 x its keep alive is gone (spec 3.1.2.10)
-CONNECT_TIMEOUT_S = 10.0   # a connection that sent no CONNECT by then is closed
+TOPIC_ALIAS_MAX = 64  # announced to MQTT 5 clients in CONNACK
+NEVER = 0xFFFFFFFF  # a session expiry interval that never ends (and 3.1.1's clean session 0)
+KEEPALIVE_GRACE = 1.5  # a client silent for 1.5 x its keep alive is gone (spec 3.1.2.10)
+CONNECT_TIMEOUT_S = 10.0  # a connection that sent no CONNECT by then is closed
 CONNECT_MAX_BYTES = 256 << 10  # the largest packet taken before CONNECT (a CONNECT with a will)
 CONNECT_WAITING_PER_ADDRESS = 16  # connections from one address waiting for their CONNECT, by default
 
@@ -108,6 +108,7 @@ class Resume:
 @dataclass(frozen=True)
 class Ended:
     """A session expired: what waits in custody for it is for nobody now."""
+
     client: str
 
 
@@ -115,6 +116,7 @@ class Ended:
 class Answered:
     """The PUBACK/PUBREC of these publishes (their custody marks' keys) were written: a DUP with
     the same packet id is a new message from now on (the client may reuse a PUBACKed id)."""
+
     keys: list[str]
 
 
@@ -135,6 +137,7 @@ def pub_pid(inbox_id: int) -> int:
 @dataclass
 class _Part:
     """A publish that may share an envelope with the ones read with it (NearCore._batched)."""
+
     far: str
     client: str
     broker: str
@@ -146,18 +149,19 @@ class _Part:
 @dataclass
 class NearSession:
     """What outlives a connection (kept in the session file)."""
+
     client: str
     broker: str
     far: str
     version: int = 4
-    subs: dict[str, int] = field(default_factory=dict)      # filter -> QoS
-    sub_ids: dict[str, int] = field(default_factory=dict)   # filter -> subscription identifier (MQTT 5)
-    expiry_s: int = 0                                        # session expiry interval
-    expires_at: float | None = None                          # wall time it ends, while no connection has it
-    user: str | None = None                                  # the user name its client logged in with
-    owned: bool = True                                       # False: from a file without users (anyone's)
+    subs: dict[str, int] = field(default_factory=dict)  # filter -> QoS
+    sub_ids: dict[str, int] = field(default_factory=dict)  # filter -> subscription identifier (MQTT 5)
+    expiry_s: int = 0  # session expiry interval
+    expires_at: float | None = None  # wall time it ends, while no connection has it
+    user: str | None = None  # the user name its client logged in with
+    owned: bool = True  # False: from a file without users (anyone's)
     # not in the file (a restarted gateway resends as PUBLISH, under the same id: pub_pid):
-    sent: set[int] = field(default_factory=set)      # inbox ids sent to the client, not yet acknowledged
+    sent: set[int] = field(default_factory=set)  # inbox ids sent to the client, not yet acknowledged
     released: set[int] = field(default_factory=set)  # QoS 2 inbox ids whose PUBREC came, PUBCOMP not
 
     def to_dict(self) -> dict:
@@ -165,9 +169,18 @@ class NearSession:
 
     @classmethod
     def from_dict(cls, d: dict) -> NearSession:
-        sess = cls(d["client"], d["broker"], d["far"], d.get("version", 4), dict(d.get("subs", {})),
-                   dict(d.get("sub_ids", {})), d.get("expiry_s", 0 if d.get("clean", True) else NEVER),
-                   d.get("expires_at"), d.get("user") if isinstance(d.get("user"), str) else None, "user" in d)
+        sess = cls(
+            d["client"],
+            d["broker"],
+            d["far"],
+            d.get("version", 4),
+            dict(d.get("subs", {})),
+            dict(d.get("sub_ids", {})),
+            d.get("expiry_s", 0 if d.get("clean", True) else NEVER),
+            d.get("expires_at"),
+            d.get("user") if isinstance(d.get("user"), str) else None,
+            "user" in d,
+        )
         return sess
 
 
@@ -183,8 +196,8 @@ class _Conn:
         self.id, self.broker = cid, broker
         self.parser = m.Parser(max_packet_size, connect_max=CONNECT_MAX_BYTES)
         self.sess: NearSession | None = None
-        self.qos2_in: set[int] = set()     # QoS 2 packet ids taken, PUBREL not yet seen
-        self.out: dict[int, _Out] = {}     # packet id -> publication in flight to the client
+        self.qos2_in: set[int] = set()  # QoS 2 packet ids taken, PUBREL not yet seen
+        self.out: dict[int, _Out] = {}  # packet id -> publication in flight to the client
         self.waiting: deque[tuple[int, m.Publish]] = deque()  # beyond the client's Receive Maximum
         self.aliases: dict[int, str] = {}
         self.keepalive = 0
@@ -207,8 +220,14 @@ class _Conn:
 
 
 class NearCore:
-    def __init__(self, policy: Policy, max_packet_size: int = 1 << 20, batch_bytes: int = 0,
-                 auth: Auth | None = None, limits: SessionLimits | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        max_packet_size: int = 1 << 20,
+        batch_bytes: int = 0,
+        auth: Auth | None = None,
+        limits: SessionLimits | None = None,
+    ):
         # a batch stays well inside the overlay's message limit, with room for its client and broker
         batch_bytes = min(batch_bytes, MAX_MESSAGE_BYTES // 2)
         self.policy = policy
@@ -241,8 +260,10 @@ class NearCore:
         self._now = now
         if n > per:
             self.counters["connects_over_limits"] += 1
-            self._failed_logins.hit("MQTT connections refused over the session limits, the latest: %s",
-                                    f"{n} connections from {source} without CONNECT (at most {per})")
+            self._failed_logins.hit(
+                "MQTT connections refused over the session limits, the latest: %s",
+                f"{n} connections from {source} without CONNECT (at most {per})",
+            )
             return self._shut(c, now)
         if len(waiting) > lim.max_sessions:
             oldest = min(waiting, key=lambda o: o.opened)
@@ -261,8 +282,13 @@ class NearCore:
             if c.sess is None and c.parser.version is None:
                 self.counters["protocol_errors"] += 1
                 self._now = now
-                self._bad_first.hit("connections closed on a bad first packet, the latest: %d from %s: %s (reason 0x%02x)",
-                                    conn, c.source or "?", str(e)[:200], e.reason)
+                self._bad_first.hit(
+                    "connections closed on a bad first packet, the latest: %d from %s: %s (reason 0x%02x)",
+                    conn,
+                    c.source or "?",
+                    str(e)[:200],
+                    e.reason,
+                )
                 code = m.connack_code_v3(e.reason) if e.reason == m.Reason.UNSUPPORTED_PROTOCOL_VERSION else None
                 evs = [Write(conn, m.encode(m.ConnAck(False, code), 4))] if code is not None else []
                 return evs + self._shut(c, now)
@@ -296,8 +322,11 @@ class NearCore:
                 c.qos2_in.discard(p.packet_id)
                 replies.append(m.PubComp(p.packet_id))
             elif isinstance(p, m.Subscribe):
-                ok = [so for so in p.subscriptions if self.auth is None
-                      or self.auth.may(c.user, c.sess.client, so.filter, READ, filter_=True)]
+                ok = [
+                    so
+                    for so in p.subscriptions
+                    if self.auth is None or self.auth.may(c.user, c.sess.client, so.filter, READ, filter_=True)
+                ]
                 denied = 0x87 if c.version == 5 else 0x80
                 self.counters["subscriptions_denied"] += len(p.subscriptions) - len(ok)
                 if ok:
@@ -310,8 +339,15 @@ class NearCore:
                 for f in p.filters:
                     sess.subs.pop(f, None)
                     sess.sub_ids.pop(f, None)
-                envs.append((sess.far, s.pack("unsub", sess.client, sess.broker, f=p.filters), CONTROL_LIFETIME_MS,
-                             Priority.IMMEDIATE, None))
+                envs.append(
+                    (
+                        sess.far,
+                        s.pack("unsub", sess.client, sess.broker, f=p.filters),
+                        CONTROL_LIFETIME_MS,
+                        Priority.IMMEDIATE,
+                        None,
+                    )
+                )
                 marks.append(None)
                 replies.append(m.UnsubAck(p.packet_id, [0] * len(p.filters) if c.version == 5 else []))
                 evs.append(SessionsChanged())
@@ -333,14 +369,17 @@ class NearCore:
                 sx = p.properties.get("session_expiry_interval")
                 if sx is not None:
                     if c.sess.expiry_s == 0 and sx != 0:
-                        return evs + self._fail(c, m.Reason.PROTOCOL_ERROR,
-                                                "session expiry set at DISCONNECT after 0 at CONNECT", now)
+                        return evs + self._fail(
+                            c, m.Reason.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 at CONNECT", now
+                        )
                     c.sess.expiry_s = c.disc_sx = sx
                 c.closing = True
                 break
         if envs:
             c.pending += replies
-            c.pending_marks += [k for mk in marks if mk is not None for k, _d, _r in ([mk] if isinstance(mk, tuple) else mk)]
+            c.pending_marks += [
+                k for mk in marks if mk is not None for k, _d, _r in ([mk] if isinstance(mk, tuple) else mk)
+            ]
             envs, marks = self._batched(envs, marks)
             evs.append(Submit(c.id, envs, marks))
             return evs
@@ -363,13 +402,19 @@ class NearCore:
             nonlocal size
             if len(run) == 1:
                 pt, mk = run[0]
-                out.append((pt.far, s.pack("pub", pt.client, pt.broker, **pt.fields), pt.life,
-                            pt.priority, None))
+                out.append((pt.far, s.pack("pub", pt.client, pt.broker, **pt.fields), pt.life, pt.priority, None))
                 out_marks.append(mk)
             elif run:
                 pt = run[0][0]
-                out.append((pt.far, s.pack("pubs", pt.client, pt.broker, m=[x.fields for x, _ in run]),
-                            pt.life, pt.priority, None))
+                out.append(
+                    (
+                        pt.far,
+                        s.pack("pubs", pt.client, pt.broker, m=[x.fields for x, _ in run]),
+                        pt.life,
+                        pt.priority,
+                        None,
+                    )
+                )
                 out_marks.append([mk for _, mk in run if mk is not None] or None)
                 self.counters["batched"] += len(run)
             run.clear()
@@ -385,8 +430,10 @@ class NearCore:
             # in the room the cap on batch_bytes leaves under the message limit)
             x = env.fields["x"]
             n = len(env.fields["p"]) + len(env.fields["t"]) + (len(cbor2.dumps(x)) if x else 0)
-            if run and ((run[0][0].far, run[0][0].life, run[0][0].priority) != (env.far, env.life, env.priority)
-                        or size + n > self.batch_bytes):
+            if run and (
+                (run[0][0].far, run[0][0].life, run[0][0].priority) != (env.far, env.life, env.priority)
+                or size + n > self.batch_bytes
+            ):
                 flush()
             run.append((env, mark))
             size += n
@@ -413,7 +460,9 @@ class NearCore:
             return []
         if ok:
             return self._reply(c, replies, now) + ([Answered(keys)] if keys else [])
-        log.debug("custody full: refusing what client %s sent", c.sess.client if c.sess else "?")  # the shell logs the spell
+        log.debug(
+            "custody full: refusing what client %s sent", c.sess.client if c.sess else "?"
+        )  # the shell logs the spell
         self.counters["refused_quota"] += 1
         if c.version != 5:
             return self._shut(c, now)  # 3.1.1 has no refusal: the client resends after reconnecting
@@ -451,8 +500,20 @@ class NearCore:
         del self.active[sess.client]
         # the far side ends its broker session when this one ends: an expiry DISCONNECT set goes too
         extra = {"sx": c.disc_sx} if c.disc_sx is not None else {}
-        evs.append(Submit(None, [(sess.far, s.pack("disc", sess.client, sess.broker, w=not c.clean_exit, **extra),
-                                  CONTROL_LIFETIME_MS, Priority.IMMEDIATE, None)]))
+        evs.append(
+            Submit(
+                None,
+                [
+                    (
+                        sess.far,
+                        s.pack("disc", sess.client, sess.broker, w=not c.clean_exit, **extra),
+                        CONTROL_LIFETIME_MS,
+                        Priority.IMMEDIATE,
+                        None,
+                    )
+                ],
+            )
+        )
         cap = self.limits.persistent_client_expiration
         if sess.expiry_s == 0:
             del self.sessions[sess.client]
@@ -470,8 +531,13 @@ class NearCore:
         """A protocol error: MQTT 5 hears why (DISCONNECT with the reason), then the
         connection closes; the will is published (the client did not DISCONNECT)."""
         self.counters["protocol_errors"] += 1
-        log.warning("client %s (connection %d): %s (reason 0x%02x); closing its connection",
-                    c.sess.client if c.sess else "?", c.id, why, reason)
+        log.warning(
+            "client %s (connection %d): %s (reason 0x%02x); closing its connection",
+            c.sess.client if c.sess else "?",
+            c.id,
+            why,
+            reason,
+        )
         evs: list[Event] = []
         if c.version == 5 and c.sess is not None:
             evs.append(Write(c.id, m.encode(m.Disconnect(reason, {"reason_string": why[:200]}), 5)))
@@ -485,7 +551,9 @@ class NearCore:
         if lim.max_connections_per_address and c.source:
             n = sum(1 for o in self.conns.values() if o.source == c.source and o is not c and not o.closed)
             if n >= lim.max_connections_per_address:
-                return f"{n} connections from {c.source} (max_connections_per_address {lim.max_connections_per_address})"
+                return (
+                    f"{n} connections from {c.source} (max_connections_per_address {lim.max_connections_per_address})"
+                )
         return ""
 
     # -- what a client sends -------------------------------------------------------------
@@ -505,20 +573,32 @@ class NearCore:
             why = self.auth.login(p.username, p.password)
             if why:  # 0x86 bad user name or password / 0x87 not authorized (3.1.1: 4 / 5)
                 self.counters["logins_refused"] += 1
-                self._failed_logins.hit("MQTT logins refused, the latest: client %r, user %r (0x%02x)",
-                                        client[:64], (p.username or "")[:64], why)
+                self._failed_logins.hit(
+                    "MQTT logins refused, the latest: client %r, user %r (0x%02x)",
+                    client[:64],
+                    (p.username or "")[:64],
+                    why,
+                )
                 return m.ConnAck(False, why if v5 else (4 if why == 0x86 else 5)), None, []
             if p.will and not self.auth.may(p.username, client, p.will.topic, WRITE):
                 self.counters["wills_denied"] += 1  # a will is a publish: the same rule (Mosquitto 2.0 refuses too)
-                self._failed_logins.hit("MQTT wills refused by the ACL, the latest: client %r, user %r, topic %r",
-                                        client[:64], (p.username or "")[:64], p.will.topic[:64])
+                self._failed_logins.hit(
+                    "MQTT wills refused by the ACL, the latest: client %r, user %r, topic %r",
+                    client[:64],
+                    (p.username or "")[:64],
+                    p.will.topic[:64],
+                )
                 return m.ConnAck(False, 0x87 if v5 else 5), None, []
             prev = self.sessions.get(client)
             if prev is not None and prev.owned and prev.user != p.username:
                 if client in self.active:  # its user is connected: no other user takes it over
                     self.counters["takeovers_refused"] += 1
-                    self._failed_logins.hit("MQTT logins refused, the latest: client %r, user %r (connected as %r)",
-                                            client[:64], (p.username or "")[:64], (prev.user or "")[:64])
+                    self._failed_logins.hit(
+                        "MQTT logins refused, the latest: client %r, user %r (connected as %r)",
+                        client[:64],
+                        (p.username or "")[:64],
+                        (prev.user or "")[:64],
+                    )
                     return m.ConnAck(False, 0x87 if v5 else 5), None, []
                 # its user is away: the session is never handed to another user; it ends (what
                 # waited for it is dropped, counted) and this client starts afresh, so a user
@@ -607,14 +687,22 @@ class NearCore:
             size = s.packed_size("pub", sess.client, sess.broker, fields)
             if size > MAX_MESSAGE_BYTES:  # refused before anything of it is acknowledged (no PUBACK)
                 self.counters["refused_too_large"] += 1
-                return m.Reason.PACKET_TOO_LARGE, (f"a publish to {p.topic[:80]!r} of {size} bytes as a message is "
-                                                   f"over the overlay's limit of {MAX_MESSAGE_BYTES} bytes")
+                return m.Reason.PACKET_TOO_LARGE, (
+                    f"a publish to {p.topic[:80]!r} of {size} bytes as a message is "
+                    f"over the overlay's limit of {MAX_MESSAGE_BYTES} bytes"
+                )
             key, life = rule.key(p.topic), lifetime_ms(rule, p)
             # a PUBLISH resent with DUP after this gateway crashed between its commit and the client
             # hearing PUBACK is the same (client, packet id, content): custody skips it
-            mark = None if not p.qos else (f"mqtt:{sess.client}:{p.packet_id}",
-                                           hashlib.blake2b(p.topic.encode() + b"\0" + p.payload,
-                                                           digest_size=8).digest(), p.dup)
+            mark = (
+                None
+                if not p.qos
+                else (
+                    f"mqtt:{sess.client}:{p.packet_id}",
+                    hashlib.blake2b(p.topic.encode() + b"\0" + p.payload, digest_size=8).digest(),
+                    p.dup,
+                )
+            )
             if self.batch_bytes and key is None and p.qos < 2 and not p.dup:
                 envs.append(_Part(sess.far, sess.client, sess.broker, life, rule.priority, fields))
             else:
@@ -637,10 +725,21 @@ class NearCore:
                 sess.sub_ids[so.filter] = ids[0]
             else:
                 sess.sub_ids.pop(so.filter, None)  # a new subscription without an id replaces one with
-        return (sess.far, s.pack("sub", sess.client, sess.broker, s=[[so.filter, so.qos, so.no_local,
-                                                                      so.retain_as_published, so.retain_handling]
-                                                                     for so in p.subscriptions]),
-                CONTROL_LIFETIME_MS, Priority.IMMEDIATE, None)
+        return (
+            sess.far,
+            s.pack(
+                "sub",
+                sess.client,
+                sess.broker,
+                s=[
+                    [so.filter, so.qos, so.no_local, so.retain_as_published, so.retain_handling]
+                    for so in p.subscriptions
+                ],
+            ),
+            CONTROL_LIFETIME_MS,
+            Priority.IMMEDIATE,
+            None,
+        )
 
     # -- publications to a client ----------------------------------------------------------
     def deliver(self, client: str, inbox_id: int, msg: dict, created_ms: int, now_ms: int) -> list[Event] | None:
@@ -681,8 +780,13 @@ class NearCore:
         if c.max_packet is not None and len(data) > c.max_packet:
             # larger than the client takes: dropped for this client, as the spec says (3.1.2.11.4)
             self.counters["too_large_for_client"] += 1
-            log.info("publication on %r (%d bytes) dropped for client %s: its maximum packet size is %d",
-                     pub.topic, len(data), c.sess.client, c.max_packet)
+            log.info(
+                "publication on %r (%d bytes) dropped for client %s: its maximum packet size is %d",
+                pub.topic,
+                len(data),
+                c.sess.client,
+                c.max_packet,
+            )
             return [Done(inbox_id)]
         if not pub.qos:
             return [Write(c.id, data), Done(inbox_id)]
@@ -704,8 +808,11 @@ class NearCore:
 
     # -- time ------------------------------------------------------------------------------
     def next_deadline(self) -> float | None:
-        ds = [c.last_rx + KEEPALIVE_GRACE * c.keepalive for c in self.conns.values()
-              if c.sess is not None and c.keepalive and not c.closed]
+        ds = [
+            c.last_rx + KEEPALIVE_GRACE * c.keepalive
+            for c in self.conns.values()
+            if c.sess is not None and c.keepalive and not c.closed
+        ]
         ds += [x.expires_at for x in self.sessions.values() if x.expires_at is not None]
         ds += [c.opened + CONNECT_TIMEOUT_S for c in self.conns.values() if c.sess is None and not c.closed]
         return min(ds, default=None)
@@ -719,8 +826,12 @@ class NearCore:
                 continue
             if c.sess is not None and c.keepalive and now >= c.last_rx + KEEPALIVE_GRACE * c.keepalive:
                 self.counters["keepalive_timeouts"] += 1
-                log.warning("client %s silent for %.0f s (keep alive %d s): closing, its will goes",
-                            c.sess.client, now - c.last_rx, c.keepalive)
+                log.warning(
+                    "client %s silent for %.0f s (keep alive %d s): closing, its will goes",
+                    c.sess.client,
+                    now - c.last_rx,
+                    c.keepalive,
+                )
                 if c.version == 5:
                     evs.append(Write(c.id, m.encode(m.Disconnect(m.Reason.KEEP_ALIVE_TIMEOUT), 5)))
                 evs += self._shut(c, now)

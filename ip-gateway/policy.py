@@ -127,84 +127,230 @@ class GatewayConfig:
 
 
 _PRIO = "flash, immediate, priority or routine (flash and immediate go first and never linger)"
-GATEWAY = table("gateway", "The MQTT and CoAP gateways (`c2dtn gateway run`): the near side takes clients' "
-                "packets off IP into custody, the far side delivers them to the broker or server they meant "
-                "([MQTT](mqtt.md), [CoAP](coap.md)). A box can be both.", [
-    F("listen", "host:port", "(none)", "Explicit listener: clients point here and mean `broker`.", '"0.0.0.0:1883"'),
-    F("broker", "host:port", "(none)", "The broker an explicit listener stands for (needed with listen).",
-      '"10.77.9.2:1883"'),
-    F("tproxy", "boolean", "false", "Intercept MQTT (TCP 1883) crossing the box to brokers a [[gateway.route]] "
-      "names (TPROXY; needs root).", "false"),
-    F("tproxy_port", "integer", str(GatewayConfig.tproxy_port), "Where intercepted flows land.", "11883"),
-    F("max_packet_size", "integer", str(GatewayConfig.max_packet_size), "Largest MQTT packet taken from a client "
-      "(64 up to the largest message the overlay carries).", "1048576", "bytes"),
-    F("far_queue", "integer", str(GatewayConfig.far_queue), "Far side: messages waiting for one client's broker "
-      "connection; past it they stay in custody, refused, never dropped.", "1000"),
-    F("max_far_sessions", "integer", str(GatewayConfig.max_far_sessions), "Far side: broker sessions held for "
-      "origin clients.", "10000"),
-    F("qos1_once", "boolean", "false", "Far side: publish QoS 1 messages to the broker at QoS 2, so a resend after "
-      "a crash meets the broker's dedupe (decision 0002).", "false"),
-    F("batch_bytes", "integer", "(half the node's aggregate_bytes)", "Near side: QoS 0/1 publishes read together "
-      "share an envelope up to this many payload bytes (0: one envelope each).", "8192", "bytes"),
-    F("password_file", "path", "(none)", "Near side: clients log in against this file (mosquitto_passwd's format).",
-      '"/etc/mosquitto/passwd"'),
-    F("acl_file", "path", "(none)", "Near side: topic access by user (Mosquitto's ACL format).",
-      '"/etc/mosquitto/acl"'),
-    F("allow_anonymous", "boolean", "(false with a password_file, else true)", "Whether a client without a "
-      "username may connect.", "false"),
-    F("max_sessions", "integer", str(SessionLimits.max_sessions), "Near side: client sessions held; a new client "
-      "past it is refused at CONNECT (MQTT 5 0x97, 3.1.1 code 3) before anything is acknowledged.", "1000"),
-    F("max_connections_per_address", "integer", "0", "Near side: connections from one address (0: no limit).",
-      "16"),
-    F("persistent_client_expiration", "period", "(never)", "Both sides: a session without expiry (3.1.1 clean "
-      'session 0) ends this long after its client left; Mosquitto\'s form ("12h", "7d", "2w", "1m", "1y") '
-      "or seconds.", '"7d"'),
-    F("route", "array of tables", "[]", "Which gateway serves which brokers ([[gateway.route]]).", "[]"),
-    F("topic", "array of tables", "[]", "What crosses the link ([[gateway.topic]]).", "[]"),
-    F("bridge", "table", "(none)", "Bridge mode ([gateway.bridge]).",
-      '{ broker = "127.0.0.1:1883", peers = ["gw4"], out = ["bft/#"] }'),
-    F("coap", "table", "(none)", "The CoAP gateway ([gateway.coap]).", "{}"),
-])
-GW_ROUTE = table("gateway.route", "Brokers (and CoAP servers) in `prefix` are served by the gateway node `via`.", [
-    F("prefix", "IP prefix", None, "The brokers' addresses.", '"10.77.9.0/24"'),
-    F("via", "name", None, "The far gateway's node id.", '"gw4"'),
-], array=True)
-GW_TOPIC = table("gateway.topic", "What crosses the link: the first rule whose filter matches a topic gives its "
-                 "priority and lifetime; a topic no rule matches stays local (acknowledged, counted held_local).", [
-    F("filter", "MQTT topic filter", None, "Topics this rule releases.", '"bft/+/+/+/location"'),
-    F("priority", "string", '"routine"', _PRIO + ".", '"priority"'),
-    F("lifetime", "integer", "3600", "How long the message may take to arrive.", "600", "s"),
-    F("supersede", "string", "(none)", '"topic": a newer message on the same topic replaces a queued older one.',
-      '"topic"'),
-], array=True)
-GW_BRIDGE = table("gateway.bridge", "Bridge mode: the gateway is a client of a local broker and exchanges "
-                  "publications with its peers' bridges (a [[gateway.topic]] rule must release each).", [
-    F("broker", "host:port", None, "The local broker.", '"127.0.0.1:1883"'),
-    F("peers", "array of names", None, "The gateways whose bridges it exchanges with.", '["gw4"]'),
-    F("out", "array of topic filters", None, "Filters subscribed here and sent to every peer.",
-      '["bft/+/+/+/location"]'),
-    F("in", "array of topic filters", "(as out)", "Filters accepted from peers and published here.",
-      '["bft/+/+/+/location"]'),
-    F("qos", "integer", "1", "QoS of the bridge's subscriptions (0-2).", "1"),
-    F("client_id", "string", '"c2bridge-<node id>"', "The bridge's client id at the local broker.", '"c2bridge-gw1"'),
-])
-GW_COAP = table("gateway.coap", "The CoAP gateway ([CoAP](coap.md)); an empty table: far side only.", [
-    F("listen", "host:port", "(none)", "Explicit listener: clients send here ...", '"0.0.0.0:5683"'),
-    F("server", "host:port", "(none)", "... and mean this server (a Proxy-Uri names another; no server: those only).",
-      '"10.77.9.2:5683"'),
-    F("tproxy", "boolean", "false", "Intercept CoAP (UDP 5683) crossing the box to servers a [[gateway.route]] "
-      "names (TPROXY; needs root).", "false"),
-    F("tproxy_port", "integer", str(CoapConfig.tproxy_port), "Where intercepted datagrams land.", "15683"),
-    F("resource", "array of tables", "[]", "What crosses the link ([[gateway.coap.resource]]).", "[]"),
-])
-GW_RESOURCE = table("gateway.coap.resource", "The first rule whose path matches a request gives its priority and "
-                    "lifetime; a request no rule matches is answered here with 4.03 Forbidden.", [
-    F("path", "string", None, 'Shell-style pattern on the Uri-Path, starting with "/" ("*" also spans "/").',
-      '"/orders/*"'),
-    F("priority", "string", '"routine"', _PRIO + ".", '"immediate"'),
-    F("lifetime", "integer", "3600", "How long the request may take to arrive.", "3600", "s"),
-    F("allow", "boolean", "true", "false: answered here with 4.03 Forbidden.", "true"),
-], array=True)
+GATEWAY = table(
+    "gateway",
+    "The MQTT and CoAP gateways (`c2dtn gateway run`): the near side takes clients' "
+    "packets off IP into custody, the far side delivers them to the broker or server they meant "
+    "([MQTT](mqtt.md), [CoAP](coap.md)). A box can be both.",
+    [
+        F(
+            "listen",
+            "host:port",
+            "(none)",
+            "Explicit listener: clients point here and mean `broker`.",
+            '"0.0.0.0:1883"',
+        ),
+        F(
+            "broker",
+            "host:port",
+            "(none)",
+            "The broker an explicit listener stands for (needed with listen).",
+            '"10.77.9.2:1883"',
+        ),
+        F(
+            "tproxy",
+            "boolean",
+            "false",
+            "Intercept MQTT (TCP 1883) crossing the box to brokers a [[gateway.route]] names (TPROXY; needs root).",
+            "false",
+        ),
+        F("tproxy_port", "integer", str(GatewayConfig.tproxy_port), "Where intercepted flows land.", "11883"),
+        F(
+            "max_packet_size",
+            "integer",
+            str(GatewayConfig.max_packet_size),
+            "Largest MQTT packet taken from a client (64 up to the largest message the overlay carries).",
+            "1048576",
+            "bytes",
+        ),
+        F(
+            "far_queue",
+            "integer",
+            str(GatewayConfig.far_queue),
+            "Far side: messages waiting for one client's broker "
+            "connection; past it they stay in custody, refused, never dropped.",
+            "1000",
+        ),
+        F(
+            "max_far_sessions",
+            "integer",
+            str(GatewayConfig.max_far_sessions),
+            "Far side: broker sessions held for origin clients.",
+            "10000",
+        ),
+        F(
+            "qos1_once",
+            "boolean",
+            "false",
+            "Far side: publish QoS 1 messages to the broker at QoS 2, so a resend after "
+            "a crash meets the broker's dedupe (decision 0002).",
+            "false",
+        ),
+        F(
+            "batch_bytes",
+            "integer",
+            "(half the node's aggregate_bytes)",
+            "Near side: QoS 0/1 publishes read together "
+            "share an envelope up to this many payload bytes (0: one envelope each).",
+            "8192",
+            "bytes",
+        ),
+        F(
+            "password_file",
+            "path",
+            "(none)",
+            "Near side: clients log in against this file (mosquitto_passwd's format).",
+            '"/etc/mosquitto/passwd"',
+        ),
+        F(
+            "acl_file",
+            "path",
+            "(none)",
+            "Near side: topic access by user (Mosquitto's ACL format).",
+            '"/etc/mosquitto/acl"',
+        ),
+        F(
+            "allow_anonymous",
+            "boolean",
+            "(false with a password_file, else true)",
+            "Whether a client without a username may connect.",
+            "false",
+        ),
+        F(
+            "max_sessions",
+            "integer",
+            str(SessionLimits.max_sessions),
+            "Near side: client sessions held; a new client "
+            "past it is refused at CONNECT (MQTT 5 0x97, 3.1.1 code 3) before anything is acknowledged.",
+            "1000",
+        ),
+        F(
+            "max_connections_per_address",
+            "integer",
+            "0",
+            "Near side: connections from one address (0: no limit).",
+            "16",
+        ),
+        F(
+            "persistent_client_expiration",
+            "period",
+            "(never)",
+            "Both sides: a session without expiry (3.1.1 clean "
+            'session 0) ends this long after its client left; Mosquitto\'s form ("12h", "7d", "2w", "1m", "1y") '
+            "or seconds.",
+            '"7d"',
+        ),
+        F("route", "array of tables", "[]", "Which gateway serves which brokers ([[gateway.route]]).", "[]"),
+        F("topic", "array of tables", "[]", "What crosses the link ([[gateway.topic]]).", "[]"),
+        F(
+            "bridge",
+            "table",
+            "(none)",
+            "Bridge mode ([gateway.bridge]).",
+            '{ broker = "127.0.0.1:1883", peers = ["gw4"], out = ["bft/#"] }',
+        ),
+        F("coap", "table", "(none)", "The CoAP gateway ([gateway.coap]).", "{}"),
+    ],
+)
+GW_ROUTE = table(
+    "gateway.route",
+    "Brokers (and CoAP servers) in `prefix` are served by the gateway node `via`.",
+    [
+        F("prefix", "IP prefix", None, "The brokers' addresses.", '"10.77.9.0/24"'),
+        F("via", "name", None, "The far gateway's node id.", '"gw4"'),
+    ],
+    array=True,
+)
+GW_TOPIC = table(
+    "gateway.topic",
+    "What crosses the link: the first rule whose filter matches a topic gives its "
+    "priority and lifetime; a topic no rule matches stays local (acknowledged, counted held_local).",
+    [
+        F("filter", "MQTT topic filter", None, "Topics this rule releases.", '"bft/+/+/+/location"'),
+        F("priority", "string", '"routine"', _PRIO + ".", '"priority"'),
+        F("lifetime", "integer", "3600", "How long the message may take to arrive.", "600", "s"),
+        F(
+            "supersede",
+            "string",
+            "(none)",
+            '"topic": a newer message on the same topic replaces a queued older one.',
+            '"topic"',
+        ),
+    ],
+    array=True,
+)
+GW_BRIDGE = table(
+    "gateway.bridge",
+    "Bridge mode: the gateway is a client of a local broker and exchanges "
+    "publications with its peers' bridges (a [[gateway.topic]] rule must release each).",
+    [
+        F("broker", "host:port", None, "The local broker.", '"127.0.0.1:1883"'),
+        F("peers", "array of names", None, "The gateways whose bridges it exchanges with.", '["gw4"]'),
+        F(
+            "out",
+            "array of topic filters",
+            None,
+            "Filters subscribed here and sent to every peer.",
+            '["bft/+/+/+/location"]',
+        ),
+        F(
+            "in",
+            "array of topic filters",
+            "(as out)",
+            "Filters accepted from peers and published here.",
+            '["bft/+/+/+/location"]',
+        ),
+        F("qos", "integer", "1", "QoS of the bridge's subscriptions (0-2).", "1"),
+        F(
+            "client_id",
+            "string",
+            '"c2bridge-<node id>"',
+            "The bridge's client id at the local broker.",
+            '"c2bridge-gw1"',
+        ),
+    ],
+)
+GW_COAP = table(
+    "gateway.coap",
+    "The CoAP gateway ([CoAP](coap.md)); an empty table: far side only.",
+    [
+        F("listen", "host:port", "(none)", "Explicit listener: clients send here ...", '"0.0.0.0:5683"'),
+        F(
+            "server",
+            "host:port",
+            "(none)",
+            "... and mean this server (a Proxy-Uri names another; no server: those only).",
+            '"10.77.9.2:5683"',
+        ),
+        F(
+            "tproxy",
+            "boolean",
+            "false",
+            "Intercept CoAP (UDP 5683) crossing the box to servers a [[gateway.route]] names (TPROXY; needs root).",
+            "false",
+        ),
+        F("tproxy_port", "integer", str(CoapConfig.tproxy_port), "Where intercepted datagrams land.", "15683"),
+        F("resource", "array of tables", "[]", "What crosses the link ([[gateway.coap.resource]]).", "[]"),
+    ],
+)
+GW_RESOURCE = table(
+    "gateway.coap.resource",
+    "The first rule whose path matches a request gives its priority and "
+    "lifetime; a request no rule matches is answered here with 4.03 Forbidden.",
+    [
+        F(
+            "path",
+            "string",
+            None,
+            'Shell-style pattern on the Uri-Path, starting with "/" ("*" also spans "/").',
+            '"/orders/*"',
+        ),
+        F("priority", "string", '"routine"', _PRIO + ".", '"immediate"'),
+        F("lifetime", "integer", "3600", "How long the request may take to arrive.", "3600", "s"),
+        F("allow", "boolean", "true", "false: answered here with 4.03 Forbidden.", "true"),
+    ],
+    array=True,
+)
 
 
 def _hostport(src: str, where: str, v: Any) -> tuple[str, int]:
@@ -247,8 +393,14 @@ def parse_bridge(src: str, raw: Any) -> BridgeConfig:
     cid = b.get("client_id")
     if cid is not None and (not isinstance(cid, str) or not cid or len(cid.encode()) > 65535):
         raise ConfigError(src, "gateway.bridge.client_id", cid, "must be a non-empty string")
-    return BridgeConfig(_hostport(src, "gateway.bridge.broker", b["broker"]), peers, out,
-                        _filters(src, "gateway.bridge.in", b["in"]) if "in" in b else out, qos, cid)
+    return BridgeConfig(
+        _hostport(src, "gateway.bridge.broker", b["broker"]),
+        peers,
+        out,
+        _filters(src, "gateway.bridge.in", b["in"]) if "in" in b else out,
+        qos,
+        cid,
+    )
 
 
 _UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400, "m": 30 * 86400, "y": 365 * 86400}
@@ -302,12 +454,20 @@ def parse_coap(src: str, raw: Any) -> CoapConfig:
         w = f"gateway.coap.resource[{i}]"
         GW_RESOURCE.check(src, w, r)
         if not isinstance(r["path"], str) or not r["path"].startswith("/"):
-            raise ConfigError(src, w + ".path", r["path"], 'must be a path pattern starting with "/"', 'e.g. "/orders/*"')
+            raise ConfigError(
+                src, w + ".path", r["path"], 'must be a path pattern starting with "/"', 'e.g. "/orders/*"'
+            )
         allow = r.get("allow", True)
         if not isinstance(allow, bool):
             raise ConfigError(src, w + ".allow", allow, "must be true or false")
-        cfg.resources.append(ResourceRule(r["path"], _priority(src, w + ".priority", r.get("priority", "routine")),
-                                          _lifetime(src, w + ".lifetime", r.get("lifetime", 3600)), allow))
+        cfg.resources.append(
+            ResourceRule(
+                r["path"],
+                _priority(src, w + ".priority", r.get("priority", "routine")),
+                _lifetime(src, w + ".lifetime", r.get("lifetime", 3600)),
+                allow,
+            )
+        )
     return cfg
 
 
@@ -319,16 +479,29 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
     if "broker" in g:
         cfg.broker = _hostport(src, "gateway.broker", g["broker"])
     if cfg.listen and not cfg.broker:
-        raise ConfigError(src, "gateway.broker", None, "an explicit listener needs the broker it stands for",
-                          'add broker = "address:1883"')
+        raise ConfigError(
+            src,
+            "gateway.broker",
+            None,
+            "an explicit listener needs the broker it stands for",
+            'add broker = "address:1883"',
+        )
     cfg.tproxy, cfg.tproxy_port = _tproxy(src, "gateway", g, cfg.tproxy_port)
     if "max_packet_size" in g:
         v = g["max_packet_size"]
         if not isinstance(v, int) or isinstance(v, bool) or not 64 <= v <= MAX_MESSAGE_BYTES:
-            raise ConfigError(src, "gateway.max_packet_size", v,
-                              f"must be 64 to {MAX_MESSAGE_BYTES} bytes (the largest message the overlay carries)")
+            raise ConfigError(
+                src,
+                "gateway.max_packet_size",
+                v,
+                f"must be 64 to {MAX_MESSAGE_BYTES} bytes (the largest message the overlay carries)",
+            )
         cfg.max_packet_size = v
-    for k, lo, hi in (("far_queue", 1, 1 << 20), ("max_far_sessions", 1, 1 << 20), ("batch_bytes", 0, MAX_MESSAGE_BYTES // 2)):
+    for k, lo, hi in (
+        ("far_queue", 1, 1 << 20),
+        ("max_far_sessions", 1, 1 << 20),
+        ("batch_bytes", 0, MAX_MESSAGE_BYTES // 2),
+    ):
         if k in g:
             v = g[k]
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
@@ -347,8 +520,9 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
                 raise ConfigError(src, f"gateway.{k}", v, f"must be a whole number from {lo} to {hi}")
             setattr(cfg.limits, k, v)
     if "persistent_client_expiration" in g:
-        cfg.limits.persistent_client_expiration = _duration(src, "gateway.persistent_client_expiration",
-                                                            g["persistent_client_expiration"])
+        cfg.limits.persistent_client_expiration = _duration(
+            src, "gateway.persistent_client_expiration", g["persistent_client_expiration"]
+        )
     if "qos1_once" in g:
         if not isinstance(g["qos1_once"], bool):
             raise ConfigError(src, "gateway.qos1_once", g["qos1_once"], "must be true or false")
@@ -363,7 +537,9 @@ def parse_gateway(src: str, raw: Any) -> GatewayConfig:
         try:
             net = ipaddress.ip_network(r["prefix"], strict=False)
         except (ValueError, TypeError):
-            raise ConfigError(src, w + ".prefix", r["prefix"], "not an IP prefix", 'write e.g. "10.77.9.0/24"') from None
+            raise ConfigError(
+                src, w + ".prefix", r["prefix"], "not an IP prefix", 'write e.g. "10.77.9.0/24"'
+            ) from None
         cfg.policy.routes.append((net, check_name(src, w + ".via", r["via"])))
     for i, t in enumerate(g.get("topic", [])):
         w = f"gateway.topic[{i}]"

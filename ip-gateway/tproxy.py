@@ -69,8 +69,10 @@ def _apply() -> None:
                 # custody, under the client id the far gateway uses there.  Drop it, as iptables
                 # does; the client's next SYN (or CON retransmission) finds the gateway back.
                 lines += [f"  {to}{proto} dport {dport} drop"]
-        rules = (f"table ip {TABLE} {{\n chain prerouting {{\n  type filter hook prerouting priority mangle; "
-                 "policy accept;\n" + "\n".join(lines) + "\n }\n}\n")
+        rules = (
+            f"table ip {TABLE} {{\n chain prerouting {{\n  type filter hook prerouting priority mangle; "
+            "policy accept;\n" + "\n".join(lines) + "\n }\n}\n"
+        )
         r = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True)
         if r.returncode:
             raise C2Error(f"installing the TPROXY rules with nft failed: {r.stderr.strip()}")
@@ -78,11 +80,43 @@ def _apply() -> None:
     elif shutil.which("iptables"):
         _run("iptables", "-t", "mangle", "-N", TABLE, check=False)
         for (proto, dport), (port, daddrs) in sorted(_rules.items()):
-            _run("iptables", "-t", "mangle", "-A", TABLE, "-p", proto, "--dport", str(dport), "-m", "addrtype",
-                 "--dst-type", "LOCAL", "-j", "RETURN")
+            _run(
+                "iptables",
+                "-t",
+                "mangle",
+                "-A",
+                TABLE,
+                "-p",
+                proto,
+                "--dport",
+                str(dport),
+                "-m",
+                "addrtype",
+                "--dst-type",
+                "LOCAL",
+                "-j",
+                "RETURN",
+            )
             for net in daddrs:
-                _run("iptables", "-t", "mangle", "-A", TABLE, "-p", proto, "-d", net, "--dport", str(dport), "-j",
-                     "TPROXY", "--on-port", str(port), "--tproxy-mark", MARK)
+                _run(
+                    "iptables",
+                    "-t",
+                    "mangle",
+                    "-A",
+                    TABLE,
+                    "-p",
+                    proto,
+                    "-d",
+                    net,
+                    "--dport",
+                    str(dport),
+                    "-j",
+                    "TPROXY",
+                    "--on-port",
+                    str(port),
+                    "--tproxy-mark",
+                    MARK,
+                )
         _run("iptables", "-t", "mangle", "-I", "PREROUTING", "-j", TABLE)
         _nft = False
     else:
@@ -126,6 +160,6 @@ def orig_dst(ancdata: list) -> tuple[str, int] | None:
     sockaddr_in in the ancillary data), or None when it is not there."""
     for level, kind, data in ancdata:
         if level == socket.SOL_IP and kind == IP_ORIGDSTADDR and len(data) >= 8:
-            port, = struct.unpack_from("!H", data, 2)
+            (port,) = struct.unpack_from("!H", data, 2)
             return socket.inet_ntoa(data[4:8]), port
     return None

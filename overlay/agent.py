@@ -167,8 +167,7 @@ class BundleAgent(abc.ABC):
         """Register a local endpoint (e.g. "c2dtn") so bundles for it are kept for us."""
 
     @abc.abstractmethod
-    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float,
-                   priority: int = 3) -> None:
+    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, priority: int = 3) -> None:
         """Hand one bundle to the agent.  Returns once the agent accepted it."""
 
     @abc.abstractmethod
@@ -184,7 +183,9 @@ class BundleAgent(abc.ABC):
         """Bundles the agent holds in its store."""
 
 
-async def queued_deliveries(agent: BundleAgent, queue: asyncio.Queue, connected, who: str) -> AsyncIterator[AgentDelivery]:
+async def queued_deliveries(
+    agent: BundleAgent, queue: asyncio.Queue, connected, who: str
+) -> AsyncIterator[AgentDelivery]:
     """The deliveries a driver's reader task puts on `queue`, for as long as the caller
     iterates; while `connected()` is false, `agent.start()` is tried again every second."""
     log = logging.getLogger(f"c2dtn.{agent.name}")
@@ -206,4 +207,3 @@ async def queued_deliveries(agent: BundleAgent, queue: asyncio.Queue, connected,
 def static_peers(cfg: NodeConfig, cla_name) -> list[PeerInfo]:
     """The node config's neighbours, each on the agent's name for its convergence layer."""
     return [PeerInfo(p.node, p.cla.host, f"{cla_name(p.cla)}:{p.cla.port}", "static") for p in cfg.peers]
-

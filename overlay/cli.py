@@ -41,8 +41,10 @@ def _log_as(node_id: str, verbose: bool) -> None:
     """A daemon's log lines, each naming its node."""
     import logging
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format=f"%(asctime)s {node_id} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format=f"%(asctime)s {node_id} %(name)s %(levelname)s %(message)s",
+    )
 
 
 @node.command("check")
@@ -58,8 +60,11 @@ def check_cmd(config: str) -> None:
         from c2dtn.ip_gateway.policy import parse_gateway
 
         gw = parse_gateway(config, cfg.gateway)
-        parts.append(f"gateway: {len(gw.policy.routes)} route(s), {len(gw.policy.topics)} topic rule(s)"
-                     + (", CoAP" if gw.coap else "") + (", bridge" if gw.bridge else ""))
+        parts.append(
+            f"gateway: {len(gw.policy.routes)} route(s), {len(gw.policy.topics)} topic rule(s)"
+            + (", CoAP" if gw.coap else "")
+            + (", bridge" if gw.bridge else "")
+        )
     click.echo(f"{config}: ok: " + "; ".join(parts))
     from c2dtn.overlay.agents import agent_class
 
@@ -113,22 +118,39 @@ def status_cmd(config: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(st, indent=1))
         return
-    click.echo(f"{st['node']}: agent {st['agent']} pid {st['agent_pid']}, {st['agent_restarts']} restarts, "
-               f"up {st['uptime_s']:.0f} s, agent stores {st.get('agent_stored', '?')} bundles")
+    click.echo(
+        f"{st['node']}: agent {st['agent']} pid {st['agent_pid']}, {st['agent_restarts']} restarts, "
+        f"up {st['uptime_s']:.0f} s, agent stores {st.get('agent_stored', '?')} bundles"
+    )
     if st.get("agent_error"):
         click.echo(f"agent: {st['agent_error']}")
     click.echo()
-    click.echo(render(("node", "address", "cla", "kind"),
-                      [(p["node"], p["address"], p["cla"], p["kind"]) for p in st.get("peers", [])], title="peers"))
+    click.echo(
+        render(
+            ("node", "address", "cla", "kind"),
+            [(p["node"], p["address"], p["cla"], p["kind"]) for p in st.get("peers", [])],
+            title="peers",
+        )
+    )
     if "counters" in st:
         click.echo()
-        click.echo(render(("destination", "class", "queued", "in flight", "bytes"),
-                          [(r["dst"], r["priority"], r["queued"], r["in_flight"], r["bytes"]) for r in st["queues"]],
-                          title="custody queue (held until the destination acks)", right=(2, 3, 4)))
+        click.echo(
+            render(
+                ("destination", "class", "queued", "in flight", "bytes"),
+                [(r["dst"], r["priority"], r["queued"], r["in_flight"], r["bytes"]) for r in st["queues"]],
+                title="custody queue (held until the destination acks)",
+                right=(2, 3, 4),
+            )
+        )
         click.echo()
-        click.echo(render(("name", "value"), [(k, v) for k, v in sorted(st["counters"].items())
-                                              if not k.startswith(("next_seq", "cseq:"))],
-                          title="counters", right=(1,)))
+        click.echo(
+            render(
+                ("name", "value"),
+                [(k, v) for k, v in sorted(st["counters"].items()) if not k.startswith(("next_seq", "cseq:"))],
+                title="counters",
+                right=(1,),
+            )
+        )
 
 
 @click.command("send")
@@ -190,8 +212,10 @@ def ping_cmd(config, dst, size, count, interval, timeout) -> None:
         else:
             click.echo(f"seq={i}: no answer within {timeout:.0f} s")
     if rtts:
-        click.echo(f"{len(rtts)}/{count} answered; rtt min/median/max = {min(rtts) * 1000:.1f}/"
-                   f"{statistics.median(rtts) * 1000:.1f}/{max(rtts) * 1000:.1f} ms")
+        click.echo(
+            f"{len(rtts)}/{count} answered; rtt min/median/max = {min(rtts) * 1000:.1f}/"
+            f"{statistics.median(rtts) * 1000:.1f}/{max(rtts) * 1000:.1f} ms"
+        )
     if len(rtts) < count:
         sys.exit(1)
 
@@ -216,8 +240,13 @@ def relay_run_cmd(config: str, verbose: bool) -> None:
 @click.command("keys")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.argument("nodes", nargs=-1, required=True)
-@click.option("--group", "groups", multiple=True, metavar="NAME=A,B,...",
-              help="a group and its members (repeatable); each member gets the group's key")
+@click.option(
+    "--group",
+    "groups",
+    multiple=True,
+    metavar="NAME=A,B,...",
+    help="a group and its members (repeatable); each member gets the group's key",
+)
 @click.option("--force", is_flag=True, help="replace shares already in OUT_DIR (cuts boxes still on the old keys)")
 def keys_cmd(out_dir: str, nodes: tuple[str, ...], groups: tuple[str, ...], force: bool) -> None:
     """New keys for the overlay NODES: a pair key for every two of them and one per group.
@@ -234,6 +263,8 @@ def keys_cmd(out_dir: str, nodes: tuple[str, ...], groups: tuple[str, ...], forc
             raise ConfigError("c2dtn keys", "--group", g, "a group is NAME=MEMBER,MEMBER,...")
         parsed[name] = [m for m in members.split(",") if m]
     paths = write_shares(out_dir, list(nodes), parsed, force)
-    rows = [(n, str(p), len(nodes) - 1, ", ".join(g for g, ms in parsed.items() if n in ms) or "-")
-            for n, p in paths.items()]
+    rows = [
+        (n, str(p), len(nodes) - 1, ", ".join(g for g, ms in parsed.items() if n in ms) or "-")
+        for n, p in paths.items()
+    ]
     click.echo(render(["node", "share (mode 0600)", "pair keys", "groups"], rows, right=[2]))

@@ -55,8 +55,10 @@ class NodeClient:
 
         cfg = load_node_config(config)
         if not Path(cfg.api_socket).exists():
-            raise ApiError(f"node {cfg.id} is not running (no API socket at {cfg.api_socket}): "
-                           f"start it with c2dtn node run {config}")
+            raise ApiError(
+                f"node {cfg.id} is not running (no API socket at {cfg.api_socket}): "
+                f"start it with c2dtn node run {config}"
+            )
         return cls(cfg.api_socket, cfg.id)
 
     def close(self) -> None:
@@ -65,8 +67,7 @@ class NodeClient:
             conn.close()
             self._local.conn = None
 
-    def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 30.0,
-                cbor: bool = False):
+    def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 30.0, cbor: bool = False):
         """One request on this thread's kept-alive connection (a new one if it broke);
         cbor: ask for CBOR (GET /recv: bodies as bytes, not base64).  Returns the decoded
         answer; raises ApiError naming the node for a refusal or no answer."""
@@ -98,16 +99,29 @@ class NodeClient:
 
     # -- what applications do ------------------------------------------------------------
 
-    def send(self, dst: str, body: bytes, priority: str = "routine", lifetime: float = 3600,
-             supersede: str | None = None, app: str = "raw") -> dict:
+    def send(
+        self,
+        dst: str,
+        body: bytes,
+        priority: str = "routine",
+        lifetime: float = 3600,
+        supersede: str | None = None,
+        app: str = "raw",
+    ) -> dict:
         """Hand one message to the node for `dst`; returns {origin, seq, ...} once it is in custody."""
         qs = {"dst": dst, "priority": priority, "lifetime": lifetime, "app": app}
         if supersede:
             qs["supersede"] = supersede
         return self.request("POST", "/send?" + urlencode(qs), body)
 
-    def recv(self, wait: float = 0.0, max_items: int = 1000, app: str | None = None, cbor: bool = True,
-             timeout: float | None = None) -> list[dict]:
+    def recv(
+        self,
+        wait: float = 0.0,
+        max_items: int = 1000,
+        app: str | None = None,
+        cbor: bool = True,
+        timeout: float | None = None,
+    ) -> list[dict]:
         """What the inbox holds (still there until consumed), bodies as bytes."""
         qs = {"wait": f"{wait:.1f}", "max": max(1, max_items)}
         if app:
@@ -132,8 +146,9 @@ class NodeClient:
     def status(self, timeout: float = 30.0) -> dict:
         return self.request("GET", "/status", timeout=timeout)
 
-    def pings(self, dst: str, size: int, count: int, timeout: float = 60.0,
-              interval: float = 0.0) -> Iterator[float | None]:
+    def pings(
+        self, dst: str, size: int, count: int, timeout: float = 60.0, interval: float = 0.0
+    ) -> Iterator[float | None]:
         """Round trips through the overlay, like bping: `dst`'s node answers each ping
         (app "ping" -> "pong").  Yields each round trip in seconds (None: no answer within
         `timeout`), from handing the ping over to having the answer in hand; taking it off

@@ -26,99 +26,269 @@ ROUTING = ("static", "epidemic")
 # settings an agent's driver also takes from [agent] itself (configs written before [agent.<kind>])
 LEGACY_KEYS = {"dtn7": {"store", "web_port", "janitor"}}
 
-TOP = table("(top level)", "The tables of a node config; only [node] is required.", [
-    F("node", "table", None, "This box: its id and where its state lives.", '{ id = "gw1", storage = "/var/lib/c2dtn/gw1" }'),
-    F("agent", "table", "(dtn7, tcpcl on 4556)", "The bundle protocol agent the node runs and its neighbours.",
-      '{ kind = "dtn7" }'),
-    F("keys", "table", "{}", "Keys shared with the overlay nodes and groups this node talks to.", "{}"),
-    F("groups", "table", "{}", "Groups one bundle reaches every member of.", "{}"),
-    F("relays", "table", "{}", "Nodes of another agent's island, reached through a relay.", "{}"),
-    F("scheduler", "table", "{}", "The overlay's sending window, aggregation and timers.", "{}"),
-    F("quota", "table", "{}", "Bounds of the custody store.", "{}"),
-    F("gateway", "table", "(none: no gateway)", "The MQTT and CoAP gateway (`c2dtn gateway run`).", "{}"),
-])
-NODE = table("node", "This box.", [
-    F("id", "name", None, "The node's id (1-40 letters, digits, '-' or '_'); its dtn7 endpoint is dtn://<id>/, "
-      "ION and HDTN derive an ipn number from it.", '"gw1"'),
-    F("storage", "path", None, "The folder of the custody database, the agent's store, the API socket and logs "
-      "(created mode 0700).", '"/var/lib/c2dtn/gw1"'),
-    F("netns", "string", "(none)", "Run inside this network namespace (the testbed's nodes).", '"c2-gw1"'),
-    F("overlay", "boolean", "true", "false: run only the agent, no custody or API (a relay such as r2).", "true"),
-    F("api_group", "string", "(the owner's)", "The API socket's group: the socket becomes mode 0660 and the "
-      "storage folder 0710 for that group, so that a gateway or client running as another user of the group "
-      "reaches the socket and nothing else; the group must exist on this machine.", '"root"'),
-    F("keys_file", "path", "(none)", "Read [keys] and [groups] from this file (relative to this one; mode 0600) "
-      "instead of from this one.", '"gw1.keys.toml"'),
-    F("fsync", "string", '"auto"', 'Where custody commits are fsynced before anything is acknowledged: "auto" '
-      'on the event loop while fsyncs take under 2 ms, by a writer thread once one is slower; "thread": '
-      'always the thread; "loop": each commit on the event loop.', '"auto"'),
-])
-AGENT = table("agent", "The bundle protocol agent (BPA) this node runs. Its own settings are in [agent.<kind>] "
-              "(below); dtn7's store, web_port and janitor are also read from [agent] itself, as configs "
-              "older than [agent.dtn7] have them.", [
-    F("kind", "string", '"dtn7"', "Which agent: dtn7, ion, ibrdtn or hdtn (overlay.agents registers them).", '"dtn7"'),
-    F("listen", "array of CLA specs", '["tcpcl://0.0.0.0:4556"]', "The convergence layers the agent listens on "
-      "(tcpcl://, udp://, ltp://, mtcp:// with address:port).", '["udp://0.0.0.0:4556"]'),
-    F("routing", "string", '"static"', 'static: [[agent.routes]]; epidemic: every bundle to every peer '
-      '(dtn7 groups need it).', '"static"'),
-    F("peers", "array of tables", "[]", "The neighbours the agent keeps contact with ([[agent.peers]]).", "[]"),
-    F("routes", "array of tables", "[]", "Static routes ([[agent.routes]]).", "[]"),
-])
-PEER = table("agent.peers", "A neighbour the agent keeps contact with.", [
-    F("node", "name", None, "The neighbour's node id.", '"r2"'),
-    F("cla", "CLA spec", None, "How to reach it: convergence layer, address and port.", '"tcpcl://10.77.1.2:4556"'),
-], array=True)
-ROUTE = table("agent.routes", "Static routing: bundles for `to` go via the peer `via`.", [
-    F("to", "name or \"*\"", None, 'A node id, or "*" for every node no other route names.', '"gw4"'),
-    F("via", "name", None, "One of [[agent.peers]]' node ids.", '"r2"'),
-], array=True)
-KEY = F("<node or group id>", "string", "(none)", "The key this node shares with that overlay node (or with every "
-        "member of that group): 32 to 128 hex digits. A file holding keys must be mode 0600. "
-        "Make one with `openssl rand -hex 32`, or `c2dtn keys`.", '"<64 hex digits>"')
-GROUP = F("<group id>", "array of names", "(none)", "The group's members, this node among them; the group needs "
-          "its own key and every other member a pair key. dtn7 needs routing = \"epidemic\".",
-          '["deu-gw", "nor-gw", "prt-gw"]')
-KEYS = table("keys", "Keys shared with the overlay nodes this node talks to: envelopes are sealed "
-             "(AES-GCM-SIV) with the key of their destination ([security](security.md)).", [], free=KEY)
-GROUPS = table("groups", "Multicast groups: one bundle reaches every member (an agent without group "
-               "endpoints gets one bundle per member).", [], free=GROUP)
-RELAYS = table("relays", "Nodes of another agent's island (a BPv6 one, say), reached through a relay "
-               "(`c2dtn relay`).", [], free=F("<node id>", "name", "(none)", "The relay the node's bundles go to.",
-                                              '"tacnet"'))
-KEYS_TOP = table("(top level)", "The keys file's tables; [keys] is required.", [
-    F("keys", "table", None, "As the node config's [keys].", '{ gw4 = "<64 hex digits>" }'),
-    F("groups", "table", "{}", "As the node config's [groups].", "{}"),
-], doc="keys")
+TOP = table(
+    "(top level)",
+    "The tables of a node config; only [node] is required.",
+    [
+        F(
+            "node",
+            "table",
+            None,
+            "This box: its id and where its state lives.",
+            '{ id = "gw1", storage = "/var/lib/c2dtn/gw1" }',
+        ),
+        F(
+            "agent",
+            "table",
+            "(dtn7, tcpcl on 4556)",
+            "The bundle protocol agent the node runs and its neighbours.",
+            '{ kind = "dtn7" }',
+        ),
+        F("keys", "table", "{}", "Keys shared with the overlay nodes and groups this node talks to.", "{}"),
+        F("groups", "table", "{}", "Groups one bundle reaches every member of.", "{}"),
+        F("relays", "table", "{}", "Nodes of another agent's island, reached through a relay.", "{}"),
+        F("scheduler", "table", "{}", "The overlay's sending window, aggregation and timers.", "{}"),
+        F("quota", "table", "{}", "Bounds of the custody store.", "{}"),
+        F("gateway", "table", "(none: no gateway)", "The MQTT and CoAP gateway (`c2dtn gateway run`).", "{}"),
+    ],
+)
+NODE = table(
+    "node",
+    "This box.",
+    [
+        F(
+            "id",
+            "name",
+            None,
+            "The node's id (1-40 letters, digits, '-' or '_'); its dtn7 endpoint is dtn://<id>/, "
+            "ION and HDTN derive an ipn number from it.",
+            '"gw1"',
+        ),
+        F(
+            "storage",
+            "path",
+            None,
+            "The folder of the custody database, the agent's store, the API socket and logs (created mode 0700).",
+            '"/var/lib/c2dtn/gw1"',
+        ),
+        F("netns", "string", "(none)", "Run inside this network namespace (the testbed's nodes).", '"c2-gw1"'),
+        F("overlay", "boolean", "true", "false: run only the agent, no custody or API (a relay such as r2).", "true"),
+        F(
+            "api_group",
+            "string",
+            "(the owner's)",
+            "The API socket's group: the socket becomes mode 0660 and the "
+            "storage folder 0710 for that group, so that a gateway or client running as another user of the group "
+            "reaches the socket and nothing else; the group must exist on this machine.",
+            '"root"',
+        ),
+        F(
+            "keys_file",
+            "path",
+            "(none)",
+            "Read [keys] and [groups] from this file (relative to this one; mode 0600) instead of from this one.",
+            '"gw1.keys.toml"',
+        ),
+        F(
+            "fsync",
+            "string",
+            '"auto"',
+            'Where custody commits are fsynced before anything is acknowledged: "auto" '
+            'on the event loop while fsyncs take under 2 ms, by a writer thread once one is slower; "thread": '
+            'always the thread; "loop": each commit on the event loop.',
+            '"auto"',
+        ),
+    ],
+)
+AGENT = table(
+    "agent",
+    "The bundle protocol agent (BPA) this node runs. Its own settings are in [agent.<kind>] "
+    "(below); dtn7's store, web_port and janitor are also read from [agent] itself, as configs "
+    "older than [agent.dtn7] have them.",
+    [
+        F(
+            "kind",
+            "string",
+            '"dtn7"',
+            "Which agent: dtn7, ion, ibrdtn or hdtn (overlay.agents registers them).",
+            '"dtn7"',
+        ),
+        F(
+            "listen",
+            "array of CLA specs",
+            '["tcpcl://0.0.0.0:4556"]',
+            "The convergence layers the agent listens on (tcpcl://, udp://, ltp://, mtcp:// with address:port).",
+            '["udp://0.0.0.0:4556"]',
+        ),
+        F(
+            "routing",
+            "string",
+            '"static"',
+            "static: [[agent.routes]]; epidemic: every bundle to every peer (dtn7 groups need it).",
+            '"static"',
+        ),
+        F("peers", "array of tables", "[]", "The neighbours the agent keeps contact with ([[agent.peers]]).", "[]"),
+        F("routes", "array of tables", "[]", "Static routes ([[agent.routes]]).", "[]"),
+    ],
+)
+PEER = table(
+    "agent.peers",
+    "A neighbour the agent keeps contact with.",
+    [
+        F("node", "name", None, "The neighbour's node id.", '"r2"'),
+        F("cla", "CLA spec", None, "How to reach it: convergence layer, address and port.", '"tcpcl://10.77.1.2:4556"'),
+    ],
+    array=True,
+)
+ROUTE = table(
+    "agent.routes",
+    "Static routing: bundles for `to` go via the peer `via`.",
+    [
+        F("to", 'name or "*"', None, 'A node id, or "*" for every node no other route names.', '"gw4"'),
+        F("via", "name", None, "One of [[agent.peers]]' node ids.", '"r2"'),
+    ],
+    array=True,
+)
+KEY = F(
+    "<node or group id>",
+    "string",
+    "(none)",
+    "The key this node shares with that overlay node (or with every "
+    "member of that group): 32 to 128 hex digits. A file holding keys must be mode 0600. "
+    "Make one with `openssl rand -hex 32`, or `c2dtn keys`.",
+    '"<64 hex digits>"',
+)
+GROUP = F(
+    "<group id>",
+    "array of names",
+    "(none)",
+    "The group's members, this node among them; the group needs "
+    'its own key and every other member a pair key. dtn7 needs routing = "epidemic".',
+    '["deu-gw", "nor-gw", "prt-gw"]',
+)
+KEYS = table(
+    "keys",
+    "Keys shared with the overlay nodes this node talks to: envelopes are sealed "
+    "(AES-GCM-SIV) with the key of their destination ([security](security.md)).",
+    [],
+    free=KEY,
+)
+GROUPS = table(
+    "groups",
+    "Multicast groups: one bundle reaches every member (an agent without group endpoints gets one bundle per member).",
+    [],
+    free=GROUP,
+)
+RELAYS = table(
+    "relays",
+    "Nodes of another agent's island (a BPv6 one, say), reached through a relay (`c2dtn relay`).",
+    [],
+    free=F("<node id>", "name", "(none)", "The relay the node's bundles go to.", '"tacnet"'),
+)
+KEYS_TOP = table(
+    "(top level)",
+    "The keys file's tables; [keys] is required.",
+    [
+        F("keys", "table", None, "As the node config's [keys].", '{ gw4 = "<64 hex digits>" }'),
+        F("groups", "table", "{}", "As the node config's [groups].", "{}"),
+    ],
+    doc="keys",
+)
 _S = SchedulerConfig()
-SCHEDULER = table("scheduler", "The overlay's sender, per destination: a congestion window over what is in "
-                  "flight, aggregation of envelopes into bundles, and end-to-end retransmission timers. "
-                  "The defaults suit a LAN; `c2dtn node configs` sets linger and ack delay on radio links.", [
-    F("init_window", "integer", str(_S.init_window), "Bytes in flight to a destination before its first ack.",
-      "16384", "bytes"),
-    F("min_window", "integer", str(_S.min_window), "The window never shrinks below this.", "1024", "bytes"),
-    F("max_window", "integer", str(_S.max_window), "The window never grows above this.", "4194304", "bytes"),
-    F("aggregate_bytes", "integer", str(_S.aggregate_bytes), "Envelopes share one bundle up to this many bytes "
-      "(at most half the largest container a receiver takes).", "16384", "bytes"),
-    F("aggregate_large_bytes", "integer", str(_S.aggregate_large_bytes), "Envelopes over aggregate_bytes share "
-      "bundles up to this (0: each goes alone); for a LAN, where an agent's cost is per bundle.", "1048576", "bytes"),
-    F("initial_rto_ms", "integer", str(_S.initial_rto_ms), "End-to-end retransmission timeout before a round trip "
-      "is measured. Generous: the agents hold bundles through an outage hop by hop.", "60000", "ms"),
-    F("min_rto_ms", "integer", str(_S.min_rto_ms), "Lower bound of the retransmission timeout.", "20000", "ms"),
-    F("max_rto_ms", "integer", str(_S.max_rto_ms), "Upper bound of the retransmission timeout.", "600000", "ms"),
-    F("linger_ms", "integer", str(_S.linger_ms), "Priority and routine envelopes wait up to this long for company "
-      "in a bundle (flash and immediate never wait; 0: no linger).", "1000", "ms"),
-    F("ack_delay_ms", "integer", str(_S.ack_delay_ms), "Acks wait this long for data to ride on or for more acks "
-      "(0: at once).", "1000", "ms"),
-    F("queue_target_ms", "integer", str(_S.queue_target_ms), "Queueing below the overlay (round trip over its "
-      "minimum) allowed before the window is cut (0: no limit).", "1000", "ms"),
-    F("queue_keep_ms", "integer", str(_S.queue_keep_ms), "How much of that queue a cut keeps (0: the cut drains "
-      "it).", "0", "ms"),
-])
-QUOTA = table("quota", "Bounds of the custody store: past either, new messages are refused (MQTT 0x97, "
-              "CoAP 5.03, HTTP 507), never dropped once taken.", [
-    F("max_envelopes", "integer", str(Quota().max_envelopes), "Envelopes held (in custody and delivered-not-acked).", "100000"),
-    F("max_bytes", "integer", str(Quota().max_bytes), "Bytes of messages held.", "268435456", "bytes"),
-])
+SCHEDULER = table(
+    "scheduler",
+    "The overlay's sender, per destination: a congestion window over what is in "
+    "flight, aggregation of envelopes into bundles, and end-to-end retransmission timers. "
+    "The defaults suit a LAN; `c2dtn node configs` sets linger and ack delay on radio links.",
+    [
+        F(
+            "init_window",
+            "integer",
+            str(_S.init_window),
+            "Bytes in flight to a destination before its first ack.",
+            "16384",
+            "bytes",
+        ),
+        F("min_window", "integer", str(_S.min_window), "The window never shrinks below this.", "1024", "bytes"),
+        F("max_window", "integer", str(_S.max_window), "The window never grows above this.", "4194304", "bytes"),
+        F(
+            "aggregate_bytes",
+            "integer",
+            str(_S.aggregate_bytes),
+            "Envelopes share one bundle up to this many bytes (at most half the largest container a receiver takes).",
+            "16384",
+            "bytes",
+        ),
+        F(
+            "aggregate_large_bytes",
+            "integer",
+            str(_S.aggregate_large_bytes),
+            "Envelopes over aggregate_bytes share "
+            "bundles up to this (0: each goes alone); for a LAN, where an agent's cost is per bundle.",
+            "1048576",
+            "bytes",
+        ),
+        F(
+            "initial_rto_ms",
+            "integer",
+            str(_S.initial_rto_ms),
+            "End-to-end retransmission timeout before a round trip "
+            "is measured. Generous: the agents hold bundles through an outage hop by hop.",
+            "60000",
+            "ms",
+        ),
+        F("min_rto_ms", "integer", str(_S.min_rto_ms), "Lower bound of the retransmission timeout.", "20000", "ms"),
+        F("max_rto_ms", "integer", str(_S.max_rto_ms), "Upper bound of the retransmission timeout.", "600000", "ms"),
+        F(
+            "linger_ms",
+            "integer",
+            str(_S.linger_ms),
+            "Priority and routine envelopes wait up to this long for company "
+            "in a bundle (flash and immediate never wait; 0: no linger).",
+            "1000",
+            "ms",
+        ),
+        F(
+            "ack_delay_ms",
+            "integer",
+            str(_S.ack_delay_ms),
+            "Acks wait this long for data to ride on or for more acks (0: at once).",
+            "1000",
+            "ms",
+        ),
+        F(
+            "queue_target_ms",
+            "integer",
+            str(_S.queue_target_ms),
+            "Queueing below the overlay (round trip over its minimum) allowed before the window is cut (0: no limit).",
+            "1000",
+            "ms",
+        ),
+        F(
+            "queue_keep_ms",
+            "integer",
+            str(_S.queue_keep_ms),
+            "How much of that queue a cut keeps (0: the cut drains it).",
+            "0",
+            "ms",
+        ),
+    ],
+)
+QUOTA = table(
+    "quota",
+    "Bounds of the custody store: past either, new messages are refused (MQTT 0x97, "
+    "CoAP 5.03, HTTP 507), never dropped once taken.",
+    [
+        F(
+            "max_envelopes",
+            "integer",
+            str(Quota().max_envelopes),
+            "Envelopes held (in custody and delivered-not-acked).",
+            "100000",
+        ),
+        F("max_bytes", "integer", str(Quota().max_bytes), "Bytes of messages held.", "268435456", "bytes"),
+    ],
+)
 
 
 @dataclass
@@ -168,7 +338,6 @@ class NodeConfig:
         return self.storage / self.agent
 
 
-
 def _int(src: str, where: str, v: Any, lo: int, hi: int) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
         raise ConfigError(src, where, v, f"must be a whole number from {lo} to {hi}")
@@ -177,8 +346,13 @@ def _int(src: str, where: str, v: Any, lo: int, hi: int) -> int:
 
 def parse_key(src: str, where: str, v: Any) -> bytes:
     if not isinstance(v, str) or not re.fullmatch(r"(?:[0-9a-fA-F]{2}){16,64}", v):
-        raise ConfigError(src, where, "<hidden>" if isinstance(v, str) else v,
-                          "a key is 32 to 128 hex digits (16 to 64 bytes)", "make one with: openssl rand -hex 32")
+        raise ConfigError(
+            src,
+            where,
+            "<hidden>" if isinstance(v, str) else v,
+            "a key is 32 to 128 hex digits (16 to 64 bytes)",
+            "make one with: openssl rand -hex 32",
+        )
     return bytes.fromhex(v)
 
 
@@ -214,8 +388,9 @@ def load_node_config(path: str | Path) -> NodeConfig:
             raise C2Error(cfg.agent)
         driver = agent_class(cfg.agent)
     except C2Error:
-        raise ConfigError(src, "agent.kind", cfg.agent, "no driver for this agent",
-                          "agents: " + ", ".join(kinds())) from None
+        raise ConfigError(
+            src, "agent.kind", cfg.agent, "no driver for this agent", "agents: " + ", ".join(kinds())
+        ) from None
     legacy = LEGACY_KEYS.get(cfg.agent, set())
     agent = AGENT.check(src, "agent", agent, {cfg.agent} | legacy)
     own = agent.get(cfg.agent, {})
@@ -238,15 +413,23 @@ def load_node_config(path: str | Path) -> NodeConfig:
         raise ConfigError(src, "agent.routing", cfg.routing, "unknown routing", "routing: " + ", ".join(ROUTING))
     for i, p in enumerate(agent.get("peers", [])):
         PEER.check(src, f"agent.peers[{i}]", p)
-        cfg.peers.append(Peer(check_name(src, f"agent.peers[{i}].node", p["node"]),
-                              parse_cla(p["cla"], src, f"agent.peers[{i}].cla")))
+        cfg.peers.append(
+            Peer(
+                check_name(src, f"agent.peers[{i}].node", p["node"]), parse_cla(p["cla"], src, f"agent.peers[{i}].cla")
+            )
+        )
     for i, r in enumerate(agent.get("routes", [])):
         ROUTE.check(src, f"agent.routes[{i}]", r)
         to = r["to"] if r["to"] == "*" else check_name(src, f"agent.routes[{i}].to", r["to"])
         via = check_name(src, f"agent.routes[{i}].via", r["via"])
         if via not in {p.node for p in cfg.peers}:
-            raise ConfigError(src, f"agent.routes[{i}].via", via, "not one of the agent's peers",
-                              "peers: " + ", ".join(p.node for p in cfg.peers))
+            raise ConfigError(
+                src,
+                f"agent.routes[{i}].via",
+                via,
+                "not one of the agent's peers",
+                "peers: " + ", ".join(p.node for p in cfg.peers),
+            )
         cfg.routes.append(Route(to, via))
     ksrc = src  # where [keys] and [groups] come from
     if "keys_file" in node:
@@ -281,8 +464,9 @@ def load_node_config(path: str | Path) -> NodeConfig:
     zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms", "queue_keep_ms", "aggregate_large_bytes"}
     # a bundle's envelopes must stay within what a receiver takes in one (MAX_CONTAINER_BYTES)
     most = {"aggregate_bytes": MAX_CONTAINER_BYTES // 2, "aggregate_large_bytes": MAX_CONTAINER_BYTES // 2}
-    cfg.scheduler = SchedulerConfig(**{k: _int(src, f"scheduler.{k}", v, 0 if k in zero_ok else 1, most.get(k, 1 << 40))
-                                       for k, v in sch.items()})
+    cfg.scheduler = SchedulerConfig(
+        **{k: _int(src, f"scheduler.{k}", v, 0 if k in zero_ok else 1, most.get(k, 1 << 40)) for k, v in sch.items()}
+    )
     q = data.get("quota", {})
     QUOTA.check(src, "quota", q)
     cfg.quota = Quota(**{k: _int(src, f"quota.{k}", v, 1, 1 << 50) for k, v in q.items()})
@@ -313,7 +497,11 @@ def _groups(src: str, groups: Any, cfg: NodeConfig) -> dict[str, tuple[str, ...]
             if m != cfg.id and m not in cfg.keys:
                 raise ConfigError(src, f"keys.{m}", None, f"member {m} of group {g} needs a pair key")
         if cfg.routing != "epidemic" and agent_class(cfg.agent).capabilities.groups:
-            raise ConfigError(src, "agent.routing", cfg.routing,
-                              "groups need routing = \"epidemic\": static routing sends a bundle to one next hop")
+            raise ConfigError(
+                src,
+                "agent.routing",
+                cfg.routing,
+                'groups need routing = "epidemic": static routing sends a bundle to one next hop',
+            )
         out[g] = tuple(m for m in members if m != cfg.id)
     return out

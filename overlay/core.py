@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 
 from c2dtn.overlay.custody import Custody
 from c2dtn.overlay.store import Delivery, QuotaExceeded
-from c2dtn.overlay.envelope import (Codec, Envelope, EnvelopeError, Kind, Priority, decode_ack_body,
-                                    source_node)
+from c2dtn.overlay.envelope import Codec, Envelope, EnvelopeError, Kind, Priority, decode_ack_body, source_node
 from c2dtn.overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
 
 log = logging.getLogger("c2dtn.overlay")
@@ -59,8 +58,14 @@ class BundleResult:
 
 
 class OverlayCore:
-    def __init__(self, store: Custody, codec: Codec, cfg: SchedulerConfig = SchedulerConfig(),
-                 max_hold_ms: int = DEFAULT_MAX_HOLD_MS, answer_pings: bool = True):
+    def __init__(
+        self,
+        store: Custody,
+        codec: Codec,
+        cfg: SchedulerConfig = SchedulerConfig(),
+        max_hold_ms: int = DEFAULT_MAX_HOLD_MS,
+        answer_pings: bool = True,
+    ):
         self.store = store
         self.codec = codec
         self.sched = Scheduler(store, codec, cfg)
@@ -85,13 +90,23 @@ class OverlayCore:
     def node(self) -> str:
         return self.codec.node
 
-    def submit(self, dst: str, body: bytes, now_ms: int, lifetime_ms: int = 3600_000,
-               priority: Priority = Priority.ROUTINE, supersede: str | None = None, app: str = "") -> int:
+    def submit(
+        self,
+        dst: str,
+        body: bytes,
+        now_ms: int,
+        lifetime_ms: int = 3600_000,
+        priority: Priority = Priority.ROUTINE,
+        supersede: str | None = None,
+        app: str = "",
+    ) -> int:
         if dst == self.node:
             raise ValueError(f"destination {dst!r} is this node itself")
         if dst not in self.codec.keys:
-            raise ValueError(f"no key shared with destination node {dst!r} (known peers and groups: "
-                             f"{', '.join(sorted(self.codec.keys)) or 'none'})")
+            raise ValueError(
+                f"no key shared with destination node {dst!r} (known peers and groups: "
+                f"{', '.join(sorted(self.codec.keys)) or 'none'})"
+            )
         return self.store.submit(dst, body, now_ms, lifetime_ms, priority, supersede, app)
 
     def on_bundle(self, payload: bytes, now_ms: int) -> BundleResult:
@@ -100,8 +115,9 @@ class OverlayCore:
         good envelopes of the same bundle are still taken."""
         return self.on_bundles([payload], now_ms)[0]
 
-    def on_bundles(self, payloads: list[bytes], now_ms: int, acks_later: bool = False,
-                   answer_now: bool = False) -> list[BundleResult]:
+    def on_bundles(
+        self, payloads: list[bytes], now_ms: int, acks_later: bool = False, answer_now: bool = False
+    ) -> list[BundleResult]:
         """Take several bundle payloads in one commit (group commit: one fsync for all
         that arrived together), durable if any brought data, relaxed if only acks.
         acks_later: when data came too, the acks that came with it are kept for apply_acks(),
@@ -134,8 +150,9 @@ class OverlayCore:
         self._log_rejected(res for res, _, _ in opened)
         return [res for res, _, _ in opened]
 
-    def _plan_answers(self, opened: list, pongs: dict[tuple[str, int], int], dsts: set[str],
-                      now_ms: int) -> tuple[list[Outgoing], bool]:
+    def _plan_answers(
+        self, opened: list, pongs: dict[tuple[str, int], int], dsts: set[str], now_ms: int
+    ) -> tuple[list[Outgoing], bool]:
         """The answers' bundles, and whether they may go before the fsync: yes, carrying the
         acks of the very pings they answer (custody module doc: the answer proves them), unless
         other acks are owed at once for what came (a megabyte's: sent before the fsync, the
@@ -179,8 +196,10 @@ class OverlayCore:
     def _acks_owed_now(self, opened: list, only: set[str] | None = None) -> bool:
         """only: of these sources alone (those with acks still held back)."""
         srcs = {e.source for _, _, envs in opened for e in envs if e.kind != Kind.ACK}
-        return any(self._ack_bytes.get(src, 0) >= self._ack_bytes_due or self._ack_count.get(src, 0) >= ACK_BATCH
-                   for src in (srcs if only is None else srcs & only))
+        return any(
+            self._ack_bytes.get(src, 0) >= self._ack_bytes_due or self._ack_count.get(src, 0) >= ACK_BATCH
+            for src in (srcs if only is None else srcs & only)
+        )
 
     def _open(self, payload: bytes) -> tuple[BundleResult, str, list[Envelope]]:
         """Check and open one bundle: (result so far, sender, the envelopes that passed)."""
@@ -216,9 +235,9 @@ class OverlayCore:
                 unanswered.append(f"{d.origin}:{d.seq}: {len(owed)} answers to it still held")
                 continue
             try:
-                pong_of[(d.origin, d.seq)] = seq = self.submit(d.origin, d.body, now_ms,
-                                                               min(d.lifetime_ms, PONG_LIFETIME_MAX_MS),
-                                                               Priority.FLASH, app=PONG_APP)
+                pong_of[(d.origin, d.seq)] = seq = self.submit(
+                    d.origin, d.body, now_ms, min(d.lifetime_ms, PONG_LIFETIME_MAX_MS), Priority.FLASH, app=PONG_APP
+                )
                 owed.append(seq)
             except (ValueError, QuotaExceeded) as e:
                 self.store.count_event("pings_unanswered")
@@ -252,8 +271,12 @@ class OverlayCore:
                     res.duplicates += r.outcome == "duplicate"
                     res.taken += r.outcome in ("delivered", "held")
             except EnvelopeError as e:
-                self._reject(res, f"{env.kind.name.lower()} envelope {env.origin}:{env.seq} from {sender!r} "
-                                  f"rejected ({e.reason}): {e}", e.reason)
+                self._reject(
+                    res,
+                    f"{env.kind.name.lower()} envelope {env.origin}:{env.seq} from {sender!r} "
+                    f"rejected ({e.reason}): {e}",
+                    e.reason,
+                )
         if done or got:  # the bundle's acks, merged: one look at what is held, however many acks it carries
             self.sched.on_ack(sender, self.store.held_in(done), self.store.held_in(got), now_ms)
 
@@ -266,7 +289,7 @@ class OverlayCore:
         """One log line per bundle, however many of its items were refused (a 4 kB bundle of
         bad items must not write a line per item)."""
         for res in results:
-            new = res.rejected[res.logged:]
+            new = res.rejected[res.logged :]
             if not new:
                 continue
             res.logged = len(res.rejected)
@@ -275,8 +298,13 @@ class OverlayCore:
             else:
                 log.warning("%d items of one bundle rejected; the first: %s", len(new), new[0])
 
-    def poll(self, now_ms: int, unsynced: bool = False, only: set[str] | None = None,
-             answered: set[tuple[str, int]] = frozenset()) -> list[Outgoing]:
+    def poll(
+        self,
+        now_ms: int,
+        unsynced: bool = False,
+        only: set[str] | None = None,
+        answered: set[tuple[str, int]] = frozenset(),
+    ) -> list[Outgoing]:
         """Bundles to hand to the BPA now (data within the windows, and pending acks).
         unsynced: they will go before the commits behind them are on disk (custody module doc:
         only when store.may_send_unsynced()), so acks owed since the last fsync stay owed, but
@@ -294,19 +322,24 @@ class OverlayCore:
             held = self.store.unsynced_acks() - answered
             if held:
                 waiting = {o: self._ack_since.setdefault(o, now_ms) for o, _ in held if o in acks}
-                acks = {o: ([s for s in d if (o, s) not in held], [s for s in g if (o, s) not in held])
-                        for o, (d, g) in acks.items()}
+                acks = {
+                    o: ([s for s in d if (o, s) not in held], [s for s in g if (o, s) not in held])
+                    for o, (d, g) in acks.items()
+                }
                 acks = {o: dg for o, dg in acks.items() if dg[0] or dg[1]}
         due = set()
         for origin, (done, got) in acks.items():
             since = self._ack_since.setdefault(origin, now_ms)
-            if (now_ms - since >= self.sched.cfg.ack_delay_ms or len(done) + len(got) >= ACK_BATCH
-                    or self._ack_bytes.get(origin, 0) >= self._ack_bytes_due):
+            if (
+                now_ms - since >= self.sched.cfg.ack_delay_ms
+                or len(done) + len(got) >= ACK_BATCH
+                or self._ack_bytes.get(origin, 0) >= self._ack_bytes_due
+            ):
                 due.add(origin)
         fresh = {o: (list(d), list(g)) for o, (d, g) in acks.items()}
         for origin, (done, got) in acks.items():
             recent = [r for r in self._acks_recent.get(origin, []) if now_ms - r[0] <= ACK_REPEAT_MS]
-            self._acks_recent[origin] = recent[len(recent) - ACK_REPEATS:] if ACK_REPEATS else []
+            self._acks_recent[origin] = recent[len(recent) - ACK_REPEATS :] if ACK_REPEATS else []
             for _, d, g in self._acks_recent[origin]:
                 done.extend(d)
                 got.extend(g)
@@ -329,7 +362,7 @@ class OverlayCore:
             if out:
                 self.store.count_event("bundles_sent", len(out))
             for b in out:
-                for origin, (done, got) in (b.acks.items() if isinstance(b.acks, dict) else [(b.dst, b.acks)]):
+                for origin, (done, got) in b.acks.items() if isinstance(b.acks, dict) else [(b.dst, b.acks)]:
                     # origin: the source key (node and incarnation) the acks were owed to
                     if not (done or got):
                         continue
@@ -346,8 +379,9 @@ class OverlayCore:
     def _ack_group(self, origin: str) -> str | None:
         return next((g for g, members in self.codec.groups.items() if origin in members), None)
 
-    def take(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
-             after: int = 0) -> list[Delivery]:
+    def take(
+        self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (), after: int = 0
+    ) -> list[Delivery]:
         return self.store.inbox(limit, app, exclude, after)
 
     def consumed(self, ids: list[int], now_ms: int | None = None) -> bool:
@@ -361,7 +395,9 @@ class OverlayCore:
         return len(gone) >= ACK_BATCH
 
     def next_wakeup_ms(self) -> int | None:
-        times = [t for t in [self.sched.next_wakeup_ms()] + [s + self.sched.cfg.ack_delay_ms for s in self._ack_since.values()]
-                 if t is not None]
+        times = [
+            t
+            for t in [self.sched.next_wakeup_ms()] + [s + self.sched.cfg.ack_delay_ms for s in self._ack_since.values()]
+            if t is not None
+        ]
         return min(times) if times else None
-

@@ -73,8 +73,16 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
-from c2dtn.overlay.envelope import (INC_BITS, MAX_MESSAGE_BYTES, Envelope, Priority, in_runs, runs_total, source_key,
-                                    source_node)
+from c2dtn.overlay.envelope import (
+    INC_BITS,
+    MAX_MESSAGE_BYTES,
+    Envelope,
+    Priority,
+    in_runs,
+    runs_total,
+    source_key,
+    source_node,
+)
 from c2dtn.overlay.store import Delivery, OutItem, Quota, QuotaExceeded, Received, Store, TooLarge
 from c2dtn.overlay.store_sqlite import SqliteStore
 
@@ -96,8 +104,9 @@ SEQ_BLOCK = 4096  # seqs reserved on disk at a time (module doc: sending before 
 
 
 class Custody:
-    def __init__(self, store: Store, origin: str, quota: Quota = Quota(),
-                 groups: dict[str, tuple[str, ...]] | None = None):
+    def __init__(
+        self, store: Store, origin: str, quota: Quota = Quota(), groups: dict[str, tuple[str, ...]] | None = None
+    ):
         self.records = store
         self.origin = origin
         self.quota = quota
@@ -169,8 +178,7 @@ class Custody:
     def may_send_unsynced(self) -> bool:
         """May what is queued now go to the agent before its commit is on disk?  Yes when
         every seq handed out is within a reservation on disk and no mark waits for its fsync."""
-        return (self._marks_tag <= self._synced_tag
-                and self.records.counter("next_seq") <= self._reserved_on_disk)
+        return self._marks_tag <= self._synced_tag and self.records.counter("next_seq") <= self._reserved_on_disk
 
     def unsynced_acks(self) -> set[tuple[str, int]]:
         """(source, seq) of acks owed whose cause (the envelope taken, or consumed) may not be
@@ -199,13 +207,24 @@ class Custody:
         self.records.bump(outcome)
 
     # -- sending side ----------------------------------------------------
-    def submit(self, dst: str, body: bytes, now_ms: int, lifetime_ms: int, priority: Priority = Priority.ROUTINE,
-               supersede: str | None = None, app: str = "") -> int:
+    def submit(
+        self,
+        dst: str,
+        body: bytes,
+        now_ms: int,
+        lifetime_ms: int,
+        priority: Priority = Priority.ROUTINE,
+        supersede: str | None = None,
+        app: str = "",
+    ) -> int:
         return self.submit_many([(dst, body, lifetime_ms, priority, supersede, app)], now_ms)[0]
 
-    def submit_many(self, items: Iterable[tuple[str, bytes, int, Priority, str | None, str]], now_ms: int,
-                    marks: list[Mark] | None = None,
-                    ) -> list[int | None]:
+    def submit_many(
+        self,
+        items: Iterable[tuple[str, bytes, int, Priority, str | None, str]],
+        now_ms: int,
+        marks: list[Mark] | None = None,
+    ) -> list[int | None]:
         """Accept envelopes into custody in one durable transaction; returns their seqs.
 
         A newer envelope with a supersession key replaces any queued (not yet sent)
@@ -222,8 +241,10 @@ class Custody:
         items = list(items)
         for i in items:
             if len(i[1]) > MAX_MESSAGE_BYTES:
-                raise TooLarge(f"a message of {len(i[1])} bytes for {i[0]} is over the overlay's limit of "
-                               f"{MAX_MESSAGE_BYTES} bytes; nothing of this batch was accepted")
+                raise TooLarge(
+                    f"a message of {len(i[1])} bytes for {i[0]} is over the overlay's limit of "
+                    f"{MAX_MESSAGE_BYTES} bytes; nothing of this batch was accepted"
+                )
         marks = list(marks) if marks is not None else [None] * len(items)
         seqs: list[int | None] = []
         with st.transaction():
@@ -233,7 +254,8 @@ class Custody:
                 raise QuotaExceeded(
                     f"custody store full: {n} envelopes / {nbytes} bytes held, {len(items)} / {add_bytes} more "
                     f"would pass the quota of {self.quota.max_envelopes} / {self.quota.max_bytes}; "
-                    "nothing of this batch was accepted")
+                    "nothing of this batch was accepted"
+                )
             adds: list[OutItem] = []  # written together (one statement for the batch)
             marked: dict[str, bytes] = {}
             for (dst, body, lifetime_ms, priority, supersede, app), mark in zip(items, marks):
@@ -243,8 +265,12 @@ class Custody:
                     key, digest, repeat = mark
                     got = (marked[key], now_ms) if key in marked else st.mark_get(key)
                     # a repeat only while its mark stands, and within `repeat` ms when that is a window
-                    if (repeat and got is not None and got[0] == digest
-                            and (repeat is True or now_ms - got[1] <= repeat)):
+                    if (
+                        repeat
+                        and got is not None
+                        and got[0] == digest
+                        and (repeat is True or now_ms - got[1] <= repeat)
+                    ):
                         st.bump("repeats_skipped")
                         seqs.append(None)
                         continue
@@ -266,8 +292,25 @@ class Custody:
                             self._report(old, "superseded", now_ms)
                         elif not old.superseded:  # copies already handed to the BPA are not sent again
                             st.out_update([old.seq], superseded=True)
-                adds.append(OutItem(seq, dst, int(priority), cseq, now_ms, lifetime_ms, now_ms + lifetime_ms,
-                                    supersede, app, body, len(body), False, 0, None, None))
+                adds.append(
+                    OutItem(
+                        seq,
+                        dst,
+                        int(priority),
+                        cseq,
+                        now_ms,
+                        lifetime_ms,
+                        now_ms + lifetime_ms,
+                        supersede,
+                        app,
+                        body,
+                        len(body),
+                        False,
+                        0,
+                        None,
+                        None,
+                    )
+                )
                 seqs.append(seq)
             st.out_add(adds)
             st.mark_set(marked, now_ms)
@@ -348,8 +391,14 @@ class Custody:
             st.out_sent(seqs, now_ms, retry_at_ms)
             st.bump("sent", len(seqs))
 
-    def inflight(self, dst: str, lacking: str | None = None, sent_before_ms: int | None = None,
-                 retry_after_ms: int | None = None, limit: int = -1) -> list[OutItem]:
+    def inflight(
+        self,
+        dst: str,
+        lacking: str | None = None,
+        sent_before_ms: int | None = None,
+        retry_after_ms: int | None = None,
+        limit: int = -1,
+    ) -> list[OutItem]:
         """What is in flight to dst and not there yet (superseded copies excluded), in
         sending order, bodies left out; `lacking`: for a group, only what that member has
         not acked; only what was sent before `sent_before_ms`, or is due for its retry after
@@ -480,8 +529,9 @@ class Custody:
             self._owe("got", src, env.seq)
             nxt = st.order_next(stream, prio)
             in_turn = env.cseq == nxt and env.floor <= nxt  # the very one the order waits for
-            d = Delivery(0, src, env.seq, env.priority, env.created_ms, env.lifetime_ms, env.supersede,
-                         env.app, env.body, now_ms)
+            d = Delivery(
+                0, src, env.seq, env.priority, env.created_ms, env.lifetime_ms, env.supersede, env.app, env.body, now_ms
+            )
             if env.cseq == 0 or env.cseq < max(nxt, env.floor) or in_turn:
                 # unordered, older than what the order already passed, or in its turn (the
                 # common case: straight to the inbox, never held and taken back; nothing
@@ -535,8 +585,9 @@ class Custody:
         """How many envelopes wait for the application (for status: no body is read)."""
         return self.records.inbox_count()
 
-    def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
-              after: int = 0) -> list[Delivery]:
+    def inbox(
+        self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (), after: int = 0
+    ) -> list[Delivery]:
         """Envelopes waiting for the application, oldest first (only those of `app` when given,
         none of the apps in `exclude`, only ids above `after`).  Their origin is the node (the
         store keeps the source key)."""
@@ -576,9 +627,15 @@ class Custody:
 class CustodyStore(Custody):
     """Custody over the SQLite store at `path`: what a node runs."""
 
-    def __init__(self, path: str | Path, origin: str, quota: Quota = Quota(),
-                 groups: dict[str, tuple[str, ...]] | None = None, background_checkpoints: bool = False,
-                 sync: str = "loop"):
+    def __init__(
+        self,
+        path: str | Path,
+        origin: str,
+        quota: Quota = Quota(),
+        groups: dict[str, tuple[str, ...]] | None = None,
+        background_checkpoints: bool = False,
+        sync: str = "loop",
+    ):
         super().__init__(SqliteStore(path, background_checkpoints, sync), origin, quota, groups)
         self.path = str(path)
 

@@ -201,6 +201,7 @@ def source_node(key: str) -> str:
     """The node of a source key."""
     return key.split("/", 1)[0]
 
+
 SMALL_BODY = 4096  # up to this size, try hard (every byte counts on a 9.8 kbit/s link)
 SAMPLE_OVER = 256 * 1024  # from this size, a sample first (_compress)...
 SAMPLE_BYTES = 32 * 1024  # ... of this many bytes
@@ -211,13 +212,15 @@ def _zstd(level: int, zdict) -> "zstandard.ZstdCompressor":
     key = (level, id(zdict))
     c = _compressors.get(key)
     if c is None:
-        c = _compressors[key] = zstandard.ZstdCompressor(level=level, dict_data=zdict, write_checksum=False,
-                                                         write_content_size=True, write_dict_id=False)
+        c = _compressors[key] = zstandard.ZstdCompressor(
+            level=level, dict_data=zdict, write_checksum=False, write_content_size=True, write_dict_id=False
+        )
     return c
 
 
-def _compress(body: bytes, zdict: "zstandard.ZstdCompressionDict | None",
-              dict_kind: Compression = Compression.ZSTD_DICT2) -> tuple[Compression, bytes]:
+def _compress(
+    body: bytes, zdict: "zstandard.ZstdCompressionDict | None", dict_kind: Compression = Compression.ZSTD_DICT2
+) -> tuple[Compression, bytes]:
     """Compress where it pays: the smallest of plain, zlib and zstd.  Small bodies
     get the position-report dictionary (at zstd level 3: on 255-byte reports it is
     smaller than level 19, 41 against 44 bytes, and 40 times faster, 1.4 against 53 us)
@@ -229,7 +232,7 @@ def _compress(body: bytes, zdict: "zstandard.ZstdCompressionDict | None",
         # a large body that a slice from its middle shows to be incompressible (media, ciphertext,
         # an archive) is sent as it is, without compressing all of it for nothing
         mid = (len(body) - SAMPLE_BYTES) // 2
-        if len(_zstd(3, None).compress(body[mid:mid + SAMPLE_BYTES])) * 100 > SAMPLE_BYTES * 97:
+        if len(_zstd(3, None).compress(body[mid : mid + SAMPLE_BYTES])) * 100 > SAMPLE_BYTES * 97:
             return Compression.NONE, body
     best = (Compression.NONE, body)
     small = len(body) <= SMALL_BODY
@@ -286,7 +289,9 @@ def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYT
             # (found by perf fuzz: a 20-byte body asked for gigabytes, MemoryError)
             declared = zstandard.frame_content_size(data)
             if declared > budget:
-                raise Oversize(f"body declares {declared} bytes decompressed, over the {budget} this bundle may still open to")
+                raise Oversize(
+                    f"body declares {declared} bytes decompressed, over the {budget} this bundle may still open to"
+                )
             out = _unzstd(zdict).decompress(data, max_output_size=budget)
             if len(out) > budget:
                 raise Oversize(f"body inflates beyond the {budget} bytes this bundle may still open to")
@@ -322,8 +327,10 @@ class Codec:
     def __post_init__(self) -> None:
         if self.zdict_bytes and zstandard is not None:
             self._zdict = _dictionary(self.zdict_bytes)
-            self._zdicts = {Compression.ZSTD_DICT: _dictionary(builtin_dictionary(1)),
-                            Compression.ZSTD_DICT2: self._zdict}
+            self._zdicts = {
+                Compression.ZSTD_DICT: _dictionary(builtin_dictionary(1)),
+                Compression.ZSTD_DICT2: self._zdict,
+            }
 
     def _key(self, peer: str) -> bytes:
         try:
@@ -348,8 +355,14 @@ class Codec:
         # what it weighs on the wire (a compressed ack could inflate to megabytes of CBOR)
         comp, wire_body = (Compression.NONE, env.body) if env.kind == Kind.ACK else _compress(env.body, self._zdict)
         m: dict[int, object] = {
-            K_VERSION: ENVELOPE_VERSION, K_KIND: int(env.kind), K_ORIGIN: env.origin, K_SEQ: env.seq,
-            K_CREATED: env.created_ms, K_LIFETIME: env.lifetime_ms, K_PRIORITY: int(env.priority), K_BODY: wire_body,
+            K_VERSION: ENVELOPE_VERSION,
+            K_KIND: int(env.kind),
+            K_ORIGIN: env.origin,
+            K_SEQ: env.seq,
+            K_CREATED: env.created_ms,
+            K_LIFETIME: env.lifetime_ms,
+            K_PRIORITY: int(env.priority),
+            K_BODY: wire_body,
         }
         if comp != Compression.NONE:
             m[K_COMPRESSION] = int(comp)
@@ -382,8 +395,13 @@ class Codec:
             dst = peers[0]
         # Sealed envelopes are embedded as they are: an array header followed by
         # n encoded items is a valid CBOR array, so nothing is decoded again.
-        body = (cbor2.dumps(CONTAINER_VERSION) + cbor2.dumps(self.node) + cbor2.dumps(dst)
-                + _array_header(len(sealed)) + b"".join(sealed))
+        body = (
+            cbor2.dumps(CONTAINER_VERSION)
+            + cbor2.dumps(self.node)
+            + cbor2.dumps(dst)
+            + _array_header(len(sealed))
+            + b"".join(sealed)
+        )
         if dst not in self.groups:
             return _array_header(4) + body
         covered = b"".join(_item_digest(s) for s in sealed)
@@ -414,14 +432,18 @@ class Codec:
             raise BadTag(f"envelope for group {group!r} in a bundle from {short(c.sender)} without origin tags")
         members = sorted((set(self.groups[group]) | {self.node}) - {c.sender})
         if len(c.origin_tags) != len(members):
-            raise BadTag(f"{len(c.origin_tags)} origin tags for group {group!r} from {short(c.sender)}, expected "
-                         f"{len(members)} (one per member but the sender): do the members' [groups] differ?")
+            raise BadTag(
+                f"{len(c.origin_tags)} origin tags for group {group!r} from {short(c.sender)}, expected "
+                f"{len(members)} (one per member but the sender): do the members' [groups] differ?"
+            )
         # open_container let only [ciphertext, tag] through: re-encoded, they are the bytes sent
         covered = b"".join(_item_digest(cbor2.dumps(it)) for it in c.items)
         want = self._origin_tag(c.sender, c.sender, group, covered)
         if not hmac.compare_digest(want, c.origin_tags[members.index(self.node)]):
-            raise BadTag(f"origin tag for {self.node!r} does not match the key shared with {short(c.sender)}: "
-                         f"envelopes for group {group!r} that {short(c.sender)} did not seal")
+            raise BadTag(
+                f"origin tag for {self.node!r} does not match the key shared with {short(c.sender)}: "
+                f"envelopes for group {group!r} that {short(c.sender)} did not seal"
+            )
         c.origin_ok.add(group)
 
     def open(self, sender: str, sealed: object, container: "Container | None" = None) -> Envelope:
@@ -462,8 +484,10 @@ class Codec:
         try:
             mb = self._aead(keyname).decrypt(_nonce(sender, dst), ct + tag, ENVELOPE_CONTEXT)
         except InvalidTag:
-            raise BadTag(f"authentication tag does not match the key of {short(keyname)}"
-                         + (" (the group's)" if keyname != sender else "")) from None
+            raise BadTag(
+                f"authentication tag does not match the key of {short(keyname)}"
+                + (" (the group's)" if keyname != sender else "")
+            ) from None
         try:
             m = strict_loads(mb, max_depth=1)
         except StrictCBORError as e:
@@ -501,18 +525,29 @@ class Codec:
         prio = get(K_PRIORITY, int, "priority", int(Priority.ROUTINE))
         inc = get(K_INC, int, "incarnation", 0)
         if seq < 0 or created < 0 or lifetime < 0 or prio not in tuple(Priority) or not 0 <= inc < 1 << INC_BITS:
-            raise Malformed(f"envelope field out of range (seq {seq}, created {created}, "
-                            f"lifetime {lifetime}, priority {prio}, incarnation {inc})")
+            raise Malformed(
+                f"envelope field out of range (seq {seq}, created {created}, "
+                f"lifetime {lifetime}, priority {prio}, incarnation {inc})"
+            )
         comp = get(K_COMPRESSION, int, "compression", 0)
         if kind == Kind.ACK and comp != Compression.NONE:
             raise Malformed(f"ack body compressed ({short(comp)}): acks travel plain")
         body = _decompress(comp, get(K_BODY, bytes, "body", b""), self._zdicts, budget)
         return Envelope(
-            kind=Kind(kind), origin=origin, seq=seq, dst=dst,
-            created_ms=created, lifetime_ms=lifetime, priority=Priority(prio),
-            supersede=get(K_SUPERSEDE, str, "supersession key", None), body=body,
-            app=get(K_APP, str, "app", ""), cseq=get(K_CSEQ, int, "cseq", 0),
-            floor=get(K_FLOOR, int, "floor", 0), compression=Compression(comp), inc=inc,
+            kind=Kind(kind),
+            origin=origin,
+            seq=seq,
+            dst=dst,
+            created_ms=created,
+            lifetime_ms=lifetime,
+            priority=Priority(prio),
+            supersede=get(K_SUPERSEDE, str, "supersession key", None),
+            body=body,
+            app=get(K_APP, str, "app", ""),
+            cseq=get(K_CSEQ, int, "cseq", 0),
+            floor=get(K_FLOOR, int, "floor", 0),
+            compression=Compression(comp),
+            inc=inc,
         )
 
 
@@ -570,15 +605,25 @@ def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None]
     if len(envs) > MAX_ENVELOPES_PER_BUNDLE:
         raise Oversize(f"{len(envs)} envelopes in one bundle exceeds {MAX_ENVELOPES_PER_BUNDLE}")
     for i, it in enumerate(envs):
-        if not (isinstance(it, list) and len(it) == 2 and isinstance(it[0], bytes)
-                and isinstance(it[1], bytes) and len(it[1]) == TAG_BYTES):
-            raise Malformed(f"item {i} is not [ciphertext, {TAG_BYTES}-byte tag] but {short(it)}: "
-                            f"the whole bundle is refused")
+        if not (
+            isinstance(it, list)
+            and len(it) == 2
+            and isinstance(it[0], bytes)
+            and isinstance(it[1], bytes)
+            and len(it[1]) == TAG_BYTES
+        ):
+            raise Malformed(
+                f"item {i} is not [ciphertext, {TAG_BYTES}-byte tag] but {short(it)}: the whole bundle is refused"
+            )
     tags = obj[4] if len(obj) == 5 else None
-    if tags is not None and (not isinstance(tags, list) or len(tags) > MAX_GROUP_MEMBERS
-                             or not all(isinstance(t, bytes) and len(t) == ORIGIN_TAG_BYTES for t in tags)):
-        raise Malformed(f"origin tags are not up to {MAX_GROUP_MEMBERS} byte strings of {ORIGIN_TAG_BYTES}: "
-                        f"{short(tags)}")
+    if tags is not None and (
+        not isinstance(tags, list)
+        or len(tags) > MAX_GROUP_MEMBERS
+        or not all(isinstance(t, bytes) and len(t) == ORIGIN_TAG_BYTES for t in tags)
+    ):
+        raise Malformed(
+            f"origin tags are not up to {MAX_GROUP_MEMBERS} byte strings of {ORIGIN_TAG_BYTES}: {short(tags)}"
+        )
     return sender, dst, envs, tags
 
 
@@ -678,11 +723,16 @@ def _decode_runs(obj: object) -> tuple[Runs, Runs]:
     for runs in obj:
         out: Runs = []
         for r in runs:
-            if (not isinstance(r, list) or len(r) != 2
-                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in r)
-                    or not 0 <= r[0] <= r[1] <= MAX_SEQ):
-                raise Malformed(f"bad ack run {short(r)}" + (f": {short(r[0])}..{short(r[1])}"
-                                                            if isinstance(r, list) and len(r) == 2 else ""))
+            if (
+                not isinstance(r, list)
+                or len(r) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+                or not 0 <= r[0] <= r[1] <= MAX_SEQ
+            ):
+                raise Malformed(
+                    f"bad ack run {short(r)}"
+                    + (f": {short(r[0])}..{short(r[1])}" if isinstance(r, list) and len(r) == 2 else "")
+                )
             out.append((r[0], r[1]))
         lists.append(out)
     return lists[0], lists[1]

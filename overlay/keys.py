@@ -27,15 +27,19 @@ def make_keys(nodes: list[str], groups: dict[str, list[str]]) -> dict[frozenset,
         raise ConfigError("c2dtn keys", "node", ",".join(nodes), "a node is named twice")
     keys: dict[frozenset, str] = {}
     for i, a in enumerate(nodes):
-        for b in nodes[i + 1:]:
+        for b in nodes[i + 1 :]:
             keys[frozenset((a, b))] = secrets.token_hex(KEY_BYTES)
     for g, members in groups.items():
         if g in nodes:
             raise ConfigError("c2dtn keys", "--group", g, "a group's name must not be a node's")
         strangers = [m for m in members if m not in nodes]
         if strangers or len(set(members)) < 2:
-            raise ConfigError("c2dtn keys", f"--group {g}", ",".join(members),
-                              "a group has at least two members, all of them nodes named here")
+            raise ConfigError(
+                "c2dtn keys",
+                f"--group {g}",
+                ",".join(members),
+                "a group has at least two members, all of them nodes named here",
+            )
         keys[frozenset((g,))] = secrets.token_hex(KEY_BYTES)
     return keys
 
@@ -50,16 +54,22 @@ def share_tables(n: str, nodes: list[str], keys: dict[frozenset, str], groups: d
     return lines
 
 
-def write_shares(out_dir: str | Path, nodes: list[str], groups: dict[str, list[str]],
-                 force: bool = False) -> dict[str, Path]:
+def write_shares(
+    out_dir: str | Path, nodes: list[str], groups: dict[str, list[str]], force: bool = False
+) -> dict[str, Path]:
     """<out_dir>/<node>.keys.toml for every node, mode 0600 (the folder 0700).  Refuses to
     replace shares already there unless `force`: new keys cut every box still on the old."""
     out = Path(out_dir)
     paths = {n: out / f"{n}.keys.toml" for n in nodes}
     there = [str(p) for p in paths.values() if p.exists()]
     if there and not force:
-        raise ConfigError("c2dtn keys", "OUT_DIR", str(out), f"shares already there ({', '.join(there)})",
-                          "new keys cut every box still holding the old ones; --force replaces them")
+        raise ConfigError(
+            "c2dtn keys",
+            "OUT_DIR",
+            str(out),
+            f"shares already there ({', '.join(there)})",
+            "new keys cut every box still holding the old ones; --force replaces them",
+        )
     keys = make_keys(nodes, groups)
     out.mkdir(parents=True, exist_ok=True)
     out.chmod(0o700)
@@ -67,6 +77,8 @@ def write_shares(out_dir: str | Path, nodes: list[str], groups: dict[str, list[s
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
-            fh.write(f"# c2dtn keys for {n} (written by c2dtn keys): keep it mode 0600\n"
-                     + "\n".join(share_tables(n, nodes, keys, groups)))
+            fh.write(
+                f"# c2dtn keys for {n} (written by c2dtn keys): keep it mode 0600\n"
+                + "\n".join(share_tables(n, nodes, keys, groups))
+            )
     return paths

@@ -73,8 +73,9 @@ class OverlayNode:
         self.core: OverlayCore | None = None
         self.syncer: Syncer | None = None  # [node] fsync = "auto" or "thread": overlay/syncer.py
         if cfg.overlay:
-            store = CustodyStore(cfg.custody_db, cfg.id, cfg.quota, cfg.groups, background_checkpoints=True,
-                                 sync=cfg.fsync)
+            store = CustodyStore(
+                cfg.custody_db, cfg.id, cfg.quota, cfg.groups, background_checkpoints=True, sync=cfg.fsync
+            )
             self.core = OverlayCore(store, Codec(cfg.id, cfg.keys, cfg.groups), cfg.scheduler)
             if cfg.fsync != "loop":
                 self.syncer = Syncer(store.records, inline=cfg.fsync == "auto")
@@ -110,9 +111,13 @@ class OverlayNode:
             return
         self.failed = True
         self.exit_code = EXIT_STORE_FAILED
-        log.critical("custody fsync failed (%s): nothing more is acknowledged or sent; node %s stops so that its "
-                     "store is reopened from what is on disk (exit status %d: restart it)", err, self.cfg.id,
-                     EXIT_STORE_FAILED)
+        log.critical(
+            "custody fsync failed (%s): nothing more is acknowledged or sent; node %s stops so that its "
+            "store is reopened from what is on disk (exit status %d: restart it)",
+            err,
+            self.cfg.id,
+            EXIT_STORE_FAILED,
+        )
         if self._stop is not None:
             self._stop.set()
 
@@ -130,8 +135,12 @@ class OverlayNode:
         await self._serve_api()
         for ext in self.extensions:
             await ext.start()
-        log.info("node %s up (overlay %s, agent pid %s)", self.cfg.id, "on" if self.core else "off",
-                 self.sup.proc.pid if self.sup.proc else "-")
+        log.info(
+            "node %s up (overlay %s, agent pid %s)",
+            self.cfg.id,
+            "on" if self.core else "off",
+            self.sup.proc.pid if self.sup.proc else "-",
+        )
         await stop.wait()
         await self.close()
 
@@ -212,11 +221,16 @@ class OverlayNode:
         t0 = time.monotonic()
         try:
             # answers (pongs) planned in the take's own commit, unless the pump is handing over
-            results = self.core.on_bundles([d.payload for d in batch], now_ms(), acks_later=True,
-                                           answer_now=not self._handing.locked())
+            results = self.core.on_bundles(
+                [d.payload for d in batch], now_ms(), acks_later=True, answer_now=not self._handing.locked()
+            )
             if log.isEnabledFor(logging.DEBUG):  # on the receive path: build the line only for -v
-                log.debug("took %d bundles from %s in one commit, %.1f ms", len(batch),
-                          ",".join(sorted({d.src_node for d in batch})), (time.monotonic() - t0) * 1000)
+                log.debug(
+                    "took %d bundles from %s in one commit, %.1f ms",
+                    len(batch),
+                    ",".join(sorted({d.src_node for d in batch})),
+                    (time.monotonic() - t0) * 1000,
+                )
         except StoreFull as e:  # not acked: their origins send them again once space frees
             self._take_full.hit("bundles not taken: %s", e)
             asyncio.get_running_loop().call_soon(self._after_take, [])  # (their acks free space)
@@ -355,8 +369,14 @@ class OverlayNode:
         for b in out:
             if self.failed:
                 return
-            log.debug("bundle to %s: %d bytes, envelopes %s (%d resent), acks %s", b.dst, len(b.payload),
-                      b.seqs, b.retransmissions, b.acks)
+            log.debug(
+                "bundle to %s: %d bytes, envelopes %s (%d resent), acks %s",
+                b.dst,
+                len(b.payload),
+                b.seqs,
+                b.retransmissions,
+                b.acks,
+            )
             for node, endpoint in self._destinations(b.dst):
                 try:
                     await self.agent.send(node, endpoint, b.payload, lifetime_s=self.agent.bundle_lifetime_s)
@@ -396,8 +416,9 @@ class OverlayNode:
         async with self._handing:
             await self._hand_over(out, unsynced)
 
-    def submit(self, dst: str, body: bytes, lifetime_ms: int, priority: Priority, supersede: str | None,
-               app: str) -> int:
+    def submit(
+        self, dst: str, body: bytes, lifetime_ms: int, priority: Priority, supersede: str | None, app: str
+    ) -> int:
         seq = self.core.submit(dst, body, now_ms(), lifetime_ms, priority, supersede, app)
         self.submitted(priority)
         return seq
@@ -422,8 +443,14 @@ class OverlayNode:
     # -- local API -----------------------------------------------------------
     async def _serve_api(self) -> None:
         app = web.Application(client_max_size=MAX_MESSAGE_BYTES)  # larger: 413 before anything is read
-        app.add_routes([web.post("/send", self._api_send), web.get("/recv", self._api_recv),
-                        web.post("/consumed", self._api_consumed), web.get("/status", self._api_status)])
+        app.add_routes(
+            [
+                web.post("/send", self._api_send),
+                web.get("/recv", self._api_recv),
+                web.post("/consumed", self._api_consumed),
+                web.get("/status", self._api_status),
+            ]
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         sock = self.cfg.api_socket
@@ -449,9 +476,13 @@ class OverlayNode:
         try:
             body = await req.read()
         except web.HTTPRequestEntityTooLarge:
-            return web.json_response({"error": f"a message of {req.content_length or 'more than ' + str(MAX_MESSAGE_BYTES)}"
-                                               f" bytes is over the overlay's limit of {MAX_MESSAGE_BYTES} bytes"},
-                                     status=413)
+            return web.json_response(
+                {
+                    "error": f"a message of {req.content_length or 'more than ' + str(MAX_MESSAGE_BYTES)}"
+                    f" bytes is over the overlay's limit of {MAX_MESSAGE_BYTES} bytes"
+                },
+                status=413,
+            )
         try:
             # flash and immediate: planned (for this destination only) in the submit's own commit,
             # handed to the agent once it is made, before its fsync when custody allows (module doc)
@@ -497,9 +528,20 @@ class OverlayNode:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.01, deadline - time.monotonic())):
                     await self._inbox_event.wait()
-        out = [{"id": d.id, "origin": d.origin, "seq": d.seq, "priority": d.priority.name.lower(),
-                "created_ms": d.created_ms, "received_ms": d.received_ms, "supersede": d.supersede, "app": d.app,
-                "body": d.body} for d in items]
+        out = [
+            {
+                "id": d.id,
+                "origin": d.origin,
+                "seq": d.seq,
+                "priority": d.priority.name.lower(),
+                "created_ms": d.created_ms,
+                "received_ms": d.received_ms,
+                "supersede": d.supersede,
+                "app": d.app,
+                "body": d.body,
+            }
+            for d in items
+        ]
         if "application/cbor" in req.headers.get("Accept", ""):
             # the same list in CBOR, bodies as byte strings: for a megabyte body, base64 in JSON
             # cost ~8 ms here and as much again in the application
@@ -524,13 +566,23 @@ class OverlayNode:
         return web.json_response(await self.status())
 
     async def status(self) -> dict:
-        st: dict = {"node": self.cfg.id, "agent": self.cfg.agent, "agent_pid": self.sup.proc.pid if self.sup.proc else None,
-                    "agent_restarts": self.sup.restarts, "uptime_s": (now_ms() - self.started_ms) / 1000,
-                    "send_errors": self.send_errors}
+        st: dict = {
+            "node": self.cfg.id,
+            "agent": self.cfg.agent,
+            "agent_pid": self.sup.proc.pid if self.sup.proc else None,
+            "agent_restarts": self.sup.restarts,
+            "uptime_s": (now_ms() - self.started_ms) / 1000,
+            "send_errors": self.send_errors,
+        }
         if self.syncer is not None:
-            st["fsync"] = {"fsyncs": self.syncer.fsyncs, "commits": self.syncer.store.commits,
-                           "failures": self.syncer.failures, "max_ms": round(self.syncer.fsync_ms_max, 1),
-                           "on_loop": self.syncer.inline_fsyncs, "on_loop_now": self.syncer.inline}
+            st["fsync"] = {
+                "fsyncs": self.syncer.fsyncs,
+                "commits": self.syncer.store.commits,
+                "failures": self.syncer.failures,
+                "max_ms": round(self.syncer.fsync_ms_max, 1),
+                "on_loop": self.syncer.inline_fsyncs,
+                "on_loop_now": self.syncer.inline,
+            }
         try:
             st["peers"] = [p.__dict__ for p in await self.agent.peers()]
             st["agent_stored"] = await self.agent.stored()
@@ -539,10 +591,14 @@ class OverlayNode:
         if self.core:
             store = self.core.store
             st["counters"] = store.counters()
-            st["queues"] = [{"dst": d, "priority": Priority(p).name.lower(), "queued": q, "in_flight": f, "bytes": b}
-                            for d, p, q, f, b in store.queue_summary()]
-            st["windows"] = {d: {"window": int(p.window), "ssthresh": int(p.ssthresh), "srtt_ms": p.srtt_ms, "rto_ms": int(p.rto_ms)}
-                             for d, p in self.core.sched.paths.items()}
+            st["queues"] = [
+                {"dst": d, "priority": Priority(p).name.lower(), "queued": q, "in_flight": f, "bytes": b}
+                for d, p, q, f, b in store.queue_summary()
+            ]
+            st["windows"] = {
+                d: {"window": int(p.window), "ssthresh": int(p.ssthresh), "srtt_ms": p.srtt_ms, "rto_ms": int(p.rto_ms)}
+                for d, p in self.core.sched.paths.items()
+            }
             st["inbox"] = store.inbox_count()  # (not len(inbox()): that read every body, files included)
         for ext in self.extensions:
             if hasattr(ext, "status"):

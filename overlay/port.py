@@ -30,8 +30,21 @@ if TYPE_CHECKING:
     from c2dtn.overlay.core import OverlayCore
     from c2dtn.overlay.syncer import Syncer
 
-__all__ = ["MAX_MESSAGE_BYTES", "Delivery", "Item", "Mark", "Port", "Priority", "QuotaExceeded", "StoreFull",
-           "TooLarge", "load_config", "now_ms", "request", "run"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "Delivery",
+    "Item",
+    "Mark",
+    "Port",
+    "Priority",
+    "QuotaExceeded",
+    "StoreFull",
+    "TooLarge",
+    "load_config",
+    "now_ms",
+    "request",
+    "run",
+]
 
 # one envelope to submit: (destination, body, lifetime in ms, priority, supersession key, app)
 Item = tuple[str, bytes, int, Priority, "str | None", str]
@@ -43,9 +56,14 @@ def now_ms() -> int:
 
 
 class Port:
-    def __init__(self, core: OverlayCore, syncer: Syncer | None, storage: Path,
-                 on_submitted: Callable[[Priority], None] = lambda _p: None,
-                 on_consumed: Callable[[list[int]], None] | None = None):
+    def __init__(
+        self,
+        core: OverlayCore,
+        syncer: Syncer | None,
+        storage: Path,
+        on_submitted: Callable[[Priority], None] = lambda _p: None,
+        on_consumed: Callable[[list[int]], None] | None = None,
+    ):
         """on_submitted: told the most urgent priority of each submit (the node plans);
         on_consumed: told the ids the application is done with (default: the core alone)."""
         self._core, self._syncer = core, syncer

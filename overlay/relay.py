@@ -75,18 +75,39 @@ class RelayConfig:
         return self.storage / "relay.db"
 
 
-RELAY_TOP = table("(top level)", "A relay config has one table.", [
-    F("relay", "table", None, "The relay.", '{ id = "tacnet", storage = "/var/lib/c2dtn/tacnet", islands = [] }'),
-], doc="relay")
-RELAY = table("relay", "One box, one agent per island, bundles carried across unchanged ([the bundle overlay](design.md)).", [
-    F("id", "name", None, "The relay's node id (what [relays] in the nodes' configs name).", '"tacnet"'),
-    F("storage", "path", None, "The relay's durable queue (relay.db).", '"/var/lib/c2dtn/tacnet"'),
-    F("netns", "string", "(none)", "Run inside this network namespace.", '"c2-tacnet"'),
-    F("islands", "array of paths", None, "Node configs, one per agent kind (at least two; relative to this file).",
-      '["tacnet.dtn7.toml", "tacnet.ibrdtn.toml"]'),
-    F("max_bytes", "integer", str(RelayConfig.max_bytes), "Bound on what the relay holds (at least 65536).",
-      "268435456", "bytes"),
-], doc="relay")
+RELAY_TOP = table(
+    "(top level)",
+    "A relay config has one table.",
+    [
+        F("relay", "table", None, "The relay.", '{ id = "tacnet", storage = "/var/lib/c2dtn/tacnet", islands = [] }'),
+    ],
+    doc="relay",
+)
+RELAY = table(
+    "relay",
+    "One box, one agent per island, bundles carried across unchanged ([the bundle overlay](design.md)).",
+    [
+        F("id", "name", None, "The relay's node id (what [relays] in the nodes' configs name).", '"tacnet"'),
+        F("storage", "path", None, "The relay's durable queue (relay.db).", '"/var/lib/c2dtn/tacnet"'),
+        F("netns", "string", "(none)", "Run inside this network namespace.", '"c2-tacnet"'),
+        F(
+            "islands",
+            "array of paths",
+            None,
+            "Node configs, one per agent kind (at least two; relative to this file).",
+            '["tacnet.dtn7.toml", "tacnet.ibrdtn.toml"]',
+        ),
+        F(
+            "max_bytes",
+            "integer",
+            str(RelayConfig.max_bytes),
+            "Bound on what the relay holds (at least 65536).",
+            "268435456",
+            "bytes",
+        ),
+    ],
+    doc="relay",
+)
 
 
 def load_relay_config(path: str | Path) -> RelayConfig:
@@ -154,8 +175,10 @@ class RelayCore:
         db = sqlite3.connect(str(path), isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        db.execute("CREATE TABLE IF NOT EXISTS held (id INTEGER PRIMARY KEY AUTOINCREMENT, island TEXT NOT NULL, "
-                   "dst TEXT NOT NULL, payload BLOB NOT NULL, held_ms INTEGER NOT NULL)")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS held (id INTEGER PRIMARY KEY AUTOINCREMENT, island TEXT NOT NULL, "
+            "dst TEXT NOT NULL, payload BLOB NOT NULL, held_ms INTEGER NOT NULL)"
+        )
         db.execute("CREATE INDEX IF NOT EXISTS held_island ON held (island, id)")
         core = cls(members, db, max_bytes)
         core.held_bytes = db.execute("SELECT coalesce(sum(length(payload)), 0) FROM held").fetchone()[0]
@@ -168,8 +191,11 @@ class RelayCore:
         if to is None:
             to = next((i for i, m in self.members.items() if "*" in m and i != from_island), None)
         if to is None:
-            raise Unroutable(f"no island reaches node {dst!r} (islands: "
-                             + "; ".join(f"{i}: {', '.join(sorted(m))}" for i, m in self.members.items()) + ")")
+            raise Unroutable(
+                f"no island reaches node {dst!r} (islands: "
+                + "; ".join(f"{i}: {', '.join(sorted(m))}" for i, m in self.members.items())
+                + ")"
+            )
         if to == from_island:
             raise Unroutable(f"node {dst!r} is in island {from_island}, where the bundle came from (a loop)")
         return to, dst
@@ -188,8 +214,13 @@ class RelayCore:
                 continue
             if self.held_bytes + len(p) > self.max_bytes:
                 self.counters["dropped_full"] += 1
-                log.warning("dropped a %d-byte bundle for %s: the relay holds %d bytes (max_bytes %d)",
-                            len(p), dst, self.held_bytes, self.max_bytes)
+                log.warning(
+                    "dropped a %d-byte bundle for %s: the relay holds %d bytes (max_bytes %d)",
+                    len(p),
+                    dst,
+                    self.held_bytes,
+                    self.max_bytes,
+                )
                 continue
             rows.append((to, dst, p, now_ms))
             self.held_bytes += len(p)
@@ -201,8 +232,9 @@ class RelayCore:
 
     def take(self, island: str, limit: int = FORWARD_BATCH) -> list[tuple[int, str, bytes, int]]:
         """The oldest rows waiting for `island`'s agent: (id, dst, payload, held_ms)."""
-        return self.db.execute("SELECT id, dst, payload, held_ms FROM held WHERE island = ? ORDER BY id LIMIT ?",
-                               (island, limit)).fetchall()
+        return self.db.execute(
+            "SELECT id, dst, payload, held_ms FROM held WHERE island = ? ORDER BY id LIMIT ?", (island, limit)
+        ).fetchall()
 
     def done(self, rows: list[tuple[int, str, bytes, int]], counter: str = "forwarded") -> None:
         """The agent took these (or they expired): they leave the queue."""
@@ -242,6 +274,7 @@ class Relay:
             agent = self.sups[island].agent
             await agent.register(agent.endpoint)
             self.wake[island].set()
+
         return again
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -249,8 +282,11 @@ class Relay:
             await asyncio.gather(*(self._start(sup) for sup in self.sups.values()))  # agents start side by side
             for k in self.islands:
                 self._tasks += [asyncio.create_task(self._receive(k)), asyncio.create_task(self._forward(k))]
-            log.info("relay %s up: %s", self.cfg.id, "; ".join(
-                f"{k} island ({', '.join(sorted(self.core.members[k]))})" for k in self.islands))
+            log.info(
+                "relay %s up: %s",
+                self.cfg.id,
+                "; ".join(f"{k} island ({', '.join(sorted(self.core.members[k]))})" for k in self.islands),
+            )
             held = self.core.held()
             if held:
                 log.info("holding from before: %s", ", ".join(f"{n} for {k}" for k, n in held.items()))
@@ -323,8 +359,9 @@ class Relay:
                     sent.append(r)
                 backoff = 0.5
             except AgentError as e:  # the agent is down or refuses: keep the rest, try again
-                log.warning("island %s: %s; %d bundles wait (retrying in %.1f s)", island, e, len(rows) - len(sent),
-                            backoff)
+                log.warning(
+                    "island %s: %s; %d bundles wait (retrying in %.1f s)", island, e, len(rows) - len(sent), backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(10.0, backoff * 2)
             finally:

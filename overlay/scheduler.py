@@ -143,8 +143,13 @@ class Scheduler:
         return p
 
     # -- planning ----------------------------------------------------------
-    def plan(self, now_ms: int, acks: dict[str, tuple[list[int], list[int]]] | None = None,
-             acks_due: set[str] | None = None, only: set[str] | None = None) -> list[Outgoing]:
+    def plan(
+        self,
+        now_ms: int,
+        acks: dict[str, tuple[list[int], list[int]]] | None = None,
+        acks_due: set[str] | None = None,
+        only: set[str] | None = None,
+    ) -> list[Outgoing]:
         """What to send now.  Marks what it returns as in flight in the store.
 
         Pending acks ride along with data for their node; those in acks_due (all,
@@ -248,8 +253,9 @@ class Scheduler:
         self._probe_at: dict[str, int] = {}
         for dst, p in self.paths.items():
             lacking = self.store.inflight(dst, limit=1)  # the oldest thing it lacks, in sending order
-            if not lacking and not (self.store.superseded_inflight(dst, now_ms + 1)
-                                    and self.store.queued(dst, limit=1)):
+            if not lacking and not (
+                self.store.superseded_inflight(dst, now_ms + 1) and self.store.queued(dst, limit=1)
+            ):
                 continue
             first = lacking[0] if lacking else None
             if p.last_sent_ms is None:
@@ -267,7 +273,7 @@ class Scheduler:
                 base = self.cfg.min_rto_ms
             else:
                 continue  # a fresh node that has heard nothing yet: its initial timeout decides
-            at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** p.probes)))
+            at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2**p.probes)))
             if at > now_ms:
                 self._probe_at[dst] = at
             elif first is None:
@@ -283,9 +289,12 @@ class Scheduler:
 
     def _lingers(self, queued: list[OutItem], now_ms: int) -> bool:
         """Hold these back a little so more can join them in one bundle?"""
-        return (self.cfg.linger_ms > 0 and all(i.priority > Priority.IMMEDIATE for i in queued)
-                and now_ms - min(i.created_ms for i in queued) < self.cfg.linger_ms
-                and sum(i.size for i in queued) < self.cfg.aggregate_bytes // 2)
+        return (
+            self.cfg.linger_ms > 0
+            and all(i.priority > Priority.IMMEDIATE for i in queued)
+            and now_ms - min(i.created_ms for i in queued) < self.cfg.linger_ms
+            and sum(i.size for i in queued) < self.cfg.aggregate_bytes // 2
+        )
 
     def _bundle(self, dst: str, items: list[OutItem], ack_seqs, now_ms: int) -> list[Outgoing]:
         group_ack = isinstance(ack_seqs, dict)
@@ -303,8 +312,16 @@ class Scheduler:
         size = 0
         rtx = 0
         if has_acks:
-            ack = Envelope(Kind.ACK, self.codec.node, 0, dst, now_ms, ACK_LIFETIME_MS, Priority.FLASH,
-                           body=encode_ack_body(ack_seqs if group_ack else {dst: ack_seqs}))
+            ack = Envelope(
+                Kind.ACK,
+                self.codec.node,
+                0,
+                dst,
+                now_ms,
+                ACK_LIFETIME_MS,
+                Priority.FLASH,
+                body=encode_ack_body(ack_seqs if group_ack else {dst: ack_seqs}),
+            )
             sealed.append(self.codec.seal(ack))
             size = len(sealed[0])
         small = self.cfg.aggregate_bytes
@@ -318,9 +335,12 @@ class Scheduler:
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
             # over the aggregate size anyway (the acks ride along rather than go on their own);
             # and before its bodies, decompressed, pass what a receiver opens of one bundle
-            if sealed and ((size + len(s) > cap and (seqs or len(s) <= cap))
-                           or plain + len(env.body) > MAX_BUNDLE_PLAIN_BYTES):
-                bundles.append(Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx))
+            if sealed and (
+                (size + len(s) > cap and (seqs or len(s) <= cap)) or plain + len(env.body) > MAX_BUNDLE_PLAIN_BYTES
+            ):
+                bundles.append(
+                    Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx)
+                )
                 sealed, seqs, size, rtx, all_large, plain = [], [], 0, 0, True, 0
             all_large = all_large and len(s) > small
             sealed.append(s)
@@ -329,12 +349,13 @@ class Scheduler:
             plain += len(env.body)
             rtx += it.attempts > 0
         if sealed:
-            bundles.append(Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx))
+            bundles.append(
+                Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx)
+            )
         if items:
             p = self.path(dst)
             p.last_sent_ms = now_ms
-            retry_at = {it.seq: now_ms + int(min(self.cfg.max_rto_ms, p.rto_ms * (2 ** it.attempts)))
-                        for it in items}
+            retry_at = {it.seq: now_ms + int(min(self.cfg.max_rto_ms, p.rto_ms * (2**it.attempts))) for it in items}
             self.store.mark_sent([it.seq for it in items], now_ms, retry_at)
         return bundles
 
@@ -378,16 +399,21 @@ class Scheduler:
                 # (RACK cannot tell: the probe was a resent envelope)
                 cutoff = max((it.sent_ms for it in items if it.sent_ms is not None), default=None)
                 if cutoff is not None:
-                    lost = {it.seq: now_ms for it in self.store.inflight(dst, retry_after_ms=now_ms)
-                            if it.sent_ms is not None and it.sent_ms < cutoff}
+                    lost = {
+                        it.seq: now_ms
+                        for it in self.store.inflight(dst, retry_after_ms=now_ms)
+                        if it.sent_ms is not None and it.sent_ms < cutoff
+                    }
                     if lost:
                         self.store.set_retry(lost)
             # RACK's reordering window (RFC 8985 6.2): a quarter of the minimum round trip to
             # start with (a BPA that hands bundles over a little out of order is not losing
             # them), one quarter more each time a resent envelope proves to have arrived anyway
             # (acked sooner after the resend than any round trip), up to the smoothed round trip
-            spurious = any(it.attempts > 1 and it.sent_ms is not None and p.min_rtt_ms
-                           and now_ms - it.sent_ms < p.min_rtt_ms for it in items)
+            spurious = any(
+                it.attempts > 1 and it.sent_ms is not None and p.min_rtt_ms and now_ms - it.sent_ms < p.min_rtt_ms
+                for it in items
+            )
             if spurious and p.srtt_ms and p.reo_steps * p.min_rtt_ms / 4 < p.srtt_ms:
                 p.reo_steps += 1
             # RACK: what was sent well before the newest envelope that arrived, and has not
@@ -429,8 +455,10 @@ class Scheduler:
         """Envelopes sent before one the destination already has, and still not there:
         lost on the way, so due again now rather than at their timeout.  For a group,
         `member` is the one that acked: what it has not got is due again (for all)."""
-        lost = {it.seq: now_ms for it in self.store.inflight(dst, lacking=member, sent_before_ms=sent_before_ms,
-                                                             retry_after_ms=now_ms)}
+        lost = {
+            it.seq: now_ms
+            for it in self.store.inflight(dst, lacking=member, sent_before_ms=sent_before_ms, retry_after_ms=now_ms)
+        }
         if lost:
             self.store.set_retry(lost)
             self.store.count_event("fast_retransmits", len(lost))
@@ -456,6 +484,14 @@ class Scheduler:
         p.window = max(self.cfg.min_window, p.window / 2)
 
     def next_wakeup_ms(self) -> int | None:
-        times = [t for t in (self.store.next_retry_ms(), self.store.next_expiry_ms(),
-                             *self._linger_until.values(), *self._probe_at.values()) if t is not None]
+        times = [
+            t
+            for t in (
+                self.store.next_retry_ms(),
+                self.store.next_expiry_ms(),
+                *self._linger_until.values(),
+                *self._probe_at.values(),
+            )
+            if t is not None
+        ]
         return min(times) if times else None

@@ -83,8 +83,21 @@ class OutItem:
     superseded: bool = False
 
     def envelope(self, origin: str, floor: int, inc: int = 0) -> Envelope:
-        return Envelope(Kind.DATA, origin, self.seq, self.dst, self.created_ms, self.lifetime_ms,
-                        Priority(self.priority), self.supersede, self.body, self.app, self.cseq, floor, inc=inc)
+        return Envelope(
+            Kind.DATA,
+            origin,
+            self.seq,
+            self.dst,
+            self.created_ms,
+            self.lifetime_ms,
+            Priority(self.priority),
+            self.supersede,
+            self.body,
+            self.app,
+            self.cseq,
+            floor,
+            inc=inc,
+        )
 
 
 @dataclass
@@ -122,12 +135,14 @@ class Store(Protocol):
     def bump(self, name: str, by: int = 1) -> int: ...
     def counter(self, name: str) -> int: ...
     def counters(self) -> dict[str, int]: ...
+
     # reports are a log of the newest outcomes, bounded (the counters keep the totals): a
     # gateway superseding positions for weeks would otherwise grow its store without end
     reports_kept: int  # REPORTS_KEPT unless changed
 
-    def report_add(self, seq: int, dst: str, outcome: str, at_ms: int, created_ms: int,
-                   supersede: str | None) -> None: ...
+    def report_add(
+        self, seq: int, dst: str, outcome: str, at_ms: int, created_ms: int, supersede: str | None
+    ) -> None: ...
     def reports(self, since_id: int = 0) -> list[tuple]: ...
 
     # -- outbox ------------------------------------------------------------------------------
@@ -135,7 +150,9 @@ class Store(Protocol):
     def out_get(self, seqs: Iterable[int]) -> dict[int, OutItem]: ...  # those held, without bodies
     def out_seqs_between(self, lo: int, hi: int) -> list[int]: ...  # seqs held in lo..hi, ascending
     def out_delete(self, seqs: Iterable[int]) -> None: ...  # with their bodies and member acks
-    def out_update(self, seqs: Iterable[int], **fields) -> None: ...  # inflight, attempts, sent_ms, retry_ms, received, superseded
+    def out_update(
+        self, seqs: Iterable[int], **fields
+    ) -> None: ...  # inflight, attempts, sent_ms, retry_ms, received, superseded
     def out_set_retry(self, retry_at_ms: dict[int, int]) -> None: ...
     def out_sent(self, seqs: list[int], sent_ms: int, retry_at_ms: dict[int, int]) -> None: ...  # attempts + 1
     def out_totals(self) -> tuple[int, int]: ...  # (envelopes, bytes) held
@@ -143,14 +160,22 @@ class Store(Protocol):
     def out_queued(self, dst: str, limit: int) -> list[OutItem]: ...  # not sent; priority, seq order; bodies
     def out_due(self, now_ms: int) -> list[OutItem]: ...  # in flight, not there, retry time come; bodies
     def out_expired(self, now_ms: int) -> list[OutItem]: ...
-    def out_inflight(self, dst: str, lacking: str | None = None, sent_before_ms: int | None = None,
-                     retry_after_ms: int | None = None, limit: int = -1) -> list[OutItem]: ...
+    def out_inflight(
+        self,
+        dst: str,
+        lacking: str | None = None,
+        sent_before_ms: int | None = None,
+        retry_after_ms: int | None = None,
+        limit: int = -1,
+    ) -> list[OutItem]: ...
     def out_last_sent_ms(self, dst: str) -> int: ...
     def out_next_retry_ms(self) -> int | None: ...
     def out_next_expiry_ms(self) -> int | None: ...
     def out_destinations(self) -> list[str]: ...
     def out_inflight_bytes(self) -> dict[str, int]: ...
-    def out_superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]: ...  # seqs, superseded copies on the way
+    def out_superseded_inflight(
+        self, dst: str, sent_before_ms: int
+    ) -> list[int]: ...  # seqs, superseded copies on the way
     def out_min_cseq(self, dst: str, priority: int) -> int: ...  # of the not superseded, ordered ones; 0: none
     def out_pending(self, dst: str) -> bool: ...  # anything not sent, or sent and not there (nor superseded)
     def out_summary(self) -> list[tuple[str, int, int, int, int]]: ...  # (dst, priority, queued, in flight, bytes)
@@ -178,8 +203,9 @@ class Store(Protocol):
     def held_min(self, stream: str, priority: int) -> int | None: ...
     def held_has(self, origin: str, seq: int) -> bool: ...  # in any of the origin's streams
     def inbox_add(self, d: Delivery) -> None: ...  # d.id is assigned by the store
-    def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
-              after: int = 0) -> list[Delivery]: ...
+    def inbox(
+        self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (), after: int = 0
+    ) -> list[Delivery]: ...
     def inbox_count(self) -> int: ...  # envelopes waiting for the application (their bodies not read)
     def inbox_has(self, origin: str, seq: int) -> bool: ...
     def inbox_pop(self, inbox_id: int) -> tuple[str, int] | None: ...  # (origin, seq) of what left
@@ -193,9 +219,11 @@ STORES: dict[str, Callable[..., Store]] = {}
 
 def register(name: str):
     """Make a Store class available to open_store under `name`."""
+
     def deco(cls):
         STORES[name] = cls
         return cls
+
     return deco
 
 

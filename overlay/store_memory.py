@@ -26,8 +26,20 @@ class MemoryStore:
     reports_kept = REPORTS_KEPT
 
     def __init__(self):
-        self.s = {"counters": {}, "reports": [], "out": {}, "members": {}, "marks": {}, "seen": {}, "latest": {},
-                  "order": {}, "held": {}, "inbox": {}, "inbox_id": 0, "owed": {"done": set(), "got": set()}}
+        self.s = {
+            "counters": {},
+            "reports": [],
+            "out": {},
+            "members": {},
+            "marks": {},
+            "seen": {},
+            "latest": {},
+            "order": {},
+            "held": {},
+            "inbox": {},
+            "inbox_id": 0,
+            "owed": {"done": set(), "got": set()},
+        }
         self._depth = 0
         self._durable = False
         self._snapshot = None
@@ -58,7 +70,7 @@ class MemoryStore:
         r = self.s["reports"]
         r.append(((r[-1][0] if r else 0) + 1, seq, dst, outcome, at_ms, created_ms, supersede))
         if len(r) > self.reports_kept * 1.1:
-            del r[:len(r) - self.reports_kept]
+            del r[: len(r) - self.reports_kept]
 
     def reports(self, since_id: int = 0) -> list[tuple]:
         return [r for r in self.s["reports"] if r[0] > since_id]
@@ -103,8 +115,9 @@ class MemoryStore:
         for seq in seqs:
             it = self.s["out"].get(seq)
             if it is not None:
-                self.s["out"][seq] = replace(it, inflight=True, attempts=it.attempts + 1, sent_ms=sent_ms,
-                                             retry_ms=retry_at_ms[seq])
+                self.s["out"][seq] = replace(
+                    it, inflight=True, attempts=it.attempts + 1, sent_ms=sent_ms, retry_ms=retry_at_ms[seq]
+                )
 
     def out_totals(self) -> tuple[int, int]:
         return len(self.s["out"]), sum(it.size for it in self.s["out"].values())
@@ -121,14 +134,27 @@ class MemoryStore:
     def out_expired(self, now_ms: int) -> list[OutItem]:
         return self._items(False, lambda it: it.expires_ms <= now_ms)
 
-    def out_inflight(self, dst: str, lacking: str | None = None, sent_before_ms: int | None = None,
-                     retry_after_ms: int | None = None, limit: int = -1) -> list[OutItem]:
+    def out_inflight(
+        self,
+        dst: str,
+        lacking: str | None = None,
+        sent_before_ms: int | None = None,
+        retry_after_ms: int | None = None,
+        limit: int = -1,
+    ) -> list[OutItem]:
         members = self.s["members"]
-        out = self._items(False, lambda it: (
-            it.dst == dst and it.inflight and not it.received and not it.superseded
-            and (lacking is None or lacking not in members.get(it.seq, {}))
-            and (sent_before_ms is None or it.sent_ms < sent_before_ms)
-            and (retry_after_ms is None or it.retry_ms > retry_after_ms)))
+        out = self._items(
+            False,
+            lambda it: (
+                it.dst == dst
+                and it.inflight
+                and not it.received
+                and not it.superseded
+                and (lacking is None or lacking not in members.get(it.seq, {}))
+                and (sent_before_ms is None or it.sent_ms < sent_before_ms)
+                and (retry_after_ms is None or it.retry_ms > retry_after_ms)
+            ),
+        )
         return out if limit < 0 else out[:limit]
 
     def out_last_sent_ms(self, dst: str) -> int:
@@ -151,16 +177,31 @@ class MemoryStore:
         return out
 
     def out_superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
-        return sorted(it.seq for it in self.s["out"].values() if it.dst == dst and it.inflight and not it.received
-                      and it.superseded and it.sent_ms is not None and it.sent_ms < sent_before_ms)
+        return sorted(
+            it.seq
+            for it in self.s["out"].values()
+            if it.dst == dst
+            and it.inflight
+            and not it.received
+            and it.superseded
+            and it.sent_ms is not None
+            and it.sent_ms < sent_before_ms
+        )
 
     def out_min_cseq(self, dst: str, priority: int) -> int:
-        return min((it.cseq for it in self.s["out"].values() if it.dst == dst and it.priority == priority
-                    and not it.superseded and it.cseq > 0), default=0)
+        return min(
+            (
+                it.cseq
+                for it in self.s["out"].values()
+                if it.dst == dst and it.priority == priority and not it.superseded and it.cseq > 0
+            ),
+            default=0,
+        )
 
     def out_pending(self, dst: str) -> bool:
-        return any(it.dst == dst and (not it.inflight or not (it.received or it.superseded))
-                   for it in self.s["out"].values())
+        return any(
+            it.dst == dst and (not it.inflight or not (it.received or it.superseded)) for it in self.s["out"].values()
+        )
 
     def out_summary(self) -> list[tuple[str, int, int, int, int]]:
         rows: dict[tuple[str, int], list[int]] = {}
@@ -246,8 +287,10 @@ class MemoryStore:
         return min(self.s["held"].get((stream, priority), {}), default=None)
 
     def held_has(self, origin: str, seq: int) -> bool:
-        return any((stream == origin or stream.startswith(origin + ">")) and any(d.seq == seq for d in h.values())
-                   for (stream, _), h in self.s["held"].items())
+        return any(
+            (stream == origin or stream.startswith(origin + ">")) and any(d.seq == seq for d in h.values())
+            for (stream, _), h in self.s["held"].items()
+        )
 
     def inbox_add(self, d: Delivery) -> None:
         self.s["inbox_id"] += 1
@@ -255,11 +298,15 @@ class MemoryStore:
         d.id = self.s["inbox_id"]
         self.s["inbox"][d.id] = d
 
-    def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
-              after: int = 0) -> list[Delivery]:
+    def inbox(
+        self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (), after: int = 0
+    ) -> list[Delivery]:
         exclude = set(exclude)
-        out = [copy.copy(d) for i, d in sorted(self.s["inbox"].items()) if i > after
-               and (d.app == app if app is not None else d.app not in exclude)]
+        out = [
+            copy.copy(d)
+            for i, d in sorted(self.s["inbox"].items())
+            if i > after and (d.app == app if app is not None else d.app not in exclude)
+        ]
         return out[:limit]
 
     def inbox_count(self) -> int:

@@ -160,8 +160,10 @@ FRESH_BYTES = 8 << 20  # the last bodies written to files, kept to be read back 
 _ZEROS = bytes(1 << 20)
 BACKSTOP_PAGES = 16384  # 64 MB of WAL: with background checkpoints, a commit checkpoints only past this
 
-_OUT_COLS = ("seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, size, "
-             "inflight, attempts, sent_ms, retry_ms, received, superseded")
+_OUT_COLS = (
+    "seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, size, "
+    "inflight, attempts, sent_ms, retry_ms, received, superseded"
+)
 # ... and the body, for what is about to be sealed
 _OUT_WITH_BODY = f"SELECT {_OUT_COLS}, body FROM outbox JOIN bodies USING(seq)"
 _UPDATABLE = {"inflight", "attempts", "sent_ms", "retry_ms", "received", "superseded"}
@@ -172,7 +174,7 @@ def _chunks(seqs: Iterable[int], size: int = 500) -> Iterator[list[int]]:
     """Ids in lists short enough for one statement's parameters."""
     seqs = list(seqs)
     for i in range(0, len(seqs), size):
-        yield seqs[i:i + size]
+        yield seqs[i : i + size]
 
 
 def _marks(chunk: list) -> str:
@@ -181,8 +183,25 @@ def _marks(chunk: list) -> str:
 
 def _item(r, body: bytes = b"") -> OutItem:
     """An OutItem from _OUT_COLS (with its body, read by the store, when selected with _OUT_WITH_BODY)."""
-    return OutItem(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], body, r[9],
-                   bool(r[10]), r[11], r[12], r[13], bool(r[14]), bool(r[15]))
+    return OutItem(
+        r[0],
+        r[1],
+        r[2],
+        r[3],
+        r[4],
+        r[5],
+        r[6],
+        r[7],
+        r[8],
+        body,
+        r[9],
+        bool(r[10]),
+        r[11],
+        r[12],
+        r[13],
+        bool(r[14]),
+        bool(r[15]),
+    )
 
 
 # loop: a durable commit fsyncs before it returns (on the caller's thread: the event loop);
@@ -230,8 +249,10 @@ class SqliteStore:
             self.db.executescript("BEGIN IMMEDIATE;" + SCHEMA + "PRAGMA user_version=4; COMMIT;")
             version = 4
         if not fresh and version != SCHEMA_VERSION:
-            raise C2Error(f"custody store {self.path} has schema version {version}, this c2dtn uses "
-                          f"{SCHEMA_VERSION}: deliver or export what it holds with the c2dtn that wrote it")
+            raise C2Error(
+                f"custody store {self.path} has schema version {version}, this c2dtn uses "
+                f"{SCHEMA_VERSION}: deliver or export what it holds with the c2dtn that wrote it"
+            )
         self.db.executescript(SCHEMA)
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._counts: dict[str, int] = dict(self.db.execute("SELECT name, value FROM counters").fetchall())
@@ -343,7 +364,7 @@ class SqliteStore:
         try:
             view = memoryview(body)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -383,8 +404,10 @@ class SqliteStore:
                     self._tx_files.append(name)
                     self._write_file(name, body)
             except OSError as e:
-                raise StoreFull(f"custody store {self.path}: a body of {len(body)} bytes could not be written to "
-                                f"{self.files / name} ({e}); nothing of this change was kept") from e
+                raise StoreFull(
+                    f"custody store {self.path}: a body of {len(body)} bytes could not be written to "
+                    f"{self.files / name} ({e}); nothing of this change was kept"
+                ) from e
         os.fsync(self._dir_fd)
 
     def _writes_done(self) -> None:
@@ -450,9 +473,13 @@ class SqliteStore:
             return
         if not names:
             return
-        named = {r[0] for r in self.db.execute(
-            "SELECT body FROM bodies WHERE typeof(body)='text' UNION ALL SELECT body FROM inbox WHERE "
-            "typeof(body)='text' UNION ALL SELECT body FROM held WHERE typeof(body)='text'")}
+        named = {
+            r[0]
+            for r in self.db.execute(
+                "SELECT body FROM bodies WHERE typeof(body)='text' UNION ALL SELECT body FROM inbox WHERE "
+                "typeof(body)='text' UNION ALL SELECT body FROM held WHERE typeof(body)='text'"
+            )
+        }
         self._dir_fd = os.open(self.files, os.O_RDONLY)
         for name in sorted(names - named):
             self._shred(self.files / name)
@@ -485,8 +512,10 @@ class SqliteStore:
         return v
 
     def _write_counters(self, values: dict[str, int]) -> None:
-        self.db.executemany("INSERT INTO counters(name, value) VALUES(?, ?) ON CONFLICT(name) "
-                            "DO UPDATE SET value = excluded.value", list(values.items()))
+        self.db.executemany(
+            "INSERT INTO counters(name, value) VALUES(?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+            list(values.items()),
+        )
 
     def _flush_counters(self) -> None:
         """Before the outer COMMIT: this transaction's counter changes into the table (what
@@ -510,14 +539,18 @@ class SqliteStore:
         return dict(self._counts)
 
     def report_add(self, seq, dst, outcome, at_ms, created_ms, supersede) -> None:
-        rid = self.db.execute("INSERT INTO reports(seq, dst, outcome, at_ms, created_ms, supersede) "
-                              "VALUES(?,?,?,?,?,?)", (seq, dst, outcome, at_ms, created_ms, supersede)).lastrowid
+        rid = self.db.execute(
+            "INSERT INTO reports(seq, dst, outcome, at_ms, created_ms, supersede) VALUES(?,?,?,?,?,?)",
+            (seq, dst, outcome, at_ms, created_ms, supersede),
+        ).lastrowid
         if rid % max(1, self.reports_kept // 10) == 0:  # the newest reports_kept (+10 %) stay
             self.db.execute("DELETE FROM reports WHERE id <= ?", (rid - self.reports_kept,))
 
     def reports(self, since_id: int = 0) -> list[tuple]:
-        return self.db.execute("SELECT id, seq, dst, outcome, at_ms, created_ms, supersede FROM reports "
-                               "WHERE id > ? ORDER BY id", (since_id,)).fetchall()
+        return self.db.execute(
+            "SELECT id, seq, dst, outcome, at_ms, created_ms, supersede FROM reports WHERE id > ? ORDER BY id",
+            (since_id,),
+        ).fetchall()
 
     # -- outbox ------------------------------------------------------------------------------
     def out_add(self, items: list[OutItem]) -> None:
@@ -526,8 +559,22 @@ class SqliteStore:
         self.db.executemany(
             "INSERT INTO outbox(seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, "
             "app, size) VALUES(?,?,?,?,?,?,?,?,?,?)",
-            [(it.seq, it.dst, it.priority, it.cseq, it.created_ms, it.lifetime_ms, it.expires_ms, it.supersede,
-              it.app, it.size) for it in items])
+            [
+                (
+                    it.seq,
+                    it.dst,
+                    it.priority,
+                    it.cseq,
+                    it.created_ms,
+                    it.lifetime_ms,
+                    it.expires_ms,
+                    it.supersede,
+                    it.app,
+                    it.size,
+                )
+                for it in items
+            ],
+        )
         self.db.executemany("INSERT INTO bodies(seq, body) VALUES(?,?)", [(it.seq, self._put(it.body)) for it in items])
         self.bump("held_envelopes", len(items))
         self.bump("held_bytes", sum(it.size for it in items))
@@ -540,16 +587,21 @@ class SqliteStore:
         return out
 
     def out_seqs_between(self, lo: int, hi: int) -> list[int]:
-        return [r[0] for r in self.db.execute("SELECT seq FROM outbox WHERE seq BETWEEN ? AND ? ORDER BY seq",
-                                              (lo, hi))]
+        return [
+            r[0] for r in self.db.execute("SELECT seq FROM outbox WHERE seq BETWEEN ? AND ? ORDER BY seq", (lo, hi))
+        ]
 
     def out_delete(self, seqs: Iterable[int]) -> None:
         n = nbytes = 0
         for chunk in _chunks(seqs):
             qs = _marks(chunk)
             # by the primary key (NOT INDEXED: the partial index of files would be walked whole)
-            self._dropped(r[0] for r in self.db.execute(
-                f"SELECT body FROM bodies NOT INDEXED WHERE seq IN ({qs}) AND typeof(body)='text'", chunk))
+            self._dropped(
+                r[0]
+                for r in self.db.execute(
+                    f"SELECT body FROM bodies NOT INDEXED WHERE seq IN ({qs}) AND typeof(body)='text'", chunk
+                )
+            )
             sizes = self.db.execute(f"DELETE FROM outbox WHERE seq IN ({qs}) RETURNING size", chunk).fetchall()
             self.db.execute(f"DELETE FROM member_acks WHERE seq IN ({qs})", chunk)  # the trigger takes the bodies
             n, nbytes = n + len(sizes), nbytes + sum(r[0] for r in sizes)
@@ -570,33 +622,49 @@ class SqliteStore:
         self.db.executemany("UPDATE outbox SET retry_ms=? WHERE seq=?", [(t, s) for s, t in retry_at_ms.items()])
 
     def out_sent(self, seqs: list[int], sent_ms: int, retry_at_ms: dict[int, int]) -> None:
-        self.db.executemany("UPDATE outbox SET inflight=1, attempts=attempts+1, sent_ms=?, retry_ms=? WHERE seq=?",
-                            [(sent_ms, retry_at_ms[s], s) for s in seqs])
+        self.db.executemany(
+            "UPDATE outbox SET inflight=1, attempts=attempts+1, sent_ms=?, retry_ms=? WHERE seq=?",
+            [(sent_ms, retry_at_ms[s], s) for s in seqs],
+        )
 
     def out_totals(self) -> tuple[int, int]:
         return self.counter("held_envelopes"), self.counter("held_bytes")
 
     def out_by_key(self, dst: str, key: str) -> list[OutItem]:
-        return [_item(r) for r in self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE dst=? AND supersede=?",
-                                                  (dst, key)).fetchall()]
+        return [
+            _item(r)
+            for r in self.db.execute(
+                f"SELECT {_OUT_COLS} FROM outbox WHERE dst=? AND supersede=?", (dst, key)
+            ).fetchall()
+        ]
 
     def out_queued(self, dst: str, limit: int) -> list[OutItem]:
-        rows = self.db.execute(f"{_OUT_WITH_BODY} WHERE dst=? AND inflight=0 ORDER BY priority, seq LIMIT ?",
-                               (dst, limit)).fetchall()
+        rows = self.db.execute(
+            f"{_OUT_WITH_BODY} WHERE dst=? AND inflight=0 ORDER BY priority, seq LIMIT ?", (dst, limit)
+        ).fetchall()
         self._start_writes(r[16] for r in rows)
         return [_item(r, self.body_of(r[16])) for r in rows]
 
     def out_due(self, now_ms: int) -> list[OutItem]:
-        rows = self.db.execute(f"{_OUT_WITH_BODY} WHERE inflight=1 AND received=0 AND retry_ms <= ? "
-                               "ORDER BY priority, seq", (now_ms,)).fetchall()
+        rows = self.db.execute(
+            f"{_OUT_WITH_BODY} WHERE inflight=1 AND received=0 AND retry_ms <= ? ORDER BY priority, seq", (now_ms,)
+        ).fetchall()
         return [_item(r, self.body_of(r[16])) for r in rows]
 
     def out_expired(self, now_ms: int) -> list[OutItem]:
-        return [_item(r) for r in self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE expires_ms <= ?",
-                                                  (now_ms,)).fetchall()]
+        return [
+            _item(r)
+            for r in self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE expires_ms <= ?", (now_ms,)).fetchall()
+        ]
 
-    def out_inflight(self, dst: str, lacking: str | None = None, sent_before_ms: int | None = None,
-                     retry_after_ms: int | None = None, limit: int = -1) -> list[OutItem]:
+    def out_inflight(
+        self,
+        dst: str,
+        lacking: str | None = None,
+        sent_before_ms: int | None = None,
+        retry_after_ms: int | None = None,
+        limit: int = -1,
+    ) -> list[OutItem]:
         where, args = "", [dst]
         if lacking:
             where, args = where + " AND seq NOT IN (SELECT seq FROM member_acks WHERE member=?)", args + [lacking]
@@ -604,9 +672,12 @@ class SqliteStore:
             where, args = where + " AND sent_ms < ?", args + [sent_before_ms]
         if retry_after_ms is not None:
             where, args = where + " AND retry_ms > ?", args + [retry_after_ms]
-        rows = self.db.execute(f"SELECT {_OUT_COLS} FROM outbox INDEXED BY outbox_open WHERE dst=? AND inflight=1 "
-                               f"AND received=0 AND "
-                               f"superseded=0{where} ORDER BY priority, seq LIMIT ?", args + [limit]).fetchall()
+        rows = self.db.execute(
+            f"SELECT {_OUT_COLS} FROM outbox INDEXED BY outbox_open WHERE dst=? AND inflight=1 "
+            f"AND received=0 AND "
+            f"superseded=0{where} ORDER BY priority, seq LIMIT ?",
+            args + [limit],
+        ).fetchall()
         return [_item(r) for r in rows]
 
     def out_last_sent_ms(self, dst: str) -> int:
@@ -621,41 +692,65 @@ class SqliteStore:
 
     def out_destinations(self) -> list[str]:
         # a skip-scan of the queue index: one look-up per destination, not a walk of the outbox
-        return [r[0] for r in self.db.execute(
-            "WITH RECURSIVE d(x) AS (SELECT min(dst) FROM outbox UNION ALL "
-            "SELECT (SELECT min(dst) FROM outbox WHERE dst > d.x) FROM d WHERE d.x IS NOT NULL) "
-            "SELECT x FROM d WHERE x IS NOT NULL").fetchall()]
+        return [
+            r[0]
+            for r in self.db.execute(
+                "WITH RECURSIVE d(x) AS (SELECT min(dst) FROM outbox UNION ALL "
+                "SELECT (SELECT min(dst) FROM outbox WHERE dst > d.x) FROM d WHERE d.x IS NOT NULL) "
+                "SELECT x FROM d WHERE x IS NOT NULL"
+            ).fetchall()
+        ]
 
     def out_inflight_bytes(self) -> dict[str, int]:
-        return dict(self.db.execute("SELECT dst, sum(size) FROM outbox INDEXED BY outbox_wire WHERE inflight=1 "
-                                    "AND received=0 GROUP BY dst").fetchall())
+        return dict(
+            self.db.execute(
+                "SELECT dst, sum(size) FROM outbox INDEXED BY outbox_wire WHERE inflight=1 AND received=0 GROUP BY dst"
+            ).fetchall()
+        )
 
     def out_superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
-        return [r[0] for r in self.db.execute("SELECT seq FROM outbox INDEXED BY outbox_wire WHERE dst=? AND inflight=1 "
-                                              "AND received=0 AND sent_ms < ? AND superseded=1",
-                                              (dst, sent_before_ms)).fetchall()]
+        return [
+            r[0]
+            for r in self.db.execute(
+                "SELECT seq FROM outbox INDEXED BY outbox_wire WHERE dst=? AND inflight=1 "
+                "AND received=0 AND sent_ms < ? AND superseded=1",
+                (dst, sent_before_ms),
+            ).fetchall()
+        ]
 
     def out_min_cseq(self, dst: str, priority: int) -> int:
-        row = self.db.execute("SELECT min(cseq) FROM outbox WHERE dst=? AND priority=? AND superseded=0 "
-                              "AND cseq > 0", (dst, priority)).fetchone()
+        row = self.db.execute(
+            "SELECT min(cseq) FROM outbox WHERE dst=? AND priority=? AND superseded=0 AND cseq > 0", (dst, priority)
+        ).fetchone()
         return row[0] or 0
 
     def out_pending(self, dst: str) -> bool:
-        return bool(self.db.execute(
-            "SELECT EXISTS(SELECT 1 FROM outbox WHERE dst=? AND inflight=0) OR EXISTS(SELECT 1 FROM outbox "
-            "INDEXED BY outbox_open WHERE dst=? AND inflight=1 AND superseded=0 AND received=0)", (dst, dst)).fetchone()[0])
+        return bool(
+            self.db.execute(
+                "SELECT EXISTS(SELECT 1 FROM outbox WHERE dst=? AND inflight=0) OR EXISTS(SELECT 1 FROM outbox "
+                "INDEXED BY outbox_open WHERE dst=? AND inflight=1 AND superseded=0 AND received=0)",
+                (dst, dst),
+            ).fetchone()[0]
+        )
 
     def out_summary(self) -> list[tuple[str, int, int, int, int]]:
-        return self.db.execute("SELECT dst, priority, sum(inflight=0), sum(inflight=1), sum(size) FROM outbox "
-                               "GROUP BY dst, priority ORDER BY dst, priority").fetchall()
+        return self.db.execute(
+            "SELECT dst, priority, sum(inflight=0), sum(inflight=1), sum(size) FROM outbox "
+            "GROUP BY dst, priority ORDER BY dst, priority"
+        ).fetchall()
 
     def member_acks(self, seq: int) -> dict[str, bool]:
-        return {m: bool(d) for m, d in self.db.execute("SELECT member, done FROM member_acks WHERE seq=?",
-                                                       (seq,)).fetchall()}
+        return {
+            m: bool(d)
+            for m, d in self.db.execute("SELECT member, done FROM member_acks WHERE seq=?", (seq,)).fetchall()
+        }
 
     def member_ack(self, seq: int, member: str, done: bool) -> None:
-        self.db.execute("INSERT INTO member_acks(seq, member, done) VALUES(?,?,?) ON CONFLICT(seq, member) "
-                        "DO UPDATE SET done=excluded.done", (seq, member, int(done)))
+        self.db.execute(
+            "INSERT INTO member_acks(seq, member, done) VALUES(?,?,?) ON CONFLICT(seq, member) "
+            "DO UPDATE SET done=excluded.done",
+            (seq, member, int(done)),
+        )
 
     def member_acks_prune(self) -> None:
         self.db.execute("DELETE FROM member_acks WHERE seq NOT IN (SELECT seq FROM outbox)")
@@ -668,8 +763,9 @@ class SqliteStore:
         self.db.executemany("DELETE FROM marks WHERE key=?", [(k,) for k in keys])
 
     def mark_set(self, marks: dict[str, bytes], at_ms: int) -> None:
-        self.db.executemany("INSERT OR REPLACE INTO marks(key, digest, at_ms) VALUES(?,?,?)",
-                            [(k, d, at_ms) for k, d in marks.items()])
+        self.db.executemany(
+            "INSERT OR REPLACE INTO marks(key, digest, at_ms) VALUES(?,?,?)", [(k, d, at_ms) for k, d in marks.items()]
+        )
 
     def marks_prune(self, before_ms: int) -> None:
         self.db.execute("DELETE FROM marks WHERE at_ms <= ?", (before_ms,))
@@ -692,69 +788,117 @@ class SqliteStore:
         return row[0] if row else None
 
     def latest_set(self, origin: str, key: str, seq: int) -> None:
-        self.db.execute("INSERT INTO latest(origin, key, seq) VALUES(?,?,?) ON CONFLICT(origin, key) "
-                        "DO UPDATE SET seq=excluded.seq", (origin, key, seq))
+        self.db.execute(
+            "INSERT INTO latest(origin, key, seq) VALUES(?,?,?) ON CONFLICT(origin, key) "
+            "DO UPDATE SET seq=excluded.seq",
+            (origin, key, seq),
+        )
 
     def order_next(self, stream: str, priority: int) -> int:
-        row = self.db.execute("SELECT next_cseq FROM orderq WHERE origin=? AND priority=?",
-                              (stream, priority)).fetchone()
+        row = self.db.execute(
+            "SELECT next_cseq FROM orderq WHERE origin=? AND priority=?", (stream, priority)
+        ).fetchone()
         return row[0] if row else 1
 
     def order_set(self, stream: str, priority: int, nxt: int) -> None:
-        self.db.execute("INSERT INTO orderq(origin, priority, next_cseq) VALUES(?,?,?) ON CONFLICT(origin, priority) "
-                        "DO UPDATE SET next_cseq=excluded.next_cseq", (stream, priority, nxt))
+        self.db.execute(
+            "INSERT INTO orderq(origin, priority, next_cseq) VALUES(?,?,?) ON CONFLICT(origin, priority) "
+            "DO UPDATE SET next_cseq=excluded.next_cseq",
+            (stream, priority, nxt),
+        )
 
     def held_add(self, stream: str, cseq: int, d: Delivery) -> None:
         body = self._put(d.body)
-        cur = self.db.execute("INSERT OR IGNORE INTO held(origin, priority, cseq, seq, created_ms, lifetime_ms, "
-                              "supersede, app, body, received_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",
-                              (stream, int(d.priority), cseq, d.seq, d.created_ms, d.lifetime_ms, d.supersede, d.app,
-                               body, d.received_ms))
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO held(origin, priority, cseq, seq, created_ms, lifetime_ms, "
+            "supersede, app, body, received_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",
+            (
+                stream,
+                int(d.priority),
+                cseq,
+                d.seq,
+                d.created_ms,
+                d.lifetime_ms,
+                d.supersede,
+                d.app,
+                body,
+                d.received_ms,
+            ),
+        )
         if cur.rowcount == 0:  # held already: the file just written is named by no row
             self._dropped([body])
 
     def held_first(self, stream: str, priority: int, upto: int) -> tuple[int, Delivery] | None:
-        row = self.db.execute(f"SELECT cseq, {_DELIVERY_COLS} FROM held WHERE origin=? AND priority=? AND cseq<=? "
-                              "ORDER BY cseq LIMIT 1", (stream, priority, upto)).fetchone()
+        row = self.db.execute(
+            f"SELECT cseq, {_DELIVERY_COLS} FROM held WHERE origin=? AND priority=? AND cseq<=? ORDER BY cseq LIMIT 1",
+            (stream, priority, upto),
+        ).fetchone()
         if row is None:
             return None
         cseq, seq, prio, created, lifetime, sup, app, body, rcv = row
-        return cseq, Delivery(0, stream.split(">", 1)[0], seq, Priority(prio), created, lifetime, sup, app,
-                              self.body_of(body), rcv)
+        return cseq, Delivery(
+            0, stream.split(">", 1)[0], seq, Priority(prio), created, lifetime, sup, app, self.body_of(body), rcv
+        )
 
     def held_delete(self, stream: str, priority: int, cseq: int) -> None:
-        self._dropped(r[0] for r in self.db.execute(
-            "DELETE FROM held WHERE origin=? AND priority=? AND cseq=? RETURNING CASE typeof(body) WHEN 'text' "
-            "THEN body END", (stream, priority, cseq)))
+        self._dropped(
+            r[0]
+            for r in self.db.execute(
+                "DELETE FROM held WHERE origin=? AND priority=? AND cseq=? RETURNING CASE typeof(body) WHEN 'text' "
+                "THEN body END",
+                (stream, priority, cseq),
+            )
+        )
 
     def held_older(self, received_before_ms: int) -> list[tuple[str, int]]:
-        return self.db.execute("SELECT DISTINCT origin, priority FROM held WHERE received_ms <= ?",
-                               (received_before_ms,)).fetchall()
+        return self.db.execute(
+            "SELECT DISTINCT origin, priority FROM held WHERE received_ms <= ?", (received_before_ms,)
+        ).fetchall()
 
     def held_min(self, stream: str, priority: int) -> int | None:
-        return self.db.execute("SELECT min(cseq) FROM held WHERE origin=? AND priority=?",
-                               (stream, priority)).fetchone()[0]
+        return self.db.execute(
+            "SELECT min(cseq) FROM held WHERE origin=? AND priority=?", (stream, priority)
+        ).fetchone()[0]
 
     def held_has(self, origin: str, seq: int) -> bool:
-        return bool(self.db.execute("SELECT 1 FROM held WHERE (origin=? OR (origin>? AND origin<?)) AND seq=?",
-                                    (origin, origin + ">", origin + "?", seq)).fetchone())
+        return bool(
+            self.db.execute(
+                "SELECT 1 FROM held WHERE (origin=? OR (origin>? AND origin<?)) AND seq=?",
+                (origin, origin + ">", origin + "?", seq),
+            ).fetchone()
+        )
 
     def inbox_add(self, d: Delivery) -> None:
-        self.db.execute("INSERT INTO inbox(origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
-                        "received_ms) VALUES(?,?,?,?,?,?,?,?,?)",
-                        (d.origin, d.seq, int(d.priority), d.created_ms, d.lifetime_ms, d.supersede, d.app,
-                         self._put(d.body), d.received_ms))
+        self.db.execute(
+            "INSERT INTO inbox(origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
+            "received_ms) VALUES(?,?,?,?,?,?,?,?,?)",
+            (
+                d.origin,
+                d.seq,
+                int(d.priority),
+                d.created_ms,
+                d.lifetime_ms,
+                d.supersede,
+                d.app,
+                self._put(d.body),
+                d.received_ms,
+            ),
+        )
 
-    def inbox(self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (),
-              after: int = 0) -> list[Delivery]:
+    def inbox(
+        self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (), after: int = 0
+    ) -> list[Delivery]:
         exclude = list(exclude)
         where, args = "WHERE id > ? ", [after]
         if app is not None:
             where, args = where + "AND app=? ", [*args, app]
         elif exclude:
             where, args = where + f"AND app NOT IN ({','.join('?' * len(exclude))}) ", [*args, *exclude]
-        rows = self.db.execute("SELECT id, origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
-                               f"received_ms FROM inbox {where}ORDER BY id LIMIT ?", [*args, limit]).fetchall()
+        rows = self.db.execute(
+            "SELECT id, origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
+            f"received_ms FROM inbox {where}ORDER BY id LIMIT ?",
+            [*args, limit],
+        ).fetchall()
         return [Delivery(r[0], r[1], r[2], Priority(r[3]), *r[4:8], self.body_of(r[8]), r[9]) for r in rows]
 
     def inbox_count(self) -> int:
@@ -764,8 +908,10 @@ class SqliteStore:
         return bool(self.db.execute("SELECT 1 FROM inbox WHERE origin=? AND seq=?", (origin, seq)).fetchone())
 
     def inbox_pop(self, inbox_id: int) -> tuple[str, int] | None:
-        row = self.db.execute("DELETE FROM inbox WHERE id=? RETURNING origin, seq, "
-                              "CASE typeof(body) WHEN 'text' THEN body END", (inbox_id,)).fetchone()
+        row = self.db.execute(
+            "DELETE FROM inbox WHERE id=? RETURNING origin, seq, CASE typeof(body) WHEN 'text' THEN body END",
+            (inbox_id,),
+        ).fetchone()
         if row is None:
             return None
         self._dropped([row[2]])
@@ -853,5 +999,7 @@ def _disk_full(e: BaseException | None) -> bool:
 
 
 def _store_full(st: SqliteStore, e: BaseException) -> StoreFull:
-    return StoreFull(f"custody store {st.path}: the disk is full ({e}); nothing of this change was kept, "
-                     "what the store held before it is intact")
+    return StoreFull(
+        f"custody store {st.path}: the disk is full ({e}); nothing of this change was kept, "
+        "what the store held before it is intact"
+    )

@@ -67,12 +67,19 @@ class Supervisor:
         self._stop_stale()
         logf = open(self.cfg.storage / "agent.log", "ab")
         self.proc = await asyncio.create_subprocess_exec(
-            *launch.argv, stdout=logf, stderr=logf, stdin=asyncio.subprocess.DEVNULL, preexec_fn=_pdeathsig,
-            env={**os.environ, **launch.env} if launch.env else None, cwd=launch.cwd)
+            *launch.argv,
+            stdout=logf,
+            stderr=logf,
+            stdin=asyncio.subprocess.DEVNULL,
+            preexec_fn=_pdeathsig,
+            env={**os.environ, **launch.env} if launch.env else None,
+            cwd=launch.cwd,
+        )
         logf.close()
         self.pidfile.write_text(str(self.proc.pid))
-        log.info("started %s (%s) pid %d for node %s", self.agent.name, Path(launch.argv[0]).name, self.proc.pid,
-                 self.cfg.id)
+        log.info(
+            "started %s (%s) pid %d for node %s", self.agent.name, Path(launch.argv[0]).name, self.proc.pid, self.cfg.id
+        )
 
     async def wait_ready(self, timeout_s: float = 20.0) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -80,15 +87,18 @@ class Supervisor:
         while asyncio.get_running_loop().time() < deadline:
             if self.proc is not None and self.proc.returncode is not None:
                 tail = (self.cfg.storage / "agent.log").read_bytes()[-1500:].decode(errors="replace")
-                raise SupervisorError(f"the {self.agent.name} daemon exited with {self.proc.returncode} at start:\n{tail}")
+                raise SupervisorError(
+                    f"the {self.agent.name} daemon exited with {self.proc.returncode} at start:\n{tail}"
+                )
             try:
                 await self.agent.ready()
                 return
             except Exception as e:  # not up yet
                 last = e
             await asyncio.sleep(0.1)
-        raise SupervisorError(f"the {self.agent.name} daemon for {self.cfg.id} did not answer within "
-                              f"{timeout_s:.0f} s: {last}")
+        raise SupervisorError(
+            f"the {self.agent.name} daemon for {self.cfg.id} did not answer within {timeout_s:.0f} s: {last}"
+        )
 
     async def start(self) -> None:
         await self._spawn()
@@ -111,8 +121,14 @@ class Supervisor:
             if self.stopping:
                 return
             self.restarts += 1
-            log.warning("the %s daemon for %s exited with %s; restarting in %.1f s (restart %d)",
-                        self.agent.name, self.cfg.id, rc, backoff, self.restarts)
+            log.warning(
+                "the %s daemon for %s exited with %s; restarting in %.1f s (restart %d)",
+                self.agent.name,
+                self.cfg.id,
+                rc,
+                backoff,
+                self.restarts,
+            )
             await asyncio.sleep(backoff)
             backoff = min(30.0, backoff * 2)
             try:

@@ -151,13 +151,19 @@ class Syncer:
                 inline = statistics.median(self._recent) < INLINE_FSYNC_MS
                 if inline != self.inline:
                     self.inline = inline
-                    log.info("custody fsyncs now %s (median of the last %d: %.1f ms)",
-                             "on the event loop" if inline else "in the writer thread", len(self._recent),
-                             statistics.median(self._recent))
+                    log.info(
+                        "custody fsyncs now %s (median of the last %d: %.1f ms)",
+                        "on the event loop" if inline else "in the writer thread",
+                        len(self._recent),
+                        statistics.median(self._recent),
+                    )
         else:
             self.failures += 1
-            log.error("custody fsync failed (%s): %d commits not known to be on disk are not acknowledged",
-                      err, gen - self.synced_upto)
+            log.error(
+                "custody fsync failed (%s): %d commits not known to be on disk are not acknowledged",
+                err,
+                gen - self.synced_upto,
+            )
             if self.failed is None:
                 self.failed = err
                 if self.on_failure is not None:

@@ -86,6 +86,7 @@ class Plan:
 # -- processes ------------------------------------------------------------------
 def _reader(p: subprocess.Popen, sink: list, mode: str, rx: str | None = None) -> threading.Thread:
     """Collect a client's JSON lines as events; a plain `sub` client's messages become recv events."""
+
     def run():
         for line in p.stdout:
             if not line.startswith("{"):
@@ -94,8 +95,15 @@ def _reader(p: subprocess.Popen, sink: list, mode: str, rx: str | None = None) -
             if rx is not None and "payload" in ev:
                 try:
                     rep = json.loads(ev["payload"])["properties"]
-                    ev = {"ev": "recv", "rx": rx, "rx_nation": rx, "id": rep["msg_id"], "from": rep["country"],
-                          "ts": rep["timestamp"] / 1000, "t": ev["t"]}
+                    ev = {
+                        "ev": "recv",
+                        "rx": rx,
+                        "rx_nation": rx,
+                        "id": rep["msg_id"],
+                        "from": rep["country"],
+                        "ts": rep["timestamp"] / 1000,
+                        "t": ev["t"],
+                    }
                 except (ValueError, KeyError, TypeError):
                     ev = {"ev": "recv", "rx": rx, "rx_nation": rx, "bad": ev.get("topic"), "t": ev["t"]}
             ev["mode"] = mode
@@ -107,20 +115,27 @@ def _reader(p: subprocess.Popen, sink: list, mode: str, rx: str | None = None) -
 
 
 def _client(node: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
 
 def _topic_rule() -> str:
-    return (f'[[gateway.topic]]\nfilter = "{REPORT_FILTER}"\npriority = "priority"\nlifetime = 600\n'
-            'supersede = "topic"\n')
+    return (
+        f'[[gateway.topic]]\nfilter = "{REPORT_FILTER}"\npriority = "priority"\nlifetime = 600\nsupersede = "topic"\n'
+    )
 
 
 def _mosquitto_bridge(remote: str, name: str, direction: str, qos: int) -> str:
     # a bridge as seed 000 ran it: the location topics forwarded to the remote broker
-    return (f"connection {name}\naddress {remote}:1883\ntopic {REPORT_FILTER} {direction} {qos}\n"
-            "cleansession false\ntry_private true\nbridge_protocol_version mqttv311\nkeepalive_interval 60\n"
-            "restart_timeout 2 10\n")
+    return (
+        f"connection {name}\naddress {remote}:1883\ntopic {REPORT_FILTER} {direction} {qos}\n"
+        "cleansession false\ntry_private true\nbridge_protocol_version mqttv311\nkeepalive_interval 60\n"
+        "restart_timeout 2 10\n"
+    )
 
 
 @dataclass
@@ -149,18 +164,40 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
         if mode == "overlay":
             prefix = h4.rsplit(".", 1)[0] + ".0/24"
             bpa = ["gw1", "r2", "r3", "gw4"]
-            nodes = Nodes(st, bpa, ["gw1", "gw4"], workdir / "nodes", gateways={
-                "gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n'
-                       + _topic_rule(), "gw4": "[gateway]\n\n" + _topic_rule()})
+            nodes = Nodes(
+                st,
+                bpa,
+                ["gw1", "gw4"],
+                workdir / "nodes",
+                gateways={
+                    "gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n'
+                    + _topic_rule(),
+                    "gw4": "[gateway]\n\n" + _topic_rule(),
+                },
+            )
             target = h4
         elif mode == "mqtt-single":  # the units publish straight to h4's broker, across the link
             target = h4
         else:
-            procs.append(start_mosquitto("c2-h1", workdir / "broker-h1", "127.0.0.1",
-                                         extra=_mosquitto_bridge(h4, "c2bridge-h1", "out", plan.qos)))
+            procs.append(
+                start_mosquitto(
+                    "c2-h1",
+                    workdir / "broker-h1",
+                    "127.0.0.1",
+                    extra=_mosquitto_bridge(h4, "c2bridge-h1", "out", plan.qos),
+                )
+            )
             target = "127.0.0.1"
-        return Setup(procs, nodes, [("h1", "NOR", target, "")], [("h4-sub", "h4")], [("h4", "h4-sub")],
-                     ("r2", "r3"), ["r2-r3"], mode == "overlay")
+        return Setup(
+            procs,
+            nodes,
+            [("h1", "NOR", target, "")],
+            [("h4-sub", "h4")],
+            [("h4", "h4-sub")],
+            ("r2", "r3"),
+            ["r2-r3"],
+            mode == "overlay",
+        )
     nations = _nations(st)
     brokers = {n: testbed.node_address(st, f"{n}-broker") for n in nations}
     main = nations[0]
@@ -179,12 +216,18 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
         gws = [f"{n}-gw" for n in nations]
         mixed = topology_agents(st)[1] is not None
         peers = {g: [x for x in gws if x != g] if mixed else [GROUP] for g in gws}
-        tables = {f"{n}-gw": (f'[gateway]\n\n[gateway.bridge]\nbroker = "{brokers[n]}:1883"\n'
-                              f'peers = {json.dumps(peers[f"{n}-gw"])}\nout = ["{REPORT_FILTER}"]\n'
-                              f"qos = {plan.qos}\n\n" + _topic_rule()) for n in nations}
+        tables = {
+            f"{n}-gw": (
+                f'[gateway]\n\n[gateway.bridge]\nbroker = "{brokers[n]}:1883"\n'
+                f'peers = {json.dumps(peers[f"{n}-gw"])}\nout = ["{REPORT_FILTER}"]\n'
+                f"qos = {plan.qos}\n\n" + _topic_rule()
+            )
+            for n in nations
+        }
         routers = [n for n, v in st["nodes"].items() if v.get("role") == "router"]
-        nodes = Nodes(st, gws + routers, gws, workdir / "nodes", gateways=tables,
-                      groups=None if mixed else {GROUP: gws})
+        nodes = Nodes(
+            st, gws + routers, gws, workdir / "nodes", gateways=tables, groups=None if mixed else {GROUP: gws}
+        )
     pubs = [(f"{n}-u1", n.upper(), brokers[main if mode == "mqtt-single" else n], REPORT_FILTER) for n in nations]
     receivers = [(f"{n.upper()}-S{u:03d}", n.upper()) for n in nations for u in range(1, plan.units + 1)]
     return Setup(procs, nodes, pubs, receivers, [], (f"{main}-gw", "tacnet"), dil, mode == "overlay")
@@ -228,15 +271,45 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
         mine: list[dict] = []
         clients, readers = [], []
         for node, rx in s.plain_subs:
-            c = _client(node, "sub", "--host", "127.0.0.1", "--topic", REPORT_FILTER, "--qos", str(plan.qos),
-                        "--timeout", str(plan.duration + plan.drain + 10), "--client-id", f"c2bft-{rx}")
+            c = _client(
+                node,
+                "sub",
+                "--host",
+                "127.0.0.1",
+                "--topic",
+                REPORT_FILTER,
+                "--qos",
+                str(plan.qos),
+                "--timeout",
+                str(plan.duration + plan.drain + 10),
+                "--client-id",
+                f"c2bft-{rx}",
+            )
             clients.append(c)
             readers.append(_reader(c, mine, mode, rx))
         time.sleep(1.0)
         for i, (node, nation, host, flt) in enumerate(s.publishers):
-            args = ["units", "--host", host, "--nation", nation, "--units", str(plan.units), "--period",
-                    str(plan.period), "--duration", str(plan.duration), "--qos", str(plan.qos), "--timeout",
-                    str(plan.drain), "--client-id", "c2bft", "--seed", str(plan.seed + i)]
+            args = [
+                "units",
+                "--host",
+                host,
+                "--nation",
+                nation,
+                "--units",
+                str(plan.units),
+                "--period",
+                str(plan.period),
+                "--duration",
+                str(plan.duration),
+                "--qos",
+                str(plan.qos),
+                "--timeout",
+                str(plan.drain),
+                "--client-id",
+                "c2bft",
+                "--seed",
+                str(plan.seed + i),
+            ]
             if flt:
                 args += ["--subscribe", flt, "--linger", str(plan.drain + 5)]
             c = _client(node, *args)
@@ -257,8 +330,9 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
             sent = [e for e in snap if e.get("ev") == "sent"]
             due = sum(expected_per_report.get(e["nation"], 0) for e in sent)
             got = sum(1 for e in snap if e.get("ev") == "recv" and "id" in e and e["from"] != e["rx_nation"])
-            line = (f"{mode:12s} t={t:5.0f} s  link {link:4s}  reports sent {len(sent):5d}  "
-                    f"deliveries {got:6d} of {due:6d}")
+            line = (
+                f"{mode:12s} t={t:5.0f} s  link {link:4s}  reports sent {len(sent):5d}  deliveries {got:6d} of {due:6d}"
+            )
             if console.is_terminal:
                 console.print("\r" + line, end="", highlight=False)
             elif int(t) % 10 == 0:  # a log file gets a line every 10 s
@@ -267,11 +341,15 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
                 break
             time.sleep(1.0)
         console.print()
-        info = {"mode": mode, "supersedes": s.supersedes, "receivers": s.receivers,
-                "link_bytes_by_dir": {k: v - bytes0.get(k, 0) for k, v in _link_bytes(s.dil_links).items()},
-                "dil_links": s.dil_links,
-                "link_bps": sum((st["links"][k].get("profile_ab") or {}).get("rate_bps") or 0 for k in s.dil_links),
-                "run_s": time.monotonic() - t0}
+        info = {
+            "mode": mode,
+            "supersedes": s.supersedes,
+            "receivers": s.receivers,
+            "link_bytes_by_dir": {k: v - bytes0.get(k, 0) for k, v in _link_bytes(s.dil_links).items()},
+            "dil_links": s.dil_links,
+            "link_bps": sum((st["links"][k].get("profile_ab") or {}).get("rate_bps") or 0 for k in s.dil_links),
+            "run_s": time.monotonic() - t0,
+        }
         info["link_bytes"] = sum(info["link_bytes_by_dir"].values())
         if s.nodes:
             status = {n: s.nodes.status(n) for n in s.nodes.gateways}
@@ -328,8 +406,9 @@ def summarize(events: list[dict], mode: str, info: dict, period: float = 2.0) ->
         newest[key] = max(newest.get(key, 0), seq_of[mid])
     sup = None
     if info.get("supersedes"):
-        sup = sum(1 for rx, mid in expected if (rx, mid) not in first
-                  and newest.get((rx, unit_of[mid]), 0) > seq_of[mid])
+        sup = sum(
+            1 for rx, mid in expected if (rx, mid) not in first and newest.get((rx, unit_of[mid]), 0) > seq_of[mid]
+        )
     lost = len(expected) - len(delivered) - (sup or 0)
     last_sent = max((e["t"] for e in sent.values()), default=0.0)
     in_drain = sum(1 for k in delivered if first[k] > last_sent)  # arrived after the last report was sent
@@ -337,22 +416,36 @@ def summarize(events: list[dict], mode: str, info: dict, period: float = 2.0) ->
     report_bytes = 230  # a seed 000 report is about 255 characters; ours are 226-232
     reached = {mid for _, mid in delivered}
     link_bps, run_s = info.get("link_bps") or 0, info.get("run_s") or 0
-    return {"mode": mode, "sent": len(sent), "expected": len(expected), "delivered": len(delivered),
-            "duplicates": dup, "superseded": sup, "lost": lost, "in_drain": in_drain,
-            "lost_pct": 100 * lost / len(expected) if expected else 0.0,
-            "delay_min_s": delays[0] if delays else None,
-            "delay_median_s": statistics.median(delays) if delays else None,
-            "delay_p95_s": _pct(delays, 0.95), "delay_max_s": delays[-1] if delays else None,
-            "aoi_mean_s": statistics.fmean(ages) if ages else None, "aoi_p95_s": _pct(ages, 0.95),
-            "newest_age_max_s": _newest_age_max(sent, delivered, ts, receivers),
-            "link_bytes": info.get("link_bytes"), "link_bytes_by_dir": info.get("link_bytes_by_dir"),
-            "link_bytes_per_delivery": info["link_bytes"] / len(delivered) if delivered and info.get("link_bytes")
-            else None,
-            "goodput_fraction": len(reached) * report_bytes * 8 / (link_bps * run_s) if link_bps and run_s else None,
-            "aoi_series": series,
-            # each gateway's own counters (overlay custody and MQTT), for tracing a figure back
-            "counters": {n: {"overlay": info.get("overlay_counters", {}).get(n, {}), "mqtt": c}
-                         for n, c in (info.get("gateway_counters") or {}).items()}}
+    return {
+        "mode": mode,
+        "sent": len(sent),
+        "expected": len(expected),
+        "delivered": len(delivered),
+        "duplicates": dup,
+        "superseded": sup,
+        "lost": lost,
+        "in_drain": in_drain,
+        "lost_pct": 100 * lost / len(expected) if expected else 0.0,
+        "delay_min_s": delays[0] if delays else None,
+        "delay_median_s": statistics.median(delays) if delays else None,
+        "delay_p95_s": _pct(delays, 0.95),
+        "delay_max_s": delays[-1] if delays else None,
+        "aoi_mean_s": statistics.fmean(ages) if ages else None,
+        "aoi_p95_s": _pct(ages, 0.95),
+        "newest_age_max_s": _newest_age_max(sent, delivered, ts, receivers),
+        "link_bytes": info.get("link_bytes"),
+        "link_bytes_by_dir": info.get("link_bytes_by_dir"),
+        "link_bytes_per_delivery": info["link_bytes"] / len(delivered)
+        if delivered and info.get("link_bytes")
+        else None,
+        "goodput_fraction": len(reached) * report_bytes * 8 / (link_bps * run_s) if link_bps and run_s else None,
+        "aoi_series": series,
+        # each gateway's own counters (overlay custody and MQTT), for tracing a figure back
+        "counters": {
+            n: {"overlay": info.get("overlay_counters", {}).get(n, {}), "mqtt": c}
+            for n, c in (info.get("gateway_counters") or {}).items()
+        },
+    }
 
 
 def _newest_age_max(sent: dict, delivered: list, ts: dict, receivers: list) -> float | None:
@@ -370,12 +463,15 @@ def _newest_age_max(sent: dict, delivered: list, ts: dict, receivers: list) -> f
         u = mid.rsplit("_", 1)[0]
         if u not in first_of or e["t"] < first_of[u][0]:
             first_of[u] = (e["t"], e["nation"])
-    return max((last_sent - have.get((rx, u), t0) for rx, rn in receivers for u, (t0, nat) in first_of.items()
-                if nat != rn), default=None)
+    return max(
+        (last_sent - have.get((rx, u), t0) for rx, rn in receivers for u, (t0, nat) in first_of.items() if nat != rn),
+        default=None,
+    )
 
 
-def age_of_information(sent: dict, first: dict, ts: dict, receivers: list, period: float
-                       ) -> tuple[list[float], list[tuple[float, float, float]]]:
+def age_of_information(
+    sent: dict, first: dict, ts: dict, receivers: list, period: float
+) -> tuple[list[float], list[tuple[float, float, float]]]:
     """Samples (one per second, per receiver and unit of another nation) of now - timestamp of
     the newest report of that unit the receiver holds; and per second (t, mean, max)."""
     if not sent:
@@ -457,11 +553,16 @@ def _place(plan: Plan, nation: str) -> str:
 
 
 def title_of(plan: Plan) -> str:
-    return (f"BFT on {plan.topology}: {_where(plan)}, report every {plan.period:g} s for "
-            f"{plan.duration:g} s (drain {plan.drain:g} s), QoS {plan.qos}, links {plan.profile}"
-            + (f", link down {plan.outage[0]:g}-{plan.outage[1]:g} s" if plan.outage else "")
-            + (", agent " + ", ".join(f"{k}" if n == "*" else f"{n}={k}" for n, k in sorted(plan.agents.items()))
-               if plan.agents else ""))
+    return (
+        f"BFT on {plan.topology}: {_where(plan)}, report every {plan.period:g} s for "
+        f"{plan.duration:g} s (drain {plan.drain:g} s), QoS {plan.qos}, links {plan.profile}"
+        + (f", link down {plan.outage[0]:g}-{plan.outage[1]:g} s" if plan.outage else "")
+        + (
+            ", agent " + ", ".join(f"{k}" if n == "*" else f"{n}={k}" for n, k in sorted(plan.agents.items()))
+            if plan.agents
+            else ""
+        )
+    )
 
 
 def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
@@ -477,20 +578,33 @@ def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     md = ["# " + title, "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for cells in table:
         t.add_row(*cells)
-        md.append("| " + " | ".join(c.replace("  ", "&nbsp;&nbsp;", 1) if c.startswith("  ") else c
-                                    for c in cells) + " |")
+        md.append(
+            "| " + " | ".join(c.replace("  ", "&nbsp;&nbsp;", 1) if c.startswith("  ") else c for c in cells) + " |"
+        )
     console.print(t)
-    md += ["", "Deliveries count receiver x report pairs across an emulated link. superseded (modes that "
-           "supersede): not delivered, but a newer report of the same unit reached that receiver. Not delivered = "
-           "due - delivered - superseded, counted when the drain ended (a report still on its way then counts "
-           "here; 'after the last report was sent' shows how many came in the drain). Delay = receipt - the report's timestamp. AoI: at each second, for each "
-           "receiver and unit of another nation, now - timestamp of the newest report held. Every figure is "
-           "computed from events.jsonl.", "", "![delay of each delivery](plot.png)", "",
-           "![delay per sender and receiver nation](delay_box.png)", "", "![age of information](aoi.png)"]
+    md += [
+        "",
+        "Deliveries count receiver x report pairs across an emulated link. superseded (modes that "
+        "supersede): not delivered, but a newer report of the same unit reached that receiver. Not delivered = "
+        "due - delivered - superseded, counted when the drain ended (a report still on its way then counts "
+        "here; 'after the last report was sent' shows how many came in the drain). Delay = receipt - the report's timestamp. AoI: at each second, for each "
+        "receiver and unit of another nation, now - timestamp of the newest report held. Every figure is "
+        "computed from events.jsonl.",
+        "",
+        "![delay of each delivery](plot.png)",
+        "",
+        "![delay per sender and receiver nation](delay_box.png)",
+        "",
+        "![age of information](aoi.png)",
+    ]
     (out / "report.md").write_text("\n".join(md) + "\n")
     (out / "summary.json").write_text(json.dumps({"plan": asdict(plan), "modes": rows}, indent=1))
     with open(out / "summary.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k not in ("aoi_series", "counters", "link_bytes_by_dir")], extrasaction="ignore")
+        w = csv.DictWriter(
+            fh,
+            fieldnames=[k for k in rows[0] if k not in ("aoi_series", "counters", "link_bytes_by_dir")],
+            extrasaction="ignore",
+        )
         w.writeheader()
         w.writerows(rows)
     plots(out, plan, events, rows)
@@ -502,8 +616,13 @@ def _deliveries(events: list[dict], mode: str) -> list[tuple[str, str, float, fl
     sent = {e["id"]: e for e in events if e["mode"] == mode and e.get("ev") == "sent"}
     seen, out = set(), []
     for e in events:
-        if (e["mode"] == mode and e.get("ev") == "recv" and e.get("id") in sent and e["from"] != e["rx_nation"]
-                and (e["rx"], e["id"]) not in seen):
+        if (
+            e["mode"] == mode
+            and e.get("ev") == "recv"
+            and e.get("id") in sent
+            and e["from"] != e["rx_nation"]
+            and (e["rx"], e["id"]) not in seen
+        ):
             seen.add((e["rx"], e["id"]))
             out.append((e["from"], e["rx_nation"], e["ts"], e["t"] - e["ts"]))
     return out
@@ -530,10 +649,22 @@ def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
         d = _deliveries(events, mode)
         t0m = min((e["t"] for e in events if e["mode"] == mode and e.get("ev") == "sent"), default=t0)
         r = next(x for x in rows if x["mode"] == mode)
-        ax.scatter([x[2] - t0m for x in d], [x[3] for x in d], s=8, marker=marker,
-                   label=f"{mode}: {r['delivered']}/{r['expected']} delivered")
-    _finish(fig, ax, plan, out / "plot.png", "report sent at (s into the run)", "delay to the receiver (s)",
-            "Delay of each position report delivery")
+        ax.scatter(
+            [x[2] - t0m for x in d],
+            [x[3] for x in d],
+            s=8,
+            marker=marker,
+            label=f"{mode}: {r['delivered']}/{r['expected']} delivered",
+        )
+    _finish(
+        fig,
+        ax,
+        plan,
+        out / "plot.png",
+        "report sent at (s into the run)",
+        "delay to the receiver (s)",
+        "Delay of each position report delivery",
+    )
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     data, labels = [], []
@@ -556,10 +687,17 @@ def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     for r in rows:
         if r["aoi_series"]:
             xs, mean, mx = zip(*r["aoi_series"])
-            line, = ax.plot(xs, mean, label=f"{r['mode']}: mean")
+            (line,) = ax.plot(xs, mean, label=f"{r['mode']}: mean")
             ax.plot(xs, mx, ls="--", color=line.get_color(), label=f"{r['mode']}: worst pair")
-    _finish(fig, ax, plan, out / "aoi.png", "time into the run (s)", "age of newest position held (s)",
-            "Age of information: each unit's newest position at each receiver")
+    _finish(
+        fig,
+        ax,
+        plan,
+        out / "aoi.png",
+        "time into the run (s)",
+        "age of newest position held (s)",
+        "Age of information: each unit's newest position at each receiver",
+    )
 
 
 def main(plan: Plan, modes: list[str]) -> Path:

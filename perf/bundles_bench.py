@@ -58,7 +58,9 @@ CLAS = ("tcpcl", "udp", "mtcp", "ltp", "udp+bibe")
 # both ways passed no ack back.  Not on every hop: with BIBE both ways between every pair of
 # neighbours one run wrecked r2's SDR at the start ("Dataspace read failed", then bibeclo
 # asking for -6 bytes)
-VARIANTS = {"udp+bibe": ("ion", "udp", {"r2": '[agent.ion]\nbibe = ["r3"]\n', "r3": '[agent.ion]\nbibe_from = ["r2"]\n'})}
+VARIANTS = {
+    "udp+bibe": ("ion", "udp", {"r2": '[agent.ion]\nbibe = ["r3"]\n', "r3": '[agent.ion]\nbibe_from = ["r2"]\n'})
+}
 SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
 LAN_COUNTS = {"1k": 200, "10k": 100, "100k": 30, "1M": 8}
 
@@ -87,7 +89,9 @@ def cannot_run(agent: str, cla: str) -> str | None:
     if cla not in cls.capabilities.clas:
         return f"{agent} has no {cla} convergence layer (it speaks {', '.join(cls.capabilities.clas)})"
     if harness_cla(agent, cla) != cla:
-        return f"{agent} runs over {' or '.join(HARNESS_CLAS[agent])} only here (see topologies.node_configs.HARNESS_CLAS)"
+        return (
+            f"{agent} runs over {' or '.join(HARNESS_CLAS[agent])} only here (see topologies.node_configs.HARNESS_CLAS)"
+        )
     return cls.missing()
 
 
@@ -99,8 +103,9 @@ def too_big(agent: str, cla: str, size: int) -> str | None:
     return None
 
 
-def plan_run(cla: str, rate_bps: float | None, size: int, name: str, budget: float,
-             agent: str = "dtn7") -> tuple[int, int, str | None]:
+def plan_run(
+    cla: str, rate_bps: float | None, size: int, name: str, budget: float, agent: str = "dtn7"
+) -> tuple[int, int, str | None]:
     """(bundles for throughput, round trips, reason to skip or None) for one size on one link.
     On a rated link the transfer is sized to about a sixth of the budget (at least 3 bundles),
     so that 10 runs of every size and CLA on a 9.8 kbit/s radio take about an hour, not a day."""
@@ -112,8 +117,14 @@ def plan_run(cla: str, rate_bps: float | None, size: int, name: str, budget: flo
     one = link_seconds(size, rate_bps)
     rtts = 3
     if 3 * one + rtts * 2 * one > budget:
-        return 0, 0, (f"{size} B bundles need ~{one:.0f} s each on {rate_bps / 1000:g} kbit/s; 3 transfers and "
-                      f"3 round trips do not fit the {budget:.0f} s budget")
+        return (
+            0,
+            0,
+            (
+                f"{size} B bundles need ~{one:.0f} s each on {rate_bps / 1000:g} kbit/s; 3 transfers and "
+                f"3 round trips do not fit the {budget:.0f} s budget"
+            ),
+        )
     return min(LAN_COUNTS[name], max(3, int(budget / 6 / one))), rtts, None
 
 
@@ -140,8 +151,7 @@ def _chain(agent: str, cla: str, profile: str, run: int, workdir: Path) -> tuple
     return nodes, {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
 
 
-def one_run(agent: str, cla: str, profile: str, name: str, run: int, window: int, budget: float,
-            workdir: Path) -> dict:
+def one_run(agent: str, cla: str, profile: str, name: str, run: int, window: int, budget: float, workdir: Path) -> dict:
     size = SIZES[name]
     rate = load_builtin_profiles().get(profile, "--profiles", "profile").rate_bps
     row = {"agent": agent, "cla": cla, "profile": profile, "size": name, "bytes": size, "run": run}
@@ -154,24 +164,62 @@ def one_run(agent: str, cla: str, profile: str, name: str, run: int, window: int
         echo = _client("gw4", "echo", "--timeout", str(budget), *conf["gw4"])
         time.sleep(1.0)
         rtt_wait, lost_after = ack_timeouts(size, rate, window, count)
-        r = _result(_client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--count", str(rtt_n),
-                            "--timeout", str(rtt_wait), *conf["gw1"]), budget * 2)
+        r = _result(
+            _client(
+                "gw1",
+                "rtt",
+                "--dst",
+                "gw4",
+                "--size",
+                str(size),
+                "--count",
+                str(rtt_n),
+                "--timeout",
+                str(rtt_wait),
+                *conf["gw1"],
+            ),
+            budget * 2,
+        )
         _end(echo, client_gap(agent))
         sink = _client("gw4", "sink", "--count", str(count), "--timeout", str(budget), "--ack", *conf["gw4"])
         time.sleep(1.0)
-        d = _result(_client("gw1", "data", "--dst", "gw4", "--size", str(size), "--count", str(count),
-                            "--window", str(window), "--timeout", str(budget), "--ack-timeout", str(lost_after),
-                            *conf["gw1"]), budget * 2)
+        d = _result(
+            _client(
+                "gw1",
+                "data",
+                "--dst",
+                "gw4",
+                "--size",
+                str(size),
+                "--count",
+                str(count),
+                "--window",
+                str(window),
+                "--timeout",
+                str(budget),
+                "--ack-timeout",
+                str(lost_after),
+                *conf["gw1"],
+            ),
+            budget * 2,
+        )
         _end(sink)
     finally:
         nodes.stop_all()
         testbed.down()
     secs = d["end"] - d["start"]
-    row.update(count=count, acked=d["acked"], lost=d["lost"], late=d["late"], seconds=secs, rtts=r["rtts"],
-               rtts_lost=rtt_n - len(r["rtts"]),
-               rtt_s=statistics.median(r["rtts"]) if r["rtts"] else None,
-               throughput_bps=d["acked"] * size * 8 / secs if d["acked"] and secs > 0 else 0.0,
-               link_bps=rate)
+    row.update(
+        count=count,
+        acked=d["acked"],
+        lost=d["lost"],
+        late=d["late"],
+        seconds=secs,
+        rtts=r["rtts"],
+        rtts_lost=rtt_n - len(r["rtts"]),
+        rtt_s=statistics.median(r["rtts"]) if r["rtts"] else None,
+        throughput_bps=d["acked"] * size * 8 / secs if d["acked"] and secs > 0 else 0.0,
+        link_bps=rate,
+    )
     if d["acked"] < count:
         row["note"] = f"{d['acked']} of {count} acknowledged"
     return row
@@ -185,19 +233,39 @@ OUTAGE_BYTES = 1000
 
 def outage_run(agent: str, cla: str, run: int, outage_s: float, workdir: Path) -> dict:
     """One paced stream through a cut of the radio hop (see the module's docstring)."""
-    row = {"agent": agent, "cla": cla, "profile": f"lan, {outage_s:g} s outage", "mode": "outage",
-           "size": "1k", "bytes": OUTAGE_BYTES, "run": run, "outage_s": outage_s}
+    row = {
+        "agent": agent,
+        "cla": cla,
+        "profile": f"lan, {outage_s:g} s outage",
+        "mode": "outage",
+        "size": "1k",
+        "bytes": OUTAGE_BYTES,
+        "run": run,
+        "outage_s": outage_s,
+    }
     skip = cannot_run(agent, cla)
     if skip:
         return {**row, "skipped": skip}
     count = int(OUTAGE_AT + outage_s + OUTAGE_TAIL)  # one a second
     nodes, conf = _chain(agent, cla, "lan", run, workdir / f"{agent}-{cla}-outage-{run}")
     try:
-        sink = _client("gw4", "sink", "--count", str(count), "--timeout", str(count + OUTAGE_DRAIN + 5), "--stamps",
-                       *conf["gw4"])
+        sink = _client(
+            "gw4", "sink", "--count", str(count), "--timeout", str(count + OUTAGE_DRAIN + 5), "--stamps", *conf["gw4"]
+        )
         time.sleep(1.0)
-        src = _client("gw1", "source", "--dst", "gw4", "--size", str(OUTAGE_BYTES), "--count", str(count),
-                      "--interval", "1", *conf["gw1"])
+        src = _client(
+            "gw1",
+            "source",
+            "--dst",
+            "gw4",
+            "--size",
+            str(OUTAGE_BYTES),
+            "--count",
+            str(count),
+            "--interval",
+            "1",
+            *conf["gw1"],
+        )
         time.sleep(OUTAGE_AT + 0.5)  # the client's start takes about half a second
         down_at = time.monotonic()
         testbed.change_link("r2", "r3", "down")
@@ -219,11 +287,18 @@ def outage_figures(stamps: list[list[float]], sent: int, refused: int, down_at: 
     lat = [r - s for _, s, r in stamps]
     into = [x for x in stamps if down_at <= x[1] < up_at]
     n_into = max(0, round(up_at - down_at))  # one a second went into the cut
-    return {"sent": sent, "refused": refused, "delivered": len(stamps), "lost": sent - len(stamps),
-            "into_outage": n_into, "into_outage_delivered": len(into),
-            "latency_s": statistics.median(lat) if lat else None, "latency_max_s": max(lat) if lat else None,
-            "cleared_after_up_s": (max(r for _, _, r in into) - up_at) if into else None,
-            "stamps": [[round(s - down_at, 3), round(r - s, 3)] for _, s, r in stamps]}
+    return {
+        "sent": sent,
+        "refused": refused,
+        "delivered": len(stamps),
+        "lost": sent - len(stamps),
+        "into_outage": n_into,
+        "into_outage_delivered": len(into),
+        "latency_s": statistics.median(lat) if lat else None,
+        "latency_max_s": max(lat) if lat else None,
+        "cleared_after_up_s": (max(r for _, _, r in into) - up_at) if into else None,
+        "stamps": [[round(s - down_at, 3), round(r - s, 3)] for _, s, r in stamps],
+    }
 
 
 class _Rows(list):
@@ -244,8 +319,18 @@ class _Rows(list):
             self.append(r)
 
 
-def bench(agents, clas, profiles, sizes, runs, window, budget, outage_s: float = 0,
-          outage_runs: int = 0, log: Path | None = None) -> list[dict]:
+def bench(
+    agents,
+    clas,
+    profiles,
+    sizes,
+    runs,
+    window,
+    budget,
+    outage_s: float = 0,
+    outage_runs: int = 0,
+    log: Path | None = None,
+) -> list[dict]:
     rows = _Rows(log)
     total = len(pairs(agents, clas)) * (len(profiles) * len(sizes) * runs + (outage_runs if outage_s else 0))
     with tempfile.TemporaryDirectory() as td:
@@ -253,32 +338,39 @@ def bench(agents, clas, profiles, sizes, runs, window, budget, outage_s: float =
             for agent, cla in pairs(agents, clas):
                 for name in sizes:
                     for run in range(1, runs + 1):
-                        console.print(f"[dim][{len(rows) + 1}/{total}] {agent} {cla} {profile} {name} "
-                                      f"run {run}/{runs}[/dim]")
+                        console.print(
+                            f"[dim][{len(rows) + 1}/{total}] {agent} {cla} {profile} {name} run {run}/{runs}[/dim]"
+                        )
                         row = one_run(agent, cla, profile, name, run, window, budget, Path(td))
                         if "skipped" in row:
                             console.print(f"[yellow]  skipped: {row['skipped']}[/yellow]")
                             rows.append(row)
                             rows.extend({**row, "run": r} for r in range(run + 1, runs + 1))
                             break
-                        console.print(f"[dim]  {row['throughput_bps'] / 1e3:.1f} kbit/s, round trip "
-                                      f"{(row['rtt_s'] or 0) * 1000:.0f} ms, {row['lost']} of {row['count']} "
-                                      f"bundles lost[/dim]")
+                        console.print(
+                            f"[dim]  {row['throughput_bps'] / 1e3:.1f} kbit/s, round trip "
+                            f"{(row['rtt_s'] or 0) * 1000:.0f} ms, {row['lost']} of {row['count']} "
+                            f"bundles lost[/dim]"
+                        )
                         rows.append(row)
         for agent, cla in pairs(agents, clas) if outage_s else ():
             for run in range(1, outage_runs + 1):
-                console.print(f"[dim][{len(rows) + 1}/{total}] {agent} {cla} lan, {outage_s:g} s outage "
-                              f"run {run}/{outage_runs}[/dim]")
+                console.print(
+                    f"[dim][{len(rows) + 1}/{total}] {agent} {cla} lan, {outage_s:g} s outage "
+                    f"run {run}/{outage_runs}[/dim]"
+                )
                 row = outage_run(agent, cla, run, outage_s, Path(td))
                 rows.append(row)
                 if "skipped" in row:
                     console.print(f"[yellow]  skipped: {row['skipped']}[/yellow]")
                     rows.extend({**row, "run": r} for r in range(run + 1, outage_runs + 1))
                     break
-                console.print(f"[dim]  {row['delivered']} of {row['sent']} delivered, "
-                              f"{row['into_outage_delivered']} of {row['into_outage']} sent into the outage; "
-                              f"latency median {row['latency_s'] or 0:.1f} s, max {row['latency_max_s'] or 0:.1f} s"
-                              f"[/dim]")
+                console.print(
+                    f"[dim]  {row['delivered']} of {row['sent']} delivered, "
+                    f"{row['into_outage_delivered']} of {row['into_outage']} sent into the outage; "
+                    f"latency median {row['latency_s'] or 0:.1f} s, max {row['latency_max_s'] or 0:.1f} s"
+                    f"[/dim]"
+                )
     return rows
 
 
@@ -296,11 +388,18 @@ def summarize(rows: list[dict]) -> list[dict]:
             continue
         tp = sorted(r["throughput_bps"] for r in done)
         rt = sorted(r["rtt_s"] for r in done if r["rtt_s"] is not None)
-        s.update(throughput_bps=statistics.median(tp), throughput_min=tp[0], throughput_max=tp[-1],
-                 rtt_s=statistics.median(rt) if rt else None, rtt_min=rt[0] if rt else None,
-                 rtt_max=rt[-1] if rt else None, link_bps=done[0]["link_bps"],
-                 sent=sum(r.get("count", 0) for r in done), lost=sum(r.get("lost", 0) for r in done),
-                 rtts_lost=sum(r.get("rtts_lost", 0) for r in done))
+        s.update(
+            throughput_bps=statistics.median(tp),
+            throughput_min=tp[0],
+            throughput_max=tp[-1],
+            rtt_s=statistics.median(rt) if rt else None,
+            rtt_min=rt[0] if rt else None,
+            rtt_max=rt[-1] if rt else None,
+            link_bps=done[0]["link_bps"],
+            sent=sum(r.get("count", 0) for r in done),
+            lost=sum(r.get("lost", 0) for r in done),
+            rtts_lost=sum(r.get("rtts_lost", 0) for r in done),
+        )
         out.append(s)
     return out
 
@@ -324,15 +423,20 @@ def seed_002(summary: list[dict]) -> list[list[str]]:
     lan = [s for s in summary if s["profile"] == "lan" and "skipped" not in s]
     out = []
     for agent, (lo, hi) in SEED_002_RTT_MS.items():
-        rt = [s["rtt_s"] * 1000 for s in lan if s["agent"] == agent and s["rtt_s"] is not None
-              and s["bytes"] <= 10_000]
+        rt = [s["rtt_s"] * 1000 for s in lan if s["agent"] == agent and s["rtt_s"] is not None and s["bytes"] <= 10_000]
         if rt:
             mine = f"{min(rt):.0f}-{max(rt):.0f} ms (1k and 10k, medians of CLAs and sizes)"
             out.append([agent, "round trip, small bundles", f"{lo}-{hi} ms" if agent == "ion" else "~10 ms", mine])
     one_m = [s for s in lan if s["agent"] == "ion" and s["size"] == "1M"]
-    out.append(["ion", "throughput at 1 MB", "over 100 Mbit/s",
-                ", ".join(f"{_rate(s['throughput_bps'])} over {s['cla']}" for s in one_m) or
-                "not measured: ION runs over UDP only here, whose datagram takes at most ~65 kB"])
+    out.append(
+        [
+            "ion",
+            "throughput at 1 MB",
+            "over 100 Mbit/s",
+            ", ".join(f"{_rate(s['throughput_bps'])} over {s['cla']}" for s in one_m)
+            or "not measured: ION runs over UDP only here, whose datagram takes at most ~65 kB",
+        ]
+    )
     return out
 
 
@@ -348,12 +452,15 @@ def summarize_outage(rows: list[dict]) -> list[dict]:
             continue
         lat = [r["latency_s"] for r in done if r["latency_s"] is not None]
         clear = [r["cleared_after_up_s"] for r in done if r["cleared_after_up_s"] is not None]
-        s.update(sent=sum(r["sent"] for r in done), delivered=sum(r["delivered"] for r in done),
-                 into_outage=sum(r["into_outage"] for r in done),
-                 into_outage_delivered=sum(r["into_outage_delivered"] for r in done),
-                 latency_s=statistics.median(lat) if lat else None,
-                 latency_max_s=max((r["latency_max_s"] for r in done if r["latency_max_s"] is not None), default=None),
-                 cleared_after_up_s=statistics.median(clear) if clear else None)
+        s.update(
+            sent=sum(r["sent"] for r in done),
+            delivered=sum(r["delivered"] for r in done),
+            into_outage=sum(r["into_outage"] for r in done),
+            into_outage_delivered=sum(r["into_outage_delivered"] for r in done),
+            latency_s=statistics.median(lat) if lat else None,
+            latency_max_s=max((r["latency_max_s"] for r in done if r["latency_max_s"] is not None), default=None),
+            cleared_after_up_s=statistics.median(clear) if clear else None,
+        )
         out.append(s)
     return out
 
@@ -365,51 +472,114 @@ def _secs(v) -> str:
 def report(rows: list[dict], out: Path) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
-    cols = ("agent", "CLA", "profile", "payload", "throughput median (min-max)", "of link", "round trip median "
-            "(min-max)", "runs", "bundles lost", "note")
+    cols = (
+        "agent",
+        "CLA",
+        "profile",
+        "payload",
+        "throughput median (min-max)",
+        "of link",
+        "round trip median (min-max)",
+        "runs",
+        "bundles lost",
+        "note",
+    )
     t = Table(title="Bundles: dtnperf-style throughput and bping round trip (nps-chain, 4 BPA hops)")
     for c in cols:
         t.add_column(c, justify="right")
-    md = ["# Bundle throughput and round trip (nps-chain, 4 BPA hops; fresh network and stores per run)", "",
-          "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md = [
+        "# Bundle throughput and round trip (nps-chain, 4 BPA hops; fresh network and stores per run)",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
     for s in summary:
         if "skipped" in s:
-            cells = [s["agent"], s["cla"], s["profile"], s["size"], "skipped", "-", "-", str(s["runs"]), "-",
-                     s["skipped"]]
+            cells = [
+                s["agent"],
+                s["cla"],
+                s["profile"],
+                s["size"],
+                "skipped",
+                "-",
+                "-",
+                str(s["runs"]),
+                "-",
+                s["skipped"],
+            ]
         else:
             frac = f"{s['throughput_bps'] / s['link_bps']:.2f}" if s["link_bps"] else "-"
-            rtt = ("-" if s["rtt_s"] is None else
-                   f"{s['rtt_s'] * 1000:.0f} ms ({s['rtt_min'] * 1000:.0f}-{s['rtt_max'] * 1000:.0f})")
-            cells = [s["agent"], s["cla"], s["profile"], s["size"],
-                     f"{_rate(s['throughput_bps'])} ({_rate(s['throughput_min'])}-{_rate(s['throughput_max'])})",
-                     frac, rtt, str(s["runs"]), _lost(s),
-                     f"{s['rtts_lost']} round trips timed out" if s["rtts_lost"] else ""]
+            rtt = (
+                "-"
+                if s["rtt_s"] is None
+                else f"{s['rtt_s'] * 1000:.0f} ms ({s['rtt_min'] * 1000:.0f}-{s['rtt_max'] * 1000:.0f})"
+            )
+            cells = [
+                s["agent"],
+                s["cla"],
+                s["profile"],
+                s["size"],
+                f"{_rate(s['throughput_bps'])} ({_rate(s['throughput_min'])}-{_rate(s['throughput_max'])})",
+                frac,
+                rtt,
+                str(s["runs"]),
+                _lost(s),
+                f"{s['rtts_lost']} round trips timed out" if s["rtts_lost"] else "",
+            ]
         t.add_row(*cells)
         md.append("| " + " | ".join(cells) + " |")
     console.print(t)
     md += ["", "![throughput and round trip](plot.png)", ""]
     seed = seed_002(summary) if any(s["agent"] in SEED_002_RTT_MS for s in summary) else []
     if seed:
-        md += ["## Seed 002 beside these runs", "",
-               "Seed 002 (NPS 2017) ran ION and IBR-DTN over their TCP CLAs with memory storage on a LAN testbed; "
-               "these runs use disk stores and 4 BPA hops.", "",
-               "| agent | figure | seed 002 | here (lan) |", "|---|---|---|---|"]
+        md += [
+            "## Seed 002 beside these runs",
+            "",
+            "Seed 002 (NPS 2017) ran ION and IBR-DTN over their TCP CLAs with memory storage on a LAN testbed; "
+            "these runs use disk stores and 4 BPA hops.",
+            "",
+            "| agent | figure | seed 002 | here (lan) |",
+            "|---|---|---|---|",
+        ]
         md += ["| " + " | ".join(r) + " |" for r in seed] + [""]
     outage = summarize_outage(rows)
     if outage:
-        cols = ("agent", "CLA", "profile", "runs", "delivered", "of those sent into the outage",
-                "latency median", "latency max", "last of the outage's after the link's return")
+        cols = (
+            "agent",
+            "CLA",
+            "profile",
+            "runs",
+            "delivered",
+            "of those sent into the outage",
+            "latency median",
+            "latency max",
+            "last of the outage's after the link's return",
+        )
         t = Table(title="Bundles sent into an outage of the radio hop (1 kB, one a second)")
         for c in cols:
             t.add_column(c, justify="right")
-        md += ["## Bundles sent into an outage (1 kB, one a second, the radio hop r2-r3 silently cut)", "",
-               "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        md += [
+            "## Bundles sent into an outage (1 kB, one a second, the radio hop r2-r3 silently cut)",
+            "",
+            "| " + " | ".join(cols) + " |",
+            "|" + "---|" * len(cols),
+        ]
         for s in outage:
-            cells = ([s["agent"], s["cla"], s["profile"], str(s["runs"]), "skipped: " + s["skipped"], "-", "-", "-", "-"]
-                     if "skipped" in s else
-                     [s["agent"], s["cla"], s["profile"], str(s["runs"]), f"{s['delivered']} of {s['sent']}",
-                      f"{s['into_outage_delivered']} of {s['into_outage']}", _secs(s["latency_s"]),
-                      _secs(s["latency_max_s"]), _secs(s["cleared_after_up_s"])])
+            cells = (
+                [s["agent"], s["cla"], s["profile"], str(s["runs"]), "skipped: " + s["skipped"], "-", "-", "-", "-"]
+                if "skipped" in s
+                else [
+                    s["agent"],
+                    s["cla"],
+                    s["profile"],
+                    str(s["runs"]),
+                    f"{s['delivered']} of {s['sent']}",
+                    f"{s['into_outage_delivered']} of {s['into_outage']}",
+                    _secs(s["latency_s"]),
+                    _secs(s["latency_max_s"]),
+                    _secs(s["cleared_after_up_s"]),
+                ]
+            )
             t.add_row(*cells)
             md.append("| " + " | ".join(cells) + " |")
         console.print(t)
@@ -441,23 +611,45 @@ def plot(summary: list[dict], path: Path) -> None:
             continue
         xs = [s["bytes"] for s in ss]
         label = " ".join(key)
-        a1.errorbar(xs, [s["throughput_bps"] / 1e3 for s in ss], capsize=3, marker="o", label=label,
-                    yerr=[[(s["throughput_bps"] - s["throughput_min"]) / 1e3 for s in ss],
-                          [(s["throughput_max"] - s["throughput_bps"]) / 1e3 for s in ss]])
+        a1.errorbar(
+            xs,
+            [s["throughput_bps"] / 1e3 for s in ss],
+            capsize=3,
+            marker="o",
+            label=label,
+            yerr=[
+                [(s["throughput_bps"] - s["throughput_min"]) / 1e3 for s in ss],
+                [(s["throughput_max"] - s["throughput_bps"]) / 1e3 for s in ss],
+            ],
+        )
         rt = [s for s in ss if s["rtt_s"] is not None]
-        a2.errorbar([s["bytes"] for s in rt], [s["rtt_s"] * 1000 for s in rt], capsize=3, marker="s", label=label,
-                    yerr=[[(s["rtt_s"] - s["rtt_min"]) * 1000 for s in rt],
-                          [(s["rtt_max"] - s["rtt_s"]) * 1000 for s in rt]])
+        a2.errorbar(
+            [s["bytes"] for s in rt],
+            [s["rtt_s"] * 1000 for s in rt],
+            capsize=3,
+            marker="s",
+            label=label,
+            yerr=[[(s["rtt_s"] - s["rtt_min"]) * 1000 for s in rt], [(s["rtt_max"] - s["rtt_s"]) * 1000 for s in rt]],
+        )
     agents = {s["agent"] for s in summary if s["profile"] == "lan"}
     if "ion" in agents:  # seed 002's figures, where it gives them for an agent measured here
         lo, hi = SEED_002_RTT_MS["ion"]
         a2.axhspan(lo, hi, color="tab:orange", alpha=0.15, label=f"seed 002: ION round trip {lo}-{hi} ms")
-        a1.plot([1e6], [SEED_002_ION_1M_BPS / 1e3], marker="*", markersize=12, linestyle="none", color="tab:orange",
-                label="seed 002: ION at 1 MB, over 100 Mbit/s")
+        a1.plot(
+            [1e6],
+            [SEED_002_ION_1M_BPS / 1e3],
+            marker="*",
+            markersize=12,
+            linestyle="none",
+            color="tab:orange",
+            label="seed 002: ION at 1 MB, over 100 Mbit/s",
+        )
     if "ibrdtn" in agents:
         a2.axhline(10, color="tab:green", linestyle=":", label="seed 002: IBR-DTN round trip ~10 ms")
-    for ax, ylabel, title in ((a1, "throughput (kbit/s)", "Throughput by payload size (median, min-max)"),
-                              (a2, "round trip (ms)", "Round trip by payload size (median, min-max)")):
+    for ax, ylabel, title in (
+        (a1, "throughput (kbit/s)", "Throughput by payload size (median, min-max)"),
+        (a2, "round trip (ms)", "Round trip by payload size (median, min-max)"),
+    ):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("bundle payload (bytes)")
@@ -477,8 +669,9 @@ def plot_outage(rows: list[dict], path: Path) -> None:
     for key in dict.fromkeys((r["agent"], r["cla"]) for r in rows):
         pts = [p for r in rows if (r["agent"], r["cla"]) == key and "skipped" not in r for p in r["stamps"]]
         if pts:
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, marker=next(markers, "o"),
-                       label=f"{key[0]} {key[1]}")
+            ax.scatter(
+                [p[0] for p in pts], [p[1] for p in pts], s=12, marker=next(markers, "o"), label=f"{key[0]} {key[1]}"
+            )
     ax.set_yscale("log")
     ax.set_xlabel("sent at (s, relative to the cut)")
     ax.set_ylabel("latency (s)")
@@ -490,7 +683,9 @@ def plot_outage(rows: list[dict], path: Path) -> None:
 def main(agents, clas, profiles, sizes, runs, window, budget, outage_s: float = 0, outage_runs: int = 0) -> Path:
     out = run_dir("bundles")
     out.mkdir(parents=True, exist_ok=True)
-    report(bench(agents, clas, profiles, sizes, runs, window, budget, outage_s, outage_runs,
-                 out / "runs-so-far.jsonl"), out)
+    report(
+        bench(agents, clas, profiles, sizes, runs, window, budget, outage_s, outage_runs, out / "runs-so-far.jsonl"),
+        out,
+    )
     (out / "runs-so-far.jsonl").unlink(missing_ok=True)  # report() wrote runs.jsonl
     return out

@@ -49,8 +49,12 @@ MIN_GAP_S = 15.0
 
 
 def _mqtt(node: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients",
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def kill_times(rng: random.Random, kills: int, duration: float) -> list[float]:
@@ -83,8 +87,22 @@ class Subscriber:
     """The QoS 2 subscriber at h4's broker, its lines read as they come."""
 
     def __init__(self, total: int, timeout: float):
-        self.p = _mqtt("h4", "sub", "--host", "127.0.0.1", "--topic", "c2/chaos/#", "--qos", "2",
-                       "--count", str(10 * total), "--timeout", str(int(timeout)), "--client-id", "c2chaos-sub")
+        self.p = _mqtt(
+            "h4",
+            "sub",
+            "--host",
+            "127.0.0.1",
+            "--topic",
+            "c2/chaos/#",
+            "--qos",
+            "2",
+            "--count",
+            str(10 * total),
+            "--timeout",
+            str(int(timeout)),
+            "--client-id",
+            "c2chaos-sub",
+        )
         self.rows: list[dict] = []
         self.subscribed = threading.Event()
         self._t = threading.Thread(target=self._read, daemon=True)
@@ -115,9 +133,21 @@ def _key(r: dict) -> tuple[int, int]:
     return int(q), int(n)
 
 
-def campaign(minutes: float, kills: int, rate: float, profile: str, outage_s: float, outage_every: float,
-             seed: int, agent: str, work: Path, events: list, bar=None, logs: Path | None = None,
-             targets: str = "all") -> dict:
+def campaign(
+    minutes: float,
+    kills: int,
+    rate: float,
+    profile: str,
+    outage_s: float,
+    outage_every: float,
+    seed: int,
+    agent: str,
+    work: Path,
+    events: list,
+    bar=None,
+    logs: Path | None = None,
+    targets: str = "all",
+) -> dict:
     rng = random.Random(seed)
     duration = minutes * 60
     count = int(rate * duration)
@@ -132,9 +162,17 @@ def campaign(minutes: float, kills: int, rate: float, profile: str, outage_s: fl
     h4 = testbed.node_address(st, "h4")
     prefix = h4.rsplit(".", 1)[0] + ".0/24"
     rule = '[[gateway.topic]]\nfilter = "c2/#"\npriority = "immediate"\nlifetime = 86400\n'
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], work / "nodes", agent=agent,
-                  gateways={"gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\n'
-                                   f'via = "gw4"\n\n{rule}', "gw4": f"[gateway]\nqos1_once = true\n\n{rule}"})
+    nodes = Nodes(
+        st,
+        BPA,
+        ["gw1", "gw4"],
+        work / "nodes",
+        agent=agent,
+        gateways={
+            "gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n{rule}',
+            "gw4": f"[gateway]\nqos1_once = true\n\n{rule}",
+        },
+    )
     broker = start_mosquitto("c2-h4", work / "broker", h4)
     sub = None
     t0 = time.monotonic()
@@ -154,12 +192,33 @@ def campaign(minutes: float, kills: int, rate: float, profile: str, outage_s: fl
         t0 = time.monotonic()
         t0_wall = time.time()
         ev("start", count=count, rate=rate, kills=kills, duration=duration)
-        pubs = {q: _mqtt("h1", "pub", "--host", h4, "--topic", f"c2/chaos/{q}/{{n}}", "--qos", str(q),
-                         "--count", str(count), "--interval", str(1 / rate), "--timeout", str(int(drain)),
-                         "--client-id", f"c2chaos-q{q}") for q in (1, 2)}
+        pubs = {
+            q: _mqtt(
+                "h1",
+                "pub",
+                "--host",
+                h4,
+                "--topic",
+                f"c2/chaos/{q}/{{n}}",
+                "--qos",
+                str(q),
+                "--count",
+                str(count),
+                "--interval",
+                str(1 / rate),
+                "--timeout",
+                str(int(drain)),
+                "--client-id",
+                f"c2chaos-q{q}",
+            )
+            for q in (1, 2)
+        }
         cuts = [(s, s + outage_s) for s in _frange(outage_every, duration, outage_every)]
-        steps = sorted([(t, "kill", target) for t, target in zip(plan, order)]
-                       + [(a, "down", None) for a, _ in cuts] + [(b, "up", None) for _, b in cuts])
+        steps = sorted(
+            [(t, "kill", target) for t, target in zip(plan, order)]
+            + [(a, "down", None) for a, _ in cuts]
+            + [(b, "up", None) for _, b in cuts]
+        )
         task = bar.add_task("chaos: kills", total=kills) if bar else None
         for at, what, target in steps:
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
@@ -206,9 +265,15 @@ def campaign(minutes: float, kills: int, rate: float, profile: str, outage_s: fl
         broker.wait(10)
         testbed.down()
     for r in sub.rows:
-        events.append({"ev": "delivered", "t": round(r["t"] - t0_wall, 2),
-                       "qos": _key(r)[0], "n": _key(r)[1],
-                       "latency_s": round(r["t"] - int(r["payload"].split()[1]) / 1e9, 3)})
+        events.append(
+            {
+                "ev": "delivered",
+                "t": round(r["t"] - t0_wall, 2),
+                "qos": _key(r)[0],
+                "n": _key(r)[1],
+                "latency_s": round(r["t"] - int(r["payload"].split()[1]) / 1e9, 3),
+            }
+        )
     return summarize(count, results, sub.rows, events, status)
 
 
@@ -219,10 +284,14 @@ def _frange(a: float, b: float, step: float):
 
 
 def summarize(count: int, pubs: dict, rows: list[dict], events: list, status: dict) -> dict:
-    out = {"count": count, "kills": [e for e in events if e["ev"] == "kill"],
-           "outages": sum(1 for e in events if e["ev"] == "link_down"), "qos": {},
-           "far_counters": status["gw4"].get("mqtt", {}).get("counters", {}),
-           "near_counters": status["gw1"].get("mqtt", {}).get("counters", {})}
+    out = {
+        "count": count,
+        "kills": [e for e in events if e["ev"] == "kill"],
+        "outages": sum(1 for e in events if e["ev"] == "link_down"),
+        "qos": {},
+        "far_counters": status["gw4"].get("mqtt", {}).get("counters", {}),
+        "near_counters": status["gw1"].get("mqtt", {}).get("counters", {}),
+    }
     for q in (1, 2):
         mine = [r for r in rows if _key(r)[0] == q]
         seen: dict[int, int] = {}
@@ -230,14 +299,18 @@ def summarize(count: int, pubs: dict, rows: list[dict], events: list, status: di
             seen[_key(r)[1]] = seen.get(_key(r)[1], 0) + 1
         lat = sorted(r["t"] - int(r["payload"].split()[1]) / 1e9 for r in mine)
         p = pubs.get(q, {})
-        out["qos"][q] = {"published": p.get("sent"), "acked": p.get("acked"), "publisher_disconnects": len(p.get("disconnects", [])),
-                         "delivered_once": sum(1 for v in seen.values() if v == 1),
-                         "delivered_twice_or_more": sum(1 for v in seen.values() if v > 1),
-                         "lost": sorted(set(range(count)) - set(seen))[:50],
-                         "lost_count": len(set(range(count)) - set(seen)),
-                         "latency_p50_s": statistics.median(lat) if lat else None,
-                         "latency_p95_s": lat[int(0.95 * (len(lat) - 1))] if lat else None,
-                         "latency_max_s": lat[-1] if lat else None}
+        out["qos"][q] = {
+            "published": p.get("sent"),
+            "acked": p.get("acked"),
+            "publisher_disconnects": len(p.get("disconnects", [])),
+            "delivered_once": sum(1 for v in seen.values() if v == 1),
+            "delivered_twice_or_more": sum(1 for v in seen.values() if v > 1),
+            "lost": sorted(set(range(count)) - set(seen))[:50],
+            "lost_count": len(set(range(count)) - set(seen)),
+            "latency_p50_s": statistics.median(lat) if lat else None,
+            "latency_p95_s": lat[int(0.95 * (len(lat) - 1))] if lat else None,
+            "latency_max_s": lat[-1] if lat else None,
+        }
     return out
 
 
@@ -251,22 +324,34 @@ def report(out: Path, res: dict, params: dict, events: list) -> str:
     by_target: dict[str, int] = {}
     for k in kills:
         by_target[k["target"]] = by_target.get(k["target"], 0) + 1
-    md = ["# Kill anywhere: QoS 1 and QoS 2 through the gateways while processes die (`c2dtn perf chaos`)", "",
-          f"nps-chain, r2=r3 on {params['profile']} (agent {params['agent']}), cut for {params['outage_s']:g} s every "
-          f"{params['outage_every']:g} s ({res['outages']} cuts); two publishers on h1 at {params['rate']:g} messages/s "
-          f"each for {params['minutes']:g} min; {len(kills)} SIGKILLs (" +
-          ", ".join(f"{t} x{n}" for t, n in sorted(by_target.items())) + ").", "",
-          "| QoS | published | acknowledged to the publisher | delivered once | delivered twice or more | lost | "
-          "latency p50 | p95 | max |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    md = [
+        "# Kill anywhere: QoS 1 and QoS 2 through the gateways while processes die (`c2dtn perf chaos`)",
+        "",
+        f"nps-chain, r2=r3 on {params['profile']} (agent {params['agent']}), cut for {params['outage_s']:g} s every "
+        f"{params['outage_every']:g} s ({res['outages']} cuts); two publishers on h1 at {params['rate']:g} messages/s "
+        f"each for {params['minutes']:g} min; {len(kills)} SIGKILLs ("
+        + ", ".join(f"{t} x{n}" for t, n in sorted(by_target.items()))
+        + ").",
+        "",
+        "| QoS | published | acknowledged to the publisher | delivered once | delivered twice or more | lost | "
+        "latency p50 | p95 | max |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for q, r in res["qos"].items():
-        fmt = (lambda v: "-" if v is None else f"{v:.1f} s")
-        md.append(f"| {q} | {r['published']} | {r['acked']} | {r['delivered_once']} | {r['delivered_twice_or_more']} | "
-                  f"**{r['lost_count']}** | {fmt(r['latency_p50_s'])} | {fmt(r['latency_p95_s'])} | "
-                  f"{fmt(r['latency_max_s'])} |")
+        fmt = lambda v: "-" if v is None else f"{v:.1f} s"
+        md.append(
+            f"| {q} | {r['published']} | {r['acked']} | {r['delivered_once']} | {r['delivered_twice_or_more']} | "
+            f"**{r['lost_count']}** | {fmt(r['latency_p50_s'])} | {fmt(r['latency_p95_s'])} | "
+            f"{fmt(r['latency_max_s'])} |"
+        )
     md += ["", "Kills:", "", "| at | target | what |", "|---:|---|---|"]
     md += [f"| {k['t']:.0f} s | {k['target']} | {k['what']} |" for k in kills]
-    md += ["", f"Far gateway counters at the end: {json.dumps(res['far_counters'])}", "",
-           "![deliveries, kills and cuts](plot.png)"]
+    md += [
+        "",
+        f"Far gateway counters at the end: {json.dumps(res['far_counters'])}",
+        "",
+        "![deliveries, kills and cuts](plot.png)",
+    ]
     (out / "report.md").write_text("\n".join(md) + "\n")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(11, 4.5))
@@ -287,17 +372,50 @@ def report(out: Path, res: dict, params: dict, events: list) -> str:
     return "\n".join(md[:6])
 
 
-def main(minutes: float, kills: int, rate: float, profile: str, outage_s: float, outage_every: float, seed: int,
-         agent: str = "dtn7", out: Path | None = None, console=None, targets: str = "all") -> Path:
+def main(
+    minutes: float,
+    kills: int,
+    rate: float,
+    profile: str,
+    outage_s: float,
+    outage_every: float,
+    seed: int,
+    agent: str = "dtn7",
+    out: Path | None = None,
+    console=None,
+    targets: str = "all",
+) -> Path:
     if targets not in TARGET_SETS:
         raise ValueError(f"targets {targets!r}: one of " + ", ".join(TARGET_SETS))
     out = out or run_dir("chaos")
-    params = {"minutes": minutes, "kills": kills, "rate": rate, "profile": profile, "outage_s": outage_s,
-              "outage_every": outage_every, "seed": seed, "agent": agent, "targets": targets}
+    params = {
+        "minutes": minutes,
+        "kills": kills,
+        "rate": rate,
+        "profile": profile,
+        "outage_s": outage_s,
+        "outage_every": outage_every,
+        "seed": seed,
+        "agent": agent,
+        "targets": targets,
+    }
     events: list = []
     with tempfile.TemporaryDirectory(prefix="c2chaos-") as td, progress(console) as bar:
-        res = campaign(minutes, kills, rate, profile, outage_s, outage_every, seed, agent, Path(td), events, bar,
-                       logs=out / "logs", targets=targets)
+        res = campaign(
+            minutes,
+            kills,
+            rate,
+            profile,
+            outage_s,
+            outage_every,
+            seed,
+            agent,
+            Path(td),
+            events,
+            bar,
+            logs=out / "logs",
+            targets=targets,
+        )
     text = report(out, res, params, events)
     if console is not None:
         console.print(text)

@@ -30,26 +30,56 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
 @click.option("--tactical-bytes", default=60_000, show_default=True, help="bulk transfer size on cnr-tactical-2")
 @click.option("--skip-lan", is_flag=True)
 @click.option("--skip-tactical", is_flag=True)
-@click.option("--cla", type=click.Choice(["tcpcl", "mtcp", "udp"]), default=None,
-              help="convergence layer between the BPAs across the cnr-tactical-2 radio link  "
-                   "[default: the topology's own, udp in nps-chain]")
-@click.option("--scheduler", "sched", multiple=True, metavar="KEY=VALUE",
-              help="an overlay [scheduler] setting for this run, e.g. aggregate_bytes=65536 (repeatable)")
-@click.option("--agents", default="dtn7", show_default=True,
-              help="the BPAs to run the overlay over, each beside itself bare (dtn7,ion,ibrdtn,hdtn)")
-def overlay_cmd(sizes: str, runs: int, tactical_bytes: int, skip_lan: bool, skip_tactical: bool, cla: str,
-                sched: tuple[str, ...], agents: str) -> None:
+@click.option(
+    "--cla",
+    type=click.Choice(["tcpcl", "mtcp", "udp"]),
+    default=None,
+    help="convergence layer between the BPAs across the cnr-tactical-2 radio link  "
+    "[default: the topology's own, udp in nps-chain]",
+)
+@click.option(
+    "--scheduler",
+    "sched",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="an overlay [scheduler] setting for this run, e.g. aggregate_bytes=65536 (repeatable)",
+)
+@click.option(
+    "--agents",
+    default="dtn7",
+    show_default=True,
+    help="the BPAs to run the overlay over, each beside itself bare (dtn7,ion,ibrdtn,hdtn)",
+)
+def overlay_cmd(
+    sizes: str,
+    runs: int,
+    tactical_bytes: int,
+    skip_lan: bool,
+    skip_tactical: bool,
+    cla: str,
+    sched: tuple[str, ...],
+    agents: str,
+) -> None:
     """The overlay next to its agent bare: round trip and throughput on lan, goodput on cnr-tactical-2."""
     from c2dtn.perf import overlay_bench
 
     bad = [s for s in sizes.split(",") if s not in overlay_bench.SIZES]
     if bad:
-        raise click.BadParameter(f"unknown size {bad[0]!r}; choose from {', '.join(overlay_bench.SIZES)}",
-                                 param_hint="--sizes")
+        raise click.BadParameter(
+            f"unknown size {bad[0]!r}; choose from {', '.join(overlay_bench.SIZES)}", param_hint="--sizes"
+        )
     from c2dtn.topologies.nodes import AGENTS
 
-    overlay_bench.main(sizes.split(","), runs, tactical_bytes, skip_lan, skip_tactical, cla, _scheduler(sched),
-                       _list(agents, AGENTS, "agent", "--agents"))
+    overlay_bench.main(
+        sizes.split(","),
+        runs,
+        tactical_bytes,
+        skip_lan,
+        skip_tactical,
+        cla,
+        _scheduler(sched),
+        _list(agents, AGENTS, "agent", "--agents"),
+    )
 
 
 def _scheduler(items: tuple[str, ...]) -> dict[str, int]:
@@ -63,8 +93,9 @@ def _scheduler(items: tuple[str, ...]) -> dict[str, int]:
     for it in items:
         k, sep, v = it.partition("=")
         if not sep or k not in known:
-            raise click.BadParameter(f"{it!r}: expected KEY=VALUE with KEY one of {', '.join(known)}",
-                                     param_hint="--scheduler")
+            raise click.BadParameter(
+                f"{it!r}: expected KEY=VALUE with KEY one of {', '.join(known)}", param_hint="--scheduler"
+            )
         try:
             out[k] = int(v)
         except ValueError:
@@ -86,8 +117,13 @@ def _fills(ctx, param, value: str) -> list[int]:
 
 
 @perf.command("store")
-@click.option("--fills", default="1e4,1e5,1e6", show_default=True, callback=_fills,
-              help="envelopes held at each measurement, comma-separated")
+@click.option(
+    "--fills",
+    default="1e4,1e5,1e6",
+    show_default=True,
+    callback=_fills,
+    help="envelopes held at each measurement, comma-separated",
+)
 def store_cmd(fills: list[int]) -> None:
     """What one custody operation costs against the envelopes the store holds (no network)."""
     from rich.console import Console
@@ -100,11 +136,21 @@ def store_cmd(fills: list[int]) -> None:
 @perf.command("fsync")
 @click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 50), help="runs per mode (taking turns)")
 @click.option("--clients", default=10, show_default=True, type=click.IntRange(1, 200))
-@click.option("--rate", default=10.0, show_default=True, type=click.FloatRange(0.1, 1000),
-              help="QoS 1 publishes per second per client")
+@click.option(
+    "--rate",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 1000),
+    help="QoS 1 publishes per second per client",
+)
 @click.option("--duration", default=15.0, show_default=True, type=click.FloatRange(2, 3600), help="seconds per run")
-@click.option("--disk-ms", default=10, show_default=True, type=click.IntRange(0, 1000),
-              help="how much longer every fsync takes (a slow disk)")
+@click.option(
+    "--disk-ms",
+    default=10,
+    show_default=True,
+    type=click.IntRange(0, 1000),
+    help="how much longer every fsync takes (a slow disk)",
+)
 def fsync_cmd(runs: int, clients: int, rate: float, duration: float, disk_ms: int) -> None:
     """PUBACK latency on a slow disk: custody fsync on the event loop against the writer thread."""
     from rich.console import Console
@@ -117,13 +163,24 @@ def fsync_cmd(runs: int, clients: int, rate: float, duration: float, disk_ms: in
 @perf.command("powerloss")
 @click.option("--cycles", default=10, show_default=True, type=click.IntRange(1, 1000), help="power cuts per mode")
 @click.option("--clients", default=5, show_default=True, type=click.IntRange(1, 200))
-@click.option("--rate", default=20.0, show_default=True, type=click.FloatRange(0.1, 1000),
-              help="QoS 1 publishes per second per client")
-@click.option("--disk-ms", default=5, show_default=True, type=click.IntRange(0, 1000),
-              help="how much longer every fsync takes")
+@click.option(
+    "--rate",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 1000),
+    help="QoS 1 publishes per second per client",
+)
+@click.option(
+    "--disk-ms", default=5, show_default=True, type=click.IntRange(0, 1000), help="how much longer every fsync takes"
+)
 @click.option("--seed", default=1, show_default=True, type=int, help="when the cuts come")
-@click.option("--payload-bytes", default=0, show_default=True, type=click.IntRange(0, 1_000_000),
-              help="pad each publish to this size (262144 and up: each body in a file of its own)")
+@click.option(
+    "--payload-bytes",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 1_000_000),
+    help="pad each publish to this size (262144 and up: each body in a file of its own)",
+)
 def powerloss_cmd(cycles: int, clients: int, rate: float, disk_ms: int, seed: int, payload_bytes: int) -> None:
     """Power cuts under QoS 1 load: is every PUBACKed message in custody after each one?"""
     from rich.console import Console
@@ -134,17 +191,38 @@ def powerloss_cmd(cycles: int, clients: int, rate: float, disk_ms: int, seed: in
 
 
 @perf.command("diskfull")
-@click.option("--cycles", default=3, show_default=True, type=click.IntRange(1, 100),
-              help="times the disk fills and frees (each with the link cut)")
-@click.option("--clients", default=4, show_default=True, type=click.IntRange(2, 200),
-              help="QoS 1 publishers, an even number: half MQTT 5, half 3.1.1")
-@click.option("--rate", default=20.0, show_default=True, type=click.FloatRange(0.1, 1000),
-              help="publishes per second per client")
+@click.option(
+    "--cycles",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 100),
+    help="times the disk fills and frees (each with the link cut)",
+)
+@click.option(
+    "--clients",
+    default=4,
+    show_default=True,
+    type=click.IntRange(2, 200),
+    help="QoS 1 publishers, an even number: half MQTT 5, half 3.1.1",
+)
+@click.option(
+    "--rate", default=20.0, show_default=True, type=click.FloatRange(0.1, 1000), help="publishes per second per client"
+)
 @click.option("--size", default=1024, show_default=True, type=click.IntRange(32, 65536), help="payload bytes")
-@click.option("--disk-mb", default=16, show_default=True, type=click.IntRange(4, 4096),
-              help="the tmpfs gw1's store and session file are on")
-@click.option("--full-s", default=6.0, show_default=True, type=click.FloatRange(0.5, 600),
-              help="how long the disk stays full each cycle")
+@click.option(
+    "--disk-mb",
+    default=16,
+    show_default=True,
+    type=click.IntRange(4, 4096),
+    help="the tmpfs gw1's store and session file are on",
+)
+@click.option(
+    "--full-s",
+    default=6.0,
+    show_default=True,
+    type=click.FloatRange(0.5, 600),
+    help="how long the disk stays full each cycle",
+)
 def diskfull_cmd(cycles: int, clients: int, rate: float, size: int, disk_mb: int, full_s: float) -> None:
     """The custody store's disk fills under QoS 1 traffic: refusals, losses, recovery (root: mounts a tmpfs)."""
     from rich.console import Console
@@ -157,8 +235,13 @@ def diskfull_cmd(cycles: int, clients: int, rate: float, size: int, disk_mb: int
 
 
 @perf.command("forgery")
-@click.option("--attempts", default=10_000, show_default=True, type=click.IntRange(10, 10_000_000),
-              help="hostile bundles per class")
+@click.option(
+    "--attempts",
+    default=10_000,
+    show_default=True,
+    type=click.IntRange(10, 10_000_000),
+    help="hostile bundles per class",
+)
 @click.option("--seed", default=1, show_default=True, type=int)
 def forgery_cmd(attempts: int, seed: int) -> None:
     """Forged, tampered and replayed bundles against a group member's overlay core: how many get through."""
@@ -170,8 +253,12 @@ def forgery_cmd(attempts: int, seed: int) -> None:
 
 
 @perf.command("paho-interop")
-@click.option("--suite", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="a checkout of github eclipse/paho.mqtt.testing (or its interoperability/ folder)")
+@click.option(
+    "--suite",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="a checkout of github eclipse/paho.mqtt.testing (or its interoperability/ folder)",
+)
 def paho_interop_cmd(suite: Path) -> None:
     """Eclipse Paho's MQTT 5.0 and 3.1.1 interoperability client tests, Mosquitto alone and through gw1."""
     from rich.console import Console
@@ -186,16 +273,31 @@ def paho_interop_cmd(suite: Path) -> None:
 
 @perf.command("chaos")
 @click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(1, 600))
-@click.option("--kills", default=30, show_default=True, type=click.IntRange(1, 1000),
-              help="SIGKILLs at random moments, at least 15 s apart")
-@click.option("--rate", default=1.0, show_default=True, type=click.FloatRange(0.05, 100),
-              help="messages per second from each of the QoS 1 and the QoS 2 publisher")
+@click.option(
+    "--kills",
+    default=30,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="SIGKILLs at random moments, at least 15 s apart",
+)
+@click.option(
+    "--rate",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.05, 100),
+    help="messages per second from each of the QoS 1 and the QoS 2 publisher",
+)
 @click.option("--profile", default="cnr-tactical-2", show_default=True, help="the r2=r3 radio link's profile")
 @click.option("--outage-s", default=30.0, show_default=True, type=click.FloatRange(0, 3600))
 @click.option("--outage-every", default=180.0, show_default=True, type=click.FloatRange(10, 36000))
 @click.option("--agent", default="dtn7", show_default=True, help="the BPA on every node")
-@click.option("--targets", default="all", show_default=True, type=click.Choice(["all", "agents"]),
-              help="all: gateways (a box's power cut) and BPA daemons; agents: BPA daemons alone")
+@click.option(
+    "--targets",
+    default="all",
+    show_default=True,
+    type=click.Choice(["all", "agents"]),
+    help="all: gateways (a box's power cut) and BPA daemons; agents: BPA daemons alone",
+)
 @click.option("--seed", default=1, show_default=True, type=int, help="when the kills come and what they hit")
 def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, targets, seed) -> None:
     """Kill anywhere: QoS 1 and 2 through the gateways on nps-chain while gateways and BPA daemons are SIGKILLed."""
@@ -204,22 +306,34 @@ def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, targ
     from c2dtn.perf import chaos_bench
 
     try:
-        chaos_bench.main(minutes, kills, rate, profile, outage_s, outage_every, seed, agent, console=Console(),
-                         targets=targets)
+        chaos_bench.main(
+            minutes, kills, rate, profile, outage_s, outage_every, seed, agent, console=Console(), targets=targets
+        )
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--kills") from None
 
 
 @perf.command("overload")
 @click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(1, 600))
-@click.option("--factor", default=3.0, show_default=True, type=click.FloatRange(0.1, 100),
-              help="offered MQTT payload as a multiple of the radio link's rate")
+@click.option(
+    "--factor",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 100),
+    help="offered MQTT payload as a multiple of the radio link's rate",
+)
 @click.option("--units", default=24, show_default=True, type=click.IntRange(1, 500), help="position reporters on h1")
-@click.option("--order-every", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
-              help="s between QoS 1 orders")
+@click.option(
+    "--order-every", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600), help="s between QoS 1 orders"
+)
 @click.option("--profile", default="cnr-tactical-2", show_default=True, help="the r2=r3 radio link's profile")
-@click.option("--drain", default=600.0, show_default=True, type=click.FloatRange(0, 36000),
-              help="s the orders may take to arrive after the load ends")
+@click.option(
+    "--drain",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(0, 36000),
+    help="s the orders may take to arrive after the load ends",
+)
 @click.option("--seed", default=1, show_default=True, type=int)
 def overload_cmd(minutes, factor, units, order_every, profile, drain, seed) -> None:
     """Overload: positions and orders at --factor x the radio link for --minutes; RSS, custody, losses, freshness."""
@@ -234,8 +348,9 @@ def overload_cmd(minutes, factor, units, order_every, profile, drain, seed) -> N
 
 
 @perf.command("gateway")
-@click.option("--count", default=20_000, show_default=True, type=click.IntRange(100, 10_000_000),
-              help="messages per run")
+@click.option(
+    "--count", default=20_000, show_default=True, type=click.IntRange(100, 10_000_000), help="messages per run"
+)
 @click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 100))
 @click.option("--qos", "qos", default="0,1", show_default=True, help="QoS levels to measure")
 def gateway_cmd(count: int, runs: int, qos: str) -> None:
@@ -265,27 +380,64 @@ def _outage(ctx, param, value: str):
 
 
 @perf.command("bft")
-@click.option("--topology", type=click.Choice(["nps-chain", "fmn-2nations", "fmn-4nations", "fmn-4nations-mixed"]),
-              default="nps-chain", help="fmn-4nations-mixed: a different BPA per nation, a relay at tacnet",
-              show_default=True)
-@click.option("--profile", default="cnr-tactical-2", show_default=True,
-              help="profile of the emulated links (nps-chain: r2-r3; fmn: each nation's)")
+@click.option(
+    "--topology",
+    type=click.Choice(["nps-chain", "fmn-2nations", "fmn-4nations", "fmn-4nations-mixed"]),
+    default="nps-chain",
+    help="fmn-4nations-mixed: a different BPA per nation, a relay at tacnet",
+    show_default=True,
+)
+@click.option(
+    "--profile",
+    default="cnr-tactical-2",
+    show_default=True,
+    help="profile of the emulated links (nps-chain: r2-r3; fmn: each nation's)",
+)
 @click.option("--units", default=8, show_default=True, type=click.IntRange(1, 64))
 @click.option("--period", default=2.0, show_default=True, type=click.FloatRange(0.1, 600), help="seconds")
 @click.option("--duration", default=100.0, show_default=True, type=click.FloatRange(5, 7200), help="seconds")
-@click.option("--outage", default="auto", show_default=True, callback=_outage,
-              help="a link down from START to END seconds (nps-chain: r2-r3; fmn: the first nation's), or none; "
-                   "auto: 20-80 on nps-chain, none on fmn")
-@click.option("--drain", default=60.0, show_default=True, type=click.FloatRange(0, 7200),
-              help="seconds allowed after publishing ends for the backlog")
+@click.option(
+    "--outage",
+    default="auto",
+    show_default=True,
+    callback=_outage,
+    help="a link down from START to END seconds (nps-chain: r2-r3; fmn: the first nation's), or none; "
+    "auto: 20-80 on nps-chain, none on fmn",
+)
+@click.option(
+    "--drain",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0, 7200),
+    help="seconds allowed after publishing ends for the backlog",
+)
 @click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
-@click.option("--modes", default="overlay,mqtt-bridge", show_default=True,
-              help="any of overlay, mqtt-bridge (a broker per nation, bridged), mqtt-single (one broker for all)")
-@click.option("--agent", "agents", multiple=True, metavar="[NODE=]KIND",
-              help="run every node on agent KIND (a topology without a relay: e.g. ion), or NODE on KIND "
-                   "instead of the topology's (fmn-4nations-mixed: e.g. usa-gw=hdtn)")
-def bft_cmd(topology: str, profile: str, units: int, period: float, duration: float, outage, drain: float, qos: int,
-            modes: str, agents: tuple[str, ...]) -> None:
+@click.option(
+    "--modes",
+    default="overlay,mqtt-bridge",
+    show_default=True,
+    help="any of overlay, mqtt-bridge (a broker per nation, bridged), mqtt-single (one broker for all)",
+)
+@click.option(
+    "--agent",
+    "agents",
+    multiple=True,
+    metavar="[NODE=]KIND",
+    help="run every node on agent KIND (a topology without a relay: e.g. ion), or NODE on KIND "
+    "instead of the topology's (fmn-4nations-mixed: e.g. usa-gw=hdtn)",
+)
+def bft_cmd(
+    topology: str,
+    profile: str,
+    units: int,
+    period: float,
+    duration: float,
+    outage,
+    drain: float,
+    qos: int,
+    modes: str,
+    agents: tuple[str, ...],
+) -> None:
     """Position reports (seed 000) across tactical links: c2dtn gateways next to Mosquitto bridges."""
     from c2dtn.errors import ConfigError
     from c2dtn.perf import bft
@@ -298,13 +450,15 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
     ms = modes.split(",")
     for m_ in ms:
         if m_ not in bft.ALL_MODES:
-            raise click.BadParameter(f"unknown mode {m_!r}; choose from {', '.join(bft.ALL_MODES)}",
-                                     param_hint="--modes")
+            raise click.BadParameter(
+                f"unknown mode {m_!r}; choose from {', '.join(bft.ALL_MODES)}", param_hint="--modes"
+            )
     if outage == "auto":
         outage = (20.0, 80.0) if topology == "nps-chain" else None
     if outage and outage[1] > duration:
-        raise click.BadParameter(f"the outage {outage[0]:g}-{outage[1]:g} s ends after the run ({duration:g} s)",
-                                 param_hint="--outage")
+        raise click.BadParameter(
+            f"the outage {outage[0]:g}-{outage[1]:g} s ends after the run ({duration:g} s)", param_hint="--outage"
+        )
     chosen = {}
     for a in agents:
         node, eq, kind = a.partition("=")
@@ -327,16 +481,39 @@ def bft_cmd(topology: str, profile: str, units: int, period: float, duration: fl
 
 @perf.command("orders")
 @click.option("--profile", default="narrowband-15k", show_default=True, help="profile of the leaders' link")
-@click.option("--protocols", default="mqtt,coap,http", show_default=True,
-              help="MQTT QoS 1, CoAP CON POSTs, HTTP POSTs (HTTP runs direct only: the overlay carries MQTT and CoAP)")
-@click.option("--modes", default="direct,overlay", show_default=True,
-              help="direct: across the links; overlay: through c2dtn gateways at the leaders")
-@click.option("--outage", default="none", show_default=True, callback=_outage,
-              help="the leaders' link down from START to END seconds into the script (e.g. 60-120), or none")
-@click.option("--span", type=click.FloatRange(10, 7200), default=240.0, show_default=True,
-              help="seconds the 97 messages are spread over")
-@click.option("--drain", type=click.FloatRange(0, 7200), default=60.0, show_default=True,
-              help="seconds allowed after the last message")
+@click.option(
+    "--protocols",
+    default="mqtt,coap,http",
+    show_default=True,
+    help="MQTT QoS 1, CoAP CON POSTs, HTTP POSTs (HTTP runs direct only: the overlay carries MQTT and CoAP)",
+)
+@click.option(
+    "--modes",
+    default="direct,overlay",
+    show_default=True,
+    help="direct: across the links; overlay: through c2dtn gateways at the leaders",
+)
+@click.option(
+    "--outage",
+    default="none",
+    show_default=True,
+    callback=_outage,
+    help="the leaders' link down from START to END seconds into the script (e.g. 60-120), or none",
+)
+@click.option(
+    "--span",
+    type=click.FloatRange(10, 7200),
+    default=240.0,
+    show_default=True,
+    help="seconds the 97 messages are spread over",
+)
+@click.option(
+    "--drain",
+    type=click.FloatRange(0, 7200),
+    default=60.0,
+    show_default=True,
+    help="seconds allowed after the last message",
+)
 @click.option("--seed", default=4, show_default=True, help="seeds the script and the links")
 def orders_cmd(profile: str, protocols: str, modes: str, outage, span: float, drain: float, seed: int) -> None:
     """C2 orders between the platoons (seed 004's 97-message script shape): MQTT, CoAP and HTTP, direct and
@@ -350,22 +527,35 @@ def orders_cmd(profile: str, protocols: str, modes: str, outage, span: float, dr
     except ConfigError as e:
         raise click.BadParameter(str(e), param_hint="--profile") from None
     if outage and outage[1] > span + drain:
-        raise click.BadParameter(f"the outage {outage[0]:g}-{outage[1]:g} s ends after the run "
-                                 f"({span + drain:g} s)", param_hint="--outage")
-    chosen = orders.runs(tuple(_list(protocols, orders.PROTOCOLS, "protocol", "--protocols")),
-                         tuple(_list(modes, orders.PATHS, "mode", "--modes")))
+        raise click.BadParameter(
+            f"the outage {outage[0]:g}-{outage[1]:g} s ends after the run ({span + drain:g} s)", param_hint="--outage"
+        )
+    chosen = orders.runs(
+        tuple(_list(protocols, orders.PROTOCOLS, "protocol", "--protocols")),
+        tuple(_list(modes, orders.PATHS, "mode", "--modes")),
+    )
     if not chosen:
-        raise click.BadParameter("HTTP runs direct only (the overlay carries MQTT and CoAP): add mqtt or coap, "
-                                 "or --modes direct", param_hint="--protocols")
+        raise click.BadParameter(
+            "HTTP runs direct only (the overlay carries MQTT and CoAP): add mqtt or coap, or --modes direct",
+            param_hint="--protocols",
+        )
     orders.main(profile, tuple(chosen), drain, seed, span, outage)
 
 
 @perf.command("matrix")
 @click.option("--quick", is_flag=True, help="fmn-4nations, a report every 2 s, both profiles, 20 s each (~3 min)")
-@click.option("--duration", type=click.FloatRange(5, 7200), default=None,
-              help="seconds of reports per run  [default: 60; --quick: 20]")
-@click.option("--drain", type=click.FloatRange(0, 7200), default=None,
-              help="seconds allowed after the last report  [default: 30; --quick: 10]")
+@click.option(
+    "--duration",
+    type=click.FloatRange(5, 7200),
+    default=None,
+    help="seconds of reports per run  [default: 60; --quick: 20]",
+)
+@click.option(
+    "--drain",
+    type=click.FloatRange(0, 7200),
+    default=None,
+    help="seconds allowed after the last report  [default: 30; --quick: 10]",
+)
 @click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
 def matrix_cmd(quick: bool, duration: float | None, drain: float | None, qos: int) -> None:
     """The seed 000 matrix: fmn-2nations and fmn-4nations x cnr-tactical-1 and -2 x every 2 and 10 s."""
@@ -386,23 +576,57 @@ def _list(value: str, known, what: str, hint: str) -> list[str]:
 
 
 @perf.command("bundles")
-@click.option("--agents", default="dtn7", show_default=True,
-              help="BPAs to compare, each on the asked-for CLAs it speaks (dtn7, ion, ibrdtn, hdtn)")
-@click.option("--cla", "clas", default="tcpcl,udp,mtcp", show_default=True,
-              help="convergence layers; AGENT:CLA for one agent only (e.g. tcpcl,ion:udp)")
+@click.option(
+    "--agents",
+    default="dtn7",
+    show_default=True,
+    help="BPAs to compare, each on the asked-for CLAs it speaks (dtn7, ion, ibrdtn, hdtn)",
+)
+@click.option(
+    "--cla",
+    "clas",
+    default="tcpcl,udp,mtcp",
+    show_default=True,
+    help="convergence layers; AGENT:CLA for one agent only (e.g. tcpcl,ion:udp)",
+)
 @click.option("--profiles", default="lan,cnr-tactical-1", show_default=True, help="profiles of the radio hop")
 @click.option("--sizes", default="1k,10k,100k,1M", show_default=True)
 @click.option("--runs", default=10, show_default=True, type=click.IntRange(1, 1000))
-@click.option("--window", default=8, show_default=True, type=click.IntRange(1, 10_000),
-              help="bundles in flight in data mode")
-@click.option("--budget", default=180.0, show_default=True, type=click.FloatRange(10, 36_000),
-              help="seconds one run may take; sizes that cannot fit are reported as skipped")
-@click.option("--outage", default=60.0, show_default=True, type=click.FloatRange(0, 3600),
-              help="seconds of the radio hop's cut in the outage runs (0: none)")
-@click.option("--outage-runs", default=3, show_default=True, type=click.IntRange(0, 100),
-              help="outage runs per agent and CLA (1 kB bundles, one a second, on lan)")
-def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, window: int, budget: float,
-                outage: float, outage_runs: int) -> None:
+@click.option(
+    "--window", default=8, show_default=True, type=click.IntRange(1, 10_000), help="bundles in flight in data mode"
+)
+@click.option(
+    "--budget",
+    default=180.0,
+    show_default=True,
+    type=click.FloatRange(10, 36_000),
+    help="seconds one run may take; sizes that cannot fit are reported as skipped",
+)
+@click.option(
+    "--outage",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="seconds of the radio hop's cut in the outage runs (0: none)",
+)
+@click.option(
+    "--outage-runs",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0, 100),
+    help="outage runs per agent and CLA (1 kB bundles, one a second, on lan)",
+)
+def bundles_cmd(
+    agents: str,
+    clas: str,
+    profiles: str,
+    sizes: str,
+    runs: int,
+    window: int,
+    budget: float,
+    outage: float,
+    outage_runs: int,
+) -> None:
     """Bundle throughput and round trip per agent x CLA x profile x size (fresh daemons per run)."""
     from c2dtn.errors import ConfigError
     from c2dtn.perf import bundles_bench as b
@@ -421,13 +645,24 @@ def bundles_cmd(agents: str, clas: str, profiles: str, sizes: str, runs: int, wi
     for item in cla_list:  # CLA or AGENT:CLA
         agent, _, cla = item.rpartition(":")
         if cla not in b.CLAS:
-            raise click.BadParameter(f"unknown CLA {cla!r} in {item!r}; choose from {', '.join(b.CLAS)}",
-                                     param_hint="--cla")
+            raise click.BadParameter(
+                f"unknown CLA {cla!r} in {item!r}; choose from {', '.join(b.CLAS)}", param_hint="--cla"
+            )
         if agent and agent not in agent_list:
-            raise click.BadParameter(f"agent {agent!r} of {item!r} is not in --agents ({', '.join(agent_list)})",
-                                     param_hint="--cla")
-    b.main(agent_list, cla_list, ps,
-           _list(sizes, list(b.SIZES), "size", "--sizes"), runs, window, budget, outage, outage_runs)
+            raise click.BadParameter(
+                f"agent {agent!r} of {item!r} is not in --agents ({', '.join(agent_list)})", param_hint="--cla"
+            )
+    b.main(
+        agent_list,
+        cla_list,
+        ps,
+        _list(sizes, list(b.SIZES), "size", "--sizes"),
+        runs,
+        window,
+        budget,
+        outage,
+        outage_runs,
+    )
 
 
 @perf.command("fuzz")
@@ -443,8 +678,9 @@ def fuzz_cmd(targets: str | None, runs: int, save: bool) -> None:
     names = targets.split(",") if targets else list(fuzz_targets.TARGETS)
     bad = [n for n in names if n not in fuzz_targets.TARGETS]
     if bad:
-        raise click.BadParameter(f"unknown target(s) {', '.join(bad)}: " + ", ".join(fuzz_targets.TARGETS),
-                                 param_hint="--targets")
+        raise click.BadParameter(
+            f"unknown target(s) {', '.join(bad)}: " + ", ".join(fuzz_targets.TARGETS), param_hint="--targets"
+        )
     if runs < 1:
         raise click.BadParameter(f"{runs}: at least 1", param_hint="--runs")
     if "mqtt_diff" in names and importlib.util.find_spec("mqtt5") is None:

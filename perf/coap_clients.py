@@ -30,8 +30,9 @@ BIG = bytes(range(256)) * 78 + b"twenty thousand bytes, the end.."  # 20,000 byt
 # is otherwise a plausible request (random type, code, message id, token and options).
 def _head(rng, ver: int = 1, tkl: int | None = None) -> bytes:
     tkl = rng.randrange(9) if tkl is None else tkl
-    return bytes([ver << 6 | rng.randrange(4) << 4 | tkl, rng.choice((1, 2, 3, 4)), rng.randrange(256),
-                  rng.randrange(256)]) + rng.randbytes(min(tkl, 8))
+    return bytes(
+        [ver << 6 | rng.randrange(4) << 4 | tkl, rng.choice((1, 2, 3, 4)), rng.randrange(256), rng.randrange(256)]
+    ) + rng.randbytes(min(tkl, 8))
 
 
 def _path(rng) -> bytes:
@@ -44,11 +45,15 @@ MALFORMED = {
     "token length 9-15": lambda rng: _head(rng, tkl=rng.randrange(9, 16)) + rng.randbytes(rng.randrange(16)),
     # an option whose length runs past the end of the datagram
     "truncated option": lambda rng: (lambda n: _head(rng) + bytes([0xB0 | n]) + rng.randbytes(rng.randrange(n)))(
-        rng.randrange(1, 13)),
+        rng.randrange(1, 13)
+    ),
     # delta or length nibble 15 (reserved) in an option that is not the payload marker
-    "option delta 15": lambda rng: _head(rng) + _path(rng) + bytes([rng.choice((0xF0 | rng.randrange(15),
-                                                                                  rng.randrange(1, 15) << 4 | 0xF))])
-                                   + rng.randbytes(rng.randrange(4)),
+    "option delta 15": lambda rng: (
+        _head(rng)
+        + _path(rng)
+        + bytes([rng.choice((0xF0 | rng.randrange(15), rng.randrange(1, 15) << 4 | 0xF))])
+        + rng.randbytes(rng.randrange(4))
+    ),
     "payload marker, no payload": lambda rng: _head(rng) + _path(rng) + b"\xff",
 }
 
@@ -89,7 +94,9 @@ async def serve(host: str, port: int) -> None:
         async def render(self, request):  # every method
             path = "/" + "/".join(request.opt.uri_path)
             if path == "/clock" and request.code == aiocoap.GET:  # (rendered again for every notification: no line)
-                return aiocoap.Message(code=aiocoap.CONTENT, payload=f"{start + int(time.time() - start):.3f}".encode(), max_age=2)
+                return aiocoap.Message(
+                    code=aiocoap.CONTENT, payload=f"{start + int(time.time() - start):.3f}".encode(), max_age=2
+                )
             emit(path=path, payload=request.payload.decode(errors="replace"), code=str(request.code), t=time.time())
             if path == "/big" and request.code == aiocoap.GET:
                 return aiocoap.Message(code=aiocoap.CONTENT, payload=BIG)
@@ -113,8 +120,12 @@ async def post(host: str, port: int, count: int, path: str, interval: float, tim
     async def one(n: int) -> None:
         nonlocal answered
         p = path.format(n=n)
-        msg = aiocoap.Message(code=aiocoap.POST, payload=f"order {n}".encode(), uri=f"coap://{host}:{port}{p}",
-                              transport_tuning=aiocoap.Unreliable if non else aiocoap.Reliable)
+        msg = aiocoap.Message(
+            code=aiocoap.POST,
+            payload=f"order {n}".encode(),
+            uri=f"coap://{host}:{port}{p}",
+            transport_tuning=aiocoap.Unreliable if non else aiocoap.Reliable,
+        )
         t0 = time.monotonic()
         try:
             r = await asyncio.wait_for(ctx.request(msg).response, timeout - (time.monotonic() - start))
@@ -169,10 +180,15 @@ async def get(host: str, port: int, path: str, timeout: float) -> None:
     ctx = await aiocoap.Context.create_client_context()
     t0 = time.monotonic()
     try:
-        r = await asyncio.wait_for(ctx.request(aiocoap.Message(code=aiocoap.GET, uri=f"coap://{host}:{port}{path}")).response,
-                                   timeout)
-        emit(code=str(r.code), size=len(r.payload), sha256=hashlib.sha256(r.payload).hexdigest(),
-             s=round(time.monotonic() - t0, 3))
+        r = await asyncio.wait_for(
+            ctx.request(aiocoap.Message(code=aiocoap.GET, uri=f"coap://{host}:{port}{path}")).response, timeout
+        )
+        emit(
+            code=str(r.code),
+            size=len(r.payload),
+            sha256=hashlib.sha256(r.payload).hexdigest(),
+            s=round(time.monotonic() - t0, 3),
+        )
     except Exception as e:  # what the application saw, as a line
         emit(error=type(e).__name__, s=round(time.monotonic() - t0, 3))
     await ctx.shutdown()

@@ -37,18 +37,45 @@ def main(dirs: list[str], out: str | None = None) -> None:
     bundles = [(d, x) for d, k, x in runs if k == "bundles"]
     if bft:
         t = Table(title="perf bft runs side by side")
-        for c in ("run", "topology", "links", "period", "QoS", "mode", "due", "delivered", "superseded", "lost %",
-                  "delay median", "p95", "AoI mean", "AoI p95", "bytes/delivery"):
+        for c in (
+            "run",
+            "topology",
+            "links",
+            "period",
+            "QoS",
+            "mode",
+            "due",
+            "delivered",
+            "superseded",
+            "lost %",
+            "delay median",
+            "p95",
+            "AoI mean",
+            "AoI p95",
+            "bytes/delivery",
+        ):
             t.add_column(c, justify="right")
         for d, x in bft:
             p = x["plan"]
             for r in x["modes"]:
                 f = lambda v, u="s": "-" if v is None else f"{v:.1f} {u}"  # noqa: E731
-                t.add_row(d.name, p.get("topology", "nps-chain"), p["profile"], f"{p['period']:g} s", str(p["qos"]),
-                          r["mode"], str(r.get("expected", r["sent"])), str(r["delivered"]),
-                          "-" if r["superseded"] is None else str(r["superseded"]), f"{r['lost_pct']:.1f}",
-                          f(r["delay_median_s"]), f(r["delay_p95_s"]), f(r.get("aoi_mean_s")), f(r.get("aoi_p95_s")),
-                          f(r.get("link_bytes_per_delivery"), "B"))
+                t.add_row(
+                    d.name,
+                    p.get("topology", "nps-chain"),
+                    p["profile"],
+                    f"{p['period']:g} s",
+                    str(p["qos"]),
+                    r["mode"],
+                    str(r.get("expected", r["sent"])),
+                    str(r["delivered"]),
+                    "-" if r["superseded"] is None else str(r["superseded"]),
+                    f"{r['lost_pct']:.1f}",
+                    f(r["delay_median_s"]),
+                    f(r["delay_p95_s"]),
+                    f(r.get("aoi_mean_s")),
+                    f(r.get("aoi_p95_s")),
+                    f(r.get("link_bytes_per_delivery"), "B"),
+                )
         console.print(t)
         if out:
             _plot_bft(bft, Path(out))
@@ -61,9 +88,16 @@ def main(dirs: list[str], out: str | None = None) -> None:
                 if "skipped" in s:
                     t.add_row(d.name, s["agent"], s["cla"], s["profile"], s["size"], "-", "-", s["skipped"])
                 else:
-                    t.add_row(d.name, s["agent"], s["cla"], s["profile"], s["size"],
-                              f"{s['throughput_bps'] / 1e3:.1f} kbit/s",
-                              "-" if s["rtt_s"] is None else f"{s['rtt_s'] * 1000:.0f} ms", "")
+                    t.add_row(
+                        d.name,
+                        s["agent"],
+                        s["cla"],
+                        s["profile"],
+                        s["size"],
+                        f"{s['throughput_bps'] / 1e3:.1f} kbit/s",
+                        "-" if s["rtt_s"] is None else f"{s['rtt_s'] * 1000:.0f} ms",
+                        "",
+                    )
         console.print(t)
 
 

@@ -98,8 +98,9 @@ class Client:
         pid = int(msg.split(":")[1]) % 65535 + 1
         self.pending[pid] = msg
         body = msg.encode().ljust(self.size, b".")
-        self.writer.write(m.encode(m.Publish(f"c2/disk/{self.name}", body, qos=1, dup=dup, packet_id=pid),
-                                   self.version))
+        self.writer.write(
+            m.encode(m.Publish(f"c2/disk/{self.name}", body, qos=1, dup=dup, packet_id=pid), self.version)
+        )
 
     async def _connection(self) -> None:
         r, w = await asyncio.open_connection("127.0.0.1", self.port)
@@ -185,8 +186,9 @@ class Client:
 # -- the gateway pair and the disk ------------------------------------------------------
 def mount_tmpfs(path: Path, mb: int) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "c2-diskfull", str(path)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={mb}m", "c2-diskfull", str(path)], capture_output=True, text=True
+    )
     if r.returncode:
         raise RuntimeError(f"cannot mount a {mb} MB tmpfs at {path} (root needed): {r.stderr.strip()}")
 
@@ -232,8 +234,9 @@ class Pair:
 
         self.disk = disk
         # the quota far above the disk: what refuses here is the disk, not the count
-        self.store = CustodyStore(disk / "custody.db", "c2gw1", Quota(10_000_000, 1 << 40),
-                                  background_checkpoints=True, sync="thread")
+        self.store = CustodyStore(
+            disk / "custody.db", "c2gw1", Quota(10_000_000, 1 << 40), background_checkpoints=True, sync="thread"
+        )
         self.core = OverlayCore(self.store, Codec("c2gw1", {"c2gw4": KEY}))
         self.syncer = Syncer(self.store.records)
         self.syncer.start()
@@ -316,12 +319,26 @@ class Pair:
         counters = dict(self.gw.near.core.counters) if hasattr(self.gw, "near") else {}
         self.store.close()
         self.far.store.close()
-        return {"held_at_end": held, "integrity": integrity, "gateway_counters": counters, "store_files": files,
-                "disk_free_kb_at_end": free_kb}
+        return {
+            "held_at_end": held,
+            "integrity": integrity,
+            "gateway_counters": counters,
+            "store_files": files,
+            "disk_free_kb_at_end": free_kb,
+        }
 
 
-async def _campaign(disk: Path, far_dir: Path, clients: int, rate: float, size: int, cycles: int, phases: Phases,
-                    drain_s: float, bar=None) -> dict:
+async def _campaign(
+    disk: Path,
+    far_dir: Path,
+    clients: int,
+    rate: float,
+    size: int,
+    cycles: int,
+    phases: Phases,
+    drain_s: float,
+    bar=None,
+) -> dict:
     port = _free_port()
     pair = Pair(disk, far_dir, port)
     await pair.start()
@@ -332,8 +349,10 @@ async def _campaign(disk: Path, far_dir: Path, clients: int, rate: float, size: 
     timeline: list = []
     marks: list = []
     publishing = asyncio.Event()
-    cl = [Client(f"c2disk-{'v5' if i % 2 == 0 else 'v3'}-{i}", 5 if i % 2 == 0 else 4, port, rate, size, t0, events)
-          for i in range(clients)]
+    cl = [
+        Client(f"c2disk-{'v5' if i % 2 == 0 else 'v3'}-{i}", 5 if i % 2 == 0 else 4, port, rate, size, t0, events)
+        for i in range(clients)
+    ]
     ballast = disk / "ballast"
 
     def mark(kind: str, **kw) -> None:
@@ -341,11 +360,18 @@ async def _campaign(disk: Path, far_dir: Path, clients: int, rate: float, size: 
 
     async def sampler() -> None:
         while True:
-            timeline.append({"t": round(time.monotonic() - t0, 2), "held": pair.store.held_out()[0],
-                             "disk_free_kb": disk_free(disk) // 1024,
-                             "acked": sum(len(c.acked) for c in cl), "refused": sum(len(c.refused) for c in cl),
-                             "disconnects": sum(c.disconnects for c in cl),
-                             "delivered": sum(pair.delivered.values()), "link_up": int(pair.up)})
+            timeline.append(
+                {
+                    "t": round(time.monotonic() - t0, 2),
+                    "held": pair.store.held_out()[0],
+                    "disk_free_kb": disk_free(disk) // 1024,
+                    "acked": sum(len(c.acked) for c in cl),
+                    "refused": sum(len(c.refused) for c in cl),
+                    "disconnects": sum(c.disconnects for c in cl),
+                    "delivered": sum(pair.delivered.values()),
+                    "link_up": int(pair.up),
+                }
+            )
             await asyncio.sleep(SAMPLE_S)
 
     def refusals() -> int:
@@ -363,8 +389,11 @@ async def _campaign(disk: Path, far_dir: Path, clients: int, rate: float, size: 
             mark("disk_full", cycle=c + 1, ballast_mb=round(n / 1e6, 2), free_kb=disk_free(disk) // 1024)
             while refusals() == before and time.monotonic() - full_at < phases.slack_max_s:
                 await asyncio.sleep(0.05)
-            mark("first_refusal" if refusals() > before else "no_refusal", cycle=c + 1,
-                 after_s=round(time.monotonic() - full_at, 2))
+            mark(
+                "first_refusal" if refusals() > before else "no_refusal",
+                cycle=c + 1,
+                after_s=round(time.monotonic() - full_at, 2),
+            )
             await asyncio.sleep(phases.full_s)
             ballast.unlink()
             mark("disk_freed", cycle=c + 1, free_kb=disk_free(disk) // 1024)
@@ -411,19 +440,29 @@ def cycles_table(marks: list, events: list) -> list[dict]:
         slack_end = full + first["after_s"]
 
         def n(kind: str, a: float, b: float, version: int | None = None) -> int:
-            return sum(e[4] for e in events if e[3].startswith(kind) and a <= e[0] < b
-                       and (version is None or e[2] == version))
+            return sum(
+                e[4] for e in events if e[3].startswith(kind) and a <= e[0] < b and (version is None or e[2] == version)
+            )
 
-        out.append({"cycle": c, "ballast_mb": at["disk_full"]["ballast_mb"], "refused": "first_refusal" in at,
-                    "slack_s": first["after_s"], "taken_into_slack": n("acked", full, slack_end),
-                    "full_s": round(freed - slack_end, 1), "refused_0x97": n("refused", full, freed, 5),
-                    "v311_disconnects": n("disconnected", full, freed, 4),
-                    "taken_while_full": n("acked", slack_end, freed)})
+        out.append(
+            {
+                "cycle": c,
+                "ballast_mb": at["disk_full"]["ballast_mb"],
+                "refused": "first_refusal" in at,
+                "slack_s": first["after_s"],
+                "taken_into_slack": n("acked", full, slack_end),
+                "full_s": round(freed - slack_end, 1),
+                "refused_0x97": n("refused", full, freed, 5),
+                "v311_disconnects": n("disconnected", full, freed, 4),
+                "taken_while_full": n("acked", slack_end, freed),
+            }
+        )
     return out
 
 
-def summarize(cl: list[Client], delivered: Counter, counts: Counter, end: dict, events: list, timeline: list,
-              marks: list) -> dict:
+def summarize(
+    cl: list[Client], delivered: Counter, counts: Counter, end: dict, events: list, timeline: list, marks: list
+) -> dict:
     rows = {}
     for v in (5, 4):
         mine = [c for c in cl if c.version == v]
@@ -432,18 +471,30 @@ def summarize(cl: list[Client], delivered: Counter, counts: Counter, end: dict, 
         refused = {s for c in mine for s in c.refused}
         reasons = Counter(e[3] for e in events if e[2] == v and e[3].startswith("refused"))
         rows["MQTT 5" if v == 5 else "MQTT 3.1.1"] = {
-            "clients": len(mine), "published": len(sent), "acked": len(acked), "refused": len(refused),
-            "refusal_reasons": dict(reasons), "disconnects": sum(c.disconnects for c in mine),
+            "clients": len(mine),
+            "published": len(sent),
+            "acked": len(acked),
+            "refused": len(refused),
+            "refusal_reasons": dict(reasons),
+            "disconnects": sum(c.disconnects for c in mine),
             "resent": sum(c.resent for c in mine),
             "no_answer": len(sent - acked - refused),
             "acked_lost": len([s for s in acked if delivered[s] == 0]),
             "delivered_twice_or_more": len([s for s in sent if delivered[s] > 1]),
             "refused_delivered": len([s for s in refused if delivered[s]]),
-            "lost_examples": sorted(s for s in acked if delivered[s] == 0)[:10]}
+            "lost_examples": sorted(s for s in acked if delivered[s] == 0)[:10],
+        }
     fills = [x for x in marks if x["ev"] == "disk_full"]
-    return {"per_version": rows, "counts": dict(counts), **end, "fills": len(fills),
-            "ballast_mb": [x["ballast_mb"] for x in fills], "cycles": cycles_table(marks, events), "marks": marks,
-            "timeline": timeline}
+    return {
+        "per_version": rows,
+        "counts": dict(counts),
+        **end,
+        "fills": len(fills),
+        "ballast_mb": [x["ballast_mb"] for x in fills],
+        "cycles": cycles_table(marks, events),
+        "marks": marks,
+        "timeline": timeline,
+    }
 
 
 def report(out: Path, res: dict, params: dict) -> str:
@@ -454,46 +505,77 @@ def report(out: Path, res: dict, params: dict) -> str:
         w = csv.DictWriter(fh, fieldnames=list(timeline[0]))
         w.writeheader()
         w.writerows(timeline)
-    md = ["# Disk full under traffic (`c2dtn perf diskfull`)", "",
-          f"gw1's custody store and session file on a {params['disk_mb']} MB tmpfs; {params['clients']} QoS 1 "
-          f"publishers ({params['size']} B, {params['rate']:g}/s each; half MQTT 5, half 3.1.1 with a kept session); "
-          f"{params['cycles']} cycles of: link cut, disk filled by a ballast file, full for {params['full_s']:g} s, "
-          f"ballast removed, link back.", "",
-          "| client | published | PUBACK 0 | refused (reason) | disconnected | resent on reconnect | never answered | "
-          "PUBACKed and lost | delivered twice or more | refused yet delivered |",
-          "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    md = [
+        "# Disk full under traffic (`c2dtn perf diskfull`)",
+        "",
+        f"gw1's custody store and session file on a {params['disk_mb']} MB tmpfs; {params['clients']} QoS 1 "
+        f"publishers ({params['size']} B, {params['rate']:g}/s each; half MQTT 5, half 3.1.1 with a kept session); "
+        f"{params['cycles']} cycles of: link cut, disk filled by a ballast file, full for {params['full_s']:g} s, "
+        f"ballast removed, link back.",
+        "",
+        "| client | published | PUBACK 0 | refused (reason) | disconnected | resent on reconnect | never answered | "
+        "PUBACKed and lost | delivered twice or more | refused yet delivered |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, r in res["per_version"].items():
         why = ", ".join(f"{k}: {n}" for k, n in r["refusal_reasons"].items()) or "-"
-        md.append(f"| {name} | {r['published']} | {r['acked']} | {r['refused']} ({why}) | {r['disconnects']} | "
-                  f"{r['resent']} | {r['no_answer']} | **{r['acked_lost']}** | {r['delivered_twice_or_more']} | "
-                  f"{r['refused_delivered']} |")
-    md += ["", "Each cycle: the ballast written; how long the store went on taking publishes in room its own files "
-           "had (pages freed by deliveries, the WAL grown before) and how many; then, for the time the disk stayed "
-           "full, MQTT 5 refusals, 3.1.1 disconnects and publishes taken (should be 0):", "",
-           "| cycle | ballast | store took into its own room | for | full, refusing | refused 0x97 | "
-           "3.1.1 disconnects | taken while refusing |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['cycle']} | {r['ballast_mb']} MB | {r['taken_into_slack']} | {r['slack_s']} s | {r['full_s']} s | "
-           f"{r['refused_0x97']} | {r['v311_disconnects']} | {r['taken_while_full']} |" for r in res["cycles"]]
-    md += ["", f"gw1 at the end: {res['held_at_end']} envelopes held; `PRAGMA integrity_check`: {res['integrity']}; "
-           "its files: " + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in res["store_files"].items()) +
-           f"; {res['disk_free_kb_at_end'] / 1024:.1f} MB of the {params['disk_mb']} MB disk free.", "",
-           "| the overlay while full | count |", "|---|---:|"]
+        md.append(
+            f"| {name} | {r['published']} | {r['acked']} | {r['refused']} ({why}) | {r['disconnects']} | "
+            f"{r['resent']} | {r['no_answer']} | **{r['acked_lost']}** | {r['delivered_twice_or_more']} | "
+            f"{r['refused_delivered']} |"
+        )
+    md += [
+        "",
+        "Each cycle: the ballast written; how long the store went on taking publishes in room its own files "
+        "had (pages freed by deliveries, the WAL grown before) and how many; then, for the time the disk stayed "
+        "full, MQTT 5 refusals, 3.1.1 disconnects and publishes taken (should be 0):",
+        "",
+        "| cycle | ballast | store took into its own room | for | full, refusing | refused 0x97 | "
+        "3.1.1 disconnects | taken while refusing |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    md += [
+        f"| {r['cycle']} | {r['ballast_mb']} MB | {r['taken_into_slack']} | {r['slack_s']} s | {r['full_s']} s | "
+        f"{r['refused_0x97']} | {r['v311_disconnects']} | {r['taken_while_full']} |"
+        for r in res["cycles"]
+    ]
+    md += [
+        "",
+        f"gw1 at the end: {res['held_at_end']} envelopes held; `PRAGMA integrity_check`: {res['integrity']}; "
+        "its files: "
+        + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in res["store_files"].items())
+        + f"; {res['disk_free_kb_at_end'] / 1024:.1f} MB of the {params['disk_mb']} MB disk free.",
+        "",
+        "| the overlay while full | count |",
+        "|---|---:|",
+    ]
     md += [f"| {k} | {v} |" for k, v in sorted(res["counts"].items())]
-    md += ["", f"Gateway counters: {json.dumps(res['gateway_counters'])}", "",
-           "What c2dtn logged (by message; the first three of each in [gateway.log](gateway.log)):", "",
-           "| times | message |", "|---:|---|"]
+    md += [
+        "",
+        f"Gateway counters: {json.dumps(res['gateway_counters'])}",
+        "",
+        "What c2dtn logged (by message; the first three of each in [gateway.log](gateway.log)):",
+        "",
+        "| times | message |",
+        "|---:|---|",
+    ]
     md += [f"| {n} | `{k}` |" for k, n in res.get("logged", {}).items()]
-    md += ["",
-           "| at | event |", "|---:|---|"]
-    md += [f"| {x['t']:.1f} s | {x['ev']}" + "".join(f", {k} {v}" for k, v in x.items() if k not in ("t", "ev")) + " |"
-           for x in res["marks"]]
+    md += ["", "| at | event |", "|---:|---|"]
+    md += [
+        f"| {x['t']:.1f} s | {x['ev']}" + "".join(f", {k} {v}" for k, v in x.items() if k not in ("t", "ev")) + " |"
+        for x in res["marks"]
+    ]
     md += ["", "![acknowledged, refused and held over time](plot.png)"]
     (out / "report.md").write_text("\n".join(md) + "\n")
     plt = pyplot()
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
     ts = [p["t"] for p in timeline]
-    for key, label in (("acked", "PUBACK 0 (all clients)"), ("refused", "refused, 0x97 (MQTT 5)"),
-                       ("delivered", "delivered at gw4"), ("disconnects", "3.1.1 disconnects")):
+    for key, label in (
+        ("acked", "PUBACK 0 (all clients)"),
+        ("refused", "refused, 0x97 (MQTT 5)"),
+        ("delivered", "delivered at gw4"),
+        ("disconnects", "3.1.1 disconnects"),
+    ):
         ax.plot(ts, [p[key] for p in timeline], label=label)
     ax.set_ylabel("messages (cumulative)")
     ax.legend(fontsize=8)
@@ -518,14 +600,31 @@ def report(out: Path, res: dict, params: dict) -> str:
     return "\n".join(md[:8])
 
 
-def main(cycles: int = 3, clients: int = 4, rate: float = 20.0, size: int = 1024, disk_mb: int = 16,
-         full_s: float = 6.0, drain_s: float = 120.0, out: Path | None = None, console=None) -> tuple[Path, dict]:
+def main(
+    cycles: int = 3,
+    clients: int = 4,
+    rate: float = 20.0,
+    size: int = 1024,
+    disk_mb: int = 16,
+    full_s: float = 6.0,
+    drain_s: float = 120.0,
+    out: Path | None = None,
+    console=None,
+) -> tuple[Path, dict]:
     if clients < 2 or clients % 2:
         raise ValueError(f"--clients {clients}: an even number from 2 (half MQTT 5, half 3.1.1)")
     out = out or run_dir("diskfull")
     phases = Phases(full_s=full_s, tail=6.0 if cycles > 1 else 2.0)
-    params = {"cycles": cycles, "clients": clients, "rate": rate, "size": size, "disk_mb": disk_mb,
-              "full_s": full_s, "phases": phases.__dict__, "link_delay_ms": LINK_DELAY_MS}
+    params = {
+        "cycles": cycles,
+        "clients": clients,
+        "rate": rate,
+        "size": size,
+        "disk_mb": disk_mb,
+        "full_s": full_s,
+        "phases": phases.__dict__,
+        "link_delay_ms": LINK_DELAY_MS,
+    }
     with tempfile.TemporaryDirectory(prefix="c2diskfull-") as td, progress(console) as bar:
         disk, far = Path(td) / "c2-small-disk", Path(td) / "far"
         far.mkdir()

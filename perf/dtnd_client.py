@@ -43,8 +43,13 @@ def spawn(node: str, *args: str, stdin: bool = False):
     import tempfile
 
     err = tempfile.TemporaryFile("w+") if stdin else subprocess.PIPE
-    p = subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.dtnd_client", *args],
-                         stdin=subprocess.PIPE if stdin else None, stdout=subprocess.PIPE, stderr=err, text=True)
+    p = subprocess.Popen(
+        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.dtnd_client", *args],
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+    )
     p.errfile = err if stdin else None
     return p
 
@@ -162,8 +167,10 @@ async def rtt(agent: BundleAgent, dst: str, size: int, count: int, timeout: floa
                     rtts.append(r)
                 missed = 0 if r is not None else missed + 1
                 if missed >= GIVE_UP_AFTER:
-                    return {"rtts": rtts, "gave_up": f"{missed} pings in a row unanswered within {timeout:g} s "
-                                                     f"(ping {i + 1} of {count})"}
+                    return {
+                        "rtts": rtts,
+                        "gave_up": f"{missed} pings in a row unanswered within {timeout:g} s (ping {i + 1} of {count})",
+                    }
     finally:
         feeder.cancel()
     return {"rtts": rtts}
@@ -234,8 +241,9 @@ async def source(agent: BundleAgent, dst: str, size: int, count: int, interval: 
     return {"start": t0, "sent": count - refused, "refused": refused, "end": time.monotonic()}
 
 
-async def data(agent: BundleAgent, dst: str, size: int, count: int, window: int, timeout: float,
-               ack_timeout: float) -> dict:
+async def data(
+    agent: BundleAgent, dst: str, size: int, count: int, window: int, timeout: float, ack_timeout: float
+) -> dict:
     """Throughput with at most `window` bundles unacknowledged.  A bundle whose ack has not come
     back after `ack_timeout` s counts as lost and frees its window slot (dtnperf would stall on it
     for good; an unreliable CLA loses bundles); an ack that still comes later counts it delivered

@@ -54,8 +54,21 @@ NATIONS = ("deu", "nor", "prt", "usa")
 GROUP = "fmn"
 GROUP_KEY = hashlib.sha256(b"c2-forgery group").digest()
 LIFETIME_MS = 60_000
-CLASSES = ("spoof-untagged", "spoof-tagged", "splice", "splice-wrapped", "splice-wrapped-ack", "mutate", "as-group",
-           "spoof-pair", "tamper", "replay", "replay-late", "outsider", "control")
+CLASSES = (
+    "spoof-untagged",
+    "spoof-tagged",
+    "splice",
+    "splice-wrapped",
+    "splice-wrapped-ack",
+    "mutate",
+    "as-group",
+    "spoof-pair",
+    "tamper",
+    "replay",
+    "replay-late",
+    "outsider",
+    "control",
+)
 MUTATIONS = ("wrap", "nest", "reshape", "reorder", "duplicate", "drop", "add", "add-wrapped", "replace", "tags")
 
 
@@ -130,8 +143,9 @@ class Campaign:
     # -- what an adversary builds ------------------------------------------------------
     def _env(self, dst: str, body: bytes, origin: str = "deu", **kw):
         self.seq += 1
-        return self.Envelope(self.Kind.DATA, origin, self.seq, dst, self.now, LIFETIME_MS, body=body,
-                             inc=self.deu.store.inc, **kw)
+        return self.Envelope(
+            self.Kind.DATA, origin, self.seq, dst, self.now, LIFETIME_MS, body=body, inc=self.deu.store.inc, **kw
+        )
 
     def build(self, cls: str) -> bytes:
         from c2dtn.overlay.envelope import Codec
@@ -149,8 +163,11 @@ class Campaign:
             return cbor2.dumps(spliced)
         if cls in ("splice-wrapped", "splice-wrapped-ack"):
             spliced = cbor2.loads(self.rng.choice(self._group_bundles()))
-            forged = (self._ack(self.prt_report) if cls.endswith("ack")
-                      else self._env(GROUP, lie, priority=self.Priority.FLASH))
+            forged = (
+                self._ack(self.prt_report)
+                if cls.endswith("ack")
+                else self._env(GROUP, lie, priority=self.Priority.FLASH)
+            )
             spliced[3].append(codec("nor", "deu").seal(forged))  # bytes: the sealed [ciphertext, tag], wrapped
             return cbor2.dumps(spliced)
         if cls == "mutate":
@@ -158,17 +175,30 @@ class Campaign:
         if cls == "as-group":
             as_group = Codec(GROUP, {"prt": GROUP_KEY})
             self.seq += 1
-            env = (self.Envelope(self.Kind.DATA, GROUP, self.seq, "prt", self.now, LIFETIME_MS, self.Priority.FLASH,
-                                 body=lie) if self.rng.random() < 0.5 else
-                   self.Envelope(self.Kind.ACK, GROUP, self.seq, "prt", self.now, LIFETIME_MS, self.Priority.FLASH,
-                                 body=self._ack(self.prt_report).body))
+            env = (
+                self.Envelope(
+                    self.Kind.DATA, GROUP, self.seq, "prt", self.now, LIFETIME_MS, self.Priority.FLASH, body=lie
+                )
+                if self.rng.random() < 0.5
+                else self.Envelope(
+                    self.Kind.ACK,
+                    GROUP,
+                    self.seq,
+                    "prt",
+                    self.now,
+                    LIFETIME_MS,
+                    self.Priority.FLASH,
+                    body=self._ack(self.prt_report).body,
+                )
+            )
             return as_group.container([as_group.seal(env)])
         if cls == "spoof-pair":
             as_deu = Codec("deu", {"prt": pair_key("nor", "prt")})
             return as_deu.container([as_deu.seal(self._env("prt", lie))])
         if cls == "outsider":
-            stranger = Codec("deu", {n: self.rng.randbytes(32) for n in ("nor", "prt", "usa", GROUP)},
-                             {GROUP: ("nor", "prt", "usa")})
+            stranger = Codec(
+                "deu", {n: self.rng.randbytes(32) for n in ("nor", "prt", "usa", GROUP)}, {GROUP: ("nor", "prt", "usa")}
+            )
             dst = self.rng.choice(["prt", GROUP])
             return stranger.container([stranger.seal(self._env(dst, lie))], dst)
         if cls == "tamper":
@@ -196,8 +226,17 @@ class Campaign:
         from c2dtn.overlay.envelope import encode_ack_body
 
         self.seq += 1
-        return self.Envelope(self.Kind.ACK, "deu", self.seq, GROUP, self.now, LIFETIME_MS, self.Priority.FLASH,
-                             body=encode_ack_body({self.prt.store.source: ([seq], [])}), inc=self.deu.store.inc)
+        return self.Envelope(
+            self.Kind.ACK,
+            "deu",
+            self.seq,
+            GROUP,
+            self.now,
+            LIFETIME_MS,
+            self.Priority.FLASH,
+            body=encode_ack_body({self.prt.store.source: ([seq], [])}),
+            inc=self.deu.store.inc,
+        )
 
     def _mutate(self, obj: list, lie: bytes) -> list:
         """1-3 structural mutations of a genuine group container (MUTATIONS); added items are
@@ -211,8 +250,15 @@ class Campaign:
             elif m == "nest" and items:
                 items[i] = [items[i]]
             elif m == "reshape" and items and isinstance(items[i], list) and len(items[i]) == 2:
-                items[i] = self.rng.choice([[*items[i], b""], items[i][:1], items[i][::-1],
-                                            [items[i][0], items[i][1][:8]], {0: items[i][0], 1: items[i][1]}])
+                items[i] = self.rng.choice(
+                    [
+                        [*items[i], b""],
+                        items[i][:1],
+                        items[i][::-1],
+                        [items[i][0], items[i][1][:8]],
+                        {0: items[i][0], 1: items[i][1]},
+                    ]
+                )
             elif m == "reorder":
                 self.rng.shuffle(items)
             elif m == "duplicate" and items:
@@ -235,8 +281,9 @@ class Campaign:
 
         try:
             obj = cbor2.loads(payload)
-            c = self.prt.codec.open_container(cbor2.dumps([obj[0], obj[1], obj[2], [it for it in obj[3] if
-                                                                                   isinstance(it, list)]] + obj[4:]))
+            c = self.prt.codec.open_container(
+                cbor2.dumps([obj[0], obj[1], obj[2], [it for it in obj[3] if isinstance(it, list)]] + obj[4:])
+            )
             return sum(self.prt.codec.open(c.sender, it, c).kind == Kind.ACK for it in c.items)
         except (EnvelopeError, Exception):
             return 0
@@ -290,10 +337,13 @@ class Campaign:
                 self.attack(cls, self.now)
             if bar:
                 bar.update(task, advance=self.attempts, description=f"forgery: {cls}")
-        return {"genuine_delivered": got, "genuine_bundles_captured": len(self.captured),
-                "report_acked_by": sorted(self.prt.store.records.member_acks(self.prt_report)),
-                "classes": {c: dict(self.rows[c]) for c in CLASSES},
-                "reasons": {c: dict(self.reasons[c].most_common()) for c in CLASSES}}
+        return {
+            "genuine_delivered": got,
+            "genuine_bundles_captured": len(self.captured),
+            "report_acked_by": sorted(self.prt.store.records.member_acks(self.prt_report)),
+            "classes": {c: dict(self.rows[c]) for c in CLASSES},
+            "reasons": {c: dict(self.reasons[c].most_common()) for c in CLASSES},
+        }
 
     def close(self) -> None:
         self.deu.store.close()
@@ -305,8 +355,19 @@ def _reason(line: str) -> str:
     for reason in ("malformed", "misrouted"):  # a message may name a tag's form: nothing was checked against a key
         if f"({reason})" in line:
             return reason
-    for key in ("origin tag", "did not seal", "without origin tags", "sealed with", "bad tag", "tag",
-                "expired", "unknown", "malformed", "version", "oversize"):
+    for key in (
+        "origin tag",
+        "did not seal",
+        "without origin tags",
+        "sealed with",
+        "bad tag",
+        "tag",
+        "expired",
+        "unknown",
+        "malformed",
+        "version",
+        "oversize",
+    ):
         if key in line:
             return key
     return line.split(":")[0][:40]
@@ -315,28 +376,41 @@ def _reason(line: str) -> str:
 def report(out: Path, res: dict, params: dict) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"params": params, **res}, indent=1) + "\n")
-    md = ["# Forged, tampered and replayed bundles (`c2dtn perf forgery`)", "",
-          f"fmn-4nations' group keys; prt's overlay core took {res['genuine_delivered']} genuine envelopes from deu "
-          f"first ({res['genuine_bundles_captured']} bundles captured for tampering and replay); then "
-          f"{params['attempts']} bundles per class (seed {params['seed']}).", "",
-          "| class | bundles | refused | taken as duplicates | dropped as expired | **accepted** | crashes | "
-          "refused because |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    md = [
+        "# Forged, tampered and replayed bundles (`c2dtn perf forgery`)",
+        "",
+        f"fmn-4nations' group keys; prt's overlay core took {res['genuine_delivered']} genuine envelopes from deu "
+        f"first ({res['genuine_bundles_captured']} bundles captured for tampering and replay); then "
+        f"{params['attempts']} bundles per class (seed {params['seed']}).",
+        "",
+        "| class | bundles | refused | taken as duplicates | dropped as expired | **accepted** | crashes | "
+        "refused because |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for c in CLASSES:
         r, why = res["classes"][c], res["reasons"][c]
-        md.append(f"| {c} | {r.get('bundles', 0)} | {r.get('refused', 0)} | {r.get('duplicates', 0)} | "
-                  f"{r.get('expired_or_stale', 0)} | "
-                  f"**{r.get('accepted', 0)}** | {r.get('crashes', 0)} | "
-                  + (", ".join(f"{k}: {n}" for k, n in why.items()) or "-") + " |")
+        md.append(
+            f"| {c} | {r.get('bundles', 0)} | {r.get('refused', 0)} | {r.get('duplicates', 0)} | "
+            f"{r.get('expired_or_stale', 0)} | "
+            f"**{r.get('accepted', 0)}** | {r.get('crashes', 0)} | "
+            + (", ".join(f"{k}: {n}" for k, n in why.items()) or "-")
+            + " |"
+        )
     forged = sum(res["classes"][c].get("accepted", 0) for c in CLASSES if c != "control")
-    md += ["", f"Forged or replayed envelopes accepted (every class but the control): **{forged}**. The control "
-           "(deu's own keys, as a compromised box has them) shows that an acceptance is seen.", "",
-           "![per class](plot.png)"]
+    md += [
+        "",
+        f"Forged or replayed envelopes accepted (every class but the control): **{forged}**. The control "
+        "(deu's own keys, as a compromised box has them) shows that an acceptance is seen.",
+        "",
+        "![per class](plot.png)",
+    ]
     (out / "report.md").write_text("\n".join(md) + "\n")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4))
     xs = list(range(len(CLASSES)))
-    for k, (key, label) in enumerate((("refused", "refused"), ("duplicates", "taken as duplicates"),
-                                      ("accepted", "accepted as new"))):
+    for k, (key, label) in enumerate(
+        (("refused", "refused"), ("duplicates", "taken as duplicates"), ("accepted", "accepted as new"))
+    ):
         ax.bar([x + (k - 1) * 0.27 for x in xs], [res["classes"][c].get(key, 0) for c in CLASSES], 0.27, label=label)
     ax.set_xticks(xs, CLASSES, rotation=20)
     ax.set_ylabel("envelopes or bundles")
@@ -344,7 +418,7 @@ def report(out: Path, res: dict, params: dict) -> str:
     ax.legend()
     save_figure(fig, out / "plot.png")
     res["forged_accepted"] = forged
-    return "\n".join(md[:len(CLASSES) + 8])
+    return "\n".join(md[: len(CLASSES) + 8])
 
 
 def main(attempts: int = 10_000, seed: int = 1, out: Path | None = None, console=None) -> tuple[Path, dict]:

@@ -52,9 +52,13 @@ def gateway_config(port: int):
     from c2dtn.ip_gateway.policy import GatewayConfig, Policy, TopicRule
     from c2dtn.overlay.envelope import Priority
 
-    return GatewayConfig(listen=("127.0.0.1", port), broker=("10.9.9.9", 1883),
-                         policy=Policy(routes=[(ipaddress.ip_network("10.9.9.0/24"), "c2gw4")],
-                                       topics=[TopicRule("c2/#", Priority.PRIORITY)]))
+    return GatewayConfig(
+        listen=("127.0.0.1", port),
+        broker=("10.9.9.9", 1883),
+        policy=Policy(
+            routes=[(ipaddress.ip_network("10.9.9.0/24"), "c2gw4")], topics=[TopicRule("c2/#", Priority.PRIORITY)]
+        ),
+    )
 
 
 async def serve(mode: str, storage: Path, port: int) -> dict:
@@ -68,8 +72,13 @@ async def serve(mode: str, storage: Path, port: int) -> dict:
 
     # "unsynced" (perf powerloss's control): commits as with "thread", but no writer thread and
     # nothing waits -- the replies go before anything is on disk, as a gateway with that bug would
-    store = CustodyStore(storage / "custody.db", "c2gw1", Quota(10_000_000, 1 << 40), background_checkpoints=True,
-                         sync="thread" if mode == "unsynced" else mode)
+    store = CustodyStore(
+        storage / "custody.db",
+        "c2gw1",
+        Quota(10_000_000, 1 << 40),
+        background_checkpoints=True,
+        sync="thread" if mode == "unsynced" else mode,
+    )
     core = OverlayCore(store, Codec("c2gw1", {"c2gw4": b"k" * 32}))
     syncer = Syncer(store.records, inline=mode == "auto") if mode in ("thread", "auto") else None
     if syncer:
@@ -98,9 +107,11 @@ async def serve(mode: str, storage: Path, port: int) -> dict:
     for t in tasks:
         t.cancel()
     await gw.stop()
-    out = {"commits": store.records.commits - commits0,
-           "fsyncs": syncer.fsyncs if syncer else store.records.commits - commits0,
-           "accepted": store.counters().get("accepted", 0)}
+    out = {
+        "commits": store.records.commits - commits0,
+        "fsyncs": syncer.fsyncs if syncer else store.records.commits - commits0,
+        "accepted": store.counters().get("accepted", 0),
+    }
     if syncer:
         syncer.stop()
     store.close()
@@ -116,8 +127,9 @@ def shim() -> Path:
     if not lib.exists():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = lib.with_suffix(".partial")
-        r = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SHIM), "-ldl"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["cc", "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SHIM), "-ldl"], capture_output=True, text=True
+        )
         if r.returncode:
             raise RuntimeError(f"cc could not build {SHIM}: {r.stderr.strip()[-500:]}")
         tmp.replace(lib)
@@ -159,8 +171,9 @@ async def _publisher(i: int, port: int, rate: float, duration: float, t0: float,
     r, w, parser = await _connect(port, f"c2fsync-{i}")
     sent: dict[int, float] = {}
     body = b"x" * PAYLOAD
-    rd = asyncio.create_task(read_pubacks(r, parser, sent,
-                                          lambda t: lat.append((t - t0, (time.monotonic() - t) * 1000))))
+    rd = asyncio.create_task(
+        read_pubacks(r, parser, sent, lambda t: lat.append((t - t0, (time.monotonic() - t) * 1000)))
+    )
     n = int(rate * duration)
     start = t0 + i / (rate * 64)  # the clients spread over the first interval
     for k in range(n):
@@ -195,13 +208,18 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def one_run(mode: str, run: int, clients: int, rate: float, duration: float, disk_ms: int, lib: Path,
-            samples: list) -> dict:
+def one_run(
+    mode: str, run: int, clients: int, rate: float, duration: float, disk_ms: int, lib: Path, samples: list
+) -> dict:
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="c2fsync-", dir=os.environ.get("C2DTN_FSYNC_DIR")) as td:
         env = dict(os.environ, LD_PRELOAD=str(lib), C2_FSYNC_DELAY_MS=str(disk_ms))
-        child = subprocess.Popen([sys.executable, "-m", "c2dtn.perf.fsync_bench", "serve", mode, td, str(port)],
-                                 env=env, stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "c2dtn.perf.fsync_bench", "serve", mode, td, str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             if child.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"the {mode} gateway did not start (exit {child.wait(10)})")
@@ -211,8 +229,9 @@ def one_run(mode: str, run: int, clients: int, rate: float, duration: float, dis
             async def load():
                 t0 = time.monotonic() + 0.2
                 ping = asyncio.create_task(_pinger(port, duration, t0, ping_lat))
-                counts = await asyncio.gather(*(_publisher(i, port, rate, duration, t0, pub_lat)
-                                                for i in range(clients)))
+                counts = await asyncio.gather(
+                    *(_publisher(i, port, rate, duration, t0, pub_lat) for i in range(clients))
+                )
                 await ping
                 return counts
 
@@ -227,20 +246,33 @@ def one_run(mode: str, run: int, clients: int, rate: float, duration: float, dis
     pings = [ms for t, ms in ping_lat if t >= WARMUP_S]
     samples += [(mode, run, "puback", round(t, 4), round(ms, 3)) for t, ms in pub_lat]
     samples += [(mode, run, "pingresp", round(t, 4), round(ms, 3)) for t, ms in ping_lat]
-    return {"mode": mode, "run": run, "sent": sent, "acked": acked,
-            "puback_p50_ms": statistics.median(lat), "puback_p99_ms": _pct(lat, 0.99), "puback_max_ms": max(lat),
-            "ping_p50_ms": statistics.median(pings), "ping_p99_ms": _pct(pings, 0.99),
-            "fsyncs_per_msg": store["fsyncs"] / max(1, acked), "commits": store["commits"], "fsyncs": store["fsyncs"]}
+    return {
+        "mode": mode,
+        "run": run,
+        "sent": sent,
+        "acked": acked,
+        "puback_p50_ms": statistics.median(lat),
+        "puback_p99_ms": _pct(lat, 0.99),
+        "puback_max_ms": max(lat),
+        "ping_p50_ms": statistics.median(pings),
+        "ping_p99_ms": _pct(pings, 0.99),
+        "fsyncs_per_msg": store["fsyncs"] / max(1, acked),
+        "commits": store["commits"],
+        "fsyncs": store["fsyncs"],
+    }
 
 
-FIGS = [("puback_p50_ms", "PUBACK p50", "ms"), ("puback_p99_ms", "PUBACK p99", "ms"),
-        ("puback_max_ms", "PUBACK max", "ms"), ("ping_p99_ms", "PINGRESP p99", "ms"),
-        ("fsyncs_per_msg", "fsyncs / message", "")]
+FIGS = [
+    ("puback_p50_ms", "PUBACK p50", "ms"),
+    ("puback_p99_ms", "PUBACK p99", "ms"),
+    ("puback_max_ms", "PUBACK max", "ms"),
+    ("ping_p99_ms", "PINGRESP p99", "ms"),
+    ("fsyncs_per_msg", "fsyncs / message", ""),
+]
 
 
 def summarize(rows: list[dict]) -> dict:
-    med = {mode: {k: statistics.median(r[k] for r in rows if r["mode"] == mode) for k, _, _ in FIGS}
-           for mode in MODES}
+    med = {mode: {k: statistics.median(r[k] for r in rows if r["mode"] == mode) for k, _, _ in FIGS} for mode in MODES}
     for mode in MODES:
         mine = [r for r in rows if r["mode"] == mode]
         med[mode]["sent"] = sum(r["sent"] for r in mine)
@@ -257,29 +289,47 @@ def report(out: Path, rows: list[dict], samples: list, params: dict) -> str:
         wr = csv.writer(fh)
         wr.writerow(["mode", "run", "kind", "t_s", "latency_ms"])
         wr.writerows(samples)
-    md = ["# PUBACK latency on a slow disk: fsync on the event loop or in the writer thread (`c2dtn perf fsync`)",
-          "", f"{params['clients']} clients x {params['rate']:g} QoS 1 publishes/s ({PAYLOAD} B) for "
-          f"{params['duration']:g} s, one PINGREQ every {PING_EVERY_S * 1000:.0f} ms, every fsync "
-          f"{params['disk_ms']} ms slower; {params['runs']} runs per mode, taking turns; medians of the runs "
-          f"(the first {WARMUP_S:g} s of each left out).", "",
-          "| figure | fsync on the loop | writer thread | thread / loop |", "|---|---:|---:|---:|"]
+    md = [
+        "# PUBACK latency on a slow disk: fsync on the event loop or in the writer thread (`c2dtn perf fsync`)",
+        "",
+        f"{params['clients']} clients x {params['rate']:g} QoS 1 publishes/s ({PAYLOAD} B) for "
+        f"{params['duration']:g} s, one PINGREQ every {PING_EVERY_S * 1000:.0f} ms, every fsync "
+        f"{params['disk_ms']} ms slower; {params['runs']} runs per mode, taking turns; medians of the runs "
+        f"(the first {WARMUP_S:g} s of each left out).",
+        "",
+        "| figure | fsync on the loop | writer thread | thread / loop |",
+        "|---|---:|---:|---:|",
+    ]
     for k, label, unit in FIGS:
         r = med["ratio"][k]
-        md.append(f"| {label} | {med['loop'][k]:.2f} {unit} | {med['thread'][k]:.2f} {unit} | "
-                  f"{'-' if r is None else f'{r:.2f}'} |")
-    md.append(f"| PUBACKs received / sent (all runs) | {med['loop']['acked']} / {med['loop']['sent']} | "
-              f"{med['thread']['acked']} / {med['thread']['sent']} | |")
-    md += ["", "Each run:", "", "| mode | run | sent | acked | PUBACK p50 | p99 | max | PINGRESP p99 | fsyncs / msg |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['mode']} | {r['run']} | {r['sent']} | {r['acked']} | {r['puback_p50_ms']:.1f} | "
-           f"{r['puback_p99_ms']:.1f} | {r['puback_max_ms']:.1f} | {r['ping_p99_ms']:.1f} | {r['fsyncs_per_msg']:.3f} |"
-           for r in rows]
+        md.append(
+            f"| {label} | {med['loop'][k]:.2f} {unit} | {med['thread'][k]:.2f} {unit} | "
+            f"{'-' if r is None else f'{r:.2f}'} |"
+        )
+    md.append(
+        f"| PUBACKs received / sent (all runs) | {med['loop']['acked']} / {med['loop']['sent']} | "
+        f"{med['thread']['acked']} / {med['thread']['sent']} | |"
+    )
+    md += [
+        "",
+        "Each run:",
+        "",
+        "| mode | run | sent | acked | PUBACK p50 | p99 | max | PINGRESP p99 | fsyncs / msg |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    md += [
+        f"| {r['mode']} | {r['run']} | {r['sent']} | {r['acked']} | {r['puback_p50_ms']:.1f} | "
+        f"{r['puback_p99_ms']:.1f} | {r['puback_max_ms']:.1f} | {r['ping_p99_ms']:.1f} | {r['fsyncs_per_msg']:.3f} |"
+        for r in rows
+    ]
     md += ["", "![latency CDFs](plot.png)", "", "Samples: latency.csv (every PUBACK and PINGRESP, all runs)."]
     (out / "report.md").write_text("\n".join(md) + "\n")
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, kind, title in ((axes[0], "puback", "PUBACK latency (QoS 1 publishes)"),
-                            (axes[1], "pingresp", "PINGRESP latency (a client that writes nothing)")):
+    for ax, kind, title in (
+        (axes[0], "puback", "PUBACK latency (QoS 1 publishes)"),
+        (axes[1], "pingresp", "PINGRESP latency (a client that writes nothing)"),
+    ):
         for mode in MODES:
             xs = sorted(ms for md_, _, k, t, ms in samples if md_ == mode and k == kind and t >= WARMUP_S)
             if xs:
@@ -290,11 +340,12 @@ def report(out: Path, rows: list[dict], samples: list, params: dict) -> str:
         ax.set_title(title)
         ax.legend()
     save_figure(fig, out / "plot.png")
-    return "\n".join(md[:len(FIGS) + 6])
+    return "\n".join(md[: len(FIGS) + 6])
 
 
-def main(runs: int, clients: int, rate: float, duration: float, disk_ms: int, out: Path | None = None,
-         console=None) -> Path:
+def main(
+    runs: int, clients: int, rate: float, duration: float, disk_ms: int, out: Path | None = None, console=None
+) -> Path:
     lib = shim()
     out = out or run_dir("fsync")
     rows: list[dict] = []
@@ -306,8 +357,9 @@ def main(runs: int, clients: int, rate: float, duration: float, disk_ms: int, ou
                 bar.update(task, description=f"run {run + 1}: fsync {mode}")
                 rows.append(one_run(mode, run, clients, rate, duration, disk_ms, lib, samples))
                 bar.advance(task)
-    text = report(out, rows, samples, {"runs": runs, "clients": clients, "rate": rate, "duration": duration,
-                                       "disk_ms": disk_ms})
+    text = report(
+        out, rows, samples, {"runs": runs, "clients": clients, "rate": rate, "duration": duration, "disk_ms": disk_ms}
+    )
     if console is not None:
         console.print(text)
         console.print(f"results in {out}")

@@ -55,8 +55,19 @@ def child(name: str, runs: int, corpus: str, stats: str, artifacts: str, seeds_d
         if n % 4096 == 0:  # libFuzzer ends the process with exit(): counts are written as it goes
             sp.write_text(json.dumps(t.counts))
 
-    atheris.Setup([sys.argv[0], f"-runs={runs}", "-max_len=8192", "-print_final_stats=1", "-timeout=10",
-                   f"-artifact_prefix={artifacts}/", corpus, seeds_dir], one)
+    atheris.Setup(
+        [
+            sys.argv[0],
+            f"-runs={runs}",
+            "-max_len=8192",
+            "-print_final_stats=1",
+            "-timeout=10",
+            f"-artifact_prefix={artifacts}/",
+            corpus,
+            seeds_dir,
+        ],
+        one,
+    )
     atheris.Fuzz()
 
 
@@ -105,12 +116,22 @@ def run_target(name: str, runs: int, work: Path, progress=None) -> dict:
     crashes = sorted(str(f) for f in art.iterdir() if not f.name.endswith(".why"))
     counts = json.loads(stats.read_text()) if stats.exists() else {"accepted": 0, "refused": 0}
     last = curve[-1] if curve else (0, 0)
-    return {"target": name, "what": t.what, "inputs": inputs, "seconds": round(secs, 1),
-            "rate": round(inputs / secs) if secs else 0, "coverage": last[1],
-            "corpus": len(list(corpus.iterdir())), "accepted": counts["accepted"], "refused": counts["refused"],
-            "explained": counts.get("explained", {}),
-            "crashes": len(crashes) + (0 if p.returncode == 0 else int(not crashes)), "crash_files": crashes,
-            "exit": p.returncode, "curve": curve}
+    return {
+        "target": name,
+        "what": t.what,
+        "inputs": inputs,
+        "seconds": round(secs, 1),
+        "rate": round(inputs / secs) if secs else 0,
+        "coverage": last[1],
+        "corpus": len(list(corpus.iterdir())),
+        "accepted": counts["accepted"],
+        "refused": counts["refused"],
+        "explained": counts.get("explained", {}),
+        "crashes": len(crashes) + (0 if p.returncode == 0 else int(not crashes)),
+        "crash_files": crashes,
+        "exit": p.returncode,
+        "curve": curve,
+    }
 
 
 def save_corpus(name: str, work: Path) -> int:
@@ -129,25 +150,46 @@ def report(out: Path, rows: list[dict], runs: int) -> str:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
-    md = [f"# Fuzzing (`c2dtn perf fuzz`, {runs:,} inputs per target)", "",
-          "A crash is any exception but the target's typed refusal. Coverage is libFuzzer's count "
-          "of Python code edges atheris saw.", "",
-          "| " + " | ".join(COLS) + " |", "|---|---|" + "---:|" * (len(COLS) - 2)]
-    md += [f"| {r['target']} | {r['what']} | {r['inputs']:,} | {r['seconds']} | {r['rate']:,} | {r['coverage']} | "
-           f"{r['corpus']} | {r['accepted']:,} | {r['refused']:,} | {r['crashes']} |" for r in rows]
+    md = [
+        f"# Fuzzing (`c2dtn perf fuzz`, {runs:,} inputs per target)",
+        "",
+        "A crash is any exception but the target's typed refusal. Coverage is libFuzzer's count "
+        "of Python code edges atheris saw.",
+        "",
+        "| " + " | ".join(COLS) + " |",
+        "|---|---|" + "---:|" * (len(COLS) - 2),
+    ]
+    md += [
+        f"| {r['target']} | {r['what']} | {r['inputs']:,} | {r['seconds']} | {r['rate']:,} | {r['coverage']} | "
+        f"{r['corpus']} | {r['accepted']:,} | {r['refused']:,} | {r['crashes']} |"
+        for r in rows
+    ]
     crashed = [r for r in rows if r["crashes"]]
-    md += ["", "Crashes: " + ("none" if not crashed else
-                              "; ".join(f"{r['target']}: {', '.join(Path(f).name for f in r['crash_files'])}"
-                                        for r in crashed)),
-           ""]
+    md += [
+        "",
+        "Crashes: "
+        + (
+            "none"
+            if not crashed
+            else "; ".join(f"{r['target']}: {', '.join(Path(f).name for f in r['crash_files'])}" for r in crashed)
+        ),
+        "",
+    ]
     for r in rows:
         if r.get("explained"):
-            md += [f"Explained disagreements of `{r['target']}` (inputs where one reader refused and the other "
-                   "took the packet, for the reason given; any other disagreement is a crash):", "",
-                   "| inputs | why |", "|---:|---|"]
+            md += [
+                f"Explained disagreements of `{r['target']}` (inputs where one reader refused and the other "
+                "took the packet, for the reason given; any other disagreement is a crash):",
+                "",
+                "| inputs | why |",
+                "|---:|---|",
+            ]
             md += [f"| {n:,} | {why} |" for why, n in sorted(r["explained"].items(), key=lambda kv: -kv[1])] + [""]
-    md += ["![coverage against inputs](plot.png)", "",
-           "Data of the plot: `summary.json` (each target's `curve`: [inputs, coverage])."]
+    md += [
+        "![coverage against inputs](plot.png)",
+        "",
+        "Data of the plot: `summary.json` (each target's `curve`: [inputs, coverage]).",
+    ]
     (out / "report.md").write_text("\n".join(md) + "\n")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -160,7 +202,7 @@ def report(out: Path, rows: list[dict], runs: int) -> str:
     ax.set_title("Fuzzing: coverage against inputs, per target")
     ax.legend(fontsize=8)
     save_figure(fig, out / "plot.png")
-    return "\n".join(md[:len(rows) + 6])
+    return "\n".join(md[: len(rows) + 6])
 
 
 def main(targets: list[str], runs: int, save: bool, out: Path | None = None, console=None) -> tuple[Path, list[dict]]:

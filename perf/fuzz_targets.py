@@ -69,12 +69,15 @@ class Target:
             self._once(data, count=False)
             took = min(took, time.perf_counter() - t0)
             if took > TIME_LIMIT_S:
-                raise OverLimit(f"{took * 1000:.1f} ms for an input of {len(data)} bytes "
-                                f"(limit {TIME_LIMIT_S * 1000:.0f} ms)")
+                raise OverLimit(
+                    f"{took * 1000:.1f} ms for an input of {len(data)} bytes (limit {TIME_LIMIT_S * 1000:.0f} ms)"
+                )
         grew = _maxrss() - peak
         if grew > MEMORY_LIMIT and self.rss_limit:
-            raise OverLimit(f"the process's peak memory rose {grew >> 20} MB for an input of {len(data)} bytes "
-                            f"(limit {MEMORY_LIMIT >> 20} MB)")
+            raise OverLimit(
+                f"the process's peak memory rose {grew >> 20} MB for an input of {len(data)} bytes "
+                f"(limit {MEMORY_LIMIT >> 20} MB)"
+            )
 
     def _once(self, data: bytes, count: bool) -> None:
         try:
@@ -104,9 +107,21 @@ _CODEC = _codec()
 
 
 def _env(**kw) -> E.Envelope:
-    base = dict(kind=E.Kind.DATA, origin=PEER, seq=7, dst=ME, created_ms=1_700_000_000_000, lifetime_ms=60_000,
-                priority=E.Priority.FLASH, supersede="pos", body=b"report " * 20, app="mqtt", cseq=3, floor=2,
-                inc=0x1F2E3D4C)
+    base = dict(
+        kind=E.Kind.DATA,
+        origin=PEER,
+        seq=7,
+        dst=ME,
+        created_ms=1_700_000_000_000,
+        lifetime_ms=60_000,
+        priority=E.Priority.FLASH,
+        supersede="pos",
+        body=b"report " * 20,
+        app="mqtt",
+        cseq=3,
+        floor=2,
+        inc=0x1F2E3D4C,
+    )
     base.update(kw)
     return E.Envelope(**base)
 
@@ -122,8 +137,14 @@ def _envelope(data: bytes) -> None:
 
 
 def _envelope_seeds() -> list[bytes]:
-    return [_SEALER.map_bytes(e) for e in (_env(), _env(body=bytes(range(256)) * 8, supersede=None),
-                                                       _env(kind=E.Kind.ACK, body=E.encode_ack_body({"gw4": ([1], [2])})))]
+    return [
+        _SEALER.map_bytes(e)
+        for e in (
+            _env(),
+            _env(body=bytes(range(256)) * 8, supersede=None),
+            _env(kind=E.Kind.ACK, body=E.encode_ack_body({"gw4": ([1], [2])})),
+        )
+    ]
 
 
 # -- a whole bundle payload: the container, then every envelope in it ----------------------
@@ -136,8 +157,10 @@ def _container(data: bytes) -> None:
 def _container_seeds() -> list[bytes]:
     sealer = E.Codec(PEER, {ME: KEY})
     member = E.Codec(PEER, {ME: KEY, "gw9": KEY, "fmn": KEY[::-1]}, {"fmn": (ME, "gw9")})  # a group bundle
-    return [sealer.container([sealer.seal(_env()), sealer.seal(_env(seq=8, cseq=4))]),
-            member.container([member.seal(_env(dst="fmn")), member.seal(_env(dst="fmn", seq=8))], "fmn")]
+    return [
+        sealer.container([sealer.seal(_env()), sealer.seal(_env(seq=8, cseq=4))]),
+        member.container([member.seal(_env(dst="fmn")), member.seal(_env(dst="fmn", seq=8))], "fmn"),
+    ]
 
 
 def _ack(data: bytes) -> None:
@@ -180,15 +203,19 @@ def _mqtt(data: bytes) -> None:
     version = (None, 4, 5, 3)[data[0] % 4]
     p = mqtt.Parser(max_packet_size=1 << 16, version=version)
     for i in range(1, len(data), 97):  # in pieces, as a socket hands them over
-        p.feed(data[i:i + 97])
+        p.feed(data[i : i + 97])
 
 
 def _mqtt_seeds() -> list[bytes]:
     out = []
     for v, lead in ((4, b"\x01"), (5, b"\x02")):
-        pkts = [mqtt.Connect(client_id="c2-unit", clean_start=True, keepalive=30, version=v),
-                mqtt.Publish("c2/pos", b"x" * 40, qos=1, packet_id=3),
-                mqtt.Subscribe(4, [mqtt.SubOption("c2/#", 1)]), mqtt.PingReq(), mqtt.Disconnect()]
+        pkts = [
+            mqtt.Connect(client_id="c2-unit", clean_start=True, keepalive=30, version=v),
+            mqtt.Publish("c2/pos", b"x" * 40, qos=1, packet_id=3),
+            mqtt.Subscribe(4, [mqtt.SubOption("c2/#", 1)]),
+            mqtt.PingReq(),
+            mqtt.Disconnect(),
+        ]
         out.append(lead + b"".join(mqtt.encode(p, v) for p in pkts))
     return out
 
@@ -202,22 +229,62 @@ def _mqtt_diff(data: bytes) -> None:
 
 
 def _mqtt_diff_seeds() -> list[bytes]:
-    pkts = [mqtt.Connect("c2-unit", True, 30, "u", b"p", mqtt.Will("w/t", b"bye", 1, True, {"will_delay_interval": 3}),
-                         5, {"session_expiry_interval": 60, "receive_maximum": 10, "authentication_method": "m"}),
-            mqtt.Publish("c2/pos", b"x" * 10, 1, packet_id=3,
-                         properties={"message_expiry_interval": 5, "user_property": [("a", "b")],
-                                     "correlation_data": b"c", "response_topic": "r", "content_type": "t"}),
-            mqtt.Publish("c2/pos", b"y", 0, properties={"topic_alias": 2, "subscription_identifier": [4],
-                                                        "payload_format_indicator": 1}),
-            mqtt.Subscribe(4, [mqtt.SubOption("c2/#", 1, True, False, 1), mqtt.SubOption("a/+/b", 2)],
-                           {"subscription_identifier": [3]}),
-            mqtt.Unsubscribe(5, ["c2/#"]), mqtt.PingReq(), mqtt.PingResp(),
-            mqtt.Disconnect(4, {"reason_string": "x", "session_expiry_interval": 3}), mqtt.PubAck(7, 0x10),
-            mqtt.PubRec(7), mqtt.PubRel(7), mqtt.PubComp(7, 0x92, {"reason_string": "r"}),
-            mqtt.SubAck(4, [0, 1, 0x80]), mqtt.UnsubAck(5, [0]),
-            mqtt.ConnAck(True, 0, {"maximum_qos": 1, "assigned_client_identifier": "z", "server_keep_alive": 5,
-                                   "retain_available": 0, "topic_alias_maximum": 8}),
-            mqtt.Auth(0x18, {"authentication_method": "x", "authentication_data": b"d"})]
+    pkts = [
+        mqtt.Connect(
+            "c2-unit",
+            True,
+            30,
+            "u",
+            b"p",
+            mqtt.Will("w/t", b"bye", 1, True, {"will_delay_interval": 3}),
+            5,
+            {"session_expiry_interval": 60, "receive_maximum": 10, "authentication_method": "m"},
+        ),
+        mqtt.Publish(
+            "c2/pos",
+            b"x" * 10,
+            1,
+            packet_id=3,
+            properties={
+                "message_expiry_interval": 5,
+                "user_property": [("a", "b")],
+                "correlation_data": b"c",
+                "response_topic": "r",
+                "content_type": "t",
+            },
+        ),
+        mqtt.Publish(
+            "c2/pos",
+            b"y",
+            0,
+            properties={"topic_alias": 2, "subscription_identifier": [4], "payload_format_indicator": 1},
+        ),
+        mqtt.Subscribe(
+            4, [mqtt.SubOption("c2/#", 1, True, False, 1), mqtt.SubOption("a/+/b", 2)], {"subscription_identifier": [3]}
+        ),
+        mqtt.Unsubscribe(5, ["c2/#"]),
+        mqtt.PingReq(),
+        mqtt.PingResp(),
+        mqtt.Disconnect(4, {"reason_string": "x", "session_expiry_interval": 3}),
+        mqtt.PubAck(7, 0x10),
+        mqtt.PubRec(7),
+        mqtt.PubRel(7),
+        mqtt.PubComp(7, 0x92, {"reason_string": "r"}),
+        mqtt.SubAck(4, [0, 1, 0x80]),
+        mqtt.UnsubAck(5, [0]),
+        mqtt.ConnAck(
+            True,
+            0,
+            {
+                "maximum_qos": 1,
+                "assigned_client_identifier": "z",
+                "server_keep_alive": 5,
+                "retain_available": 0,
+                "topic_alias_maximum": 8,
+            },
+        ),
+        mqtt.Auth(0x18, {"authentication_method": "x", "authentication_data": b"d"}),
+    ]
     return [mqtt.encode(p, 5) for p in pkts]
 
 
@@ -237,8 +304,9 @@ _COAP = None
 def _coap(data: bytes) -> None:
     global _COAP
     if _COAP is None or len(_COAP.exchanges) > 10_000:
-        _COAP = coap_core.NearCoap(rules=[coap_core.ResourceRule("/orders/*", E.Priority.IMMEDIATE, 60, True)],
-                                   gateway_for=lambda ip: "gw4")
+        _COAP = coap_core.NearCoap(
+            rules=[coap_core.ResourceRule("/orders/*", E.Priority.IMMEDIATE, 60, True)], gateway_for=lambda ip: "gw4"
+        )
     _COAP.datagram(data, ("10.80.1.2", 40000), ("10.80.4.2", 5683), 1_000)
 
 
@@ -272,10 +340,17 @@ def _config(data: bytes) -> None:
 
 
 def _config_seeds() -> list[bytes]:
-    return [('[node]\nid = "gw1"\nstorage = "/var/lib/c2dtn/gw1"\n[agent]\nkind = "dtn7"\nrouting = "epidemic"\n'
-             'listen = ["tcpcl://0.0.0.0:4556"]\n[[agent.peers]]\nnode = "r2"\ncla = "udp://10.77.1.2:4556"\n'
-             '[[agent.routes]]\nto = "*"\nvia = "r2"\n[keys]\ngw4 = "' + "ab" * 32 + '"\nfmn = "' + "cd" * 32
-             + '"\n[groups]\nfmn = ["gw1", "gw4"]\n[scheduler]\ninit_window = 4096\n[quota]\nmax_envelopes = 10\n').encode()]
+    return [
+        (
+            '[node]\nid = "gw1"\nstorage = "/var/lib/c2dtn/gw1"\n[agent]\nkind = "dtn7"\nrouting = "epidemic"\n'
+            'listen = ["tcpcl://0.0.0.0:4556"]\n[[agent.peers]]\nnode = "r2"\ncla = "udp://10.77.1.2:4556"\n'
+            '[[agent.routes]]\nto = "*"\nvia = "r2"\n[keys]\ngw4 = "'
+            + "ab" * 32
+            + '"\nfmn = "'
+            + "cd" * 32
+            + '"\n[groups]\nfmn = ["gw1", "gw4"]\n[scheduler]\ninit_window = 4096\n[quota]\nmax_envelopes = 10\n'
+        ).encode()
+    ]
 
 
 # -- the node's local HTTP API: a query string, a newline, a body ---------------------------
@@ -295,8 +370,11 @@ def _api(data: bytes) -> None:
 
 
 def _api_seeds() -> list[bytes]:
-    return [b'dst=gw4&priority=flash&lifetime=60&app=raw&supersede=pos&wait=1.5&max=10\n{"ids": [1, 2, 3]}',
-            b'dst=gw4\n{"ids": []}', b"wait=nan&max=-1&lifetime=inf\n[1]"]
+    return [
+        b'dst=gw4&priority=flash&lifetime=60&app=raw&supersede=pos&wait=1.5&max=10\n{"ids": [1, 2, 3]}',
+        b'dst=gw4\n{"ids": []}',
+        b"wait=nan&max=-1&lifetime=inf\n[1]",
+    ]
 
 
 TARGETS: dict[str, Target] = {
@@ -306,11 +384,15 @@ TARGETS: dict[str, Target] = {
     "bpv7": Target(_bpv7, (bpv7.BundleError,), _bpv7_seeds, "a BPv7 bundle"),
     "tcpcl4": Target(_tcpcl4, (tcpcl4.ProtocolError,), _tcpcl4_seeds, "a TCPCLv4 peer's bytes"),
     "mqtt": Target(_mqtt, (mqtt.MqttError,), _mqtt_seeds, "an MQTT packet stream (3.1, 3.1.1, 5)"),
-    "mqtt_diff": Target(_mqtt_diff, (mqtt.MqttError,), _mqtt_diff_seeds,
-                        "an MQTT 5 packet, read by ours and by the mqtt5 codec (differential)",
-                        # the oracle's first panic maps its debug info (~47 MB of Rust memory, not ours);
-                        # our reader's memory is checked by the mqtt target, and traced here by the replay
-                        rss_limit=False),
+    "mqtt_diff": Target(
+        _mqtt_diff,
+        (mqtt.MqttError,),
+        _mqtt_diff_seeds,
+        "an MQTT 5 packet, read by ours and by the mqtt5 codec (differential)",
+        # the oracle's first panic maps its debug info (~47 MB of Rust memory, not ours);
+        # our reader's memory is checked by the mqtt target, and traced here by the replay
+        rss_limit=False,
+    ),
     "bodies": Target(_bodies, (bodies.BodyError,), _bodies_seeds, "an MQTT gateway envelope body"),
     "coap": Target(_coap, (coap_core.CoapError,), _coap_seeds, "a CoAP datagram at the near gateway"),
     "config": Target(_config, (C2Error,), _config_seeds, "a node config file"),

@@ -49,16 +49,56 @@ def _cpu_s(pid: int) -> float:
 
 def one_run(h4: str, qos: int, count: int, run: int, gw_pid: int | None, timeout: float = 300) -> dict:
     topic = f"c2/bench/{qos}/{run}"
-    sub = subprocess.Popen(["ip", "netns", "exec", "c2-h4", "mosquitto_sub", "-h", "127.0.0.1", "-t", topic,
-                            "-q", str(qos), "-C", str(count), "-W", str(int(timeout)), "-i", f"c2bsub{run}"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    sub = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            "c2-h4",
+            "mosquitto_sub",
+            "-h",
+            "127.0.0.1",
+            "-t",
+            topic,
+            "-q",
+            str(qos),
+            "-C",
+            str(count),
+            "-W",
+            str(int(timeout)),
+            "-i",
+            f"c2bsub{run}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(0.5)
     lines = b"".join(f"{i:08d} ".encode().ljust(PAYLOAD - 1, b".") + b"\n" for i in range(count))
     cpu0 = _cpu_s(gw_pid) if gw_pid else 0.0
     t0 = time.monotonic()
-    pub = subprocess.run(["ip", "netns", "exec", "c2-h1", "mosquitto_pub", "-h", h4, "-t", topic, "-q", str(qos),
-                          "-l", "-M", "200", "-i", f"c2bpub{run}"], input=lines, capture_output=True,
-                         timeout=timeout)
+    pub = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            "c2-h1",
+            "mosquitto_pub",
+            "-h",
+            h4,
+            "-t",
+            topic,
+            "-q",
+            str(qos),
+            "-l",
+            "-M",
+            "200",
+            "-i",
+            f"c2bpub{run}",
+        ],
+        input=lines,
+        capture_output=True,
+        timeout=timeout,
+    )
     t_pub = time.monotonic() - t0
     got = 0
     for line in sub.stdout:
@@ -68,9 +108,18 @@ def one_run(h4: str, qos: int, count: int, run: int, gw_pid: int | None, timeout
     cpu = (_cpu_s(gw_pid) - cpu0) if gw_pid else None
     if pub.returncode:
         raise RuntimeError(f"mosquitto_pub failed ({pub.returncode}): {pub.stderr.decode()[-500:]}")
-    return {"qos": qos, "run": run, "count": count, "delivered": got, "publish_s": t_pub, "deliver_s": t_sub,
-            "publish_rate": count / t_pub, "delivery_rate": got / t_sub, "gw1_cpu_s": cpu,
-            "gw1_per_core_s": count / cpu if cpu else None}
+    return {
+        "qos": qos,
+        "run": run,
+        "count": count,
+        "delivered": got,
+        "publish_s": t_pub,
+        "deliver_s": t_sub,
+        "publish_rate": count / t_pub,
+        "delivery_rate": got / t_sub,
+        "gw1_cpu_s": cpu,
+        "gw1_per_core_s": count / cpu if cpu else None,
+    }
 
 
 def bench(count: int, runs: int, qoss: list[int]) -> list[dict]:
@@ -87,9 +136,18 @@ def bench(count: int, runs: int, qoss: list[int]) -> list[dict]:
                 if mode == "c2dtn":
                     prefix = h4.rsplit(".", 1)[0] + ".0/24"
                     rule = '[[gateway.topic]]\nfilter = "c2/#"\npriority = "routine"\n'
-                    nodes = Nodes(st, BPA, ["gw1", "gw4"], Path(td) / "nodes", per_link_cla=False,
-                                  gateways={"gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\n'
-                                                   f'via = "gw4"\n\n{rule}', "gw4": f"[gateway]\n\n{rule}"})
+                    nodes = Nodes(
+                        st,
+                        BPA,
+                        ["gw1", "gw4"],
+                        Path(td) / "nodes",
+                        per_link_cla=False,
+                        gateways={
+                            "gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\n'
+                            f'via = "gw4"\n\n{rule}',
+                            "gw4": f"[gateway]\n\n{rule}",
+                        },
+                    )
                     for n in BPA:
                         nodes.start(n, wait=False)
                     for n in BPA:
@@ -100,8 +158,10 @@ def bench(count: int, runs: int, qoss: list[int]) -> list[dict]:
                         console.print(f"[dim]{mode}: QoS {qos}, run {r + 1}/{runs}, {count} x {PAYLOAD} B[/dim]")
                         row = one_run(h4, qos, count, len(rows), pid)
                         row["mode"] = mode
-                        console.print(f"[dim]  publish {row['publish_rate']:.0f}/s, delivered {row['delivered']} "
-                                      f"at {row['delivery_rate']:.0f}/s[/dim]")
+                        console.print(
+                            f"[dim]  publish {row['publish_rate']:.0f}/s, delivered {row['delivered']} "
+                            f"at {row['delivery_rate']:.0f}/s[/dim]"
+                        )
                         rows.append(row)
         finally:
             if nodes:
@@ -120,8 +180,13 @@ def report(rows: list[dict], out: Path) -> list[dict]:
             rs = [r for r in rows if r["qos"] == qos and r["mode"] == mode]
             if not rs:
                 continue
-            s = {"mode": mode, "qos": qos, "runs": len(rs), "count": rs[0]["count"],
-                 "delivered_min": min(r["delivered"] for r in rs)}
+            s = {
+                "mode": mode,
+                "qos": qos,
+                "runs": len(rs),
+                "count": rs[0]["count"],
+                "delivered_min": min(r["delivered"] for r in rs),
+            }
             for k in ("publish_rate", "delivery_rate"):
                 v = sorted(r[k] for r in rs)
                 s[k], s[k + "_min"], s[k + "_max"] = statistics.median(v), v[0], v[-1]
@@ -130,17 +195,30 @@ def report(rows: list[dict], out: Path) -> list[dict]:
             summary.append(s)
     base = {s["qos"]: s for s in summary if s["mode"] == "mosquitto alone"}
     t = Table(title=f"MQTT through c2dtn gateways vs mosquitto alone (lan, {PAYLOAD} B payloads), medians")
-    for c in ("QoS", "mode", "publish msgs/s", "delivered msgs/s", "ratio to mosquitto", "delivered",
-              "gw1 msgs per CPU-s (QoS 1 target >= 10,000)", "runs"):
+    for c in (
+        "QoS",
+        "mode",
+        "publish msgs/s",
+        "delivered msgs/s",
+        "ratio to mosquitto",
+        "delivered",
+        "gw1 msgs per CPU-s (QoS 1 target >= 10,000)",
+        "runs",
+    ):
         t.add_column(c, justify="right")
     for s in summary:
         b = base.get(s["qos"])
         s["delivery_ratio"] = s["delivery_rate"] / b["delivery_rate"] if b else None
-        t.add_row(str(s["qos"]), s["mode"], f"{s['publish_rate']:.0f}", f"{s['delivery_rate']:.0f} "
-                  f"({s['delivery_rate_min']:.0f}-{s['delivery_rate_max']:.0f})",
-                  f"{s['delivery_ratio']:.2f}" if s["delivery_ratio"] else "-",
-                  f"{s['delivered_min']}/{s['count']}",
-                  f"{s['gw1_per_core_s']:.0f}" if s["gw1_per_core_s"] else "-", str(s["runs"]))
+        t.add_row(
+            str(s["qos"]),
+            s["mode"],
+            f"{s['publish_rate']:.0f}",
+            f"{s['delivery_rate']:.0f} ({s['delivery_rate_min']:.0f}-{s['delivery_rate_max']:.0f})",
+            f"{s['delivery_ratio']:.2f}" if s["delivery_ratio"] else "-",
+            f"{s['delivered_min']}/{s['count']}",
+            f"{s['gw1_per_core_s']:.0f}" if s["gw1_per_core_s"] else "-",
+            str(s["runs"]),
+        )
     console.print(t)
     (out / "summary.json").write_text(json.dumps({"runs": rows, "summary": summary}, indent=1))
     with open(out / "summary.csv", "w", newline="") as fh:
@@ -154,9 +232,17 @@ def report(rows: list[dict], out: Path) -> list[dict]:
     width = 0.35
     for i, mode in enumerate(("mosquitto alone", "c2dtn")):
         ss = [next((s for s in summary if s["mode"] == mode and s["qos"] == q), None) for q in qoss]
-        ax.bar([q + (i - 0.5) * width for q in qoss], [s["delivery_rate"] if s else 0 for s in ss], width,
-               yerr=[[s["delivery_rate"] - s["delivery_rate_min"] if s else 0 for s in ss],
-                     [s["delivery_rate_max"] - s["delivery_rate"] if s else 0 for s in ss]], label=mode, capsize=4)
+        ax.bar(
+            [q + (i - 0.5) * width for q in qoss],
+            [s["delivery_rate"] if s else 0 for s in ss],
+            width,
+            yerr=[
+                [s["delivery_rate"] - s["delivery_rate_min"] if s else 0 for s in ss],
+                [s["delivery_rate_max"] - s["delivery_rate"] if s else 0 for s in ss],
+            ],
+            label=mode,
+            capsize=4,
+        )
     ax.set_xticks(qoss, [f"QoS {q}" for q in qoss])
     ax.set_ylabel("messages delivered per second")
     ax.set_title(f"Messages/s end to end, {PAYLOAD} B payloads on lan (median, min-max)")

@@ -28,9 +28,12 @@ from paho.mqtt.properties import Properties
 
 
 def _client(cid: str, version: int) -> paho.Client:
-    return paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=cid,
-                       protocol=paho.MQTTv5 if version == 5 else paho.MQTTv311,
-                       **({} if version == 5 else {"clean_session": False}))
+    return paho.Client(
+        paho.CallbackAPIVersion.VERSION2,
+        client_id=cid,
+        protocol=paho.MQTTv5 if version == 5 else paho.MQTTv311,
+        **({} if version == 5 else {"clean_session": False}),
+    )
 
 
 def _publish_props(a) -> Properties | None:
@@ -38,8 +41,7 @@ def _publish_props(a) -> Properties | None:
         return None
     pr = Properties(PacketTypes.PUBLISH)
     for k, v in json.loads(a.props).items():
-        setattr(pr, "".join(w.capitalize() for w in k.split("_")),
-                [tuple(x) for x in v] if k == "user_property" else v)
+        setattr(pr, "".join(w.capitalize() for w in k.split("_")), [tuple(x) for x in v] if k == "user_property" else v)
     return pr
 
 
@@ -47,9 +49,13 @@ def _props_dict(pr) -> dict:
     if pr is None:
         return {}
     out = {}
-    for k, name in (("user_property", "UserProperty"), ("content_type", "ContentType"),
-                    ("response_topic", "ResponseTopic"), ("message_expiry_interval", "MessageExpiryInterval"),
-                    ("correlation_data", "CorrelationData")):
+    for k, name in (
+        ("user_property", "UserProperty"),
+        ("content_type", "ContentType"),
+        ("response_topic", "ResponseTopic"),
+        ("message_expiry_interval", "MessageExpiryInterval"),
+        ("correlation_data", "CorrelationData"),
+    ):
         if hasattr(pr, name):
             v = getattr(pr, name)
             out[k] = [list(x) for x in v] if k == "user_property" else (v.hex() if isinstance(v, bytes) else v)
@@ -77,8 +83,11 @@ def pub(a) -> None:
     mids = []
     for i in range(a.count):
         body = f"{i} {time.time_ns()} ".encode().ljust(a.size, b".")
-        mids.append(c.publish(a.topic.replace("{n}", str(i)), body, qos=a.qos, retain=a.retain,
-                              properties=_publish_props(a)).mid)
+        mids.append(
+            c.publish(
+                a.topic.replace("{n}", str(i)), body, qos=a.qos, retain=a.retain, properties=_publish_props(a)
+            ).mid
+        )
         if a.interval:
             time.sleep(a.interval)
     deadline = time.monotonic() + a.timeout
@@ -103,9 +112,19 @@ def sub(a) -> None:
     def on_message(cl, u, msg):
         nonlocal n
         n += 1
-        print(json.dumps({"topic": msg.topic, "payload": msg.payload.decode(errors="replace"), "t": time.time(),
-                          "qos": msg.qos, "retain": bool(msg.retain),
-                          "props": _props_dict(getattr(msg, "properties", None))}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "topic": msg.topic,
+                    "payload": msg.payload.decode(errors="replace"),
+                    "t": time.time(),
+                    "qos": msg.qos,
+                    "retain": bool(msg.retain),
+                    "props": _props_dict(getattr(msg, "properties", None)),
+                }
+            ),
+            flush=True,
+        )
         if a.count and n >= a.count:
             done.set()
 
@@ -127,8 +146,15 @@ def sub(a) -> None:
 def _print_recv(msg, rx: str, rx_nation: str, lock: threading.Lock) -> None:
     try:
         rep = json.loads(msg.payload)["properties"]
-        ev = {"ev": "recv", "rx": rx, "rx_nation": rx_nation, "id": rep["msg_id"], "from": rep["country"],
-              "ts": rep["timestamp"] / 1000, "t": time.time()}
+        ev = {
+            "ev": "recv",
+            "rx": rx,
+            "rx_nation": rx_nation,
+            "id": rep["msg_id"],
+            "from": rep["country"],
+            "ts": rep["timestamp"] / 1000,
+            "t": time.time(),
+        }
     except (ValueError, KeyError, TypeError):
         ev = {"ev": "recv", "rx": rx, "rx_nation": rx_nation, "bad": msg.topic, "t": time.time()}
     with lock:
@@ -167,8 +193,11 @@ def units(a) -> None:
     if a.subscribe:
         time.sleep(1.0)  # subscriptions in place before the first report
     t0 = time.time()
-    plan = sorted((t0 + rnd.uniform(0, a.period) + k * a.period, u)
-                  for u in range(1, a.units + 1) for k in range(int(a.duration / a.period)))
+    plan = sorted(
+        (t0 + rnd.uniform(0, a.period) + k * a.period, u)
+        for u in range(1, a.units + 1)
+        for k in range(int(a.duration / a.period))
+    )
     pos = {u: (59.9 + rnd.random() / 10, 10.7 + rnd.random() / 10) for u in range(1, a.units + 1)}
     seq = dict.fromkeys(pos, 0)
     for when, u in plan:
@@ -182,14 +211,27 @@ def units(a) -> None:
         info = clients[u - 1].publish(topic, body, qos=a.qos)
         with lock:
             sent.append((u, info.mid))
-            print(json.dumps({"ev": "sent", "id": f"{a.nation}-S{u:03d}_{seq[u]}", "nation": a.nation,
-                              "unit": f"{a.nation}-S{u:03d}", "topic": topic, "t": now_ms / 1000}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "ev": "sent",
+                        "id": f"{a.nation}-S{u:03d}_{seq[u]}",
+                        "nation": a.nation,
+                        "unit": f"{a.nation}-S{u:03d}",
+                        "topic": topic,
+                        "t": now_ms / 1000,
+                    }
+                ),
+                flush=True,
+            )
     deadline = time.monotonic() + a.timeout
     while a.qos and len(acked & set(sent)) < len(sent) and time.monotonic() < deadline:
         time.sleep(0.2)
     with lock:
-        print(json.dumps({"ev": "done", "sent": len(sent), "acked": len(acked & set(sent)),
-                          "disconnects": disconnects}), flush=True)
+        print(
+            json.dumps({"ev": "done", "sent": len(sent), "acked": len(acked & set(sent)), "disconnects": disconnects}),
+            flush=True,
+        )
     if a.subscribe:
         time.sleep(max(0.0, a.linger - (time.monotonic() - (deadline - a.timeout))))
     os._exit(0)  # the clients' threads need not be waited for

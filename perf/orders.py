@@ -52,12 +52,24 @@ UNITS = [f"{g}-{u}" for g in ("a", "b") for u in ("lead", "v1", "v2", "v3", "v4"
 PROTOCOLS = ("mqtt", "coap", "http")
 PATHS = ("direct", "overlay")
 LINK = "leaders"
-WORDS = ("advance to phase line", "hold position at", "report contact grid", "resupply at", "move to checkpoint",
-         "observe sector", "casualty at grid", "fuel state", "ammunition state", "enemy vehicles sighted near")
+WORDS = (
+    "advance to phase line",
+    "hold position at",
+    "report contact grid",
+    "resupply at",
+    "move to checkpoint",
+    "observe sector",
+    "casualty at grid",
+    "fuel state",
+    "ammunition state",
+    "enemy vehicles sighted near",
+)
 # seed 004's Tables II (all 97 messages) and III (the 17 across the narrowband link), the rows
 # of the protocols run here: (messages, lost %, delay min, median, max in s)
-SEED004 = {"HTTP/JSON": {"all": (97, 6.19, 0.33, 0.72, 17.31), "narrowband": (17, 35.29, 1.22, 1.36, 17.31)},
-           "CoAP/UDP/CBOR": {"all": (97, 1.04, 0.07, 0.24, 25.87), "narrowband": (17, 5.88, 0.16, 0.36, 25.87)}}
+SEED004 = {
+    "HTTP/JSON": {"all": (97, 6.19, 0.33, 0.72, 17.31), "narrowband": (17, 35.29, 1.22, 1.36, 17.31)},
+    "CoAP/UDP/CBOR": {"all": (97, 1.04, 0.07, 0.24, 25.87), "narrowband": (17, 5.88, 0.16, 0.36, 25.87)},
+}
 
 
 def runs(protocols: tuple[str, ...], paths: tuple[str, ...]) -> list[str]:
@@ -79,8 +91,15 @@ def script(seed: int = 4, messages: int = 97, crossing: int = 17, span: float = 
         text = ""
         while len(text) < size - 90:  # the JSON around it is about 90 bytes
             text += rnd.choice(WORDS) + f" {rnd.randrange(10**5, 10**6)} "
-        out.append({"id": f"m{i + 1:03d}", "t": round(5 + span * i / messages + rnd.uniform(0, span / messages), 2),
-                    "from": src, "to": dst, "text": text.strip()})
+        out.append(
+            {
+                "id": f"m{i + 1:03d}",
+                "t": round(5 + span * i / messages + rnd.uniform(0, span / messages), 2),
+                "from": src,
+                "to": dst,
+                "text": text.strip(),
+            }
+        )
     return out
 
 
@@ -97,38 +116,85 @@ def _gateways(protocol: str, addr: dict[str, str]) -> dict[str, str]:
     if protocol == "mqtt":
         rule = '[[gateway.topic]]\nfilter = "c2/orders/#"\npriority = "immediate"\nlifetime = 3600\n'
         broker = addr["a-lead"]
-        return {"b-lead": f'[gateway]\ntproxy = true\nlisten = "127.0.0.1:1884"\nbroker = "{broker}:1883"\n\n'
-                          f'[[gateway.route]]\nprefix = "{broker}/32"\nvia = "a-lead"\n\n' + rule,
-                "a-lead": "[gateway]\n\n" + rule}
+        return {
+            "b-lead": f'[gateway]\ntproxy = true\nlisten = "127.0.0.1:1884"\nbroker = "{broker}:1883"\n\n'
+            f'[[gateway.route]]\nprefix = "{broker}/32"\nvia = "a-lead"\n\n' + rule,
+            "a-lead": "[gateway]\n\n" + rule,
+        }
     out = {}
     for me in ("a-lead", "b-lead"):
         other = "b-lead" if me == "a-lead" else "a-lead"
-        routes = "".join(f'[[gateway.route]]\nprefix = "{addr[u]}/32"\nvia = "{other}"\n\n'
-                         for u in UNITS if lead(u) == other)
-        out[me] = ("[gateway]\n\n" + routes + '[gateway.coap]\ntproxy = true\nlisten = "127.0.0.1:5684"\n\n'
-                   '[[gateway.coap.resource]]\npath = "/orders/*"\npriority = "immediate"\nlifetime = 3600\n')
+        routes = "".join(
+            f'[[gateway.route]]\nprefix = "{addr[u]}/32"\nvia = "{other}"\n\n' for u in UNITS if lead(u) == other
+        )
+        out[me] = (
+            "[gateway]\n\n" + routes + '[gateway.coap]\ntproxy = true\nlisten = "127.0.0.1:5684"\n\n'
+            '[[gateway.coap.resource]]\npath = "/orders/*"\npriority = "immediate"\nlifetime = 3600\n'
+        )
     return out
 
 
-def _unit(protocol: str, path: str, u: str, addr: dict[str, str], script_file: Path, start: float,
-          end: float) -> subprocess.Popen:
+def _unit(
+    protocol: str, path: str, u: str, addr: dict[str, str], script_file: Path, start: float, end: float
+) -> subprocess.Popen:
     """One unit's client (and for CoAP and HTTP its server) in its namespace."""
     if protocol == "mqtt":
         # b-lead's own client does not cross b-lead's forwarding path (nothing to intercept):
         # in overlay mode it uses the gateway's explicit listener instead
         host, port = ("127.0.0.1", "1884") if path == "overlay" and u == "b-lead" else (addr["a-lead"], "1883")
-        return _client(u, "script", "--unit", u, "--script", str(script_file), "--start", str(start), "--linger",
-                       str(end), "--host", host, "--port", port, "--client-id", "c2orders", "--qos", "1")
-    args = [protocol, "--unit", u, "--script", str(script_file), "--start", str(start), "--linger", str(end),
-            "--peers", json.dumps(addr)]
+        return _client(
+            u,
+            "script",
+            "--unit",
+            u,
+            "--script",
+            str(script_file),
+            "--start",
+            str(start),
+            "--linger",
+            str(end),
+            "--host",
+            host,
+            "--port",
+            port,
+            "--client-id",
+            "c2orders",
+            "--qos",
+            "1",
+        )
+    args = [
+        protocol,
+        "--unit",
+        u,
+        "--script",
+        str(script_file),
+        "--start",
+        str(start),
+        "--linger",
+        str(end),
+        "--peers",
+        json.dumps(addr),
+    ]
     if path == "overlay" and u == lead(u):  # a leader's own client: the other platoon through its gateway
         args += ["--proxy", "127.0.0.1:5684", "--proxied", ",".join(v for v in UNITS if v[0] != u[0])]
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{u}", sys.executable, "-m", "c2dtn.perf.orders_unit", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", f"c2-{u}", sys.executable, "-m", "c2dtn.perf.orders_unit", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
 
-def run_mode(mode: str, profile: str, msgs: list[dict], drain: float, seed: int, workdir: Path, events: list,
-             outage: tuple[float, float] | None = None) -> dict:
+def run_mode(
+    mode: str,
+    profile: str,
+    msgs: list[dict],
+    drain: float,
+    seed: int,
+    workdir: Path,
+    events: list,
+    outage: tuple[float, float] | None = None,
+) -> dict:
     protocol, path = mode.split("-")
     testbed.down()
     st = testbed.up("platoons", profile=profile, seed=seed)
@@ -139,8 +205,13 @@ def run_mode(mode: str, profile: str, msgs: list[dict], drain: float, seed: int,
         if protocol == "mqtt":
             procs.append(start_mosquitto("c2-a-lead", workdir / mode / "broker", addr["a-lead"]))
         if path == "overlay":
-            nodes = Nodes(st, ["a-lead", "b-lead"], ["a-lead", "b-lead"], workdir / mode / "nodes",
-                          gateways=_gateways(protocol, addr))
+            nodes = Nodes(
+                st,
+                ["a-lead", "b-lead"],
+                ["a-lead", "b-lead"],
+                workdir / mode / "nodes",
+                gateways=_gateways(protocol, addr),
+            )
             for n in nodes.paths:
                 nodes.start(n, wait=False)
             for n in nodes.paths:
@@ -200,8 +271,11 @@ def summarize(events: list[dict], msgs: list[dict], mode: str) -> list[dict]:
     sent = {e["id"]: e for e in events if e["mode"] == mode and e.get("ev") == "sent"}
     first: dict[str, float] = {}
     copies: dict[str, int] = {}
-    answered = {e["id"] for e in events if e["mode"] == mode and e.get("ev") == "answered"
-                and str(e.get("code", "")).startswith(("2", "204"))}
+    answered = {
+        e["id"]
+        for e in events
+        if e["mode"] == mode and e.get("ev") == "answered" and str(e.get("code", "")).startswith(("2", "204"))
+    }
     for e in events:
         if e["mode"] == mode and e.get("ev") == "recv" and e.get("id") in sent:
             copies[e["id"]] = copies.get(e["id"], 0) + 1
@@ -214,20 +288,34 @@ def summarize(events: list[dict], msgs: list[dict], mode: str) -> list[dict]:
         ids = [m["id"] for m in msgs if sel(m)]
         delays = sorted(first[i] for i in ids if i in first)
         lost = len(ids) - len(delays)
-        rows.append({"mode": mode, "scope": scope, "messages": len(ids), "sent": sum(1 for i in ids if i in sent),
-                     "lost": lost, "lost_pct": 100 * lost / len(ids) if ids else 0.0,
-                     "answered": sum(1 for i in ids if i in answered) if rr else None,
-                     "twice": sum(1 for i in ids if copies.get(i, 0) > 1),
-                     "delay_min_s": delays[0] if delays else None,
-                     "delay_median_s": statistics.median(delays) if delays else None,
-                     "delay_max_s": delays[-1] if delays else None,
-                     # every byte the leaders' link carried in the run, per message delivered
-                     "link_bytes_per_msg": (link_bytes / len(first) if first else None) if scope == "all" else None})
+        rows.append(
+            {
+                "mode": mode,
+                "scope": scope,
+                "messages": len(ids),
+                "sent": sum(1 for i in ids if i in sent),
+                "lost": lost,
+                "lost_pct": 100 * lost / len(ids) if ids else 0.0,
+                "answered": sum(1 for i in ids if i in answered) if rr else None,
+                "twice": sum(1 for i in ids if copies.get(i, 0) > 1),
+                "delay_min_s": delays[0] if delays else None,
+                "delay_median_s": statistics.median(delays) if delays else None,
+                "delay_max_s": delays[-1] if delays else None,
+                # every byte the leaders' link carried in the run, per message delivered
+                "link_bytes_per_msg": (link_bytes / len(first) if first else None) if scope == "all" else None,
+            }
+        )
     return rows
 
 
-def report(out: Path, profile: str, msgs: list[dict], events: list[dict], rows: list[dict],
-           outage: tuple[float, float] | None = None) -> None:
+def report(
+    out: Path,
+    profile: str,
+    msgs: list[dict],
+    events: list[dict],
+    rows: list[dict],
+    outage: tuple[float, float] | None = None,
+) -> None:
     from rich.table import Table
 
     out.mkdir(parents=True, exist_ok=True)
@@ -237,8 +325,19 @@ def report(out: Path, profile: str, msgs: list[dict], events: list[dict], rows: 
     (out / "script.json").write_text(json.dumps(msgs, indent=1))
     cut = f", link down {outage[0]:g}-{outage[1]:g} s" if outage else ""
     title = f"C2 orders on platoons (seed 004's script shape: {len(msgs)} messages), leaders' link {profile}{cut}"
-    cols = ["run", "messages", "sent", "lost", "lost %", "answered", "twice", "delay min", "median", "max",
-            "link B/msg"]
+    cols = [
+        "run",
+        "messages",
+        "sent",
+        "lost",
+        "lost %",
+        "answered",
+        "twice",
+        "delay min",
+        "median",
+        "max",
+        "link B/msg",
+    ]
     t = Table(title=title)
     t.add_column("scope")
     for c in cols:
@@ -247,19 +346,36 @@ def report(out: Path, profile: str, msgs: list[dict], events: list[dict], rows: 
     f = lambda v: "-" if v is None else f"{v:.2f} s"  # noqa: E731
     n = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
     for r in rows:
-        cells = [r["scope"], r["mode"], str(r["messages"]), str(r["sent"]), str(r["lost"]), f"{r['lost_pct']:.1f}",
-                 n(r["answered"]), str(r["twice"]), f(r["delay_min_s"]), f(r["delay_median_s"]),
-                 f(r["delay_max_s"]), n(r["link_bytes_per_msg"])]
+        cells = [
+            r["scope"],
+            r["mode"],
+            str(r["messages"]),
+            str(r["sent"]),
+            str(r["lost"]),
+            f"{r['lost_pct']:.1f}",
+            n(r["answered"]),
+            str(r["twice"]),
+            f(r["delay_min_s"]),
+            f(r["delay_median_s"]),
+            f(r["delay_max_s"]),
+            n(r["link_bytes_per_msg"]),
+        ]
         t.add_row(*cells)
         md.append("| " + " | ".join(cells) + " |")
     console.print(t)
-    md += ["", "all: every message (seed 004 Table II); narrowband: those between the platoons, which cross the "
-           "leaders' link (Table III). Lost: not received by its recipient by the end of the drain. Answered: the "
-           "sender got a 2.xx response (CoAP, HTTP). Twice: received more than once. Delay: first receipt minus "
-           "sending. Link B/msg: bytes the leaders' link carried in the run (both ways, every protocol byte) per "
-           "message delivered. Computed from events.jsonl.", "",
-           "Seed 004 (IST-150, Anglova vignette 2 on its own testbed, no outage), for comparison:", "",
-           "| scope | protocol | messages | lost % | delay min | median | max |", "|---|---|---|---|---|---|---|"]
+    md += [
+        "",
+        "all: every message (seed 004 Table II); narrowband: those between the platoons, which cross the "
+        "leaders' link (Table III). Lost: not received by its recipient by the end of the drain. Answered: the "
+        "sender got a 2.xx response (CoAP, HTTP). Twice: received more than once. Delay: first receipt minus "
+        "sending. Link B/msg: bytes the leaders' link carried in the run (both ways, every protocol byte) per "
+        "message delivered. Computed from events.jsonl.",
+        "",
+        "Seed 004 (IST-150, Anglova vignette 2 on its own testbed, no outage), for comparison:",
+        "",
+        "| scope | protocol | messages | lost % | delay min | median | max |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for proto, scopes in SEED004.items():
         for scope, (count, lost_pct, lo, med, hi) in scopes.items():
             md.append(f"| {scope} | {proto} | {count} | {lost_pct:.2f} | {lo:.2f} s | {med:.2f} s | {hi:.2f} s |")
@@ -274,8 +390,9 @@ def report(out: Path, profile: str, msgs: list[dict], events: list[dict], rows: 
     console.print(f"results in {out}")
 
 
-def plots(out: Path, msgs: list[dict], events: list[dict], modes: list[str],
-          outage: tuple[float, float] | None = None) -> None:
+def plots(
+    out: Path, msgs: list[dict], events: list[dict], modes: list[str], outage: tuple[float, float] | None = None
+) -> None:
     plt = pyplot()
 
     by_id = {m["id"]: m for m in msgs}
@@ -290,8 +407,14 @@ def plots(out: Path, msgs: list[dict], events: list[dict], modes: list[str],
                 first[e["id"]] = e["t"] - sent[e["id"]]
         for scope, marker in (("inside a platoon", "o"), ("narrowband", "^")):
             ids = [i for i in first if (scope == "narrowband") == crosses(by_id[i])]
-            ax.scatter([sent[i] - t0 for i in ids], [first[i] for i in ids], marker=marker, color=color, s=18,
-                       label=f"{mode}, {scope}")
+            ax.scatter(
+                [sent[i] - t0 for i in ids],
+                [first[i] for i in ids],
+                marker=marker,
+                color=color,
+                s=18,
+                label=f"{mode}, {scope}",
+            )
             box.append([first[i] for i in ids])
             labels.append(f"{mode}\n{scope}")
     if outage:  # the script's times start 5 s before its first message
@@ -309,8 +432,14 @@ def plots(out: Path, msgs: list[dict], events: list[dict], modes: list[str],
     save_figure(fig, out / "delay_box.png")
 
 
-def main(profile: str = "narrowband-15k", modes: tuple[str, ...] = tuple(runs(PROTOCOLS, PATHS)),
-         drain: float = 60.0, seed: int = 4, span: float = 240.0, outage: tuple[float, float] | None = None) -> Path:
+def main(
+    profile: str = "narrowband-15k",
+    modes: tuple[str, ...] = tuple(runs(PROTOCOLS, PATHS)),
+    drain: float = 60.0,
+    seed: int = 4,
+    span: float = 240.0,
+    outage: tuple[float, float] | None = None,
+) -> Path:
     msgs = script(seed, span=span)
     out = run_dir("orders")
     events: list[dict] = []

@@ -106,8 +106,11 @@ async def run(a) -> None:
                 r = await asyncio.wait_for(ctx.request(msg).response, max(0.1, end - time.time()))
                 code = str(r.code)
             else:
-                async with session.post(f"http://{addr}:{HTTP_PORT}/orders/{m['to']}", json=order,
-                                        timeout=aiohttp.ClientTimeout(total=max(0.1, end - time.time()))) as r:
+                async with session.post(
+                    f"http://{addr}:{HTTP_PORT}/orders/{m['to']}",
+                    json=order,
+                    timeout=aiohttp.ClientTimeout(total=max(0.1, end - time.time())),
+                ) as r:
                     code = str(r.status)
         except Exception as e:  # what the application saw, as a line: the report counts it
             emit(ev="failed", id=m["id"], error=type(e).__name__, t=time.time())

@@ -84,8 +84,9 @@ def rtt_pairs(nodes: Nodes, size: int, count: int) -> tuple[list[float], list[fl
     return bare, over
 
 
-def bare_throughput(size: int, count: int, conf: dict[str, tuple[str, ...]] | None = None,
-                    gap: float = 0.0) -> tuple[float, int]:
+def bare_throughput(
+    size: int, count: int, conf: dict[str, tuple[str, ...]] | None = None, gap: float = 0.0
+) -> tuple[float, int]:
     """(bits per second of payload received, bundles received) from the first bundle handed
     over to the last received.  conf: each client's --config (an agent other than dtn7,
     through its driver); such an agent may lose bundles fed as fast as it takes them (ION over
@@ -94,8 +95,9 @@ def bare_throughput(size: int, count: int, conf: dict[str, tuple[str, ...]] | No
     wait = 300 if not conf else 60 + count * size * 8 / 1e6  # the others: at least 1 Mbit/s, or lost
     sink = _client("gw4", "sink", "--count", str(count), "--timeout", f"{wait:.0f}", *conf.get("gw4", ()))
     time.sleep(1.0)
-    src = _result(_client("gw1", "source", "--dst", "gw4", "--size", str(size), "--count", str(count),
-                          *conf.get("gw1", ())), 600)
+    src = _result(
+        _client("gw1", "source", "--dst", "gw4", "--size", str(size), "--count", str(count), *conf.get("gw1", ())), 600
+    )
     snk = _result(sink, 600)
     time.sleep(gap)  # before the next client of the same node (dtnd_client.client_gap)
     if not snk["last"] or (not conf and snk["received"] < count):
@@ -108,8 +110,22 @@ def bare_rtts(size: int, count: int, conf: dict[str, tuple[str, ...]], gap: floa
     echo = _client("gw4", "echo", "--timeout", str(60 + count * 10), *conf["gw4"])
     try:
         time.sleep(1.0)
-        r = _result(_client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--count", str(count),
-                            "--timeout", "30", *conf["gw1"]), 60 + count * 35)
+        r = _result(
+            _client(
+                "gw1",
+                "rtt",
+                "--dst",
+                "gw4",
+                "--size",
+                str(size),
+                "--count",
+                str(count),
+                "--timeout",
+                "30",
+                *conf["gw1"],
+            ),
+            60 + count * 35,
+        )
     finally:
         _end(echo, gap)
     if "gave_up" in r:
@@ -151,14 +167,30 @@ def overlay_throughput(nodes: Nodes, size: int, count: int, timeout: float = 600
 SCHEDULER: dict[str, int] = {}  # --scheduler settings for the overlay nodes of this invocation
 
 
-def _nodes(profile: str, workdir: Path, seed: int = 5, cla: str = "tcpcl", per_link_cla: bool = True,
-           radio_cla: str | None = None, agent: str = "dtn7", overlay: bool = True) -> Nodes:
+def _nodes(
+    profile: str,
+    workdir: Path,
+    seed: int = 5,
+    cla: str = "tcpcl",
+    per_link_cla: bool = True,
+    radio_cla: str | None = None,
+    agent: str = "dtn7",
+    overlay: bool = True,
+) -> Nodes:
     testbed.down()
     st = testbed.up("nps-chain", profile=profile, seed=seed)
     if radio_cla:
         st["links"]["r2-r3"]["cla"] = radio_cla  # the BPAs' CLA across the radio link, for this run
-    nodes = Nodes(st, BPA, ["gw1", "gw4"] if overlay else [], workdir, cla=cla, per_link_cla=per_link_cla,
-                  scheduler=SCHEDULER, agent=agent)
+    nodes = Nodes(
+        st,
+        BPA,
+        ["gw1", "gw4"] if overlay else [],
+        workdir,
+        cla=cla,
+        per_link_cla=per_link_cla,
+        scheduler=SCHEDULER,
+        agent=agent,
+    )
     nodes.start_all(BPA)
     return nodes
 
@@ -215,8 +247,9 @@ def lan_blocks(agent: str, sizes: list[str], runs: int, rtt_count: int = 40) -> 
         for r in range(runs):
             got = {name: {"agent": agent, "cla": cla, "size": name, "bytes": SIZES[name], "run": r + 1} for name in go}
             console.print(f"[dim]lan {agent} bare: run {r + 1}/{runs}[/dim]")
-            nodes = _nodes("lan", Path(td) / f"bare-{r}", seed=r + 1, cla=cla, per_link_cla=False, agent=agent,
-                           overlay=False)
+            nodes = _nodes(
+                "lan", Path(td) / f"bare-{r}", seed=r + 1, cla=cla, per_link_cla=False, agent=agent, overlay=False
+            )
             conf = {n: ("--config", str(nodes.paths[n])) for n in ("gw1", "gw4")}
             try:
                 for i, name in enumerate(go):
@@ -229,7 +262,7 @@ def lan_blocks(agent: str, sizes: list[str], runs: int, rtt_count: int = 40) -> 
                     except RuntimeError as e:  # the agent stopped answering: this run's chain is not trusted further
                         console.print(f"[red]lan {agent} bare {name}, run {r + 1}: {e}[/red]")
                         row["failed"] = str(e)
-                        for later in go[i + 1:]:
+                        for later in go[i + 1 :]:
                             got[later]["failed"] = f"not measured: this run's bare chain had failed at {name}"
                         break
             finally:
@@ -250,15 +283,22 @@ def lan_blocks(agent: str, sizes: list[str], runs: int, rtt_count: int = 40) -> 
     return rows
 
 
-def tactical(profile: str = "cnr-tactical-2", total_bytes: int = 60_000, body: int = 1000,
-             cla: str | None = None, agent: str = "dtn7") -> dict:
+def tactical(
+    profile: str = "cnr-tactical-2",
+    total_bytes: int = 60_000,
+    body: int = 1000,
+    cla: str | None = None,
+    agent: str = "dtn7",
+) -> dict:
     with tempfile.TemporaryDirectory() as td:
         # the radio link (r2-r3) carries what the topology says (nps-chain: UDP) unless --cla
         # names another; the LAN hops keep TCPCL
         nodes = _nodes(profile, Path(td), cla=lan_cla(agent), radio_cla=cla, agent=agent)
         try:
             count = total_bytes // body
-            console.print(f"[dim]{profile} ({agent}): bulk transfer of {count} x {body} B incompressible envelopes[/dim]")
+            console.print(
+                f"[dim]{profile} ({agent}): bulk transfer of {count} x {body} B incompressible envelopes[/dim]"
+            )
             bps, secs = overlay_throughput(nodes, body, count, timeout=1800)
             link = testbed.read_state()["links"]["r2-r3"]
             st = testbed.status()["links"]["r2-r3"]["live"]
@@ -266,9 +306,17 @@ def tactical(profile: str = "cnr-tactical-2", total_bytes: int = 60_000, body: i
             nodes.stop_all()
             testbed.down()
     rate = link["profile_ab"]["rate_bps"]
-    return {"profile": profile, "cla": cla or link.get("cla") or "tcpcl", "payload_bytes": count * body, "seconds": secs, "goodput_bps": bps,
-            "link_bps": rate, "fraction": bps / rate, "link_frames_ab": st["ab"]["delivered"],
-            "link_bytes_ab": st["ab"]["delivered_bytes"]}
+    return {
+        "profile": profile,
+        "cla": cla or link.get("cla") or "tcpcl",
+        "payload_bytes": count * body,
+        "seconds": secs,
+        "goodput_bps": bps,
+        "link_bps": rate,
+        "fraction": bps / rate,
+        "link_frames_ab": st["ab"]["delivered"],
+        "link_bytes_ab": st["ab"]["delivered_bytes"],
+    }
 
 
 def _agent_label(agent: str) -> str:
@@ -280,8 +328,10 @@ def summarize(rows: list[dict]) -> list[dict]:
     (a skipped size keeps its reason)."""
     summary = []
     agents = list(dict.fromkeys(r.get("agent", "dtn7") for r in rows))
-    keys = sorted(dict.fromkeys((r.get("agent", "dtn7"), r["size"]) for r in rows),
-                  key=lambda k: (agents.index(k[0]), list(SIZES).index(k[1])))
+    keys = sorted(
+        dict.fromkeys((r.get("agent", "dtn7"), r["size"]) for r in rows),
+        key=lambda k: (agents.index(k[0]), list(SIZES).index(k[1])),
+    )
     for agent, name in keys:
         rs = [r for r in rows if (r.get("agent", "dtn7"), r["size"]) == (agent, name)]
         skipped = next((r["skipped"] for r in rs if "skipped" in r), None)
@@ -292,16 +342,30 @@ def summarize(rows: list[dict]) -> list[dict]:
             why = skipped or (f"every run failed: {failed[0]}" if failed else "no run")
             summary.append({"agent": agent, "size": name, "skipped": why, "runs": 0, "failed": failed})
             continue
-        med = {k: statistics.median(r[k] for r in rs) for k in ("bare_bps", "overlay_bps", "bare_rtt_s", "overlay_rtt_s")}
+        med = {
+            k: statistics.median(r[k] for r in rs) for k in ("bare_bps", "overlay_bps", "bare_rtt_s", "overlay_rtt_s")
+        }
         trs = sorted(r["overlay_bps"] / r["bare_bps"] for r in rs)
         rrs = sorted(r["overlay_rtt_s"] / r["bare_rtt_s"] for r in rs)
-        summary.append({"agent": agent, "cla": rs[0].get("cla", "tcpcl"), "size": name, **med,
-                        "throughput_ratio": statistics.median(trs), "rtt_ratio": statistics.median(rrs),
-                        "runs": len(rs), "throughput_ratio_min": trs[0], "throughput_ratio_max": trs[-1],
-                        "rtt_ratio_min": rrs[0], "rtt_ratio_max": rrs[-1],
-                        # fed as fast as it takes them, bundles the bare agent lost (over all runs)
-                        "bare_lost": sum(r.get("bare_lost", 0) for r in rs), "bare_sent": len(rs) * COUNTS[name],
-                        "failed": failed})  # runs left out: why each failed
+        summary.append(
+            {
+                "agent": agent,
+                "cla": rs[0].get("cla", "tcpcl"),
+                "size": name,
+                **med,
+                "throughput_ratio": statistics.median(trs),
+                "rtt_ratio": statistics.median(rrs),
+                "runs": len(rs),
+                "throughput_ratio_min": trs[0],
+                "throughput_ratio_max": trs[-1],
+                "rtt_ratio_min": rrs[0],
+                "rtt_ratio_max": rrs[-1],
+                # fed as fast as it takes them, bundles the bare agent lost (over all runs)
+                "bare_lost": sum(r.get("bare_lost", 0) for r in rs),
+                "bare_sent": len(rs) * COUNTS[name],
+                "failed": failed,
+            }
+        )  # runs left out: why each failed
     return summary
 
 
@@ -310,12 +374,29 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
     summary = summarize(rows)
     agents = list(dict.fromkeys(s["agent"] for s in summary))
     only_dtn7 = agents in ([], ["dtn7"])
-    t = Table(title=("overlay vs bare dtnd on lan (nps-chain, 4 dtnd hops): medians over runs, ratios per run "
-                     "(round trips: bare and overlay pings taking turns)") if only_dtn7 else
-                    ("overlay vs its agent bare on lan (nps-chain, 4 hops): medians over runs, ratios per run "
-                     "(dtn7: bare and overlay pings taking turns; the others: a bare block, then an overlay block)"))
-    cols = ("payload", "bare throughput", "overlay throughput", "ratio (>= 0.9)", "min-max", "bare RTT",
-            "overlay RTT", "ratio (<= 1.3)", "min-max", "runs")
+    t = Table(
+        title=(
+            "overlay vs bare dtnd on lan (nps-chain, 4 dtnd hops): medians over runs, ratios per run "
+            "(round trips: bare and overlay pings taking turns)"
+        )
+        if only_dtn7
+        else (
+            "overlay vs its agent bare on lan (nps-chain, 4 hops): medians over runs, ratios per run "
+            "(dtn7: bare and overlay pings taking turns; the others: a bare block, then an overlay block)"
+        )
+    )
+    cols = (
+        "payload",
+        "bare throughput",
+        "overlay throughput",
+        "ratio (>= 0.9)",
+        "min-max",
+        "bare RTT",
+        "overlay RTT",
+        "ratio (<= 1.3)",
+        "min-max",
+        "runs",
+    )
     if not only_dtn7:
         t.add_column("agent (CLA)")
         cols += ("bare lost",)
@@ -326,38 +407,83 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
         if "skipped" in s:
             t.add_row(*head, s["size"], "skipped (below)", *[""] * (len(cols) - 2))
             continue
-        t.add_row(*head, s["size"], f"{s['bare_bps'] / 1e6:.2f} Mbit/s", f"{s['overlay_bps'] / 1e6:.2f} Mbit/s",
-                  f"{s['throughput_ratio']:.2f}", f"{s['throughput_ratio_min']:.2f}-{s['throughput_ratio_max']:.2f}",
-                  f"{s['bare_rtt_s'] * 1000:.1f} ms", f"{s['overlay_rtt_s'] * 1000:.1f} ms", f"{s['rtt_ratio']:.2f}",
-                  f"{s['rtt_ratio_min']:.2f}-{s['rtt_ratio_max']:.2f}", str(s["runs"]),
-                  *([] if only_dtn7 else [f"{s['bare_lost']} of {s['bare_sent']}"]))
+        t.add_row(
+            *head,
+            s["size"],
+            f"{s['bare_bps'] / 1e6:.2f} Mbit/s",
+            f"{s['overlay_bps'] / 1e6:.2f} Mbit/s",
+            f"{s['throughput_ratio']:.2f}",
+            f"{s['throughput_ratio_min']:.2f}-{s['throughput_ratio_max']:.2f}",
+            f"{s['bare_rtt_s'] * 1000:.1f} ms",
+            f"{s['overlay_rtt_s'] * 1000:.1f} ms",
+            f"{s['rtt_ratio']:.2f}",
+            f"{s['rtt_ratio_min']:.2f}-{s['rtt_ratio_max']:.2f}",
+            str(s["runs"]),
+            *([] if only_dtn7 else [f"{s['bare_lost']} of {s['bare_sent']}"]),
+        )
     if rows:
         console.print(t)
         for s in summary:
             if "skipped" in s:
                 console.print(f"skipped: {s['agent']} {s['size']}: {s['skipped']}")
             elif s.get("failed"):
-                console.print(f"left out: {s['agent']} {s['size']}: {len(s['failed'])} run(s) failed: "
-                              + "; ".join(s["failed"]))
+                console.print(
+                    f"left out: {s['agent']} {s['size']}: {len(s['failed'])} run(s) failed: " + "; ".join(s["failed"])
+                )
     tacs = [tac] if isinstance(tac, dict) else (tac or [])
     if tacs:
         g = Table(title=f"bulk goodput on {tacs[0]['profile']}")
-        for c in ("agent", "radio CLA", "payload", "time (median)", "goodput (median)", "link rate",
-                  "fraction (>= 0.75)", "min", "max", "runs"):
+        for c in (
+            "agent",
+            "radio CLA",
+            "payload",
+            "time (median)",
+            "goodput (median)",
+            "link rate",
+            "fraction (>= 0.75)",
+            "min",
+            "max",
+            "runs",
+        ):
             g.add_column(c, justify="right")
         for x in tacs:
-            g.add_row(x.get("agent", "dtn7"), f"over {x['cla']}", f"{x['payload_bytes']} B", f"{x['seconds']:.0f} s",
-                      f"{x['goodput_bps'] / 1e3:.2f} kbit/s", f"{x['link_bps'] / 1e3:.1f} kbit/s",
-                      f"{x['fraction']:.2f}", f"{x.get('fraction_min', 0):.2f}", f"{x.get('fraction_max', 0):.2f}",
-                      str(x.get("runs", 1)))
+            g.add_row(
+                x.get("agent", "dtn7"),
+                f"over {x['cla']}",
+                f"{x['payload_bytes']} B",
+                f"{x['seconds']:.0f} s",
+                f"{x['goodput_bps'] / 1e3:.2f} kbit/s",
+                f"{x['link_bps'] / 1e3:.1f} kbit/s",
+                f"{x['fraction']:.2f}",
+                f"{x.get('fraction_min', 0):.2f}",
+                f"{x.get('fraction_max', 0):.2f}",
+                str(x.get("runs", 1)),
+            )
         console.print(g)
-    (out / "summary.json").write_text(json.dumps({"lan_runs": rows, "lan": summary,
-                                                  "tactical": tac, "scheduler": SCHEDULER}, indent=1))
+    (out / "summary.json").write_text(
+        json.dumps({"lan_runs": rows, "lan": summary, "tactical": tac, "scheduler": SCHEDULER}, indent=1)
+    )
     with open(out / "summary.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        cols = ["agent", "size", "bare_bps", "overlay_bps", "throughput_ratio", "throughput_ratio_min",
-                "throughput_ratio_max", "bare_rtt_s", "overlay_rtt_s", "rtt_ratio", "rtt_ratio_min", "rtt_ratio_max",
-                "runs", "bare_lost", "bare_sent", "skipped", "failed"]
+        cols = [
+            "agent",
+            "size",
+            "bare_bps",
+            "overlay_bps",
+            "throughput_ratio",
+            "throughput_ratio_min",
+            "throughput_ratio_max",
+            "bare_rtt_s",
+            "overlay_rtt_s",
+            "rtt_ratio",
+            "rtt_ratio_min",
+            "rtt_ratio_max",
+            "runs",
+            "bare_lost",
+            "bare_sent",
+            "skipped",
+            "failed",
+        ]
         w.writerow(cols)
         for s in summary:
             w.writerow(["; ".join(s.get(c) or []) if c == "failed" else s.get(c, "") for c in cols])
@@ -391,8 +517,16 @@ def profile_note(agent: str) -> str:
     return f"cnr-tactical-2 over {agent} skipped: {agent_class(agent).missing()}"
 
 
-def main(sizes: list[str], runs: int, tactical_bytes: int, skip_lan: bool = False, skip_tactical: bool = False,
-         cla: str | None = None, scheduler: dict[str, int] | None = None, agents: list[str] = ("dtn7",)) -> None:
+def main(
+    sizes: list[str],
+    runs: int,
+    tactical_bytes: int,
+    skip_lan: bool = False,
+    skip_tactical: bool = False,
+    cla: str | None = None,
+    scheduler: dict[str, int] | None = None,
+    agents: list[str] = ("dtn7",),
+) -> None:
     out = run_dir("overlay-bench")
     SCHEDULER.clear()
     SCHEDULER.update(scheduler or {})
@@ -407,9 +541,15 @@ def main(sizes: list[str], runs: int, tactical_bytes: int, skip_lan: bool = Fals
             tacs = [tactical(total_bytes=tactical_bytes, cla=cla, agent=agent) for _ in range(runs)]
             tac = dict(tacs[0], agent=agent)
             fr = sorted(t["fraction"] for t in tacs)
-            tac.update(fraction=statistics.median(fr), fraction_min=fr[0], fraction_max=fr[-1], runs=len(tacs),
-                       goodput_bps=statistics.median(t["goodput_bps"] for t in tacs),
-                       seconds=statistics.median(t["seconds"] for t in tacs), all_runs=tacs)
+            tac.update(
+                fraction=statistics.median(fr),
+                fraction_min=fr[0],
+                fraction_max=fr[-1],
+                runs=len(tacs),
+                goodput_bps=statistics.median(t["goodput_bps"] for t in tacs),
+                seconds=statistics.median(t["seconds"] for t in tacs),
+                all_runs=tacs,
+            )
             tacs_by_agent.append(tac)
     tac_out = None if not tacs_by_agent else tacs_by_agent[0] if list(agents) == ["dtn7"] else tacs_by_agent
     report(rows, tac_out, out)

@@ -48,8 +48,12 @@ SAMPLE_EVERY_S = 5.0
 
 
 def _mqtt(node: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients",
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
 
 def _lines(p: subprocess.Popen, sink: list, ready: threading.Event | None = None) -> threading.Thread:
@@ -81,8 +85,19 @@ def period_for(units: int, factor: float, link_bps: float) -> float:
     return units * REPORT_BYTES * 8 / (factor * link_bps)
 
 
-def campaign(minutes: float, factor: float, units: int, order_every: float, profile: str, drain: float,
-             seed: int, work: Path, events: list, samples: list, bar=None) -> dict:
+def campaign(
+    minutes: float,
+    factor: float,
+    units: int,
+    order_every: float,
+    profile: str,
+    drain: float,
+    seed: int,
+    work: Path,
+    events: list,
+    samples: list,
+    bar=None,
+) -> dict:
     duration = minutes * 60
     testbed.down()
     st = testbed.up("nps-chain", profile=profile, seed=seed)
@@ -93,12 +108,21 @@ def campaign(minutes: float, factor: float, units: int, order_every: float, prof
     period = period_for(units, factor, link_bps)
     h4 = testbed.node_address(st, "h4")
     prefix = h4.rsplit(".", 1)[0] + ".0/24"
-    rules = ('[[gateway.topic]]\nfilter = "c2/#"\npriority = "immediate"\nlifetime = 86400\n\n'
-             '[[gateway.topic]]\nfilter = "/+/+/+/location"\npriority = "priority"\nlifetime = 600\n'
-             'supersede = "topic"\n')
-    nodes = Nodes(st, BPA, ["gw1", "gw4"], work / "nodes",
-                  gateways={"gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\n'
-                                   f'via = "gw4"\n\n{rules}', "gw4": f"[gateway]\n\n{rules}"})
+    rules = (
+        '[[gateway.topic]]\nfilter = "c2/#"\npriority = "immediate"\nlifetime = 86400\n\n'
+        '[[gateway.topic]]\nfilter = "/+/+/+/location"\npriority = "priority"\nlifetime = 600\n'
+        'supersede = "topic"\n'
+    )
+    nodes = Nodes(
+        st,
+        BPA,
+        ["gw1", "gw4"],
+        work / "nodes",
+        gateways={
+            "gw1": f'[gateway]\ntproxy = true\n\n[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n{rules}',
+            "gw4": f"[gateway]\n\n{rules}",
+        },
+    )
     broker = start_mosquitto("c2-h4", work / "broker", h4)
     procs: list[subprocess.Popen] = []
     rx: list[dict] = []
@@ -112,20 +136,68 @@ def campaign(minutes: float, factor: float, units: int, order_every: float, prof
         for n in BPA:
             nodes.wait_ready(n, timeout=60)
         ready = threading.Event()
-        sub = _mqtt("h4", "sub", "--host", "127.0.0.1", "--topic", "#", "--qos", "1",
-                    "--timeout", str(int(duration + drain + 120)), "--client-id", "c2overload-sub")
+        sub = _mqtt(
+            "h4",
+            "sub",
+            "--host",
+            "127.0.0.1",
+            "--topic",
+            "#",
+            "--qos",
+            "1",
+            "--timeout",
+            str(int(duration + drain + 120)),
+            "--client-id",
+            "c2overload-sub",
+        )
         procs.append(sub)
         readers = [_lines(sub, rx, ready)]
         if not ready.wait(30):
             raise RuntimeError("the subscriber at h4's broker never subscribed")
         orders = int(duration / order_every)
         t0, t0_wall = time.monotonic(), time.time()
-        pos = _mqtt("h1", "units", "--host", h4, "--nation", "NOR", "--units", str(units), "--period", f"{period:.4f}",
-                    "--duration", str(duration), "--qos", "1", "--timeout", str(int(drain)), "--client-id", "c2overload",
-                    "--seed", str(seed))
-        ordp = _mqtt("h1", "pub", "--host", h4, "--topic", "c2/orders/{n}", "--qos", "1", "--count", str(orders),
-                     "--interval", str(order_every), "--size", str(ORDER_BYTES), "--timeout", str(int(drain)),
-                     "--client-id", "c2overload-orders")
+        pos = _mqtt(
+            "h1",
+            "units",
+            "--host",
+            h4,
+            "--nation",
+            "NOR",
+            "--units",
+            str(units),
+            "--period",
+            f"{period:.4f}",
+            "--duration",
+            str(duration),
+            "--qos",
+            "1",
+            "--timeout",
+            str(int(drain)),
+            "--client-id",
+            "c2overload",
+            "--seed",
+            str(seed),
+        )
+        ordp = _mqtt(
+            "h1",
+            "pub",
+            "--host",
+            h4,
+            "--topic",
+            "c2/orders/{n}",
+            "--qos",
+            "1",
+            "--count",
+            str(orders),
+            "--interval",
+            str(order_every),
+            "--size",
+            str(ORDER_BYTES),
+            "--timeout",
+            str(int(drain)),
+            "--client-id",
+            "c2overload-orders",
+        )
         procs += [pos, ordp]
         readers += [_lines(pos, sent), _lines(ordp, sent)]
         task = bar.add_task("overload", total=int(duration)) if bar else None
@@ -135,15 +207,24 @@ def campaign(minutes: float, factor: float, units: int, order_every: float, prof
             t = time.monotonic() - t0
             status = nodes.status("gw1")
             q = [r for r in status.get("queues", []) if r["dst"] == "gw4"]
-            samples.append({"t": round(t, 1), "gw1_rss_mb": rss_mb(pids["gw1"]), "gw4_rss_mb": rss_mb(pids["gw4"]),
-                            "held": sum(r["queued"] + r["in_flight"] for r in q),
-                            "held_bytes": sum(r["bytes"] for r in q),
-                            "db_mb": sum(f.stat().st_size for f in db.parent.glob(db.name + "*")) / 1e6,
-                            "superseded": status.get("counters", {}).get("superseded", 0)})
+            samples.append(
+                {
+                    "t": round(t, 1),
+                    "gw1_rss_mb": rss_mb(pids["gw1"]),
+                    "gw4_rss_mb": rss_mb(pids["gw4"]),
+                    "held": sum(r["queued"] + r["in_flight"] for r in q),
+                    "held_bytes": sum(r["bytes"] for r in q),
+                    "db_mb": sum(f.stat().st_size for f in db.parent.glob(db.name + "*")) / 1e6,
+                    "superseded": status.get("counters", {}).get("superseded", 0),
+                }
+            )
             if bar:
                 got = sum(1 for r in rx if "topic" in r)
-                bar.update(task, completed=min(int(t), int(duration)),
-                           description=f"overload: {samples[-1]['held']} held at gw1, {got} delivered")
+                bar.update(
+                    task,
+                    completed=min(int(t), int(duration)),
+                    description=f"overload: {samples[-1]['held']} held at gw1, {got} delivered",
+                )
             if t >= duration:
                 break
             time.sleep(SAMPLE_EVERY_S)
@@ -177,13 +258,21 @@ def campaign(minutes: float, factor: float, units: int, order_every: float, prof
         testbed.down()
     for r in readers:
         r.join(5)
-    params = {"minutes": minutes, "factor": factor, "units": units, "period_s": round(period, 3),
-              "order_every_s": order_every, "profile": profile, "link_bps": link_bps, "drain_s": drain, "seed": seed,
-              "quota_envelopes": quota}
+    params = {
+        "minutes": minutes,
+        "factor": factor,
+        "units": units,
+        "period_s": round(period, 3),
+        "order_every_s": order_every,
+        "profile": profile,
+        "link_bps": link_bps,
+        "drain_s": drain,
+        "seed": seed,
+        "quota_envelopes": quota,
+    }
     for r in rx:
         if "topic" in r:
-            events.append({"ev": "recv", "t": round(r["t"] - t0_wall, 2), "topic": r["topic"],
-                           "delay_s": _delay(r)})
+            events.append({"ev": "recv", "t": round(r["t"] - t0_wall, 2), "topic": r["topic"], "delay_s": _delay(r)})
     return summarize(params, sent, rx, samples, final, t0_wall)
 
 
@@ -243,8 +332,7 @@ def ages(receipts: list[tuple[float, str, float]], units: list[str], start: floa
     return out
 
 
-def summarize(params: dict, sent: list[dict], rx: list[dict], samples: list[dict], final: dict,
-              t0_wall: float) -> dict:
+def summarize(params: dict, sent: list[dict], rx: list[dict], samples: list[dict], final: dict, t0_wall: float) -> dict:
     duration = params["minutes"] * 60
     warm = warmup_s(duration)
     ord_rows = [r for r in sent if "acked" in r and "sent" in r and "ev" not in r]
@@ -277,26 +365,41 @@ def summarize(params: dict, sent: list[dict], rx: list[dict], samples: list[dict
     return {
         "params": params,
         "offered_payload_bps": (len(pos_sent) * REPORT_BYTES + n_orders * ORDER_BYTES) * 8 / duration,
-        "orders": {"published": n_orders, "acked": ordp.get("acked"), "delivered": len(seen),
-                   "twice": sum(1 for v in seen.values() if v > 1),
-                   "lost": sorted(set(map(str, range(n_orders))) - set(seen), key=int)[:50],
-                   "lost_count": len(set(map(str, range(n_orders))) - set(seen)),
-                   "publisher_disconnects": len(ordp.get("disconnects", [])),
-                   "latency_p50_s": _pct(lat, 0.5), "latency_p95_s": _pct(lat, 0.95), "latency_max_s": max(lat, default=None)},
-        "positions": {"sent": len(pos_sent), "acked": pos_done.get("acked"), "delivered": len(receipts),
-                      "superseded_at_gw1": c1.get("superseded", 0),
-                      "age_p50_s": _pct(aoi, 0.5), "age_p95_s": _pct(aoi, 0.95), "age_max_s": max(aoi, default=None)},
-        "gw1_rss_mb": {"after_warmup": statistics.median(first) if first else None,
-                       "end": statistics.median(last) if last else None,
-                       "max": max((y for _, y in after), default=None),
-                       "slope_mb_per_h": _slope_per_hour(after),
-                       "slope_second_half_mb_per_h": _slope_per_hour(half),
-                       "quarters": _quarters(after, warm, duration)},
+        "orders": {
+            "published": n_orders,
+            "acked": ordp.get("acked"),
+            "delivered": len(seen),
+            "twice": sum(1 for v in seen.values() if v > 1),
+            "lost": sorted(set(map(str, range(n_orders))) - set(seen), key=int)[:50],
+            "lost_count": len(set(map(str, range(n_orders))) - set(seen)),
+            "publisher_disconnects": len(ordp.get("disconnects", [])),
+            "latency_p50_s": _pct(lat, 0.5),
+            "latency_p95_s": _pct(lat, 0.95),
+            "latency_max_s": max(lat, default=None),
+        },
+        "positions": {
+            "sent": len(pos_sent),
+            "acked": pos_done.get("acked"),
+            "delivered": len(receipts),
+            "superseded_at_gw1": c1.get("superseded", 0),
+            "age_p50_s": _pct(aoi, 0.5),
+            "age_p95_s": _pct(aoi, 0.95),
+            "age_max_s": max(aoi, default=None),
+        },
+        "gw1_rss_mb": {
+            "after_warmup": statistics.median(first) if first else None,
+            "end": statistics.median(last) if last else None,
+            "max": max((y for _, y in after), default=None),
+            "slope_mb_per_h": _slope_per_hour(after),
+            "slope_second_half_mb_per_h": _slope_per_hour(half),
+            "quarters": _quarters(after, warm, duration),
+        },
         "gw4_rss_mb_max": max((s["gw4_rss_mb"] for s in samples if s["gw4_rss_mb"] is not None), default=None),
         "gw1_held_max": max((s["held"] for s in samples), default=0),
         "gw1_held_bytes_max": max((s["held_bytes"] for s in samples), default=0),
         "gw1_db_mb_max": max((s["db_mb"] for s in samples), default=0),
-        "gw1_counters": c1, "gw1_mqtt": final["gw1"].get("mqtt", {}).get("counters", {}),
+        "gw1_counters": c1,
+        "gw1_mqtt": final["gw1"].get("mqtt", {}).get("counters", {}),
     }
 
 
@@ -315,34 +418,40 @@ def report(out: Path, res: dict, events: list, samples: list) -> str:
         w.writeheader()
         w.writerows(samples)
     p, o, pos, rss = res["params"], res["orders"], res["positions"], res["gw1_rss_mb"]
-    md = ["# Overload: the radio link offered more than it carries (`c2dtn perf overload`)", "",
-          f"nps-chain, r2=r3 on {p['profile']} ({p['link_bps'] / 1000:g} kbit/s); for {p['minutes']:g} min, "
-          f"{p['units']} position reporters on h1 (QoS 1, a report every {p['period_s']:g} s each, superseded per "
-          f"unit at the gateways) and a QoS 1 order every {p['order_every_s']:g} s: "
-          f"**{res['offered_payload_bps'] / 1000:.1f} kbit/s of MQTT payload, "
-          f"{res['offered_payload_bps'] / p['link_bps']:.2f}x the link** (headers on top). "
-          f"Warm-up: the first {warmup_s(p['minutes'] * 60):.0f} s.", "",
-          "| what | figure |", "|---|---:|",
-          f"| orders published / PUBACKed | {o['published']} / {o['acked']} |",
-          f"| orders delivered / lost / twice | {o['delivered']} / **{o['lost_count']}** / {o['twice']} |",
-          f"| order latency p50 / p95 / max | {_f(o['latency_p50_s'], ' s')} / {_f(o['latency_p95_s'], ' s')} / "
-          f"{_f(o['latency_max_s'], ' s')} |",
-          f"| positions sent / PUBACKed / delivered | {pos['sent']} / {pos['acked']} / {pos['delivered']} |",
-          f"| positions superseded at gw1 (a newer report of the unit went instead) | {pos['superseded_at_gw1']} |",
-          f"| age of each unit's newest position at h4, p50 / p95 / max | {_f(pos['age_p50_s'], ' s')} / "
-          f"{_f(pos['age_p95_s'], ' s')} / {_f(pos['age_max_s'], ' s')} |",
-          f"| gw1 RSS after warm-up / at the end / max | {_f(rss['after_warmup'], ' MB')} / {_f(rss['end'], ' MB')} / "
-          f"{_f(rss['max'], ' MB')} |",
-          f"| gw1 RSS slope after warm-up; over the second half | {_f(rss['slope_mb_per_h'], ' MB/h', 2)}; "
-          f"{_f(rss.get('slope_second_half_mb_per_h'), ' MB/h', 2)} |",
-          f"| gw1 RSS at each quarter after warm-up | "
-          f"{' / '.join(_f(v, ' MB') for v in rss.get('quarters', []))} |",
-          f"| gw1 custody: envelopes held at most (quota) | {res['gw1_held_max']:,} ({p['quota_envelopes']:,}) |",
-          f"| gw1 custody: bytes held at most; custody.db + WAL at most | {res['gw1_held_bytes_max']:,} B; "
-          f"{_f(res['gw1_db_mb_max'], ' MB', 2)} |",
-          f"| gw4 RSS max | {_f(res['gw4_rss_mb_max'], ' MB')} |", "",
-          f"gw1 MQTT counters at the end: {json.dumps(res['gw1_mqtt'])}", "",
-          "![RSS, custody and positions' age over the run](plot.png)"]
+    md = [
+        "# Overload: the radio link offered more than it carries (`c2dtn perf overload`)",
+        "",
+        f"nps-chain, r2=r3 on {p['profile']} ({p['link_bps'] / 1000:g} kbit/s); for {p['minutes']:g} min, "
+        f"{p['units']} position reporters on h1 (QoS 1, a report every {p['period_s']:g} s each, superseded per "
+        f"unit at the gateways) and a QoS 1 order every {p['order_every_s']:g} s: "
+        f"**{res['offered_payload_bps'] / 1000:.1f} kbit/s of MQTT payload, "
+        f"{res['offered_payload_bps'] / p['link_bps']:.2f}x the link** (headers on top). "
+        f"Warm-up: the first {warmup_s(p['minutes'] * 60):.0f} s.",
+        "",
+        "| what | figure |",
+        "|---|---:|",
+        f"| orders published / PUBACKed | {o['published']} / {o['acked']} |",
+        f"| orders delivered / lost / twice | {o['delivered']} / **{o['lost_count']}** / {o['twice']} |",
+        f"| order latency p50 / p95 / max | {_f(o['latency_p50_s'], ' s')} / {_f(o['latency_p95_s'], ' s')} / "
+        f"{_f(o['latency_max_s'], ' s')} |",
+        f"| positions sent / PUBACKed / delivered | {pos['sent']} / {pos['acked']} / {pos['delivered']} |",
+        f"| positions superseded at gw1 (a newer report of the unit went instead) | {pos['superseded_at_gw1']} |",
+        f"| age of each unit's newest position at h4, p50 / p95 / max | {_f(pos['age_p50_s'], ' s')} / "
+        f"{_f(pos['age_p95_s'], ' s')} / {_f(pos['age_max_s'], ' s')} |",
+        f"| gw1 RSS after warm-up / at the end / max | {_f(rss['after_warmup'], ' MB')} / {_f(rss['end'], ' MB')} / "
+        f"{_f(rss['max'], ' MB')} |",
+        f"| gw1 RSS slope after warm-up; over the second half | {_f(rss['slope_mb_per_h'], ' MB/h', 2)}; "
+        f"{_f(rss.get('slope_second_half_mb_per_h'), ' MB/h', 2)} |",
+        f"| gw1 RSS at each quarter after warm-up | {' / '.join(_f(v, ' MB') for v in rss.get('quarters', []))} |",
+        f"| gw1 custody: envelopes held at most (quota) | {res['gw1_held_max']:,} ({p['quota_envelopes']:,}) |",
+        f"| gw1 custody: bytes held at most; custody.db + WAL at most | {res['gw1_held_bytes_max']:,} B; "
+        f"{_f(res['gw1_db_mb_max'], ' MB', 2)} |",
+        f"| gw4 RSS max | {_f(res['gw4_rss_mb_max'], ' MB')} |",
+        "",
+        f"gw1 MQTT counters at the end: {json.dumps(res['gw1_mqtt'])}",
+        "",
+        "![RSS, custody and positions' age over the run](plot.png)",
+    ]
     (out / "report.md").write_text("\n".join(md) + "\n")
     plt = pyplot()
     fig, axs = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
@@ -365,8 +474,17 @@ def report(out: Path, res: dict, events: list, samples: list) -> str:
     return "\n".join(md[:18])
 
 
-def main(minutes: float, factor: float, units: int, order_every: float, profile: str, drain: float, seed: int,
-         out: Path | None = None, console=None) -> Path:
+def main(
+    minutes: float,
+    factor: float,
+    units: int,
+    order_every: float,
+    profile: str,
+    drain: float,
+    seed: int,
+    out: Path | None = None,
+    console=None,
+) -> Path:
     out = out or run_dir("overload")
     events: list = []
     samples: list = []

@@ -55,9 +55,11 @@ def broker_pair(tmp: Path, topic_filter: str, seed: int):
     st = testbed.up("nps-chain", profile="lan", seed=seed)
     h4, gw1 = testbed.node_address(st, "h4"), testbed.node_address(st, "gw1")
     topics = f'[[gateway.topic]]\nfilter = "{topic_filter}"\npriority = "immediate"\nlifetime = 600\n'
-    gateways = {"gw1": f'[gateway]\nlisten = "0.0.0.0:1883"\nbroker = "{h4}:1883"\n\n'
-                       f'[[gateway.route]]\nprefix = "{h4.rsplit(".", 1)[0]}.0/24"\nvia = "gw4"\n\n{topics}',
-                "gw4": f"[gateway]\n\n{topics}"}
+    gateways = {
+        "gw1": f'[gateway]\nlisten = "0.0.0.0:1883"\nbroker = "{h4}:1883"\n\n'
+        f'[[gateway.route]]\nprefix = "{h4.rsplit(".", 1)[0]}.0/24"\nvia = "gw4"\n\n{topics}',
+        "gw4": f"[gateway]\n\n{topics}",
+    }
     brokers = [start_mosquitto("c2-h4", tmp, h4, port) for port in (1883, 1884)]
     nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=gateways)
     try:
@@ -78,8 +80,13 @@ def test_names(suite: Path, mod: str) -> list[str]:
 def run_one(suite: Path, mod: str, name: str, host: str, port: int) -> tuple[str, str]:
     code = RUNNER.format(mod=mod, host=host, port=port, name=name)
     try:
-        p = subprocess.run(["ip", "netns", "exec", "c2-h1", sys.executable, "-c", code], cwd=suite,
-                           capture_output=True, text=True, timeout=LIMIT_S)
+        p = subprocess.run(
+            ["ip", "netns", "exec", "c2-h1", sys.executable, "-c", code],
+            cwd=suite,
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S,
+        )
     except subprocess.TimeoutExpired as e:
         return "timeout", (e.stderr or b"").decode(errors="replace")[-3000:] if isinstance(e.stderr, bytes) else ""
     return ("pass" if p.returncode == 0 else "fail"), (p.stdout + p.stderr)[-3000:]
@@ -100,28 +107,43 @@ def main(suite: Path, console=None) -> Path:
             for v, mod, name in plan:
                 alone, log_a = run_one(suite, mod, name, h4, 1884)
                 through, log_t = run_one(suite, mod, name, gw1, 1883)
-                (out / "logs" / f"{mod}.{name}.txt").write_text(f"== alone: {alone}\n{log_a}\n== through gw1: "
-                                                               f"{through}\n{log_t}\n")
+                (out / "logs" / f"{mod}.{name}.txt").write_text(
+                    f"== alone: {alone}\n{log_a}\n== through gw1: {through}\n{log_t}\n"
+                )
                 rows.append({"version": v, "test": name, "alone": alone, "through": through})
                 bar.advance(task)
-    summary = {v: {"tests": sum(r["version"] == v for r in rows),
-                   "alone": sum(r["version"] == v and r["alone"] == "pass" for r in rows),
-                   "through": sum(r["version"] == v and r["through"] == "pass" for r in rows),
-                   "through_only_failures": [r["test"] for r in rows if r["version"] == v and r["alone"] == "pass"
-                                             and r["through"] != "pass"]} for v in SUITES}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    summary = {
+        v: {
+            "tests": sum(r["version"] == v for r in rows),
+            "alone": sum(r["version"] == v and r["alone"] == "pass" for r in rows),
+            "through": sum(r["version"] == v and r["through"] == "pass" for r in rows),
+            "through_only_failures": [
+                r["test"] for r in rows if r["version"] == v and r["alone"] == "pass" and r["through"] != "pass"
+            ],
+        }
+        for v in SUITES
+    }
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
     (out / "summary.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1) + "\n")
-    lines = [f"# Paho MQTT interoperability client tests, Mosquitto alone and through gw1",
-             "", f"Run {time.strftime('%Y-%m-%d %H:%M')} on {commit[:7]}: `c2dtn perf paho-interop --suite DIR`, "
-             "nps-chain (lan profile), each test in its own process, 60 s limit.", "",
-             "| MQTT | tests | pass alone | pass through gw1 | fail only through gw1 |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Paho MQTT interoperability client tests, Mosquitto alone and through gw1",
+        "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M')} on {commit[:7]}: `c2dtn perf paho-interop --suite DIR`, "
+        "nps-chain (lan profile), each test in its own process, 60 s limit.",
+        "",
+        "| MQTT | tests | pass alone | pass through gw1 | fail only through gw1 |",
+        "|---|---|---|---|---|",
+    ]
     for v, s in summary.items():
-        lines.append(f"| {v} | {s['tests']} | {s['alone']} | {s['through']} | "
-                     f"{', '.join(s['through_only_failures']) or 'none'} |")
+        lines.append(
+            f"| {v} | {s['tests']} | {s['alone']} | {s['through']} | "
+            f"{', '.join(s['through_only_failures']) or 'none'} |"
+        )
     lines += ["", "| MQTT | test | alone | through gw1 |", "|---|---|---|---|"]
     lines += [f"| {r['version']} | {r['test']} | {r['alone']} | {r['through']} |" for r in rows]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     if console is not None:
-        console.print("\n".join(lines[:8 + len(summary)]))
+        console.print("\n".join(lines[: 8 + len(summary)]))
     return out

@@ -37,26 +37,44 @@ def panels(fig) -> list[dict]:
         for line in ax.get_lines():
             label = line.get_label()
             if label and not label.startswith("_"):
-                series.append({"label": label, "x": [_val(v) for v in line.get_xdata()],
-                               "y": [_val(v) for v in line.get_ydata()]})
+                series.append(
+                    {"label": label, "x": [_val(v) for v in line.get_xdata()], "y": [_val(v) for v in line.get_ydata()]}
+                )
         for c in ax.containers:  # errorbar and bar plots label their container, not its lines
             label = c.get_label()
             if not label or label.startswith("_"):
                 continue
             data_line = getattr(c, "lines", None) and c.lines[0]
             if data_line is not None and hasattr(data_line, "get_xdata"):
-                series.append({"label": label, "x": [_val(v) for v in data_line.get_xdata()],
-                               "y": [_val(v) for v in data_line.get_ydata()]})
+                series.append(
+                    {
+                        "label": label,
+                        "x": [_val(v) for v in data_line.get_xdata()],
+                        "y": [_val(v) for v in data_line.get_ydata()],
+                    }
+                )
             elif hasattr(c, "patches"):
-                series.append({"label": label, "x": [_val(p.get_x() + p.get_width() / 2) for p in c.patches],
-                               "y": [_val(p.get_height()) for p in c.patches]})
+                series.append(
+                    {
+                        "label": label,
+                        "x": [_val(p.get_x() + p.get_width() / 2) for p in c.patches],
+                        "y": [_val(p.get_height()) for p in c.patches],
+                    }
+                )
         for col in ax.collections:
             label = col.get_label()
             offs = col.get_offsets() if hasattr(col, "get_offsets") else []
             if label and not label.startswith("_") and len(offs):
                 series.append({"label": label, "x": [_val(p[0]) for p in offs], "y": [_val(p[1]) for p in offs]})
-        out.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
-                    "xticks": [t.get_text() for t in ax.get_xticklabels() if t.get_text()], "series": series})
+        out.append(
+            {
+                "title": ax.get_title(),
+                "xlabel": ax.get_xlabel(),
+                "ylabel": ax.get_ylabel(),
+                "xticks": [t.get_text() for t in ax.get_xticklabels() if t.get_text()],
+                "series": series,
+            }
+        )
     return out
 
 

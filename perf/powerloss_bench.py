@@ -92,7 +92,9 @@ def restore(storage: Path, durable: Path) -> list[str]:
     # body files likewise, each as last fsynced (its own fsync, before the COMMIT naming it)
     folder = storage / BODY_FILES
     prefix = str(folder).replace("/", "%") + "%"
-    kept = {p.name[len(prefix):] for p in durable.iterdir() if p.name.startswith(prefix) and not p.name.endswith(".tmp")}
+    kept = {
+        p.name[len(prefix) :] for p in durable.iterdir() if p.name.startswith(prefix) and not p.name.endswith(".tmp")
+    }
     there = set(os.listdir(folder)) if folder.is_dir() else set()
     for name in kept:
         shutil.copyfile(durable / (prefix + name), folder / name)
@@ -113,22 +115,37 @@ def read_back(storage: Path) -> tuple[set[str], str]:
         integrity = store.records.db.execute("PRAGMA integrity_check").fetchone()[0]
         held = set()
         for (body,) in store.records.db.execute("SELECT body FROM bodies"):
-            held.update(x["p"].rstrip(b".").decode() for x in bodies.publishes(bodies.unpack(store.records.body_of(body))))
+            held.update(
+                x["p"].rstrip(b".").decode() for x in bodies.publishes(bodies.unpack(store.records.body_of(body)))
+            )
         return held, integrity
     finally:
         store.close()
 
 
-def one_cut(mode: str, cycle: int, clients: int, rate: float, disk_ms: int, lib: Path, rng: random.Random,
-            payload_bytes: int = 0) -> dict:
+def one_cut(
+    mode: str,
+    cycle: int,
+    clients: int,
+    rate: float,
+    disk_ms: int,
+    lib: Path,
+    rng: random.Random,
+    payload_bytes: int = 0,
+) -> dict:
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="c2power-") as td:
         storage, durable = Path(td) / "store", Path(td) / "durable"
         storage.mkdir()
         durable.mkdir()
         env = dict(os.environ, LD_PRELOAD=str(lib), C2_FSYNC_DELAY_MS=str(disk_ms), C2_DURABLE_DIR=str(durable))
-        child = subprocess.Popen([sys.executable, "-m", "c2dtn.perf.fsync_bench", "serve", mode, str(storage),
-                                  str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "c2dtn.perf.fsync_bench", "serve", mode, str(storage), str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         acked: set[str] = set()
         sent: list[str] = []
         cut_after = rng.uniform(1.0, 4.0)
@@ -137,7 +154,9 @@ def one_cut(mode: str, cycle: int, clients: int, rate: float, disk_ms: int, lib:
                 raise RuntimeError(f"the {mode} gateway did not start (exit {child.wait(10)})")
 
             async def load() -> None:
-                pubs = [asyncio.create_task(_publisher(i, port, rate, acked, sent, payload_bytes)) for i in range(clients)]
+                pubs = [
+                    asyncio.create_task(_publisher(i, port, rate, acked, sent, payload_bytes)) for i in range(clients)
+                ]
                 await asyncio.sleep(cut_after)
                 child.send_signal(signal.SIGKILL)  # the power cut: nothing more reaches the disk
                 await asyncio.wait_for(asyncio.gather(*pubs, return_exceptions=True), 30)
@@ -153,9 +172,19 @@ def one_cut(mode: str, cycle: int, clients: int, rate: float, disk_ms: int, lib:
         except Exception as e:  # a store the next boot cannot open: everything it held is lost
             held, integrity = set(), f"unreadable: {e}"
     lost = sorted(acked - held)
-    return {"mode": mode, "cycle": cycle, "cut_after_s": round(cut_after, 2), "published": len(sent),
-            "acked": len(acked), "held": len(held & set(sent)), "lost": len(lost), "lost_examples": lost[:5],
-            "kept_unacked": len((held & set(sent)) - acked), "integrity": integrity, "restore": steps}
+    return {
+        "mode": mode,
+        "cycle": cycle,
+        "cut_after_s": round(cut_after, 2),
+        "published": len(sent),
+        "acked": len(acked),
+        "held": len(held & set(sent)),
+        "lost": len(lost),
+        "lost_examples": lost[:5],
+        "kept_unacked": len((held & set(sent)) - acked),
+        "integrity": integrity,
+        "restore": steps,
+    }
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -163,36 +192,59 @@ def summarize(rows: list[dict]) -> dict:
     for mode in MODES:
         mine = [r for r in rows if r["mode"] == mode]
         if mine:
-            out[mode] = {"cuts": len(mine), "published": sum(r["published"] for r in mine),
-                         "acked": sum(r["acked"] for r in mine), "lost": sum(r["lost"] for r in mine),
-                         "cuts_with_loss": sum(1 for r in mine if r["lost"]),
-                         "kept_unacked": sum(r["kept_unacked"] for r in mine),
-                         "integrity_failures": sum(1 for r in mine if r["integrity"] != "ok")}
+            out[mode] = {
+                "cuts": len(mine),
+                "published": sum(r["published"] for r in mine),
+                "acked": sum(r["acked"] for r in mine),
+                "lost": sum(r["lost"] for r in mine),
+                "cuts_with_loss": sum(1 for r in mine if r["lost"]),
+                "kept_unacked": sum(r["kept_unacked"] for r in mine),
+                "integrity_failures": sum(1 for r in mine if r["integrity"] != "ok"),
+            }
     return out
 
 
-LABEL = {"loop": "fsync on the loop", "thread": "writer thread", "auto": "auto: loop while fast (default)",
-         "unsynced": "control: replies not waiting"}
+LABEL = {
+    "loop": "fsync on the loop",
+    "thread": "writer thread",
+    "auto": "auto: loop while fast (default)",
+    "unsynced": "control: replies not waiting",
+}
 
 
 def report(out: Path, rows: list[dict], params: dict) -> str:
     out.mkdir(parents=True, exist_ok=True)
     tot = summarize(rows)
     (out / "summary.json").write_text(json.dumps({"params": params, "cuts": rows, "total": tot}, indent=1) + "\n")
-    md = ["# Power loss under load: PUBACKed messages after the cut (`c2dtn perf powerloss`)", "",
-          f"{params['clients']} clients x {params['rate']:g} QoS 1 publishes/s"
-          + (f" of {params['payload_bytes']:,} bytes" if params.get("payload_bytes") else "")
-          + f", the gateway SIGKILLed 1-4 s in and its custody files put back as last fsynced; every fsync "
-          f"{params['disk_ms']} ms slower.", "",
-          "| mode | cuts | published | PUBACKed | PUBACKed and lost | cuts with a loss | kept, not PUBACKed | "
-          "integrity failures |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    md = [
+        "# Power loss under load: PUBACKed messages after the cut (`c2dtn perf powerloss`)",
+        "",
+        f"{params['clients']} clients x {params['rate']:g} QoS 1 publishes/s"
+        + (f" of {params['payload_bytes']:,} bytes" if params.get("payload_bytes") else "")
+        + f", the gateway SIGKILLed 1-4 s in and its custody files put back as last fsynced; every fsync "
+        f"{params['disk_ms']} ms slower.",
+        "",
+        "| mode | cuts | published | PUBACKed | PUBACKed and lost | cuts with a loss | kept, not PUBACKed | "
+        "integrity failures |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for mode, t in tot.items():
-        md.append(f"| {LABEL[mode]} | {t['cuts']} | {t['published']} | {t['acked']} | **{t['lost']}** | "
-                  f"{t['cuts_with_loss']} | {t['kept_unacked']} | {t['integrity_failures']} |")
-    md += ["", "Each cut:", "", "| mode | cut | after | published | PUBACKed | lost | kept, not PUBACKed | integrity |",
-           "|---|---:|---:|---:|---:|---:|---:|---|"]
-    md += [f"| {r['mode']} | {r['cycle']} | {r['cut_after_s']} s | {r['published']} | {r['acked']} | {r['lost']} | "
-           f"{r['kept_unacked']} | {r['integrity']} |" for r in rows]
+        md.append(
+            f"| {LABEL[mode]} | {t['cuts']} | {t['published']} | {t['acked']} | **{t['lost']}** | "
+            f"{t['cuts_with_loss']} | {t['kept_unacked']} | {t['integrity_failures']} |"
+        )
+    md += [
+        "",
+        "Each cut:",
+        "",
+        "| mode | cut | after | published | PUBACKed | lost | kept, not PUBACKed | integrity |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    md += [
+        f"| {r['mode']} | {r['cycle']} | {r['cut_after_s']} s | {r['published']} | {r['acked']} | {r['lost']} | "
+        f"{r['kept_unacked']} | {r['integrity']} |"
+        for r in rows
+    ]
     md += ["", "![lost per cut](plot.png)"]
     (out / "report.md").write_text("\n".join(md) + "\n")
     plt = pyplot()
@@ -205,11 +257,20 @@ def report(out: Path, rows: list[dict], params: dict) -> str:
     ax.set_title("Power cut under QoS 1 load: what the gateway acknowledged and then lost")
     ax.legend()
     save_figure(fig, out / "plot.png")
-    return "\n".join(md[:len(tot) + 6])
+    return "\n".join(md[: len(tot) + 6])
 
 
-def main(cycles: int, clients: int, rate: float, disk_ms: int, modes=MODES, seed: int = 1, out: Path | None = None,
-         console=None, payload_bytes: int = 0) -> Path:
+def main(
+    cycles: int,
+    clients: int,
+    rate: float,
+    disk_ms: int,
+    modes=MODES,
+    seed: int = 1,
+    out: Path | None = None,
+    console=None,
+    payload_bytes: int = 0,
+) -> Path:
     lib = shim()
     out = out or run_dir("powerloss")
     rng = random.Random(seed)
@@ -221,8 +282,19 @@ def main(cycles: int, clients: int, rate: float, disk_ms: int, modes=MODES, seed
                 bar.update(task, description=f"cut {c + 1}: {mode}")
                 rows.append(one_cut(mode, c, clients, rate, disk_ms, lib, rng, payload_bytes))
                 bar.advance(task)
-    text = report(out, rows, {"cycles": cycles, "clients": clients, "rate": rate, "disk_ms": disk_ms,
-                              "modes": list(modes), "seed": seed, "payload_bytes": payload_bytes})
+    text = report(
+        out,
+        rows,
+        {
+            "cycles": cycles,
+            "clients": clients,
+            "rate": rate,
+            "disk_ms": disk_ms,
+            "modes": list(modes),
+            "seed": seed,
+            "payload_bytes": payload_bytes,
+        },
+    )
     if console is not None:
         console.print(text)
         console.print(f"results in {out}")

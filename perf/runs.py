@@ -26,14 +26,28 @@ SOURCE = Path(__file__).resolve().parent.parent  # the checkout c2dtn runs from 
 def commit(src: Path = SOURCE) -> str | None:
     """git HEAD of the source, "+dirty" when tracked code was changed; None if not a checkout."""
     try:
-        head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
+        head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if head.returncode:
             return None
         # what a run measures is the code: notes, evidence and tests changing beside it do not count
-        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)docs", ":(exclude)tests", ":(exclude)*.md"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(src),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)docs",
+                ":(exclude)tests",
+                ":(exclude)*.md",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
     return head.stdout.strip() + ("+dirty" if dirty else "")
@@ -51,9 +65,14 @@ def run_dir(kind: str, root: Path = Path("results")) -> Path:
     """A new results/<time>-<kind>/ with its run.json."""
     out = root / (time.strftime("%Y%m%d-%H%M%S") + f"-{kind}")
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"kind": kind, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command(),
-            "commit": commit(), "python": platform.python_version(),
-            "host": {"cpus": os.cpu_count(), "kernel": platform.release()}}
+    meta = {
+        "kind": kind,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": command(),
+        "commit": commit(),
+        "python": platform.python_version(),
+        "host": {"cpus": os.cpu_count(), "kernel": platform.release()},
+    }
     (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
     return out
 
@@ -62,9 +81,13 @@ def progress(console=None, unit: str = ""):
     """The progress bar every long benchmark shows: what it does, a bar, done/total, time."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(),
-                    TextColumn("{task.completed:,}/{task.total:,}" + (f" {unit}" if unit else "")),
-                    TimeElapsedColumn(), console=console)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,}/{task.total:,}" + (f" {unit}" if unit else "")),
+        TimeElapsedColumn(),
+        console=console,
+    )
 
 
 class LogTally(logging.Handler):

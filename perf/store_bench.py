@@ -68,8 +68,10 @@ def _fill(st: CustodyStore, n: int, now: int, progress) -> None:
     done = 0
     while done < n:
         k = min(BATCH, n - done)
-        st.submit_many([(DSTS[(done + i) % len(DSTS)], body, 7 * 86400_000, Priority.ROUTINE, None, "bench")
-                        for i in range(k)], now)
+        st.submit_many(
+            [(DSTS[(done + i) % len(DSTS)], body, 7 * 86400_000, Priority.ROUTINE, None, "bench") for i in range(k)],
+            now,
+        )
         done += k
         progress(done)
     # 1 % in flight, due for a retry in an hour (what an outage leaves behind)
@@ -86,8 +88,12 @@ def _receiver_fill(st: CustodyStore, n: int, now: int, progress) -> int:
         with st.transaction():  # one commit per batch
             for _ in range(min(BATCH, n - seq)):
                 seq += 1
-                st.receive(Envelope(Kind.DATA, "gw1", seq, "gw4", now, 7 * 86400_000, Priority.ROUTINE, None, body,
-                                    "bench", 0, 0), now)
+                st.receive(
+                    Envelope(
+                        Kind.DATA, "gw1", seq, "gw4", now, 7 * 86400_000, Priority.ROUTINE, None, body, "bench", 0, 0
+                    ),
+                    now,
+                )
         st.acks_sent("gw1", [], range(first, seq + 1))  # told the origin, as each plan does
         progress(n + seq)
     return seq
@@ -146,8 +152,9 @@ def measure(n: int, workdir: Path, progress=lambda done: None) -> dict:
     last = _receiver_fill(rst, n, now, progress)
     rcv = []
     for i in range(1000):
-        env = Envelope(Kind.DATA, "gw1", last + 1 + i, "gw4", now, 7 * 86400_000, Priority.ROUTINE, None, body,
-                       "bench", 0, 0)
+        env = Envelope(
+            Kind.DATA, "gw1", last + 1 + i, "gw4", now, 7 * 86400_000, Priority.ROUTINE, None, body, "bench", 0, 0
+        )
         t0 = time.perf_counter()
         rst.receive(env, now)
         rcv.append((time.perf_counter() - t0) * 1000)
@@ -161,35 +168,71 @@ def measure(n: int, workdir: Path, progress=lambda done: None) -> dict:
     rst.close()
     for p in workdir.glob("*.db*"):
         p.unlink()
-    return {"envelopes": n, "submit_p50_ms": statistics.median(sub), "submit_p99_ms": _pct(sub, 0.99),
-            "plan_ms": plan, "plan_total_ms": sum(plan.values()),
-            "receive_p50_ms": statistics.median(rcv), "receive_p99_ms": _pct(rcv, 0.99),
-            "acks_owed_ms": acks_owed, "rss_mb": rss, "file_mb": size / 1e6, "reopen_ms": reopen,
-            "full_scans": scanning}
+    return {
+        "envelopes": n,
+        "submit_p50_ms": statistics.median(sub),
+        "submit_p99_ms": _pct(sub, 0.99),
+        "plan_ms": plan,
+        "plan_total_ms": sum(plan.values()),
+        "receive_p50_ms": statistics.median(rcv),
+        "receive_p99_ms": _pct(rcv, 0.99),
+        "acks_owed_ms": acks_owed,
+        "rss_mb": rss,
+        "file_mb": size / 1e6,
+        "reopen_ms": reopen,
+        "full_scans": scanning,
+    }
 
 
-COLS = ["envelopes held", "submit p50", "submit p99", "plan queries", "receive p50", "receive p99", "acks owed",
-        "RSS", "file", "reopen"]
+COLS = [
+    "envelopes held",
+    "submit p50",
+    "submit p99",
+    "plan queries",
+    "receive p50",
+    "receive p99",
+    "acks owed",
+    "RSS",
+    "file",
+    "reopen",
+]
 
 
 def cells(r: dict) -> list[str]:
-    return [f"{r['envelopes']:,}", f"{r['submit_p50_ms']:.2f} ms", f"{r['submit_p99_ms']:.2f} ms",
-            f"{r['plan_total_ms']:.2f} ms", f"{r['receive_p50_ms']:.2f} ms", f"{r['receive_p99_ms']:.2f} ms",
-            f"{r['acks_owed_ms']:.2f} ms", f"{r['rss_mb']:.0f} MB", f"{r['file_mb']:.0f} MB",
-            f"{r['reopen_ms']:.0f} ms"]
+    return [
+        f"{r['envelopes']:,}",
+        f"{r['submit_p50_ms']:.2f} ms",
+        f"{r['submit_p99_ms']:.2f} ms",
+        f"{r['plan_total_ms']:.2f} ms",
+        f"{r['receive_p50_ms']:.2f} ms",
+        f"{r['receive_p99_ms']:.2f} ms",
+        f"{r['acks_owed_ms']:.2f} ms",
+        f"{r['rss_mb']:.0f} MB",
+        f"{r['file_mb']:.0f} MB",
+        f"{r['reopen_ms']:.0f} ms",
+    ]
 
 
 def report(out: Path, rows: list[dict]) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
-    md = ["# Custody store cost against envelopes held (`c2dtn perf store`)", "",
-          "| " + " | ".join(COLS) + " |", "|" + "---:|" * len(COLS)]
+    md = [
+        "# Custody store cost against envelopes held (`c2dtn perf store`)",
+        "",
+        "| " + " | ".join(COLS) + " |",
+        "|" + "---:|" * len(COLS),
+    ]
     md += ["| " + " | ".join(cells(r)) + " |" for r in rows]
-    md += ["", "Plan queries, median of 200 calls each (ms):", "",
-           "| envelopes held | " + " | ".join(n for n, _ in PLAN_QUERIES) + " |",
-           "|" + "---:|" * (len(PLAN_QUERIES) + 1)]
-    md += [f"| {r['envelopes']:,} | " + " | ".join(f"{r['plan_ms'][n]:.3f}" for n, _ in PLAN_QUERIES) + " |"
-           for r in rows]
+    md += [
+        "",
+        "Plan queries, median of 200 calls each (ms):",
+        "",
+        "| envelopes held | " + " | ".join(n for n, _ in PLAN_QUERIES) + " |",
+        "|" + "---:|" * (len(PLAN_QUERIES) + 1),
+    ]
+    md += [
+        f"| {r['envelopes']:,} | " + " | ".join(f"{r['plan_ms'][n]:.3f}" for n, _ in PLAN_QUERIES) + " |" for r in rows
+    ]
     md += ["", "Statements that scan a whole table (EXPLAIN QUERY PLAN, at the largest fill):", ""]
     md += [f"- {x}" for x in rows[-1]["full_scans"]] or ["- none"]
     md += ["", "![cost against envelopes held](plot.png)"]
@@ -197,8 +240,12 @@ def report(out: Path, rows: list[dict]) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     xs = [r["envelopes"] for r in rows]
-    for key, label in (("submit_p50_ms", "submit p50"), ("submit_p99_ms", "submit p99"),
-                       ("plan_total_ms", "plan queries (sum)"), ("receive_p50_ms", "receive p50")):
+    for key, label in (
+        ("submit_p50_ms", "submit p50"),
+        ("submit_p99_ms", "submit p99"),
+        ("plan_total_ms", "plan queries (sum)"),
+        ("receive_p50_ms", "receive p50"),
+    ):
         ax.plot(xs, [r[key] for r in rows], "o-", label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -207,7 +254,7 @@ def report(out: Path, rows: list[dict]) -> str:
     ax.set_title("Custody store: cost of one operation against envelopes held")
     ax.legend()
     save_figure(fig, out / "plot.png")
-    return "\n".join(md[:len(rows) + 4])
+    return "\n".join(md[: len(rows) + 4])
 
 
 def main(fills: list[int], out: Path | None = None, console=None) -> Path:

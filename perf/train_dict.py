@@ -26,12 +26,19 @@ DICT_BYTES = 2048
 
 def position_report(country: str, unit: int, node: int, seq: int, timestamp_ms: int, lat: float, lon: float) -> bytes:
     """One GeoJSON BFT report in the seed 000 format (§4, about 255 characters)."""
-    return json.dumps({
-        "type": "Feature",
-        "geometry": {"type": "Point", "coordinates": [round(lat, 6), round(lon, 6), 0]},
-        "properties": {"country": country, "unit": f"{country}-UNIT{unit:03d}", "node_id": f"{country}-S{node:03d}",
-                       "msg_id": f"{country}-S{node:03d}_{seq}", "timestamp": timestamp_ms},
-    }).encode()
+    return json.dumps(
+        {
+            "type": "Feature",
+            "geometry": {"type": "Point", "coordinates": [round(lat, 6), round(lon, 6), 0]},
+            "properties": {
+                "country": country,
+                "unit": f"{country}-UNIT{unit:03d}",
+                "node_id": f"{country}-S{node:03d}",
+                "msg_id": f"{country}-S{node:03d}_{seq}",
+                "timestamp": timestamp_ms,
+            },
+        }
+    ).encode()
 
 
 def report_topic(country: str, unit: int, node: int) -> str:
@@ -64,8 +71,20 @@ def gateway_bodies(reports: list[bytes], seed: int = 2) -> list[bytes]:
         op = ("bpub", "pub", "msg")[i % 3]
         client = f"c2bridge-{c.lower()}-gw" if op == "bpub" else f"c2bft-{c}"
         broker = f"10.{rnd.randrange(70, 90)}.{rnd.randrange(1, 9)}.{rnd.randrange(1, 20)}:1883"
-        out.append(cbor2.dumps({"op": op, "c": client, "b": broker, "t": report_topic(c, unit, node), "p": r,
-                                "q": 1, "r": False, "x": {}}))
+        out.append(
+            cbor2.dumps(
+                {
+                    "op": op,
+                    "c": client,
+                    "b": broker,
+                    "t": report_topic(c, unit, node),
+                    "p": r,
+                    "q": 1,
+                    "r": False,
+                    "x": {},
+                }
+            )
+        )
     return out
 
 

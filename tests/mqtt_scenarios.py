@@ -30,9 +30,12 @@ class Client:
         self.got: list[dict] = []
         self.cond = threading.Condition()
         self.granted: list = []
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid,
-                             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
-                             **({} if v5 else {"clean_session": clean}))
+        self.c = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=cid,
+            protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+            **({} if v5 else {"clean_session": clean}),
+        )
         self.c.on_message = self._message
         self.c.on_subscribe = self._subscribed
         if will:
@@ -182,8 +185,12 @@ def scenarios(host: str, port: int, pre: str, v5: bool) -> dict:
         from paho.mqtt.subscribeoptions import SubscribeOptions
 
         n = Client(host, port, cid + "-n", v5)
-        n.subscribe([(f"{pre}nl", SubscribeOptions(qos=1, noLocal=True)),
-                     (f"{pre}rap", SubscribeOptions(qos=1, retainAsPublished=True))])
+        n.subscribe(
+            [
+                (f"{pre}nl", SubscribeOptions(qos=1, noLocal=True)),
+                (f"{pre}rap", SubscribeOptions(qos=1, retainAsPublished=True)),
+            ]
+        )
         n.publish(f"{pre}nl", "own", 1)
         p.publish(f"{pre}nl", "other", 1)
         p.publish(f"{pre}rap", "kept flag", 1, retain=True)

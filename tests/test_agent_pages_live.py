@@ -33,8 +33,13 @@ def page_configs(kind: str, tmp: Path, st: dict) -> dict[str, Path]:
     for m in BLOCK.finditer((DOCS / "agents" / f"{kind}.md").read_text()):
         text = m.group(2)
         node = re.search(r'^id = "([^"]+)"', text, re.M).group(1)
-        text = re.sub(r'^storage = "[^"]*"', f'storage = "{tmp / node / "state"}"\nnetns = "{testbed.node_netns(st, node)}"',
-                      text, count=1, flags=re.M)
+        text = re.sub(
+            r'^storage = "[^"]*"',
+            f'storage = "{tmp / node / "state"}"\nnetns = "{testbed.node_netns(st, node)}"',
+            text,
+            count=1,
+            flags=re.M,
+        )
         (tmp / node).mkdir(exist_ok=True)
         out[node] = tmp / f"{node}.toml"
         out[node].write_text(text)
@@ -53,8 +58,7 @@ def two_boxes(request, tmp_path):
     st = testbed.up("two-box", seed=21)
     h4 = testbed.node_address(st, "h4")
     broker = start_mosquitto("c2-h4", tmp_path / "broker4", h4)
-    nodes = Nodes(st, BOXES, BOXES, tmp_path, gateways={n: "" for n in BOXES},
-                  configs=page_configs(kind, tmp_path, st))
+    nodes = Nodes(st, BOXES, BOXES, tmp_path, gateways={n: "" for n in BOXES}, configs=page_configs(kind, tmp_path, st))
     try:
         nodes.start_all(BOXES)
         yield nodes, h4
@@ -66,14 +70,19 @@ def two_boxes(request, tmp_path):
 
 
 def mqtt(node: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_the_agent_pages_two_box_config_carries_orders_across_the_radio(two_boxes):
     nodes, h4 = two_boxes
-    sub = mqtt("h4", "sub", "--host", h4, "--topic", "orders/#", "--count", "5", "--timeout", "90",
-               "--client-id", "c2-fob-sub")
+    sub = mqtt(
+        "h4", "sub", "--host", h4, "--topic", "orders/#", "--count", "5", "--timeout", "90", "--client-id", "c2-fob-sub"
+    )
     time.sleep(2)  # the subscriber is in before the first order
     pub = mqtt("h1", "pub", "--host", h4, "--topic", "orders/alpha/", "--count", "5", "--client-id", "c2-vehicle")
     sent = lines(pub, 60)[-1]

@@ -21,9 +21,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def _code_words(path: Path) -> set[str]:
     """Identifiers, string and number constants of a module's code (docstrings and comments left out)."""
     tree = ast.parse(path.read_text())
-    docs = {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
-            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
     out = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Constant) and id(n) not in docs and isinstance(n.value, (str, int)):
@@ -37,8 +42,9 @@ def _code_words(path: Path) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("module", ["overlay/supervisor.py", "overlay/node.py", "overlay/core.py",
-                                    "ip-gateway/gateway.py"])
+@pytest.mark.parametrize(
+    "module", ["overlay/supervisor.py", "overlay/node.py", "overlay/core.py", "ip-gateway/gateway.py"]
+)
 def test_only_a_driver_knows_its_agent(module):
     words = _code_words(ROOT / module)
     bad = sorted(w for w in words if any(x in w.lower() for x in ("dtnd", "dtn7", "dtn://")) or w == "3000")
@@ -59,9 +65,11 @@ def test_drivers_are_chosen_by_kind_and_say_what_they_can_do(tmp_path):
     with pytest.raises(C2Error, match="no driver for agent 'tape'.*dtn7"):
         agent_class("tape")
     f = tmp_path / "n.toml"
-    f.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n[agent]\nkind = "dtn7"\n'
-                 '[agent.dtn7]\nweb_port = 3999\nstore = "mem"\n[groups]\nfmn = ["gw1", "gw4"]\n'
-                 '[keys]\ngw4 = "' + "ab" * 32 + '"\nfmn = "' + "cd" * 32 + '"\n')
+    f.write_text(
+        f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n[agent]\nkind = "dtn7"\n'
+        '[agent.dtn7]\nweb_port = 3999\nstore = "mem"\n[groups]\nfmn = ["gw1", "gw4"]\n'
+        '[keys]\ngw4 = "' + "ab" * 32 + '"\nfmn = "' + "cd" * 32 + '"\n'
+    )
     f.write_text(f.read_text().replace('[agent]\nkind = "dtn7"\n', '[agent]\nkind = "dtn7"\nrouting = "epidemic"\n'))
     f.chmod(0o600)  # it holds keys
     cfg = load_node_config(f)
@@ -76,12 +84,14 @@ def test_drivers_are_chosen_by_kind_and_say_what_they_can_do(tmp_path):
 
 def _node(tmp_path, kind: str, extra: str = "") -> object:
     f = tmp_path / f"{kind}.toml"
-    f.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n[agent]\nkind = "{kind}"\n'
-                 'listen = ["tcpcl://0.0.0.0:4556", "udp://0.0.0.0:4556"]\n'
-                 '[[agent.peers]]\nnode = "r2"\ncla = "tcpcl://10.77.1.2:4556"\n'
-                 '[[agent.peers]]\nnode = "r5"\ncla = "udp://10.77.5.2:4600"\n'
-                 '[[agent.routes]]\nto = "r2"\nvia = "r2"\n[[agent.routes]]\nto = "gw4"\nvia = "r2"\n'
-                 '[keys]\ngw4 = "' + "ab" * 32 + '"\n' + extra)
+    f.write_text(
+        f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n[agent]\nkind = "{kind}"\n'
+        'listen = ["tcpcl://0.0.0.0:4556", "udp://0.0.0.0:4556"]\n'
+        '[[agent.peers]]\nnode = "r2"\ncla = "tcpcl://10.77.1.2:4556"\n'
+        '[[agent.peers]]\nnode = "r5"\ncla = "udp://10.77.5.2:4600"\n'
+        '[[agent.routes]]\nto = "r2"\nvia = "r2"\n[[agent.routes]]\nto = "gw4"\nvia = "r2"\n'
+        '[keys]\ngw4 = "' + "ab" * 32 + '"\n' + extra
+    )
     f.chmod(0o600)  # it holds keys
     return load_node_config(f)
 
@@ -89,7 +99,7 @@ def _node(tmp_path, kind: str, extra: str = "") -> object:
 def test_ion_node_files_follow_the_node_config(tmp_path):
     from c2dtn.overlay.agents.ion import derived_number, ion_files
 
-    cfg = _node(tmp_path, "ion", '[agent.ion]\nnumbers = { gw4 = 4 }\n')
+    cfg = _node(tmp_path, "ion", "[agent.ion]\nnumbers = { gw4 = 4 }\n")
     files = ion_files(cfg, tmp_path / "bin")
     me, r2, r5 = derived_number("gw1"), derived_number("r2"), derived_number("r5")
     assert f"1 {me} " in files["node.ionrc"]
@@ -109,7 +119,7 @@ def test_ion_over_ltp_gets_a_span_seat_contacts_and_plan_per_ltp_neighbour(tmp_p
     from c2dtn.overlay.agents.dtn7 import peer_arg
     from c2dtn.overlay.agents.ion import ion_files, derived_number
 
-    cfg = _node(tmp_path, "ion", '[agent.ion]\nrate_bytes = 1225\nrates = { r2 = 99 }\n')
+    cfg = _node(tmp_path, "ion", "[agent.ion]\nrate_bytes = 1225\nrates = { r2 = 99 }\n")
     cfg.listen.append(parse_cla("ltp://0.0.0.0", "t", "listen"))  # the default port: 1113
     cfg.peers[1].cla = parse_cla("ltp://10.77.5.2:1200", "t", "peer")
     files = ion_files(cfg, tmp_path / "bin")
@@ -146,7 +156,10 @@ def test_ion_bibe_custody_tunnels_routes_through_a_listed_neighbour_and_only_tho
     assert bp.index("r 'bibeadmin node.biberc'") < bp.index(f"a outduct bibe ipn:{r2}.0 bibeclo") < bp.index("s")
     # r2's plan: its own duct first (BPDUs and bundles for r2 itself), the bibe duct beside it
     plan = bp.index(f"a plan ipn:{r2}.0 12500000")
-    assert bp[plan + 1:plan + 3] == [f"a planduct ipn:{r2}.0 tcp 10.77.1.2:4556", f"a planduct ipn:{r2}.0 bibe ipn:{r2}.0"]
+    assert bp[plan + 1 : plan + 3] == [
+        f"a planduct ipn:{r2}.0 tcp 10.77.1.2:4556",
+        f"a planduct ipn:{r2}.0 bibe ipn:{r2}.0",
+    ]
     # custody requested (qosFlags 64); a BPDU not signalled within 7 + 7 + 2 s goes again
     assert files["node.biberc"].splitlines()[-1] == f"a bcla ipn:{r2}.0 7 7 '' 0 0 1 0 64 0"
     ipn = files["node.ipnrc"].splitlines()
@@ -183,12 +196,14 @@ def test_ion_refuses_what_it_cannot_do_naming_it(tmp_path):
     with pytest.raises(C2Error, match="ION has no mtcp convergence layer.*mtcp://10.77.1.2:16162"):
         ion_files(cfg, tmp_path)
     with pytest.raises(ConfigError, match="agent.ion.sdr_mb"):
-        _node(tmp_path, "ion", '[agent.ion]\nsdr_mb = -3\n')
+        _node(tmp_path, "ion", "[agent.ion]\nsdr_mb = -3\n")
     with pytest.raises(ConfigError, match="same ipn number"):
-        make_agent(_node(tmp_path, "ion", '[agent.ion]\nnumbers = { gw4 = 7, r2 = 7 }\n'))
+        make_agent(_node(tmp_path, "ion", "[agent.ion]\nnumbers = { gw4 = 7, r2 = 7 }\n"))
     grouped = tmp_path / "grouped.toml"
-    grouped.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "g"}"\n[agent]\nkind = "ion"\nrouting = "epidemic"\n'
-                       '[keys]\ngw4 = "' + "ab" * 32 + '"\nfmn = "' + "cd" * 32 + '"\n[groups]\nfmn = ["gw1", "gw4"]\n')
+    grouped.write_text(
+        f'[node]\nid = "gw1"\nstorage = "{tmp_path / "g"}"\n[agent]\nkind = "ion"\nrouting = "epidemic"\n'
+        '[keys]\ngw4 = "' + "ab" * 32 + '"\nfmn = "' + "cd" * 32 + '"\n[groups]\nfmn = ["gw1", "gw4"]\n'
+    )
     grouped.chmod(0o600)
     ion = make_agent(load_node_config(grouped))  # no imc: the node sends to each member instead
     assert ion.endpoints(["fmn"]) == ["1"] and ion.destinations("fmn", ("gw4",)) == [("gw4", "1")]
@@ -200,10 +215,16 @@ def test_ion_helper_frames_are_read_however_the_pipe_cuts_them():
 
     src = b"ipn:5.1"
     d = b"D" + len(src).to_bytes(2, "big") + src + (1234).to_bytes(8, "big") + b"pay\x00load"
-    stream = (len(b"Ripn:9.1")).to_bytes(4, "big") + b"Ripn:9.1" + len(d).to_bytes(4, "big") + d \
-        + (3).to_bytes(4, "big") + b"A\x00x"
+    stream = (
+        (len(b"Ripn:9.1")).to_bytes(4, "big")
+        + b"Ripn:9.1"
+        + len(d).to_bytes(4, "big")
+        + d
+        + (3).to_bytes(4, "big")
+        + b"A\x00x"
+    )
     r = FrameReader()
-    frames = [f for i in range(len(stream)) for f in r.feed(stream[i:i + 1])]  # one byte at a time
+    frames = [f for i in range(len(stream)) for f in r.feed(stream[i : i + 1])]  # one byte at a time
     assert [k for k, _ in frames] == ["R", "D", "A"]
     assert parse_delivery(frames[1][1]) == ("ipn:5.1", 1234, b"pay\x00load")
     assert frames[2][1] == b"\x00x"
@@ -218,12 +239,23 @@ def test_ion_helper_frames_are_read_however_the_pipe_cuts_them():
 def test_ibrdtn_config_names_its_neighbours_routes_and_sqlite_store(tmp_path):
     from c2dtn.overlay.agents.ibrdtn import ibrdtn_conf
 
-    conf = ibrdtn_conf(_node(tmp_path, "ibrdtn", '[agent.ibrdtn]\napi_port = 4999\n'), ["c2-r2", "c2-r5"]).splitlines()
-    for line in ("local_uri = dtn://gw1", "api_port = 4999", "storage = sqlite", "net_interfaces = cl0 cl1u1 cl1u2",
-                 "net_cl0_type = tcp", "net_cl1u1_type = udp", "net_cl1u1_interface = c2-r2",
-                 "net_cl1u2_interface = c2-r5", "static1_uri = dtn://r2", "static1_proto = tcp",
-                 "static2_address = 10.77.5.2", "static2_port = 4600", "static2_proto = udp",
-                 "route1 = ^dtn://gw4/.* dtn://r2"):
+    conf = ibrdtn_conf(_node(tmp_path, "ibrdtn", "[agent.ibrdtn]\napi_port = 4999\n"), ["c2-r2", "c2-r5"]).splitlines()
+    for line in (
+        "local_uri = dtn://gw1",
+        "api_port = 4999",
+        "storage = sqlite",
+        "net_interfaces = cl0 cl1u1 cl1u2",
+        "net_cl0_type = tcp",
+        "net_cl1u1_type = udp",
+        "net_cl1u1_interface = c2-r2",
+        "net_cl1u2_interface = c2-r5",
+        "static1_uri = dtn://r2",
+        "static1_proto = tcp",
+        "static2_address = 10.77.5.2",
+        "static2_port = 4600",
+        "static2_proto = udp",
+        "route1 = ^dtn://gw4/.* dtn://r2",
+    ):
         assert line in conf, line
     assert len([line for line in conf if line.startswith("route")]) == 1  # r2 is a neighbour
 
@@ -232,20 +264,29 @@ def test_ibrdtn_api_replies_notifications_and_raw_payloads_are_told_apart():
     from c2dtn.overlay.agents.ibrdtn import ApiReader, plain_bundle
 
     payload = b"line\n602 NOTIFY BUNDLE fake\n\n\x00\xff"  # a payload that looks like API lines
-    stream = (b"IBR-DTN 1.0.1 API 1.0\n200 SWITCHED TO EXTENDED\n100 PUT BUNDLE PLAIN\n"
-              b"602 NOTIFY BUNDLE 123 4 dtn://r3/c2dtn\n200 BUNDLE IN REGISTER\n"
-              b"200 PAYLOAD GET\nLength: " + str(len(payload)).encode() + b"\nEncoding: raw\n\n" + payload
-              + b"\n\n404 BUNDLE NOT FOUND\n")
+    stream = (
+        b"IBR-DTN 1.0.1 API 1.0\n200 SWITCHED TO EXTENDED\n100 PUT BUNDLE PLAIN\n"
+        b"602 NOTIFY BUNDLE 123 4 dtn://r3/c2dtn\n200 BUNDLE IN REGISTER\n"
+        b"200 PAYLOAD GET\nLength: "
+        + str(len(payload)).encode()
+        + b"\nEncoding: raw\n\n"
+        + payload
+        + b"\n\n404 BUNDLE NOT FOUND\n"
+    )
     api = ApiReader()
     replies, notes = [], []
     for i in range(len(stream)):
-        r, n = api.feed(stream[i:i + 1])
+        r, n = api.feed(stream[i : i + 1])
         replies += r
         notes += n
     assert api.greeting.startswith("IBR-DTN")
-    assert [(r.code, r.text) for r in replies] == [(200, "SWITCHED TO EXTENDED"), (100, "PUT BUNDLE PLAIN"),
-                                                   (200, "BUNDLE IN REGISTER"), (200, "PAYLOAD GET"),
-                                                   (404, "BUNDLE NOT FOUND")]
+    assert [(r.code, r.text) for r in replies] == [
+        (200, "SWITCHED TO EXTENDED"),
+        (100, "PUT BUNDLE PLAIN"),
+        (200, "BUNDLE IN REGISTER"),
+        (200, "PAYLOAD GET"),
+        (404, "BUNDLE NOT FOUND"),
+    ]
     assert replies[3].data == payload and notes == ["123 4 dtn://r3/c2dtn"]
     b = plain_bundle("dtn://gw1/c2dtn", "dtn://gw4/c2dtn", b"ab\ncd", 60)
     assert b"Destination: dtn://gw4/c2dtn\n" in b and b"Length: 5\nEncoding: raw\n\nab\ncd\n\n" in b
@@ -263,7 +304,7 @@ def test_ibrdtn_bundles_live_a_minute_unless_configured_as_ibrdtn_relays_keep_fo
     with pytest.raises(ConfigError, match="agent.ibrdtn.bundle_lifetime_s.*'an hour'"):
         _node(tmp_path, "ibrdtn", '[agent.ibrdtn]\nbundle_lifetime_s = "an hour"\n')
     with pytest.raises(ConfigError, match="agent.ibrdtn.bundle_lifetime_s.*3"):
-        _node(tmp_path, "ibrdtn", '[agent.ibrdtn]\nbundle_lifetime_s = 3\n')
+        _node(tmp_path, "ibrdtn", "[agent.ibrdtn]\nbundle_lifetime_s = 3\n")
 
     async def run() -> list[bytes]:
         got: list[bytes] = []

@@ -43,8 +43,10 @@ pattern read clients/%c
 
 
 def net(allow_anonymous: bool | None = None) -> Net:
-    a = A.Auth(A.parse_password_file(pbkdf2_line("alice", "s3cret") + "\n" + pbkdf2_line("bob", "b0b") + "\n", "pw"),
-               A.parse_acl_file(ACL, "acl"))
+    a = A.Auth(
+        A.parse_password_file(pbkdf2_line("alice", "s3cret") + "\n" + pbkdf2_line("bob", "b0b") + "\n", "pw"),
+        A.parse_acl_file(ACL, "acl"),
+    )
     if allow_anonymous is not None:
         a.allow_anonymous = allow_anonymous
     else:
@@ -108,8 +110,19 @@ def test_publishes_and_subscriptions_follow_the_acl(version):
     carried = [b["t"] for _, b, *_ in n.committed if b["op"] == "pub"]
     assert carried == ["c2/orders"] and n.core.counters["publishes_denied"] == 2
     assert n.core.counters["held_local"] == 1  # units/alice/pos: allowed, but not on the topic allow-list
-    n.send(cid, m.Subscribe(5, [m.SubOption("c2/#", 1), m.SubOption("c2/secret/x", 1), m.SubOption("#", 0),
-                                m.SubOption("clients/alice-1", 0)]), version)
+    n.send(
+        cid,
+        m.Subscribe(
+            5,
+            [
+                m.SubOption("c2/#", 1),
+                m.SubOption("c2/secret/x", 1),
+                m.SubOption("#", 0),
+                m.SubOption("clients/alice-1", 0),
+            ],
+        ),
+        version,
+    )
     no = 0x87 if version == 5 else 0x80
     assert n.take(cid)[0].reasons == [1, no, no, 0]
     subs = [b["s"] for _, b, *_ in n.committed if b["op"] == "sub"]
@@ -121,17 +134,25 @@ def test_what_the_acl_denies_a_reader_is_not_delivered_to_it():
     cid, _ = connect(n, "bob-1", "bob", b"b0b")
     n.send(cid, m.Subscribe(1, [m.SubOption("units/bob/#", 1)]))
     n.take(cid)
-    evs = n.core.deliver("bob-1", 7, {"op": "msg", "c": "bob-1", "b": "10.77.4.2:1883", "t": "c2/reports/x",
-                                      "p": b"r", "q": 1, "r": False, "x": {}}, 0, 0)
+    evs = n.core.deliver(
+        "bob-1",
+        7,
+        {"op": "msg", "c": "bob-1", "b": "10.77.4.2:1883", "t": "c2/reports/x", "p": b"r", "q": 1, "r": False, "x": {}},
+        0,
+        0,
+    )
     assert evs == [nc.Done(7)] and n.core.counters["deliveries_denied"] == 1
 
 
-@pytest.mark.parametrize("text, says", [
-    ("alice", "not `user:hash`"),
-    ("alice:$5$abc$def", "a hash of kind"),
-    ("alice:$7$x$AAAA$AAAA", "invalid literal"),
-    ("alice:$7$101$!!$AAAA", "not a hash mosquitto_passwd writes"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("alice", "not `user:hash`"),
+        ("alice:$5$abc$def", "a hash of kind"),
+        ("alice:$7$x$AAAA$AAAA", "invalid literal"),
+        ("alice:$7$101$!!$AAAA", "not a hash mosquitto_passwd writes"),
+    ],
+)
 def test_a_bad_password_file_line_is_named(text, says):
     with pytest.raises(ConfigError, match=says):
         A.parse_password_file(text, "passwd")
@@ -152,6 +173,7 @@ def test_a_bad_acl_line_is_named_and_a_gateway_config_reads_both_files(tmp_path)
 
 
 # -- session limits, as Mosquitto names them -------------------------------------------------
+
 
 def limited(**kw) -> Net:
     from c2dtn.ip_gateway.policy import SessionLimits
@@ -203,10 +225,14 @@ def test_connections_per_address_and_sessions_for_ever_end_as_configured():
 def test_session_limits_are_read_in_mosquittos_words():
     from c2dtn.ip_gateway.policy import parse_gateway
 
-    cfg = parse_gateway("gw.toml", {"max_sessions": 200, "max_connections_per_address": 8,
-                                    "persistent_client_expiration": "2w"})
-    assert (cfg.limits.max_sessions, cfg.limits.max_connections_per_address,
-            cfg.limits.persistent_client_expiration) == (200, 8, 14 * 86400)
+    cfg = parse_gateway(
+        "gw.toml", {"max_sessions": 200, "max_connections_per_address": 8, "persistent_client_expiration": "2w"}
+    )
+    assert (
+        cfg.limits.max_sessions,
+        cfg.limits.max_connections_per_address,
+        cfg.limits.persistent_client_expiration,
+    ) == (200, 8, 14 * 86400)
     with pytest.raises(ConfigError, match="persistent_client_expiration' = '2 weeks'"):
         parse_gateway("gw.toml", {"persistent_client_expiration": "2 weeks"})
     assert parse_gateway("gw.toml", {}).limits.max_sessions == 1000
@@ -223,8 +249,11 @@ def test_a_will_on_a_topic_the_user_may_not_write_is_refused_at_connect():
         n.core.open(cid, "10.77.4.2:1883", n.now)
         n.readers[cid] = m.Parser(1 << 20, version=version)
         n.inbox[cid] = []
-        n.send(cid, m.Connect("alice-1", True, 0, "alice", b"s3cret", m.Will("c2/secret/fire", b"launch", 1),
-                              version), version)
+        n.send(
+            cid,
+            m.Connect("alice-1", True, 0, "alice", b"s3cret", m.Will("c2/secret/fire", b"launch", 1), version),
+            version,
+        )
         assert n.take(cid)[0].reason == code and cid in n.closed
         assert n.committed == [] and n.core.counters["wills_denied"] == 1
         cid, ack = connect(n, "alice-2", "alice", b"s3cret", version)  # a will she may write is taken
@@ -239,8 +268,22 @@ def test_wildcards_or_levels_in_a_client_id_or_user_name_do_not_widen_a_pattern(
     assert ack.reason == 0
     n.send(cid, m.Subscribe(1, [m.SubOption("clients/alice-1", 0), m.SubOption("clients/#", 0)]))
     assert n.take(cid)[0].reasons == [0x87, 0x87]
-    evs = n.core.deliver("#", 9, {"op": "msg", "c": "#", "b": "10.77.4.2:1883", "t": "clients/alice-1",
-                                  "p": b"alice's", "q": 0, "r": False, "x": {}}, 0, 0)
+    evs = n.core.deliver(
+        "#",
+        9,
+        {
+            "op": "msg",
+            "c": "#",
+            "b": "10.77.4.2:1883",
+            "t": "clients/alice-1",
+            "p": b"alice's",
+            "q": 0,
+            "r": False,
+            "x": {},
+        },
+        0,
+        0,
+    )
     assert evs == [nc.Done(9)] and n.take(cid) == []  # dropped for bob, never written
     acl = A.parse_acl_file("pattern readwrite units/%u/#\npattern read clients/%c\n", "acl")
     for user in ("+", "#", "bob/x"):
@@ -265,8 +308,9 @@ def test_another_user_cannot_take_over_a_connected_client_nor_lock_an_away_one_o
     n.core.open(cid, "10.77.4.2:1883", n.now)
     n.readers[cid] = m.Parser(1 << 20, version=5)
     n.inbox[cid] = []
-    n.send(cid, m.Connect("bob-1", False, 0, "bob", b"b0b", version=5,
-                          properties={"session_expiry_interval": nc.NEVER}), 5)
+    n.send(
+        cid, m.Connect("bob-1", False, 0, "bob", b"b0b", version=5, properties={"session_expiry_interval": nc.NEVER}), 5
+    )
     n.send(cid, m.Subscribe(1, [m.SubOption("c2/reports/x", 0)]))
     n.lose(cid)
     assert "bob-1" in n.core.sessions
@@ -357,8 +401,12 @@ def test_the_far_side_logs_in_to_the_broker_with_the_clients_user_name_and_passw
         return r, W()
 
     monkeypatch.setattr(asyncio, "open_connection", fake_open)
-    gw = types.SimpleNamespace(cfg=types.SimpleNamespace(max_packet_size=1 << 20), far_changed=lambda f: None,
-                               delivered=lambda i: None, counters={})
+    gw = types.SimpleNamespace(
+        cfg=types.SimpleNamespace(max_packet_size=1 << 20),
+        far_changed=lambda f: None,
+        delivered=lambda i: None,
+        counters={},
+    )
     msg = bodies.unpack(bodies.pack("conn", "alice-1", "10.77.4.2:1883", v=5, cs=True, ka=0, u="alice", pw=b"s3cret"))
 
     async def go():

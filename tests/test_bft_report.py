@@ -19,14 +19,32 @@ def _events() -> list[dict]:
                 mid = f"{nat}-S001_{seq}"
                 ev.append({"mode": mode, "ev": "sent", "id": mid, "nation": nat, "unit": f"{nat}-S001", "t": ts})
                 if d is not None:
-                    rec = {"mode": mode, "ev": "recv", "rx": f"{other}-S001", "rx_nation": other, "id": mid,
-                           "from": nat, "ts": ts, "t": ts + d}
+                    rec = {
+                        "mode": mode,
+                        "ev": "recv",
+                        "rx": f"{other}-S001",
+                        "rx_nation": other,
+                        "id": mid,
+                        "from": nat,
+                        "ts": ts,
+                        "t": ts + d,
+                    }
                     ev.append(rec)
                     if seq == 4:
                         ev.append(dict(rec, t=ts + d + 1))  # a duplicate: counted once, reported apart
                 # the sender's own nation sees it at once: not across a link, not counted
-                ev.append({"mode": mode, "ev": "recv", "rx": f"{nat}-S001", "rx_nation": nat, "id": mid, "from": nat,
-                           "ts": ts, "t": ts + 0.01})
+                ev.append(
+                    {
+                        "mode": mode,
+                        "ev": "recv",
+                        "rx": f"{nat}-S001",
+                        "rx_nation": nat,
+                        "id": mid,
+                        "from": nat,
+                        "ts": ts,
+                        "t": ts + 0.01,
+                    }
+                )
     return ev
 
 
@@ -35,10 +53,10 @@ RECEIVERS = [("NOR-S001", "NOR"), ("PRT-S001", "PRT")]
 
 def test_summary_counts_delays_and_tells_superseded_from_lost():
     ev = _events()
-    o = bft.summarize(ev, "overlay", {"supersedes": True, "receivers": RECEIVERS, "link_bytes": 2400,
-                                      "link_bps": 9800, "run_s": 10})
-    assert (o["sent"], o["expected"], o["delivered"], o["duplicates"], o["superseded"], o["lost"]) == \
-           (8, 8, 6, 2, 2, 0)
+    o = bft.summarize(
+        ev, "overlay", {"supersedes": True, "receivers": RECEIVERS, "link_bytes": 2400, "link_bps": 9800, "run_s": 10}
+    )
+    assert (o["sent"], o["expected"], o["delivered"], o["duplicates"], o["superseded"], o["lost"]) == (8, 8, 6, 2, 2, 0)
     assert (o["delay_min_s"], o["delay_median_s"], o["delay_max_s"]) == (0.5, 1.5, 4.0)
     assert o["link_bytes_per_delivery"] == 400
     assert o["in_drain"] == 2  # report 4 each way arrived after the last report was sent (t=1008)
@@ -55,16 +73,22 @@ def test_summary_counts_delays_and_tells_superseded_from_lost():
 def test_report_writes_table_files_and_plots_that_open(tmp_path):
     ev = _events()
     plan = bft.Plan(duration=10, outage=(2, 6), topology="fmn-2nations")
-    rows = [bft.summarize(ev, "overlay", {"supersedes": True, "receivers": RECEIVERS}),
-            bft.summarize(ev, "mqtt-bridge", {"receivers": RECEIVERS})]
+    rows = [
+        bft.summarize(ev, "overlay", {"supersedes": True, "receivers": RECEIVERS}),
+        bft.summarize(ev, "mqtt-bridge", {"receivers": RECEIVERS}),
+    ]
     bft.report(tmp_path, plan, ev, rows)
     assert len((tmp_path / "events.jsonl").read_text().splitlines()) == len(ev)
     md = (tmp_path / "report.md").read_text()
     lines = md.splitlines()
     assert "| figure | overlay | mqtt-bridge |" in lines
-    for row in ("| reports sent | 8 | 8 |", "| deliveries due (receiver x report) | 8 | 8 |", "| delivered | 6 | 4 |",
-                "| superseded (a newer report arrived) | 2 | - |",
-                "| not delivered by the end of the drain | 0 (0.0 %) | 4 (50.0 %) |"):
+    for row in (
+        "| reports sent | 8 | 8 |",
+        "| deliveries due (receiver x report) | 8 | 8 |",
+        "| delivered | 6 | 4 |",
+        "| superseded (a newer report arrived) | 2 | - |",
+        "| not delivered by the end of the drain | 0 (0.0 %) | 4 (50.0 %) |",
+    ):
         assert row in lines, row
     # the table a person reads on a terminal fits 100 columns with full names
     header, table = bft.figure_rows(rows)
@@ -97,10 +121,13 @@ def test_perf_cli_names_the_bad_value():
 
     from c2dtn.cli import cli
 
-    for args, bad in ((["perf", "bft", "--outage", "20-200"], "20-200"), (["perf", "bft", "--outage", "x"], "'x'"),
-                      (["perf", "bft", "--modes", "overlay,carrier-pigeon"], "carrier-pigeon"),
-                      (["perf", "bft", "--profile", "cnr-tactical-9"], "cnr-tactical-9"),
-                      (["perf", "gateway", "--qos", "0,3"], "'3'")):
+    for args, bad in (
+        (["perf", "bft", "--outage", "20-200"], "20-200"),
+        (["perf", "bft", "--outage", "x"], "'x'"),
+        (["perf", "bft", "--modes", "overlay,carrier-pigeon"], "carrier-pigeon"),
+        (["perf", "bft", "--profile", "cnr-tactical-9"], "cnr-tactical-9"),
+        (["perf", "gateway", "--qos", "0,3"], "'3'"),
+    ):
         r = CliRunner().invoke(cli, args)
         assert r.exit_code == 2 and bad in r.output, (args, r.output)
 
@@ -110,8 +137,10 @@ def test_perf_report_puts_runs_side_by_side(tmp_path, capsys):
 
     ev = _events()
     for name in ("run-a", "run-b"):
-        rows = [bft.summarize(ev, "overlay", {"supersedes": True, "receivers": RECEIVERS}),
-                bft.summarize(ev, "mqtt-bridge", {"receivers": RECEIVERS})]
+        rows = [
+            bft.summarize(ev, "overlay", {"supersedes": True, "receivers": RECEIVERS}),
+            bft.summarize(ev, "mqtt-bridge", {"receivers": RECEIVERS}),
+        ]
         bft.report(tmp_path / name, bft.Plan(topology="fmn-2nations"), ev, rows)
     capsys.readouterr()
     compare.main([str(tmp_path / "run-a"), str(tmp_path / "run-b")], str(tmp_path / "cmp.png"))

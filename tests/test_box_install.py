@@ -40,8 +40,16 @@ def test_deployable_packages_import_nothing_of_the_testbed_or_perf():
     for folder in DEPLOYABLE:
         for f in sorted((ROOT / folder).rglob("*.py")):
             for mod in _imports(f):
-                if mod.startswith(HARNESS) or mod.split(".")[0] in ("overlay", "perf", "topologies", "ip_gateway",
-                                                                     "cla_adapters", "matplotlib", "rich", "paho"):
+                if mod.startswith(HARNESS) or mod.split(".")[0] in (
+                    "overlay",
+                    "perf",
+                    "topologies",
+                    "ip_gateway",
+                    "cla_adapters",
+                    "matplotlib",
+                    "rich",
+                    "paho",
+                ):
                     wrong.append(f"{f.relative_to(ROOT)} imports {mod}")
     assert not wrong, "\n".join(wrong)
 
@@ -53,18 +61,28 @@ def box_venv(tmp_path_factory):
     py = d / "bin" / "python"
     # built from a copy: setuptools leaves build/ and *.egg-info in the tree it builds
     src = tmp_path_factory.mktemp("src") / "c2dtn"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".tools", "results", "docs", "build",
-                                                             "*.egg-info", "__pycache__", ".pytest_cache"))
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".tools", "results", "docs", "build", "*.egg-info", "__pycache__", ".pytest_cache"
+        ),
+    )
     for args in (["-r", str(ROOT / "requirements" / "box.lock")], ["--no-deps", str(src)]):
-        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
     return d
 
 
 def _run(venv_dir: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv_dir / "bin" / args[0]), *args[1:]], capture_output=True, text=True,
-                          timeout=60, cwd=cwd)
+    return subprocess.run(
+        [str(venv_dir / "bin" / args[0]), *args[1:]], capture_output=True, text=True, timeout=60, cwd=cwd
+    )
 
 
 def test_a_box_install_has_no_generic_names_and_no_harness(box_venv, tmp_path):
@@ -74,8 +92,13 @@ def test_a_box_install_has_no_generic_names_and_no_harness(box_venv, tmp_path):
     for mod in ("perf", "topologies", "ip_gateway", "cla_adapters", "matplotlib", "rich", "paho"):
         r = _run(box_venv, "python", "-c", f"import {mod}", cwd=tmp_path)
         assert r.returncode != 0, f"{mod} is importable in a box install"
-    r = _run(box_venv, "python", "-c", "import c2dtn.overlay.node, c2dtn.ip_gateway.gateway, c2dtn.cla_adapters",
-             cwd=tmp_path)
+    r = _run(
+        box_venv,
+        "python",
+        "-c",
+        "import c2dtn.overlay.node, c2dtn.ip_gateway.gateway, c2dtn.cla_adapters",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     r = _run(box_venv, "c2dtn", "perf", "bft", cwd=tmp_path)
     assert r.returncode != 0 and "[perf]" in r.stderr and "is part of the testbed" in r.stderr
@@ -103,7 +126,7 @@ node = "gwfar"
 cla = "tcpcl://127.0.0.1:4991"
 
 [keys]
-gwfar = "{'ab' * 32}"
+gwfar = "{"ab" * 32}"
 
 [gateway]
 listen = "127.0.0.1:18830"
@@ -116,8 +139,13 @@ filter = "c2/#"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.setdefault("C2DTN_DTND", find_dtnd())
     log = open(tmp_path / "gw.log", "wb")
-    p = subprocess.Popen([str(box_venv / "bin" / "c2dtn"), "gateway", "run", str(cfg)], stdout=log,
-                         stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
+    p = subprocess.Popen(
+        [str(box_venv / "bin" / "c2dtn"), "gateway", "run", str(cfg)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:

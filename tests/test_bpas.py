@@ -57,9 +57,13 @@ def test_the_ion_helper_says_in_a_frame_when_there_is_no_node_to_attach_to(tmp_p
     helper = ROOT / ".tools" / "c2dtn-ionbp"
     if not helper.exists():
         pytest.skip("c2dtn-ionbp is not built: run `make bpas`")
-    p = subprocess.run(["unshare", "--ipc", "--mount", "sh", "-c",
-                        f"mount -t tmpfs c2-ionshm /dev/shm && exec {helper} ipn:9.1"],
-                       capture_output=True, timeout=30, cwd=tmp_path, env={"ION_NODE_LIST_DIR": str(tmp_path)})
+    p = subprocess.run(
+        ["unshare", "--ipc", "--mount", "sh", "-c", f"mount -t tmpfs c2-ionshm /dev/shm && exec {helper} ipn:9.1"],
+        capture_output=True,
+        timeout=30,
+        cwd=tmp_path,
+        env={"ION_NODE_LIST_DIR": str(tmp_path)},
+    )
     if p.returncode and b"unshare" in p.stderr and b"Operation not permitted" in p.stderr:
         pytest.skip("needs root for an IPC namespace: " + p.stderr.decode().strip())
     n = int.from_bytes(p.stdout[:4], "big")

@@ -29,6 +29,7 @@ def test_lost_bundles_free_the_window_and_are_counted_not_waited_for():
     class LossyAgent:
         """Acks every bundle after 10 ms, except bundles 3, 7 and 18 (never) and 5 (after 0.35 s: late,
         but while the run still waits for 18)."""
+
         def __init__(self):
             self.q = asyncio.Queue()
 
@@ -38,8 +39,9 @@ def test_lost_bundles_free_the_window_and_are_counted_not_waited_for():
         async def send(self, dst, ep, payload, lifetime):
             i = int(payload.split(b":")[0])
             if i not in (3, 7, 18):
-                asyncio.get_running_loop().call_later(0.35 if i == 5 else 0.01, self.q.put_nowait,
-                                                      SimpleNamespace(payload=payload[:16]))
+                asyncio.get_running_loop().call_later(
+                    0.35 if i == 5 else 0.01, self.q.put_nowait, SimpleNamespace(payload=payload[:16])
+                )
 
         async def deliveries(self, ep):
             while True:
@@ -55,14 +57,47 @@ def test_lost_bundles_free_the_window_and_are_counted_not_waited_for():
 def test_report_has_medians_min_max_skips_and_a_plot(tmp_path):
     rows = []
     for run, (tp, rtt) in enumerate([(800e3, 0.020), (1000e3, 0.030), (900e3, 0.025)], 1):
-        rows.append({"agent": "dtn7", "cla": "tcpcl", "profile": "lan", "size": "1k", "bytes": 1000, "run": run,
-                     "throughput_bps": tp, "rtt_s": rtt, "rtts": [rtt], "link_bps": None})
-        rows.append({"agent": "dtn7", "cla": "tcpcl", "profile": "lan", "size": "10k", "bytes": 10000, "run": run,
-                     "throughput_bps": tp * 5, "rtt_s": rtt * 2, "rtts": [rtt * 2], "link_bps": None})
+        rows.append(
+            {
+                "agent": "dtn7",
+                "cla": "tcpcl",
+                "profile": "lan",
+                "size": "1k",
+                "bytes": 1000,
+                "run": run,
+                "throughput_bps": tp,
+                "rtt_s": rtt,
+                "rtts": [rtt],
+                "link_bps": None,
+            }
+        )
+        rows.append(
+            {
+                "agent": "dtn7",
+                "cla": "tcpcl",
+                "profile": "lan",
+                "size": "10k",
+                "bytes": 10000,
+                "run": run,
+                "throughput_bps": tp * 5,
+                "rtt_s": rtt * 2,
+                "rtts": [rtt * 2],
+                "link_bps": None,
+            }
+        )
     for r in rows:
         r.update(count=100, lost=1 if r["size"] == "1k" else 0)
-    rows.append({"agent": "dtn7", "cla": "udp", "profile": "lan", "size": "1M", "bytes": 10 ** 6, "run": 1,
-                 "skipped": "too big for a datagram"})
+    rows.append(
+        {
+            "agent": "dtn7",
+            "cla": "udp",
+            "profile": "lan",
+            "size": "1M",
+            "bytes": 10**6,
+            "run": 1,
+            "skipped": "too big for a datagram",
+        }
+    )
     summary = b.report(rows, tmp_path)
     s = next(x for x in summary if x["size"] == "1k")
     assert (s["throughput_bps"], s["throughput_min"], s["throughput_max"], s["rtt_s"]) == (900e3, 800e3, 1000e3, 0.025)
@@ -84,7 +119,10 @@ def test_report_has_medians_min_max_skips_and_a_plot(tmp_path):
 
 def test_each_agent_runs_on_the_clas_asked_for_it_and_says_why_it_cannot_on_others():
     assert b.pairs(["dtn7", "ion", "ibrdtn"], ["dtn7:tcpcl", "ion:udp", "ibrdtn:tcpcl"]) == [
-        ("dtn7", "tcpcl"), ("ion", "udp"), ("ibrdtn", "tcpcl")]
+        ("dtn7", "tcpcl"),
+        ("ion", "udp"),
+        ("ibrdtn", "tcpcl"),
+    ]
     assert b.pairs(["dtn7", "ion"], ["tcpcl", "ion:udp"]) == [("dtn7", "tcpcl"), ("ion", "tcpcl"), ("ion", "udp")]
     assert "no mtcp convergence layer" in b.cannot_run("ibrdtn", "mtcp")
     assert "ion runs over udp or ltp only here" in b.cannot_run("ion", "tcpcl")
@@ -107,6 +145,7 @@ def test_a_paced_source_stamps_each_bundle_and_the_sink_gives_each_ones_latency(
 
     class Link:
         """Passes bundles after 50 ms; refuses bundle 2 (the agent's error is counted, not fatal)."""
+
         def __init__(self):
             self.q = asyncio.Queue()
             self.n = 0
@@ -146,17 +185,60 @@ def test_outage_figures_count_what_went_into_the_cut_and_when_the_last_of_it_cam
 
 
 def test_report_has_the_outage_table_its_plot_and_seed_002_beside_our_round_trips(tmp_path):
-    rows = [{"agent": a, "cla": c, "profile": "lan", "size": "1k", "bytes": 1000, "run": 1, "count": 10, "lost": 0,
-             "throughput_bps": 1e6, "rtt_s": rtt, "rtts": [rtt], "link_bps": None}
-            for a, c, rtt in (("ion", "udp", 0.093), ("ibrdtn", "tcpcl", 0.018))]
+    rows = [
+        {
+            "agent": a,
+            "cla": c,
+            "profile": "lan",
+            "size": "1k",
+            "bytes": 1000,
+            "run": 1,
+            "count": 10,
+            "lost": 0,
+            "throughput_bps": 1e6,
+            "rtt_s": rtt,
+            "rtts": [rtt],
+            "link_bps": None,
+        }
+        for a, c, rtt in (("ion", "udp", 0.093), ("ibrdtn", "tcpcl", 0.018))
+    ]
     for run, into in ((1, 60), (2, 58)):
         stamps = [[-1.0, 0.01]] + [[float(t), 70.0 - t] for t in range(into)]
-        rows.append({"agent": "ibrdtn", "cla": "tcpcl", "profile": "lan, 60 s outage", "mode": "outage", "size": "1k",
-                     "bytes": 1000, "run": run, "outage_s": 60.0, "sent": 80, "refused": 0, "delivered": 20 + into,
-                     "lost": 60 - into, "into_outage": 60, "into_outage_delivered": into, "latency_s": 1.0 * run,
-                     "latency_max_s": 70.0, "cleared_after_up_s": 10.0 * run, "stamps": stamps})
-    rows.append({"agent": "ion", "cla": "tcpcl", "profile": "lan, 60 s outage", "mode": "outage", "size": "1k",
-                 "bytes": 1000, "run": 1, "outage_s": 60.0, "skipped": "ion runs over UDP only here"})
+        rows.append(
+            {
+                "agent": "ibrdtn",
+                "cla": "tcpcl",
+                "profile": "lan, 60 s outage",
+                "mode": "outage",
+                "size": "1k",
+                "bytes": 1000,
+                "run": run,
+                "outage_s": 60.0,
+                "sent": 80,
+                "refused": 0,
+                "delivered": 20 + into,
+                "lost": 60 - into,
+                "into_outage": 60,
+                "into_outage_delivered": into,
+                "latency_s": 1.0 * run,
+                "latency_max_s": 70.0,
+                "cleared_after_up_s": 10.0 * run,
+                "stamps": stamps,
+            }
+        )
+    rows.append(
+        {
+            "agent": "ion",
+            "cla": "tcpcl",
+            "profile": "lan, 60 s outage",
+            "mode": "outage",
+            "size": "1k",
+            "bytes": 1000,
+            "run": 1,
+            "outage_s": 60.0,
+            "skipped": "ion runs over UDP only here",
+        }
+    )
     b.report(rows, tmp_path)
     md = (tmp_path / "report.md").read_text()
     assert "| ion | round trip, small bundles | 70-99 ms | 93-93 ms" in md
@@ -164,7 +246,7 @@ def test_report_has_the_outage_table_its_plot_and_seed_002_beside_our_round_trip
     assert "| ibrdtn | tcpcl | lan, 60 s outage | 2 | 158 of 160 | 118 of 120 | 1.5 s | 70.0 s | 15.0 s |" in md
     assert "skipped: ion runs over UDP only here" in md
     assert json.loads((tmp_path / "outage-summary.json").read_text())[0]["into_outage_delivered"] == 118
-    panel, = json.loads((tmp_path / "outage.json").read_text())  # the data the plot draws
+    (panel,) = json.loads((tmp_path / "outage.json").read_text())  # the data the plot draws
     line = next(x for x in panel["series"] if x["label"] == "ibrdtn tcpcl")
     assert len(line["x"]) == 1 + 60 + 1 + 58 and max(line["y"]) == 70.0
     assert mpimg.imread(tmp_path / "outage.png").std() > 0.01
@@ -173,12 +255,15 @@ def test_report_has_the_outage_table_its_plot_and_seed_002_beside_our_round_trip
     assert next(x for x in rt["series"] if x["label"].startswith("seed 002: IBR-DTN"))["y"] == [10.0, 10.0]
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--cla", "ion:tcpx", "--agents", "ion"], "unknown CLA 'tcpx' in 'ion:tcpx'"),
-    (["--agents", "dtn7", "--cla", "ion:udp"], "agent 'ion' of 'ion:udp' is not in --agents (dtn7)"),
-    (["--agents", "dtn7,spindle"], "unknown agent 'spindle'"),
-    (["--cla", ",,"], "no CLA given"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--cla", "ion:tcpx", "--agents", "ion"], "unknown CLA 'tcpx' in 'ion:tcpx'"),
+        (["--agents", "dtn7", "--cla", "ion:udp"], "agent 'ion' of 'ion:udp' is not in --agents (dtn7)"),
+        (["--agents", "dtn7,spindle"], "unknown agent 'spindle'"),
+        (["--cla", ",,"], "no CLA given"),
+    ],
+)
 def test_bad_agents_and_clas_are_named_before_anything_runs(args, says):
     from click.testing import CliRunner
 

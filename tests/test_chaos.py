@@ -14,13 +14,17 @@ from c2dtn.perf import chaos_bench
 from c2dtn.topologies.broker import mosquitto_missing
 from c2dtn.topologies.nodes import dtnd_missing
 
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
-              pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
+    pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing())),
+]
 
 
 def test_kill_anywhere_for_two_minutes_loses_nothing_acknowledged_and_qos2_arrives_once(tmp_path):
-    out = chaos_bench.main(minutes=2, kills=4, rate=1, profile="cnr-tactical-2", outage_s=20, outage_every=60,
-                           seed=1, out=tmp_path / "r")
+    out = chaos_bench.main(
+        minutes=2, kills=4, rate=1, profile="cnr-tactical-2", outage_s=20, outage_every=60, seed=1, out=tmp_path / "r"
+    )
     res = json.loads((out / "summary.json").read_text())
     assert [k["target"] for k in res["kills"]] == ["gw1", "gw4", "agent:gw1", "agent:r3"]  # seed 1's draw
     assert res["outages"] == 1

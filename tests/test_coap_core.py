@@ -48,7 +48,9 @@ def test_a_con_request_is_acked_only_after_its_commit_and_its_retransmission_is_
     assert n.next_deadline_ms() == 1000 + cc.PIGGYBACK_WAIT_MS
     assert n.poll(1999) == [] and only(n.poll(2000), cc.Reply) == only(sub.then, cc.Reply)  # none came: empty ACK
     again = n.datagram(request(), CLIENT, SERVER, 2500)
-    assert cc.decode(only(again, cc.Reply).data).mtype == Type.ACK and not [a for a in again if isinstance(a, cc.Submit)]
+    assert cc.decode(only(again, cc.Reply).data).mtype == Type.ACK and not [
+        a for a in again if isinstance(a, cc.Submit)
+    ]
     assert n.counters["requests"] == 1 and n.counters["duplicates"] == 2
     # the same message id with other content is a new request; so is any id from another client
     assert isinstance(n.datagram(request(payload=b"other"), CLIENT, SERVER, 3000)[0], cc.Submit)
@@ -118,8 +120,9 @@ def test_a_response_back_before_the_empty_ack_went_is_piggybacked_as_the_server_
     sub = only(n.datagram(get, CLIENT, SERVER, 0), cc.Submit)
     assert n.committed(sub.key, True, sub.then, 10) == []
     body = bytes(0x41 + i % 26 for i in range(4500))
-    acts = n.response(50, cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CONTENT, payload=body))),
-                      600)
+    acts = n.response(
+        50, cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CONTENT, payload=body))), 600
+    )
     r = cc.decode(only(acts, cc.Reply).data)
     assert (r.mtype, r.mid, r.token, r.code) == (Type.ACK, 300, b"\x01", Code.CONTENT)
     assert (r.opt.block2.block_number, r.opt.block2.more, r.opt.size2, r.payload) == (0, True, 4500, body[:1024])
@@ -132,8 +135,11 @@ def test_a_response_back_before_the_empty_ack_went_is_piggybacked_as_the_server_
     sub = only(n.datagram(request(mid=302, token=b"\x03"), CLIENT, SERVER, 1000), cc.Submit)
     n.committed(sub.key, True, sub.then, 1000)
     assert cc.decode(only(n.poll(1000 + cc.PIGGYBACK_WAIT_MS), cc.Reply).data).code == Code.EMPTY
-    r = cc.decode(only(n.response(51, cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CHANGED))),
-                                  3000), cc.Reply).data)
+    r = cc.decode(
+        only(
+            n.response(51, cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CHANGED))), 3000), cc.Reply
+        ).data
+    )
     assert (r.mtype, r.token) == (Type.CON, b"\x03")
 
 
@@ -212,13 +218,25 @@ def test_envelope_bodies_that_are_not_coap_ones_are_refused_by_name():
 
 
 def test_coap_config_errors_name_the_bad_value():
-    g = parse_gateway("gw.toml", {"coap": {"listen": "0.0.0.0:5683", "server": "10.77.9.2:5683",
-                                           "resource": [{"path": "/orders/*", "priority": "flash", "lifetime": 60}]}})
+    g = parse_gateway(
+        "gw.toml",
+        {
+            "coap": {
+                "listen": "0.0.0.0:5683",
+                "server": "10.77.9.2:5683",
+                "resource": [{"path": "/orders/*", "priority": "flash", "lifetime": 60}],
+            }
+        },
+    )
     assert g.coap.server == ("10.77.9.2", 5683) and g.coap.resources[0].priority == Priority.FLASH
     assert parse_gateway("gw.toml", {"coap": {"listen": "127.0.0.1:5684"}}).coap.server is None  # a forward proxy
-    for bad, value in [({"listen": "0.0.0.0"}, "0.0.0.0"), ({"resource": [{"path": "orders"}]}, "orders"),
-                       ({"resource": [{"path": "/a", "priority": "urgent"}]}, "urgent"),
-                       ({"resource": [{"path": "/a", "allow": "yes"}]}, "yes"), ({"port": 5683}, "port")]:
+    for bad, value in [
+        ({"listen": "0.0.0.0"}, "0.0.0.0"),
+        ({"resource": [{"path": "orders"}]}, "orders"),
+        ({"resource": [{"path": "/a", "priority": "urgent"}]}, "urgent"),
+        ({"resource": [{"path": "/a", "allow": "yes"}]}, "yes"),
+        ({"port": 5683}, "port"),
+    ]:
         with pytest.raises(ConfigError, match=value):
             parse_gateway("gw.toml", {"coap": bad})
 
@@ -228,7 +246,9 @@ def test_answers_go_from_the_address_the_client_spoke_to_a_listener_or_under_tpr
     listener = ("0.0.0.0", 5683)
     sub = only(n.datagram(request(), CLIENT, SERVER, 0, via=listener), cc.Submit)
     assert only(sub.then, cc.Reply).via == listener
-    assert only(n.response(47, response_envelope(n, request(mid=101)), 0), cc.Reply).via == SERVER  # TPROXY: the server's
+    assert (
+        only(n.response(47, response_envelope(n, request(mid=101)), 0), cc.Reply).via == SERVER
+    )  # TPROXY: the server's
     rsp = cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CHANGED)))
     assert only(n.response(48, rsp, 0), cc.Reply).via == listener  # the response goes the way the request came
     assert only(n.datagram(request("/secret/x", mid=5), CLIENT, SERVER, 0, via=listener), cc.Reply).via == listener
@@ -245,14 +265,19 @@ def test_a_listener_forwards_a_proxy_request_to_the_server_its_uri_names_and_ref
     assert replay.payload == b"move" and only(sub.then, cc.Reply).via == listener
     # Proxy-Scheme with Uri-Host and Uri-Path (RFC 7252 5.7.2), to the default port
     m = Message(code=Code.POST, payload=b"x", proxy_scheme="coap", uri_host="10.77.9.8", uri_path=("orders", "a"))
-    body = cc.unpack(only(n.datagram(cc.encode(m, Type.CON, 301, b"\x02"), CLIENT, None, 0, via=listener),
-                          cc.Submit).body)
+    body = cc.unpack(
+        only(n.datagram(cc.encode(m, Type.CON, 301, b"\x02"), CLIENT, None, 0, via=listener), cc.Submit).body
+    )
     assert tuple(body["s"]) == ("10.77.9.8", 5683) and cc.decode(body["m"]).opt.uri_host is None
-    for uri, why in (("http://10.77.9.7/orders/1", "only coap://"), ("coap://hq.example/orders/1", "IPv4"),
-                     ("coap://10.77.9.7:99999/orders/1", "not coap://")):
+    for uri, why in (
+        ("http://10.77.9.7/orders/1", "only coap://"),
+        ("coap://hq.example/orders/1", "IPv4"),
+        ("coap://10.77.9.7:99999/orders/1", "not coap://"),
+    ):
         m = Message(code=Code.POST, payload=b"x", proxy_uri=uri)
-        r = cc.decode(only(n.datagram(cc.encode(m, Type.CON, 302, b"\x03"), CLIENT, None, 0, via=listener),
-                           cc.Reply).data)
+        r = cc.decode(
+            only(n.datagram(cc.encode(m, Type.CON, 302, b"\x03"), CLIENT, None, 0, via=listener), cc.Reply).data
+        )
         assert r.code == Code.PROXYING_NOT_SUPPORTED and why in r.payload.decode(), (uri, r.payload)
     r = cc.decode(only(n.datagram(request(mid=303), CLIENT, None, 0, via=listener), cc.Reply).data)
     assert r.code == Code.NOT_FOUND and b"Proxy-Uri" in r.payload  # a proxy-only listener has no resources
@@ -389,8 +414,12 @@ def test_a_request_body_in_block1_blocks_is_gathered_here_and_crosses_once_whole
     body = b"x" * 2500
     acts = []
     for num in range(3):
-        m = Message(code=Code.POST, uri_path=("orders", "plan"), payload=body[num * 1024:(num + 1) * 1024],
-                    block1=cc._blockwise(num, int(num < 2), 6))
+        m = Message(
+            code=Code.POST,
+            uri_path=("orders", "plan"),
+            payload=body[num * 1024 : (num + 1) * 1024],
+            block1=cc._blockwise(num, int(num < 2), 6),
+        )
         acts = n.datagram(cc.encode(m, Type.CON, 600 + num, b"\x51"), CLIENT, SERVER, num)
         if num < 2:
             c = cc.decode(only(acts, cc.Reply).data)
@@ -398,12 +427,16 @@ def test_a_request_body_in_block1_blocks_is_gathered_here_and_crosses_once_whole
     sub = only(acts, cc.Submit)
     req = cc.unpack(sub.body)
     assert cc.request_of(req)[0].payload == body and cc.request_of(req)[0].opt.block1 is None
-    final = cc.decode(only(n.response(90, cc.unpack(cc.response_body(req, Message(code=Code.CHANGED))), 10), cc.Reply).data)
+    final = cc.decode(
+        only(n.response(90, cc.unpack(cc.response_body(req, Message(code=Code.CHANGED))), 10), cc.Reply).data
+    )
     assert final.code == Code.CHANGED and final.opt.block1.block_number == 2 and not final.opt.block1.more
     # a block out of order is refused 4.08, not gathered wrong
     m = Message(code=Code.POST, uri_path=("orders", "other"), payload=b"y" * 1024, block1=cc._blockwise(2, 1, 6))
-    assert cc.decode(only(n.datagram(cc.encode(m, Type.CON, 700, b"\x52"), CLIENT, SERVER, 0), cc.Reply).data).code \
+    assert (
+        cc.decode(only(n.datagram(cc.encode(m, Type.CON, 700, b"\x52"), CLIENT, SERVER, 0), cc.Reply).data).code
         == Code.REQUEST_ENTITY_INCOMPLETE
+    )
 
 
 def test_notifications_sent_in_the_same_instant_still_get_increasing_observe_values():
@@ -422,8 +455,9 @@ def test_a_piggybacked_response_lost_on_the_wire_is_sent_again_for_the_clients_r
     n = near()
     sub = only(n.datagram(request(mid=7, token=b"\x01"), CLIENT, SERVER, 0), cc.Submit)
     assert n.committed(sub.key, True, sub.then, 10) == []
-    acts = n.response(50, cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CHANGED, payload=b"ok"))),
-                      300)
+    acts = n.response(
+        50, cc.unpack(cc.response_body(cc.unpack(sub.body), Message(code=Code.CHANGED, payload=b"ok"))), 300
+    )
     first = only(acts, cc.Reply).data
     assert cc.decode(first).mtype == Type.ACK and only(acts, cc.Consume).inbox_id == 50  # ... and lost
     again = n.datagram(request(mid=7, token=b"\x01"), CLIENT, SERVER, 2500)  # the client's retransmission
@@ -439,8 +473,10 @@ def test_a_response_rides_only_on_its_own_requests_ack():
     sb = only(n.datagram(request(mid=2, token=b""), CLIENT, B, 0), cc.Submit)
     n.committed(sa.key, True, sa.then, 10)
     n.committed(sb.key, True, sb.then, 10)
-    rep = only(n.response(60, cc.unpack(cc.response_body(cc.unpack(sa.body), Message(code=Code.CHANGED, payload=b"A"))),
-                          200), cc.Reply)
+    rep = only(
+        n.response(60, cc.unpack(cc.response_body(cc.unpack(sa.body), Message(code=Code.CHANGED, payload=b"A"))), 200),
+        cc.Reply,
+    )
     r = cc.decode(rep.data)
     assert (rep.via, r.mtype, r.mid, r.payload) == (A, Type.ACK, 1, b"A")
     assert cc.decode(only(n.poll(10 + cc.PIGGYBACK_WAIT_MS), cc.Reply).data).mid == 2  # B's empty ACK, on time

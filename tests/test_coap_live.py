@@ -26,20 +26,26 @@ BPA = ["gw1", "r2", "r3", "gw4"]
 
 
 def coap(node: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.coap_clients", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.coap_clients", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def tables(h4: str) -> dict[str, str]:
     prefix = h4.rsplit(".", 1)[0] + ".0/24"
-    return {"gw1": f'[gateway]\n\n[gateway.coap]\nlisten = "0.0.0.0:5683"\nserver = "{h4}:5683"\ntproxy = true\n\n'
-                   '[[gateway.coap.resource]]\npath = "/secret/*"\nallow = false\n\n'
-                   '[[gateway.coap.resource]]\npath = "/orders/*"\npriority = "immediate"\nlifetime = 3600\n\n'
-                   '[[gateway.coap.resource]]\npath = "/clock"\npriority = "priority"\nlifetime = 3600\n\n'
-                   '[[gateway.coap.resource]]\npath = "/big"\n\n'
-                   '[[gateway.coap.resource]]\npath = "/time"\n\n'
-                   f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n',
-            "gw4": "[gateway]\n\n[gateway.coap]\n"}
+    return {
+        "gw1": f'[gateway]\n\n[gateway.coap]\nlisten = "0.0.0.0:5683"\nserver = "{h4}:5683"\ntproxy = true\n\n'
+        '[[gateway.coap.resource]]\npath = "/secret/*"\nallow = false\n\n'
+        '[[gateway.coap.resource]]\npath = "/orders/*"\npriority = "immediate"\nlifetime = 3600\n\n'
+        '[[gateway.coap.resource]]\npath = "/clock"\npriority = "priority"\nlifetime = 3600\n\n'
+        '[[gateway.coap.resource]]\npath = "/big"\n\n'
+        '[[gateway.coap.resource]]\npath = "/time"\n\n'
+        f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n',
+        "gw4": "[gateway]\n\n[gateway.coap]\n",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +119,8 @@ def follow(p: subprocess.Popen, match, want: int, timeout: float) -> list[dict]:
 
 
 def test_100_con_posts_through_tproxy_across_a_60s_outage_with_the_near_gateway_killed_each_reach_the_server_once(
-        coap_chain):
+    coap_chain,
+):
     nodes, server, gw1, h4, cut = coap_chain
     # an observation runs through the same cut (asserted in the test after this one)
     cut["observer"] = coap("h1", "observe", "--host", h4, "--path", "/clock", "--duration", "400")
@@ -148,7 +155,9 @@ def test_100_con_posts_through_tproxy_across_a_60s_outage_with_the_near_gateway_
     assert not failed, f"{len(failed)} requests failed at the client: {failed[:5]}"
     assert sorted(answered) == list(range(100)), f"unanswered: {sorted(set(range(100)) - set(answered))[:10]}"
     assert all(r["code"] == "2.04 Changed" and r["payload"] == f"ack order {n}" for n, r in answered.items())
-    assert len(paths) == len(set(paths)), f"a request reached the server twice: {sorted(p for p in paths if paths.count(p) > 1)[:5]}"
+    assert len(paths) == len(set(paths)), (
+        f"a request reached the server twice: {sorted(p for p in paths if paths.count(p) > 1)[:5]}"
+    )
     assert sorted(paths) == sorted(f"/orders/{n}" for n in range(100))
     assert max(r["s"] for r in answered.values()) > 55  # the responses really waited for the link
     # every one was intercepted at gw1 and replayed by gw4 (none went past gw1 on its own)
@@ -162,9 +171,14 @@ def test_an_observation_through_the_60s_outage_gives_the_newest_state_first_not_
         pytest.skip("the outage test before this one did not run its cut")
     up, down = cut["up"], cut["down"]
     got = follow(cut["observer"], lambda r: "payload" in r and r["t"] > up, 12, 200)
-    print("observer (s after link-up, state's age):", [(round(r["t"] - up, 1), round(r["t"] - float(r["payload"]), 1))
-                                                        for r in got if "payload" in r],
-          "gw1:", nodes.status("gw1").get("coap"), "gw4:", nodes.status("gw4").get("coap"))
+    print(
+        "observer (s after link-up, state's age):",
+        [(round(r["t"] - up, 1), round(r["t"] - float(r["payload"]), 1)) for r in got if "payload" in r],
+        "gw1:",
+        nodes.status("gw1").get("coap"),
+        "gw4:",
+        nodes.status("gw4").get("coap"),
+    )
     assert not [r for r in got if "error" in r or ("code" in r and r["code"] != "2.05 Content")], got[-3:]
     notes = [r for r in got if "payload" in r]
     assert len([r for r in notes if r["t"] < down]) >= 4, "notifications did not flow before the cut"
@@ -172,8 +186,10 @@ def test_an_observation_through_the_60s_outage_gives_the_newest_state_first_not_
     assert len(after) >= 10, "the observation did not go on after the cut"
     first = after[0]
     wait = first["t"] - up
-    print(f"first notification {wait:.1f} s after link-up, its state made {first['t'] - float(first['payload']):.1f} s "
-          "before it arrived")
+    print(
+        f"first notification {wait:.1f} s after link-up, its state made {first['t'] - float(first['payload']):.1f} s "
+        "before it arrived"
+    )
     # the newest state there was when it left gw4, not the oldest of the cut's backlog: no
     # notification after it carries older state, and it was made after the cut's first half
     assert all(float(r["payload"]) >= float(first["payload"]) for r in after)
@@ -224,8 +240,9 @@ def test_a_flood_of_malformed_datagrams_is_dropped_and_counted_while_a_good_clie
     h1 to h4's server, intercepted at gw1, while 20 well-formed POSTs go the same way."""
     nodes, server, gw1, h4, _ = coap_chain
     before = nodes.status("gw1")["coap"]["counters"].get("malformed", 0)
-    good = coap("h1", "post", "--host", h4, "--count", "20", "--interval", "0.15", "--path", "/orders/f{n}",
-                "--timeout", "120")
+    good = coap(
+        "h1", "post", "--host", h4, "--count", "20", "--interval", "0.15", "--path", "/orders/f{n}", "--timeout", "120"
+    )
     flood = rows(coap("h1", "flood", "--host", h4, "--count", "3000", "--rate", "1000"), 60)[-1]
     got = rows(good, 150)
     answered = {r["n"]: r for r in got if "code" in r}
@@ -241,8 +258,10 @@ def test_a_flood_of_malformed_datagrams_is_dropped_and_counted_while_a_good_clie
     assert 1 <= len(lines) <= 3, lines[:5]  # named, but the log is not flooded (one line per source per 10 s)
 
 
-@pytest.mark.skipif(shutil.which("coap-client-notls") is None or shutil.which("coap-server-notls") is None,
-                    reason="libcoap's coap-client-notls / coap-server-notls missing (make test installs libcoap3-bin)")
+@pytest.mark.skipif(
+    shutil.which("coap-client-notls") is None or shutil.which("coap-server-notls") is None,
+    reason="libcoap's coap-client-notls / coap-server-notls missing (make test installs libcoap3-bin)",
+)
 def test_libcoap_client_and_server_work_through_the_gateways(coap_chain):
     """libcoap's own client and server (Debian's libcoap3-bin), not aiocoap: its client POSTs to
     h4's server through gw1's interception, and observes its server's /time (on gw4's LAN
@@ -252,15 +271,37 @@ def test_libcoap_client_and_server_work_through_the_gateways(coap_chain):
     lan = h4.rsplit(".", 1)[0] + "."
     far = next(i["address"] for i in st["nodes"]["gw4"]["ifaces"] if i["address"].startswith(lan))
     ex = lambda node, *cmd: ["ip", "netns", "exec", f"c2-{node}", *cmd]  # noqa: E731
-    srv = subprocess.Popen(ex("gw4", "coap-server-notls", "-A", far, "-p", "5683"),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    srv = subprocess.Popen(
+        ex("gw4", "coap-server-notls", "-A", far, "-p", "5683"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        out = subprocess.run(ex("h1", "coap-client-notls", "-m", "post", "-e", "order libcoap", "-B", "150",
-                                f"coap://{h4}/orders/libcoap"), capture_output=True, text=True, timeout=180)
+        out = subprocess.run(
+            ex(
+                "h1",
+                "coap-client-notls",
+                "-m",
+                "post",
+                "-e",
+                "order libcoap",
+                "-B",
+                "150",
+                f"coap://{h4}/orders/libcoap",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert out.stdout.strip() == "ack order libcoap", (out.returncode, out.stdout, out.stderr[-500:])
         assert server_paths(server, "/orders/libcoap", 1, 10) == ["/orders/libcoap"]
-        out = subprocess.run(ex("h1", "coap-client-notls", "-m", "get", "-s", "15", "-B", "30", f"coap://{far}/time"),
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ex("h1", "coap-client-notls", "-m", "get", "-s", "15", "-B", "30", f"coap://{far}/time"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         stamps = re.findall(r"\w{3} +\d+ \d\d:\d\d:\d\d(?!\.)", out.stdout)
         assert len(stamps) >= 5, (out.returncode, out.stdout, out.stderr[-500:])  # its server notifies once a second
         assert len(set(stamps)) == len(stamps) and stamps == sorted(stamps), stamps  # each newer, none twice

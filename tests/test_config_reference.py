@@ -35,7 +35,9 @@ def _toml_table(t, field, value: str) -> str:
     lines = [f"{f.name} = {f.example}" for f in t.fields if f.default is None and f.name != field]
     if field:
         lines.append(f"{field} = {value}")
-    kind = t.path.split(".")[1] if t.path.startswith("agent.") and t.path not in ("agent.peers", "agent.routes") else None
+    kind = (
+        t.path.split(".")[1] if t.path.startswith("agent.") and t.path not in ("agent.peers", "agent.routes") else None
+    )
     pre = f'[agent]\nkind = "{kind}"\n' if kind else ""
     pre += NEEDS.get((t.path, ""), "")
     return pre + head + "\n" + "\n".join(lines) + "\n" + NEEDS.get((t.path, field), "")
@@ -71,7 +73,9 @@ def test_every_table_and_field_says_what_it_is_and_what_it_does():
         for p in paths - {"(top level)"}:
             parent = p.rsplit(".", 1)
             host = TABLES[f"{doc}:{parent[0]}"] if len(parent) == 2 else TABLES[f"{doc}:(top level)"]
-            assert parent[-1] in host.keys or (parent[0] == "agent" and parent[-1] in ("dtn7", "ion", "ibrdtn", "hdtn")), p
+            assert parent[-1] in host.keys or (
+                parent[0] == "agent" and parent[-1] in ("dtn7", "ion", "ibrdtn", "hdtn")
+            ), p
     assert {f.name for f in dataclasses.fields(SchedulerConfig)} == TABLES["node:scheduler"].keys
     assert {f.name for f in dataclasses.fields(Quota)} == TABLES["node:quota"].keys
 
@@ -109,9 +113,12 @@ def test_each_fields_example_is_accepted_and_an_unknown_field_beside_it_is_refus
 
 
 def test_free_tables_take_their_examples(tmp_path):
-    p = _node_file(tmp_path, f'[keys]\ngw4 = "{KEY}"\nfmn = "{KEY}"\ndeu-gw = "{KEY}"\nnor-gw = "{KEY}"\n'
-                             '[groups]\nfmn = ["gw1", "deu-gw", "nor-gw"]\n[relays]\nprt-gw = "tacnet"\n'
-                             '[agent]\nrouting = "epidemic"\n')
+    p = _node_file(
+        tmp_path,
+        f'[keys]\ngw4 = "{KEY}"\nfmn = "{KEY}"\ndeu-gw = "{KEY}"\nnor-gw = "{KEY}"\n'
+        '[groups]\nfmn = ["gw1", "deu-gw", "nor-gw"]\n[relays]\nprt-gw = "tacnet"\n'
+        '[agent]\nrouting = "epidemic"\n',
+    )
     os.chmod(p, 0o600)
     cfg = _load(p)
     assert cfg.keys["gw4"] == bytes.fromhex(KEY) and cfg.groups == {"fmn": ("deu-gw", "nor-gw")}
@@ -121,7 +128,8 @@ def test_free_tables_take_their_examples(tmp_path):
 def test_the_relay_tables_examples_are_accepted(tmp_path):
     for kind in ("dtn7", "ibrdtn"):
         (tmp_path / f"tacnet.{kind}.toml").write_text(
-            f'[node]\nid = "tacnet"\nstorage = "{tmp_path / kind}"\n[agent]\nkind = "{kind}"\n')
+            f'[node]\nid = "tacnet"\nstorage = "{tmp_path / kind}"\n[agent]\nkind = "{kind}"\n'
+        )
     ex = {f.name: f.example for f in TABLES["relay:relay"].fields}
     ex["storage"] = f'"{tmp_path / "relay"}"'
     p = tmp_path / "relay.toml"

@@ -17,8 +17,11 @@ import pytest
 from c2dtn.topologies import testbed
 from c2dtn.topologies.nodes import Nodes, dtnd_missing
 
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
-              pytest.mark.skipif(not shutil.which("coap-client-notls"), reason="libcoap3-bin not installed (make apt)")]
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
+    pytest.mark.skipif(not shutil.which("coap-client-notls"), reason="libcoap3-bin not installed (make apt)"),
+]
 
 BPA = ["gw1", "r2", "r3", "gw4"]
 THROUGH, DIRECT = 5683, 5690
@@ -46,8 +49,12 @@ def cases(big: Path) -> list[tuple[str, list[str], str]]:
 
 
 def answer(host: str, port: int, args: list[str], path: str) -> tuple[int, str, str]:
-    p = subprocess.run(["ip", "netns", "exec", "c2-h1", "coap-client-notls", "-B", "60", *args,
-                        f"coap://{host}:{port}{path}"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        ["ip", "netns", "exec", "c2-h1", "coap-client-notls", "-B", "60", *args, f"coap://{host}:{port}{path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     # the clock's value and libcoap's own log time stamps differ from run to run
     norm = lambda t: re.sub(r"\d{6,}", "<n>", re.sub(r"^\w{3} \d\d \d\d:\d\d:\d\d ", "", t, flags=re.M))
     return p.returncode, norm(p.stdout), norm(p.stderr)
@@ -64,13 +71,20 @@ def chain(tmp_path_factory):
     st = testbed.up("nps-chain", profile="lan", seed=17)
     h4 = testbed.node_address(st, "h4")
     prefix = h4.rsplit(".", 1)[0] + ".0/24"
-    gateways = {"gw1": f'[gateway]\n\n[gateway.coap]\ntproxy = true\n\n[[gateway.coap.resource]]\npath = "/*"\n\n'
-                       f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n',
-                "gw4": "[gateway]\n\n[gateway.coap]\n"}
+    gateways = {
+        "gw1": f'[gateway]\n\n[gateway.coap]\ntproxy = true\n\n[[gateway.coap.resource]]\npath = "/*"\n\n'
+        f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n',
+        "gw4": "[gateway]\n\n[gateway.coap]\n",
+    }
     nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp / "nodes", gateways=gateways)
-    servers = [subprocess.Popen(["ip", "netns", "exec", "c2-h4", "coap-server-notls", "-A", h4, "-p", str(port),
-                                 "-d", "10"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-               for port in (THROUGH, DIRECT)]
+    servers = [
+        subprocess.Popen(
+            ["ip", "netns", "exec", "c2-h4", "coap-server-notls", "-A", h4, "-p", str(port), "-d", "10"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for port in (THROUGH, DIRECT)
+    ]
     try:
         nodes.start_all(BPA)
         big = tmp / "big.txt"

@@ -17,8 +17,11 @@ from c2dtn.perf import paho_interop
 from c2dtn.topologies.broker import mosquitto_missing
 from c2dtn.topologies.nodes import dtnd_missing
 
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
-              pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
+    pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing())),
+]
 
 SCENARIOS = Path(__file__).with_name("mqtt_scenarios.py")
 
@@ -30,8 +33,12 @@ def chain(tmp_path_factory):
 
 
 def observe(host: str, port: int, version: int) -> dict:
-    p = subprocess.run(["ip", "netns", "exec", "c2-h1", sys.executable, str(SCENARIOS), host, str(port), "c2conf/",
-                        str(version)], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        ["ip", "netns", "exec", "c2-h1", sys.executable, str(SCENARIOS), host, str(port), "c2conf/", str(version)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.splitlines()[-1])
 
@@ -41,12 +48,18 @@ def test_mqtt_clients_get_through_the_gateway_what_they_get_from_the_broker_alon
     gw1, h4, nodes = chain
     ref = observe(h4, 1884, version)
     through = observe(gw1, 1883, version)
-    differ = [f"{k}:\n  broker alone        {ref[k]}\n  through the gateway {through.get(k)}"
-              for k in ref if through.get(k) != ref[k]]
+    differ = [
+        f"{k}:\n  broker alone        {ref[k]}\n  through the gateway {through.get(k)}"
+        for k in ref
+        if through.get(k) != ref[k]
+    ]
     assert not differ, "\n".join(differ) + "\n" + nodes.log("gw1")[-1500:] + nodes.log("gw4")[-1500:]
     # the reference behaved as MQTT says, so agreeing with it means something
-    assert [(r["t"], r["q"]) for r in ref["basic"]] == [("c2conf/basic/0", 0), ("c2conf/basic/1", 1),
-                                                        ("c2conf/basic/2", 2)]
+    assert [(r["t"], r["q"]) for r in ref["basic"]] == [
+        ("c2conf/basic/0", 0),
+        ("c2conf/basic/1", 1),
+        ("c2conf/basic/2", 2),
+    ]
     assert [r["q"] for r in ref["downgrade"]] == [0, 1, 1] and ref["unsubscribed"] == []
     assert [(r["p"], r["r"]) for r in ref["retained"]] == [("r0", 1), ("r1", 1), ("r2", 1)]
     assert ref["retained cleared"] == [] and [r["p"] for r in ref["will"]] == ["client died"]

@@ -48,8 +48,11 @@ def custody(tmp_path, name, quota=Quota()):
 
 
 def make(tmp_path, name, peer, quota=Quota()):
-    return OverlayCore(custody(tmp_path, name, quota), Codec(name, {peer: KEY}),
-                       SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000))
+    return OverlayCore(
+        custody(tmp_path, name, quota),
+        Codec(name, {peer: KEY}),
+        SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000),
+    )
 
 
 class Net:
@@ -159,8 +162,12 @@ def test_sender_restart_mid_outage_loses_nothing(tmp_path):
         nodes["gw1"].store.db.close()
         nodes["gw1"] = make(tmp_path, "gw1", "gw4")
 
-    got = run(nodes, net, 500_000, actions=[(0, submit), (5_000, submit), (12_000, submit), (30_000, crash),
-                                            (40_000, submit), (60_000, submit)])
+    got = run(
+        nodes,
+        net,
+        500_000,
+        actions=[(0, submit), (5_000, submit), (12_000, submit), (30_000, crash), (40_000, submit), (60_000, submit)],
+    )
     seqs = [d.seq for d in got["gw4"]]
     assert len(sent) == 500 and sorted(seqs) == sorted(sent) and seqs == sorted(seqs)
 
@@ -176,8 +183,9 @@ def test_supersession_keeps_the_newest_per_key_and_it_goes_first(tmp_path):
     newest = {}
     for rnd in range(50):
         for u in range(8):
-            newest[f"unit{u}"] = a.submit("gw4", f"unit{u} pos {rnd}".encode(), 1000 + rnd * 100,
-                                          priority=Priority.PRIORITY, supersede=f"unit{u}")
+            newest[f"unit{u}"] = a.submit(
+                "gw4", f"unit{u} pos {rnd}".encode(), 1000 + rnd * 100, priority=Priority.PRIORITY, supersede=f"unit{u}"
+            )
     # the link is down; planning sends into the void once, so look at what is still queued
     positions = [i for i in a.store.queued("gw4") if i.supersede]
     assert len(positions) <= 8 and a.store.count("superseded") >= 50 * 8 - 16
@@ -222,8 +230,9 @@ def test_receiver_dedupes_holds_gaps_and_skips_what_the_sender_gave_up(tmp_path)
     st = b.store
 
     def env(seq, cseq, floor=0, **kw):
-        return Envelope(Kind.DATA, "gw1", seq, "gw4", 0, 10**9, Priority.ROUTINE, body=b"%d" % seq,
-                        cseq=cseq, floor=floor, **kw)
+        return Envelope(
+            Kind.DATA, "gw1", seq, "gw4", 0, 10**9, Priority.ROUTINE, body=b"%d" % seq, cseq=cseq, floor=floor, **kw
+        )
 
     assert st.receive(env(1, 1), 0).outcome == "delivered"
     assert st.receive(env(1, 1), 0).outcome == "duplicate"
@@ -293,8 +302,12 @@ def test_a_lost_bundle_is_resent_as_soon_as_a_later_one_arrives(tmp_path):
                 super().send([o], now)
 
     net = DropFirst(delay_ms=200)
-    got = run({"gw1": a, "gw4": b}, net, 5_000, actions=[(0, lambda t: a.submit("gw4", b"one", t)),
-                                                         (1_000, lambda t: a.submit("gw4", b"two", t))])
+    got = run(
+        {"gw1": a, "gw4": b},
+        net,
+        5_000,
+        actions=[(0, lambda t: a.submit("gw4", b"one", t)), (1_000, lambda t: a.submit("gw4", b"two", t))],
+    )
     assert [d.body for d in got["gw4"]] == [b"one", b"two"]  # in order, seconds before any timeout
     assert a.store.count("fast_retransmits") == 1
 
@@ -328,10 +341,15 @@ def test_a_version_1_store_is_migrated_and_delivers_what_it_held(tmp_path):
 
     db = sqlite3.connect(tmp_path / "gw1.db")
     db.execute(V1_OUTBOX)
-    rows = [(1, "gw4", 3, 1, 0, 3_600_000, 3_600_000, None, "raw", b"queued", 6, 0, 0, None, None),
-            (2, "gw4", 3, 2, 0, 3_600_000, 3_600_000, None, "raw", b"in flight" * 1000, 9000, 1, 1, 10, 60_000)]
-    db.executemany("INSERT INTO outbox(seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, "
-                   "body, size, inflight, attempts, sent_ms, retry_ms) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+    rows = [
+        (1, "gw4", 3, 1, 0, 3_600_000, 3_600_000, None, "raw", b"queued", 6, 0, 0, None, None),
+        (2, "gw4", 3, 2, 0, 3_600_000, 3_600_000, None, "raw", b"in flight" * 1000, 9000, 1, 1, 10, 60_000),
+    ]
+    db.executemany(
+        "INSERT INTO outbox(seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, "
+        "body, size, inflight, attempts, sent_ms, retry_ms) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        rows,
+    )
     db.execute("CREATE TABLE counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID")
     db.executemany("INSERT INTO counters VALUES(?,?)", [("next_seq", 2), ("cseq:gw4:3", 2)])
     db.execute("PRAGMA user_version=1")
@@ -394,8 +412,14 @@ def test_a_repeat_marked_like_an_earlier_envelope_is_taken_once_even_after_a_res
     a = make(tmp_path, "gw1", "gw4")  # the gateway restarted
     assert a.store.submit_many([item], 2000, [("mqtt:c1:7", b"d7", True)]) == [None]  # the resend: skipped
     other = ("gw4", b"report 8", 60_000, Priority.ROUTINE, None, "mqtt")
-    seqs = a.store.submit_many([other, other], 3000, [("mqtt:c1:7", b"d8", True),  # same id, other content
-                                                     ("mqtt:c1:9", b"d8", True)])  # never seen
+    seqs = a.store.submit_many(
+        [other, other],
+        3000,
+        [
+            ("mqtt:c1:7", b"d8", True),  # same id, other content
+            ("mqtt:c1:9", b"d8", True),
+        ],
+    )  # never seen
     assert None not in seqs
     assert len(a.store.queued("gw4")) == 3 and a.store.counters()["repeats_skipped"] == 1
     # a new message reusing packet id 7 (no DUP) is always taken and becomes the id's mark
@@ -409,8 +433,10 @@ def test_a_repeat_marked_like_an_earlier_envelope_is_taken_once_even_after_a_res
     assert a.store.submit_many([batch], 6000, [[("mqtt:c1:12", b"d12", False), ("mqtt:c1:13", b"d13", False)]])[0]
     a.store.close()
     a = make(tmp_path, "gw1", "gw4")
-    assert a.store.submit_many([item, item], 7000, [("mqtt:c1:13", b"d13", True), ("mqtt:c1:12", b"d12", True)]) == \
-        [None, None]
+    assert a.store.submit_many([item, item], 7000, [("mqtt:c1:13", b"d13", True), ("mqtt:c1:12", b"d12", True)]) == [
+        None,
+        None,
+    ]
 
 
 def test_linger_lets_reports_share_a_bundle_but_flash_goes_at_once(tmp_path):
@@ -441,8 +467,12 @@ def test_a_lost_last_envelope_is_probed_for_long_before_its_timer(tmp_path):
                     continue
                 super().send([o], now)
 
-    got = run({"gw1": a, "gw4": b}, DropTail(delay_ms=200), 6_000,
-              actions=[(0, lambda t: a.submit("gw4", b"one", t)), (1_000, lambda t: a.submit("gw4", b"two", t))])
+    got = run(
+        {"gw1": a, "gw4": b},
+        DropTail(delay_ms=200),
+        6_000,
+        actions=[(0, lambda t: a.submit("gw4", b"one", t)), (1_000, lambda t: a.submit("gw4", b"two", t))],
+    )
     assert [d.body for d in got["gw4"]] == [b"one", b"two"]  # within seconds, not the 120 s timer
     assert a.store.count("tail_probes") == 1 and a.store.held_out()[0] == 0
 
@@ -546,7 +576,9 @@ def test_acks_ride_with_an_envelope_bigger_than_a_bundle_not_on_their_own(tmp_pa
     a.consumed([d.id for d in a.take()])  # gw1 owes gw4 an ack ...
     big = a.submit("gw4", os.urandom(40_000), 10)  # ... when a 40 kB envelope goes that way
     out = a.poll(10)
-    assert len(out) == 1 and out[0].seqs == [big] and out[0].acks[b.store.source][0]  # one bundle: the envelope and the ack
+    assert (
+        len(out) == 1 and out[0].seqs == [big] and out[0].acks[b.store.source][0]
+    )  # one bundle: the envelope and the ack
     # small envelopes still fill bundles up to the aggregate size, the acks in the first
     b.submit("gw1", b"again", 20)
     for o in b.poll(20):
@@ -556,7 +588,6 @@ def test_acks_ride_with_an_envelope_bigger_than_a_bundle_not_on_their_own(tmp_pa
     a.sched.paths["gw4"].window = 1 << 20
     out = a.poll(30)
     assert [o.seqs for o in out] == [seqs[:2], seqs[2:]] and out[0].acks[b.store.source][0] and not out[1].acks
-
 
 
 def test_large_envelopes_share_bundles_up_to_aggregate_large_bytes_and_small_ones_do_not(tmp_path):
@@ -572,7 +603,9 @@ def test_large_envelopes_share_bundles_up_to_aggregate_large_bytes_and_small_one
         seqs = [a.submit("gw4", os.urandom(n), 0) for n in sizes]
         a.sched.path("gw4").window = 1 << 24
         out = a.poll(0)
-        assert all(len(o.payload) <= max(cfg.aggregate_large_bytes, cfg.aggregate_bytes) for o in out if len(o.seqs) > 1)
+        assert all(
+            len(o.payload) <= max(cfg.aggregate_large_bytes, cfg.aggregate_bytes) for o in out if len(o.seqs) > 1
+        )
         return [[seqs.index(q) for q in o.seqs] for o in out]
 
     big = SchedulerConfig(aggregate_bytes=65536, aggregate_large_bytes=1 << 20)
@@ -580,6 +613,7 @@ def test_large_envelopes_share_bundles_up_to_aggregate_large_bytes_and_small_one
     assert sent(big, [100_000, 100_000, 5_000, 5_000, 100_000]) == [[0, 1], [2, 3], [4]]
     assert sent(big, [1_000_000, 100_000]) == [[0], [1]]  # no room beside a megabyte
     assert sent(SchedulerConfig(aggregate_bytes=65536), [100_000] * 3) == [[0], [1], [2]]
+
 
 @pytest.mark.sqlite_only
 def test_background_checkpoints_take_the_wal_copy_off_the_commits(tmp_path):
@@ -716,8 +750,12 @@ def _backlog(st, n: int) -> None:
         for dst, state, count in [("gw4", "queued", n), ("gw4", "held", n), ("gw4", "open", 50), ("gw5", "held", n)]:
             seqs = list(range(seq + 1, seq + count + 1))
             seq += count
-            st.out_add([OutItem(s, dst, 3, s, 0, 3_600_000, 3_600_000 + s, None, "", b"x" * 100, 100,
-                                False, 0, None, None) for s in seqs])
+            st.out_add(
+                [
+                    OutItem(s, dst, 3, s, 0, 3_600_000, 3_600_000 + s, None, "", b"x" * 100, 100, False, 0, None, None)
+                    for s in seqs
+                ]
+            )
             if state != "queued":
                 st.out_sent(seqs, 1_000, {s: 900_000 for s in seqs})
             if state == "held":
@@ -894,8 +932,10 @@ def test_a_node_whose_store_was_lost_is_heard_again_not_taken_for_duplicates(tmp
     a.store.close()
     (tmp_path / "new").mkdir()
     a = make(tmp_path / "new", "gw1", "gw4")
-    new = [a.submit("gw4", body, 70_000, supersede=key) for body, key in ((b"new 0", None), (b"new 1", None),
-                                                                           (b"new pos", "pos"))]
+    new = [
+        a.submit("gw4", body, 70_000, supersede=key)
+        for body, key in ((b"new 0", None), (b"new 1", None), (b"new pos", "pos"))
+    ]
     assert new == [1, 2, 3]  # the same ids as the lost store's
     for p in old_acks:  # the ack for the lost store's ids releases nothing of the new one's
         a.on_bundle(p, 70_000)
@@ -977,8 +1017,14 @@ def test_under_three_times_the_links_rate_an_order_overtakes_the_positions_and_t
     for k in range(0, 180_000, pos_every):
         for u in range(24):
             t = k + u * pos_every // 24
-            submits.append((t, lambda t, u=u: a.submit("gw4", b"u%02d %08d " % (u, t) + b"x" * 200, t, 600_000,
-                                                       Priority.PRIORITY, supersede=f"u{u}")))
+            submits.append(
+                (
+                    t,
+                    lambda t, u=u: a.submit(
+                        "gw4", b"u%02d %08d " % (u, t) + b"x" * 200, t, 600_000, Priority.PRIORITY, supersede=f"u{u}"
+                    ),
+                )
+            )
     submits.append((order_at, lambda t: a.submit("gw4", b"order", t, 600_000, Priority.IMMEDIATE)))
     arrivals = {}
 
@@ -1020,18 +1066,26 @@ def test_under_overload_and_loss_an_order_is_not_held_behind_a_window_of_superse
     the bytes of its bundles (three more bytes of body moved one seed's p95 from 8.3 to 8.8 s,
     another's from 7.9 to 11.6 s): the bounds sit between what it gives now and what the defect
     gave, not at one run's figure."""
-    cfg = SchedulerConfig(min_rto_ms=20_000, initial_rto_ms=60_000, linger_ms=1000, ack_delay_ms=1000,
-                          aggregate_bytes=1200)
+    cfg = SchedulerConfig(
+        min_rto_ms=20_000, initial_rto_ms=60_000, linger_ms=1000, ack_delay_ms=1000, aggregate_bytes=1200
+    )
     a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
     b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
     acts = []
     for k in range(0, 600_000, 1400):
         for u in range(24):
-            acts.append((k + u * 1400 // 24, lambda t, u=u: a.submit("gw4", b"u%02d %08d " % (u, t) + b"x" * 200, t,
-                                                                    600_000, Priority.PRIORITY, supersede=f"u{u}")))
+            acts.append(
+                (
+                    k + u * 1400 // 24,
+                    lambda t, u=u: a.submit(
+                        "gw4", b"u%02d %08d " % (u, t) + b"x" * 200, t, 600_000, Priority.PRIORITY, supersede=f"u{u}"
+                    ),
+                )
+            )
     orders = list(range(5000, 600_000, 10_000))
-    acts += [(k, lambda t: a.submit("gw4", b"ord %08d " % t + b"o" * 80, t, 600_000, Priority.IMMEDIATE))
-             for k in orders]
+    acts += [
+        (k, lambda t: a.submit("gw4", b"ord %08d " % t + b"o" * 80, t, 600_000, Priority.IMMEDIATE)) for k in orders
+    ]
     got = run({"gw1": a, "gw4": b}, LossyRadio(seed=seed), 660_000, actions=acts)
     lat = sorted((d.received_ms - int(d.body.split()[1])) / 1000 for d in got["gw4"] if d.body.startswith(b"ord"))
     assert len(lat) == len(orders)

@@ -23,7 +23,9 @@ from test_custody import KEY, Net, run
 def small_disk(tmp_path):
     d = tmp_path / "c2-small-disk"
     d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "c2-small-disk", str(d)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "c2-small-disk", str(d)], capture_output=True, text=True
+    )
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}): the test needs root, as make test runs")
     yield d
@@ -43,8 +45,9 @@ def fill(d) -> int:
 
 
 def core(path, name, peer):
-    return OverlayCore(CustodyStore(path, name), Codec(name, {peer: KEY}),
-                       SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000))
+    return OverlayCore(
+        CustodyStore(path, name), Codec(name, {peer: KEY}), SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000)
+    )
 
 
 def test_a_full_disk_refuses_like_a_quota_keeps_what_was_held_and_traffic_resumes(tmp_path, small_disk):

@@ -15,7 +15,9 @@ from c2dtn.perf import diskfull_bench
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     probe = tmp_path_factory.mktemp("c2-probe")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "c2-probe", str(probe)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "c2-probe", str(probe)], capture_output=True, text=True
+    )
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}): the campaign needs root, as make test runs")
     subprocess.run(["umount", str(probe)], capture_output=True)

@@ -54,11 +54,18 @@ def test_every_page_has_no_commit_hash_in_its_headings():
                 assert not re.search(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b", line), (p, line)
 
 
-@pytest.mark.skipif(shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None,
-                    reason="mkdocs is not installed in this environment (make venv installs it)")
+@pytest.mark.skipif(
+    shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None,
+    reason="mkdocs is not installed in this environment (make venv installs it)",
+)
 def test_the_site_builds_with_no_broken_link(tmp_path):
-    r = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "--site-dir", str(tmp_path)],
-                       cwd=ROOT, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1"})
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     page = (tmp_path / "configuration" / "index.html").read_text()
     assert "persistent_client_expiration" in page and "aggregate_bytes" in page  # the generated reference
@@ -136,7 +143,9 @@ def test_every_command_in_the_docs_exists_with_the_options_it_is_given(page, lin
     assert path, f"{page.name}: `{line}` names no c2dtn command"
     known = {o for p in cmd.params for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
     used = {w.split("=", 1)[0] for w in words if w.startswith("--")}
-    assert used <= known | {"--help"}, f"{page.name}: `{line}`: {sorted(used - known)} not options of c2dtn {' '.join(path)}"
+    assert used <= known | {"--help"}, (
+        f"{page.name}: `{line}`: {sorted(used - known)} not options of c2dtn {' '.join(path)}"
+    )
     r = CliRunner().invoke(cli, path + ["--help"])
     assert r.exit_code == 0 and "Usage:" in r.output, r.output
 
@@ -144,8 +153,12 @@ def test_every_command_in_the_docs_exists_with_the_options_it_is_given(page, lin
 SEEDS = ROOT.parent / "shared" / "seeds"
 # (campaign page, seed, a headline figure as the seed prints it)
 SEED_QUOTES = [
-    ("perf/bft.md", "000", "both Mosquitto and VerneMQ did not perform well with loss rates of 60-85 % with the "
-                           "2 seconds sending period and about 27-36 % with the 10 seconds period"),
+    (
+        "perf/bft.md",
+        "000",
+        "both Mosquitto and VerneMQ did not perform well with loss rates of 60-85 % with the "
+        "2 seconds sending period and about 27-36 % with the 10 seconds period",
+    ),
     ("perf/bft.md", "000", "If the sending rate was lower (10 seconds) Mosquitto and VerneMQ performed reliably."),
     ("perf/bft.md", "001", "The message size of a WS-N message was 1863."),
     ("perf/bft.md", "001", "The size (content) of each message was 880 Bytes"),

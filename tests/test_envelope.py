@@ -7,9 +7,11 @@ from c2dtn.overlay import envelope as E
 from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority
 
 KEYS = {"gw1": b"k1" * 16, "gw4": b"k4" * 16}
-REPORT = (b'{"type": "Feature", "geometry": {"type": "Point", "coordinates": [38.74691, -9.156418, 0]}, '
-          b'"properties": {"country": "PRT", "unit": "PRT-UNIT001", "node_id": "PRT-S003", '
-          b'"msg_id": "PRT-S003_28", "timestamp": 1588759108433}}')
+REPORT = (
+    b'{"type": "Feature", "geometry": {"type": "Point", "coordinates": [38.74691, -9.156418, 0]}, '
+    b'"properties": {"country": "PRT", "unit": "PRT-UNIT001", "node_id": "PRT-S003", '
+    b'"msg_id": "PRT-S003_28", "timestamp": 1588759108433}}'
+)
 
 
 def pair():
@@ -19,8 +21,20 @@ def pair():
 
 
 def env(**kw):
-    d = dict(kind=Kind.DATA, origin="gw1", seq=7, dst="gw4", created_ms=1_700_000_000_000, lifetime_ms=60_000,
-             priority=Priority.IMMEDIATE, supersede="PRT-S003", body=REPORT, app="mqtt", cseq=3, floor=2)
+    d = dict(
+        kind=Kind.DATA,
+        origin="gw1",
+        seq=7,
+        dst="gw4",
+        created_ms=1_700_000_000_000,
+        lifetime_ms=60_000,
+        priority=Priority.IMMEDIATE,
+        supersede="PRT-S003",
+        body=REPORT,
+        app="mqtt",
+        cseq=3,
+        floor=2,
+    )
     d.update(kw)
     return Envelope(**d)
 
@@ -68,18 +82,21 @@ def test_origin_must_be_the_sender():
         c.open("gw2", pair()[0].seal(env()))  # gw1's envelope, passed off as gw2's
 
 
-@pytest.mark.parametrize("payload, error", [
-    (b"", E.Malformed),
-    (b"\xff\xfe garbage", E.Malformed),
-    (cbor2.dumps({"not": "an array"}), E.Malformed),
-    (cbor2.dumps([1, "gw1", "gw4", []]), E.BadVersion),
-    (cbor2.dumps([2, 5, "gw4", []]), E.Malformed),
-    (cbor2.dumps([2, "gw1", "gw4", "x"]), E.Malformed),
-    (cbor2.dumps([2, "gw1", "gw4", []])[:-1], E.Malformed),
-    (cbor2.dumps([2, "gw1", "gw9", []]), E.Misrouted),
-    (cbor2.dumps([2, "gw1", 4, []]), E.Malformed),
-    (bytes(E.MAX_CONTAINER_BYTES + 1), E.Oversize),
-])
+@pytest.mark.parametrize(
+    "payload, error",
+    [
+        (b"", E.Malformed),
+        (b"\xff\xfe garbage", E.Malformed),
+        (cbor2.dumps({"not": "an array"}), E.Malformed),
+        (cbor2.dumps([1, "gw1", "gw4", []]), E.BadVersion),
+        (cbor2.dumps([2, 5, "gw4", []]), E.Malformed),
+        (cbor2.dumps([2, "gw1", "gw4", "x"]), E.Malformed),
+        (cbor2.dumps([2, "gw1", "gw4", []])[:-1], E.Malformed),
+        (cbor2.dumps([2, "gw1", "gw9", []]), E.Misrouted),
+        (cbor2.dumps([2, "gw1", 4, []]), E.Malformed),
+        (bytes(E.MAX_CONTAINER_BYTES + 1), E.Oversize),
+    ],
+)
 def test_malformed_containers_raise_typed_errors(payload, error):
     _, b = pair()
     with pytest.raises(error):
@@ -90,16 +107,19 @@ def _seal_map(m, key=b"s" * 32):
     return Codec("gw1", {"gw4": key}).seal_bytes(cbor2.dumps(m), "gw4")
 
 
-@pytest.mark.parametrize("m, match", [
-    ({0: 1, 1: 0, 2: "gw1", 3: "seven", 4: 1, 5: 1, 10: "gw4"}, "seq"),
-    ({0: 1, 1: 9, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4"}, "kind"),
-    ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1}, "lifetime"),
-    ({0: 1, 1: 0, 2: "gw1", 3: -1, 4: 1, 5: 1, 10: "gw4"}, "range"),
-    ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 7, 8: b"x"}, "compression"),
-    ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 1, 8: b"not zlib"}, "decompress"),
-    ({0: 3, 1: 0}, "version"),
-    ([1, 2, 3], "not a map"),
-])
+@pytest.mark.parametrize(
+    "m, match",
+    [
+        ({0: 1, 1: 0, 2: "gw1", 3: "seven", 4: 1, 5: 1, 10: "gw4"}, "seq"),
+        ({0: 1, 1: 9, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4"}, "kind"),
+        ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1}, "lifetime"),
+        ({0: 1, 1: 0, 2: "gw1", 3: -1, 4: 1, 5: 1, 10: "gw4"}, "range"),
+        ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 7, 8: b"x"}, "compression"),
+        ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 1, 8: b"not zlib"}, "decompress"),
+        ({0: 3, 1: 0}, "version"),
+        ([1, 2, 3], "not a map"),
+    ],
+)
 def test_malformed_envelopes_name_the_problem(m, match):
     _, b = pair()
     with pytest.raises(E.EnvelopeError, match=match):
@@ -108,6 +128,7 @@ def test_malformed_envelopes_name_the_problem(m, match):
 
 def test_zip_bomb_is_refused():
     import zlib
+
     _, b = pair()
     bomb = zlib.compress(bytes(E.MAX_BODY_BYTES + 10))
     with pytest.raises(E.Oversize):
@@ -124,9 +145,16 @@ def test_ack_bodies_are_runs_per_source():
     assert not E.decode_ack_body(body, "gw1").found  # another incarnation's entry is not ours
     assert E.source_node(src) == "gw1" and E.source_key("gw1", 0) == "gw1"
     assert len(E.encode_ack_body({src: (list(range(1, 501)), [])})) < 25  # 500 ids in one short ack
-    for bad in (cbor2.dumps({src: [[[3, 1]], []]}), cbor2.dumps({src: [[["a", 1]], []]}), cbor2.dumps({src: 1}),
-                cbor2.dumps({src: [[1, 2]]}), cbor2.dumps([[[1, 3]], []]), cbor2.dumps({1: [[], []]}), b"\xff",
-                cbor2.dumps({src: [[[0, 1 << 64]], []]})):
+    for bad in (
+        cbor2.dumps({src: [[[3, 1]], []]}),
+        cbor2.dumps({src: [[["a", 1]], []]}),
+        cbor2.dumps({src: 1}),
+        cbor2.dumps({src: [[1, 2]]}),
+        cbor2.dumps([[[1, 3]], []]),
+        cbor2.dumps({1: [[], []]}),
+        b"\xff",
+        cbor2.dumps({src: [[[0, 1 << 64]], []]}),
+    ):
         with pytest.raises(E.Malformed):
             E.decode_ack_body(bad, src)
 
@@ -151,8 +179,16 @@ def test_a_report_in_a_gateway_body_costs_about_a_fifth_of_its_size_on_the_wire(
     from c2dtn.ip_gateway import bodies as session
 
     a, b = pair()
-    body = session.pack("bpub", "c2bridge-prt-gw", "10.79.3.5:1883", t="/PRT/PRT-UNIT001/PRT-S003/location",
-                        p=REPORT, q=1, r=False, x={})
+    body = session.pack(
+        "bpub",
+        "c2bridge-prt-gw",
+        "10.79.3.5:1883",
+        t="/PRT/PRT-UNIT001/PRT-S003/location",
+        p=REPORT,
+        q=1,
+        r=False,
+        x={},
+    )
     e = env(body=body, supersede="mqtt:/PRT/PRT-UNIT001/PRT-S003/location", app="mqtt")
     sealed = a.seal(e)
     got = b.open("gw1", sealed)
@@ -168,8 +204,16 @@ def test_bodies_compressed_with_the_v1_dictionary_are_still_read():
     a, b = pair()
     v1 = E._dictionary(E.builtin_dictionary(1))
     kind, data = E._compress(REPORT, v1, E.Compression.ZSTD_DICT)
-    m = {E.K_VERSION: 1, E.K_KIND: 0, E.K_ORIGIN: "gw1", E.K_SEQ: 1, E.K_CREATED: 0,
-         E.K_LIFETIME: 1000, E.K_BODY: data, E.K_COMPRESSION: int(kind)}
+    m = {
+        E.K_VERSION: 1,
+        E.K_KIND: 0,
+        E.K_ORIGIN: "gw1",
+        E.K_SEQ: 1,
+        E.K_CREATED: 0,
+        E.K_LIFETIME: 1000,
+        E.K_BODY: data,
+        E.K_COMPRESSION: int(kind),
+    }
     sealed = cbor2.dumps(a.seal_bytes(cbor2.dumps(m), "gw4"))
     assert kind == E.Compression.ZSTD_DICT and b.open("gw1", sealed).body == REPORT
 
@@ -188,6 +232,7 @@ def test_a_large_body_is_compressed_only_when_a_sample_of_it_compresses(monkeypa
             def compress(self, data):
                 calls.append(len(data))
                 return c.compress(data)
+
         return Seen()
 
     monkeypatch.setattr(E, "_zstd", counting)

@@ -46,8 +46,9 @@ class Broker:
         self.conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
 
     def start(self) -> "Broker":
-        self.proc = subprocess.Popen(["mosquitto", "-c", str(self.conf)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["mosquitto", "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as so:
@@ -162,8 +163,11 @@ def test_a_session_that_ends_at_its_clients_disconnect_is_forgotten(tmp_path, br
         bodies = []
         for i in range(20):  # 3.1.1 clean sessions and MQTT 5 sessions with expiry 0, one message each
             c = f"c2-client-{i}"
-            bodies += [conn(c, b, v=5, sx=0) if i % 2 else conn(c, b), pub(c, b, f"t/{i}", b"m%d" % i),
-                       s.pack("disc", c, b, w=False)]
+            bodies += [
+                conn(c, b, v=5, sx=0) if i % 2 else conn(c, b),
+                pub(c, b, f"t/{i}", b"m%d" % i),
+                s.pack("disc", c, b, w=False),
+            ]
         p.send(bodies)
         assert await until(lambda: len(sub.got) == 20 and not p.gw.far), (len(sub.got), sorted(p.gw.far))
         assert p.gw.counters["far_sessions_ended"] == 20 and p.held() == 0
@@ -184,9 +188,16 @@ def test_an_mqtt5_session_ends_after_its_expiry_interval_even_across_a_restart(t
     async def main():
         p = Pair(tmp_path)
         await p.gw.start()
-        p.send([conn("c2-short", b, v=5, cs=False, sx=1), s.pack("disc", "c2-short", b, w=False),
-                conn("c2-long", b, v=5, cs=False, sx=3), s.pack("disc", "c2-long", b, w=False),
-                conn("c2-forever", b, cs=False), s.pack("disc", "c2-forever", b, w=False)])
+        p.send(
+            [
+                conn("c2-short", b, v=5, cs=False, sx=1),
+                s.pack("disc", "c2-short", b, w=False),
+                conn("c2-long", b, v=5, cs=False, sx=3),
+                s.pack("disc", "c2-long", b, w=False),
+                conn("c2-forever", b, cs=False),
+                s.pack("disc", "c2-forever", b, w=False),
+            ]
+        )
         assert await until(lambda: p.held() == 0)
         assert set(p.gw.far) == {"gw1/c2-short", "gw1/c2-long", "gw1/c2-forever"}  # kept through the interval
         assert await until(lambda: "gw1/c2-short" not in p.gw.far, 5)
@@ -239,8 +250,16 @@ def test_past_max_far_sessions_a_new_client_waits_in_custody_until_one_ends(tmp_
     async def main():
         p = Pair(tmp_path, max_far_sessions=2)
         await p.gw.start()
-        p.send([conn("c2-a", b), pub("c2-a", b, "t/a", b"a"), conn("c2-b", b), pub("c2-b", b, "t/b", b"b"),
-                conn("c2-c", b), pub("c2-c", b, "t/c", b"c")])
+        p.send(
+            [
+                conn("c2-a", b),
+                pub("c2-a", b, "t/a", b"a"),
+                conn("c2-b", b),
+                pub("c2-b", b, "t/b", b"b"),
+                conn("c2-c", b),
+                pub("c2-c", b, "t/c", b"c"),
+            ]
+        )
         assert await until(lambda: len(sub.got) == 2)
         await asyncio.sleep(0.5)
         assert sorted(sub.got) == [("t/a", b"a"), ("t/b", b"b")] and set(p.gw.far) == {"gw1/c2-a", "gw1/c2-b"}
@@ -265,9 +284,11 @@ def test_a_backlog_of_qos2_publishes_stays_within_the_brokers_window_and_all_arr
     async def main():
         p = Pair(tmp_path)
         await p.gw.start()
-        p.send([conn("c2-backlog", b, cs=False, v=v)]
-               + [pub("c2-backlog", b, f"t/{i}", b"m%d" % i, q=2) for i in range(100)]
-               + [s.pack("disc", "c2-backlog", b, w=False)])
+        p.send(
+            [conn("c2-backlog", b, cs=False, v=v)]
+            + [pub("c2-backlog", b, f"t/{i}", b"m%d" % i, q=2) for i in range(100)]
+            + [s.pack("disc", "c2-backlog", b, w=False)]
+        )
         await until(lambda: len(sub.got) >= 100 and p.held() == 0, 15)
         await asyncio.sleep(0.3)  # a late duplicate would show
         counters.update(p.gw.status()["counters"])
@@ -310,8 +331,9 @@ class AckSwallower:
 
 
 @pytest.mark.parametrize("qos1_once,expect", [(None, [0, 1, 2]), (False, [0, 1, 2]), (True, [0, 2, 2])])
-def test_a_subscriber_gets_each_publication_at_the_qos_the_broker_itself_would_give(tmp_path, broker, qos1_once,
-                                                                                     expect):
+def test_a_subscriber_gets_each_publication_at_the_qos_the_broker_itself_would_give(
+    tmp_path, broker, qos1_once, expect
+):
     """A QoS 2 subscriber at the far broker gets QoS 0, 1 and 2 publications at min(publish
     QoS, subscription QoS), as from the broker alone; qos1_once = true raises QoS 1 to 2."""
     sub = Subscriber(broker.port, qos=2)
@@ -329,8 +351,9 @@ def test_a_subscriber_gets_each_publication_at_the_qos_the_broker_itself_would_g
 
 
 @pytest.mark.parametrize("qos1_once,copies", [(True, 1), (False, 2)])
-def test_a_far_gateway_killed_before_the_brokers_acks_came_publishes_qos1_messages_once(tmp_path, broker, qos1_once,
-                                                                                        copies):
+def test_a_far_gateway_killed_before_the_brokers_acks_came_publishes_qos1_messages_once(
+    tmp_path, broker, qos1_once, copies
+):
     """10 QoS 1 messages reach the broker; the gateway dies before any ack comes back and,
     restarted, sends them again (same packet ids, DUP).  Sent at QoS 2 (qos1_once = true)
     the broker knows them and its subscribers get each once; at QoS 1 (the default) twice."""
@@ -397,8 +420,12 @@ def test_publishes_batched_in_one_envelope_reach_the_broker_in_order_and_consume
     b = f"127.0.0.1:{broker.port}"
 
     def batch(first):
-        return s.pack("pubs", "c2-pub", b, m=[{"t": "t/x", "p": b"%03d" % i, "q": 1, "r": False}
-                                              for i in range(first, first + 30)])
+        return s.pack(
+            "pubs",
+            "c2-pub",
+            b,
+            m=[{"t": "t/x", "p": b"%03d" % i, "q": 1, "r": False} for i in range(first, first + 30)],
+        )
 
     async def main():
         p = Pair(tmp_path, far_queue=8)
@@ -558,9 +585,24 @@ def test_a_far_session_restored_after_a_restart_expires_within_persistent_client
     monkeypatch.setattr(F.FarSession, "_run", idle)
     monkeypatch.setattr(F.FarSession, "_keepalive", idle)
     now = time.time()
-    (tmp_path / "mqtt-sessions.cbor").write_bytes(cbor2.dumps({"near": {}, "far": {"gw1/c1": {
-        "origin": "gw1", "client": "c1", "broker": "127.0.0.1:9", "params": {"v": 4, "cs": False, "ka": 60},
-        "subs": {"c2/#": [1, False, False, 0]}, "present": False, "gone_at": now - 10}}}))
+    (tmp_path / "mqtt-sessions.cbor").write_bytes(
+        cbor2.dumps(
+            {
+                "near": {},
+                "far": {
+                    "gw1/c1": {
+                        "origin": "gw1",
+                        "client": "c1",
+                        "broker": "127.0.0.1:9",
+                        "params": {"v": 4, "cs": False, "ka": 60},
+                        "subs": {"c2/#": [1, False, False, 0]},
+                        "present": False,
+                        "gone_at": now - 10,
+                    }
+                },
+            }
+        )
+    )
     node = Port(types.SimpleNamespace(take=lambda *a, **k: []), None, tmp_path)
 
     async def go():

@@ -20,8 +20,16 @@ def test_no_forged_tampered_or_replayed_envelope_is_taken(run):
     for cls in forgery_bench.CLASSES[:-1]:
         r = res["classes"][cls]
         assert r["bundles"] == 60 and r.get("accepted", 0) == 0 and r.get("crashes", 0) == 0, (cls, r)
-    for cls in ("spoof-untagged", "spoof-tagged", "splice", "splice-wrapped", "splice-wrapped-ack", "as-group",
-                "spoof-pair", "outsider"):
+    for cls in (
+        "spoof-untagged",
+        "spoof-tagged",
+        "splice",
+        "splice-wrapped",
+        "splice-wrapped-ack",
+        "as-group",
+        "spoof-pair",
+        "outsider",
+    ):
         assert res["classes"][cls]["refused"] == 60, cls
     assert set(res["reasons"]["splice"]) == {"origin tag"}
     # a byte-string-wrapped item refuses the whole bundle, whatever it holds

@@ -40,11 +40,21 @@ def test_the_fuzz_corpus_replays_with_typed_refusals_only(name, tmp_path, monkey
     assert peaks[-1][0] <= MEMORY_LIMIT, f"an input of {peaks[-1][1]} bytes took {peaks[-1][0]} bytes of memory"
 
 
-@pytest.mark.parametrize("name, finding", [
-    ("container", "sharing-bomb"), ("container", "wrapped-splice"), ("envelope", "sharing-bomb-in-map"),
-    ("ack", "trillion-ids"), ("ack", "sharing-bomb"), ("ack", "run-of-strings"), ("envelope", "compressed-ack-bomb"),
-    ("container", "sender-is-group"), ("container", "million-items"), ("bodies", "user-property-string"),
-])
+@pytest.mark.parametrize(
+    "name, finding",
+    [
+        ("container", "sharing-bomb"),
+        ("container", "wrapped-splice"),
+        ("envelope", "sharing-bomb-in-map"),
+        ("ack", "trillion-ids"),
+        ("ack", "sharing-bomb"),
+        ("ack", "run-of-strings"),
+        ("envelope", "compressed-ack-bomb"),
+        ("container", "sender-is-group"),
+        ("container", "million-items"),
+        ("bodies", "user-property-string"),
+    ],
+)
 def test_the_review_findings_are_in_the_corpus_and_within_the_limits(name, finding, tmp_path, monkeypatch):
     """Each finding of the attacker's review is an entry of the corpus that `make test` replays
     and `perf fuzz` starts from; a target over 10 ms or 32 MB on it fails (OverLimit)."""

@@ -28,9 +28,11 @@ def mqtt_agent_chain(request, tmp_path):
     if request.param in ("hdtn", "ibrdtn") and not EVERY_AGENT:
         # the gateway talks to its node alone, whatever the agent; ION's run stays in make test, and
         # IBR-DTN's agent is in it through tests/test_overlay_live.py's outage and kill test
-        pytest.skip(f"{request.param}: left out of make test for the suite's 35-minute budget (passed "
-                    f"{'2026-11-23' if request.param == 'hdtn' else 'in CI on 2026-11-25'}); "
-                    "C2DTN_ALL_AGENT_TESTS=1 runs it")
+        pytest.skip(
+            f"{request.param}: left out of make test for the suite's 35-minute budget (passed "
+            f"{'2026-11-23' if request.param == 'hdtn' else 'in CI on 2026-11-25'}); "
+            "C2DTN_ALL_AGENT_TESTS=1 runs it"
+        )
     yield from _mqtt_chain(tmp_path, request.param)
 
 

@@ -23,14 +23,19 @@ from c2dtn.overlay.config import load_node_config
 from c2dtn.topologies.nodes import Nodes, dtnd_missing
 from c2dtn.topologies import netns, testbed
 
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
-              pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
+    pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing())),
+]
 
 BPA = ["gw1", "r2", "r3", "gw4"]
 MAX_PACKET = 65536
 EXPLICIT_PORT = 1884  # gw1's explicit listener, standing for h4's broker
-TOPICS = ('[[gateway.topic]]\nfilter = "c2/#"\npriority = "immediate"\nlifetime = 3600\n\n'
-          '[[gateway.topic]]\nfilter = "nat/#"\npriority = "routine"\nlifetime = 3600\n')
+TOPICS = (
+    '[[gateway.topic]]\nfilter = "c2/#"\npriority = "immediate"\nlifetime = 3600\n\n'
+    '[[gateway.topic]]\nfilter = "nat/#"\npriority = "routine"\nlifetime = 3600\n'
+)
 
 
 def gateway_tables(h1: str, h4: str, auth: str = "") -> dict[str, str]:
@@ -39,11 +44,13 @@ def gateway_tables(h1: str, h4: str, auth: str = "") -> dict[str, str]:
     between the brokers.  Only c2/# and nat/# are on the allow-list.  auth: gw1's
     password_file/acl_file lines."""
     prefix = h4.rsplit(".", 1)[0] + ".0/24"
-    return {"gw1": f'[gateway]\ntproxy = true\nmax_packet_size = {MAX_PACKET}\n{auth}'
-                   f'listen = "0.0.0.0:{EXPLICIT_PORT}"\nbroker = "{h4}:1883"\n\n'
-                   f'[gateway.bridge]\nbroker = "{h1}:1883"\npeers = ["gw4"]\nout = ["nat/#"]\n\n'
-                   f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n{TOPICS}',
-            "gw4": f'[gateway]\n\n[gateway.bridge]\nbroker = "{h4}:1883"\npeers = ["gw1"]\nout = ["nat/#"]\n\n{TOPICS}'}
+    return {
+        "gw1": f"[gateway]\ntproxy = true\nmax_packet_size = {MAX_PACKET}\n{auth}"
+        f'listen = "0.0.0.0:{EXPLICIT_PORT}"\nbroker = "{h4}:1883"\n\n'
+        f'[gateway.bridge]\nbroker = "{h1}:1883"\npeers = ["gw4"]\nout = ["nat/#"]\n\n'
+        f'[[gateway.route]]\nprefix = "{prefix}"\nvia = "gw4"\n\n{TOPICS}',
+        "gw4": f'[gateway]\n\n[gateway.bridge]\nbroker = "{h4}:1883"\npeers = ["gw1"]\nout = ["nat/#"]\n\n{TOPICS}',
+    }
 
 
 def _mqtt_chain(tmp, agent: str = "dtn7"):
@@ -84,12 +91,16 @@ def _custody_state(nodes: Nodes) -> str:
     out = []
     for n in ("gw1", "gw4"):
         st = nodes.status(n)
-        out.append(f"{n}: counters {st.get('counters')}, queues {st.get('queues')}, windows {st.get('windows')}, "
-                   f"inbox {st.get('inbox')}, mqtt {st.get('mqtt', {}).get('counters')}")
+        out.append(
+            f"{n}: counters {st.get('counters')}, queues {st.get('queues')}, windows {st.get('windows')}, "
+            f"inbox {st.get('inbox')}, mqtt {st.get('mqtt', {}).get('counters')}"
+        )
     db = sqlite3.connect(f"file:{load_node_config(nodes.paths['gw1']).custody_db}?mode=ro", uri=True)
     try:
-        out.append(f"gw1 order {db.execute('SELECT * FROM orderq').fetchall()}, held "
-                   f"{db.execute('SELECT origin, priority, cseq, seq FROM held').fetchall()}")
+        out.append(
+            f"gw1 order {db.execute('SELECT * FROM orderq').fetchall()}, held "
+            f"{db.execute('SELECT origin, priority, cseq, seq FROM held').fetchall()}"
+        )
     except sqlite3.Error as e:
         out.append(f"gw1 custody.db: {e}")
     finally:
@@ -98,8 +109,12 @@ def _custody_state(nodes: Nodes) -> str:
 
 
 def client(node: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def lines(p: subprocess.Popen, timeout: float) -> list[dict]:
@@ -147,11 +162,41 @@ def outage(seconds: float, during=None) -> None:
 
 def _300_across_an_outage(nodes: Nodes, h4: str, tag: str, during=None, seconds: float = 40) -> tuple[dict, list[int]]:
     """300 QoS 1 publishes, one per 0.1 s, the radio link cut from the 5th second for `seconds`."""
-    sub = client("h4", "sub", "--host", "127.0.0.1", "--topic", f"c2/{tag}/#", "--qos", "1", "--count", "300",
-                 "--timeout", "420", "--client-id", f"c2sub-{tag}")
+    sub = client(
+        "h4",
+        "sub",
+        "--host",
+        "127.0.0.1",
+        "--topic",
+        f"c2/{tag}/#",
+        "--qos",
+        "1",
+        "--count",
+        "300",
+        "--timeout",
+        "420",
+        "--client-id",
+        f"c2sub-{tag}",
+    )
     subscribed(sub)
-    pub = client("h1", "pub", "--host", h4, "--topic", f"c2/{tag}/{{n}}", "--qos", "1", "--count", "300",
-                 "--interval", "0.1", "--timeout", "400", "--client-id", f"c2pub-{tag}")
+    pub = client(
+        "h1",
+        "pub",
+        "--host",
+        h4,
+        "--topic",
+        f"c2/{tag}/{{n}}",
+        "--qos",
+        "1",
+        "--count",
+        "300",
+        "--interval",
+        "0.1",
+        "--timeout",
+        "400",
+        "--client-id",
+        f"c2pub-{tag}",
+    )
     time.sleep(5)
     outage(seconds, during)
     p = lines(pub, 480)[-1]
@@ -171,9 +216,10 @@ def assert_300_once_unseen(p: dict, ids: list[int]) -> None:
 # Over dtn7 it runs with C2DTN_ALL_AGENT_TESTS=1: in `make test` the same test runs over ion
 # (test_gateway_agents_live.py; what it asserts is the gateway's, whatever the agent) and
 # the SIGKILL test below runs over dtn7, which keeps the suite within its 35 minutes.
-@pytest.mark.skipif(os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1",
-                    reason="over dtn7 left out of make test for the suite's 35 minutes (ion runs it); "
-                           "C2DTN_ALL_AGENT_TESTS=1 runs it")
+@pytest.mark.skipif(
+    os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1",
+    reason="over dtn7 left out of make test for the suite's 35 minutes (ion runs it); C2DTN_ALL_AGENT_TESTS=1 runs it",
+)
 def test_300_qos1_publishes_across_a_40s_outage_all_arrive_once_no_disconnect(mqtt_chain):
     nodes, h1, h4 = mqtt_chain
     assert_300_once_unseen(*_300_across_an_outage(nodes, h4, "orders", seconds=40))
@@ -181,9 +227,10 @@ def test_300_qos1_publishes_across_a_40s_outage_all_arrive_once_no_disconnect(mq
 
 # tests/test_chaos.py kills the near gateway (and the far one, and dtnds) under QoS 1 and 2
 # traffic in make test; this one runs with C2DTN_ALL_AGENT_TESTS=1, for the suite's time
-@pytest.mark.skipif(os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1",
-                    reason="covered by tests/test_chaos.py in make test (the suite's 35 minutes); "
-                           "C2DTN_ALL_AGENT_TESTS=1 runs it")
+@pytest.mark.skipif(
+    os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1",
+    reason="covered by tests/test_chaos.py in make test (the suite's 35 minutes); C2DTN_ALL_AGENT_TESTS=1 runs it",
+)
 def test_near_gateway_sigkilled_mid_outage_and_restarted_still_all_300_once(mqtt_chain):
     nodes, h1, h4 = mqtt_chain
 
@@ -233,15 +280,44 @@ def test_while_the_near_gateway_is_dead_clients_do_not_reach_the_far_broker_past
 
 def test_near_subscriber_gets_far_publications_across_an_outage(mqtt_chain):
     nodes, h1, h4 = mqtt_chain
-    sub = client("h1", "sub", "--host", h4, "--topic", "c2/news/#", "--qos", "1", "--count", "20",
-                 "--timeout", "240", "--client-id", "c2nearsub")
+    sub = client(
+        "h1",
+        "sub",
+        "--host",
+        h4,
+        "--topic",
+        "c2/news/#",
+        "--qos",
+        "1",
+        "--count",
+        "20",
+        "--timeout",
+        "240",
+        "--client-id",
+        "c2nearsub",
+    )
     subscribed(sub)  # answered by gw1 at once
     far_subscribed(nodes, "c2nearsub", "c2/news/#")
 
     def publish_at_far_broker():
         time.sleep(2)
-        p = lines(client("h4", "pub", "--host", "127.0.0.1", "--topic", "c2/news/{n}", "--qos", "1", "--count", "20",
-                         "--client-id", "c2farpub"), 60)[-1]
+        p = lines(
+            client(
+                "h4",
+                "pub",
+                "--host",
+                "127.0.0.1",
+                "--topic",
+                "c2/news/{n}",
+                "--qos",
+                "1",
+                "--count",
+                "20",
+                "--client-id",
+                "c2farpub",
+            ),
+            60,
+        )[-1]
         assert p["acked"] == 20
 
     outage(30, publish_at_far_broker)
@@ -261,15 +337,55 @@ def test_what_crosses_the_radio_link_holds_no_message_in_the_clear(mqtt_chain, t
     pcap, order = tmp_path / "radio.pcap", tmp_path / "order.bin"
     secret = os.urandom(400)
     order.write_bytes(secret)
-    cap = subprocess.Popen(["ip", "netns", "exec", link["netns"], "tcpdump", "-i", "any", "-U", "-s", "0", "-w",
-                            str(pcap)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cap = subprocess.Popen(
+        ["ip", "netns", "exec", link["netns"], "tcpdump", "-i", "any", "-U", "-s", "0", "-w", str(pcap)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         time.sleep(1)
-        sub = subprocess.Popen(["ip", "netns", "exec", "c2-h4", "mosquitto_sub", "-h", "127.0.0.1", "-t", "c2/capture",
-                                "-q", "1", "-C", "1", "-W", "150"], stdout=subprocess.PIPE)
+        sub = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                "c2-h4",
+                "mosquitto_sub",
+                "-h",
+                "127.0.0.1",
+                "-t",
+                "c2/capture",
+                "-q",
+                "1",
+                "-C",
+                "1",
+                "-W",
+                "150",
+            ],
+            stdout=subprocess.PIPE,
+        )
         time.sleep(1)
-        subprocess.run(["ip", "netns", "exec", "c2-h1", "mosquitto_pub", "-h", h4, "-t", "c2/capture", "-q", "1",
-                        "-i", "c2pub-capture", "-f", str(order)], check=True, timeout=60)
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                "c2-h1",
+                "mosquitto_pub",
+                "-h",
+                h4,
+                "-t",
+                "c2/capture",
+                "-q",
+                "1",
+                "-i",
+                "c2pub-capture",
+                "-f",
+                str(order),
+            ],
+            check=True,
+            timeout=60,
+        )
         got = sub.communicate(timeout=180)[0]
     finally:
         cap.terminate()
@@ -277,30 +393,95 @@ def test_what_crosses_the_radio_link_holds_no_message_in_the_clear(mqtt_chain, t
     assert got[:-1] == secret, _custody_state(nodes)  # mosquitto_sub ends the payload with a newline
     air = pcap.read_bytes()
     assert b"gw4" in air and len(air) > len(secret), "the capture did not see the overlay's bundles"
-    leaked = [i for i in range(0, len(secret) - 16) if secret[i:i + 16] in air]
+    leaked = [i for i in range(0, len(secret) - 16) if secret[i : i + 16] in air]
     assert leaked == [], f"{len(leaked)} 16-byte pieces of the order on the air"
 
 
 def test_retained_will_qos2_and_v5_properties_arrive_intact_allow_list_holds(mqtt_chain):
     nodes, h1, h4 = mqtt_chain
-    props = {"user_property": [["unit", "NOR-UNIT001"], ["cls", "R"]], "content_type": "application/geo+json",
-             "response_topic": "c2/replies/alpha", "message_expiry_interval": 600}
+    props = {
+        "user_property": [["unit", "NOR-UNIT001"], ["cls", "R"]],
+        "content_type": "application/geo+json",
+        "response_topic": "c2/replies/alpha",
+        "message_expiry_interval": 600,
+    }
     # three messages are due (the QoS 2 one, c2/alive, the will); chat/secret, published before
     # the last two, would be among them if it crossed
-    watch = client("h4", "sub", "--host", "127.0.0.1", "--topic", "#", "--qos", "2", "--count", "3",
-                   "--timeout", "90", "--version", "5", "--client-id", "c2watch")
+    watch = client(
+        "h4",
+        "sub",
+        "--host",
+        "127.0.0.1",
+        "--topic",
+        "#",
+        "--qos",
+        "2",
+        "--count",
+        "3",
+        "--timeout",
+        "90",
+        "--version",
+        "5",
+        "--client-id",
+        "c2watch",
+    )
     subscribed(watch)
     # QoS 2, retained, with properties; and one topic that is not on the allow-list
-    p = lines(client("h1", "pub", "--host", h4, "--topic", "c2/status/alpha", "--qos", "2", "--count", "1",
-                     "--retain", "--version", "5", "--props", json.dumps(props), "--client-id", "c2qos2"), 120)[-1]
+    p = lines(
+        client(
+            "h1",
+            "pub",
+            "--host",
+            h4,
+            "--topic",
+            "c2/status/alpha",
+            "--qos",
+            "2",
+            "--count",
+            "1",
+            "--retain",
+            "--version",
+            "5",
+            "--props",
+            json.dumps(props),
+            "--client-id",
+            "c2qos2",
+        ),
+        120,
+    )[-1]
     assert p["acked"] == 1
-    p = lines(client("h1", "pub", "--host", h4, "--topic", "chat/secret", "--qos", "1", "--count", "3",
-                     "--client-id", "c2chat"), 60)[-1]
+    p = lines(
+        client(
+            "h1", "pub", "--host", h4, "--topic", "chat/secret", "--qos", "1", "--count", "3", "--client-id", "c2chat"
+        ),
+        60,
+    )[-1]
     assert p["acked"] == 3  # answered locally: the client cannot tell
     # a will: the client ends without DISCONNECT
-    p = lines(client("h1", "pub", "--host", h4, "--topic", "c2/alive/bravo", "--qos", "1", "--count", "1",
-                     "--version", "5", "--will-topic", "c2/will/bravo", "--will-payload", "bravo lost",
-                     "--client-id", "c2mortal", "--die"), 60)[-1]
+    p = lines(
+        client(
+            "h1",
+            "pub",
+            "--host",
+            h4,
+            "--topic",
+            "c2/alive/bravo",
+            "--qos",
+            "1",
+            "--count",
+            "1",
+            "--version",
+            "5",
+            "--will-topic",
+            "c2/will/bravo",
+            "--will-payload",
+            "bravo lost",
+            "--client-id",
+            "c2mortal",
+            "--die",
+        ),
+        60,
+    )[-1]
     assert p["acked"] == 1
     got = lines(watch, 120)
     by_topic = {r["topic"]: r for r in got if "topic" in r}
@@ -314,8 +495,27 @@ def test_retained_will_qos2_and_v5_properties_arrive_intact_allow_list_holds(mqt
     assert by_topic.get("c2/will/bravo", {}).get("payload") == "bravo lost", "the will was not published"
     assert not any(t.startswith("chat/") for t in by_topic), "a topic off the allow-list crossed the link"
     # a late subscriber at the far broker gets the retained message, flagged as retained
-    late = lines(client("h4", "sub", "--host", "127.0.0.1", "--topic", "c2/status/#", "--qos", "1", "--count", "1",
-                        "--timeout", "20", "--version", "5", "--client-id", "c2late"), 60)
+    late = lines(
+        client(
+            "h4",
+            "sub",
+            "--host",
+            "127.0.0.1",
+            "--topic",
+            "c2/status/#",
+            "--qos",
+            "1",
+            "--count",
+            "1",
+            "--timeout",
+            "20",
+            "--version",
+            "5",
+            "--client-id",
+            "c2late",
+        ),
+        60,
+    )
     ret = [r for r in late if "topic" in r]
     assert ret and ret[0]["retain"] is True and ret[0]["payload"].startswith("0 ")
     assert nodes.status("gw1")["mqtt"]["counters"]["held_local"] >= 3
@@ -331,26 +531,69 @@ def test_clients_log_in_with_the_brokers_password_file_and_acl(mqtt_chain):
         s = netns.socket_in("c2-h1", socket.AF_INET, socket.SOCK_STREAM)
         s.settimeout(20)
         s.connect((h4, 1883))
-        s.sendall(m.encode(m.Connect(f"c2auth{time.monotonic_ns()}", True, 60, user, password, None, version, {}),
-                           version))
+        s.sendall(
+            m.encode(m.Connect(f"c2auth{time.monotonic_ns()}", True, 60, user, password, None, version, {}), version)
+        )
         return s, m.Parser(version=version).feed(s.recv(4096))[0].reason
 
     assert login("alice", b"wrong", 5)[1] == 0x86 and login("alice", b"wrong", 4)[1] == 4
     s, reason = login("alice", b"s3cret", 5)
     assert reason == 0
-    s.sendall(m.encode(m.Publish("c2/bob/orders", b"not hers", 1, packet_id=1), 5)
-              + m.encode(m.Subscribe(2, [m.SubOption("c2/bob/#", 1)]), 5))
+    s.sendall(
+        m.encode(m.Publish("c2/bob/orders", b"not hers", 1, packet_id=1), 5)
+        + m.encode(m.Subscribe(2, [m.SubOption("c2/bob/#", 1)]), 5)
+    )
     got = []
     while len(got) < 2:
         got += m.Parser(version=5).feed(s.recv(4096))
     assert {type(p).__name__: p for p in got}["PubAck"].reason == 0x87
     assert {type(p).__name__: p for p in got}["SubAck"].reasons == [0x87]
     s.close()
-    sub = subprocess.Popen(["ip", "netns", "exec", "c2-h4", "mosquitto_sub", "-h", "127.0.0.1", "-t", "c2/alice/#",
-                            "-q", "1", "-C", "1", "-W", "120"], stdout=subprocess.PIPE, text=True)
+    sub = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            "c2-h4",
+            "mosquitto_sub",
+            "-h",
+            "127.0.0.1",
+            "-t",
+            "c2/alice/#",
+            "-q",
+            "1",
+            "-C",
+            "1",
+            "-W",
+            "120",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(1)
-    subprocess.run(["ip", "netns", "exec", "c2-h1", "mosquitto_pub", "-h", h4, "-t", "c2/alice/orders", "-q", "1",
-                    "-u", "alice", "-P", "s3cret", "-m", "hold at phase line red"], check=True, timeout=60)
+    subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            "c2-h1",
+            "mosquitto_pub",
+            "-h",
+            h4,
+            "-t",
+            "c2/alice/orders",
+            "-q",
+            "1",
+            "-u",
+            "alice",
+            "-P",
+            "s3cret",
+            "-m",
+            "hold at phase line red",
+        ],
+        check=True,
+        timeout=60,
+    )
     assert sub.communicate(timeout=150)[0].strip() == "hold at phase line red", _custody_state(nodes)
     assert nodes.status("gw1")["mqtt"]["counters"]["logins_refused"] >= 2
 
@@ -378,22 +621,54 @@ def _answer(s: socket.socket, version: int = 5) -> tuple[list[m.Packet], bool]:
         data += chunk
 
 
-@pytest.mark.parametrize("bad,reason", [
-    (b"\x30\xff\xff\xff\xff\x01", m.Reason.MALFORMED_PACKET),  # remaining length of 5 bytes
-    (b"\x30\x06\x00\x03a\xffb\x00", m.Reason.MALFORMED_PACKET),  # topic that is not UTF-8
-    (m.encode(m.Publish("c2/+/x", b"x"), 5), m.Reason.TOPIC_NAME_INVALID),  # wildcard in a PUBLISH topic
-    (m.encode(m.Publish("c2/a", b"x", properties={"topic_alias": 0}), 5), m.Reason.TOPIC_ALIAS_INVALID),
-    # oversize: its fixed header is enough to refuse it (the rest would only be read to be thrown away)
-    (m.encode(m.Publish("c2/big", b"x" * (MAX_PACKET + 10)), 5)[:100], m.Reason.PACKET_TOO_LARGE),
-], ids=["bad-remaining-length", "topic-not-utf8", "wildcard-in-publish", "topic-alias-0", "oversize"])
+@pytest.mark.parametrize(
+    "bad,reason",
+    [
+        (b"\x30\xff\xff\xff\xff\x01", m.Reason.MALFORMED_PACKET),  # remaining length of 5 bytes
+        (b"\x30\x06\x00\x03a\xffb\x00", m.Reason.MALFORMED_PACKET),  # topic that is not UTF-8
+        (m.encode(m.Publish("c2/+/x", b"x"), 5), m.Reason.TOPIC_NAME_INVALID),  # wildcard in a PUBLISH topic
+        (m.encode(m.Publish("c2/a", b"x", properties={"topic_alias": 0}), 5), m.Reason.TOPIC_ALIAS_INVALID),
+        # oversize: its fixed header is enough to refuse it (the rest would only be read to be thrown away)
+        (m.encode(m.Publish("c2/big", b"x" * (MAX_PACKET + 10)), 5)[:100], m.Reason.PACKET_TOO_LARGE),
+    ],
+    ids=["bad-remaining-length", "topic-not-utf8", "wildcard-in-publish", "topic-alias-0", "oversize"],
+)
 def test_malformed_mqtt_closes_only_that_client_with_the_right_reason(mqtt_chain, bad, reason):
     nodes, h1, h4 = mqtt_chain
     tag = f"ok{int(reason)}"
-    sub = client("h4", "sub", "--host", "127.0.0.1", "--topic", f"c2/{tag}/#", "--qos", "1", "--count", "20",
-                 "--timeout", "120", "--client-id", f"c2sub-{tag}")
+    sub = client(
+        "h4",
+        "sub",
+        "--host",
+        "127.0.0.1",
+        "--topic",
+        f"c2/{tag}/#",
+        "--qos",
+        "1",
+        "--count",
+        "20",
+        "--timeout",
+        "120",
+        "--client-id",
+        f"c2sub-{tag}",
+    )
     subscribed(sub)
-    good = client("h1", "pub", "--host", h4, "--topic", f"c2/{tag}/{{n}}", "--qos", "1", "--count", "20",
-                  "--interval", "0.1", "--client-id", f"c2pub-{tag}")
+    good = client(
+        "h1",
+        "pub",
+        "--host",
+        h4,
+        "--topic",
+        f"c2/{tag}/{{n}}",
+        "--qos",
+        "1",
+        "--count",
+        "20",
+        "--interval",
+        "0.1",
+        "--client-id",
+        f"c2pub-{tag}",
+    )
     errors_before = nodes.status("gw1")["mqtt"]["counters"].get("protocol_errors", 0)
     s = _raw(h4)
     time.sleep(0.5)
@@ -418,22 +693,79 @@ def test_mqtt_311_client_with_bad_packet_is_closed(mqtt_chain):
 
 def test_bridge_mode_carries_configured_topics_both_ways_without_loops(mqtt_chain):
     nodes, h1, h4 = mqtt_chain
-    east_watch = client("h4", "sub", "--host", "127.0.0.1", "--topic", "nat/#", "--qos", "1", "--count", "40",
-                        "--timeout", "150", "--client-id", "c2east")
-    west_watch = client("h1", "sub", "--host", "127.0.0.1", "--topic", "nat/#", "--qos", "1", "--count", "40",
-                        "--timeout", "150", "--client-id", "c2west")
+    east_watch = client(
+        "h4",
+        "sub",
+        "--host",
+        "127.0.0.1",
+        "--topic",
+        "nat/#",
+        "--qos",
+        "1",
+        "--count",
+        "40",
+        "--timeout",
+        "150",
+        "--client-id",
+        "c2east",
+    )
+    west_watch = client(
+        "h1",
+        "sub",
+        "--host",
+        "127.0.0.1",
+        "--topic",
+        "nat/#",
+        "--qos",
+        "1",
+        "--count",
+        "40",
+        "--timeout",
+        "150",
+        "--client-id",
+        "c2west",
+    )
     subscribed(east_watch)
     subscribed(west_watch)
     # each side publishes to its own broker only
-    pw = client("h1", "pub", "--host", "127.0.0.1", "--topic", "nat/west/{n}", "--qos", "1", "--count", "20",
-                "--interval", "0.2", "--client-id", "c2pw")
-    pe = client("h4", "pub", "--host", "127.0.0.1", "--topic", "nat/east/{n}", "--qos", "1", "--count", "20",
-                "--interval", "0.2", "--client-id", "c2pe")
+    pw = client(
+        "h1",
+        "pub",
+        "--host",
+        "127.0.0.1",
+        "--topic",
+        "nat/west/{n}",
+        "--qos",
+        "1",
+        "--count",
+        "20",
+        "--interval",
+        "0.2",
+        "--client-id",
+        "c2pw",
+    )
+    pe = client(
+        "h4",
+        "pub",
+        "--host",
+        "127.0.0.1",
+        "--topic",
+        "nat/east/{n}",
+        "--qos",
+        "1",
+        "--count",
+        "20",
+        "--interval",
+        "0.2",
+        "--client-id",
+        "c2pe",
+    )
     assert lines(pw, 60)[-1]["acked"] == 20 and lines(pe, 60)[-1]["acked"] == 20
     for rows in (lines(east_watch, 200), lines(west_watch, 200)):
         got = [(r["topic"].split("/")[1], int(r["payload"].split()[0])) for r in rows if "topic" in r]
-        assert sorted(got) == sorted([("east", i) for i in range(20)] + [("west", i) for i in range(20)]), \
+        assert sorted(got) == sorted([("east", i) for i in range(20)] + [("west", i) for i in range(20)]), (
             f"each broker should see both sides' 20 once, got {len(got)}: {got[:50]}"
+        )
     c1 = nodes.status("gw1")["mqtt"]["counters"]
     assert c1["bridged_out"] == 20 and c1["bridged_in"] == 20
 
@@ -441,11 +773,42 @@ def test_bridge_mode_carries_configured_topics_both_ways_without_loops(mqtt_chai
 def test_explicit_listener_clients_pointed_at_the_gateway_reach_the_far_broker(mqtt_chain):
     nodes, h1, h4 = mqtt_chain
     gw1 = testbed.node_address(testbed.read_state(), "gw1")
-    sub = client("h4", "sub", "--host", "127.0.0.1", "--topic", "c2/explicit/#", "--qos", "1", "--count", "10",
-                 "--timeout", "120", "--client-id", "c2sub-explicit")
+    sub = client(
+        "h4",
+        "sub",
+        "--host",
+        "127.0.0.1",
+        "--topic",
+        "c2/explicit/#",
+        "--qos",
+        "1",
+        "--count",
+        "10",
+        "--timeout",
+        "120",
+        "--client-id",
+        "c2sub-explicit",
+    )
     subscribed(sub)
-    p = lines(client("h1", "pub", "--host", gw1, "--port", str(EXPLICIT_PORT), "--topic", "c2/explicit/{n}",
-                     "--qos", "1", "--count", "10", "--client-id", "c2pub-explicit"), 60)[-1]
+    p = lines(
+        client(
+            "h1",
+            "pub",
+            "--host",
+            gw1,
+            "--port",
+            str(EXPLICIT_PORT),
+            "--topic",
+            "c2/explicit/{n}",
+            "--qos",
+            "1",
+            "--count",
+            "10",
+            "--client-id",
+            "c2pub-explicit",
+        ),
+        60,
+    )[-1]
     assert p["acked"] == 10 and p["disconnects"] == []
     assert sorted(ids_of(lines(sub, 150))) == list(range(10))
 
@@ -493,8 +856,25 @@ def test_mqtt5_limits_and_session_expiry_of_a_client_hold_across_the_link(mqtt_c
     far_subscribed(nodes, cid, "c2/v5live/#")
     before = nodes.status("gw1")["inbox"]  # what gw1 already keeps for clients that are away
     for topic, size in (("c2/v5live/first", 20), ("c2/v5live/big", 600), ("c2/v5live/second", 20)):
-        p = lines(client("h4", "pub", "--host", "127.0.0.1", "--topic", topic, "--qos", "1", "--count", "1",
-                         "--size", str(size), "--client-id", f"c2pub-{topic.rsplit('/', 1)[1]}"), 60)[-1]
+        p = lines(
+            client(
+                "h4",
+                "pub",
+                "--host",
+                "127.0.0.1",
+                "--topic",
+                topic,
+                "--qos",
+                "1",
+                "--count",
+                "1",
+                "--size",
+                str(size),
+                "--client-id",
+                f"c2pub-{topic.rsplit('/', 1)[1]}",
+            ),
+            60,
+        )[-1]
         assert p["acked"] == 1
     (first,) = _read_packets(s, parser, 1, 120)
     assert first.topic == "c2/v5live/first" and first.properties["subscription_identifier"] == [42]

@@ -32,8 +32,11 @@ def pair_key(a: str, b: str) -> bytes:
 
 
 def codec(name: str) -> Codec:
-    return Codec(name, {n: pair_key(name, n) for n in NODES if n != name} | {"fmn": GROUP_KEY},
-                 {"fmn": tuple(n for n in NODES if n != name)})
+    return Codec(
+        name,
+        {n: pair_key(name, n) for n in NODES if n != name} | {"fmn": GROUP_KEY},
+        {"fmn": tuple(n for n in NODES if n != name)},
+    )
 
 
 # each test on both stores: SQLite (a node's) and in-memory
@@ -49,8 +52,11 @@ def store_kind(request):
 
 def make(tmp_path, name, cfg=SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000)):
     c = codec(name)
-    store = Custody(MemoryStore(), name, groups=c.groups) if STORE["kind"] == "memory" else \
-        CustodyStore(tmp_path / f"{name}.db", name, groups=c.groups)
+    store = (
+        Custody(MemoryStore(), name, groups=c.groups)
+        if STORE["kind"] == "memory"
+        else CustodyStore(tmp_path / f"{name}.db", name, groups=c.groups)
+    )
     return OverlayCore(store, c, cfg)
 
 
@@ -114,8 +120,10 @@ def test_a_member_cut_off_gets_everything_later_and_nobody_gets_a_duplicate(tmp_
     cores = {n: make(tmp_path, n) for n in NODES}
     net = FanOut()
     net.down["prt"] = [(0, 30_000)]
-    reports = [(i * 1000, lambda t, i=i: cores["deu"].submit("fmn", f"order {i}".encode(), t,
-                                                              priority=Priority.IMMEDIATE)) for i in range(5)]
+    reports = [
+        (i * 1000, lambda t, i=i: cores["deu"].submit("fmn", f"order {i}".encode(), t, priority=Priority.IMMEDIATE))
+        for i in range(5)
+    ]
     got = run(cores, _Bound(net), 20_000, actions=reports)
     assert len(got["nor"]) == 5 and got["prt"] == []
     assert cores["deu"].store.held_out()[0] == 5  # prt has not taken them: still in custody
@@ -139,8 +147,7 @@ def test_group_and_direct_streams_keep_their_own_order(tmp_path):
     # both streams number their envelopes 1, 2, 3: the receiver must not mix them up
     assert nor.on_bundle(group.payload, 10).data == 3
     assert nor.on_bundle(direct.payload, 20).data == 3
-    assert [d.body for d in nor.take()] == [b"group 0", b"group 1", b"group 2",
-                                            b"direct 0", b"direct 1", b"direct 2"]
+    assert [d.body for d in nor.take()] == [b"group 0", b"group 1", b"group 2", b"direct 0", b"direct 1", b"direct 2"]
 
 
 def test_acks_release_a_group_envelope_only_from_its_members_and_only_when_all_took_it(tmp_path):
@@ -181,16 +188,19 @@ def test_group_envelopes_are_sealed_with_the_group_key_and_checked_against_it():
 def test_a_member_cannot_pass_group_envelopes_off_as_another_members(tmp_path):
     """Every member holds the group key; what nor knows must not let it speak for deu."""
     deu, prt = codec("deu"), make(tmp_path, "prt")
-    as_deu = Codec("deu", {"nor": pair_key("deu", "nor"), "prt": pair_key("nor", "prt"), "fmn": GROUP_KEY},
-                   {"fmn": ("nor", "prt")})  # deu's name, the keys nor has
+    as_deu = Codec(
+        "deu", {"nor": pair_key("deu", "nor"), "prt": pair_key("nor", "prt"), "fmn": GROUP_KEY}, {"fmn": ("nor", "prt")}
+    )  # deu's name, the keys nor has
     lie = Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: fall back to phase line red")
     genuine = deu.container([deu.seal(Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: hold"))], "fmn")
     spliced = cbor2.loads(genuine)
     spliced[3] = [cbor2.loads(as_deu.seal(lie))]  # deu's origin tags around nor's envelope
     untagged = cbor2.dumps(cbor2.loads(as_deu.container([as_deu.seal(lie)], "fmn"))[:4])
-    forgeries = {"without origin tags": untagged,
-                 "origin tag for 'prt' does not match": as_deu.container([as_deu.seal(lie)], "fmn"),
-                 "did not seal": cbor2.dumps(spliced)}
+    forgeries = {
+        "without origin tags": untagged,
+        "origin tag for 'prt' does not match": as_deu.container([as_deu.seal(lie)], "fmn"),
+        "did not seal": cbor2.dumps(spliced),
+    }
     for why, payload in forgeries.items():
         res = prt.on_bundle(payload, 10)
         assert res.data == 0 and len(res.rejected) == 1 and why in res.rejected[0], (why, res.rejected)
@@ -210,9 +220,13 @@ def test_origin_tags_cost_9_bytes_per_other_member_and_bundle_not_per_envelope()
 def _node_toml(tmp_path, groups, routing="epidemic", keys=None):
     keys = keys if keys is not None else {"nor": "ab" * 32, "prt": "cd" * 32, "fmn": "ef" * 32}
     p = tmp_path / "deu.toml"
-    p.write_text('[node]\nid = "deu"\nstorage = "/tmp/c2-x"\n\n[agent]\n'
-                 f'routing = "{routing}"\n\n[keys]\n' + "".join(f'{k} = "{v}"\n' for k, v in keys.items())
-                 + "\n[groups]\n" + "".join(f"{g} = {m!r}\n".replace("'", '"') for g, m in groups.items()))
+    p.write_text(
+        '[node]\nid = "deu"\nstorage = "/tmp/c2-x"\n\n[agent]\n'
+        f'routing = "{routing}"\n\n[keys]\n'
+        + "".join(f'{k} = "{v}"\n' for k, v in keys.items())
+        + "\n[groups]\n"
+        + "".join(f"{g} = {m!r}\n".replace("'", '"') for g, m in groups.items())
+    )
     p.chmod(0o600)  # it holds keys
     return p
 
@@ -257,8 +271,15 @@ def test_a_group_bundle_lost_on_the_uplink_is_resent_when_a_later_one_arrives(tm
                 super().send_from(sender, [b], now)
 
     net = LoseFirst()
-    got = run(cores, _Bound(net), 5_000, actions=[(0, lambda t: cores["deu"].submit("fmn", b"one", t)),
-                                                  (1_000, lambda t: cores["deu"].submit("fmn", b"two", t))])
+    got = run(
+        cores,
+        _Bound(net),
+        5_000,
+        actions=[
+            (0, lambda t: cores["deu"].submit("fmn", b"one", t)),
+            (1_000, lambda t: cores["deu"].submit("fmn", b"two", t)),
+        ],
+    )
     for rx in ("nor", "prt"):
         assert sorted(d.body for d in got[rx]) == [b"one", b"two"]  # seconds, not the 120 s timer
     assert cores["deu"].store.count("fast_retransmits") >= 1
@@ -290,7 +311,9 @@ def test_a_malformed_group_ack_is_rejected_by_name_and_the_rest_of_the_bundle_ta
     deu, nor = cores["deu"], cores["nor"]
     seq = deu.submit("fmn", b"pos", 0)
     deu.poll(0)
-    bad = Envelope(Kind.ACK, "nor", 0, "fmn", 0, 60_000, Priority.FLASH, body=cbor2.dumps({deu.store.source: "not runs"}))
+    bad = Envelope(
+        Kind.ACK, "nor", 0, "fmn", 0, 60_000, Priority.FLASH, body=cbor2.dumps({deu.store.source: "not runs"})
+    )
     good = Envelope(Kind.DATA, "nor", 1, "fmn", 0, 60_000, body=b"pos nor")
     res = deu.on_bundle(nor.codec.container([nor.codec.seal(bad), nor.codec.seal(good)], "fmn"), 10)
     assert res.data == 1 and len(res.rejected) == 1 and "ack entry is not [done runs, got runs]" in res.rejected[0]
@@ -309,9 +332,10 @@ def test_over_an_agent_without_group_endpoints_the_node_sends_a_copy_to_each_mem
 
     keys = {n: pair_key("deu", n).hex() for n in ("nor", "prt")} | {"fmn": GROUP_KEY.hex()}
     p = tmp_path / "deu.toml"
-    p.write_text(f'[node]\nid = "deu"\nstorage = "{tmp_path / "deu"}"\nfsync = "loop"\n[agent]\nkind = "ion"\n'
-                 '[keys]\n' + "".join(f'{k} = "{v}"\n' for k, v in keys.items())
-                 + '[groups]\nfmn = ["deu", "nor", "prt"]\n')
+    p.write_text(
+        f'[node]\nid = "deu"\nstorage = "{tmp_path / "deu"}"\nfsync = "loop"\n[agent]\nkind = "ion"\n'
+        "[keys]\n" + "".join(f'{k} = "{v}"\n' for k, v in keys.items()) + '[groups]\nfmn = ["deu", "nor", "prt"]\n'
+    )
     p.chmod(0o600)
     cfg = load_node_config(p)  # static routing is fine: each copy is an ordinary bundle
     assert cfg.routing == "static" and not agent_class("ion").capabilities.groups

@@ -18,12 +18,19 @@ from test_agents import _node
 
 # -- BPv7 ---------------------------------------------------------------------------------------
 
+
 def test_a_bundle_encodes_with_a_primary_crc_and_decodes_to_what_went_in():
     raw = bpv7.encode((11, 1), (23, 1), b"order 7", lifetime_ms=60_000, created_ms=123_456, seq=3)
     assert raw[0] == 0x9F and raw[-1] == 0xFF  # an indefinite-length array of blocks
     b = bpv7.decode(raw)
-    assert (b.src, b.dst, b.created_ms, b.seq, b.lifetime_ms, b.payload) == ((11, 1), (23, 1), 123_456, 3, 60_000,
-                                                                             b"order 7")
+    assert (b.src, b.dst, b.created_ms, b.seq, b.lifetime_ms, b.payload) == (
+        (11, 1),
+        (23, 1),
+        123_456,
+        3,
+        60_000,
+        b"order 7",
+    )
     primary = cbor2.loads(raw)[0]
     assert primary[:3] == [7, bpv7.MUST_NOT_FRAGMENT, bpv7.CRC32C]
     crc = primary[-1]
@@ -39,22 +46,26 @@ def test_a_received_bundle_with_more_blocks_gives_its_payload():
     assert b.src == (9, 1) and b.dst == (5, 1) and b.payload == b"x" * 300
 
 
-@pytest.mark.parametrize("raw, says", [
-    (b"\xff\x00", "not strict CBOR"),
-    (b"\x9f" + cbor2.dumps([1, 1, 0, 0, b""]), "does not end with a break"),
-    (b"\x9f\xd8\x1c\x80\xff", "tag 28"),
-    (cbor2.dumps({"a": 1}), "array of blocks"),
-    (cbor2.dumps([[6, 0, 0, 0, 0, 0, [0, 0], 0], [1, 1, 0, 0, b""]]), "version 6"),
-    (cbor2.dumps([[7, 0, 0, [1, 0], [2, [1, 1]], [2, [1, 1]], [0, 0], 9], [1, 1, 0, 0, b""]]), "destination"),
-    (cbor2.dumps([[7, 0, 0, [2, [2, 1]], [2, [1, 1]], [2, [1, 1]], [0, 0], 9], [7, 2, 0, 0, b""]]), "no payload"),
-    (cbor2.dumps([[7, 0, 0, [2, [2, 1]], [2, [1, 1]], [2, [1, 1]], "now", 9], [1, 1, 0, 0, b""]]), "creation"),
-])
+@pytest.mark.parametrize(
+    "raw, says",
+    [
+        (b"\xff\x00", "not strict CBOR"),
+        (b"\x9f" + cbor2.dumps([1, 1, 0, 0, b""]), "does not end with a break"),
+        (b"\x9f\xd8\x1c\x80\xff", "tag 28"),
+        (cbor2.dumps({"a": 1}), "array of blocks"),
+        (cbor2.dumps([[6, 0, 0, 0, 0, 0, [0, 0], 0], [1, 1, 0, 0, b""]]), "version 6"),
+        (cbor2.dumps([[7, 0, 0, [1, 0], [2, [1, 1]], [2, [1, 1]], [0, 0], 9], [1, 1, 0, 0, b""]]), "destination"),
+        (cbor2.dumps([[7, 0, 0, [2, [2, 1]], [2, [1, 1]], [2, [1, 1]], [0, 0], 9], [7, 2, 0, 0, b""]]), "no payload"),
+        (cbor2.dumps([[7, 0, 0, [2, [2, 1]], [2, [1, 1]], [2, [1, 1]], "now", 9], [1, 1, 0, 0, b""]]), "creation"),
+    ],
+)
 def test_what_is_not_a_bundle_is_refused_naming_why(raw, says):
     with pytest.raises(bpv7.BundleError, match=says):
         bpv7.decode(raw)
 
 
 # -- TCPCLv4 -------------------------------------------------------------------------------------
+
 
 def sess_init(node: str, keepalive: int = 15, seg_mru: int = 100, xfer_mru: int = 1 << 20) -> bytes:
     n = node.encode()
@@ -100,7 +111,7 @@ def test_an_incoming_transfer_is_acked_segment_by_segment_and_delivered_once_who
     wire = segment(2, 9, b"hello ") + segment(1, 9, b"world") + struct.pack(">BBQ", 3, 4, 12)
     acks, events = b"", []
     for i in range(len(wire)):  # one byte at a time
-        out, ev = s.feed(wire[i:i + 1], 5.0)
+        out, ev = s.feed(wire[i : i + 1], 5.0)
         acks += out
         events += ev
     assert events == [tcpcl4.Received(b"hello world"), tcpcl4.Refused(12, 4)]
@@ -134,6 +145,7 @@ def test_the_peer_ending_or_breaking_the_session_is_told_apart():
 
 # -- the node's files -------------------------------------------------------------------------------
 
+
 def test_hdtn_node_files_follow_the_node_config(tmp_path):
     cfg = _node(tmp_path, "hdtn")
     files = hdtn_files(cfg)
@@ -143,8 +155,10 @@ def test_hdtn_node_files_follow_the_node_config(tmp_path):
     assert conf["myNodeId"] == me and conf["storageConfig"]["tryToRestoreFromDisk"]
     inducts = {(i["convergenceLayer"], i["boundPort"]) for i in conf["inductsConfig"]["inductVector"]}
     assert inducts == {("tcpcl_v4", 4560), ("tcpcl_v4", 4556), ("udp", 4556)}  # the overlay's own, then listen
-    outducts = {(o["convergenceLayer"], o["remoteHostname"], o["remotePort"], o["nextHopNodeId"])
-                for o in conf["outductsConfig"]["outductVector"]}
+    outducts = {
+        (o["convergenceLayer"], o["remoteHostname"], o["remotePort"], o["nextHopNodeId"])
+        for o in conf["outductsConfig"]["outductVector"]
+    }
     assert outducts == {("tcpcl_v4", "10.77.1.2", 4556, r2), ("udp", "10.77.5.2", 4600, r5)}
     contacts = {(c["source"], c["dest"]) for c in json.loads(files["contacts.json"])["contacts"]}
     # to each neighbour and on to its overlay endpoint; gw4's endpoint through r2, as the route says
@@ -167,8 +181,10 @@ def test_hdtn_over_ltp_gets_an_induct_per_ltp_neighbour_on_its_one_port_and_pace
     me, r5 = derived_number("gw1"), derived_number("r5")
     ltp_in = [i for i in conf["inductsConfig"]["inductVector"] if i["convergenceLayer"] == "ltp_over_udp"]
     # one induct for r5's engine on the node's LTP port, reporting back to r5's own LTP port
-    assert [(i["boundPort"], i["thisLtpEngineId"], i["remoteLtpEngineId"], i["ltpRemoteUdpHostname"],
-             i["ltpRemoteUdpPort"]) for i in ltp_in] == [(1113, me, r5, "10.77.5.2", 1200)]
+    assert [
+        (i["boundPort"], i["thisLtpEngineId"], i["remoteLtpEngineId"], i["ltpRemoteUdpHostname"], i["ltpRemoteUdpPort"])
+        for i in ltp_in
+    ] == [(1113, me, r5, "10.77.5.2", 1200)]
     out = next(o for o in conf["outductsConfig"]["outductVector"] if o["nextHopNodeId"] == r5)
     assert (out["convergenceLayer"], out["remoteHostname"], out["remotePort"]) == ("ltp_over_udp", "10.77.5.2", 1200)
     assert (out["thisLtpEngineId"], out["remoteLtpEngineId"], out["ltpSenderBoundPort"]) == (me, r5, 1113)
@@ -176,7 +192,9 @@ def test_hdtn_over_ltp_gets_an_induct_per_ltp_neighbour_on_its_one_port_and_pace
     tcp = next(o for o in conf["outductsConfig"]["outductVector"] if o["nextHopNodeId"] == derived_number("r2"))
     assert tcp["convergenceLayer"] == "tcpcl_v4" and "thisLtpEngineId" not in tcp  # HDTN refuses LTP keys elsewhere
     # HDTN paces the LTP outduct by the contact's rate: r5's own, the others unlimited
-    rates = {(c["source"], c["dest"]): c["rateBitsPerSec"] for c in json.loads(hdtn_files(cfg)["contacts.json"])["contacts"]}
+    rates = {
+        (c["source"], c["dest"]): c["rateBitsPerSec"] for c in json.loads(hdtn_files(cfg)["contacts.json"])["contacts"]
+    }
     assert rates[(me, r5)] == 8640 and rates[(me, derived_number("r2"))] == 0
     cfg.listen.pop()  # LTP leaves from the node's own LTP port: none, refused naming the fix
     with pytest.raises(ConfigError, match="listen.*LTP port.*ltp://0.0.0.0:1113"):
@@ -276,12 +294,20 @@ def test_hdtn_sessions_between_nodes_outlive_a_silent_cut_and_the_setting_is_che
     # HDTN 1.3.1 releases nothing for a next hop whose session a silent cut ended (hdtn.py,
     # Keepalive): between HDTN nodes the keepalive is minutes; the overlay's own session 15 s
     conf = json.loads(hdtn_files(_node(tmp_path, "hdtn"))["hdtn.json"])
-    keepalives = {i["boundPort"]: i["keepAliveIntervalSeconds"] for i in conf["inductsConfig"]["inductVector"]
-                  if i["convergenceLayer"] == "tcpcl_v4"}
+    keepalives = {
+        i["boundPort"]: i["keepAliveIntervalSeconds"]
+        for i in conf["inductsConfig"]["inductVector"]
+        if i["convergenceLayer"] == "tcpcl_v4"
+    }
     assert keepalives == {4560: 15, 4556: 600}
-    assert [o["keepAliveIntervalSeconds"] for o in conf["outductsConfig"]["outductVector"]
-            if o["convergenceLayer"] == "tcpcl_v4"] == [600]
+    assert [
+        o["keepAliveIntervalSeconds"]
+        for o in conf["outductsConfig"]["outductVector"]
+        if o["convergenceLayer"] == "tcpcl_v4"
+    ] == [600]
     conf = json.loads(hdtn_files(_node(tmp_path, "hdtn", "[agent.hdtn]\nkeepalive_s = 3600\n"))["hdtn.json"])
-    assert {o["keepAliveIntervalSeconds"] for o in conf["outductsConfig"]["outductVector"] if "tryUseTls" in o} == {3600}
+    assert {o["keepAliveIntervalSeconds"] for o in conf["outductsConfig"]["outductVector"] if "tryUseTls" in o} == {
+        3600
+    }
     with pytest.raises(ConfigError, match="agent.hdtn.keepalive_s.*70000"):
         _node(tmp_path, "hdtn", "[agent.hdtn]\nkeepalive_s = 70000\n")

@@ -11,7 +11,14 @@ from c2dtn.topologies.model import builtin_names, load
 
 
 def test_every_shipped_topology_loads():
-    assert set(builtin_names()) == {"nps-chain", "fmn-2nations", "fmn-4nations", "fmn-4nations-mixed", "platoons", "two-box"}
+    assert set(builtin_names()) == {
+        "nps-chain",
+        "fmn-2nations",
+        "fmn-4nations",
+        "fmn-4nations-mixed",
+        "platoons",
+        "two-box",
+    }
     for name in builtin_names():
         t = load(name)
         assert t.nodes and t.links
@@ -66,7 +73,7 @@ def test_profile_override_touches_only_dil_links():
 
 def test_schedule_and_inline_profiles(tmp_path):
     f = tmp_path / "t.toml"
-    f.write_text('''
+    f.write_text("""
 name = "pair"
 [[nodes]]
 name = "a"
@@ -85,7 +92,7 @@ at = "5s"
 link = "a-b"
 action = "down"
 carrier = true
-''')
+""")
     t = load(str(f))
     assert t.links["a-b"].profile_ab.rate_bps == 64000
     assert [(e.at_s, e.action, e.carrier) for e in t.schedule] == [(5.0, "down", True), (20.0, "up", False)]
@@ -98,23 +105,43 @@ carrier = true
 BASE = '[[nodes]]\nname = "a"\n[[nodes]]\nname = "b"\n'
 
 
-@pytest.mark.parametrize("body, field, value", [
-    (BASE + '[[links]]\na = "a"\nb = "zz"\n', "links[0].b", "zz"),
-    (BASE + '[[links]]\na = "a"\nb = "b"\nprofile = "cnr-tactical-9"\n', "links[0].profile", "cnr-tactical-9"),
-    (BASE + '[[links]]\na = "a"\nb = "b"\nprofile = { rate = "9.8 kbits" }\n', "links[0].profile.rate", "9.8 kbits"),
-    (BASE + '[[links]]\na = "a"\nb = "b"\nsubnet = "8.8.8.0/24"\n', "links[0].subnet", "8.8.8.0/24"),
-    (BASE + '[[links]]\na = "a"\nb = "b"\nsubnet = "10.1.0.0/33"\n', "links[0].subnet", "10.1.0.0/33"),
-    (BASE + '[[links]]\na = "a"\nb = "b"\ncolour = "red"\n', "links[0].colour", "red"),
-    ('[[nodes]]\nname = "a"\nrole = "tank"\n', "nodes[0].role", "tank"),
-    ('[[nodes]]\nname = "a b"\n', "nodes[0].name", "a b"),
-    (BASE + '[[links]]\na = "a"\nb = "b"\n[[schedule]]\nat = "5"\nlink = "a-b"\naction = "down"\n',
-     "schedule[0].at", "5"),
-    (BASE + '[[links]]\na = "a"\nb = "b"\n[[schedule]]\nat = "5s"\nlink = "a-c"\naction = "down"\n',
-     "schedule[0].link", "a-c"),
-    (BASE + '[[links]]\na = "a"\nb = "b"\n[[schedule]]\nat = "5s"\nlink = "a-b"\naction = "explode"\n',
-     "schedule[0].action", "explode"),
-    ('[addressing]\npool = "10.0.0.0/28"\n' + BASE + '[[links]]\na = "a"\nb = "b"\n', "addressing.pool", "10.0.0.0/28"),
-])
+@pytest.mark.parametrize(
+    "body, field, value",
+    [
+        (BASE + '[[links]]\na = "a"\nb = "zz"\n', "links[0].b", "zz"),
+        (BASE + '[[links]]\na = "a"\nb = "b"\nprofile = "cnr-tactical-9"\n', "links[0].profile", "cnr-tactical-9"),
+        (
+            BASE + '[[links]]\na = "a"\nb = "b"\nprofile = { rate = "9.8 kbits" }\n',
+            "links[0].profile.rate",
+            "9.8 kbits",
+        ),
+        (BASE + '[[links]]\na = "a"\nb = "b"\nsubnet = "8.8.8.0/24"\n', "links[0].subnet", "8.8.8.0/24"),
+        (BASE + '[[links]]\na = "a"\nb = "b"\nsubnet = "10.1.0.0/33"\n', "links[0].subnet", "10.1.0.0/33"),
+        (BASE + '[[links]]\na = "a"\nb = "b"\ncolour = "red"\n', "links[0].colour", "red"),
+        ('[[nodes]]\nname = "a"\nrole = "tank"\n', "nodes[0].role", "tank"),
+        ('[[nodes]]\nname = "a b"\n', "nodes[0].name", "a b"),
+        (
+            BASE + '[[links]]\na = "a"\nb = "b"\n[[schedule]]\nat = "5"\nlink = "a-b"\naction = "down"\n',
+            "schedule[0].at",
+            "5",
+        ),
+        (
+            BASE + '[[links]]\na = "a"\nb = "b"\n[[schedule]]\nat = "5s"\nlink = "a-c"\naction = "down"\n',
+            "schedule[0].link",
+            "a-c",
+        ),
+        (
+            BASE + '[[links]]\na = "a"\nb = "b"\n[[schedule]]\nat = "5s"\nlink = "a-b"\naction = "explode"\n',
+            "schedule[0].action",
+            "explode",
+        ),
+        (
+            '[addressing]\npool = "10.0.0.0/28"\n' + BASE + '[[links]]\na = "a"\nb = "b"\n',
+            "addressing.pool",
+            "10.0.0.0/28",
+        ),
+    ],
+)
 def test_bad_topology_names_file_field_and_value(tmp_path, body, field, value):
     f = tmp_path / "bad.toml"
     f.write_text(body)
@@ -138,8 +165,11 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert str(f) in r.stderr and "links[0].profile" in r.stderr and "'nope'" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "c2dtn.cli", "topo", "up", "nps-chain", "--link-backend", "magic"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "c2dtn.cli", "topo", "up", "nps-chain", "--link-backend", "magic"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "magic" in r.stderr
 
 
@@ -150,13 +180,21 @@ def test_a_topology_names_each_nodes_agent_and_its_relay(tmp_path):
 
     mixed = load("fmn-4nations-mixed")
     assert {n: v.agent for n, v in mixed.nodes.items() if v.agent} == {
-        "tacnet": "relay", "deu-gw": "dtn7", "nor-gw": "ion", "prt-gw": "ibrdtn", "usa-gw": "dtn7"}
+        "tacnet": "relay",
+        "deu-gw": "dtn7",
+        "nor-gw": "ion",
+        "prt-gw": "ibrdtn",
+        "usa-gw": "dtn7",
+    }
     assert topology_agents(testbed.state_of(mixed, "userspace")) == (
-        {"deu-gw": "dtn7", "nor-gw": "ion", "prt-gw": "ibrdtn", "usa-gw": "dtn7"}, "tacnet")
+        {"deu-gw": "dtn7", "nor-gw": "ion", "prt-gw": "ibrdtn", "usa-gw": "dtn7"},
+        "tacnet",
+    )
     assert topology_agents(testbed.state_of(load("fmn-4nations"), "userspace")) == ({}, None)
     bad = tmp_path / "t.toml"
-    bad.write_text('name = "t"\n[[nodes]]\nname = "a"\nagent = "spindle"\n[[nodes]]\nname = "b"\n'
-                   '[[links]]\na = "a"\nb = "b"\n')
+    bad.write_text(
+        'name = "t"\n[[nodes]]\nname = "a"\nagent = "spindle"\n[[nodes]]\nname = "b"\n[[links]]\na = "a"\nb = "b"\n'
+    )
     with pytest.raises(ConfigError, match=r"nodes\[0\]\.agent.*'spindle'.*unknown agent"):
         load(str(bad))
 
@@ -219,8 +257,9 @@ def test_hdtn_over_ltp_in_the_testbed_paces_the_radio_hop_at_90_percent_of_its_r
     from c2dtn.topologies.node_configs import write_configs
 
     st = testbed.state_of(load("nps-chain"), "userspace")
-    paths = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path, cla="ltp", per_link_cla=False,
-                          agent="hdtn")
+    paths = write_configs(
+        st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path, cla="ltp", per_link_cla=False, agent="hdtn"
+    )
     r2, gw1 = load_node_config(paths["r2"]), load_node_config(paths["gw1"])
     assert {p.cla.scheme for p in r2.peers} == {"ltp"} and r2.listen[0].port == 1113
     # in bits per second (HDTN's contact rate), the radio hop only (cnr-tactical-2: 9.8 kbit/s)

@@ -19,35 +19,53 @@ try:
     import mqtt5  # the oracle codec, from the [test] extra
 except ImportError:
     mqtt5 = None
-needs_mqtt5 = pytest.mark.skipif(mqtt5 is None, reason="the mqtt5 oracle codec is not installed (pip install 'c2dtn[test]')")
+needs_mqtt5 = pytest.mark.skipif(
+    mqtt5 is None, reason="the mqtt5 oracle codec is not installed (pip install 'c2dtn[test]')"
+)
 
-V5_PROPS = {"message_expiry_interval": 120, "content_type": "application/geo+json", "response_topic": "r/1",
-            "correlation_data": b"\x01\x02", "user_property": [("unit", "NOR-3"), ("unit", "dup-key ok")],
-            "payload_format_indicator": 1}
+V5_PROPS = {
+    "message_expiry_interval": 120,
+    "content_type": "application/geo+json",
+    "response_topic": "r/1",
+    "correlation_data": b"\x01\x02",
+    "user_property": [("unit", "NOR-3"), ("unit", "dup-key ok")],
+    "payload_format_indicator": 1,
+}
 
 ALL = [
-    m.Connect("c1", clean_start=False, keepalive=30, username="u", password=b"p",
-              will=m.Will("w/t", b"gone", 1, True)),
+    m.Connect("c1", clean_start=False, keepalive=30, username="u", password=b"p", will=m.Will("w/t", b"gone", 1, True)),
     m.ConnAck(True, 0),
     m.Publish("a/b", b"\x00\xffpayload", 0, True),
     m.Publish("a/b", b"x", 1, False, True, 7),
     m.Publish("a/b", b"x", 2, False, False, 65535),
-    m.PubAck(7), m.PubRec(8), m.PubRel(9), m.PubComp(10),
+    m.PubAck(7),
+    m.PubRec(8),
+    m.PubRel(9),
+    m.PubComp(10),
     m.Subscribe(11, [m.SubOption("a/+/c", 1), m.SubOption("d/#", 2)]),
     m.SubAck(11, [1, 2, 0x80]),
     m.Unsubscribe(12, ["a/+/c", "x"]),
     m.UnsubAck(12),
-    m.PingReq(), m.PingResp(), m.Disconnect(),
+    m.PingReq(),
+    m.PingResp(),
+    m.Disconnect(),
 ]
 
 ALL_V5 = [
-    m.Connect("c5", keepalive=10, version=5, properties={"session_expiry_interval": 3600, "receive_maximum": 20,
-                                                         "user_property": [("a", "b")]},
-              will=m.Will("w/t", b"gone", 2, False, {"will_delay_interval": 5, "content_type": "text/plain"})),
+    m.Connect(
+        "c5",
+        keepalive=10,
+        version=5,
+        properties={"session_expiry_interval": 3600, "receive_maximum": 20, "user_property": [("a", "b")]},
+        will=m.Will("w/t", b"gone", 2, False, {"will_delay_interval": 5, "content_type": "text/plain"}),
+    ),
     m.ConnAck(False, 0, {"maximum_qos": 1, "assigned_client_identifier": "auto-1", "topic_alias_maximum": 10}),
     m.Publish("a/b", b"{}", 1, False, False, 3, dict(V5_PROPS)),
     m.Publish("", b"aliased", 0, False, False, None, {"topic_alias": 4}),
-    m.PubAck(3, 0x10, {"reason_string": "no subscribers"}), m.PubRec(4, 0), m.PubRel(4, 0x92), m.PubComp(4),
+    m.PubAck(3, 0x10, {"reason_string": "no subscribers"}),
+    m.PubRec(4, 0),
+    m.PubRel(4, 0x92),
+    m.PubComp(4),
     m.Subscribe(5, [m.SubOption("a/#", 2, True, True, 2)], {"subscription_identifier": [9]}),
     m.SubAck(5, [2, 0x87], {"reason_string": "partly"}),
     m.Unsubscribe(6, ["a/#"], {"user_property": [("k", "v")]}),
@@ -62,7 +80,7 @@ def _roundtrip(pkts, version):
     parser = Parser(version=None if isinstance(pkts[0], m.Connect) else version)
     got = []
     for i in range(len(wire)):  # byte by byte: framing across any split
-        got += parser.feed(wire[i:i + 1])
+        got += parser.feed(wire[i : i + 1])
     return got
 
 
@@ -85,14 +103,22 @@ def test_mqtt5_oracle_reads_what_we_write():
     o, n = mqtt5.read(memoryview(pub))
     assert n == len(pub)
     assert (o.topic, o.payload, o.qos, o.retain, o.packet_id) == ("a/b", b"{}", mqtt5.QoS.AT_LEAST_ONCE, True, 3)
-    assert (o.message_expiry_interval, o.content_type, o.response_topic, o.correlation_data) == \
-           (120, "application/geo+json", "r/1", b"\x01\x02")
+    assert (o.message_expiry_interval, o.content_type, o.response_topic, o.correlation_data) == (
+        120,
+        "application/geo+json",
+        "r/1",
+        b"\x01\x02",
+    )
     assert o.user_properties == [("unit", "NOR-3"), ("unit", "dup-key ok")]
     con = encode(ALL_V5[0], 5)
     o, _ = mqtt5.read(memoryview(con))
     assert (o.client_id, o.keep_alive, o.session_expiry_interval, o.receive_max) == ("c5", 10, 3600, 20)
-    assert (o.will.topic, o.will.payload, o.will.qos, o.will.will_delay_interval) == \
-           ("w/t", b"gone", mqtt5.QoS.EXACTLY_ONCE, 5)
+    assert (o.will.topic, o.will.payload, o.will.qos, o.will.will_delay_interval) == (
+        "w/t",
+        b"gone",
+        mqtt5.QoS.EXACTLY_ONCE,
+        5,
+    )
     sub = encode(ALL_V5[8], 5)
     o, _ = mqtt5.read(memoryview(sub))
     f = o.topic_filters[0]
@@ -103,21 +129,48 @@ def test_mqtt5_oracle_reads_what_we_write():
 def test_we_read_what_the_mqtt5_oracle_writes():
     p = Parser(version=5)
     w = mqtt5.Will("w/x", payload=b"bye", qos=mqtt5.QoS.AT_LEAST_ONCE, retain=True, will_delay_interval=7)
-    con = mqtt5.ConnectPacket("orc", username="u", password=b"pw", clean_start=False, will=w, keep_alive=25,
-                              session_expiry_interval=60, user_properties=[("x", "y")])
+    con = mqtt5.ConnectPacket(
+        "orc",
+        username="u",
+        password=b"pw",
+        clean_start=False,
+        will=w,
+        keep_alive=25,
+        session_expiry_interval=60,
+        user_properties=[("x", "y")],
+    )
     got = Parser().feed(con.write())[0]
-    assert (got.client_id, got.username, got.password, got.clean_start, got.keepalive, got.version) == \
-           ("orc", "u", b"pw", False, 25, 5)
+    assert (got.client_id, got.username, got.password, got.clean_start, got.keepalive, got.version) == (
+        "orc",
+        "u",
+        b"pw",
+        False,
+        25,
+        5,
+    )
     assert got.properties["session_expiry_interval"] == 60 and got.properties["user_property"] == [("x", "y")]
     assert (got.will.topic, got.will.payload, got.will.qos, got.will.retain) == ("w/x", b"bye", 1, True)
     assert got.will.properties["will_delay_interval"] == 7
-    pub = mqtt5.PublishPacket("u/1/loc", b"\x01" * 300, qos=mqtt5.QoS.EXACTLY_ONCE, packet_id=42,
-                              message_expiry_interval=9, content_type="c", user_properties=[("k", "v")])
+    pub = mqtt5.PublishPacket(
+        "u/1/loc",
+        b"\x01" * 300,
+        qos=mqtt5.QoS.EXACTLY_ONCE,
+        packet_id=42,
+        message_expiry_interval=9,
+        content_type="c",
+        user_properties=[("k", "v")],
+    )
     got = p.feed(pub.write())[0]
     assert (got.topic, got.payload, got.qos, got.packet_id) == ("u/1/loc", b"\x01" * 300, 2, 42)
     assert got.properties == {"message_expiry_interval": 9, "content_type": "c", "user_property": [("k", "v")]}
-    for pkt in (mqtt5.PubAckPacket(42), mqtt5.PubRecPacket(42), mqtt5.PubRelPacket(42), mqtt5.PubCompPacket(42),
-                mqtt5.PingReqPacket(), mqtt5.DisconnectPacket()):
+    for pkt in (
+        mqtt5.PubAckPacket(42),
+        mqtt5.PubRecPacket(42),
+        mqtt5.PubRelPacket(42),
+        mqtt5.PubCompPacket(42),
+        mqtt5.PingReqPacket(),
+        mqtt5.DisconnectPacket(),
+    ):
         (got,) = p.feed(pkt.write())
         assert got.type.name.replace("_", "") in type(pkt).__name__.upper()
 
@@ -165,7 +218,7 @@ def test_random_corruption_never_escapes_as_anything_but_mqtt_error():
         for _ in range(rng.randint(1, 4)):
             w[rng.randrange(len(w))] = rng.randrange(256)
         if rng.random() < 0.3:
-            w = w[:rng.randrange(1, len(w) + 1)]
+            w = w[: rng.randrange(1, len(w) + 1)]
         try:
             Parser(1 << 16, rng.choice([4, 5])).feed(bytes(w))
         except MqttError:
@@ -173,9 +226,20 @@ def test_random_corruption_never_escapes_as_anything_but_mqtt_error():
 
 
 def test_topic_matching():
-    cases = [("a/+/c", "a/b/c", True), ("a/+/c", "a/b/d", False), ("a/#", "a", True), ("a/#", "a/b/c", True),
-             ("#", "$SYS/x", False), ("+/x", "$SYS/x", False), ("$SYS/#", "$SYS/x", True), ("a/b", "a/b/c", False),
-             ("+", "", True), ("$share/g/a/+", "a/z", True), ("/+", "/x", True), ("a//b", "a//b", True)]
+    cases = [
+        ("a/+/c", "a/b/c", True),
+        ("a/+/c", "a/b/d", False),
+        ("a/#", "a", True),
+        ("a/#", "a/b/c", True),
+        ("#", "$SYS/x", False),
+        ("+/x", "$SYS/x", False),
+        ("$SYS/#", "$SYS/x", True),
+        ("a/b", "a/b/c", False),
+        ("+", "", True),
+        ("$share/g/a/+", "a/z", True),
+        ("/+", "/x", True),
+        ("a//b", "a//b", True),
+    ]
     for flt, topic, want in cases:
         assert m.topic_matches(flt, topic) is want, (flt, topic)
 
@@ -247,8 +311,17 @@ def test_paho_client_talks_to_the_codec(version):
     from paho.mqtt.packettypes import PacketTypes
 
     srv = _Server()
-    srv.push = [m.Publish("down/1", b"from-server", 1, False, False, None,
-                          {"user_property": [("k", "v")], "content_type": "x/y"} if version == 5 else {})]
+    srv.push = [
+        m.Publish(
+            "down/1",
+            b"from-server",
+            1,
+            False,
+            False,
+            None,
+            {"user_property": [("k", "v")], "content_type": "x/y"} if version == 5 else {},
+        )
+    ]
     proto = paho.MQTTv5 if version == 5 else paho.MQTTv311
     cl = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"paho{version}", protocol=proto)
     cl.will_set("will/t", b"w", qos=1, retain=True)
@@ -267,8 +340,13 @@ def test_paho_client_talks_to_the_codec(version):
         cl.publish("up/2", b"two", qos=2).wait_for_publish(5)
         cl.subscribe("down/#", qos=1)
         (con,) = srv.wait(lambda p: isinstance(p, m.Connect))
-        assert (con.client_id, con.version, con.will.topic, con.will.qos, con.will.retain) == \
-               (f"paho{version}", version, "will/t", 1, True)
+        assert (con.client_id, con.version, con.will.topic, con.will.qos, con.will.retain) == (
+            f"paho{version}",
+            version,
+            "will/t",
+            1,
+            True,
+        )
         (pub,) = srv.wait(lambda p: isinstance(p, m.Publish) and p.topic == "up/1")
         assert pub.payload == b"hello" and pub.qos == 1
         if version == 5:
@@ -292,8 +370,24 @@ def test_paho_client_talks_to_the_codec(version):
 @pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
 def test_mosquitto_pub_talks_to_the_codec(version):
     srv = _Server()
-    args = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(srv.port), "-V", version, "-q", "1", "-r",
-            "-t", "bft/NOR/u1/location", "-m", '{"type":"Feature"}', "-i", "mpub"]
+    args = [
+        "mosquitto_pub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(srv.port),
+        "-V",
+        version,
+        "-q",
+        "1",
+        "-r",
+        "-t",
+        "bft/NOR/u1/location",
+        "-m",
+        '{"type":"Feature"}',
+        "-i",
+        "mpub",
+    ]
     if version == "mqttv5":
         args += ["-D", "publish", "user-property", "unit", "NOR-1", "-D", "publish", "message-expiry-interval", "60"]
     subprocess.run(args, check=True, timeout=10)
@@ -308,12 +402,37 @@ def test_mosquitto_pub_talks_to_the_codec(version):
 @pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
 def test_mosquitto_sub_talks_to_the_codec(version):
     srv = _Server()
-    props = {"user_property": [("unit", "NOR-2")], "content_type": "application/geo+json"} if version == "mqttv5" else {}
+    props = (
+        {"user_property": [("unit", "NOR-2")], "content_type": "application/geo+json"} if version == "mqttv5" else {}
+    )
     srv.push = [m.Publish("bft/NOR/u2/location", b'{"seq":7}', 1, False, False, None, props)]
     fmt = "%t|%p|%q" + ("|%P" if version == "mqttv5" else "")
-    out = subprocess.run(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(srv.port), "-V", version, "-q", "1",
-                          "-t", "bft/#", "-C", "1", "-W", "10", "-F", fmt, "-i", "msub"],
-                         capture_output=True, text=True, timeout=15)
+    out = subprocess.run(
+        [
+            "mosquitto_sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(srv.port),
+            "-V",
+            version,
+            "-q",
+            "1",
+            "-t",
+            "bft/#",
+            "-C",
+            "1",
+            "-W",
+            "10",
+            "-F",
+            fmt,
+            "-i",
+            "msub",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip()
     assert line.startswith('bft/NOR/u2/location|{"seq":7}|1'), line
@@ -334,27 +453,40 @@ def _with_junk(pkt, junk=b"junk"):
 SUB = m.SubOption("a/#")
 
 
-@pytest.mark.parametrize("wire, what", [
-    (bytes.fromhex("c08000"), "remaining length 0 not in its shortest form"),  # PINGREQ, length as 0x80 0x00
-    (bytes.fromhex("40050003008000"), "PUBACK properties length: variable byte integer 0 not in its shortest form"),
-    (_with_junk(m.Connect("c1", version=5)), "4 bytes left over after CONNECT"),
-    (bytes.fromhex("4003000b6b"), "PUBACK reason code 0x6b is not one MQTT 5 defines"),
-    (bytes.fromhex("7003000710"), "PUBCOMP reason code 0x10 is not one MQTT 5 defines"),
-    (bytes.fromhex("e0013a"), "DISCONNECT reason code 0x3a is not one MQTT 5 defines"),
-    (encode(m.ConnAck(False, 0, {"maximum_qos": 2}), 5), "maximum_qos 2 in CONNACK: must be 0 or 1"),
-    (encode(m.Subscribe(4, [SUB], {"subscription_identifier": [0]}), 5),
-     "subscription_identifier 0 in SUBSCRIBE: must not be 0"),
-    (encode(m.Subscribe(4, [SUB], {"subscription_identifier": [1, 2]}), 5),
-     "subscription identifier given twice in SUBSCRIBE"),
-])
+@pytest.mark.parametrize(
+    "wire, what",
+    [
+        (bytes.fromhex("c08000"), "remaining length 0 not in its shortest form"),  # PINGREQ, length as 0x80 0x00
+        (bytes.fromhex("40050003008000"), "PUBACK properties length: variable byte integer 0 not in its shortest form"),
+        (_with_junk(m.Connect("c1", version=5)), "4 bytes left over after CONNECT"),
+        (bytes.fromhex("4003000b6b"), "PUBACK reason code 0x6b is not one MQTT 5 defines"),
+        (bytes.fromhex("7003000710"), "PUBCOMP reason code 0x10 is not one MQTT 5 defines"),
+        (bytes.fromhex("e0013a"), "DISCONNECT reason code 0x3a is not one MQTT 5 defines"),
+        (encode(m.ConnAck(False, 0, {"maximum_qos": 2}), 5), "maximum_qos 2 in CONNACK: must be 0 or 1"),
+        (
+            encode(m.Subscribe(4, [SUB], {"subscription_identifier": [0]}), 5),
+            "subscription_identifier 0 in SUBSCRIBE: must not be 0",
+        ),
+        (
+            encode(m.Subscribe(4, [SUB], {"subscription_identifier": [1, 2]}), 5),
+            "subscription identifier given twice in SUBSCRIBE",
+        ),
+    ],
+)
 def test_what_mqtt_5_forbids_and_the_reader_took_is_refused_naming_it(wire, what):
     with pytest.raises(MqttError, match=what):
         Parser(version=5).feed(wire)
 
 
 def test_the_same_packets_done_right_are_taken():
-    for p in (m.PingReq(), m.PubAck(3, 0x10), m.Disconnect(0x04), m.ConnAck(False, 0, {"maximum_qos": 1}),
-              m.Subscribe(4, [SUB], {"subscription_identifier": [1]}), m.Connect("c1", version=5)):
+    for p in (
+        m.PingReq(),
+        m.PubAck(3, 0x10),
+        m.Disconnect(0x04),
+        m.ConnAck(False, 0, {"maximum_qos": 1}),
+        m.Subscribe(4, [SUB], {"subscription_identifier": [1]}),
+        m.Connect("c1", version=5),
+    ):
         assert Parser(version=5).feed(encode(p, 5)) == [p]
 
 

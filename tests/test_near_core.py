@@ -21,8 +21,10 @@ T0 = 1_000_000.0
 
 
 def policy() -> Policy:
-    return Policy(routes=[(ipaddress.ip_network("10.77.4.0/24"), "gw4")],
-                  topics=[TopicRule("c2/#", Priority.IMMEDIATE, 3600), TopicRule("bft/#", Priority.PRIORITY, 600, "topic")])
+    return Policy(
+        routes=[(ipaddress.ip_network("10.77.4.0/24"), "gw4")],
+        topics=[TopicRule("c2/#", Priority.IMMEDIATE, 3600), TopicRule("bft/#", Priority.PRIORITY, 600, "topic")],
+    )
 
 
 class Net:
@@ -45,15 +47,21 @@ class Net:
         self.inbox: dict[int, list[m.Packet]] = {}
         self._next = 0
 
-    def connect(self, client: str = "u1", version: int = 5, clean: bool = True, keepalive: int = 0,
-                props: dict | None = None, will: m.Will | None = None) -> tuple[int, m.ConnAck]:
+    def connect(
+        self,
+        client: str = "u1",
+        version: int = 5,
+        clean: bool = True,
+        keepalive: int = 0,
+        props: dict | None = None,
+        will: m.Will | None = None,
+    ) -> tuple[int, m.ConnAck]:
         self._next += 1
         cid = self._next
         self.core.open(cid, BROKER, self.now)
         self.readers[cid] = m.Parser(1 << 20, version=version)
         self.inbox[cid] = []
-        self.send(cid, m.Connect(client, clean, keepalive, will=will, version=version, properties=props or {}),
-                  version)
+        self.send(cid, m.Connect(client, clean, keepalive, will=will, version=version, properties=props or {}), version)
         return cid, self.take(cid)[0]
 
     def send(self, cid: int, pkt: m.Packet, version: int = 5) -> None:
@@ -73,8 +81,9 @@ class Net:
                 self.closed.add(ev.conn)
             elif isinstance(ev, nc.Submit):
                 if not self.full:
-                    self.committed += [(dst, bodies.unpack(body), life, prio, key)
-                                       for dst, body, life, prio, key in ev.envelopes]
+                    self.committed += [
+                        (dst, bodies.unpack(body), life, prio, key) for dst, body, life, prio, key in ev.envelopes
+                    ]
                     self.marks += ev.marks or [None] * len(ev.envelopes)
                 if ev.conn is not None:
                     evs[0:0] = self.core.committed(ev.conn, not self.full, self.now)
@@ -105,8 +114,9 @@ class Net:
     def ops(self) -> list[str]:
         return [b["op"] for _, b, *_ in self.committed]
 
-    def deliver(self, client: str, inbox_id: int, topic: str, payload: bytes = b"x", qos: int = 1,
-                props: dict | None = None) -> bool:
+    def deliver(
+        self, client: str, inbox_id: int, topic: str, payload: bytes = b"x", qos: int = 1, props: dict | None = None
+    ) -> bool:
         msg = {"op": "msg", "c": client, "b": BROKER, "t": topic, "p": payload, "q": qos, "r": False, "x": props or {}}
         evs = self.core.deliver(client, inbox_id, msg, int(self.now * 1000), int(self.now * 1000))
         if evs is None:
@@ -124,8 +134,10 @@ def test_publishes_are_acked_only_after_their_envelopes_are_committed(version):
     n.send(c, m.Publish("c2/orders", b"advance", 0), version)
     n.send(c, m.Publish("c2/orders", b"hold", 1, packet_id=5), version)
     assert n.take(c) == [m.PubAck(5)]
-    assert [(b["t"], b["p"], b["q"]) for _, b, *_ in n.committed[1:]] == [("c2/orders", b"advance", 0),
-                                                                           ("c2/orders", b"hold", 1)]
+    assert [(b["t"], b["p"], b["q"]) for _, b, *_ in n.committed[1:]] == [
+        ("c2/orders", b"advance", 0),
+        ("c2/orders", b"hold", 1),
+    ]
     assert all(dst == "gw4" and prio == Priority.IMMEDIATE for dst, _, _, prio, _ in n.committed[1:])
     # QoS 2: PUBREC after the commit, a resend before PUBREL is not taken twice, PUBREL -> PUBCOMP
     n.send(c, m.Publish("c2/orders", b"withdraw", 2, packet_id=6), version)
@@ -144,30 +156,45 @@ def test_publishes_read_together_share_an_envelope_in_order_up_to_batch_bytes():
     n = Net(nc.NearCore(policy(), max_packet_size=4096, batch_bytes=100))
     c, _ = n.connect()
     pub = [m.Publish("c2/a", b"%02d" % i + b"." * 18, 1, packet_id=10 + i) for i in range(6)]  # 4 + 20 bytes each
-    pkts = pub + [m.Publish("c2/a", b"two", 2, packet_id=20), m.Publish("c2/a", b"z0", 0), m.Publish("c2/a", b"z1", 0),
-                  m.Publish("bft/u1/pos", b"p", 1, packet_id=21), m.Publish("c2/a", b"again", 1, dup=True, packet_id=30),
-                  m.Publish("c2/a", b"last", 1, packet_id=31)]
+    pkts = pub + [
+        m.Publish("c2/a", b"two", 2, packet_id=20),
+        m.Publish("c2/a", b"z0", 0),
+        m.Publish("c2/a", b"z1", 0),
+        m.Publish("bft/u1/pos", b"p", 1, packet_id=21),
+        m.Publish("c2/a", b"again", 1, dup=True, packet_id=30),
+        m.Publish("c2/a", b"last", 1, packet_id=31),
+    ]
     n.feed(c, b"".join(m.encode(p, 5) for p in pkts))
     got = [(b["op"], [x["p"] for x in b["m"]] if b["op"] == "pubs" else b["p"]) for _, b, *_ in n.committed[1:]]
-    assert got == [("pubs", [p.payload for p in pub[:4]]), ("pubs", [p.payload for p in pub[4:]]), ("pub", b"two"),
-                   ("pubs", [b"z0", b"z1"]), ("pub", b"p"), ("pub", b"again"), ("pub", b"last")]
+    assert got == [
+        ("pubs", [p.payload for p in pub[:4]]),
+        ("pubs", [p.payload for p in pub[4:]]),
+        ("pub", b"two"),
+        ("pubs", [b"z0", b"z1"]),
+        ("pub", b"p"),
+        ("pub", b"again"),
+        ("pub", b"last"),
+    ]
     assert [p.packet_id for p in n.take(c)] == [10, 11, 12, 13, 14, 15, 20, 21, 30, 31]
     assert [k for k, _d, _r in n.marks[1]] == [f"mqtt:u1:{i}" for i in (10, 11, 12, 13)] and n.marks[4] is None
     assert n.marks[6] == ("mqtt:u1:30", n.marks[6][1], True) and n.core.counters["batched"] == 8
-    assert [prio for _, _, _, prio, _ in n.committed[1:]] == [Priority.IMMEDIATE] * 4 + [Priority.PRIORITY] + \
-        [Priority.IMMEDIATE] * 2
+    assert [prio for _, _, _, prio, _ in n.committed[1:]] == [Priority.IMMEDIATE] * 4 + [Priority.PRIORITY] + [
+        Priority.IMMEDIATE
+    ] * 2
 
 
 def test_a_batch_from_a_peer_is_checked_publish_by_publish():
     ok = bodies.pack("pubs", "u1", BROKER, m=[{"t": "c2/a", "p": b"x", "q": 1, "r": False, "x": {}}])
     assert bodies.unpack(ok)["m"][0]["t"] == "c2/a"
-    for bad, why in ((bodies.pack("pubs", "u1", BROKER), "needs 1 to 4096 publishes in m, not NoneType"),
-                     (bodies.pack("pubs", "u1", BROKER, m=[]), "not list of 0"),
-                     (bodies.pack("pubs", "u1", BROKER, m=[7]), "publish 0 of op pubs is a int"),
-                     (bodies.pack("pubs", "u1", BROKER, m=[{"t": "c2/a", "q": 2}]), "op pubs\\[0\\] without a topic or with QoS 2"),
-                     (bodies.pack("pubs", "u1", BROKER, m=[{"t": 5}]), "field 't' of op pubs\\[0\\] has type int"),
-                     (bodies.pack("pubs", "u1", BROKER, m=[{"t": "a", "x": {"nope": 1}}]), "unknown MQTT property 'nope'"),
-                     (bodies.pack("pubs", "u1", BROKER, m=[{"t": "a"}] * 4097), "not list of 4097")):
+    for bad, why in (
+        (bodies.pack("pubs", "u1", BROKER), "needs 1 to 4096 publishes in m, not NoneType"),
+        (bodies.pack("pubs", "u1", BROKER, m=[]), "not list of 0"),
+        (bodies.pack("pubs", "u1", BROKER, m=[7]), "publish 0 of op pubs is a int"),
+        (bodies.pack("pubs", "u1", BROKER, m=[{"t": "c2/a", "q": 2}]), "op pubs\\[0\\] without a topic or with QoS 2"),
+        (bodies.pack("pubs", "u1", BROKER, m=[{"t": 5}]), "field 't' of op pubs\\[0\\] has type int"),
+        (bodies.pack("pubs", "u1", BROKER, m=[{"t": "a", "x": {"nope": 1}}]), "unknown MQTT property 'nope'"),
+        (bodies.pack("pubs", "u1", BROKER, m=[{"t": "a"}] * 4097), "not list of 4097"),
+    ):
         with pytest.raises(bodies.BodyError, match=why):
             bodies.unpack(bad)
 
@@ -304,7 +331,9 @@ def test_a_resumed_session_gets_its_unacknowledged_publications_under_their_orig
     again = n.take(c2)
     assert again[0] == m.PubRel(sent[b"released"].packet_id)
     assert [(p.payload, p.packet_id, p.dup) for p in again[1:]] == [
-        (b"unacked", sent[b"unacked"].packet_id, True), (b"qos1", sent[b"qos1"].packet_id, True)]
+        (b"unacked", sent[b"unacked"].packet_id, True),
+        (b"qos1", sent[b"qos1"].packet_id, True),
+    ]
     n.send(c2, m.PubComp(sent[b"released"].packet_id), version)
     n.send(c2, m.PubRec(sent[b"unacked"].packet_id), version)
     n.send(c2, m.PubComp(sent[b"unacked"].packet_id), version)
@@ -365,8 +394,9 @@ def test_mqtt5_session_expiry_zero_ends_the_session_with_the_connection():
     assert ack.session_present is False
     # DISCONNECT may not give an expiry to a session that had none: protocol error
     n.send(c, m.Disconnect(0, {"session_expiry_interval": 30}))
-    assert n.take(c) == [m.Disconnect(m.Reason.PROTOCOL_ERROR,
-                                      {"reason_string": "session expiry set at DISCONNECT after 0 at CONNECT"})]
+    assert n.take(c) == [
+        m.Disconnect(m.Reason.PROTOCOL_ERROR, {"reason_string": "session expiry set at DISCONNECT after 0 at CONNECT"})
+    ]
 
 
 def test_a_second_connection_with_the_same_client_id_takes_the_session_over():
@@ -387,8 +417,9 @@ def test_malformed_packets_close_only_that_connection_with_the_reason():
     a, _ = n.connect("a")
     b, _ = n.connect("b")
     n.feed(a, b"\x30\xff\xff\xff\xff\x01")  # remaining length longer than 4 bytes
-    assert n.take(a) == [m.Disconnect(m.Reason.MALFORMED_PACKET,
-                                      {"reason_string": "remaining length longer than 4 bytes"})]
+    assert n.take(a) == [
+        m.Disconnect(m.Reason.MALFORMED_PACKET, {"reason_string": "remaining length longer than 4 bytes"})
+    ]
     assert a in n.closed and n.committed[-1][1] == {"op": "disc", "c": "a", "b": BROKER, "w": True}
     n.send(b, m.Publish("c2/x", b"still here", 1, packet_id=1))
     assert n.take(b) == [m.PubAck(1)] and b not in n.closed
@@ -538,7 +569,9 @@ def test_marks_a_full_disk_would_not_let_go_are_dropped_with_the_next_puback_not
                 raise StoreFull("custody store: the disk is full")
 
     store = Store()
-    gw = types.SimpleNamespace(cfg=GatewayConfig(batch_bytes=0), port=Port(types.SimpleNamespace(store=store), None, Path(".")))
+    gw = types.SimpleNamespace(
+        cfg=GatewayConfig(batch_bytes=0), port=Port(types.SimpleNamespace(store=store), None, Path("."))
+    )
     near = NearSide(gw)
     near.run([nc.Answered(["a", "b"])])  # no exception: kept for the next try
     store.full = False

@@ -17,9 +17,13 @@ def test_cla_specs_and_dtn7_translation():
     assert peer_arg(s, "r2") == "tcp://10.77.1.2:4556/r2"
     assert listen_arg(parse_cla("udp://0.0.0.0:5000")) == "udp:port=5000:bind=0.0.0.0"
     assert parse_cla("mtcp://10.0.0.1").port == 16162
-    for bad, why in [("bundle://10.0.0.1", "unknown convergence layer"), ("tcpcl://", "no address"),
-                     ("tcpcl://radio-1:4556", "not an IP address"), ("tcpcl://10.0.0.1:99999", "bad port"),
-                     (42, "a CLA spec is a string")]:
+    for bad, why in [
+        ("bundle://10.0.0.1", "unknown convergence layer"),
+        ("tcpcl://", "no address"),
+        ("tcpcl://radio-1:4556", "not an IP address"),
+        ("tcpcl://10.0.0.1:99999", "bad port"),
+        (42, "a CLA spec is a string"),
+    ]:
         with pytest.raises(ConfigError, match=why):
             parse_cla(bad, "n.toml", "agent.listen[0]")
 
@@ -31,7 +35,7 @@ def _write(tmp_path, text):
     return f
 
 
-GOOD = '''
+GOOD = """
 [node]
 id = "gw1"
 storage = "/tmp/c2-test-gw1"
@@ -47,7 +51,7 @@ via = "r2"
 gw4 = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 [scheduler]
 aggregate_bytes = 1200
-'''
+"""
 
 
 def test_node_config_to_dtnd_command_line(tmp_path):
@@ -56,7 +60,7 @@ def test_node_config_to_dtnd_command_line(tmp_path):
     assert cfg.scheduler.aggregate_bytes == 1200
     argv = dtnd_argv(cfg, "/x/dtnd")
     assert argv[:3] == ["/x/dtnd", "-n", "gw1"]
-    assert ["-D", "sled"] == argv[argv.index("-D"):argv.index("-D") + 2]
+    assert ["-D", "sled"] == argv[argv.index("-D") : argv.index("-D") + 2]
     assert "tcp:port=4556:bind=0.0.0.0" in argv and "udp:port=4556:bind=0.0.0.0" in argv
     assert "tcp://10.77.1.2:4556/r2" in argv
     assert dtnd_routes(cfg).splitlines()[1] == "1 ** ** dtn://r2/"
@@ -65,27 +69,34 @@ def test_node_config_to_dtnd_command_line(tmp_path):
 def test_scheduler_settings_whose_zero_means_none_take_zero(tmp_path):
     """README: linger_ms 0 is no linger, queue_target_ms 0 no queue limit (refused until 2026-11-24),
     queue_keep_ms 0 (the default) a queue cut that drains the queue."""
-    f = _write(tmp_path, GOOD.replace("aggregate_bytes = 1200", "linger_ms = 0\nack_delay_ms = 0\nqueue_target_ms = 0\n"
-                                      "queue_keep_ms = 0"))
+    f = _write(
+        tmp_path,
+        GOOD.replace(
+            "aggregate_bytes = 1200", "linger_ms = 0\nack_delay_ms = 0\nqueue_target_ms = 0\nqueue_keep_ms = 0"
+        ),
+    )
     sch = load_node_config(f).scheduler
     assert (sch.linger_ms, sch.ack_delay_ms, sch.queue_target_ms, sch.queue_keep_ms) == (0, 0, 0, 0)
 
 
-@pytest.mark.parametrize("change, field, value", [
-    (("id = \"gw1\"", "id = \"gw 1\""), "node.id", "gw 1"),
-    (("[agent]", "[agent]\nstore = \"tape\""), "agent.store", "tape"),
-    (("[keys]", "[agent.dtn7]\nweb_port = 70000\n[keys]"), "agent.dtn7.web_port", 70000),
-    (("[keys]", "[agent.dtn7]\ncolour = \"red\"\n[keys]"), "agent.dtn7.colour", "red"),
-    (("[agent]", "[agent]\nkind = \"spindle\""), "agent.kind", "spindle"),
-    (("via = \"r2\"", "via = \"r9\""), "agent.routes[0].via", "r9"),
-    (("cla = \"tcpcl://10.77.1.2:4556\"", "cla = \"tcp://10.77.1.2\""), "agent.peers[0].cla", "tcp://10.77.1.2"),
-    (("aggregate_bytes = 1200", "aggregate_bytes = -5"), "scheduler.aggregate_bytes", -5),
-    (("aggregate_bytes = 1200", "agregate_bytes = 5"), "scheduler.agregate_bytes", 5),
-    (("aggregate_bytes = 1200", "aggregate_bytes = 0"), "scheduler.aggregate_bytes", 0),
-    # a bundle that big would be refused by its receiver (MAX_CONTAINER_BYTES)
-    (("aggregate_bytes = 1200", "aggregate_large_bytes = 16777216"), "scheduler.aggregate_large_bytes", 16777216),
-    (("gw4 = \"0011", "gw4 = \"zz11"), "keys.gw4", "<hidden>"),
-])
+@pytest.mark.parametrize(
+    "change, field, value",
+    [
+        (('id = "gw1"', 'id = "gw 1"'), "node.id", "gw 1"),
+        (("[agent]", '[agent]\nstore = "tape"'), "agent.store", "tape"),
+        (("[keys]", "[agent.dtn7]\nweb_port = 70000\n[keys]"), "agent.dtn7.web_port", 70000),
+        (("[keys]", '[agent.dtn7]\ncolour = "red"\n[keys]'), "agent.dtn7.colour", "red"),
+        (("[agent]", '[agent]\nkind = "spindle"'), "agent.kind", "spindle"),
+        (('via = "r2"', 'via = "r9"'), "agent.routes[0].via", "r9"),
+        (('cla = "tcpcl://10.77.1.2:4556"', 'cla = "tcp://10.77.1.2"'), "agent.peers[0].cla", "tcp://10.77.1.2"),
+        (("aggregate_bytes = 1200", "aggregate_bytes = -5"), "scheduler.aggregate_bytes", -5),
+        (("aggregate_bytes = 1200", "agregate_bytes = 5"), "scheduler.agregate_bytes", 5),
+        (("aggregate_bytes = 1200", "aggregate_bytes = 0"), "scheduler.aggregate_bytes", 0),
+        # a bundle that big would be refused by its receiver (MAX_CONTAINER_BYTES)
+        (("aggregate_bytes = 1200", "aggregate_large_bytes = 16777216"), "scheduler.aggregate_large_bytes", 16777216),
+        (('gw4 = "0011', 'gw4 = "zz11'), "keys.gw4", "<hidden>"),
+    ],
+)
 def test_bad_node_config_names_file_field_and_value(tmp_path, change, field, value):
     f = _write(tmp_path, GOOD.replace(*change))
     with pytest.raises(ConfigError) as e:
@@ -98,8 +109,10 @@ def test_configs_for_nps_chain_with_a_udp_radio_link(tmp_path):
     paths = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "nodes")
     gw1, r2, gw4 = (load_node_config(paths[n]) for n in ("gw1", "r2", "gw4"))
     assert [(p.node, str(p.cla)) for p in gw1.peers] == [("r2", "tcpcl://10.77.1.2:4556")]
-    assert [(p.node, str(p.cla)) for p in r2.peers] == [("gw1", "tcpcl://10.77.1.1:4556"),
-                                                       ("r3", "udp://10.77.2.2:4556")]
+    assert [(p.node, str(p.cla)) for p in r2.peers] == [
+        ("gw1", "tcpcl://10.77.1.1:4556"),
+        ("r3", "udp://10.77.2.2:4556"),
+    ]
     assert sorted(c.scheme for c in r2.listen) == ["tcpcl", "udp"]
     assert [(r.to, r.via) for r in gw1.routes] == [("r2", "r2"), ("r3", "r2"), ("gw4", "r2")]
     assert gw1.keys["gw4"] == gw4.keys["gw1"] and len(gw1.keys["gw4"]) == 32
@@ -114,12 +127,18 @@ def test_configs_for_nps_chain_with_a_udp_radio_link(tmp_path):
     on_lan = write_configs(lan, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "lan")
     sch = load_node_config(on_lan["gw1"]).scheduler  # no radio anywhere: big bundles, and big envelopes share them
     assert (sch.aggregate_bytes, sch.aggregate_large_bytes) == (65536, 1 << 20)
-    rated_tcp = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "rtcp", cla="tcpcl",
-                              per_link_cla=False)  # tcpcl everywhere, but a 9.8 kbit/s hop on the way
+    rated_tcp = write_configs(
+        st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "rtcp", cla="tcpcl", per_link_cla=False
+    )  # tcpcl everywhere, but a 9.8 kbit/s hop on the way
     sch = load_node_config(rated_tcp["gw1"]).scheduler
     assert (sch.aggregate_bytes, sch.aggregate_large_bytes) == (16 * 1024, 0)  # the defaults: one big envelope a bundle
-    tuned = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "tuned",
-                          scheduler={"aggregate_bytes": 60000, "init_window": 65536})
+    tuned = write_configs(
+        st,
+        ["gw1", "r2", "r3", "gw4"],
+        ["gw1", "gw4"],
+        tmp_path / "tuned",
+        scheduler={"aggregate_bytes": 60000, "init_window": 65536},
+    )
     sch = load_node_config(tuned["gw1"]).scheduler  # given settings win, the radio defaults stay for the rest
     assert (sch.aggregate_bytes, sch.init_window, sch.linger_ms) == (60000, 65536, 1000)
 
@@ -130,8 +149,12 @@ def test_configs_for_fmn_4nations_gateways_meet_at_tacnet(tmp_path):
     paths = write_configs(st, gws + ["tacnet"], gws, tmp_path / "n")
     deu = load_node_config(paths["deu-gw"])
     assert [p.node for p in deu.peers] == ["tacnet"]
-    assert {r.to: r.via for r in deu.routes} == {"nor-gw": "tacnet", "prt-gw": "tacnet", "usa-gw": "tacnet",
-                                                 "tacnet": "tacnet"}
+    assert {r.to: r.via for r in deu.routes} == {
+        "nor-gw": "tacnet",
+        "prt-gw": "tacnet",
+        "usa-gw": "tacnet",
+        "tacnet": "tacnet",
+    }
     assert sorted(deu.keys) == ["nor-gw", "prt-gw", "usa-gw"]
     with pytest.raises(ConfigError, match="overlay nodes must also run a BPA"):
         write_configs(st, ["tacnet"], ["deu-gw"], tmp_path / "m")
@@ -141,8 +164,11 @@ def test_udp_on_a_lan_gets_one_datagram_bundles_but_no_radio_linger(tmp_path):
     lan = testbed.state_of(model.load("nps-chain"), "userspace")
     for ls in lan["links"].values():
         ls["profile_ab"], ls["profile_ba"] = {"rate_bps": None}, {"rate_bps": None}
-    sch = load_node_config(write_configs(lan, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "l",
-                                         cla="udp", per_link_cla=False)["gw1"]).scheduler
+    sch = load_node_config(
+        write_configs(lan, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "l", cla="udp", per_link_cla=False)[
+            "gw1"
+        ]
+    ).scheduler
     assert (sch.aggregate_bytes, sch.linger_ms, sch.ack_delay_ms) == (1200, 0, 100)
 
 
@@ -153,9 +179,15 @@ def test_node_configs_write_gateway_tables_that_the_gateway_reads(tmp_path):
 
     st = testbed.state_of(model.load("nps-chain"), "userspace")
     topics = [TopicSpec.parse("bft/+/+/+/location=priority,600,supersede"), TopicSpec.parse("c2/#=immediate")]
-    tables = gateway_tables(st, ["gw1", "gw4"], ["gw1", "gw4"], tproxy=["gw1"],
-                            listen={"gw1": "127.0.0.1:1884>10.77.4.2:1883"}, bridge={"gw4": "10.77.4.2:1883"},
-                            topics=topics)
+    tables = gateway_tables(
+        st,
+        ["gw1", "gw4"],
+        ["gw1", "gw4"],
+        tproxy=["gw1"],
+        listen={"gw1": "127.0.0.1:1884>10.77.4.2:1883"},
+        bridge={"gw4": "10.77.4.2:1883"},
+        topics=topics,
+    )
     paths = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "g", extra=tables)
     gw1 = parse_gateway(str(paths["gw1"]), load_node_config(paths["gw1"]).gateway)
     assert gw1.tproxy and gw1.listen == ("127.0.0.1", 1884) and gw1.broker == ("10.77.4.2", 1883)
@@ -187,11 +219,16 @@ def test_configs_for_mixed_nations_meet_at_a_relay_with_one_agent_and_port_per_i
     relay = load_relay_config(paths["tacnet"])
     isl = {c.agent: c for c in relay.islands}
     assert {k: island_members(c) for k, c in isl.items()} == {
-        "dtn7": {"deu-gw", "usa-gw"}, "ibrdtn": {"prt-gw"}, "ion": {"nor-gw"}}
+        "dtn7": {"deu-gw", "usa-gw"},
+        "ibrdtn": {"prt-gw"},
+        "ion": {"nor-gw"},
+    }
     # one namespace, three agents: each island's agent on ports of its own (ION: UDP only)
     assert {k: [str(s) for s in c.listen] for k, c in isl.items()} == {
         "dtn7": ["tcpcl://0.0.0.0:4556", "udp://0.0.0.0:4556"],
-        "ibrdtn": ["tcpcl://0.0.0.0:4557", "udp://0.0.0.0:4557"], "ion": ["udp://0.0.0.0:4558"]}
+        "ibrdtn": ["tcpcl://0.0.0.0:4557", "udp://0.0.0.0:4557"],
+        "ion": ["udp://0.0.0.0:4558"],
+    }
     assert len({c.storage for c in isl.values()} | {relay.storage}) == 4 and not any(c.overlay for c in isl.values())
     deu, nor, prt = (load_node_config(paths[n]) for n in ("deu-gw", "nor-gw", "prt-gw"))
     assert [(p.node, p.cla.port) for p in prt.peers] == [("tacnet", 4557)]
@@ -252,13 +289,16 @@ def test_c2dtn_keys_writes_each_boxs_share_and_a_config_takes_it_by_keys_file(tm
     shares = tmp_path / "shares"
     r = CliRunner().invoke(cli, ["keys", str(shares), "deu", "nor", "prt", "--group", "fmn=deu,nor,prt"])
     assert r.exit_code == 0, r.output
-    assert {p.name: p.stat().st_mode & 0o777 for p in shares.iterdir()} == \
-        {f"{n}.keys.toml": 0o600 for n in ("deu", "nor", "prt")}
+    assert {p.name: p.stat().st_mode & 0o777 for p in shares.iterdir()} == {
+        f"{n}.keys.toml": 0o600 for n in ("deu", "nor", "prt")
+    }
     cfgs = {}
     for n in ("deu", "nor", "prt"):
         f = tmp_path / f"{n}.toml"
-        f.write_text(f'[node]\nid = "{n}"\nstorage = "{tmp_path / n}"\nkeys_file = "shares/{n}.keys.toml"\n'
-                     '[agent]\nrouting = "epidemic"\n')
+        f.write_text(
+            f'[node]\nid = "{n}"\nstorage = "{tmp_path / n}"\nkeys_file = "shares/{n}.keys.toml"\n'
+            '[agent]\nrouting = "epidemic"\n'
+        )
         f.chmod(0o644)  # the config itself holds no secret
         cfgs[n] = load_node_config(f)
     deu, nor, prt = cfgs["deu"], cfgs["nor"], cfgs["prt"]

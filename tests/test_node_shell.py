@@ -16,8 +16,10 @@ KEY = "ab" * 32
 
 def _node(tmp_path) -> tuple[OverlayNode, list]:
     p = tmp_path / "gw1.toml"
-    p.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\nfsync = "loop"\n[agent]\nkind = "ion"\n'
-                 f'[keys]\ngw4 = "{KEY}"\n')
+    p.write_text(
+        f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\nfsync = "loop"\n[agent]\nkind = "ion"\n'
+        f'[keys]\ngw4 = "{KEY}"\n'
+    )
     p.chmod(0o600)
     node = OverlayNode(load_node_config(p))
     sent: list[tuple[float, bytes]] = []

@@ -26,11 +26,20 @@ def test_orders_figures_count_lost_answered_twice_and_link_bytes_per_scope(tmp_p
             ev.append({"mode": mode, "ev": "sent", "id": m["id"], "from": m["from"], "to": m["to"], "t": 100 + m["t"]})
             if m["id"] not in lose:
                 d = delay * (3 if orders.crosses(m) else 1)
-                rec = {"mode": mode, "ev": "recv", "id": m["id"], "rx": m["to"], "from": m["from"], "ts": 100 + m["t"],
-                       "t": 100 + m["t"] + d}
+                rec = {
+                    "mode": mode,
+                    "ev": "recv",
+                    "id": m["id"],
+                    "rx": m["to"],
+                    "from": m["from"],
+                    "ts": 100 + m["t"],
+                    "t": 100 + m["t"] + d,
+                }
                 ev += [rec, dict(rec, t=rec["t"] + 5)]  # a second copy does not change the first delay
                 if mode == "coap-overlay" and m["id"] != cross[0]:  # one receipt never came back
-                    ev.append({"mode": mode, "ev": "answered", "id": m["id"], "code": "2.04 Changed", "t": rec["t"] + 1})
+                    ev.append(
+                        {"mode": mode, "ev": "answered", "id": m["id"], "code": "2.04 Changed", "t": rec["t"] + 1}
+                    )
         ev.append({"mode": mode, "ev": "link", "bytes": 97_000 if mode == "coap-overlay" else 47_000})
     rows = orders.summarize(ev, msgs, "coap-overlay") + orders.summarize(ev, msgs, "mqtt-direct")
     by = {(r["mode"], r["scope"]): r for r in rows}
@@ -39,7 +48,9 @@ def test_orders_figures_count_lost_answered_twice_and_link_bytes_per_scope(tmp_p
     assert by["mqtt-direct", "all"]["answered"] is None  # a publication has no receipt to count
     assert by["coap-overlay", "all"]["twice"] == 97 and by["coap-overlay", "all"]["link_bytes_per_msg"] == 1000
     assert by["mqtt-direct", "all"]["link_bytes_per_msg"] == 500  # per message delivered: 94
-    assert by["mqtt-direct", "narrowband"]["lost"] == 3 and round(by["mqtt-direct", "narrowband"]["lost_pct"], 2) == 17.65
+    assert (
+        by["mqtt-direct", "narrowband"]["lost"] == 3 and round(by["mqtt-direct", "narrowband"]["lost_pct"], 2) == 17.65
+    )
     assert by["mqtt-direct", "all"]["messages"] == 97 and by["mqtt-direct", "all"]["delay_max_s"] == 6.0
     orders.report(tmp_path, "narrowband-15k", msgs, ev, rows, (60.0, 120.0))
     md = (tmp_path / "report.md").read_text()
@@ -60,7 +71,12 @@ def test_orders_figures_count_lost_answered_twice_and_link_bytes_per_scope(tmp_p
 
 def test_http_runs_direct_only():
     assert orders.runs(("mqtt", "coap", "http"), ("direct", "overlay")) == [
-        "mqtt-direct", "mqtt-overlay", "coap-direct", "coap-overlay", "http-direct"]
+        "mqtt-direct",
+        "mqtt-overlay",
+        "coap-direct",
+        "coap-overlay",
+        "http-direct",
+    ]
     assert orders.runs(("http",), ("overlay",)) == []
 
 
@@ -69,12 +85,14 @@ def test_orders_cli_names_the_bad_value():
 
     from c2dtn.cli import cli
 
-    for args, bad in ((["perf", "orders", "--modes", "overlay,smoke-signals"], "smoke-signals"),
-                      (["perf", "orders", "--protocols", "mqtt,amqp"], "amqp"),
-                      (["perf", "orders", "--protocols", "http", "--modes", "overlay"], "HTTP runs direct only"),
-                      (["perf", "orders", "--outage", "120-60"], "120-60"),
-                      (["perf", "orders", "--outage", "200-400"], "200-400"),
-                      (["perf", "orders", "--profile", "narrowband-1k"], "narrowband-1k"),
-                      (["perf", "orders", "--span", "3"], "3")):
+    for args, bad in (
+        (["perf", "orders", "--modes", "overlay,smoke-signals"], "smoke-signals"),
+        (["perf", "orders", "--protocols", "mqtt,amqp"], "amqp"),
+        (["perf", "orders", "--protocols", "http", "--modes", "overlay"], "HTTP runs direct only"),
+        (["perf", "orders", "--outage", "120-60"], "120-60"),
+        (["perf", "orders", "--outage", "200-400"], "200-400"),
+        (["perf", "orders", "--profile", "narrowband-1k"], "narrowband-1k"),
+        (["perf", "orders", "--span", "3"], "3"),
+    ):
         r = CliRunner().invoke(cli, args)
         assert r.exit_code == 2 and bad in r.output, (args, r.output)

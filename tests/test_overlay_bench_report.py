@@ -11,11 +11,30 @@ from c2dtn.perf import overlay_bench as ob
 def test_report_gives_median_ratios_with_their_spread_and_a_plot_of_the_medians(tmp_path, capsys):
     rows = []
     for run, (bare_rtt, over_rtt, bare_bps, over_bps) in enumerate(
-            [(0.010, 0.014, 3e6, 2.7e6), (0.012, 0.018, 2e6, 2.0e6), (0.011, 0.0143, 2.5e6, 2.0e6)], 1):
-        rows.append({"size": "1k", "bytes": 1000, "run": run, "bare_rtt_s": bare_rtt, "overlay_rtt_s": over_rtt,
-                     "bare_bps": bare_bps, "overlay_bps": over_bps})
-    rows.append({"size": "1M", "bytes": 10**6, "run": 1, "bare_rtt_s": 0.080, "overlay_rtt_s": 0.100,
-                 "bare_bps": 150e6, "overlay_bps": 140e6})
+        [(0.010, 0.014, 3e6, 2.7e6), (0.012, 0.018, 2e6, 2.0e6), (0.011, 0.0143, 2.5e6, 2.0e6)], 1
+    ):
+        rows.append(
+            {
+                "size": "1k",
+                "bytes": 1000,
+                "run": run,
+                "bare_rtt_s": bare_rtt,
+                "overlay_rtt_s": over_rtt,
+                "bare_bps": bare_bps,
+                "overlay_bps": over_bps,
+            }
+        )
+    rows.append(
+        {
+            "size": "1M",
+            "bytes": 10**6,
+            "run": 1,
+            "bare_rtt_s": 0.080,
+            "overlay_rtt_s": 0.100,
+            "bare_bps": 150e6,
+            "overlay_bps": 140e6,
+        }
+    )
     ob.report(rows, None, tmp_path)
     (s1k, s1m) = list(csv.DictReader(open(tmp_path / "summary.csv")))
     # per-run round-trip ratios 1.4, 1.5, 1.3: median 1.4 (not the ratio of the medians, 14.3/11)
@@ -33,13 +52,41 @@ def test_report_gives_median_ratios_with_their_spread_and_a_plot_of_the_medians(
 
 
 def test_report_of_several_agents_keeps_each_agents_rows_its_skips_and_bare_losses_apart(tmp_path, capsys):
-    rows = [{"agent": "dtn7", "cla": "tcpcl", "size": "1k", "bytes": 1000, "run": 1, "bare_rtt_s": 0.010,
-             "overlay_rtt_s": 0.015, "bare_bps": 3e6, "overlay_bps": 3.3e6},
-            {"agent": "ion", "cla": "udp", "size": "100k", "bytes": 100_000,
-             "skipped": "ion runs over UDP here, whose CLA sends a bundle as one datagram (at most ~65 kB)"}]
+    rows = [
+        {
+            "agent": "dtn7",
+            "cla": "tcpcl",
+            "size": "1k",
+            "bytes": 1000,
+            "run": 1,
+            "bare_rtt_s": 0.010,
+            "overlay_rtt_s": 0.015,
+            "bare_bps": 3e6,
+            "overlay_bps": 3.3e6,
+        },
+        {
+            "agent": "ion",
+            "cla": "udp",
+            "size": "100k",
+            "bytes": 100_000,
+            "skipped": "ion runs over UDP here, whose CLA sends a bundle as one datagram (at most ~65 kB)",
+        },
+    ]
     for run, (bare_rtt, over_rtt, lost) in enumerate([(0.050, 0.055, 3), (0.060, 0.060, 0)], 1):
-        rows.append({"agent": "ion", "cla": "udp", "size": "1k", "bytes": 1000, "run": run, "bare_rtt_s": bare_rtt,
-                     "overlay_rtt_s": over_rtt, "bare_bps": 1e6, "overlay_bps": 0.8e6, "bare_lost": lost})
+        rows.append(
+            {
+                "agent": "ion",
+                "cla": "udp",
+                "size": "1k",
+                "bytes": 1000,
+                "run": run,
+                "bare_rtt_s": bare_rtt,
+                "overlay_rtt_s": over_rtt,
+                "bare_bps": 1e6,
+                "overlay_bps": 0.8e6,
+                "bare_lost": lost,
+            }
+        )
     ob.report(rows, None, tmp_path)
     got = {(s["agent"], s["size"]): s for s in csv.DictReader(open(tmp_path / "summary.csv"))}
     assert list(got) == [("dtn7", "1k"), ("ion", "1k"), ("ion", "100k")]  # sizes in order, skips in place
@@ -56,12 +103,32 @@ def test_report_of_several_agents_keeps_each_agents_rows_its_skips_and_bare_loss
 
 def test_a_run_whose_bare_agent_stopped_answering_is_left_out_and_said_why(tmp_path, capsys):
     why = "bare agent, 10000-byte round trips: 3 pings in a row unanswered within 30 s (ping 3 of 40)"
-    rows = [{"agent": "hdtn", "cla": "tcpcl", "size": "10k", "bytes": 10_000, "run": 1, "failed": why},
-            {"agent": "hdtn", "cla": "tcpcl", "size": "100k", "bytes": 100_000, "run": 1,
-             "failed": "not measured: this run's bare chain had failed at 10k"}]
+    rows = [
+        {"agent": "hdtn", "cla": "tcpcl", "size": "10k", "bytes": 10_000, "run": 1, "failed": why},
+        {
+            "agent": "hdtn",
+            "cla": "tcpcl",
+            "size": "100k",
+            "bytes": 100_000,
+            "run": 1,
+            "failed": "not measured: this run's bare chain had failed at 10k",
+        },
+    ]
     for run in (2, 3):
-        rows.append({"agent": "hdtn", "cla": "tcpcl", "size": "10k", "bytes": 10_000, "run": run, "bare_rtt_s": 0.044,
-                     "overlay_rtt_s": 0.088, "bare_bps": 2e8, "overlay_bps": 5e7, "bare_lost": 0})
+        rows.append(
+            {
+                "agent": "hdtn",
+                "cla": "tcpcl",
+                "size": "10k",
+                "bytes": 10_000,
+                "run": run,
+                "bare_rtt_s": 0.044,
+                "overlay_rtt_s": 0.088,
+                "bare_bps": 2e8,
+                "overlay_bps": 5e7,
+                "bare_lost": 0,
+            }
+        )
     ob.report(rows, None, tmp_path)
     got = {s["size"]: s for s in csv.DictReader(open(tmp_path / "summary.csv"))}
     assert got["10k"]["runs"] == "2" and float(got["10k"]["rtt_ratio"]) == 2.0 and got["10k"]["failed"] == why

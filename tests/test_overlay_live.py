@@ -50,8 +50,10 @@ def agent_chain(request, tmp_path):
         pytest.skip(f"{request.param}: {why}")
     # make test keeps dtn7 and ion (IBR-DTN is live in it through tests/test_relay_live.py)
     if request.param in ("ibrdtn", "hdtn") and os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1":
-        pytest.skip(f"{request.param}: left out of make test for the suite's 35 minutes (passed in CI on 2026-11-25, "
-                    "and with a 60 s outage: docs/results/20261125-outage60-kill); C2DTN_ALL_AGENT_TESTS=1 runs it")
+        pytest.skip(
+            f"{request.param}: left out of make test for the suite's 35 minutes (passed in CI on 2026-11-25, "
+            "and with a 60 s outage: docs/results/20261125-outage60-kill); C2DTN_ALL_AGENT_TESTS=1 runs it"
+        )
     yield from _chain(tmp_path, request.param)
 
 
@@ -147,7 +149,7 @@ def test_supersession_during_an_outage_newest_position_of_each_unit_goes_first(c
     assert {d["supersede"]: d["seq"] for d in pos} == newest and len(pos) == 8
     last_position = max(i for i, d in enumerate(got) if d["supersede"])
     # the routine envelopes still queued in the overlay when the positions came all arrive after them
-    later_routine = [d for d in got[last_position + 1:] if not d["supersede"]]
+    later_routine = [d for d in got[last_position + 1 :] if not d["supersede"]]
     assert len(later_routine) >= routine_queued
     assert sorted(d["seq"] for d in got if not d["supersede"]) == routine
 
@@ -158,9 +160,23 @@ def test_malformed_bundles_from_a_peer_are_counted_and_dropped(chain):
 
     garbage = [b"", b"\xff" * 50, b"\x83\x01", b"\x83\x01cgw1\x81\x82Dabcd" + bytes(16), bytes(70000)]
     for g in garbage:  # r3 is a neighbour; its BPA sends straight to gw4's overlay endpoint
-        r = subprocess.run(["ip", "netns", "exec", "c2-r3", "curl", "-s", "-X", "POST", "--data-binary", "@-",
-                            "http://127.0.0.1:3000/send?dst=dtn://gw4/c2dtn&lifetime=60s"], input=g,
-                           capture_output=True)
+        r = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                "c2-r3",
+                "curl",
+                "-s",
+                "-X",
+                "POST",
+                "--data-binary",
+                "@-",
+                "http://127.0.0.1:3000/send?dst=dtn://gw4/c2dtn&lifetime=60s",
+            ],
+            input=g,
+            capture_output=True,
+        )
         assert r.returncode == 0, r.stderr
     sent = [nodes.send("gw1", "gw4", f"after garbage {i}".encode()) for i in range(20)]
     got = collect(nodes, "gw4", 20, timeout=300)  # the API's CBOR answer: bodies as bytes
@@ -175,8 +191,26 @@ def test_malformed_bundles_from_a_peer_are_counted_and_dropped(chain):
     # and still answers: c2dtn ping through the radio link, each round trip printed
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "c2dtn.cli", "ping", str(nodes.paths["gw1"]), "gw4", "--count", "3",
-                        "--interval", "0", "--size", "500", "--timeout", "60"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "c2dtn.cli",
+            "ping",
+            str(nodes.paths["gw1"]),
+            "gw4",
+            "--count",
+            "3",
+            "--interval",
+            "0",
+            "--size",
+            "500",
+            "--timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("500 bytes from gw4") == 3 and "3/3 answered" in r.stdout
 
@@ -236,9 +270,13 @@ def test_an_ion_node_locked_by_a_killed_client_is_unlocked_and_delivery_resumes(
     sent = send_orders(nodes, 0, 10)
     assert len(collect(nodes, "gw4", 10, timeout=120)) == 10
     gw1 = agent_class("ion")(nodes.cfg("gw1"))
-    locker = subprocess.Popen(["nsenter", "-t", str(gw1._keeper()), "--ipc", "--mount", "--pid", "--", sys.executable,
-                               "-c", LOCKER], stdout=subprocess.PIPE, text=True, cwd=nodes.cfg("gw1").agent_dir,
-                              env={**os.environ, "LD_LIBRARY_PATH": str(built("ion") / "lib")})
+    locker = subprocess.Popen(
+        ["nsenter", "-t", str(gw1._keeper()), "--ipc", "--mount", "--pid", "--", sys.executable, "-c", LOCKER],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=nodes.cfg("gw1").agent_dir,
+        env={**os.environ, "LD_LIBRARY_PATH": str(built("ion") / "lib")},
+    )
     assert locker.stdout.readline() == "in a transaction\n"
     client = ion_children(locker.pid)[0]  # nsenter's child: the client itself
     os.kill(client, signal.SIGKILL)  # inside its transaction

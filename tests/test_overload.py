@@ -57,8 +57,16 @@ def test_rss_at_each_quarter_is_the_median_of_the_samples_around_it():
 @pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing()))
 @pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))
 def test_overload_in_short_orders_all_arrive_positions_stay_fresh_custody_stays_small(tmp_path):
-    out = ob.main(minutes=1.5, factor=3.0, units=24, order_every=5.0, profile="cnr-tactical-2", drain=180, seed=3,
-                  out=tmp_path / "run")
+    out = ob.main(
+        minutes=1.5,
+        factor=3.0,
+        units=24,
+        order_every=5.0,
+        profile="cnr-tactical-2",
+        drain=180,
+        seed=3,
+        out=tmp_path / "run",
+    )
     res = json.loads((out / "summary.json").read_text())
     md = (out / "report.md").read_text()
     o, pos = res["orders"], res["positions"]

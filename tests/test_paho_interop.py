@@ -10,9 +10,11 @@ from c2dtn.perf.cli import perf
 
 
 def test_the_tests_of_a_suite_file_are_found_by_name(tmp_path):
-    (tmp_path / "client_test5.py").write_text("class Test:\n    def test_basic(self):\n        pass\n\n"
-                                              "    def test_will_message(self):\n        pass\n"
-                                              "    def helper(self):\n        pass\n")
+    (tmp_path / "client_test5.py").write_text(
+        "class Test:\n    def test_basic(self):\n        pass\n\n"
+        "    def test_will_message(self):\n        pass\n"
+        "    def helper(self):\n        pass\n"
+    )
     assert paho_interop.test_names(tmp_path, "client_test5") == ["test_basic", "test_will_message"]
 
 

@@ -16,26 +16,45 @@ from c2dtn.topologies.broker import mosquitto_missing
 from c2dtn.topologies.nodes import dtnd_missing
 from c2dtn.perf import bft
 
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
-              pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
+    pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing())),
+]
 
 
 def test_quick_matrix_reports_every_run_and_the_overlay_keeps_positions_fresh(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "c2dtn.cli", "perf", "matrix", "--quick"], capture_output=True,
-                       text=True, timeout=600, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "c2dtn.cli", "perf", "matrix", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = next((tmp_path / "results").glob("*-matrix-quick"))
     rows = json.loads((out / "matrix.json").read_text())
-    assert [(r["profile"], r["mode"]) for r in rows] == [("cnr-tactical-1", "overlay"), ("cnr-tactical-1", "mqtt-bridge"),
-                                                         ("cnr-tactical-2", "overlay"), ("cnr-tactical-2", "mqtt-bridge")]
+    assert [(r["profile"], r["mode"]) for r in rows] == [
+        ("cnr-tactical-1", "overlay"),
+        ("cnr-tactical-1", "mqtt-bridge"),
+        ("cnr-tactical-2", "overlay"),
+        ("cnr-tactical-2", "mqtt-bridge"),
+    ]
     for r in rows:
         run = Path(r["run"]) if Path(r["run"]).is_absolute() else tmp_path / r["run"]
         summary = json.loads((run / "summary.json").read_text())
         events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
         info = next(m for m in summary["modes"] if m["mode"] == r["mode"])
-        again = bft.summarize(events, r["mode"], {"supersedes": r["mode"] == "overlay",
-                                                  "receivers": [tuple(x) for x in _receivers()],
-                                                  "link_bytes": info["link_bytes"]}, 2.0)
+        again = bft.summarize(
+            events,
+            r["mode"],
+            {
+                "supersedes": r["mode"] == "overlay",
+                "receivers": [tuple(x) for x in _receivers()],
+                "link_bytes": info["link_bytes"],
+            },
+            2.0,
+        )
         assert (again["delivered"], again["lost"]) == (r["delivered"], r["lost"])  # traces back to events.jsonl
         assert r["expected"] == sum(1 for e in events if e["mode"] == r["mode"] and e.get("ev") == "sent") * 24
     o2, b2 = rows[2], rows[3]

@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, 
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[Path, str]:
-    p = subprocess.run([sys.executable, "-m", "c2dtn.cli", "perf", *args], capture_output=True, text=True,
-                       timeout=900, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "c2dtn.cli", "perf", *args], capture_output=True, text=True, timeout=900, cwd=tmp_path
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     (out,) = (tmp_path / "results").iterdir()
     meta = json.loads((out / "run.json").read_text())
@@ -64,7 +65,8 @@ def test_perf_overlay_short_reports_its_own_runs(tmp_path):
     assert f"{float(s['rtt_ratio']):.2f}" in stdout
     tp, rtt = json.loads((out / "plot.json").read_text())
     assert next(x for x in rtt["series"] if x["label"] == "c2dtn overlay")["y"] == [
-        pytest.approx(row["overlay_rtt_s"] * 1000)]
+        pytest.approx(row["overlay_rtt_s"] * 1000)
+    ]
     tac = data["tactical"]  # across the radio link, the CLA the topology names (nps-chain: UDP)
     assert tac["cla"] == "udp" and "over udp" in stdout
     assert tac["payload_bytes"] == 3000 and tac["fraction"] == pytest.approx(tac["goodput_bps"] / tac["link_bps"])

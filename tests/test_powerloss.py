@@ -9,8 +9,7 @@ from c2dtn.perf import powerloss_bench
 
 
 def test_a_power_cut_loses_no_pubacked_message_and_the_control_shows_the_campaign_can_see_a_loss(tmp_path):
-    out = powerloss_bench.main(cycles=2, clients=3, rate=25, disk_ms=1, modes=("auto", "unsynced"),
-                               out=tmp_path / "r")
+    out = powerloss_bench.main(cycles=2, clients=3, rate=25, disk_ms=1, modes=("auto", "unsynced"), out=tmp_path / "r")
     res = json.loads((out / "summary.json").read_text())
     thread, control = res["total"]["auto"], res["total"]["unsynced"]
     assert thread["cuts"] == 2 and thread["acked"] > 50 and control["acked"] > 50
@@ -25,8 +24,9 @@ def test_a_power_cut_loses_no_pubacked_message_and_the_control_shows_the_campaig
 def test_a_power_cut_loses_no_pubacked_message_whose_body_is_a_file_of_its_own(tmp_path):
     """Publishes of 300 kB: each body in a file beside the store (store_sqlite.FILE_BODY_BYTES),
     put back as last fsynced after the cut, as the database is."""
-    out = powerloss_bench.main(cycles=2, clients=2, rate=10, disk_ms=1, modes=("auto", "unsynced"),
-                               out=tmp_path / "r", payload_bytes=300_000)
+    out = powerloss_bench.main(
+        cycles=2, clients=2, rate=10, disk_ms=1, modes=("auto", "unsynced"), out=tmp_path / "r", payload_bytes=300_000
+    )
     res = json.loads((out / "summary.json").read_text())
     auto, control = res["total"]["auto"], res["total"]["unsynced"]
     assert auto["acked"] > 10 and auto["lost"] == 0, [c["lost_examples"] for c in res["cuts"] if c["mode"] == "auto"]

@@ -16,8 +16,19 @@ def test_named_profiles_match_the_architecture_table():
 
 
 def test_units_are_parsed_like_netem():
-    p = profile_from_table("x", {"rate": "1.2mbit", "delay": "250us", "jitter": "100us", "loss": "0.5%",
-                                 "duplicate": 1, "queue_bytes": "64kb", "mtu": 1400}, "f.toml")
+    p = profile_from_table(
+        "x",
+        {
+            "rate": "1.2mbit",
+            "delay": "250us",
+            "jitter": "100us",
+            "loss": "0.5%",
+            "duplicate": 1,
+            "queue_bytes": "64kb",
+            "mtu": 1400,
+        },
+        "f.toml",
+    )
     assert p.rate_bps == 1.2e6
     assert p.delay_s == pytest.approx(250e-6) and p.jitter_s == pytest.approx(100e-6)
     assert p.loss == pytest.approx(0.005) and p.duplicate == pytest.approx(0.01)
@@ -31,20 +42,23 @@ def test_gilbert_elliott_table():
     assert p.gilbert_elliott.mean_loss() == pytest.approx(0.02 / 0.27)
 
 
-@pytest.mark.parametrize("table, field, value", [
-    ({"rate": "fast"}, "rate", "fast"),
-    ({"rate": "9.8 furlongs"}, "rate", "9.8 furlongs"),
-    ({"delay": 100}, "delay", 100),
-    ({"delay": "100 parsecs"}, "delay", "100 parsecs"),
-    ({"loss": "150%"}, "loss", "150%"),
-    ({"loss": "ten"}, "loss", "ten"),
-    ({"mtu": 20}, "mtu", 20),
-    ({"queue_packets": 0}, "queue_packets", 0),
-    ({"lsos": "1%"}, "lsos", "1%"),
-    ({"delay": "10ms", "jitter": "20ms"}, "jitter", "20ms"),
-    ({"gilbert_elliott": {"p": "1%"}}, "gilbert_elliott.r", None),
-    ({"loss": "1%", "gilbert_elliott": {"p": "1%", "r": "10%"}}, "loss", "1%"),
-])
+@pytest.mark.parametrize(
+    "table, field, value",
+    [
+        ({"rate": "fast"}, "rate", "fast"),
+        ({"rate": "9.8 furlongs"}, "rate", "9.8 furlongs"),
+        ({"delay": 100}, "delay", 100),
+        ({"delay": "100 parsecs"}, "delay", "100 parsecs"),
+        ({"loss": "150%"}, "loss", "150%"),
+        ({"loss": "ten"}, "loss", "ten"),
+        ({"mtu": 20}, "mtu", 20),
+        ({"queue_packets": 0}, "queue_packets", 0),
+        ({"lsos": "1%"}, "lsos", "1%"),
+        ({"delay": "10ms", "jitter": "20ms"}, "jitter", "20ms"),
+        ({"gilbert_elliott": {"p": "1%"}}, "gilbert_elliott.r", None),
+        ({"loss": "1%", "gilbert_elliott": {"p": "1%", "r": "10%"}}, "loss", "1%"),
+    ],
+)
 def test_bad_profile_names_file_field_and_value(table, field, value):
     with pytest.raises(ConfigError) as e:
         profile_from_table("bad", table, "my-profiles.toml", "profiles.bad.")

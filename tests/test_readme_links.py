@@ -49,15 +49,18 @@ def test_every_local_link_and_image_in_the_readme_and_the_docs_is_a_tracked_file
             if not any(t.startswith(rel + "/") for t in tracked):
                 bad.append(f"{page.name}: {target}: a folder with no tracked file")
         elif rel not in tracked:
-            bad.append(f"{page.name}: {target}: " + ("exists but is not tracked (ignored?)" if p.exists() else "missing"))
+            bad.append(
+                f"{page.name}: {target}: " + ("exists but is not tracked (ignored?)" if p.exists() else "missing")
+            )
     assert not bad, "\n".join(bad)
 
 
 def test_every_run_the_readme_cites_says_its_command_and_commit():
     """A figure quoted from docs/results/<run>/ can be re-run: the run's own run.json names
     the command and the commit, or (runs older than run.json) the evidence index does."""
-    runs = sorted({m for page in PAGES for t in local_links(page.read_text())
-                   for m in re.findall(r"results/([^/]+)/", t)})
+    runs = sorted(
+        {m for page in PAGES for t in local_links(page.read_text()) for m in re.findall(r"results/([^/]+)/", t)}
+    )
     assert runs, "the pages cite no run"
     index = (ROOT / "docs/results/README.md").read_text()
     bad = []
@@ -65,8 +68,10 @@ def test_every_run_the_readme_cites_says_its_command_and_commit():
         meta = ROOT / "docs/results" / run / "run.json"
         if meta.exists():
             m = json.loads(meta.read_text())
-            if not (m.get("command", "").startswith(("c2dtn ", "make ")) and re.fullmatch(
-                    r"[0-9a-f]{40}(\+dirty)?", m.get("commit") or "")):
+            if not (
+                m.get("command", "").startswith(("c2dtn ", "make "))
+                and re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", m.get("commit") or "")
+            ):
                 bad.append(f"{run}: run.json lacks the command or the commit: {m}")
             elif m["commit"].endswith("+dirty"):
                 bad.append(f"{run}: measured on uncommitted changes ({m['commit']})")

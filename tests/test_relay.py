@@ -86,16 +86,19 @@ def test_a_full_relay_drops_the_newest_and_keeps_what_it_holds(tmp_path):
     c.close()
 
 
-@pytest.mark.parametrize("payload, why", [
-    (b"", "not an overlay container"),
-    (b"\xff\x00garbage", "not an overlay container"),
-    (cbor2.dumps([1, "deu-gw", "prt-gw", []]), "container version 1, this node speaks 2"),
-    (cbor2.dumps([2, "deu-gw", "prt-gw", []]), "not an overlay container"),
-    (cbor2.dumps([2, "deu-gw", 5, [[b"ct", bytes(16)]]]), "destination is not a node id: 5"),
-    (cbor2.dumps([2, "deu-gw", "prt-gw", [[b"ct", b"t"]]]), "16-byte tag"),
-    (cbor2.dumps([2, "deu-gw", "prt-gw", [cbor2.dumps([b"ct", bytes(16)])]]), "16-byte tag"),
-    (cbor2.dumps([2, "deu-gw", "x" * 10_000, [[b"ct", bytes(16)]]]), r"'xxxx.*\(10000 characters\)$"),
-])
+@pytest.mark.parametrize(
+    "payload, why",
+    [
+        (b"", "not an overlay container"),
+        (b"\xff\x00garbage", "not an overlay container"),
+        (cbor2.dumps([1, "deu-gw", "prt-gw", []]), "container version 1, this node speaks 2"),
+        (cbor2.dumps([2, "deu-gw", "prt-gw", []]), "not an overlay container"),
+        (cbor2.dumps([2, "deu-gw", 5, [[b"ct", bytes(16)]]]), "destination is not a node id: 5"),
+        (cbor2.dumps([2, "deu-gw", "prt-gw", [[b"ct", b"t"]]]), "16-byte tag"),
+        (cbor2.dumps([2, "deu-gw", "prt-gw", [cbor2.dumps([b"ct", bytes(16)])]]), "16-byte tag"),
+        (cbor2.dumps([2, "deu-gw", "x" * 10_000, [[b"ct", bytes(16)]]]), r"'xxxx.*\(10000 characters\)$"),
+    ],
+)
 def test_malformed_payloads_are_named(payload, why):
     with pytest.raises(Unroutable, match=why):
         payload_destination(payload)
@@ -115,10 +118,11 @@ def test_garbage_from_a_peer_is_dropped_and_counted_and_nothing_held_is_lost(tmp
 
 def _island(tmp_path, name, kind, port, peers):
     p = tmp_path / f"{name}.toml"
-    p.write_text(f'[node]\nid = "tacnet"\nstorage = "{tmp_path / name}"\noverlay = false\n\n'
-                 f'[agent]\nkind = "{kind}"\nlisten = ["udp://0.0.0.0:{port}"]\n\n'
-                 + "".join(f'[[agent.peers]]\nnode = "{n}"\ncla = "udp://10.0.0.{i + 1}:4556"\n\n'
-                           for i, n in enumerate(peers)))
+    p.write_text(
+        f'[node]\nid = "tacnet"\nstorage = "{tmp_path / name}"\noverlay = false\n\n'
+        f'[agent]\nkind = "{kind}"\nlisten = ["udp://0.0.0.0:{port}"]\n\n'
+        + "".join(f'[[agent.peers]]\nnode = "{n}"\ncla = "udp://10.0.0.{i + 1}:4556"\n\n' for i, n in enumerate(peers))
+    )
     return p.name
 
 
@@ -129,6 +133,7 @@ def test_a_relay_config_names_its_islands_and_their_members(tmp_path):
     f.write_text(f'[relay]\nid = "tacnet"\nstorage = "{tmp_path / "relay"}"\nislands = ["{a}", "{b}"]\n')
     cfg = load_relay_config(f)
     from c2dtn.overlay.relay import island_members
+
     assert {c.agent: island_members(c) for c in cfg.islands} == {"dtn7": {"deu-gw", "usa-gw"}, "ibrdtn": {"prt-gw"}}
     f.write_text(f'[relay]\nid = "tacnet"\nstorage = "{tmp_path / "relay"}"\nislands = ["{a}", "{a}"]\n')
     with pytest.raises(ConfigError, match="each island needs its own|two islands run dtn7"):

@@ -51,8 +51,10 @@ def acked(out, origin_store: Custody) -> set[int]:
 def pair(request, tmp_path):
     if request.param == "memory":
         return core(Custody(MemoryStore(), "gw1")), core(Custody(MemoryStore(), "gw4"))
-    return (core(CustodyStore(tmp_path / "gw1.db", "gw1", sync="thread")),
-            core(CustodyStore(tmp_path / "gw4.db", "gw4", sync="thread")))
+    return (
+        core(CustodyStore(tmp_path / "gw1.db", "gw1", sync="thread")),
+        core(CustodyStore(tmp_path / "gw4.db", "gw4", sync="thread")),
+    )
 
 
 def test_seqs_may_go_before_the_fsync_only_within_a_reservation_on_disk(pair):
@@ -79,8 +81,9 @@ def test_a_mark_keeps_everything_waiting_for_its_fsync(pair):
     a, _b = pair
     a.submit("gw4", b"one", 0)
     synced(a)
-    a.store.submit_many([("gw4", b"publish", 60_000, Priority.FLASH, None, "mqtt")], 0,
-                        marks=[("client-1:7", b"digest", False)])
+    a.store.submit_many(
+        [("gw4", b"publish", 60_000, Priority.FLASH, None, "mqtt")], 0, marks=[("client-1:7", b"digest", False)]
+    )
     assert not a.store.may_send_unsynced()
     synced(a)
     assert a.store.may_send_unsynced()
@@ -168,8 +171,10 @@ def test_a_flash_message_goes_to_the_agent_before_its_fsync_and_is_answered_afte
     """Through the node's API, with an fsync that takes 80 ms: the bundle is handed to the agent
     at once, the client's answer (the message is in custody) comes only once the fsync is done."""
     p = tmp_path / "gw1.toml"
-    p.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\nfsync = "thread"\n[agent]\nkind = "ion"\n'
-                 f'[keys]\ngw4 = "{"ab" * 32}"\n')
+    p.write_text(
+        f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\nfsync = "thread"\n[agent]\nkind = "ion"\n'
+        f'[keys]\ngw4 = "{"ab" * 32}"\n'
+    )
     p.chmod(0o600)
     node = OverlayNode(load_node_config(p))
     sent: list[float] = []
@@ -265,8 +270,10 @@ def test_acks_that_came_with_a_ping_are_applied_after_the_answer_is_with_the_age
     the agents were carrying the answer with), and then it does happen."""
     monkeypatch.setattr(node_mod, "ANSWER_CLEAR_S", 0.05)  # (5 ms: too close to a loop's turn to time)
     p = tmp_path / "gw4.toml"
-    p.write_text(f'[node]\nid = "gw4"\nstorage = "{tmp_path / "gw4"}"\nfsync = "thread"\n[agent]\nkind = "ion"\n'
-                 f'[keys]\ngw1 = "{"ab" * 32}"\n')
+    p.write_text(
+        f'[node]\nid = "gw4"\nstorage = "{tmp_path / "gw4"}"\nfsync = "thread"\n[agent]\nkind = "ion"\n'
+        f'[keys]\ngw1 = "{"ab" * 32}"\n'
+    )
     p.chmod(0o600)
     node = OverlayNode(load_node_config(p))
     peer = OverlayCore(Custody(MemoryStore(), "gw1"), Codec("gw1", {"gw4": bytes.fromhex("ab" * 32)}), CFG)

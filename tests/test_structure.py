@@ -35,8 +35,10 @@ def test_the_gateways_use_the_node_through_its_port_alone():
 
 def test_the_import_check_sees_imports_inside_functions_and_type_checking_blocks(tmp_path):
     f = tmp_path / "x.py"
-    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from c2dtn.overlay.core import A\n"
-                 "def g():\n    import c2dtn.overlay.node\n")
+    f.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from c2dtn.overlay.core import A\n"
+        "def g():\n    import c2dtn.overlay.node\n"
+    )
     assert {m for _, m in _imports(f)} >= {"c2dtn.overlay.core", "c2dtn.overlay.node"}
 
 
@@ -45,8 +47,12 @@ def test_the_gateways_reach_no_private_part_of_the_port():
     wrong = []
     for f in sorted((ROOT / "ip-gateway").rglob("*.py")):
         for node in ast.walk(ast.parse(f.read_text())):
-            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
-                    and isinstance(node.value, ast.Attribute) and node.value.attr == "port"):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "port"
+            ):
                 wrong.append(f"{f.relative_to(ROOT)}:{node.lineno} .port.{node.attr}")
     assert not wrong, "\n".join(wrong)
 
@@ -62,8 +68,11 @@ HISTORY = [  # what belongs in a decision record or the changelog, not in code (
 def _shipped_files() -> list[Path]:
     files = [ROOT / "Makefile"]
     for folder in SHIPPED:
-        files += [f for f in (ROOT / folder).rglob("*") if f.suffix in (".py", ".c", ".sh", ".toml")
-                  and "__pycache__" not in f.parts]
+        files += [
+            f
+            for f in (ROOT / folder).rglob("*")
+            if f.suffix in (".py", ".c", ".sh", ".toml") and "__pycache__" not in f.parts
+        ]
     return sorted(files)
 
 
@@ -79,8 +88,12 @@ def test_shipped_code_carries_no_dates_issue_numbers_or_commit_hashes():
 
 
 def test_the_history_check_finds_each_kind(tmp_path):
-    lines = ["# measured 2026-11-24 on lan", "x = 1  # see issue 14", "# fixed since 1b4869c",
-             "EPOCH = 0  # 2000-01-01T00:00:00Z"]
+    lines = [
+        "# measured 2026-11-24 on lan",
+        "x = 1  # see issue 14",
+        "# fixed since 1b4869c",
+        "EPOCH = 0  # 2000-01-01T00:00:00Z",
+    ]
     found = [what for line in lines for pattern, what in HISTORY if pattern.search(line)]
     assert found == ["a date", "an issue number", "a commit hash"]
 

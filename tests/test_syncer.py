@@ -172,8 +172,8 @@ def test_auto_mode_fsyncs_on_the_loop_while_the_disk_is_fast_and_in_the_thread_w
     slow = phases["slow"]
     on_loop = [i for i, name in enumerate(slow) if name == loop_thread]
     assert len(on_loop) <= syncer_mod.RECENT // 2 + 1 and max(on_loop) < syncer_mod.RECENT, slow
-    assert set(slow[syncer_mod.RECENT:]) == {"c2-custody-fsync"}, slow
-    assert set(phases["fast again"][-syncer_mod.RECENT // 2:]) == {loop_thread}, phases["fast again"]
+    assert set(slow[syncer_mod.RECENT :]) == {"c2-custody-fsync"}, slow
+    assert set(phases["fast again"][-syncer_mod.RECENT // 2 :]) == {loop_thread}, phases["fast again"]
 
 
 def _read_packet(sock: socket.socket, parser: m.Parser, timeout: float):
@@ -237,7 +237,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
 
 
 def test_perf_fsync_short_reports_its_own_runs_in_a_table_and_a_plot(tmp_path):

@@ -70,15 +70,17 @@ def test_cnr_tactical_2_rate_delay_and_loss(clean):
     run = probe.send_stream(st, "h1", "h4", count=1000, interval_s=1.3 * ser, payload=12, drain_s=1.5)
     loss = run.loss()
     med = statistics.median(probe.delays(run))
-    print(f"loss {loss:.3f} over {len(run.sent)}; delay median {med * 1000:.1f} ms "
-          f"(expected {100 + ser * 1000:.1f} ms)")
+    print(
+        f"loss {loss:.3f} over {len(run.sent)}; delay median {med * 1000:.1f} ms (expected {100 + ser * 1000:.1f} ms)"
+    )
     assert len(run.sent) == 1000
     assert 0.07 <= loss <= 0.13
     assert abs(med - (0.100 + ser)) <= 0.015
     assert run.duplicates == 0
     # rate: saturate at 1.5x the link rate; frame bits per second at the receiver
-    sat = probe.send_stream(st, "h1", "h4", duration_s=15, interval_s=242 * 8 / (1.5 * 9800), payload=200,
-                            drain_s=0.5, port=probe.PORT + 1)
+    sat = probe.send_stream(
+        st, "h1", "h4", duration_s=15, interval_s=242 * 8 / (1.5 * 9800), payload=200, drain_s=0.5, port=probe.PORT + 1
+    )
     rate = probe.goodput_bps(sat)
     print(f"goodput at saturation {rate:.0f} bit/s")
     assert 0.9 * 9800 <= rate <= 1.1 * 9800
@@ -86,12 +88,15 @@ def test_cnr_tactical_2_rate_delay_and_loss(clean):
 
 def test_scheduled_outage_passes_nothing_and_traffic_resumes(clean, tmp_path):
     sched = tmp_path / "outage.toml"
-    sched.write_text('[[schedule]]\nat = "5s"\nlink = "r2-r3"\naction = "down"\n'
-                     '[[schedule]]\nat = "25s"\nlink = "r2-r3"\naction = "up"\n')
+    sched.write_text(
+        '[[schedule]]\nat = "5s"\nlink = "r2-r3"\naction = "down"\n'
+        '[[schedule]]\nat = "25s"\nlink = "r2-r3"\naction = "up"\n'
+    )
     c2("topo", "up", "nps-chain", "--profile", "cnr-tactical-1", "--schedule", str(sched))
     st = testbed.read_state()
-    run = probe.send_stream(st, "h1", "h4", duration_s=33 - (time.monotonic() - st["started_monotonic"]),
-                            interval_s=0.1, drain_s=1.5)
+    run = probe.send_stream(
+        st, "h1", "h4", duration_s=33 - (time.monotonic() - st["started_monotonic"]), interval_s=0.1, drain_s=1.5
+    )
     applied = testbed.read_state()["events_applied"]
     assert [e["action"] for e in applied] == ["down", "up"]
     t_down, t_up = applied[0]["at_monotonic"], applied[1]["at_monotonic"]
@@ -109,10 +114,17 @@ def test_scheduled_outage_passes_nothing_and_traffic_resumes(clean, tmp_path):
 
 def test_live_link_down_up_and_carrier(clean):
     st = testbed.up("nps-chain", profile="cnr-tactical-1")
-    run, times = stream_with_actions(st, "h1", "h4", 14, 0.1, [
-        (3, lambda: c2("topo", "link", "r2", "r3", "down")),
-        (9, lambda: c2("topo", "link", "r2", "r3", "up")),
-    ])
+    run, times = stream_with_actions(
+        st,
+        "h1",
+        "h4",
+        14,
+        0.1,
+        [
+            (3, lambda: c2("topo", "link", "r2", "r3", "down")),
+            (9, lambda: c2("topo", "link", "r2", "r3", "up")),
+        ],
+    )
     inside = [a for a in run.arrivals if times[3] + 0.05 < a.received < times[9] - 0.5]
     assert inside == []
     assert any(a.received > times[9] for a in run.arrivals)
@@ -217,7 +229,7 @@ def test_demo_prints_measured_next_to_profile(clean):
 
 def test_gilbert_elliott_bursts_and_independent_directions(clean, tmp_path):
     topo = tmp_path / "pair.toml"
-    topo.write_text('''
+    topo.write_text("""
 name = "ge-pair"
 [[nodes]]
 name = "ga"
@@ -228,7 +240,7 @@ a = "ga"
 b = "gb"
 profile = { delay = "5ms", gilbert_elliott = { p = "4%", r = "25%" } }
 reverse_profile = "lan"
-''')
+""")
     st = testbed.up(str(topo), seed=7)
     fwd = probe.send_stream(st, "ga", "gb", count=5000, interval_s=0.001, drain_s=0.5)
     got = sorted(fwd.received_seqs())

@@ -65,8 +65,9 @@ def test_a_member_cannot_forge_a_done_ack_in_anothers_name(tmp_path):
         prt.on_bundle(b.payload, 60_010)
     assert prt.store.held_out()[0] == 1  # nor's ack alone does not release a group report
     _, genuine = genuine_group_bundle(tmp_path)
-    forged = Envelope(Kind.ACK, "deu", 1000, "fmn", 0, 60_000, Priority.FLASH,
-                      body=encode_ack_body({prt.store.source: ([seq], [])}))
+    forged = Envelope(
+        Kind.ACK, "deu", 1000, "fmn", 0, 60_000, Priority.FLASH, body=encode_ack_body({prt.store.source: ([seq], [])})
+    )
     for wrap in (lambda s: s, lambda s: cbor2.loads(s)):  # as a byte string, and as a plain item
         spliced = cbor2.loads(genuine)
         spliced[3].append(wrap(as_member("nor", "deu").seal(forged)))
@@ -80,8 +81,12 @@ def test_a_200_byte_value_sharing_bomb_is_refused_at_its_first_tag(tmp_path, whe
     """Defect: tags 28/29 made ~200 bytes decode into a structure that doubles every 9 bytes,
     expanded by error messages' repr (seconds of CPU on the event loop; ~370 bytes: days)."""
     bomb = sharing_bomb(20)
-    parts = {"version": [bomb, b'cgw1', b'\x80'], "sender": [b'\x01', bomb, b'\x80'],
-             "item": [b'\x01', b'cgw1', b'\x81' + bomb], "origin tags": [b'\x01', b'cgw1', b'\x80', bomb]}[where]
+    parts = {
+        "version": [bomb, b"cgw1", b"\x80"],
+        "sender": [b"\x01", bomb, b"\x80"],
+        "item": [b"\x01", b"cgw1", b"\x81" + bomb],
+        "origin tags": [b"\x01", b"cgw1", b"\x80", bomb],
+    }[where]
     payload = bytes([0x80 | len(parts)]) + b"".join(parts)
     assert len(payload) < 200
     prt = make(tmp_path, "prt")
@@ -103,17 +108,20 @@ def test_the_relay_refuses_a_sharing_bomb_before_it_routes(tmp_path):
     c.close()
 
 
-@pytest.mark.parametrize("data, why", [
-    (cbor2.dumps({(1, 2): 3}), "map key of major type 4"),
-    (cbor2.dumps({b"k": 3}), "map key of major type 2"),
-    (b"\x81" * 20 + b"\x00", "nested deeper than 8"),
-    (b"\x9f\x00\xff", "indefinite length"),
-    (b"\xc1\x00", "tag 1"),
-    (b"\x9a\xff\xff\xff\xff", "cannot fit"),
-    (b"\x5a\xff\xff\xff\xff", "runs past the end"),
-    (b"\x00\x00", "1 bytes after the item"),
-    (b"\xe0", "simple value 0"),
-])
+@pytest.mark.parametrize(
+    "data, why",
+    [
+        (cbor2.dumps({(1, 2): 3}), "map key of major type 4"),
+        (cbor2.dumps({b"k": 3}), "map key of major type 2"),
+        (b"\x81" * 20 + b"\x00", "nested deeper than 8"),
+        (b"\x9f\x00\xff", "indefinite length"),
+        (b"\xc1\x00", "tag 1"),
+        (b"\x9a\xff\xff\xff\xff", "cannot fit"),
+        (b"\x5a\xff\xff\xff\xff", "runs past the end"),
+        (b"\x00\x00", "1 bytes after the item"),
+        (b"\xe0", "simple value 0"),
+    ],
+)
 def test_the_strict_subset_names_what_it_refuses(data, why):
     with pytest.raises(strict_cbor.StrictCBORError, match=why):
         strict_cbor.loads(data)
@@ -138,10 +146,15 @@ def test_what_the_strict_subset_takes_has_at_most_one_object_per_byte(data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.text(max_size=8)
-                    | st.binary(max_size=8),
-                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.integers(0, 30) | st.text(max_size=4),
-                                                                               kids, max_size=4), max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8) | st.binary(max_size=8),
+        lambda kids: (
+            st.lists(kids, max_size=4) | st.dictionaries(st.integers(0, 30) | st.text(max_size=4), kids, max_size=4)
+        ),
+        max_leaves=20,
+    )
+)
 def test_the_strict_subset_takes_what_c2dtn_writes(value):
     assert strict_cbor.loads(cbor2.dumps(value)) == value
 
@@ -160,8 +173,7 @@ def test_an_ack_naming_a_trillion_ids_releases_what_is_held_and_costs_what_it_na
     seqs = [deu.submit("prt", b"report %d" % i, 0) for i in range(3)]
     deu.poll(0)
     others = {f"x{i}/1": ([], list(range(0, 2**20, 2))[:3]) for i in range(3)}
-    body = cbor2.dumps({deu.store.source: [[[0, 2**40]], [[0, 2**40]]],
-                        **{k: [[[0, 2**40]], []] for k in others}})
+    body = cbor2.dumps({deu.store.source: [[[0, 2**40]], [[0, 2**40]]], **{k: [[[0, 2**40]], []] for k in others}})
     ack = Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, Priority.FLASH, body=body)
     payload = prt.codec.container([prt.codec.seal(ack)], "deu")
     assert len(payload) < 200
@@ -235,8 +247,13 @@ def test_custody_refuses_a_message_over_the_one_limit_naming_its_size(tmp_path):
 
     st = CustodyStore(tmp_path / "c.db", "gw1")
     with pytest.raises(TooLarge, match=f"a message of {MAX_MESSAGE_BYTES + 1} bytes for gw4 is over"):
-        st.submit_many([("gw4", b"x", 60_000, Priority.FLASH, None, "raw"),
-                        ("gw4", b"x" * (MAX_MESSAGE_BYTES + 1), 60_000, Priority.FLASH, None, "raw")], 0)
+        st.submit_many(
+            [
+                ("gw4", b"x", 60_000, Priority.FLASH, None, "raw"),
+                ("gw4", b"x" * (MAX_MESSAGE_BYTES + 1), 60_000, Priority.FLASH, None, "raw"),
+            ],
+            0,
+        )
     assert st.held_out()[0] == 0  # nothing of the batch
     st.submit("gw4", b"x" * MAX_MESSAGE_BYTES, 0, 60_000)
     st.close()
@@ -274,8 +291,9 @@ def test_the_node_api_answers_413_for_a_message_over_the_limit_and_takes_one_at_
     from c2dtn.overlay.node import OverlayNode
 
     p = tmp_path / "gw1.toml"
-    p.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n[agent]\nkind = "ion"\n'
-                 f'[keys]\ngw4 = "{"ab" * 32}"\n')
+    p.write_text(
+        f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\n[agent]\nkind = "ion"\n[keys]\ngw4 = "{"ab" * 32}"\n'
+    )
     p.chmod(0o600)
     node = OverlayNode(load_node_config(p))
     got: dict = {}
@@ -307,8 +325,9 @@ def _client_reuses_an_acked_packet_id(net, store, answered: bool):
     def run(evs):
         for ev in evs:
             if isinstance(ev, nc.Submit):
-                taken.extend(store.submit_many([(d, b, life, p, k, "mqtt") for d, b, life, p, k in ev.envelopes], 0,
-                                               ev.marks))
+                taken.extend(
+                    store.submit_many([(d, b, life, p, k, "mqtt") for d, b, life, p, k in ev.envelopes], 0, ev.marks)
+                )
                 run(net.core.committed(ev.conn, True, net.now))
             elif isinstance(ev, nc.Answered) and answered:
                 store.marks_answered(ev.keys)
@@ -357,8 +376,9 @@ def test_a_coap_message_id_reused_after_exchange_lifetime_is_a_new_request(tmp_p
     mark = ("coap:10.0.0.2:40000:17", b"d" * 8, EXCHANGE_LIFETIME_MS)
     first = st.submit_many([("gw4", b"POST /orders", 60_000, Priority.FLASH, None, "coap")], 0, [mark])
     again = st.submit_many([("gw4", b"POST /orders", 60_000, Priority.FLASH, None, "coap")], 200_000, [mark])
-    later = st.submit_many([("gw4", b"POST /orders", 60_000, Priority.FLASH, None, "coap")],
-                           200_000 + EXCHANGE_LIFETIME_MS + 1, [mark])
+    later = st.submit_many(
+        [("gw4", b"POST /orders", 60_000, Priority.FLASH, None, "coap")], 200_000 + EXCHANGE_LIFETIME_MS + 1, [mark]
+    )
     assert first[0] is not None and again == [None] and later[0] is not None
     st.close()
 
@@ -370,8 +390,9 @@ def test_a_member_cannot_speak_as_the_group_itself(tmp_path):
     seq = prt.submit("fmn", b"pos prt", 0)
     prt.poll(0)
     as_group = Codec("fmn", {"prt": nor.codec.keys["fmn"]})
-    ack = Envelope(Kind.ACK, "fmn", 1, "prt", 0, 60_000, Priority.FLASH,
-                   body=encode_ack_body({prt.store.source: ([seq], [])}))
+    ack = Envelope(
+        Kind.ACK, "fmn", 1, "prt", 0, 60_000, Priority.FLASH, body=encode_ack_body({prt.store.source: ([seq], [])})
+    )
     order = Envelope(Kind.DATA, "fmn", 2, "prt", 0, 60_000, Priority.FLASH, body=b"all units: withdraw now")
     res = prt.on_bundle(as_group.container([as_group.seal(ack), as_group.seal(order)]), 10)
     assert res.acks == 0 and res.taken == 0 and "is a group, not a node" in res.rejected[0]
@@ -380,6 +401,7 @@ def test_a_member_cannot_speak_as_the_group_itself(tmp_path):
 
 
 # -- what the attacker's review of the first fixes found -------------------------------------
+
 
 def _sealed_map(codec: Codec, dst: str, m: dict) -> list:
     return codec.seal_bytes(cbor2.dumps(m), dst)
@@ -411,9 +433,21 @@ def test_the_acks_of_one_bundle_look_at_what_is_held_once(tmp_path):
     scans = []
     real = deu.store.records.out_seqs_between
     deu.store.records.out_seqs_between = lambda lo, hi: scans.append((lo, hi)) or real(lo, hi)
-    acks = [prt.codec.seal(Envelope(Kind.ACK, "prt", i, "deu", 0, 60_000, Priority.FLASH,
-                                    body=encode_ack_body({deu.store.source: (list(range(0, 9000, 2)), [])})))
-            for i in range(40)]
+    acks = [
+        prt.codec.seal(
+            Envelope(
+                Kind.ACK,
+                "prt",
+                i,
+                "deu",
+                0,
+                60_000,
+                Priority.FLASH,
+                body=encode_ack_body({deu.store.source: (list(range(0, 9000, 2)), [])}),
+            )
+        )
+        for i in range(40)
+    ]
     res = deu.on_bundle(prt.codec.container(acks, "deu"), 10)
     assert res.acks == 40 and len(scans) == 1
     assert deu.store.held_out()[0] == 5 - len([s for s in seqs if s % 2 == 0])
@@ -433,8 +467,10 @@ def test_a_bundle_opens_to_at_most_8_mib_of_bodies_and_senders_keep_within_it(tm
     for b in out:
         assert prt.on_bundle(b.payload, 10).taken == len(b.seqs)  # each of the sender's bundles is taken whole
     hostile = Codec("deu", {"prt": prt.codec.keys["deu"]})  # a compromised deu box, packing by hand
-    forged = [hostile.seal(Envelope(Kind.DATA, "deu", 100 + i, "prt", 0, 60_000, body=bytes([i]) * MAX_MESSAGE_BYTES))
-              for i in range(12)]
+    forged = [
+        hostile.seal(Envelope(Kind.DATA, "deu", 100 + i, "prt", 0, 60_000, body=bytes([i]) * MAX_MESSAGE_BYTES))
+        for i in range(12)
+    ]
     res = prt.on_bundle(hostile.container(forged), 20)
     assert res.taken == MAX_BUNDLE_PLAIN_BYTES // MAX_MESSAGE_BYTES and len(res.rejected) == 12 - res.taken
     assert "this bundle may still open to" in res.rejected[0]
@@ -446,8 +482,23 @@ def test_a_ping_flood_is_answered_up_to_a_bound_with_one_log_line(tmp_path, capl
     from c2dtn.overlay.core import PONG_LIFETIME_MAX_MS, PONGS_HELD_MAX
 
     nor, prt = make(tmp_path, "nor"), make(tmp_path, "prt")
-    pings = [nor.codec.seal(Envelope(Kind.DATA, "nor", i + 1, "prt", 0, 10 * 365 * 86_400_000, Priority.FLASH,
-                                     body=b"p" * 100, app="ping", inc=nor.store.inc)) for i in range(500)]
+    pings = [
+        nor.codec.seal(
+            Envelope(
+                Kind.DATA,
+                "nor",
+                i + 1,
+                "prt",
+                0,
+                10 * 365 * 86_400_000,
+                Priority.FLASH,
+                body=b"p" * 100,
+                app="ping",
+                inc=nor.store.inc,
+            )
+        )
+        for i in range(500)
+    ]
     res = prt.on_bundle(nor.codec.container(pings, "prt"), 0)
     assert res.taken == 500
     held = prt.store.records.out_get(list(range(1, 10_000)))
@@ -460,8 +511,9 @@ def test_an_ack_run_of_strings_is_named_by_prefix_not_written_whole(tmp_path, ca
     """Finding: a 235-byte ack wrote a log line of 16,777,041 characters."""
     deu, prt = make(tmp_path, "deu"), make(tmp_path, "prt")
     body = cbor2.dumps({deu.store.source: [[["x" * 100_000, "y" * 100_000]], []]})
-    res = deu.on_bundle(prt.codec.container([prt.codec.seal(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000,
-                                                                      body=body))], "deu"), 0)
+    res = deu.on_bundle(
+        prt.codec.container([prt.codec.seal(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, body=body))], "deu"), 0
+    )
     assert res.acks == 0 and len(res.rejected) == 1 and len(res.rejected[0]) <= 300
     assert all(len(r.getMessage()) <= 400 for r in caplog.records)
 
@@ -482,13 +534,23 @@ def test_mqtt_properties_from_a_peer_are_of_their_type():
     """Finding: a user_property that was a 4 MiB string became 4 million 1-tuples."""
     from c2dtn.ip_gateway import bodies
 
-    ok = bodies.pack("pub", "u1", "10.0.0.1:1883", t="c2/a", p=b"x", q=1, r=False,
-                     x={"user_property": [["unit", "DEU-1"]], "message_expiry_interval": 60})
+    ok = bodies.pack(
+        "pub",
+        "u1",
+        "10.0.0.1:1883",
+        t="c2/a",
+        p=b"x",
+        q=1,
+        r=False,
+        x={"user_property": [["unit", "DEU-1"]], "message_expiry_interval": 60},
+    )
     assert bodies.unpack(ok)["x"]["user_property"] == [("unit", "DEU-1")]
-    for x, why in (({"user_property": "u" * 1000}, "user_property is not a list"),
-                   ({"message_expiry_interval": "soon"}, "of the wrong type"),
-                   ({"message_expiry_interval": 1 << 40}, "of the wrong type"),
-                   ({"correlation_data": b"c" * 70_000}, "of the wrong type or size")):
+    for x, why in (
+        ({"user_property": "u" * 1000}, "user_property is not a list"),
+        ({"message_expiry_interval": "soon"}, "of the wrong type"),
+        ({"message_expiry_interval": 1 << 40}, "of the wrong type"),
+        ({"correlation_data": b"c" * 70_000}, "of the wrong type or size"),
+    ):
         with pytest.raises(bodies.BodyError, match=why):
             bodies.unpack(bodies.pack("pub", "u1", "10.0.0.1:1883", t="c2/a", p=b"x", q=1, r=False, x=x))
 
@@ -506,8 +568,10 @@ def test_after_a_failed_fsync_nothing_is_acknowledged_or_sent_and_the_node_stops
     from c2dtn.overlay.node import EXIT_STORE_FAILED, OverlayNode
 
     p = tmp_path / "gw1.toml"
-    p.write_text(f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\nfsync = "thread"\n[agent]\nkind = "ion"\n'
-                 f'[keys]\ngw4 = "{"ab" * 32}"\n')
+    p.write_text(
+        f'[node]\nid = "gw1"\nstorage = "{tmp_path / "gw1"}"\nfsync = "thread"\n[agent]\nkind = "ion"\n'
+        f'[keys]\ngw4 = "{"ab" * 32}"\n'
+    )
     p.chmod(0o600)
     node = OverlayNode(load_node_config(p))
     sent = []
@@ -550,6 +614,7 @@ def test_after_a_failed_fsync_nothing_is_acknowledged_or_sent_and_the_node_stops
 
 # -- orders no longer in the clear -------------------------------------------------------------
 
+
 def _v1_container(sender: str, dst: str, env: Envelope, key: bytes, codec: Codec, origin_tags: int = 0) -> bytes:
     """The bundle the HMAC-tagged form (container version 1) made of the same envelope: the map
     with its destination, a 16-byte HMAC tag, and 9 bytes per origin tag."""
@@ -571,9 +636,21 @@ def test_a_sealed_report_hides_its_body_and_costs_no_more_bytes_than_the_hmac_fo
     sizes = {}
     for dst, groups in (("prt", {}), ("fmn", {"fmn": ("prt", "nor", "usa")})):
         deu = Codec("deu", {"prt": key, "nor": key, "usa": key, "fmn": key}, groups)
-        env = Envelope(Kind.DATA, "deu", 1234, dst, 1_700_000_000_000, 600_000, Priority.PRIORITY,
-                       supersede="mqtt:/PRT/PRT-UNIT001/PRT-S003/location", body=REPORT, app="mqtt", cseq=77,
-                       floor=70, inc=0x1F2E3D4C)
+        env = Envelope(
+            Kind.DATA,
+            "deu",
+            1234,
+            dst,
+            1_700_000_000_000,
+            600_000,
+            Priority.PRIORITY,
+            supersede="mqtt:/PRT/PRT-UNIT001/PRT-S003/location",
+            body=REPORT,
+            app="mqtt",
+            cseq=77,
+            floor=70,
+            inc=0x1F2E3D4C,
+        )
         payload = deu.container([deu.seal(env)], dst)
         plain = deu.map_bytes(env)
         for secret in (REPORT[:24], b"PRT-UNIT001", b"Feature", plain[-20:]):
@@ -581,8 +658,10 @@ def test_a_sealed_report_hides_its_body_and_costs_no_more_bytes_than_the_hmac_fo
         old = _v1_container("deu", dst, env, key, deu, len(groups.get(dst, ())))
         sizes[dst] = (len(payload), len(old))
         assert len(payload) <= len(old)
-    print(f"\n255-byte position report, bundle bytes (AES-GCM-SIV / HMAC form): pair {sizes['prt'][0]} / "
-          f"{sizes['prt'][1]}, group of 4 {sizes['fmn'][0]} / {sizes['fmn'][1]}")
+    print(
+        f"\n255-byte position report, bundle bytes (AES-GCM-SIV / HMAC form): pair {sizes['prt'][0]} / "
+        f"{sizes['prt'][1]}, group of 4 {sizes['fmn'][0]} / {sizes['fmn'][1]}"
+    )
 
 
 def test_only_the_key_holders_read_an_envelope_and_any_flipped_bit_is_refused(tmp_path):

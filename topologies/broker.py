@@ -22,11 +22,17 @@ def start_mosquitto(netns: str, workdir: Path, address: str, port: int = 1883, e
         raise C2Error(mosquitto_missing())
     workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / f"mosquitto-{netns}-{port}.conf"
-    conf.write_text(f"listener {port} 0.0.0.0\nallow_anonymous true\npersistence false\n"
-                    f"max_queued_messages 100000\nlog_dest stderr\nlog_type error\nlog_type warning\n{extra}\n")
+    conf.write_text(
+        f"listener {port} 0.0.0.0\nallow_anonymous true\npersistence false\n"
+        f"max_queued_messages 100000\nlog_dest stderr\nlog_type error\nlog_type warning\n{extra}\n"
+    )
     log = open(workdir / f"mosquitto-{netns}-{port}.log", "ab")
-    p = subprocess.Popen(["ip", "netns", "exec", netns, "bash", "-c", f'exec -a c2mosquitto mosquitto -c "{conf}"'],
-                         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        ["ip", "netns", "exec", netns, "bash", "-c", f'exec -a c2mosquitto mosquitto -c "{conf}"'],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 10
     from c2dtn.topologies import netns as nsmod
 

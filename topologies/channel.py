@@ -158,9 +158,7 @@ class Direction:
             return
         if p.rate_bps:
             self._trim_txq(now)
-            if len(self._txq) >= p.queue_packets or (
-                p.queue_bytes is not None and self._txq_bytes + n > p.queue_bytes
-            ):
+            if len(self._txq) >= p.queue_packets or (p.queue_bytes is not None and self._txq_bytes + n > p.queue_bytes):
                 self.stats.dropped_queue += 1
                 return
             start = self._tx_free_at if self._tx_free_at > now else now

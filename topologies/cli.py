@@ -41,18 +41,30 @@ def list_cmd() -> None:
     for c in ("name", "rate", "delay", "jitter", "loss", "description"):
         p.add_column(c)
     for name, pr in load_builtin_profiles().profiles.items():
-        p.add_row(name, format_rate(pr.rate_bps), f"{pr.delay_s * 1000:g} ms", f"{pr.jitter_s * 1000:g} ms",
-                  f"{pr.loss * 100:g} %", pr.description)
+        p.add_row(
+            name,
+            format_rate(pr.rate_bps),
+            f"{pr.delay_s * 1000:g} ms",
+            f"{pr.jitter_s * 1000:g} ms",
+            f"{pr.loss * 100:g} %",
+            pr.description,
+        )
     console.print(p)
 
 
 @topo.command("up")
 @click.argument("topology")
 @click.option("--profile", "-p", default=None, help="profile for the links marked dil (e.g. cnr-tactical-2)")
-@click.option("--link-backend", type=click.Choice(testbed.BACKENDS), default="auto", show_default=True,
-              help="netem where the kernel has it, else the userspace channel emulator")
-@click.option("--schedule", type=click.Path(dir_okay=False), default=None,
-              help="TOML file with [[schedule]] link events to add")
+@click.option(
+    "--link-backend",
+    type=click.Choice(testbed.BACKENDS),
+    default="auto",
+    show_default=True,
+    help="netem where the kernel has it, else the userspace channel emulator",
+)
+@click.option(
+    "--schedule", type=click.Path(dir_okay=False), default=None, help="TOML file with [[schedule]] link events to add"
+)
 @click.option("--seed", type=int, default=None, help="seed the emulators' random loss, for repeatable runs")
 def up_cmd(topology: str, profile: str | None, link_backend: str, schedule: str | None, seed: int | None) -> None:
     """Build TOPOLOGY (a shipped name or a .toml file); cleans up leftovers first."""
@@ -84,8 +96,7 @@ def _print_status(st: dict, live: bool) -> None:
     for c in ("node", "role", "namespace", "addresses (interface)"):
         n.add_column(c)
     for name, node in st["nodes"].items():
-        n.add_row(name, node["role"], node["netns"],
-                  " ".join(f"{i['address']} ({i['name']})" for i in node["ifaces"]))
+        n.add_row(name, node["role"], node["netns"], " ".join(f"{i['address']} ({i['name']})" for i in node["ifaces"]))
     console.print(n)
     t = Table(title=f"links (backend: {st['backend']})")
     cols = ["link", "ends (a → b)", "a→b profile", "b→a profile", "state"]
@@ -102,9 +113,11 @@ def _print_status(st: dict, live: bool) -> None:
         if live:
             lv = ls.get("live") or {}
             if "ab" in lv:
-                row += [f"{lv['ab']['delivered']}/{lv['ab']['offered']}",
-                        f"{lv['ba']['delivered']}/{lv['ba']['offered']}",
-                        f"{lv['ab']['queued']}+{lv['ba']['queued']}"]
+                row += [
+                    f"{lv['ab']['delivered']}/{lv['ab']['offered']}",
+                    f"{lv['ba']['delivered']}/{lv['ba']['offered']}",
+                    f"{lv['ab']['queued']}+{lv['ba']['queued']}",
+                ]
             else:
                 row += [lv.get("error", "-"), "", ""]
         t.add_row(*row)
@@ -114,17 +127,24 @@ def _print_status(st: dict, live: bool) -> None:
         pt.add_column(c)
     for name, pr in used.items():
         loss = pr.gilbert_elliott.mean_loss() if pr.gilbert_elliott else pr.loss
-        pt.add_row(name, format_rate(pr.rate_bps),
-                   f"{pr.delay_s * 1000:g} ms" + (f" ± {pr.jitter_s * 1000:g}" if pr.jitter_s else ""),
-                   f"{loss * 100:.3g} %" + (" (bursts)" if pr.gilbert_elliott else ""))
+        pt.add_row(
+            name,
+            format_rate(pr.rate_bps),
+            f"{pr.delay_s * 1000:g} ms" + (f" ± {pr.jitter_s * 1000:g}" if pr.jitter_s else ""),
+            f"{loss * 100:.3g} %" + (" (bursts)" if pr.gilbert_elliott else ""),
+        )
     console.print(pt)
     if st.get("schedule"):
         s = Table(title="schedule (seconds after up)")
         for c in ("at", "link", "action", "profile"):
             s.add_column(c)
         for ev in st["schedule"]:
-            s.add_row(f"{ev['at_s']:g}", ev["link"], ev["action"] + (" (carrier)" if ev.get("carrier") else ""),
-                      (ev.get("profile") or {}).get("name", ""))
+            s.add_row(
+                f"{ev['at_s']:g}",
+                ev["link"],
+                ev["action"] + (" (carrier)" if ev.get("carrier") else ""),
+                (ev.get("profile") or {}).get("name", ""),
+            )
         console.print(s)
 
 
@@ -205,11 +225,22 @@ def run_check(st: dict, src: str, dst: str, probes: int, saturate_s: float) -> d
 
     from c2dtn.topologies import probe
 
-    with Progress(TextColumn("[bold]traffic check[/bold] {task.description}"), BarColumn(),
-                  TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=console) as prog:
+    with Progress(
+        TextColumn("[bold]traffic check[/bold] {task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as prog:
         task = prog.add_task(f"{src} → {dst}", total=1.0)
-        return probe.check(st, src, dst, probes=probes, saturate_s=saturate_s,
-                           on_tick=lambda f, text: prog.update(task, completed=f, description=f"{src} → {dst}: {text}"))
+        return probe.check(
+            st,
+            src,
+            dst,
+            probes=probes,
+            saturate_s=saturate_s,
+            on_tick=lambda f, text: prog.update(task, completed=f, description=f"{src} → {dst}: {text}"),
+        )
 
 
 def print_check(res: dict) -> None:
@@ -220,15 +251,25 @@ def print_check(res: dict) -> None:
     def ratio(m, e):
         return f"{m / e:.2f}" if m is not None and e else "-"
 
-    t.add_row("rate (frame bits)", format_rate(res["rate_bps"]) if res["rate_bps"] else "-",
-              format_rate(res["expected_rate_bps"]), ratio(res["rate_bps"], res["expected_rate_bps"]))
-    t.add_row(f"one-way delay, median ({res['probe_frame_bytes']} B frames)",
-              f"{res['delay_median_s'] * 1000:.1f} ms",
-              f"{res['expected_delay_profile_s'] * 1000:.0f} ms + {res['serialization_s'] * 1000:.1f} ms serialization",
-              ratio(res["delay_median_s"], res["expected_delay_s"]))
+    t.add_row(
+        "rate (frame bits)",
+        format_rate(res["rate_bps"]) if res["rate_bps"] else "-",
+        format_rate(res["expected_rate_bps"]),
+        ratio(res["rate_bps"], res["expected_rate_bps"]),
+    )
+    t.add_row(
+        f"one-way delay, median ({res['probe_frame_bytes']} B frames)",
+        f"{res['delay_median_s'] * 1000:.1f} ms",
+        f"{res['expected_delay_profile_s'] * 1000:.0f} ms + {res['serialization_s'] * 1000:.1f} ms serialization",
+        ratio(res["delay_median_s"], res["expected_delay_s"]),
+    )
     t.add_row("one-way delay, p95", f"{res['delay_p95_s'] * 1000:.1f} ms", "", "")
-    t.add_row(f"loss ({res['probes_sent']} probes)", f"{res['loss'] * 100:.1f} %", f"{res['expected_loss'] * 100:.1f} %",
-              ratio(res["loss"], res["expected_loss"]))
+    t.add_row(
+        f"loss ({res['probes_sent']} probes)",
+        f"{res['loss'] * 100:.1f} %",
+        f"{res['expected_loss'] * 100:.1f} %",
+        ratio(res["loss"], res["expected_loss"]),
+    )
     console.print(t)
 
 
@@ -264,18 +305,49 @@ def _pairs(opt: str, values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--cla", default="tcpcl", show_default=True, help="tcpcl, mtcp or udp")
 @click.option("--store", default="sled", show_default=True, help="agent store: mem, sled or sneakers")
 @click.option("--dir", "out_dir", required=True, type=click.Path(file_okay=False), help="where to write them")
-@click.option("--gateway", "gateways", default="", help="overlay nodes that run the MQTT gateway too "
-              "(`c2dtn gateway run`), comma-separated; each replays what arrives to its brokers")
-@click.option("--tproxy", default="", help="gateways that intercept MQTT crossing them (TPROXY); routes to "
-              "the far gateways follow the topology")
-@click.option("--listen", multiple=True, metavar="NODE=ADDR:PORT>BROKER:PORT",
-              help="an explicit listener on NODE standing for BROKER (repeatable)")
-@click.option("--bridge", multiple=True, metavar="NODE=BROKER:PORT",
-              help="bridge mode on NODE: a client of BROKER exchanging the --topic filters with the other gateways")
-@click.option("--topic", "topics", multiple=True, metavar="FILTER[=PRIORITY[,LIFETIME_S[,supersede]]]",
-              help='what crosses the link (repeatable; first match wins), e.g. "bft/+/+/+/location=priority,600,supersede"')
-def node_configs_cmd(bpa: str, overlay_nodes: str, cla: str, store: str, out_dir: str, gateways: str,
-                     tproxy: str, listen: tuple[str, ...], bridge: tuple[str, ...], topics: tuple[str, ...]) -> None:
+@click.option(
+    "--gateway",
+    "gateways",
+    default="",
+    help="overlay nodes that run the MQTT gateway too "
+    "(`c2dtn gateway run`), comma-separated; each replays what arrives to its brokers",
+)
+@click.option(
+    "--tproxy",
+    default="",
+    help="gateways that intercept MQTT crossing them (TPROXY); routes to the far gateways follow the topology",
+)
+@click.option(
+    "--listen",
+    multiple=True,
+    metavar="NODE=ADDR:PORT>BROKER:PORT",
+    help="an explicit listener on NODE standing for BROKER (repeatable)",
+)
+@click.option(
+    "--bridge",
+    multiple=True,
+    metavar="NODE=BROKER:PORT",
+    help="bridge mode on NODE: a client of BROKER exchanging the --topic filters with the other gateways",
+)
+@click.option(
+    "--topic",
+    "topics",
+    multiple=True,
+    metavar="FILTER[=PRIORITY[,LIFETIME_S[,supersede]]]",
+    help='what crosses the link (repeatable; first match wins), e.g. "bft/+/+/+/location=priority,600,supersede"',
+)
+def node_configs_cmd(
+    bpa: str,
+    overlay_nodes: str,
+    cla: str,
+    store: str,
+    out_dir: str,
+    gateways: str,
+    tproxy: str,
+    listen: tuple[str, ...],
+    bridge: tuple[str, ...],
+    topics: tuple[str, ...],
+) -> None:
     """Write node configurations (and [gateway] tables) for the running testbed topology."""
     from c2dtn.topologies.node_configs import TopicSpec, gateway_tables, topology_agents, write_configs
 
@@ -284,8 +356,15 @@ def node_configs_cmd(bpa: str, overlay_nodes: str, cla: str, store: str, out_dir
         raise testbed.TestbedError("no topology is up (start one with: c2dtn topo up NAME)")
     split = lambda v: [x for x in v.split(",") if x]  # noqa: E731
     ov = split(overlay_nodes)
-    tables = gateway_tables(st, ov, split(gateways), split(tproxy), _pairs("--listen", listen),
-                            _pairs("--bridge", bridge), [TopicSpec.parse(t) for t in topics])
+    tables = gateway_tables(
+        st,
+        ov,
+        split(gateways),
+        split(tproxy),
+        _pairs("--listen", listen),
+        _pairs("--bridge", bridge),
+        [TopicSpec.parse(t) for t in topics],
+    )
     agents, relay = topology_agents(st)  # the agents the topology's nodes name (dtn7 where none)
     bpa_nodes = split(bpa)
     relay = relay if relay in bpa_nodes else None

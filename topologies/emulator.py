@@ -46,8 +46,16 @@ def packet_socket(ifname: str) -> socket.socket:
 
 
 class Emulator:
-    def __init__(self, link: str, a_if: str, b_if: str, control: str,
-                 profile_ab: Profile, profile_ba: Profile, seed: int | None = None):
+    def __init__(
+        self,
+        link: str,
+        a_if: str,
+        b_if: str,
+        control: str,
+        profile_ab: Profile,
+        profile_ba: Profile,
+        seed: int | None = None,
+    ):
         self.link = link
         self.sa = packet_socket(a_if)
         self.sb = packet_socket(b_if)
@@ -75,9 +83,12 @@ class Emulator:
             qa = self.ab.queued(now)
             qb = self.ba.queued(now)
             return {
-                "ok": True, "link": self.link, "up": self.ab.up and self.ba.up,
+                "ok": True,
+                "link": self.link,
+                "up": self.ab.up and self.ba.up,
                 "uptime_s": now - self.started,
-                "profile_ab": self.ab.profile.to_dict(), "profile_ba": self.ba.profile.to_dict(),
+                "profile_ab": self.ab.profile.to_dict(),
+                "profile_ba": self.ba.profile.to_dict(),
                 "ab": self.ab.stats.as_dict() | {"queued": qa[0], "queued_bytes": qa[1]},
                 "ba": self.ba.stats.as_dict() | {"queued": qb[0], "queued_bytes": qb[1]},
                 "send_errors": self.send_errors,
@@ -101,7 +112,11 @@ class Emulator:
         if cmd == "stop":
             self.running = False
             return {"ok": True}
-        return {"ok": False, "error": f"unknown command {cmd!r}", "commands": ["ping", "status", "set", "down", "up", "stop"]}
+        return {
+            "ok": False,
+            "error": f"unknown command {cmd!r}",
+            "commands": ["ping", "status", "set", "down", "up", "stop"],
+        }
 
     def serve_control(self) -> None:
         try:
@@ -206,9 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # cosmetic only
         pass
     try:
-        emu = Emulator(args.link, args.a_if, args.b_if, args.control,
-                       Profile.from_dict(json.loads(args.profile_ab)),
-                       Profile.from_dict(json.loads(args.profile_ba)), args.seed)
+        emu = Emulator(
+            args.link,
+            args.a_if,
+            args.b_if,
+            args.control,
+            Profile.from_dict(json.loads(args.profile_ab)),
+            Profile.from_dict(json.loads(args.profile_ba)),
+            args.seed,
+        )
     except (OSError, ValueError, TypeError) as e:
         log.error("cannot start emulator for %s: %s", args.link, e)
         return 2

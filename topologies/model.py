@@ -147,8 +147,13 @@ class Topology:
         for link in self.links.values():
             if {link.a, link.b} == {a, b}:
                 return link
-        raise ConfigError(self.source, "link", f"{a} {b}", "no link between these nodes",
-                          "links: " + ", ".join(f"{l.a}-{l.b}" for l in self.links.values()))
+        raise ConfigError(
+            self.source,
+            "link",
+            f"{a} {b}",
+            "no link between these nodes",
+            "links: " + ", ".join(f"{l.a}-{l.b}" for l in self.links.values()),
+        )
 
     def find_link(self, name: str) -> Link:
         if name in self.links:
@@ -172,10 +177,14 @@ def resolve_path(name_or_file: str) -> Path:
         return p
     cand = builtin_dir() / f"{name_or_file}.toml"
     if name_or_file == "profiles" or not cand.exists():
-        raise ConfigError("topology", "name", name_or_file, "no such topology",
-                          "built in: " + ", ".join(builtin_names()) + "; or give a .toml file")
+        raise ConfigError(
+            "topology",
+            "name",
+            name_or_file,
+            "no such topology",
+            "built in: " + ", ".join(builtin_names()) + "; or give a .toml file",
+        )
     return cand
-
 
 
 def _profile(src: str, where: str, v: Any, lib: ProfileLibrary) -> Profile:
@@ -186,14 +195,17 @@ def _profile(src: str, where: str, v: Any, lib: ProfileLibrary) -> Profile:
     raise ConfigError(src, where, v, "must be a profile name or a table of profile fields")
 
 
-def load(name_or_file: str, profile_override: str | None = None,
-         schedule_file: str | None = None) -> Topology:
+def load(name_or_file: str, profile_override: str | None = None, schedule_file: str | None = None) -> Topology:
     path = resolve_path(name_or_file)
     src = str(path)
     data = read_toml(path)
-    check_table(src, "(top level)", data,
-                {"name", "description", "addressing", "profiles", "nodes", "links", "lans", "routes", "schedule"},
-                {"nodes"})
+    check_table(
+        src,
+        "(top level)",
+        data,
+        {"name", "description", "addressing", "profiles", "nodes", "links", "lans", "routes", "schedule"},
+        {"nodes"},
+    )
     lib = load_builtin_profiles()
     if "profiles" in data:
         lib.add_tables(data["profiles"], src)
@@ -207,8 +219,13 @@ def load(name_or_file: str, profile_override: str | None = None,
     except ValueError:
         raise ConfigError(src, "addressing.pool", pool_s, "not an IPv4 network", 'write e.g. "10.77.0.0/16"') from None
     if pool.version != 4 or pool.prefixlen > 24 or not pool.is_private:
-        raise ConfigError(src, "addressing.pool", pool_s, "must be a private IPv4 network of /24 or larger",
-                          "test networks use private addresses inside their own namespaces")
+        raise ConfigError(
+            src,
+            "addressing.pool",
+            pool_s,
+            "must be a private IPv4 network of /24 or larger",
+            "test networks use private addresses inside their own namespaces",
+        )
     free_subnets = pool.subnets(new_prefix=24)
     used: set[ipaddress.IPv4Network] = set()
 
@@ -252,7 +269,9 @@ def load(name_or_file: str, profile_override: str | None = None,
             from c2dtn.overlay.agents import kinds
 
             if agent not in kinds() + ["relay"]:
-                raise ConfigError(src, f"{where}.agent", agent, "unknown agent", "agents: " + ", ".join(kinds() + ["relay"]))
+                raise ConfigError(
+                    src, f"{where}.agent", agent, "unknown agent", "agents: " + ", ".join(kinds() + ["relay"])
+                )
         nodes[nm] = Node(nm, role, agent)
 
     def node_ref(where: str, v: Any) -> str:
@@ -263,8 +282,13 @@ def load(name_or_file: str, profile_override: str | None = None,
     def add_iface(node: str, peer: str, address: str, prefixlen: int, attached: str, where: str) -> Iface:
         ifname = f"{PREFIX}-{peer}"[:IFNAMSIZ]
         if any(x.name == ifname for x in nodes[node].ifaces):
-            raise ConfigError(src, where, peer, f"interface name {ifname!r} on node {node!r} is taken",
-                              "names of a node's neighbours must differ in their first 12 characters")
+            raise ConfigError(
+                src,
+                where,
+                peer,
+                f"interface name {ifname!r} on node {node!r} is taken",
+                "names of a node's neighbours must differ in their first 12 characters",
+            )
         iface = Iface(node, ifname, address, prefixlen, attached)
         nodes[node].ifaces.append(iface)
         return iface
@@ -273,8 +297,13 @@ def load(name_or_file: str, profile_override: str | None = None,
     links: dict[str, Link] = {}
     for i, l in enumerate(data.get("links", [])):
         where = f"links[{i}]"
-        check_table(src, where, l, {"name", "a", "b", "profile", "reverse_profile", "dil", "subnet", "emulate",
-                                    "cla"}, {"a", "b"})
+        check_table(
+            src,
+            where,
+            l,
+            {"name", "a", "b", "profile", "reverse_profile", "dil", "subnet", "emulate", "cla"},
+            {"a", "b"},
+        )
         a = node_ref(f"{where}.a", l["a"])
         b = node_ref(f"{where}.b", l["b"])
         if a == b:
@@ -365,8 +394,7 @@ def load(name_or_file: str, profile_override: str | None = None,
         check_table(schedule_file, "(top level)", sdata, {"schedule", "profiles"}, {"schedule"})
         if "profiles" in sdata:
             lib.add_tables(sdata["profiles"], schedule_file)
-        schedule = sorted(schedule + _load_schedule(sdata["schedule"], schedule_file, links, lib),
-                          key=lambda e: e.at_s)
+        schedule = sorted(schedule + _load_schedule(sdata["schedule"], schedule_file, links, lib), key=lambda e: e.at_s)
     return Topology(topo_name, src, str(data.get("description", "")), nodes, links, lans, schedule, lib)
 
 

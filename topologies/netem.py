@@ -100,8 +100,11 @@ def netem_available() -> bool:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         subprocess.run(["ip", "netns", "add", ns], capture_output=True, check=True)
         try:
-            res = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-                                 capture_output=True, text=True)
+            res = subprocess.run(
+                ["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+                capture_output=True,
+                text=True,
+            )
             _available = res.returncode == 0
         finally:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)

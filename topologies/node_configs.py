@@ -75,8 +75,12 @@ def topology_agents(st: dict[str, Any]) -> tuple[dict[str, str], str | None]:
     named = {n: v["agent"] for n, v in st["nodes"].items() if v.get("agent")}
     relays = sorted(n for n, a in named.items() if a == "relay")
     if len(relays) > 1:
-        raise ConfigError(st.get("source", st["topology"]), "nodes.agent", ", ".join(relays),
-                          "one relay node per topology: islands meet there")
+        raise ConfigError(
+            st.get("source", st["topology"]),
+            "nodes.agent",
+            ", ".join(relays),
+            "one relay node per topology: islands meet there",
+        )
     return {n: a for n, a in named.items() if a != "relay"}, (relays[0] if relays else None)
 
 
@@ -91,8 +95,13 @@ def override_agents(st: dict[str, Any], agents: dict[str, str]) -> None:
     if "*" in agents:  # every node on one agent: a topology of one island
         kind = agents["*"]
         if relay is not None or len(agents) > 1:
-            raise ConfigError("--agent", "--agent", kind, f"{st['topology']} has islands of different agents",
-                              "name nodes on its relay's islands (NODE=KIND)")
+            raise ConfigError(
+                "--agent",
+                "--agent",
+                kind,
+                f"{st['topology']} has islands of different agents",
+                "name nodes on its relay's islands (NODE=KIND)",
+            )
         if kind not in kinds():
             raise ConfigError("--agent", "--agent", kind, f"unknown agent; one of {', '.join(kinds())}")
         for v in st["nodes"].values():
@@ -100,18 +109,32 @@ def override_agents(st: dict[str, Any], agents: dict[str, str]) -> None:
         return
     for node, kind in agents.items():
         if node not in named or relay is None:
-            raise ConfigError("--agent", "node", node, "names no node on an island of this topology's relay",
-                              f"those are {', '.join(sorted(named))}" if named else f"{st['topology']} has no relay")
+            raise ConfigError(
+                "--agent",
+                "node",
+                node,
+                "names no node on an island of this topology's relay",
+                f"those are {', '.join(sorted(named))}" if named else f"{st['topology']} has no relay",
+            )
         if kind not in kinds():
             raise ConfigError("--agent", node, kind, f"unknown agent; one of {', '.join(kinds())}")
         st["nodes"][node]["agent"] = kind
 
 
-def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[str], out_dir: str | Path,
-                  cla: str = "tcpcl", store: str = "sled", extra: str | dict[str, str] = "",
-                  per_link_cla: bool = True, groups: dict[str, list[str]] | None = None,
-                  scheduler: dict[str, int] | None = None, agent: str | dict[str, str] = "dtn7",
-                  relay: str | None = None) -> dict[str, Path]:
+def write_configs(
+    st: dict[str, Any],
+    bpa_nodes: list[str],
+    overlay_nodes: list[str],
+    out_dir: str | Path,
+    cla: str = "tcpcl",
+    store: str = "sled",
+    extra: str | dict[str, str] = "",
+    per_link_cla: bool = True,
+    groups: dict[str, list[str]] | None = None,
+    scheduler: dict[str, int] | None = None,
+    agent: str | dict[str, str] = "dtn7",
+    relay: str | None = None,
+) -> dict[str, Path]:
     """agent: the BPA every node runs (`[agent] kind`), or node -> kind (the others run dtn7).
     Nodes of one kind form an island; islands of different kinds meet at `relay` (a BPA node
     that runs one agent per island, each on its own ports: overlay.relay), whose file is a
@@ -137,20 +160,35 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
         if relay not in bpa_nodes or relay in overlay_nodes:
             raise ConfigError("--relay", "--relay", relay, "the relay must be a BPA node that runs no overlay")
         if len(islands) < 2 or groups:
-            raise ConfigError("--relay", "--relay", relay, "a relay joins islands of different agents (without groups)",
-                              f"agents here: {', '.join(islands)}")
+            raise ConfigError(
+                "--relay",
+                "--relay",
+                relay,
+                "a relay joins islands of different agents (without groups)",
+                f"agents here: {', '.join(islands)}",
+            )
     elif len(islands) > 1:
-        raise ConfigError("--agent", "--agent", agent, "nodes of different agents cannot exchange bundles",
-                          "name a relay node between their islands")
+        raise ConfigError(
+            "--agent",
+            "--agent",
+            agent,
+            "nodes of different agents cannot exchange bundles",
+            "name a relay node between their islands",
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for g, members in groups.items():
         if any(m not in overlay_nodes for m in members):
             raise ConfigError("--group", f"--group {g}", ",".join(members), "group members must run the overlay")
     keys = make_keys(overlay_nodes, groups)
-    any_udp = cla == "udp" or any(harness_cla(k, cla) == "udp" for k in islands if k in HARNESS_CLAS) \
+    any_udp = (
+        cla == "udp"
+        or any(harness_cla(k, cla) == "udp" for k in islands if k in HARNESS_CLAS)
         or (per_link_cla and any(ls.get("cla") == "udp" for ls in st["links"].values()))
-    rated = any(((ls.get(d) or {}).get("rate_bps")) for ls in st["links"].values() for d in ("profile_ab", "profile_ba"))
+    )
+    rated = any(
+        ((ls.get(d) or {}).get("rate_bps")) for ls in st["links"].values() for d in ("profile_ab", "profile_ba")
+    )
     paths = {}
     relay_files = []
     for k_index, (kind, members) in enumerate(sorted(islands.items())):
@@ -177,9 +215,14 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             lines = [
                 f"# c2dtn node {n} on topology {st['topology']} (written by c2dtn node configs)"
                 + (f": the relay's {kind} island" if n == relay else ""),
-                "[node]", f'id = "{n}"', f'storage = "{(out / name).resolve()}"',
-                f'netns = "{testbed.node_netns(st, n)}"', f"overlay = {'true' if n in overlay_nodes else 'false'}", "",
-                "[agent]", f'kind = "{kind}"',
+                "[node]",
+                f'id = "{n}"',
+                f'storage = "{(out / name).resolve()}"',
+                f'netns = "{testbed.node_netns(st, n)}"',
+                f"overlay = {'true' if n in overlay_nodes else 'false'}",
+                "",
+                "[agent]",
+                f'kind = "{kind}"',
             ]
             # listen on every convergence layer a neighbour uses toward this node
             schemes = sorted({k_cla} | {c for _, c in peers.values()})
@@ -190,8 +233,11 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
             rates = _ltp_rates(st, n, [m for m, (_, c) in peers.items() if c == "ltp"])
             if rates and kind in ("ion", "hdtn"):  # their LTP paces itself by its contacts' rates: the radio's
                 table, unit = ("rates", 8) if kind == "ion" else ("rates_bits", 1)  # ION's in bytes/s
-                lines += [f"[agent.{kind}]", f"{table} = {{ " + ", ".join(f"{m} = {r // unit}" for m, r in rates.items())
-                          + " }", ""]
+                lines += [
+                    f"[agent.{kind}]",
+                    f"{table} = {{ " + ", ".join(f"{m} = {r // unit}" for m, r in rates.items()) + " }",
+                    "",
+                ]
             for m, (addr, c) in peers.items():
                 lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{port(m, c)}"', ""]
             for m, via in routes:
@@ -227,19 +273,23 @@ def write_configs(st: dict[str, Any], bpa_nodes: list[str], overlay_nodes: list[
                 paths[n] = p
     if relay:
         p = out / f"{relay}.relay.toml"
-        p.write_text(f"# c2dtn relay {relay} on topology {st['topology']} (written by c2dtn node configs)\n"
-                     f'[relay]\nid = "{relay}"\nstorage = "{(out / relay).resolve()}"\n'
-                     f'netns = "{testbed.node_netns(st, relay)}"\n'
-                     "islands = [" + ", ".join(f'"{f}"' for f in relay_files) + "]\n")
+        p.write_text(
+            f"# c2dtn relay {relay} on topology {st['topology']} (written by c2dtn node configs)\n"
+            f'[relay]\nid = "{relay}"\nstorage = "{(out / relay).resolve()}"\n'
+            f'netns = "{testbed.node_netns(st, relay)}"\n'
+            "islands = [" + ", ".join(f'"{f}"' for f in relay_files) + "]\n"
+        )
         paths[relay] = p
     return paths
 
 
 # -- [gateway] tables -----------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TopicSpec:
     """One [[gateway.topic]] rule, from the CLI's FILTER[=PRIORITY[,LIFETIME[,supersede]]]."""
+
     filter: str
     priority: str = "routine"
     lifetime: int = 3600
@@ -256,15 +306,24 @@ class TopicSpec:
             if life <= 0:
                 raise ValueError("a lifetime is a positive number of seconds")
         except ValueError as e:
-            raise ConfigError("--topic", "--topic", spec, str(e), "write FILTER=PRIORITY,LIFETIME_S[,supersede]") from None
+            raise ConfigError(
+                "--topic", "--topic", spec, str(e), "write FILTER=PRIORITY,LIFETIME_S[,supersede]"
+            ) from None
         if len(parts) > 2 and parts[2:] != ["supersede"] or not filt:
-            raise ConfigError("--topic", "--topic", spec, "not FILTER[=PRIORITY[,LIFETIME_S[,supersede]]]",
-                              'e.g. "bft/+/+/+/location=priority,600,supersede"')
+            raise ConfigError(
+                "--topic",
+                "--topic",
+                spec,
+                "not FILTER[=PRIORITY[,LIFETIME_S[,supersede]]]",
+                'e.g. "bft/+/+/+/location=priority,600,supersede"',
+            )
         return cls(filt, prio, life, len(parts) > 2)
 
     def toml(self) -> str:
-        return (f'[[gateway.topic]]\nfilter = {json.dumps(self.filter)}\npriority = "{self.priority}"\n'
-                f"lifetime = {self.lifetime}\n" + ('supersede = "topic"\n' if self.supersede else ""))
+        return (
+            f'[[gateway.topic]]\nfilter = {json.dumps(self.filter)}\npriority = "{self.priority}"\n'
+            f"lifetime = {self.lifetime}\n" + ('supersede = "topic"\n' if self.supersede else "")
+        )
 
 
 def gateway_routes(st: dict[str, Any], node: str, overlay_nodes: list[str]) -> list[tuple[str, str]]:
@@ -281,9 +340,15 @@ def gateway_routes(st: dict[str, Any], node: str, overlay_nodes: list[str]) -> l
     return routes
 
 
-def gateway_tables(st: dict[str, Any], overlay_nodes: list[str], gateways: list[str], tproxy: list[str] = (),
-                   listen: dict[str, str] | None = None, bridge: dict[str, str] | None = None,
-                   topics: list[TopicSpec] = ()) -> dict[str, str]:
+def gateway_tables(
+    st: dict[str, Any],
+    overlay_nodes: list[str],
+    gateways: list[str],
+    tproxy: list[str] = (),
+    listen: dict[str, str] | None = None,
+    bridge: dict[str, str] | None = None,
+    topics: list[TopicSpec] = (),
+) -> dict[str, str]:
     """A [gateway] table per gateway node (far side for all of them; `tproxy`: intercept MQTT
     crossing the node, routes from the topology; `listen`: node -> "ADDR:PORT>BROKER:PORT", an
     explicit listener; `bridge`: node -> "BROKER:PORT", bridge mode with the other gateways as
@@ -297,8 +362,13 @@ def gateway_tables(st: dict[str, Any], overlay_nodes: list[str], gateways: list[
         if n not in overlay_nodes:
             raise ConfigError("--gateway", "--gateway", n, "a gateway must also run the overlay (--overlay)")
     if gateways and not topics:
-        raise ConfigError("--topic", "--topic", None, "gateways carry only topics a rule releases",
-                          'give at least one --topic, e.g. --topic "#=routine"')
+        raise ConfigError(
+            "--topic",
+            "--topic",
+            None,
+            "gateways carry only topics a rule releases",
+            'give at least one --topic, e.g. --topic "#=routine"',
+        )
     rules = "\n".join(t.toml() for t in topics)
     out = {}
     for n in gateways:
@@ -316,7 +386,12 @@ def gateway_tables(st: dict[str, Any], overlay_nodes: list[str], gateways: list[
                 lines += ["[[gateway.route]]", f'prefix = "{prefix}"', f'via = "{via}"', ""]
         if n in bridge:
             peers = [g for g in gateways if g != n]
-            lines += ["[gateway.bridge]", f'broker = "{bridge[n]}"', f"peers = {json.dumps(peers)}",
-                      f"out = {json.dumps([t.filter for t in topics])}", ""]
+            lines += [
+                "[gateway.bridge]",
+                f'broker = "{bridge[n]}"',
+                f"peers = {json.dumps(peers)}",
+                f"out = {json.dumps([t.filter for t in topics])}",
+                "",
+            ]
         out[n] = "\n".join(lines) + "\n" + rules
     return out

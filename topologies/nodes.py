@@ -33,11 +33,22 @@ AGENTS = ["dtn7", "ion", "ibrdtn", "hdtn"]
 
 
 class Nodes:
-    def __init__(self, st: dict, bpa: list[str], overlay: list[str], workdir: Path, cla: str = "tcpcl",
-                 per_link_cla: bool = True, gateways: dict[str, str] | None = None,
-                 groups: dict[str, list[str]] | None = None, scheduler: dict[str, int] | None = None,
-                 agent: str | dict[str, str] | None = None, relay: str | None = None,
-                 options: dict[str, str] | None = None, configs: dict[str, Path] | None = None):
+    def __init__(
+        self,
+        st: dict,
+        bpa: list[str],
+        overlay: list[str],
+        workdir: Path,
+        cla: str = "tcpcl",
+        per_link_cla: bool = True,
+        gateways: dict[str, str] | None = None,
+        groups: dict[str, list[str]] | None = None,
+        scheduler: dict[str, int] | None = None,
+        agent: str | dict[str, str] | None = None,
+        relay: str | None = None,
+        options: dict[str, str] | None = None,
+        configs: dict[str, Path] | None = None,
+    ):
         """gateways: node -> its [gateway] TOML table; those run `c2dtn gateway run`.
         groups: group name -> member overlay nodes; scheduler: [scheduler] settings; agent, relay:
         one agent, or one per node with a relay between the islands (see write_configs); by default
@@ -56,9 +67,19 @@ class Nodes:
         if isinstance(agent, str) and agent in HARNESS_CLAS:
             cla, per_link_cla = harness_cla(agent, cla), False
         per_node = options or {}
-        self.paths = configs or write_configs(st, bpa, overlay, workdir, cla=cla, per_link_cla=per_link_cla,
-                                              extra={n: self.gateways.get(n, "") + per_node.get(n, "") for n in bpa},
-                                              groups=groups, scheduler=scheduler, agent=agent, relay=relay)
+        self.paths = configs or write_configs(
+            st,
+            bpa,
+            overlay,
+            workdir,
+            cla=cla,
+            per_link_cla=per_link_cla,
+            extra={n: self.gateways.get(n, "") + per_node.get(n, "") for n in bpa},
+            groups=groups,
+            scheduler=scheduler,
+            agent=agent,
+            relay=relay,
+        )
         self.relay = relay
         self.procs: dict[str, subprocess.Popen] = {}
         self._log_from: dict[str, int] = {}
@@ -75,9 +96,12 @@ class Nodes:
         log = open(cfg.storage.parent / f"{n}.node.log", "ab")
         self._log_from[n] = log.tell()  # where this run's lines begin
         group = "gateway" if n in self.gateways else "relay" if n == self.relay else "node"
-        self.procs[n] = subprocess.Popen([sys.executable, "-m", "c2dtn.cli", group, "run", str(self.paths[n])]
-                                         + (["-v"] if self.verbose else []),
-                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        self.procs[n] = subprocess.Popen(
+            [sys.executable, "-m", "c2dtn.cli", group, "run", str(self.paths[n])] + (["-v"] if self.verbose else []),
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
         if wait:
             self.wait_ready(n)
 
@@ -87,7 +111,7 @@ class Nodes:
             if self.procs[n].poll() is not None:
                 raise RuntimeError(f"node {n} exited: " + self.log(n)[-2000:])
             if n == self.relay:  # no API: its log says when every island's agent answers
-                if f" relay {n} up:".encode() in self._log_path(n).read_bytes()[self._log_from.get(n, 0):]:
+                if f" relay {n} up:".encode() in self._log_path(n).read_bytes()[self._log_from.get(n, 0) :]:
                     return
                 time.sleep(0.2)
                 continue
@@ -147,8 +171,15 @@ class Nodes:
             self._clients[n] = NodeClient(self.sock[n], n)
         return self._clients[n]
 
-    def send(self, n: str, dst: str, body: bytes, priority: str = "routine", lifetime: float = 3600,
-             supersede: str | None = None) -> int:
+    def send(
+        self,
+        n: str,
+        dst: str,
+        body: bytes,
+        priority: str = "routine",
+        lifetime: float = 3600,
+        supersede: str | None = None,
+    ) -> int:
         return self.client(n).send(dst, body, priority, lifetime, supersede, app="test")["seq"]
 
     def recv(self, n: str, wait: float = 1.0, cbor: bool = True) -> list[dict]:

@@ -81,9 +81,19 @@ def _drain(rx: socket.socket, run: ProbeRun, seen: set[int]) -> None:
         run.arrivals.append(Arrival(seq, sent_ns / 1e9, now, len(data) + FRAME_OVERHEAD))
 
 
-def send_stream(st: dict[str, Any], src: str, dst: str, *, count: int | None = None, duration_s: float | None = None,
-                interval_s: float, payload: int = 12, drain_s: float = 2.0, port: int = PORT,
-                on_tick: Tick | None = None) -> ProbeRun:
+def send_stream(
+    st: dict[str, Any],
+    src: str,
+    dst: str,
+    *,
+    count: int | None = None,
+    duration_s: float | None = None,
+    interval_s: float,
+    payload: int = 12,
+    drain_s: float = 2.0,
+    port: int = PORT,
+    on_tick: Tick | None = None,
+) -> ProbeRun:
     """Send datagrams from src to dst every `interval_s` (for `count` datagrams or
     `duration_s` seconds), then keep receiving for `drain_s`."""
     if payload < HEADER.size:
@@ -153,8 +163,9 @@ def goodput_bps(run: ProbeRun, warmup_s: float = 1.0) -> float:
     return sum(a.frame_bytes for a in window) * 8 / span if span > 0 else 0.0
 
 
-def check(st: dict[str, Any], src: str, dst: str, probes: int = 300, saturate_s: float = 12.0,
-          on_tick: Tick | None = None) -> dict[str, Any]:
+def check(
+    st: dict[str, Any], src: str, dst: str, probes: int = 300, saturate_s: float = 12.0, on_tick: Tick | None = None
+) -> dict[str, Any]:
     """Measure delay and loss with paced probes, then rate at saturation, on the
     path src -> dst; return measured figures next to what the links' profiles say."""
     hops = testbed.path_between(st, src, dst)
@@ -169,25 +180,59 @@ def check(st: dict[str, Any], src: str, dst: str, probes: int = 300, saturate_s:
 
     # Warm-up: the first packets wait for ARP on every hop, and an ARP exchange lost
     # on a lossy link holds them for a second; measure the steady state instead.
-    send_stream(st, src, dst, count=8, interval_s=0.25, payload=12, drain_s=drain, port=PORT + 2,
-                on_tick=tick("warm-up (ARP on every hop)", 0, 0.0, 0.1))
-    run = send_stream(st, src, dst, count=probes, interval_s=interval, payload=12, drain_s=drain,
-                      on_tick=tick("delay and loss", 0, 0.1, 0.6))
+    send_stream(
+        st,
+        src,
+        dst,
+        count=8,
+        interval_s=0.25,
+        payload=12,
+        drain_s=drain,
+        port=PORT + 2,
+        on_tick=tick("warm-up (ARP on every hop)", 0, 0.0, 0.1),
+    )
+    run = send_stream(
+        st,
+        src,
+        dst,
+        count=probes,
+        interval_s=interval,
+        payload=12,
+        drain_s=drain,
+        on_tick=tick("delay and loss", 0, 0.1, 0.6),
+    )
     ds = delays(run)
     out: dict[str, Any] = {
-        "src": src, "dst": dst, "path": expect.name,
-        "probes_sent": len(run.sent), "probes_received": len(run.received_seqs()),
-        "loss": run.loss(), "delay_median_s": statistics.median(ds) if ds else float("nan"),
-        "delay_p95_s": percentile(ds, 0.95), "duplicates": run.duplicates,
-        "expected_rate_bps": expect.rate_bps, "expected_delay_s": expect.delay_s + ser,
-        "expected_delay_profile_s": expect.delay_s, "serialization_s": ser, "expected_loss": expect.loss,
+        "src": src,
+        "dst": dst,
+        "path": expect.name,
+        "probes_sent": len(run.sent),
+        "probes_received": len(run.received_seqs()),
+        "loss": run.loss(),
+        "delay_median_s": statistics.median(ds) if ds else float("nan"),
+        "delay_p95_s": percentile(ds, 0.95),
+        "duplicates": run.duplicates,
+        "expected_rate_bps": expect.rate_bps,
+        "expected_delay_s": expect.delay_s + ser,
+        "expected_delay_profile_s": expect.delay_s,
+        "serialization_s": ser,
+        "expected_loss": expect.loss,
         "probe_frame_bytes": probe_frame,
     }
     if expect.rate_bps:
         sat_payload = 200
         sat_interval = (sat_payload + FRAME_OVERHEAD) * 8 / (1.5 * expect.rate_bps)
-        sat = send_stream(st, src, dst, duration_s=saturate_s, interval_s=sat_interval, payload=sat_payload,
-                          drain_s=0.5, port=PORT + 1, on_tick=tick("rate at saturation", 0, 0.6, 1.0))
+        sat = send_stream(
+            st,
+            src,
+            dst,
+            duration_s=saturate_s,
+            interval_s=sat_interval,
+            payload=sat_payload,
+            drain_s=0.5,
+            port=PORT + 1,
+            on_tick=tick("rate at saturation", 0, 0.6, 1.0),
+        )
         out["rate_bps"] = goodput_bps(sat)
     else:
         out["rate_bps"] = None

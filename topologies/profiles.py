@@ -133,7 +133,7 @@ def parse_time(value: Any, source: str, fld: str) -> float:
 
 
 def parse_probability(value: Any, source: str, fld: str) -> float:
-    """"10%" -> 0.10.  A bare number is read as a percentage too, as netem does."""
+    """ "10%" -> 0.10.  A bare number is read as a percentage too, as netem does."""
     if isinstance(value, bool):
         raise ConfigError(source, fld, value, "not a percentage", 'write e.g. "10%"')
     if isinstance(value, (int, float)):
@@ -162,8 +162,18 @@ def parse_size(value: Any, source: str, fld: str) -> int:
 
 
 _FIELDS = {
-    "description", "rate", "delay", "jitter", "loss", "gilbert_elliott", "duplicate",
-    "reorder", "corrupt", "queue_packets", "queue_bytes", "mtu",
+    "description",
+    "rate",
+    "delay",
+    "jitter",
+    "loss",
+    "gilbert_elliott",
+    "duplicate",
+    "reorder",
+    "corrupt",
+    "queue_packets",
+    "queue_bytes",
+    "mtu",
 }
 _GE_FIELDS = {"p", "r", "loss_bad", "loss_good"}
 
@@ -174,8 +184,9 @@ def profile_from_table(name: str, table: dict[str, Any], source: str, prefix: st
         raise ConfigError(source, prefix.rstrip(".") or name, table, "a profile must be a table")
     for key in table:
         if key not in _FIELDS:
-            raise ConfigError(source, f"{prefix}{key}", table[key], "unknown profile field",
-                              "known: " + ", ".join(sorted(_FIELDS)))
+            raise ConfigError(
+                source, f"{prefix}{key}", table[key], "unknown profile field", "known: " + ", ".join(sorted(_FIELDS))
+            )
     f = lambda k: f"{prefix}{k}"  # noqa: E731
     ge = None
     if "gilbert_elliott" in table:
@@ -184,8 +195,9 @@ def profile_from_table(name: str, table: dict[str, Any], source: str, prefix: st
             raise ConfigError(source, f("gilbert_elliott"), g, "must be a table with p and r")
         for key in g:
             if key not in _GE_FIELDS:
-                raise ConfigError(source, f(f"gilbert_elliott.{key}"), g[key], "unknown field",
-                                  "known: p, r, loss_bad, loss_good")
+                raise ConfigError(
+                    source, f(f"gilbert_elliott.{key}"), g[key], "unknown field", "known: p, r, loss_bad, loss_good"
+                )
         for key in ("p", "r"):
             if key not in g:
                 raise ConfigError(source, f(f"gilbert_elliott.{key}"), None, "missing")
@@ -219,8 +231,13 @@ def profile_from_table(name: str, table: dict[str, Any], source: str, prefix: st
         mtu=mtu,
     )
     if prof.jitter_s > prof.delay_s:
-        raise ConfigError(source, f("jitter"), table.get("jitter"), "jitter larger than the delay",
-                          f"delay is {table.get('delay', '0ms')}")
+        raise ConfigError(
+            source,
+            f("jitter"),
+            table.get("jitter"),
+            "jitter larger than the delay",
+            f"delay is {table.get('delay', '0ms')}",
+        )
     if ge is not None and prof.loss:
         raise ConfigError(source, f("loss"), table.get("loss"), "give either loss or gilbert_elliott, not both")
     return prof

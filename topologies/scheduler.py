@@ -34,8 +34,9 @@ def main() -> int:
             time.sleep(wait)
         prof = Profile.from_dict(ev["profile"]) if ev.get("profile") else None
         try:
-            testbed.change_link(ev["link"], None, ev["action"], prof, carrier=ev.get("carrier", False),
-                                one_way=ev.get("one_way", False))
+            testbed.change_link(
+                ev["link"], None, ev["action"], prof, carrier=ev.get("carrier", False), one_way=ev.get("one_way", False)
+            )
             log.info("t=%.1fs %s %s %s", time.monotonic() - t0, ev["link"], ev["action"], prof.name if prof else "")
         except Exception as e:  # a failed event is logged; the later ones still run
             log.error("t=%.1fs %s %s failed: %s", time.monotonic() - t0, ev["link"], ev["action"], e)

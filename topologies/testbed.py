@@ -144,18 +144,27 @@ def down(progress: Callable[[str], None] | None = None) -> list[str]:
 # --------------------------------------------------------------------- build
 def choose_backend(requested: str) -> str:
     if requested not in BACKENDS:
-        raise ConfigError("--link-backend", "--link-backend", requested, "unknown backend",
-                          "choose auto, netem or userspace")
+        raise ConfigError(
+            "--link-backend", "--link-backend", requested, "unknown backend", "choose auto, netem or userspace"
+        )
     if requested == "auto":
         return "netem" if netem.netem_available() else "userspace"
     if requested == "netem" and not netem.netem_available():
-        raise TestbedError("--link-backend netem: this kernel has no sch_netem "
-                           "(tc says 'Specified qdisc kind is unknown'); use --link-backend userspace")
+        raise TestbedError(
+            "--link-backend netem: this kernel has no sch_netem "
+            "(tc says 'Specified qdisc kind is unknown'); use --link-backend userspace"
+        )
     return requested
 
 
-def up(topology: str, profile: str | None = None, backend: str = "auto", schedule: str | None = None,
-       seed: int | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def up(
+    topology: str,
+    profile: str | None = None,
+    backend: str = "auto",
+    schedule: str | None = None,
+    seed: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Build `topology` (a name or a TOML file).  Cleans leftovers of any earlier run first."""
     say = progress or (lambda m: None)
     topo = load(topology, profile_override=profile, schedule_file=schedule)  # bad files fail before any change
@@ -188,8 +197,11 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
         "net.ipv6.conf.default.disable_ipv6": 1,
     }
     for ns in all_ns:
-        extra = {"net.ipv4.ip_forward": 1, "net.ipv4.conf.all.rp_filter": 0,
-                 "net.ipv4.conf.default.rp_filter": 0} if ns in node_ns else {}
+        extra = (
+            {"net.ipv4.ip_forward": 1, "net.ipv4.conf.all.rp_filter": 0, "net.ipv4.conf.default.rp_filter": 0}
+            if ns in node_ns
+            else {}
+        )
         netns.sysctl(ns, quiet | extra)
 
     say(f"wiring {len(topo.links)} links and {len(topo.lans)} LANs")
@@ -256,14 +268,30 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
         else:
             ctl = str(rd / f"emu-{link.name}.sock")
             log = open(rd / f"emu-{link.name}.log", "w")
-            cmd = ["ip", "netns", "exec", link.netns, sys.executable, "-m", "c2dtn.topologies.emulator",
-                   "--link", link.name, "--a-if", "c2a", "--b-if", "c2b", "--control", ctl,
-                   "--profile-ab", json.dumps(link.profile_ab.to_dict()),
-                   "--profile-ba", json.dumps(link.profile_ba.to_dict())]
+            cmd = [
+                "ip",
+                "netns",
+                "exec",
+                link.netns,
+                sys.executable,
+                "-m",
+                "c2dtn.topologies.emulator",
+                "--link",
+                link.name,
+                "--a-if",
+                "c2a",
+                "--b-if",
+                "c2b",
+                "--control",
+                ctl,
+                "--profile-ab",
+                json.dumps(link.profile_ab.to_dict()),
+                "--profile-ba",
+                json.dumps(link.profile_ba.to_dict()),
+            ]
             if seed is not None:
                 cmd += ["--seed", str(seed + 2 * i)]
-            proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
             log.close()
             ls["pid"] = proc.pid
             ls["control"] = ctl
@@ -276,8 +304,13 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
     st["build_s"] = st["started_monotonic"] - t0
     if topo.schedule:
         log = open(rd / "scheduler.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "c2dtn.topologies.scheduler"], stdout=log, stderr=log,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "c2dtn.topologies.scheduler"],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         st["scheduler_pid"] = proc.pid
     _write_state(st)
@@ -290,33 +323,64 @@ def state_of(topo: Topology, backend: str) -> dict[str, Any]:
     links_state = {}
     for link in topo.links.values():
         ls = {
-            "name": link.name, "a": link.a, "b": link.b, "dil": link.dil, "emulate": link.emulate, "cla": link.cla,
-            "netns": link.netns if link.emulate else None, "subnet": link.subnet,
-            "a_if": link.a_iface.name, "b_if": link.b_iface.name,
-            "a_addr": link.a_iface.address, "b_addr": link.b_iface.address,
-            "profile_ab": link.profile_ab.to_dict(), "profile_ba": link.profile_ba.to_dict(),
-            "state": "up", "pid": None, "control": None,
+            "name": link.name,
+            "a": link.a,
+            "b": link.b,
+            "dil": link.dil,
+            "emulate": link.emulate,
+            "cla": link.cla,
+            "netns": link.netns if link.emulate else None,
+            "subnet": link.subnet,
+            "a_if": link.a_iface.name,
+            "b_if": link.b_iface.name,
+            "a_addr": link.a_iface.address,
+            "b_addr": link.b_iface.address,
+            "profile_ab": link.profile_ab.to_dict(),
+            "profile_ba": link.profile_ba.to_dict(),
+            "state": "up",
+            "pid": None,
+            "control": None,
         }
         links_state[link.name] = ls
     st: dict[str, Any] = {
-        "topology": topo.name, "source": topo.source, "backend": backend,
-        "nodes": {n.name: {"role": n.role, "netns": n.netns, "agent": n.agent,
-                           "ifaces": [{"name": i.name, "address": i.address, "prefixlen": i.prefixlen,
-                                       "attached": i.attached} for i in n.ifaces],
-                           "routes": n.routes} for n in topo.nodes.values()},
+        "topology": topo.name,
+        "source": topo.source,
+        "backend": backend,
+        "nodes": {
+            n.name: {
+                "role": n.role,
+                "netns": n.netns,
+                "agent": n.agent,
+                "ifaces": [
+                    {"name": i.name, "address": i.address, "prefixlen": i.prefixlen, "attached": i.attached}
+                    for i in n.ifaces
+                ],
+                "routes": n.routes,
+            }
+            for n in topo.nodes.values()
+        },
         "lans": {s.name: {"members": s.members, "subnet": s.subnet, "netns": s.netns} for s in topo.lans.values()},
         "links": links_state,
-        "schedule": [{"at_s": ev.at_s, "link": ev.link, "action": ev.action, "carrier": ev.carrier,
-                      "one_way": ev.one_way,
-                      "profile": ev.profile.to_dict() if ev.profile else None} for ev in topo.schedule],
+        "schedule": [
+            {
+                "at_s": ev.at_s,
+                "link": ev.link,
+                "action": ev.action,
+                "carrier": ev.carrier,
+                "one_way": ev.one_way,
+                "profile": ev.profile.to_dict() if ev.profile else None,
+            }
+            for ev in topo.schedule
+        ],
         "events_applied": [],
         "scheduler_pid": None,
     }
     return st
 
 
-def _iface_up(ns: str, ifname: str, mtu: int, address: str | None = None, prefixlen: int = 24,
-              promisc: bool = False) -> None:
+def _iface_up(
+    ns: str, ifname: str, mtu: int, address: str | None = None, prefixlen: int = 24, promisc: bool = False
+) -> None:
     with netns.ipr(ns) as ip:
         idx = ip.link_lookup(ifname=ifname)[0]
         if address:
@@ -369,12 +433,18 @@ def find_link(st: dict[str, Any], a: str, b: str | None) -> dict[str, Any]:
     for ls in links.values():
         if {ls["a"], ls["b"]} == {a, b}:
             return ls
-    raise ConfigError("topo link", "A B", f"{a} {b}", "no link between these nodes",
-                      "links: " + ", ".join(f"{l['a']} {l['b']}" for l in links.values()))
+    raise ConfigError(
+        "topo link",
+        "A B",
+        f"{a} {b}",
+        "no link between these nodes",
+        "links: " + ", ".join(f"{l['a']} {l['b']}" for l in links.values()),
+    )
 
 
-def change_link(a: str, b: str | None, action: str, profile: Profile | None = None,
-                carrier: bool = False, one_way: bool = False) -> dict[str, Any]:
+def change_link(
+    a: str, b: str | None, action: str, profile: Profile | None = None, carrier: bool = False, one_way: bool = False
+) -> dict[str, Any]:
     """down / up / set PROFILE on a live link; returns the link's new state.
 
     `a b` are the link's two nodes (or `a` is the link's name and b is None).
@@ -410,8 +480,15 @@ def change_link(a: str, b: str | None, action: str, profile: Profile | None = No
             else:
                 emu_call(ls["control"], {"cmd": "up"})
             ls["state"] = "up"
-        st["events_applied"].append({"at_monotonic": time.monotonic(), "link": ls["name"], "action": action,
-                                     "profile": profile.name if profile else None, "carrier": carrier})
+        st["events_applied"].append(
+            {
+                "at_monotonic": time.monotonic(),
+                "link": ls["name"],
+                "action": action,
+                "profile": profile.name if profile else None,
+                "carrier": carrier,
+            }
+        )
         return dict(ls)
 
 
@@ -431,8 +508,9 @@ def status() -> dict[str, Any]:
 
 def node_netns(st: dict[str, Any], node: str) -> str:
     if node not in st["nodes"]:
-        raise ConfigError("topology " + st["topology"], "NODE", node, "no such node",
-                          "nodes: " + ", ".join(st["nodes"]))
+        raise ConfigError(
+            "topology " + st["topology"], "NODE", node, "no such node", "nodes: " + ", ".join(st["nodes"])
+        )
     return st["nodes"][node]["netns"]
 
 
@@ -464,9 +542,12 @@ def path_between(st: dict[str, Any], src: str, dst: str) -> list[tuple[dict[str,
             for net, gw in node["routes"]:
                 if target in ipaddress.ip_network(net):
                     nxt_addr = gw
-                    attached = next(i["attached"] for i in node["ifaces"]
-                                    if ipaddress.ip_address(gw) in ipaddress.ip_network(
-                                        f"{i['address']}/{i['prefixlen']}", strict=False))
+                    attached = next(
+                        i["attached"]
+                        for i in node["ifaces"]
+                        if ipaddress.ip_address(gw)
+                        in ipaddress.ip_network(f"{i['address']}/{i['prefixlen']}", strict=False)
+                    )
                     break
         if nxt_addr is None:
             raise TestbedError(f"no route from {src} to {dst} at {cur}")
@@ -494,8 +575,9 @@ def path_profile(hops: list[tuple[dict[str, Any], str]]) -> Profile:
         jitter += p.jitter_s
         loss = p.gilbert_elliott.mean_loss() if p.gilbert_elliott else p.loss
         keep *= 1 - loss
-    return replace(Profile(), name="+".join(names) or "direct", rate_bps=rate, delay_s=delay,
-                   jitter_s=jitter, loss=1 - keep)
+    return replace(
+        Profile(), name="+".join(names) or "direct", rate_bps=rate, delay_s=delay, jitter_s=jitter, loss=1 - keep
+    )
 
 
 def serialization_s(hops: list[tuple[dict[str, Any], str]], frame_bytes: int) -> float:

@@ -24,6 +24,7 @@ def register(kind: str) -> Callable[[type[BundleAgent]], type[BundleAgent]]:
         cls.name = kind
         AGENTS[kind] = cls
         return cls
+
     return deco
 
 

@@ -41,12 +41,22 @@ def _ipn(node: int, service: int) -> list:
     return [2, [node, service]]
 
 
-def encode(src: tuple[int, int], dst: tuple[int, int], payload: bytes, lifetime_ms: int, created_ms: int,
-           seq: int) -> bytes:
+def encode(
+    src: tuple[int, int], dst: tuple[int, int], payload: bytes, lifetime_ms: int, created_ms: int, seq: int
+) -> bytes:
     """One bundle: a primary block with a CRC-32C (RFC 9171 §4.3.1 wants a CRC on it) and one
     payload block; the report-to endpoint is the source."""
-    primary = [7, MUST_NOT_FRAGMENT, CRC32C, _ipn(*dst), _ipn(*src), _ipn(*src), [created_ms, seq], lifetime_ms,
-               b"\0\0\0\0"]
+    primary = [
+        7,
+        MUST_NOT_FRAGMENT,
+        CRC32C,
+        _ipn(*dst),
+        _ipn(*src),
+        _ipn(*src),
+        [created_ms, seq],
+        lifetime_ms,
+        b"\0\0\0\0",
+    ]
     blank = cbor2.dumps(primary)
     # the CRC is over the block's encoding with the CRC field zeroed; it is the last 4 bytes
     crc = struct.pack(">I", crc32c.crc32c(blank))
@@ -55,8 +65,14 @@ def encode(src: tuple[int, int], dst: tuple[int, int], payload: bytes, lifetime_
 
 
 def _eid(v, what: str) -> tuple[int, int]:
-    if (isinstance(v, list) and len(v) == 2 and v[0] == 2 and isinstance(v[1], list) and len(v[1]) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v[1])):
+    if (
+        isinstance(v, list)
+        and len(v) == 2
+        and v[0] == 2
+        and isinstance(v[1], list)
+        and len(v[1]) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v[1])
+    ):
         return v[1][0], v[1][1]
     raise BundleError(f"{what} is not an ipn endpoint: {short(v)}")
 
@@ -72,8 +88,9 @@ def decode(raw: bytes) -> Bundle:
         raise BundleError("not a BPv7 bundle (an array of blocks, the primary first)")
     p = blocks[0]
     if len(p) < 8 or p[0] != 7:
-        raise BundleError(f"primary block of version {short(p[0]) if p else '?'} with {len(p)} fields "
-                          "(BPv7 has 7 and 8+)")
+        raise BundleError(
+            f"primary block of version {short(p[0]) if p else '?'} with {len(p)} fields (BPv7 has 7 and 8+)"
+        )
     created = p[6]
     if not (isinstance(created, list) and len(created) == 2 and all(isinstance(x, int) for x in created)):
         raise BundleError(f"creation timestamp {short(created)}")

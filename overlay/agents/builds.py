@@ -13,7 +13,11 @@ from pathlib import Path
 
 from c2dtn.errors import C2Error
 
-VERSIONS = {"ion": "4.1.3", "ibrdtn": "103bab3d", "hdtn": "1.3.1"}  # the Makefile's ION_VERSION, IBRDTN_VERSION, HDTN_VERSION
+VERSIONS = {
+    "ion": "4.1.3",
+    "ibrdtn": "103bab3d",
+    "hdtn": "1.3.1",
+}  # the Makefile's ION_VERSION, IBRDTN_VERSION, HDTN_VERSION
 
 
 class NotBuilt(C2Error):
@@ -32,8 +36,10 @@ def built(name: str) -> Path:
         return folder
     failed = folder.with_name(folder.name + ".failed")
     if failed.exists():
-        raise NotBuilt(f"{name} {VERSIONS[name]} did not build: {failed.read_text().strip()} "
-                       f"(log: {folder}.log; `BPA_RETRY=1 make bpas` tries again)")
+        raise NotBuilt(
+            f"{name} {VERSIONS[name]} did not build: {failed.read_text().strip()} "
+            f"(log: {folder}.log; `BPA_RETRY=1 make bpas` tries again)"
+        )
     raise NotBuilt(f"{name} {VERSIONS[name]} is not built: run `make bpas` (from ../shared/bpa-src/)")
 
 

@@ -40,22 +40,28 @@ CLA_NAMES = {"tcpcl": "tcp", "mtcp": "mtcp", "udp": "udp", "http": "http"}
 
 def find_dtnd() -> str:
     """dtnd from $C2DTN_DTND, the project's .tools/, the version-keyed cache, or PATH."""
-    cands = [os.environ.get("C2DTN_DTND", ""),
-             str(Path(__file__).resolve().parent.parent.parent / ".tools" / "dtn7" / "bin" / "dtnd"),
-             str(cache_dir() / f"dtn7-{DTN7_VERSION}" / "bin" / "dtnd"),
-             shutil.which("dtnd") or ""]
+    cands = [
+        os.environ.get("C2DTN_DTND", ""),
+        str(Path(__file__).resolve().parent.parent.parent / ".tools" / "dtn7" / "bin" / "dtnd"),
+        str(cache_dir() / f"dtn7-{DTN7_VERSION}" / "bin" / "dtnd"),
+        shutil.which("dtnd") or "",
+    ]
     for c in cands:
         if c and os.access(c, os.X_OK):
             return c
-    raise C2Error(f"dtnd (dtn7-rs {DTN7_VERSION}) is not installed: run `make tools` "
-                  f"(cargo install dtn7 --version {DTN7_VERSION} --locked), or set C2DTN_DTND")
+    raise C2Error(
+        f"dtnd (dtn7-rs {DTN7_VERSION}) is not installed: run `make tools` "
+        f"(cargo install dtn7 --version {DTN7_VERSION} --locked), or set C2DTN_DTND"
+    )
 
 
 def _cla(spec: ClaSpec) -> str:
     try:
         return CLA_NAMES[spec.scheme]
     except KeyError:
-        raise C2Error(f"dtn7-rs has no {spec.scheme} convergence layer ({spec}): use tcpcl, mtcp, udp or http") from None
+        raise C2Error(
+            f"dtn7-rs has no {spec.scheme} convergence layer ({spec}): use tcpcl, mtcp, udp or http"
+        ) from None
 
 
 def listen_arg(spec: ClaSpec) -> str:
@@ -73,8 +79,22 @@ def peer_arg(spec: ClaSpec, node_id: str) -> str:
 def dtnd_argv(cfg: NodeConfig, dtnd: str) -> list[str]:
     """dtnd's command line for this node."""
     o = cfg.agent_options
-    argv = [dtnd, "-n", cfg.id, "-W", str(cfg.agent_dir), "-w", str(o["web_port"]), "-D", o["store"],
-            "--disable_nd", "-j", o["janitor"], "-e", Dtn7Agent.endpoint]
+    argv = [
+        dtnd,
+        "-n",
+        cfg.id,
+        "-W",
+        str(cfg.agent_dir),
+        "-w",
+        str(o["web_port"]),
+        "-D",
+        o["store"],
+        "--disable_nd",
+        "-j",
+        o["janitor"],
+        "-e",
+        Dtn7Agent.endpoint,
+    ]
     # epidemic: every peer that has not seen a bundle gets it (group bundles fan out)
     routes = cfg.agent_dir / "routes"
     argv += ["-r", "epidemic"] if cfg.routing == "epidemic" else ["-r", "static", "-R", f"static.routes={routes}"]
@@ -122,23 +142,37 @@ def bundle_payload(raw: bytes) -> tuple[str, bytes]:
     raise ValueError("bundle has no payload block")
 
 
-OPTIONS = table("agent.dtn7", "dtn7-rs's own settings ([its page](agents/dtn7.md)).", [
-    F("store", "string", '"sled"', "dtnd's bundle store: " + ", ".join(STORES) + " (mem holds nothing over a restart).",
-      '"sled"'),
-    F("web_port", "integer", "3000", "dtnd's HTTP and WebSocket API on 127.0.0.1 (one per node on a box).", "3000"),
-    F("janitor", "duration", '"5s"', "How often dtnd retries bundles it holds (a number and ms, s or m).", '"5s"'),
-])
+OPTIONS = table(
+    "agent.dtn7",
+    "dtn7-rs's own settings ([its page](agents/dtn7.md)).",
+    [
+        F(
+            "store",
+            "string",
+            '"sled"',
+            "dtnd's bundle store: " + ", ".join(STORES) + " (mem holds nothing over a restart).",
+            '"sled"',
+        ),
+        F("web_port", "integer", "3000", "dtnd's HTTP and WebSocket API on 127.0.0.1 (one per node on a box).", "3000"),
+        F("janitor", "duration", '"5s"', "How often dtnd retries bundles it holds (a number and ms, s or m).", '"5s"'),
+    ],
+)
 
 
 @register("dtn7")
 class Dtn7Agent(BundleAgent):
     # BPv7; dtnd's web API takes a bundle of up to 16 MB; group endpoints (dtn://group/~x);
     # its sled/sneakers stores keep bundles across a SIGKILL; its UDP CLA puts one bundle in one datagram
-    capabilities = Capabilities(bp_version=7, max_bundle_bytes=16 << 20, groups=True, own_custody=True,
-                                clas=("tcpcl", "udp", "mtcp"), udp_bundle_max=60_000)
+    capabilities = Capabilities(
+        bp_version=7,
+        max_bundle_bytes=16 << 20,
+        groups=True,
+        own_custody=True,
+        clas=("tcpcl", "udp", "mtcp"),
+        udp_bundle_max=60_000,
+    )
 
-    def __init__(self, base_url: str = "http://127.0.0.1:3000", timeout_s: float = 10.0,
-                 cfg: NodeConfig | None = None):
+    def __init__(self, base_url: str = "http://127.0.0.1:3000", timeout_s: float = 10.0, cfg: NodeConfig | None = None):
         self.base = base_url.rstrip("/")
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -148,8 +182,11 @@ class Dtn7Agent(BundleAgent):
     @classmethod
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
         OPTIONS.check(source, "agent.dtn7", table)
-        o = {"store": table.get("store", "sled"), "web_port": table.get("web_port", 3000),
-             "janitor": str(table.get("janitor", "5s"))}
+        o = {
+            "store": table.get("store", "sled"),
+            "web_port": table.get("web_port", 3000),
+            "janitor": str(table.get("janitor", "5s")),
+        }
         if o["store"] not in STORES:
             raise ConfigError(source, "agent.dtn7.store", o["store"], "unknown store", "stores: " + ", ".join(STORES))
         if not isinstance(o["web_port"], int) or isinstance(o["web_port"], bool) or not 1 <= o["web_port"] <= 65535:
@@ -220,8 +257,7 @@ class Dtn7Agent(BundleAgent):
     async def register(self, endpoint: str) -> None:
         await self._get(f"/register?{endpoint}")
 
-    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float,
-                   priority: int = 3) -> None:
+    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, priority: int = 3) -> None:
         await self.start()
         url = f"{self.base}/send?dst={node_eid(dst_node)}{endpoint}&lifetime={max(1, int(lifetime_s))}s"
         try:
@@ -256,8 +292,11 @@ class Dtn7Agent(BundleAgent):
         while True:
             try:
                 await self.start()
-                async with self._session.ws_connect(self.base.replace("http", "ws", 1) + "/ws",
-                                                    heartbeat=5.0, timeout=aiohttp.ClientWSTimeout(ws_close=5)) as ws:
+                async with self._session.ws_connect(
+                    self.base.replace("http", "ws", 1) + "/ws",
+                    heartbeat=5.0,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=5),
+                ) as ws:
                     await ws.send_str("/data")
                     await ws.send_str(f"/subscribe {endpoint}")
                     backoff = 0.2
@@ -288,8 +327,14 @@ class Dtn7Agent(BundleAgent):
         for name, p in data.items():
             addr = p.get("addr", {})
             cla = p.get("cla_list") or [["?", 0]]
-            out.append(PeerInfo(name, str(addr.get("Ip", addr)), f"{cla[0][0]}:{cla[0][1]}",
-                                "static" if p.get("con_type") == "Static" else "discovered"))
+            out.append(
+                PeerInfo(
+                    name,
+                    str(addr.get("Ip", addr)),
+                    f"{cla[0][0]}:{cla[0][1]}",
+                    "static" if p.get("con_type") == "Static" else "discovered",
+                )
+            )
         return out
 
     async def stored(self) -> int:

@@ -17,8 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from c2dtn.confref import Field as F, table
 from c2dtn.errors import C2Error, ConfigError
-from c2dtn.overlay.agent import (AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo,
-                                queued_deliveries, static_peers)
+from c2dtn.overlay.agent import (
+    AgentDelivery,
+    AgentError,
+    BundleAgent,
+    Capabilities,
+    Launch,
+    PeerInfo,
+    queued_deliveries,
+    static_peers,
+)
 from c2dtn.overlay.agents import bpv7, register, tcpcl4
 from c2dtn.overlay.agents.builds import built, not_built
 from c2dtn.overlay.agents.ion import node_numbers
@@ -59,7 +67,9 @@ def _cl(spec) -> str:
     try:
         return CLA_NAMES[spec.scheme]
     except KeyError:
-        raise C2Error(f"HDTN has no {spec.scheme} convergence layer here ({spec}): use tcpcl (TCPCLv4), udp or ltp") from None
+        raise C2Error(
+            f"HDTN has no {spec.scheme} convergence layer here ({spec}): use tcpcl (TCPCLv4), udp or ltp"
+        ) from None
 
 
 def _ltp_ducts(cfg: NodeConfig, nums: dict[str, int]) -> tuple[list[dict], dict[str, dict]]:
@@ -71,27 +81,64 @@ def _ltp_ducts(cfg: NodeConfig, nums: dict[str, int]) -> tuple[list[dict], dict[
         return [], {}
     port = next((s.port for s in cfg.listen if s.scheme == "ltp"), None)
     if port is None:
-        raise ConfigError(cfg.source, "agent.listen", [str(s) for s in cfg.listen],
-                          f"HDTN sends LTP to {peers[0].node} from its own LTP port: listen on one",
-                          'add "ltp://0.0.0.0:1113"')
+        raise ConfigError(
+            cfg.source,
+            "agent.listen",
+            [str(s) for s in cfg.listen],
+            f"HDTN sends LTP to {peers[0].node} from its own LTP port: listen on one",
+            'add "ltp://0.0.0.0:1113"',
+        )
     if len(peers) > LTP_MAX_OUTDUCTS:
-        raise ConfigError(cfg.source, "agent.peers", ", ".join(p.node for p in peers),
-                          f"HDTN sends LTP to at most {LTP_MAX_OUTDUCTS} neighbours from one port")
-    common = {"oneWayLightTimeMs": LTP_OWLT_MS, "oneWayMarginTimeMs": LTP_MARGIN_MS, "clientServiceId": 1,
-              "ltpMaxRetriesPerSerialNumber": LTP_RETRIES, "ltpRandomNumberSizeBits": 64,
-              "ltpMaxUdpPacketsToSendPerSystemCall": 1, "keepActiveSessionDataOnDisk": False,
-              "activeSessionDataOnDiskNewFileDurationMs": 2000, "activeSessionDataOnDiskDirectory": str(cfg.agent_dir)}
-    inducts = [{"name": f"ltp_from_{p.node}", "convergenceLayer": "ltp_over_udp", "boundPort": port,
-                "numRxCircularBufferElements": 1000, "thisLtpEngineId": me, "remoteLtpEngineId": nums[p.node],
-                "ltpReportSegmentMtu": LTP_MTU, "preallocatedRedDataBytes": 200000,
-                "ltpRemoteUdpHostname": p.cla.host, "ltpRemoteUdpPort": p.cla.port,
-                "ltpRxDataSegmentSessionNumberRecreationPreventerHistorySize": 1000,
-                "ltpMaxExpectedSimultaneousSessions": 500, "delaySendingOfReportSegmentsTimeMsOrZeroToDisable": 20,
-                **common} for p in peers]
-    outducts = {p.node: {"thisLtpEngineId": me, "remoteLtpEngineId": nums[p.node], "ltpDataSegmentMtu": LTP_MTU,
-                         "numRxCircularBufferElements": 1000, "ltpCheckpointEveryNthDataSegment": 0,
-                         "ltpSenderBoundPort": port, "ltpSenderPingSecondsOrZeroToDisable": 15,
-                         "delaySendingOfDataSegmentsTimeMsOrZeroToDisable": 20, **common} for p in peers}
+        raise ConfigError(
+            cfg.source,
+            "agent.peers",
+            ", ".join(p.node for p in peers),
+            f"HDTN sends LTP to at most {LTP_MAX_OUTDUCTS} neighbours from one port",
+        )
+    common = {
+        "oneWayLightTimeMs": LTP_OWLT_MS,
+        "oneWayMarginTimeMs": LTP_MARGIN_MS,
+        "clientServiceId": 1,
+        "ltpMaxRetriesPerSerialNumber": LTP_RETRIES,
+        "ltpRandomNumberSizeBits": 64,
+        "ltpMaxUdpPacketsToSendPerSystemCall": 1,
+        "keepActiveSessionDataOnDisk": False,
+        "activeSessionDataOnDiskNewFileDurationMs": 2000,
+        "activeSessionDataOnDiskDirectory": str(cfg.agent_dir),
+    }
+    inducts = [
+        {
+            "name": f"ltp_from_{p.node}",
+            "convergenceLayer": "ltp_over_udp",
+            "boundPort": port,
+            "numRxCircularBufferElements": 1000,
+            "thisLtpEngineId": me,
+            "remoteLtpEngineId": nums[p.node],
+            "ltpReportSegmentMtu": LTP_MTU,
+            "preallocatedRedDataBytes": 200000,
+            "ltpRemoteUdpHostname": p.cla.host,
+            "ltpRemoteUdpPort": p.cla.port,
+            "ltpRxDataSegmentSessionNumberRecreationPreventerHistorySize": 1000,
+            "ltpMaxExpectedSimultaneousSessions": 500,
+            "delaySendingOfReportSegmentsTimeMsOrZeroToDisable": 20,
+            **common,
+        }
+        for p in peers
+    ]
+    outducts = {
+        p.node: {
+            "thisLtpEngineId": me,
+            "remoteLtpEngineId": nums[p.node],
+            "ltpDataSegmentMtu": LTP_MTU,
+            "numRxCircularBufferElements": 1000,
+            "ltpCheckpointEveryNthDataSegment": 0,
+            "ltpSenderBoundPort": port,
+            "ltpSenderPingSecondsOrZeroToDisable": 15,
+            "delaySendingOfDataSegmentsTimeMsOrZeroToDisable": 20,
+            **common,
+        }
+        for p in peers
+    }
     return inducts, outducts
 
 
@@ -101,52 +148,100 @@ def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
     nums = node_numbers(cfg, derived_number)
     me = nums[cfg.id]
     d = cfg.agent_dir
-    inducts = [{"name": "c2dtn_app", "convergenceLayer": "tcpcl_v4", "boundPort": o["app_port"],
-                "numRxCircularBufferElements": 200, "numRxCircularBufferBytesPerElement": 20000,
-                "keepAliveIntervalSeconds": APP_KEEPALIVE_S, "tcpclV4MyMaxRxSegmentSizeBytes": 200000, "tlsIsRequired": False,
-                "certificatePemFile": "", "privateKeyPemFile": "", "diffieHellmanParametersPemFile": ""}]
+    inducts = [
+        {
+            "name": "c2dtn_app",
+            "convergenceLayer": "tcpcl_v4",
+            "boundPort": o["app_port"],
+            "numRxCircularBufferElements": 200,
+            "numRxCircularBufferBytesPerElement": 20000,
+            "keepAliveIntervalSeconds": APP_KEEPALIVE_S,
+            "tcpclV4MyMaxRxSegmentSizeBytes": 200000,
+            "tlsIsRequired": False,
+            "certificatePemFile": "",
+            "privateKeyPemFile": "",
+            "diffieHellmanParametersPemFile": "",
+        }
+    ]
     ltp_inducts, ltp_outducts = _ltp_ducts(cfg, nums)
     inducts += ltp_inducts
     for i, s in enumerate(cfg.listen):
         if _cl(s) == "ltp_over_udp":
             continue  # one induct per LTP neighbour (above)
         if _cl(s) == "udp":
-            inducts.append({"name": f"udp{i}", "convergenceLayer": "udp", "boundPort": s.port,
-                            "numRxCircularBufferElements": 2000, "numRxCircularBufferBytesPerElement": 65535})
+            inducts.append(
+                {
+                    "name": f"udp{i}",
+                    "convergenceLayer": "udp",
+                    "boundPort": s.port,
+                    "numRxCircularBufferElements": 2000,
+                    "numRxCircularBufferBytesPerElement": 65535,
+                }
+            )
         else:
-            inducts.append({**inducts[0], "name": f"tcpcl{i}", "boundPort": s.port,
-                            "keepAliveIntervalSeconds": o["keepalive_s"]})
+            inducts.append(
+                {**inducts[0], "name": f"tcpcl{i}", "boundPort": s.port, "keepAliveIntervalSeconds": o["keepalive_s"]}
+            )
     outducts = []
     for p in cfg.peers:
-        base = {"name": f"to_{p.node}", "convergenceLayer": _cl(p.cla), "nextHopNodeId": nums[p.node],
-                "remoteHostname": p.cla.host, "remotePort": p.cla.port, "maxNumberOfBundlesInPipeline": 50,
-                "maxSumOfBundleBytesInPipeline": 50_000_000}
+        base = {
+            "name": f"to_{p.node}",
+            "convergenceLayer": _cl(p.cla),
+            "nextHopNodeId": nums[p.node],
+            "remoteHostname": p.cla.host,
+            "remotePort": p.cla.port,
+            "maxNumberOfBundlesInPipeline": 50,
+            "maxSumOfBundleBytesInPipeline": 50_000_000,
+        }
         if _cl(p.cla) == "tcpcl_v4":
-            base.update({"keepAliveIntervalSeconds": o["keepalive_s"], "tcpclAllowOpportunisticReceiveBundles": True,
-                         "tcpclV4MyMaxRxSegmentSizeBytes": 200000, "tryUseTls": False, "tlsIsRequired": False,
-                         "useTlsVersion1_3": False, "doX509CertificateVerification": False,
-                         "verifySubjectAltNameInX509Certificate": False,
-                         "certificationAuthorityPemFileForVerification": ""})
+            base.update(
+                {
+                    "keepAliveIntervalSeconds": o["keepalive_s"],
+                    "tcpclAllowOpportunisticReceiveBundles": True,
+                    "tcpclV4MyMaxRxSegmentSizeBytes": 200000,
+                    "tryUseTls": False,
+                    "tlsIsRequired": False,
+                    "useTlsVersion1_3": False,
+                    "doX509CertificateVerification": False,
+                    "verifySubjectAltNameInX509Certificate": False,
+                    "certificationAuthorityPemFileForVerification": "",
+                }
+            )
         base.update(ltp_outducts.get(p.node, {}))
         outducts.append(base)
     config = {
-        "hdtnConfigName": f"c2dtn {cfg.id} (written from {cfg.source})", "userInterfaceOn": False,
-        "mySchemeName": "unused_scheme_name", "myNodeId": me, "myBpEchoServiceId": 2047,
-        "myCustodialSsp": "unused_custodial_ssp", "myCustodialServiceId": 0, "myRouterServiceId": 100,
-        "isAcsAware": True, "acsMaxFillsPerAcsPacket": 100, "acsSendPeriodMilliseconds": 1000,
-        "retransmitBundleAfterNoCustodySignalMilliseconds": 10000, "maxBundleSizeBytes": MAX_BUNDLE,
-        "maxIngressBundleWaitOnEgressMilliseconds": 2000, "bufferRxToStorageOnLinkUpSaturation": False,
-        "maxLtpReceiveUdpPacketSizeBytes": 65536, "neighborDepletedStorageDelaySeconds": 0,
-        "fragmentBundlesLargerThanBytes": 0, "enforceBundlePriority": False,
-        "zmqBoundRouterPubSubPortPath": 10200, "zmqBoundTelemApiPortPath": 10305,
+        "hdtnConfigName": f"c2dtn {cfg.id} (written from {cfg.source})",
+        "userInterfaceOn": False,
+        "mySchemeName": "unused_scheme_name",
+        "myNodeId": me,
+        "myBpEchoServiceId": 2047,
+        "myCustodialSsp": "unused_custodial_ssp",
+        "myCustodialServiceId": 0,
+        "myRouterServiceId": 100,
+        "isAcsAware": True,
+        "acsMaxFillsPerAcsPacket": 100,
+        "acsSendPeriodMilliseconds": 1000,
+        "retransmitBundleAfterNoCustodySignalMilliseconds": 10000,
+        "maxBundleSizeBytes": MAX_BUNDLE,
+        "maxIngressBundleWaitOnEgressMilliseconds": 2000,
+        "bufferRxToStorageOnLinkUpSaturation": False,
+        "maxLtpReceiveUdpPacketSizeBytes": 65536,
+        "neighborDepletedStorageDelaySeconds": 0,
+        "fragmentBundlesLargerThanBytes": 0,
+        "enforceBundlePriority": False,
+        "zmqBoundRouterPubSubPortPath": 10200,
+        "zmqBoundTelemApiPortPath": 10305,
         "inductsConfig": {"inductConfigName": "c2dtn", "inductVector": inducts},
         "outductsConfig": {"outductConfigName": "c2dtn", "outductVector": outducts},
         "storageConfig": {
             # restored from its files at start: what HDTN held when it was killed
-            "storageImplementation": "asio_single_threaded", "tryToRestoreFromDisk": True,
-            "autoDeleteFilesOnExit": False, "totalStorageCapacityBytes": o["store_mb"] << 20,
+            "storageImplementation": "asio_single_threaded",
+            "tryToRestoreFromDisk": True,
+            "autoDeleteFilesOnExit": False,
+            "totalStorageCapacityBytes": o["store_mb"] << 20,
             "storageDeletionPolicy": "never",
-            "storageDiskConfigVector": [{"name": "d1", "storeFilePath": str(d / "store1.bin")}]},
+            "storageDiskConfigVector": [{"name": "d1", "storeFilePath": str(d / "store1.bin")}],
+        },
     }
     links: list[tuple[int, int]] = []
     rate = {(me, nums[p.node]): o["rates_bits"][p.node] for p in cfg.peers if p.node in o["rates_bits"]}
@@ -161,34 +256,86 @@ def hdtn_files(cfg: NodeConfig) -> dict[str, str]:
     for r in cfg.routes:
         if r.to == "*" and r.via in nums:
             links += [(nums[r.via], app_number(nums[n])) for n in sorted(nums) if n not in routed]
-    contacts = [{"contact": i, "source": a, "dest": b, "startTime": 0, "endTime": FOREVER_S,
-                 "rateBitsPerSec": rate.get((a, b), o["rate_bits"]), "owlt": 1} for i, (a, b) in enumerate(dict.fromkeys(links))]
-    return {"hdtn.json": json.dumps(config, indent=1) + "\n",
-            "contacts.json": json.dumps({"contacts": contacts}, indent=1) + "\n"}
+    contacts = [
+        {
+            "contact": i,
+            "source": a,
+            "dest": b,
+            "startTime": 0,
+            "endTime": FOREVER_S,
+            "rateBitsPerSec": rate.get((a, b), o["rate_bits"]),
+            "owlt": 1,
+        }
+        for i, (a, b) in enumerate(dict.fromkeys(links))
+    ]
+    return {
+        "hdtn.json": json.dumps(config, indent=1) + "\n",
+        "contacts.json": json.dumps({"contacts": contacts}, indent=1) + "\n",
+    }
 
 
-OPTIONS = table("agent.hdtn", "HDTN's own settings ([its page](agents/hdtn.md)).", [
-    F("number", "integer", "0", "This node's HDTN node number, even (0: derived from the node id); the overlay's "
-      "endpoint is ipn:<number+1>.1.", "0"),
-    F("numbers", "table", "{}", "Other nodes' HDTN numbers by node id (even), where they are not derived.",
-      "{ gw4 = 40 }"),
-    F("app_port", "integer", "4560", "The TCPCLv4 induct the overlay connects to.", "4560"),
-    F("store_mb", "integer", "256", "HDTN's disk store (totalStorageCapacityBytes).", "256", "MiB"),
-    F("rate_bits", "integer", "0", "Every contact's rate (0: unlimited); HDTN paces UDP and LTP to it.", "9800",
-      "bit/s"),
-    F("rates_bits", "table", "{}", "A neighbour's own rate by node id (the contact to it).", "{ r2 = 9800 }",
-      "bit/s"),
-    F("keepalive_s", "integer", str(PEER_KEEPALIVE_S), "TCPCLv4 keepalive between HDTN nodes (1 to 65535); longer "
-      "than the longest cut, as HDTN 1.3.1 does not recover from a session the keepalive ends.", "600", "s"),
-])
+OPTIONS = table(
+    "agent.hdtn",
+    "HDTN's own settings ([its page](agents/hdtn.md)).",
+    [
+        F(
+            "number",
+            "integer",
+            "0",
+            "This node's HDTN node number, even (0: derived from the node id); the overlay's "
+            "endpoint is ipn:<number+1>.1.",
+            "0",
+        ),
+        F(
+            "numbers",
+            "table",
+            "{}",
+            "Other nodes' HDTN numbers by node id (even), where they are not derived.",
+            "{ gw4 = 40 }",
+        ),
+        F("app_port", "integer", "4560", "The TCPCLv4 induct the overlay connects to.", "4560"),
+        F("store_mb", "integer", "256", "HDTN's disk store (totalStorageCapacityBytes).", "256", "MiB"),
+        F(
+            "rate_bits",
+            "integer",
+            "0",
+            "Every contact's rate (0: unlimited); HDTN paces UDP and LTP to it.",
+            "9800",
+            "bit/s",
+        ),
+        F(
+            "rates_bits",
+            "table",
+            "{}",
+            "A neighbour's own rate by node id (the contact to it).",
+            "{ r2 = 9800 }",
+            "bit/s",
+        ),
+        F(
+            "keepalive_s",
+            "integer",
+            str(PEER_KEEPALIVE_S),
+            "TCPCLv4 keepalive between HDTN nodes (1 to 65535); longer "
+            "than the longest cut, as HDTN 1.3.1 does not recover from a session the keepalive ends.",
+            "600",
+            "s",
+        ),
+    ],
+)
 
 
 @register("hdtn")
 class HdtnAgent(BundleAgent):
     # BPv7; bundles up to HDTN's maxBundleSizeBytes here; no group endpoints; its disk store is restored
     # at start (tryToRestoreFromDisk); its UDP CL sends a bundle as one datagram
-    capabilities = Capabilities(bp_version=7, max_bundle_bytes=MAX_BUNDLE - 4096, groups=False, own_custody=True,
-                                clas=("tcpcl", "udp", "ltp"), udp_bundle_max=65_000)
+    capabilities = Capabilities(
+        bp_version=7,
+        max_bundle_bytes=MAX_BUNDLE - 4096,
+        groups=False,
+        own_custody=True,
+        clas=("tcpcl", "udp", "ltp"),
+        udp_bundle_max=65_000,
+    )
     endpoint = str(SERVICE)
     session_gap_s = SESSION_GAP_S
 
@@ -212,24 +359,47 @@ class HdtnAgent(BundleAgent):
     @classmethod
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
         OPTIONS.check(source, "agent.hdtn", table)
-        o = {"number": table.get("number", 0), "numbers": table.get("numbers", {}), "app_port": table.get("app_port", 4560),
-             "store_mb": table.get("store_mb", 256), "rate_bits": table.get("rate_bits", 0),
-             "keepalive_s": table.get("keepalive_s", PEER_KEEPALIVE_S), "rates_bits": table.get("rates_bits", {})}
-        for key, low, high in (("number", 0, (1 << 31) - 2), ("app_port", 1, 65535), ("store_mb", 1, 1 << 20),
-                               ("rate_bits", 0, 1 << 40), ("keepalive_s", 1, 65535)):
+        o = {
+            "number": table.get("number", 0),
+            "numbers": table.get("numbers", {}),
+            "app_port": table.get("app_port", 4560),
+            "store_mb": table.get("store_mb", 256),
+            "rate_bits": table.get("rate_bits", 0),
+            "keepalive_s": table.get("keepalive_s", PEER_KEEPALIVE_S),
+            "rates_bits": table.get("rates_bits", {}),
+        }
+        for key, low, high in (
+            ("number", 0, (1 << 31) - 2),
+            ("app_port", 1, 65535),
+            ("store_mb", 1, 1 << 20),
+            ("rate_bits", 0, 1 << 40),
+            ("keepalive_s", 1, 65535),
+        ):
             v = o[key]
             if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
                 raise ConfigError(source, f"agent.hdtn.{key}", v, f"must be a whole number from {low} to {high}")
         if not isinstance(o["rates_bits"], dict) or not all(
-                isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 40 for v in o["rates_bits"].values()):
-            raise ConfigError(source, "agent.hdtn.rates_bits", o["rates_bits"], "must map neighbour node ids to bits per second")
+            isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 40 for v in o["rates_bits"].values()
+        ):
+            raise ConfigError(
+                source, "agent.hdtn.rates_bits", o["rates_bits"], "must map neighbour node ids to bits per second"
+            )
         nums = o["numbers"]
-        if not isinstance(nums, dict) or not all(
+        if (
+            not isinstance(nums, dict)
+            or not all(
                 isinstance(v, int) and not isinstance(v, bool) and 0 < v < (1 << 31) - 1 and v % 2 == 0
-                for v in nums.values()) or o["number"] % 2:
-            raise ConfigError(source, "agent.hdtn.numbers", nums if o["number"] % 2 == 0 else o["number"],
-                              "HDTN node numbers must be even and below 2^31 - 1 (the odd one above each is "
-                              "its overlay endpoint's node)")
+                for v in nums.values()
+            )
+            or o["number"] % 2
+        ):
+            raise ConfigError(
+                source,
+                "agent.hdtn.numbers",
+                nums if o["number"] % 2 == 0 else o["number"],
+                "HDTN node numbers must be even and below 2^31 - 1 (the odd one above each is "
+                "its overlay endpoint's node)",
+            )
         return o
 
     @classmethod
@@ -243,8 +413,15 @@ class HdtnAgent(BundleAgent):
         d.mkdir(parents=True, exist_ok=True)
         for name, text in hdtn_files(self.cfg).items():
             (d / name).write_text(text)
-        return Launch([str(home / "bin" / "hdtn-one-process"), f"--hdtn-config-file={d / 'hdtn.json'}",
-                       f"--contact-plan-file={d / 'contacts.json'}"], env={"HDTN_SOURCE_ROOT": str(home)}, cwd=d)
+        return Launch(
+            [
+                str(home / "bin" / "hdtn-one-process"),
+                f"--hdtn-config-file={d / 'hdtn.json'}",
+                f"--contact-plan-file={d / 'contacts.json'}",
+            ],
+            env={"HDTN_SOURCE_ROOT": str(home)},
+            cwd=d,
+        )
 
     def owns(self, cmdline: bytes) -> bool:
         return b"hdtn-one-process" in cmdline and str(self.cfg.agent_dir / "hdtn.json").encode() in cmdline
@@ -260,15 +437,21 @@ class HdtnAgent(BundleAgent):
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 5)
         except (OSError, asyncio.TimeoutError) as e:
-            raise AgentError(f"HDTN's induct at 127.0.0.1:{self.port} does not answer: {e or type(e).__name__}") from None
+            raise AgentError(
+                f"HDTN's induct at 127.0.0.1:{self.port} does not answer: {e or type(e).__name__}"
+            ) from None
         writer.close()
 
     # -- the session ---------------------------------------------------------------------------
     def _connected(self) -> bool:
         # HDTN killed sends no SESS_TERM: the session still says established while the reader
         # has closed the writer, so both are looked at
-        return self._session is not None and self._session.established and self._writer is not None \
+        return (
+            self._session is not None
+            and self._session.established
+            and self._writer is not None
             and not self._writer.is_closing()
+        )
 
     async def start(self) -> None:
         async with self._lock:
@@ -281,22 +464,28 @@ class HdtnAgent(BundleAgent):
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 5)
             except (OSError, asyncio.TimeoutError) as e:
-                raise AgentError(f"HDTN's induct at 127.0.0.1:{self.port} does not answer: {e or type(e).__name__}") from None
+                raise AgentError(
+                    f"HDTN's induct at 127.0.0.1:{self.port} does not answer: {e or type(e).__name__}"
+                ) from None
             session = tcpcl4.Session(f"ipn:{self.me}.0", time.monotonic(), transfer_mru=MAX_BUNDLE)
             self._session, self._writer = session, writer
             up = asyncio.get_running_loop().create_future()
             writer.write(session.start())
-            self._tasks = [asyncio.create_task(self._read(reader, writer, session, up)),
-                           asyncio.create_task(self._keepalive(writer, session))]
+            self._tasks = [
+                asyncio.create_task(self._read(reader, writer, session, up)),
+                asyncio.create_task(self._keepalive(writer, session)),
+            ]
             try:
                 await asyncio.wait_for(asyncio.shield(up), 10)
             except (asyncio.TimeoutError, AgentError) as e:
                 await self._close()
-                raise AgentError(f"HDTN at 127.0.0.1:{self.port} did not open a TCPCLv4 session: "
-                                 f"{e or 'no SESS_INIT in 10 s'}") from None
+                raise AgentError(
+                    f"HDTN at 127.0.0.1:{self.port} did not open a TCPCLv4 session: {e or 'no SESS_INIT in 10 s'}"
+                ) from None
 
-    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: tcpcl4.Session,
-                    up: asyncio.Future) -> None:
+    async def _read(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: tcpcl4.Session, up: asyncio.Future
+    ) -> None:
         why = "HDTN closed the session"
         # HDTN sets no TCP_NODELAY: a small bundle it writes in pieces waits by Nagle's algorithm
         # for our delayed ACK of the piece before; we ack at once (decision 0006)
@@ -399,15 +588,20 @@ class HdtnAgent(BundleAgent):
             self._last_ms, self._seq = now, 0
         return now, self._seq
 
-    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float,
-                   priority: int = 3) -> None:
+    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, priority: int = 3) -> None:
         await self.start()
         session, writer = self._session, self._writer
         if session is None or writer is None:
             raise AgentError(f"no TCPCLv4 session with HDTN for {self.cfg.id}")
         created, seq = self._stamp()
-        raw = bpv7.encode((self.me, SERVICE), (self._dst(dst_node), int(endpoint)), payload,
-                          max(1000, int(lifetime_s * 1000)), created, seq)
+        raw = bpv7.encode(
+            (self.me, SERVICE),
+            (self._dst(dst_node), int(endpoint)),
+            payload,
+            max(1000, int(lifetime_s * 1000)),
+            created,
+            seq,
+        )
         try:
             tid, data = session.send(raw, time.monotonic())
         except tcpcl4.ProtocolError as e:

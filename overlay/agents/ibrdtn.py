@@ -39,17 +39,25 @@ def _proto(spec) -> str:
 def ibrdtn_conf(cfg: NodeConfig, interfaces: list[str] = ()) -> str:
     """ibrdtnd.conf for this node; `interfaces`: the network interfaces its UDP CL binds to."""
     d = cfg.agent_dir
-    lines = [f"# written by c2dtn from {cfg.source}", f"local_uri = dtn://{cfg.id}",
-             f"api_port = {cfg.agent_options['api_port']}", "api_interface = lo",
-             "storage = sqlite", f"storage_path = {d / 'bundles'}", f"blob_path = {d / 'blobs'}",
-             "discovery_announce = 0", "routing = default", "routing_forwarding = yes",
-             "net_autoconnect = 2"]  # seconds between tries to reach a static neighbour (default 60)
+    lines = [
+        f"# written by c2dtn from {cfg.source}",
+        f"local_uri = dtn://{cfg.id}",
+        f"api_port = {cfg.agent_options['api_port']}",
+        "api_interface = lo",
+        "storage = sqlite",
+        f"storage_path = {d / 'bundles'}",
+        f"blob_path = {d / 'blobs'}",
+        "discovery_announce = 0",
+        "routing = default",
+        "routing_forwarding = yes",
+        "net_autoconnect = 2",
+    ]  # seconds between tries to reach a static neighbour (default 60)
     names = []
     for i, s in enumerate(cfg.listen):
         # TCP listens on any address; UDP only sends from a socket bound to an interface (bound
         # to "any", IBR-DTN 1.0.1 queued bundles for a UDP neighbour and never sent them): one
         # UDP convergence layer per interface of the node's namespace
-        for iface in ([None] if _proto(s) == "tcp" else interfaces or [None]):
+        for iface in [None] if _proto(s) == "tcp" else interfaces or [None]:
             name = f"cl{i}" if iface is None else f"cl{i}u{len(names)}"
             names.append(name)
             lines += [f"net_{name}_type = {_proto(s)}", f"net_{name}_port = {s.port}"]
@@ -57,9 +65,13 @@ def ibrdtn_conf(cfg: NodeConfig, interfaces: list[str] = ()) -> str:
                 lines.append(f"net_{name}_interface = {iface}")
     lines.append("net_interfaces = " + " ".join(names))
     for i, p in enumerate(cfg.peers, 1):
-        lines += [f"static{i}_address = {p.cla.host}", f"static{i}_port = {p.cla.port}",
-                  f"static{i}_uri = dtn://{p.node}", f"static{i}_proto = {_proto(p.cla)}",
-                  f"static{i}_immediately = yes"]
+        lines += [
+            f"static{i}_address = {p.cla.host}",
+            f"static{i}_port = {p.cla.port}",
+            f"static{i}_uri = dtn://{p.node}",
+            f"static{i}_proto = {_proto(p.cla)}",
+            f"static{i}_immediately = yes",
+        ]
     neighbours = {p.node for p in cfg.peers}
     k = 0
     for r in cfg.routes:
@@ -74,8 +86,10 @@ def ibrdtn_conf(cfg: NodeConfig, interfaces: list[str] = ()) -> str:
 def plain_bundle(src: str, dst: str, payload: bytes, lifetime_s: int) -> bytes:
     """A bundle in the API's plain notation: primary block headers, then one payload block of
     raw bytes (flags 144: singleton destination, normal priority)."""
-    head = (f"Processing flags: 144\nSource: {src}\nDestination: {dst}\nLifetime: {lifetime_s}\nBlocks: 1\n\n"
-            f"Block: 1\nFlags: LAST_BLOCK\nLength: {len(payload)}\nEncoding: raw\n\n").encode()
+    head = (
+        f"Processing flags: 144\nSource: {src}\nDestination: {dst}\nLifetime: {lifetime_s}\nBlocks: 1\n\n"
+        f"Block: 1\nFlags: LAST_BLOCK\nLength: {len(payload)}\nEncoding: raw\n\n"
+    ).encode()
     return head + payload + b"\n\n"
 
 
@@ -106,8 +120,8 @@ class ApiReader:
             if self._payload is not None and self._need >= 0:
                 if len(self._buf) < self._need:
                     break
-                self._payload.data = bytes(self._buf[:self._need])
-                del self._buf[:self._need]
+                self._payload.data = bytes(self._buf[: self._need])
+                del self._buf[: self._need]
                 replies.append(self._payload)
                 self._payload, self._need = None, -1
                 continue
@@ -117,7 +131,7 @@ class ApiReader:
                     raise AgentError("IBR-DTN's API sent a line of more than 64 kB: out of step")
                 break
             line = self._buf[:nl].rstrip(b"\r").decode(errors="replace")
-            del self._buf[:nl + 1]
+            del self._buf[: nl + 1]
             if self._payload is not None:  # its header lines, up to the empty line
                 if line.startswith("Length:"):
                     try:
@@ -149,10 +163,21 @@ class ApiReader:
         return replies, notes
 
 
-OPTIONS = table("agent.ibrdtn", "IBR-DTN's own settings ([its page](agents/ibrdtn.md)).", [
-    F("api_port", "integer", "4550", "The daemon's API on 127.0.0.1 of the node's namespace.", "4550"),
-    F("bundle_lifetime_s", "integer", "60", "The lifetime of the bundles this node sends (5 to 86400).", "600", "s"),
-])
+OPTIONS = table(
+    "agent.ibrdtn",
+    "IBR-DTN's own settings ([its page](agents/ibrdtn.md)).",
+    [
+        F("api_port", "integer", "4550", "The daemon's API on 127.0.0.1 of the node's namespace.", "4550"),
+        F(
+            "bundle_lifetime_s",
+            "integer",
+            "60",
+            "The lifetime of the bundles this node sends (5 to 86400).",
+            "600",
+            "s",
+        ),
+    ],
+)
 
 
 @register("ibrdtn")
@@ -160,8 +185,9 @@ class IbrdtnAgent(BundleAgent):
     # BPv6; payloads up to 16 MB through the API here; no group endpoints in this driver;
     # sqlite storage keeps bundles across a SIGKILL; deliveries are marked `bundle delivered`; its UDP
     # CL cuts a bundle larger than the interface's mtu (1,280 by default) into fragments
-    capabilities = Capabilities(bp_version=6, max_bundle_bytes=MAX_PAYLOAD, groups=False, own_custody=True,
-                                delivery_ack=True)
+    capabilities = Capabilities(
+        bp_version=6, max_bundle_bytes=MAX_PAYLOAD, groups=False, own_custody=True, delivery_ack=True
+    )
 
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
@@ -216,10 +242,11 @@ class IbrdtnAgent(BundleAgent):
                 return
             await self._close()
             try:
-                self._reader, self._writer = await asyncio.wait_for(
-                    asyncio.open_connection("127.0.0.1", self.port), 5)
+                self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 5)
             except (OSError, asyncio.TimeoutError) as e:
-                raise AgentError(f"IBR-DTN's API at 127.0.0.1:{self.port} does not answer: {e or type(e).__name__}") from None
+                raise AgentError(
+                    f"IBR-DTN's API at 127.0.0.1:{self.port} does not answer: {e or type(e).__name__}"
+                ) from None
             self._task = asyncio.create_task(self._read(self._reader))
             for cmd in ("protocol extended", "set endpoint c2dtn", "set encoding raw"):
                 r = await self._ask(cmd.encode() + b"\n")
@@ -296,11 +323,11 @@ class IbrdtnAgent(BundleAgent):
             raise AgentError(f"the ibrdtn agent serves only its own endpoint c2dtn, not {endpoint!r}")
         await self.start()
 
-    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float,
-                   priority: int = 3) -> None:
+    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, priority: int = 3) -> None:
         await self.start()
-        bundle = plain_bundle(f"dtn://{self.cfg.id}/{self.endpoint}", f"dtn://{dst_node}/{endpoint}", payload,
-                              max(1, int(lifetime_s)))
+        bundle = plain_bundle(
+            f"dtn://{self.cfg.id}/{self.endpoint}", f"dtn://{dst_node}/{endpoint}", payload, max(1, int(lifetime_s))
+        )
         async with self._lock:
             r = await self._ask(b"bundle put plain\n" + bundle, replies=2)
             if r.code != 200:

@@ -19,8 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from c2dtn.confref import Field as F, table
 from c2dtn.errors import C2Error, ConfigError
-from c2dtn.overlay.agent import (AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo,
-                                queued_deliveries, static_peers)
+from c2dtn.overlay.agent import (
+    AgentDelivery,
+    AgentError,
+    BundleAgent,
+    Capabilities,
+    Launch,
+    PeerInfo,
+    queued_deliveries,
+    static_peers,
+)
 from c2dtn.overlay.agents import register
 from c2dtn.overlay.agents.builds import built, not_built
 
@@ -44,6 +52,8 @@ def find_helper() -> Path | None:
         if c and os.access(c, os.X_OK):
             return Path(c)
     return None
+
+
 ATTACH_S = 10  # the helper attaches in well under a second; longer than this: the node is locked (above)
 SEND_S = 30  # bp_send answers within this (a 16 MB payload into the SDR file), or the helper is stuck
 RESTART_S = 60  # ionunlock and the ionrestart it runs (its grace period, then stopping and starting daemons)
@@ -58,17 +68,26 @@ def node_numbers(cfg: NodeConfig, derive=derived_number) -> dict[str, int]:
     """ipn node number of this node and of every node its config names (`[agent.<kind>]` number
     and numbers, else `derive(id)`); the HDTN driver names its nodes the same way."""
     o = cfg.agent_options
-    names = {cfg.id} | {p.node for p in cfg.peers} | {r.to for r in cfg.routes if r.to != "*"} \
-        | {r.via for r in cfg.routes} | set(cfg.keys)
+    names = (
+        {cfg.id}
+        | {p.node for p in cfg.peers}
+        | {r.to for r in cfg.routes if r.to != "*"}
+        | {r.via for r in cfg.routes}
+        | set(cfg.keys)
+    )
     nums = {n: o["numbers"].get(n) or derive(n) for n in sorted(names)}
     if o["number"]:
         nums[cfg.id] = o["number"]
     seen: dict[int, str] = {}
     for n, k in nums.items():
         if k in seen:
-            raise ConfigError(cfg.source, f"agent.{cfg.agent}.numbers", k,
-                              f"nodes {seen[k]!r} and {n!r} have the same ipn number",
-                              f"give one of them its own in [agent.{cfg.agent}] numbers")
+            raise ConfigError(
+                cfg.source,
+                f"agent.{cfg.agent}.numbers",
+                k,
+                f"nodes {seen[k]!r} and {n!r} have the same ipn number",
+                f"give one of them its own in [agent.{cfg.agent}] numbers",
+            )
         seen[k] = n
     return nums
 
@@ -91,12 +110,16 @@ def _ltp_files(cfg: NodeConfig, nums: dict[str, int]) -> tuple[str, list[str]]:
     me = nums[cfg.id]
     peers = [p for p in cfg.peers if p.cla.scheme == "ltp"]
     seats = [s for s in cfg.listen if s.scheme == "ltp"]
-    ltp = [f"# written by c2dtn from {cfg.source}", f"1 {LTP_SESSIONS * max(1, len(peers))}",
-           "m screening n"]  # take segments whatever the plan says of the time: the clocks of the
+    ltp = [
+        f"# written by c2dtn from {cfg.source}",
+        f"1 {LTP_SESSIONS * max(1, len(peers))}",
+        "m screening n",
+    ]  # take segments whatever the plan says of the time: the clocks of the
     # testbed's nodes are one, but a box's may not be
     for p in peers:
-        ltp.append(f"a span {nums[p.node]} {LTP_SESSIONS} {LTP_SESSIONS} {LTP_SEGMENT} 1 1 "
-                   f"'udplso {p.cla.host}:{p.cla.port}'")
+        ltp.append(
+            f"a span {nums[p.node]} {LTP_SESSIONS} {LTP_SESSIONS} {LTP_SEGMENT} 1 1 'udplso {p.cla.host}:{p.cla.port}'"
+        )
     for st in seats:
         ltp.append(f"a seat 'udplsi {st.host}:{st.port}'")
     ltp += ["s", ""]
@@ -104,9 +127,11 @@ def _ltp_files(cfg: NodeConfig, nums: dict[str, int]) -> tuple[str, list[str]]:
     for p in peers:
         peer = nums[p.node]
         rate = o["rates"].get(p.node, o["rate_bytes"])
-        ion += [f"a contact +0 +{FOREVER_S} {me} {peer} {rate}",
-                f"a contact +0 +{FOREVER_S} {peer} {me} {rate}",
-                f"a range +0 +{FOREVER_S} {me} {peer} 0"]
+        ion += [
+            f"a contact +0 +{FOREVER_S} {me} {peer} {rate}",
+            f"a contact +0 +{FOREVER_S} {peer} {me} {rate}",
+            f"a range +0 +{FOREVER_S} {me} {peer} 0",
+        ]
     return "\n".join(ltp), ion
 
 
@@ -124,8 +149,13 @@ def bibe_peers(cfg: NodeConfig, key: str = "bibe") -> list:
     by_node = {p.node: p for p in cfg.peers}
     for n in want:
         if n not in by_node:
-            raise ConfigError(cfg.source, f"agent.ion.{key}", n, "is not a neighbour of this node (BIBE is between "
-                              "neighbours)", f"its neighbours: {', '.join(sorted(by_node)) or 'none'}")
+            raise ConfigError(
+                cfg.source,
+                f"agent.ion.{key}",
+                n,
+                "is not a neighbour of this node (BIBE is between neighbours)",
+                f"its neighbours: {', '.join(sorted(by_node)) or 'none'}",
+            )
     return [by_node[n] for n in want]
 
 
@@ -145,9 +175,11 @@ def _bibe_lines(cfg: NodeConfig, nums: dict[str, int], to: list, takes: list) ->
         if p not in to:
             continue
         rate = cfg.agent_options["rates"].get(p.node, cfg.agent_options["rate_bytes"])
-        bp += [f"a plan ipn:{v}.0 {rate}",
-               f"a planduct ipn:{v}.0 {_duct(p.cla)} {_duct_name(p, nums)}",  # the first: BPDUs and bundles for V
-               f"a planduct ipn:{v}.0 bibe ipn:{v}.0"]
+        bp += [
+            f"a plan ipn:{v}.0 {rate}",
+            f"a planduct ipn:{v}.0 {_duct(p.cla)} {_duct_name(p, nums)}",  # the first: BPDUs and bundles for V
+            f"a planduct ipn:{v}.0 bibe ipn:{v}.0",
+        ]
         for r in cfg.routes:
             if r.via == p.node and r.to not in (p.node, "*"):
                 ipn.append(f"a rtovrd 0 {nums[r.to]} 0 {v} bibe/ipn:{v}.0")
@@ -161,35 +193,49 @@ def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
     me = nums[cfg.id]
     d = cfg.agent_dir
     files = {}
-    files["node.ionconfig"] = "\n".join([
-        f"# written by c2dtn from {cfg.source}",
-        # sdrName and wmKey stay ION's defaults ("ion", 0xff01): ION refuses others without
-        # ION_NODE_LIST_DIR, and in its own IPC namespace the node shares them with no one
-        "configFlags 14",  # SDR in a file, reversible, bounded: what ION held survives a SIGKILL
-        f"pathName {d}",
-        f"heapWords {o['sdr_mb'] * (1 << 20) // 8}",
-        "wmSize 20000000",
-        # a node in its own IPC namespace sizes its SDR working memory itself: room for the log
-        # of a transaction that writes a 16 MB payload (c2dtn-ionbp writes each in one)
-        "sdrWmSize 40000000",
-        ""])
+    files["node.ionconfig"] = "\n".join(
+        [
+            f"# written by c2dtn from {cfg.source}",
+            # sdrName and wmKey stay ION's defaults ("ion", 0xff01): ION refuses others without
+            # ION_NODE_LIST_DIR, and in its own IPC namespace the node shares them with no one
+            "configFlags 14",  # SDR in a file, reversible, bounded: what ION held survives a SIGKILL
+            f"pathName {d}",
+            f"heapWords {o['sdr_mb'] * (1 << 20) // 8}",
+            "wmSize 20000000",
+            # a node in its own IPC namespace sizes its SDR working memory itself: room for the log
+            # of a transaction that writes a 16 MB payload (c2dtn-ionbp writes each in one)
+            "sdrWmSize 40000000",
+            "",
+        ]
+    )
     uses_ltp = any(s.scheme == "ltp" for s in cfg.listen) or any(p.cla.scheme == "ltp" for p in cfg.peers)
     ltprc, contacts = _ltp_files(cfg, nums) if uses_ltp else ("", [])
-    files["node.ionrc"] = "\n".join([f"# written by c2dtn from {cfg.source}", f"1 {me} {d / 'node.ionconfig'}",
-                                     *contacts, "s", ""])
+    files["node.ionrc"] = "\n".join(
+        [f"# written by c2dtn from {cfg.source}", f"1 {me} {d / 'node.ionconfig'}", *contacts, "s", ""]
+    )
     if uses_ltp:
         files["node.ltprc"] = ltprc
-    bp = [f"# written by c2dtn from {cfg.source}", "1", "a scheme ipn 'ipnfw' 'ipnadminep'",
-          f"a endpoint ipn:{me}.{SERVICE} q"]
+    bp = [
+        f"# written by c2dtn from {cfg.source}",
+        "1",
+        "a scheme ipn 'ipnfw' 'ipnadminep'",
+        f"a endpoint ipn:{me}.{SERVICE} q",
+    ]
     bibe, bibe_from = bibe_peers(cfg), bibe_peers(cfg, "bibe_from")
     uses_bibe = bool(bibe or bibe_from)
     both = [p.node for p in bibe if p in bibe_from]
     if both:
-        raise ConfigError(cfg.source, "agent.ion.bibe_from", both[0], "is also in agent.ion.bibe: BIBE custody both "
-                          "ways between two ION 4.1.3 nodes passed no bundle back in the live tests",
-                          "use BIBE one way on a link: the way the traffic that needs custody goes")
-    protocols = sorted({_duct(s) for s in cfg.listen} | {_duct(p.cla) for p in cfg.peers}
-                       | ({"bibe"} if uses_bibe else set()))
+        raise ConfigError(
+            cfg.source,
+            "agent.ion.bibe_from",
+            both[0],
+            "is also in agent.ion.bibe: BIBE custody both "
+            "ways between two ION 4.1.3 nodes passed no bundle back in the live tests",
+            "use BIBE one way on a link: the way the traffic that needs custody goes",
+        )
+    protocols = sorted(
+        {_duct(s) for s in cfg.listen} | {_duct(p.cla) for p in cfg.peers} | ({"bibe"} if uses_bibe else set())
+    )
     for proto in protocols:
         bp.append(f"a protocol {proto}")
     if uses_bibe:  # the bcla must be there before bibeclo starts
@@ -210,7 +256,9 @@ def ion_files(cfg: NodeConfig, ion_bin: Path) -> dict[str, str]:
     for p in cfg.peers:
         if p in bibe:  # its plan is in the bprc, with the bibe duct
             continue
-        ipn.append(f"a plan {nums[p.node]} {_duct(p.cla)}/{_duct_name(p, nums)} {o['rates'].get(p.node, o['rate_bytes'])}")
+        ipn.append(
+            f"a plan {nums[p.node]} {_duct(p.cla)}/{_duct_name(p, nums)} {o['rates'].get(p.node, o['rate_bytes'])}"
+        )
     neighbours = {p.node for p in cfg.peers}
     for r in cfg.routes:
         if r.to in neighbours or r.to == r.via:
@@ -286,6 +334,7 @@ exit 4
 
 # -- the frames of c2dtn-ionbp (overlay/agents/ion_bp.c) ----------------------------------------------
 
+
 def send_frame(eid: str, payload: bytes, lifetime_s: int, cos: int = 1) -> bytes:
     e = eid.encode()
     body = struct.pack(">IBH", lifetime_s, cos, len(e)) + e
@@ -307,8 +356,8 @@ class FrameReader:
                 raise AgentError(f"c2dtn-ionbp sent a frame of {n} bytes: the stream is out of step")
             if len(self._buf) < 4 + n:
                 break
-            out.append((chr(self._buf[4]), bytes(self._buf[5:4 + n])))
-            del self._buf[:4 + n]
+            out.append((chr(self._buf[4]), bytes(self._buf[5 : 4 + n])))
+            del self._buf[: 4 + n]
         return out
 
 
@@ -319,33 +368,68 @@ def parse_delivery(body: bytes) -> tuple[str, int, bytes]:
     n = int.from_bytes(body[:2], "big")
     if 2 + n + 8 > len(body):
         raise AgentError("delivery frame: source EID runs past the frame")
-    return body[2:2 + n].decode(errors="replace"), int.from_bytes(body[2 + n:10 + n], "big"), body[10 + n:]
+    return body[2 : 2 + n].decode(errors="replace"), int.from_bytes(body[2 + n : 10 + n], "big"), body[10 + n :]
 
 
-OPTIONS = table("agent.ion", "ION-DTN's own settings ([its page](agents/ion.md)).", [
-    F("number", "integer", "0", "This node's ipn node number (0: derived from the node id).", "0"),
-    F("numbers", "table", "{}", "Other nodes' ipn numbers by node id, where they are not derived.", "{ gw4 = 40 }"),
-    F("sdr_mb", "integer", "64", "Size of ION's SDR (the bundles it holds; created once).", "64", "MiB"),
-    F("rate_bytes", "integer", "12500000", "Nominal rate of every egress plan and LTP contact. On a radio "
-      "link set it a little under the radio's rate (the testbed writes 90 % for LTP): ION then paces what it "
-      "sends, where at the default it would hand the radio more than it carries and the radio's queue would "
-      "hold it.", "1100", "bytes/s"),
-    F("rates", "table", "{}", "A neighbour's own rate by node id (its radio link's).", "{ r2 = 1225 }", "bytes/s"),
-    F("bibe", "array of names", "[]", 'Neighbours sent to with ION\'s BIBE custody transfer ("*": every one); '
-      "an option to measure, not the overlay's custody.", '["r2"]'),
-    F("bibe_from", "array of names", "[]", 'Neighbours whose BIBE PDUs this node takes custody of ("*": every one).',
-      '["gw1"]'),
-    F("bibe_latency_s", "integer", "5", "Expected one-way delivery time between BIBE neighbours, queueing "
-      "included; an unsignalled PDU is sent again after twice this plus 2 s.", "5", "s"),
-])
+OPTIONS = table(
+    "agent.ion",
+    "ION-DTN's own settings ([its page](agents/ion.md)).",
+    [
+        F("number", "integer", "0", "This node's ipn node number (0: derived from the node id).", "0"),
+        F("numbers", "table", "{}", "Other nodes' ipn numbers by node id, where they are not derived.", "{ gw4 = 40 }"),
+        F("sdr_mb", "integer", "64", "Size of ION's SDR (the bundles it holds; created once).", "64", "MiB"),
+        F(
+            "rate_bytes",
+            "integer",
+            "12500000",
+            "Nominal rate of every egress plan and LTP contact. On a radio "
+            "link set it a little under the radio's rate (the testbed writes 90 % for LTP): ION then paces what it "
+            "sends, where at the default it would hand the radio more than it carries and the radio's queue would "
+            "hold it.",
+            "1100",
+            "bytes/s",
+        ),
+        F("rates", "table", "{}", "A neighbour's own rate by node id (its radio link's).", "{ r2 = 1225 }", "bytes/s"),
+        F(
+            "bibe",
+            "array of names",
+            "[]",
+            'Neighbours sent to with ION\'s BIBE custody transfer ("*": every one); '
+            "an option to measure, not the overlay's custody.",
+            '["r2"]',
+        ),
+        F(
+            "bibe_from",
+            "array of names",
+            "[]",
+            'Neighbours whose BIBE PDUs this node takes custody of ("*": every one).',
+            '["gw1"]',
+        ),
+        F(
+            "bibe_latency_s",
+            "integer",
+            "5",
+            "Expected one-way delivery time between BIBE neighbours, queueing "
+            "included; an unsignalled PDU is sent again after twice this plus 2 s.",
+            "5",
+            "s",
+        ),
+    ],
+)
 
 
 @register("ion")
 class IonAgent(BundleAgent):
     # BPv7; the helper takes payloads up to 16 MB; no group endpoints (imc: above); the SDR is a file
     # udpclo sends a bundle as one datagram of at most UDPCLA_BUFSZ (65,535) bytes
-    capabilities = Capabilities(bp_version=7, max_bundle_bytes=16 << 20, groups=False, own_custody=True,
-                                clas=("tcpcl", "udp", "ltp"), udp_bundle_max=65_000)
+    capabilities = Capabilities(
+        bp_version=7,
+        max_bundle_bytes=16 << 20,
+        groups=False,
+        own_custody=True,
+        clas=("tcpcl", "udp", "ltp"),
+        udp_bundle_max=65_000,
+    )
     endpoint = str(SERVICE)
 
     def __init__(self, cfg: NodeConfig):
@@ -365,23 +449,31 @@ class IonAgent(BundleAgent):
     @classmethod
     def options(cls, source: str, table: dict[str, Any]) -> dict[str, Any]:
         OPTIONS.check(source, "agent.ion", table)
-        o = {"number": table.get("number", 0), "numbers": table.get("numbers", {}),
-             "sdr_mb": table.get("sdr_mb", 64), "rate_bytes": table.get("rate_bytes", 12_500_000),
-             "rates": table.get("rates", {}), "bibe": table.get("bibe", []), "bibe_from": table.get("bibe_from", []),
-             "bibe_latency_s": table.get("bibe_latency_s", 5)}
+        o = {
+            "number": table.get("number", 0),
+            "numbers": table.get("numbers", {}),
+            "sdr_mb": table.get("sdr_mb", 64),
+            "rate_bytes": table.get("rate_bytes", 12_500_000),
+            "rates": table.get("rates", {}),
+            "bibe": table.get("bibe", []),
+            "bibe_from": table.get("bibe_from", []),
+            "bibe_latency_s": table.get("bibe_latency_s", 5),
+        }
         for key in ("bibe", "bibe_from"):
             v = o[key]
             if not isinstance(v, list) or not all(isinstance(n, str) and n for n in v) or ("*" in v and len(v) > 1):
-                raise ConfigError(source, f"agent.ion.{key}", v, "must list neighbour node ids, or be [\"*\"]")
+                raise ConfigError(source, f"agent.ion.{key}", v, 'must list neighbour node ids, or be ["*"]')
         for key in ("number", "sdr_mb", "rate_bytes", "bibe_latency_s"):
             v = o[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "number" else 1):
                 raise ConfigError(source, f"agent.ion.{key}", v, "must be a positive whole number")
         if not isinstance(o["numbers"], dict) or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in o["numbers"].values()):
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in o["numbers"].values()
+        ):
             raise ConfigError(source, "agent.ion.numbers", o["numbers"], "must map node ids to positive ipn numbers")
         if not isinstance(o["rates"], dict) or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in o["rates"].values()):
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in o["rates"].values()
+        ):
             raise ConfigError(source, "agent.ion.rates", o["rates"], "must map neighbour node ids to bytes per second")
         return o
 
@@ -391,8 +483,9 @@ class IonAgent(BundleAgent):
         if why:
             return why
         if find_helper() is None:
-            return (f"c2dtn-ionbp is not built ({HELPER}): run `make bpas`, or put it on PATH "
-                    "(or name it in C2DTN_IONBP)")
+            return (
+                f"c2dtn-ionbp is not built ({HELPER}): run `make bpas`, or put it on PATH (or name it in C2DTN_IONBP)"
+            )
         return None
 
     # -- the daemon ----------------------------------------------------------------------------
@@ -408,8 +501,20 @@ class IonAgent(BundleAgent):
         (d / "ion-run.sh").chmod(0o755)
         with contextlib.suppress(FileNotFoundError):
             (d / "ready").unlink()
-        return Launch(["unshare", "--ipc", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
-                       str(d / "ion-run.sh")], cwd=d)
+        return Launch(
+            [
+                "unshare",
+                "--ipc",
+                "--mount",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--propagation",
+                "private",
+                str(d / "ion-run.sh"),
+            ],
+            cwd=d,
+        )
 
     def owns(self, cmdline: bytes) -> bool:
         return b"unshare" in cmdline and str(self.cfg.agent_dir / "ion-run.sh").encode() in cmdline
@@ -459,8 +564,11 @@ class IonAgent(BundleAgent):
                 return
             await self._close_helper()
             if not await self._attach():
-                log.warning("c2dtn-ionbp did not attach to ION node %s within %d s: the node is locked? running "
-                            "ionunlock", self.eid, ATTACH_S)
+                log.warning(
+                    "c2dtn-ionbp did not attach to ION node %s within %d s: the node is locked? running ionunlock",
+                    self.eid,
+                    ATTACH_S,
+                )
                 gone = await self._unlock()
                 if gone:
                     self._restart_node(f"ionunlock did not bring back {' '.join(sorted(gone))}")
@@ -472,16 +580,33 @@ class IonAgent(BundleAgent):
     def _in_node(self, *argv: str, **kw):
         """`argv` run in the node's IPC, mount and PID namespaces, with ION's programs on PATH."""
         env = {**os.environ, "PATH": f"{built('ion') / 'bin'}:{os.environ.get('PATH', '')}"}
-        return asyncio.create_subprocess_exec("nsenter", "-t", str(self._keeper()), "--ipc", "--mount", "--pid", "--",
-                                              *argv, cwd=self.cfg.agent_dir, env=env, **kw)
+        return asyncio.create_subprocess_exec(
+            "nsenter",
+            "-t",
+            str(self._keeper()),
+            "--ipc",
+            "--mount",
+            "--pid",
+            "--",
+            *argv,
+            cwd=self.cfg.agent_dir,
+            env=env,
+            **kw,
+        )
 
     async def _attach(self) -> bool:
         """Start the helper; False if it did not attach (nor end) within ATTACH_S."""
         self._attached.clear()
         errlog = open(self.cfg.agent_dir / "helper.log", "ab")
         try:
-            self._helper = await self._in_node(str(find_helper() or HELPER), self.eid, stdin=asyncio.subprocess.PIPE,
-                                               stdout=asyncio.subprocess.PIPE, stderr=errlog, limit=MAX_FRAME)
+            self._helper = await self._in_node(
+                str(find_helper() or HELPER),
+                self.eid,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=errlog,
+                limit=MAX_FRAME,
+            )
         finally:
             errlog.close()
         self._reader_task = asyncio.create_task(self._read(self._helper))
@@ -498,8 +623,10 @@ class IonAgent(BundleAgent):
         (self.cfg.agent_dir / "wipe-sdr").touch()
         with contextlib.suppress(AgentError, ProcessLookupError):
             os.kill(self._keeper(), signal.SIGKILL)  # PID 1 of the node's namespaces: every daemon ends with it
-        raise AgentError(f"ION node {self.eid} was locked and {why}: the node restarts, its SDR empty (see "
-                         f"{self.cfg.agent_dir / 'ion.log'})")
+        raise AgentError(
+            f"ION node {self.eid} was locked and {why}: the node restarts, its SDR empty (see "
+            f"{self.cfg.agent_dir / 'ion.log'})"
+        )
 
     async def _unlock(self) -> set[str]:
         """ionunlock in the node (see the module's docstring), then wait for its ionrestart to end;
@@ -585,8 +712,7 @@ class IonAgent(BundleAgent):
             raise AgentError(f"the ion agent serves only its own endpoint {self.eid}, not {endpoint!r}")
         await self.start()
 
-    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float,
-                   priority: int = 3) -> None:
+    async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, priority: int = 3) -> None:
         await self.start()
         proc = self._helper
         if proc is None:
@@ -602,7 +728,9 @@ class IonAgent(BundleAgent):
                 async with self._lock:
                     if self._helper is proc:
                         await self._close_helper()
-            raise AgentError(f"ION node {self.eid} did not take a bundle for {dst_node}: {e or type(e).__name__}") from None
+            raise AgentError(
+                f"ION node {self.eid} did not take a bundle for {dst_node}: {e or type(e).__name__}"
+            ) from None
         if not ok:
             raise AgentError(f"ION node {self.eid} refused a bundle for {dst_node}: {why}")
 
@@ -631,8 +759,19 @@ def _kill_all(pids: list[int]) -> None:
 
 def _daemons(keeper: int) -> set[str]:
     """The names of the ION daemons running in the node whose PID 1 is `keeper`."""
-    return {_comm(k) for k in _children(keeper)} - {"", "sleep", "c2dtn-ionbp", "nsenter", "ionunlock", "ionrestart",
-                                                      "bpadmin", "ionadmin", "ipnadmin", "ltpadmin", "bibeadmin"}
+    return {_comm(k) for k in _children(keeper)} - {
+        "",
+        "sleep",
+        "c2dtn-ionbp",
+        "nsenter",
+        "ionunlock",
+        "ionrestart",
+        "bpadmin",
+        "ionadmin",
+        "ipnadmin",
+        "ltpadmin",
+        "bibeadmin",
+    }
 
 
 def _comm(pid: int) -> str:

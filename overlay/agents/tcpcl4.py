@@ -59,8 +59,9 @@ class Session:
     takes what arrived; `send()` cuts a bundle into segments; `tick(now)` gives a keepalive when
     one is due and says whether the peer has been silent too long."""
 
-    def __init__(self, node_id: str, now: float, keepalive_s: int = 15, segment_mru: int = 1 << 20,
-                 transfer_mru: int = 64 << 20):
+    def __init__(
+        self, node_id: str, now: float, keepalive_s: int = 15, segment_mru: int = 1 << 20, transfer_mru: int = 64 << 20
+    ):
         self.node_id = node_id
         self.keepalive_s = keepalive_s
         self.segment_mru = segment_mru
@@ -82,22 +83,26 @@ class Session:
 
     def _sess_init(self) -> bytes:
         node = self.node_id.encode()
-        return struct.pack(">BHQQH", SESS_INIT, self.keepalive_s, self.segment_mru, self.transfer_mru,
-                           len(node)) + node + struct.pack(">I", 0)
+        return (
+            struct.pack(">BHQQH", SESS_INIT, self.keepalive_s, self.segment_mru, self.transfer_mru, len(node))
+            + node
+            + struct.pack(">I", 0)
+        )
 
     def send(self, bundle: bytes, now: float) -> tuple[int, bytes]:
         """(transfer id, the segments to write) for one bundle."""
         if self._peer is None:
             raise ProtocolError("no session yet")
         if len(bundle) > self._peer.transfer_mru:
-            raise ProtocolError(f"a bundle of {len(bundle)} bytes is over the peer's transfer MRU "
-                                f"{self._peer.transfer_mru}")
+            raise ProtocolError(
+                f"a bundle of {len(bundle)} bytes is over the peer's transfer MRU {self._peer.transfer_mru}"
+            )
         tid = self._next_id
         self._next_id += 1
         out = bytearray()
         step = max(1, self._peer.segment_mru)
         for off in range(0, max(1, len(bundle)), step):
-            chunk = bundle[off:off + step]
+            chunk = bundle[off : off + step]
             flags = (START if off == 0 else 0) | (END if off + step >= len(bundle) else 0)
             out += struct.pack(">BBQ", XFER_SEGMENT, flags, tid)
             if flags & START:
@@ -174,7 +179,7 @@ class Session:
             total = 21 + nlen + 4 + elen
             if not self._need(total):
                 return 0
-            peer = bytes(b[21:21 + nlen]).decode(errors="replace")
+            peer = bytes(b[21 : 21 + nlen]).decode(errors="replace")
             self._peer = Established(peer, min(ka, self.keepalive_s), seg, xfer)
             self._state = "open"
             events.append(self._peer)
@@ -200,7 +205,7 @@ class Session:
                 self._rx, self._rx_id = bytearray(), tid
             elif self._rx is None or tid != self._rx_id:
                 raise ProtocolError(f"segment of transfer {tid} without its start")
-            self._rx += b[at:at + dlen]
+            self._rx += b[at : at + dlen]
             if len(self._rx) > self.transfer_mru:
                 raise ProtocolError(f"transfer {tid} is over our transfer MRU {self.transfer_mru}")
             out += struct.pack(">BBQQ", XFER_ACK, flags, tid, len(self._rx))
