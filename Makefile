@@ -35,7 +35,7 @@ APT_BPAS := autoconf automake libtool pkg-config make g++ libsqlite3-dev libssl-
 	libboost-thread-dev libboost-regex-dev libboost-program-options-dev libboost-test-dev \
 	libboost-iostreams-dev libboost-random-dev libboost-log-dev
 
-.PHONY: demo test docs deps apt venv tools bpas apt-bpas clean down lock
+.PHONY: demo test test-fast check docs deps apt venv tools bpas apt-bpas clean down lock
 
 # the demo runs on dtn7-rs alone: it builds no other agent
 demo: apt venv tools
@@ -46,6 +46,16 @@ test: deps
 	$(BIN)/pytest -ra -v --durations=30
 
 deps: apt venv tools bpas
+
+# the edit-test loop: every test that needs no namespace and no built agent (about 3 minutes)
+test-fast: venv
+	$(BIN)/pytest -q -m "not netns and not bpa"
+
+# lint, format and types; CI runs it before the tests (ruff --fix and ruff format mend most)
+check: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	scripts/mypy.sh
 
 # the documentation site (MkDocs, Material theme) at http://127.0.0.1:8000; CI builds it with --strict
 docs: venv

@@ -73,8 +73,8 @@ def table(path: str, text: str, fields: list[Field], **kw: Any) -> Table:
 
 def load_all() -> dict[str, Table]:
     """Imports every module that registers tables (the loaders and the agents' drivers)."""
-    import c2dtn.overlay.config  # noqa: F401  (first: the order the reference shows)
     import c2dtn.overlay.agents as agents
+    import c2dtn.overlay.config  # noqa: F401  (first: the order the reference shows)
 
     for kind in agents.kinds():
         agents.agent_class(kind)

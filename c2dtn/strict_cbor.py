@@ -94,7 +94,10 @@ def check(data: bytes, max_depth: int = MAX_DEPTH, sequence: bool = False, max_i
 
 
 def loads(
-    data: bytes, max_depth: int = MAX_DEPTH, indefinite_array: bool = False, max_items: int | None = None
+    data: bytes | bytearray | memoryview,
+    max_depth: int = MAX_DEPTH,
+    indefinite_array: bool = False,
+    max_items: int | None = None,
 ) -> object:
     """Decode one item of the strict subset (StrictCBORError names what is wrong).
     indefinite_array: the item may be one indefinite-length array whose items are in the

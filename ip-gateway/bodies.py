@@ -25,9 +25,9 @@ from typing import Any
 
 import cbor2
 
+from c2dtn.ip_gateway import mqtt as m
 from c2dtn.strict_cbor import StrictCBORError, short
 from c2dtn.strict_cbor import loads as strict_loads
-from c2dtn.ip_gateway import mqtt as m
 
 APP = "mqtt"
 OPS = ("conn", "sub", "unsub", "pub", "pubs", "disc", "msg", "bpub")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import bodies as s
+from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway.far import FarSession
 from c2dtn.ip_gateway.near_core import Envelope, lifetime_ms
 from c2dtn.ip_gateway.policy import BridgeConfig, TopicRule

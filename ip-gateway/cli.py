@@ -6,8 +6,8 @@ import json
 
 import click
 
-from c2dtn.tables import render
 from c2dtn.errors import ConfigError
+from c2dtn.tables import render
 
 
 @click.group()

@@ -54,6 +54,7 @@ import ipaddress
 import random
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import cbor2
@@ -62,9 +63,9 @@ from aiocoap.error import UnparsableMessage
 from aiocoap.numbers.types import Type
 from aiocoap.optiontypes import BlockOption
 
+from c2dtn.overlay.port import MAX_MESSAGE_BYTES, Priority
 from c2dtn.strict_cbor import StrictCBORError
 from c2dtn.strict_cbor import loads as strict_loads
-from c2dtn.overlay.port import MAX_MESSAGE_BYTES, Priority
 
 APP = "coap"
 # RFC 7252 4.8 transmission parameters (the defaults)
@@ -126,7 +127,7 @@ def empty(mtype: Type, mid: int) -> bytes:
     return encode(Message(code=Code.EMPTY), mtype, mid, b"")
 
 
-def copy(m: Message, drop: set[int] = frozenset()) -> Message:
+def copy(m: Message, drop: frozenset[int] | set[int] = frozenset()) -> Message:
     """An outgoing copy of m's code, options (less `drop`) and payload."""
     out = Message(code=m.code, payload=m.payload)
     for opt in m.opt.option_list():
@@ -210,9 +211,9 @@ class Submit:
     body: bytes
     lifetime_ms: int
     priority: Priority
-    mark: tuple[str, bytes, bool | int]
+    mark: tuple[str, bytes, bool | int] | None  # None: a cancel, which no client repeats
     then: list[Reply]
-    key: tuple[Addr, int]  # the exchange, told of the commit by `committed`
+    key: tuple[Addr, int] | None  # the exchange, told of the commit by `committed` (None: a cancel)
 
 
 @dataclass
@@ -256,7 +257,7 @@ class _Kept:  # a response body kept for the client's later Block2 blocks, or an
 @dataclass
 class NearCoap:
     rules: list[ResourceRule]
-    gateway_for: object  # callable: server ip -> far gateway node, or None
+    gateway_for: Callable[[str], str | None]  # server ip -> far gateway node, or None
     rng: random.Random = field(default_factory=random.Random)
     counters: Counter = field(default_factory=Counter)
 
@@ -284,8 +285,11 @@ class NearCoap:
         request (Proxy-Uri, or Proxy-Scheme with Uri-Host) means the server it names;
         `server` None: such requests only."""
         listener = via is not None
-        server = tuple(server) if server is not None else None
-        via = tuple(via or server)
+        server = (server[0], server[1]) if server is not None else None  # (lists, from a session file)
+        here = via or server
+        if here is None:
+            raise ValueError("a datagram needs the server it meant or the listener it came to")
+        via = (here[0], here[1])
         try:
             m = decode(data)
         except CoapError as e:
@@ -470,7 +474,8 @@ class NearCoap:
         to its client (CON: until ACKed).  A notification replaces an older one of its
         observation still waiting for its ACK, or held as stale."""
         resp = decode(body["m"])
-        client, via = tuple(body["c"]), tuple(body.get("v", body["s"]))
+        c, v = body["c"], body.get("v", body["s"])
+        client, via = (c[0], c[1]), (v[0], v[1])
         con = bool(body["con"])
         out: list = []
         observation = None
@@ -503,8 +508,9 @@ class NearCoap:
         if body.get("obs"):
             observation = (client, body["t"], origin, tuple(body["s"]))
             older = self.notifying.get(obs_key)
-            if older is not None and older in self.pending:
-                out.append(Consume(self._settle(older).inbox_id))
+            settled = self._settle(older) if older is not None else None
+            if settled is not None:
+                out.append(Consume(settled.inbox_id))
                 self.counters["notifications_replaced"] += 1
             self.obs_value = max(self.obs_value + 1, now_ms // 32)
             msg.opt.observe = self.obs_value & 0xFFFFFF  # 24 bits, RFC 7641 4.4
@@ -522,7 +528,7 @@ class NearCoap:
         # the address it spoke to): the response rides on it, and answers that request's repeats
         mid = body.get("mid")
         a = self.acking.get((client, mid)) if con and isinstance(mid, int) and not body.get("obs") else None
-        if a is not None and a.token == body["t"] and tuple(a.ack.via) == via:
+        if a is not None and isinstance(mid, int) and a.token == body["t"] and tuple(a.ack.via) == via:
             self._unpiggyback((client, mid))
             self.counters["piggybacked"] += 1
             data = encode(msg, Type.ACK, mid, body["t"])
@@ -573,10 +579,10 @@ class NearCoap:
         is given up (the client is gone or gave up its exchange) and its envelope consumed."""
         out: list = []
         for key in [k for k, a in self.acking.items() if a.until_ms <= now_ms]:
-            out.append(self._unpiggyback(key).ack)  # no response yet: the empty ACK (RFC 7252 5.2.2)
-        for key, (inbox_id, body, origin, until, _) in list(self.held.items()):
+            out.append(self.acking.pop(key).ack)  # no response yet: the empty ACK (RFC 7252 5.2.2)
+        for held_key, (inbox_id, body, origin, until, _) in list(self.held.items()):
             if until <= now_ms:  # nothing newer came: the stale one is the newest there is
-                del self.held[key]
+                del self.held[held_key]
                 out += self.response(inbox_id, body, now_ms, origin, stale=True)
         for key, p in list(self.pending.items()):
             if p.next_ms > now_ms:
@@ -593,11 +599,11 @@ class NearCoap:
             p.next_ms = now_ms + int(p.timeout_ms)
             self.counters["retransmissions"] += 1
             out.append(p.reply)
-        for key in [k for k, ex in self.exchanges.items() if ex[1] <= now_ms]:
-            del self.exchanges[key]
+        for ex_key in [k for k, ex in self.exchanges.items() if ex[1] <= now_ms]:
+            del self.exchanges[ex_key]
         for table in (self.bodies, self.uploads):
-            for key in [k for k, kept in table.items() if kept.until_ms <= now_ms]:
-                del table[key]
+            for body_key in [k for k, kept in table.items() if kept.until_ms <= now_ms]:
+                del table[body_key]
         return out
 
     def next_deadline_ms(self) -> int | None:

@@ -17,8 +17,8 @@ import struct
 import time
 from typing import TYPE_CHECKING
 
-from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import bodies as s
+from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway.near_core import PUB_PIDS, Envelope, aged, lifetime_ms, pub_pid
 from c2dtn.ip_gateway.policy import TopicRule
 from c2dtn.overlay.port import Delivery, QuotaExceeded, TooLarge, now_ms

@@ -29,8 +29,8 @@ from c2dtn.ip_gateway.near import NearSide
 from c2dtn.ip_gateway.near_core import Envelope
 from c2dtn.ip_gateway.policy import GatewayConfig
 from c2dtn.overlay.port import Delivery, Mark, Port, now_ms
-from c2dtn.strict_cbor import short
 from c2dtn.spells import Spell
+from c2dtn.strict_cbor import short
 
 # a publish waits for an earlier subscription to its broker (subscribed_before) that its session
 # wrote within SUB_HANDOUT_S of its arrival, for at most SUB_BARRIER_S from that writing

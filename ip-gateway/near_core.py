@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING
 
 import cbor2
 
+from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway.auth import READ, WRITE, Auth
-from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway.policy import Policy, SessionLimits, TopicRule
 from c2dtn.overlay.port import MAX_MESSAGE_BYTES, Priority
 from c2dtn.spells import Spell
@@ -215,6 +215,12 @@ class _Conn:
         self.disc_sx: int | None = None  # the session expiry interval its DISCONNECT set (MQTT 5)
 
     @property
+    def session(self) -> NearSession:
+        """The session of a connected client (every packet but CONNECT comes after it)."""
+        assert self.sess is not None, "a packet before CONNECT reached the session's code"
+        return self.sess
+
+    @property
     def version(self) -> int:
         return self.parser.version or 4
 
@@ -298,7 +304,7 @@ class NearCore:
     def _packets(self, c: _Conn, pkts: list[m.Packet], now: float) -> list[Event]:
         evs: list[Event] = []
         envs: list[Envelope] = []
-        marks: list[tuple[str, bytes, bool] | None] = []
+        marks: list[Mark] = []
         replies: list[m.Packet] = []
         for p in pkts:
             if isinstance(p, m.Connect):
@@ -325,7 +331,7 @@ class NearCore:
                 ok = [
                     so
                     for so in p.subscriptions
-                    if self.auth is None or self.auth.may(c.user, c.sess.client, so.filter, READ, filter_=True)
+                    if self.auth is None or self.auth.may(c.user, c.session.client, so.filter, READ, filter_=True)
                 ]
                 denied = 0x87 if c.version == 5 else 0x80
                 self.counters["subscriptions_denied"] += len(p.subscriptions) - len(ok)
@@ -335,7 +341,7 @@ class NearCore:
                     evs.append(SessionsChanged())
                 replies.append(m.SubAck(p.packet_id, [so.qos if so in ok else denied for so in p.subscriptions]))
             elif isinstance(p, m.Unsubscribe):
-                sess = c.sess
+                sess = c.session
                 for f in p.filters:
                     sess.subs.pop(f, None)
                     sess.sub_ids.pop(f, None)
@@ -362,17 +368,17 @@ class NearCore:
                     continue
                 if o is not None:
                     o.released = True
-                    c.sess.released.add(o.inbox_id)
+                    c.session.released.add(o.inbox_id)
                 replies.append(m.PubRel(p.packet_id))
             elif isinstance(p, m.Disconnect):
                 c.clean_exit = p.reason != m.Reason.DISCONNECT_WITH_WILL
                 sx = p.properties.get("session_expiry_interval")
                 if sx is not None:
-                    if c.sess.expiry_s == 0 and sx != 0:
+                    if c.session.expiry_s == 0 and sx != 0:
                         return evs + self._fail(
                             c, m.Reason.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 at CONNECT", now
                         )
-                    c.sess.expiry_s = c.disc_sx = sx
+                    c.session.expiry_s = c.disc_sx = sx
                 c.closing = True
                 break
         if envs:
@@ -444,7 +450,7 @@ class NearCore:
         evs: list[Event] = [Write(c.id, b"".join(m.encode(r, c.version) for r in replies))] if replies else []
         if c.resume:
             c.resume = False
-            evs.append(Resume(c.sess.client))
+            evs.append(Resume(c.session.client))
         if c.closing:
             evs += self._shut(c, now)
         return evs
@@ -628,7 +634,7 @@ class NearCore:
             prev = None  # expired while away
         present = prev is not None and not p.clean_start
         expiry = p.properties.get("session_expiry_interval", 0) if v5 else (0 if p.clean_start else NEVER)
-        sess = prev if present else NearSession(client, c.broker, far)
+        sess = prev if present and prev is not None else NearSession(client, c.broker, far)
         sess.version, sess.broker, sess.far, sess.expiry_s, sess.expires_at = p.version, c.broker, far, expiry, None
         sess.user, sess.owned = p.username, True
         self.sessions[client] = sess
@@ -638,7 +644,7 @@ class NearCore:
         c.receive_max = p.properties.get("receive_maximum", 65535)
         c.max_packet = p.properties.get("maximum_packet_size")
         c.resume = True
-        kw = {"v": p.version, "cs": p.clean_start or bool(replaced), "ka": p.keepalive}
+        kw: dict[str, object] = {"v": p.version, "cs": p.clean_start or bool(replaced), "ka": p.keepalive}
         if p.username is not None:  # the far side logs in to the broker as the client did here
             kw["u"] = p.username
         if p.password is not None:
@@ -666,18 +672,19 @@ class NearCore:
                 p.topic = c.aliases[alias]
             else:
                 return m.Reason.PROTOCOL_ERROR, f"topic alias {alias} used before it was set"
-        if p.qos == 2 and p.packet_id in c.qos2_in:
-            replies.append(m.PubRec(p.packet_id))  # a resend before PUBREL: taken already
+        pid = p.packet_id or 0  # (the codec refuses a QoS 1 or 2 PUBLISH without one)
+        if p.qos == 2 and pid in c.qos2_in:
+            replies.append(m.PubRec(pid))  # a resend before PUBREL: taken already
             return None
-        sess = c.sess
+        sess = c.session
         if self.auth is not None and not self.auth.may(c.user, sess.client, p.topic, WRITE):
             # as the broker itself answers: MQTT 5 hears 0x87; 3.1.1 has no refusal, and Mosquitto
             # acknowledges and drops what its ACL denies
             self.counters["publishes_denied"] += 1
             if p.qos == 1:
-                replies.append(m.PubAck(p.packet_id, 0x87 if c.version == 5 else 0))
+                replies.append(m.PubAck(pid, 0x87 if c.version == 5 else 0))
             elif p.qos == 2:
-                replies.append(m.PubRec(p.packet_id, 0x87 if c.version == 5 else 0))
+                replies.append(m.PubRec(pid, 0x87 if c.version == 5 else 0))
             return None
         rule = self.policy.rule_for(p.topic)
         if rule is None:
@@ -710,14 +717,14 @@ class NearCore:
             marks.append(mark)
             self.counters["published"] += 1
         if p.qos == 1:
-            replies.append(m.PubAck(p.packet_id))
+            replies.append(m.PubAck(pid))
         elif p.qos == 2:
-            c.qos2_in.add(p.packet_id)
-            replies.append(m.PubRec(p.packet_id))
+            c.qos2_in.add(pid)
+            replies.append(m.PubRec(pid))
         return None
 
     def _subscribe(self, c: _Conn, p: m.Subscribe) -> Envelope:
-        sess = c.sess
+        sess = c.session
         ids = p.properties.get("subscription_identifier") or []
         for so in p.subscriptions:
             sess.subs[so.filter] = so.qos
@@ -753,11 +760,11 @@ class NearCore:
         if self.auth is not None and not self.auth.may(c.user, client, pub.topic, READ):
             self.counters["deliveries_denied"] += 1
             return [Done(inbox_id)]  # the broker would not hand it to this client either
-        matching = [f for f in c.sess.subs if m.topic_matches(f, pub.topic)]
+        matching = [f for f in c.session.subs if m.topic_matches(f, pub.topic)]
         if matching:
-            pub.qos = min(pub.qos, max(c.sess.subs[f] for f in matching))
+            pub.qos = min(pub.qos, max(c.session.subs[f] for f in matching))
         if c.version == 5:
-            ids = sorted({c.sess.sub_ids[f] for f in matching if f in c.sess.sub_ids})
+            ids = sorted({c.session.sub_ids[f] for f in matching if f in c.session.sub_ids})
             if ids:
                 pub.properties["subscription_identifier"] = ids
         if pub.qos and (len(c.out) >= c.receive_max or c.waiting):
@@ -766,7 +773,7 @@ class NearCore:
         return self._send_pub(c, inbox_id, pub)
 
     def _send_pub(self, c: _Conn, inbox_id: int, pub: m.Publish) -> list[Event]:
-        sess = c.sess
+        sess = c.session
         if pub.qos:
             pid = pub_pid(inbox_id)
             while pid in c.out:  # 60,000 apart and both in flight: the next free one
@@ -784,13 +791,13 @@ class NearCore:
                 "publication on %r (%d bytes) dropped for client %s: its maximum packet size is %d",
                 pub.topic,
                 len(data),
-                c.sess.client,
+                c.session.client,
                 c.max_packet,
             )
             return [Done(inbox_id)]
         if not pub.qos:
             return [Write(c.id, data), Done(inbox_id)]
-        c.out[pub.packet_id] = _Out(inbox_id, pub)
+        c.out[pid] = _Out(inbox_id, pub)
         sess.sent.add(inbox_id)
         return [Write(c.id, data)]
 
@@ -798,8 +805,8 @@ class NearCore:
         o = c.out.pop(pid, None)
         if o is None:
             return []
-        c.sess.sent.discard(o.inbox_id)
-        c.sess.released.discard(o.inbox_id)
+        c.session.sent.discard(o.inbox_id)
+        c.session.released.discard(o.inbox_id)
         evs: list[Event] = [Done(o.inbox_id)]
         while c.waiting and len(c.out) < c.receive_max:
             inbox_id, pub = c.waiting.popleft()
@@ -828,7 +835,7 @@ class NearCore:
                 self.counters["keepalive_timeouts"] += 1
                 log.warning(
                     "client %s silent for %.0f s (keep alive %d s): closing, its will goes",
-                    c.sess.client,
+                    c.session.client,
                     now - c.last_rx,
                     c.keepalive,
                 )

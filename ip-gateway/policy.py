@@ -24,12 +24,13 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from c2dtn.confref import Field as F
+from c2dtn.confref import table
 from c2dtn.errors import ConfigError
-from c2dtn.confref import Field as F, table
-from c2dtn.tomlfile import check_name
-from c2dtn.ip_gateway.mqtt import MqttError, check_topic_filter, topic_matches
 from c2dtn.ip_gateway.auth import Auth, load_auth
+from c2dtn.ip_gateway.mqtt import MqttError, check_topic_filter, topic_matches
 from c2dtn.overlay.port import MAX_MESSAGE_BYTES, Priority
+from c2dtn.tomlfile import check_name
 
 
 @dataclass(frozen=True)

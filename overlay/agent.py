@@ -110,7 +110,7 @@ class BundleAgent(abc.ABC):
         """Is a process with this command line (found by PID after a crash) this node's daemon?"""
         return False
 
-    async def ready(self) -> None:
+    async def ready(self) -> None:  # noqa: B027 (a driver whose daemon is ready once started keeps it)
         """Return once the daemon answers as this node; raise AgentError while it does not."""
 
     async def shutdown(self, proc: asyncio.subprocess.Process) -> None:

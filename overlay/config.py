@@ -12,15 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from c2dtn.cla_adapters import ClaSpec, parse_cla
+from c2dtn.confref import Field as F
+from c2dtn.confref import table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agents import agent_class, kinds
-from c2dtn.confref import Field as F, table
-from c2dtn.tomlfile import check_name, check_private, read_toml
-from c2dtn.cla_adapters import ClaSpec, parse_cla
 from c2dtn.overlay.envelope import MAX_CONTAINER_BYTES
+from c2dtn.overlay.scheduler import SchedulerConfig
 from c2dtn.overlay.store import Quota
 from c2dtn.overlay.store_sqlite import SYNC_MODES
-from c2dtn.overlay.scheduler import SchedulerConfig
+from c2dtn.tomlfile import check_name, check_private, read_toml
 
 ROUTING = ("static", "epidemic")
 # settings an agent's driver also takes from [agent] itself (configs written before [agent.<kind>])

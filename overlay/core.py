@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from c2dtn.overlay.custody import Custody
-from c2dtn.overlay.store import Delivery, QuotaExceeded
 from c2dtn.overlay.envelope import Codec, Envelope, EnvelopeError, Kind, Priority, decode_ack_body, source_node
 from c2dtn.overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
+from c2dtn.overlay.store import Delivery, QuotaExceeded
 
 log = logging.getLogger("c2dtn.overlay")
 
@@ -303,7 +303,7 @@ class OverlayCore:
         now_ms: int,
         unsynced: bool = False,
         only: set[str] | None = None,
-        answered: set[tuple[str, int]] = frozenset(),
+        answered: frozenset[tuple[str, int]] | set[tuple[str, int]] = frozenset(),
     ) -> list[Outgoing]:
         """Bundles to hand to the BPA now (data within the windows, and pending acks).
         unsynced: they will go before the commits behind them are on disk (custody module doc:

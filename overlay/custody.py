@@ -217,7 +217,9 @@ class Custody:
         supersede: str | None = None,
         app: str = "",
     ) -> int:
-        return self.submit_many([(dst, body, lifetime_ms, priority, supersede, app)], now_ms)[0]
+        seq = self.submit_many([(dst, body, lifetime_ms, priority, supersede, app)], now_ms)[0]
+        assert seq is not None  # (None only for a marked submit the store already took)
+        return seq
 
     def submit_many(
         self,
@@ -576,7 +578,9 @@ class Custody:
         with st.transaction():
             n = 0
             for stream, prio in streams:
-                n += self._advance(stream, prio, st.held_min(stream, prio), now_ms)
+                low = st.held_min(stream, prio)
+                if low is not None:
+                    n += self._advance(stream, prio, low, now_ms)
             if n:
                 st.bump("gaps_skipped", len(streams))
         return n
@@ -642,4 +646,4 @@ class CustodyStore(Custody):
     @property
     def db(self):
         """The SQLite connection (for tests of the file itself: schema, commits)."""
-        return self.records.db
+        return self.records.db  # type: ignore[attr-defined]  # the SQLite store's

@@ -54,6 +54,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from importlib import resources
+from typing import Any
 
 import cbor2
 from cryptography.exceptions import InvalidTag
@@ -66,7 +67,7 @@ from c2dtn.tomlfile import NAME
 try:
     import zstandard
 except ImportError:  # pragma: no cover - zstandard is a declared dependency
-    zstandard = None
+    zstandard = None  # type: ignore[assignment]
 
 CONTAINER_VERSION = 2  # 2: envelopes encrypted (AES-GCM-SIV), the destination in the container
 ENVELOPE_VERSION = 1
@@ -205,7 +206,7 @@ def source_node(key: str) -> str:
 SMALL_BODY = 4096  # up to this size, try hard (every byte counts on a 9.8 kbit/s link)
 SAMPLE_OVER = 256 * 1024  # from this size, a sample first (_compress)...
 SAMPLE_BYTES = 32 * 1024  # ... of this many bytes
-_compressors: dict[tuple[int, int], object] = {}
+_compressors: dict[tuple[int | str, int], Any] = {}  # (level or "d", id of the dictionary) -> (de)compressor
 
 
 def _zstd(level: int, zdict) -> "zstandard.ZstdCompressor":
@@ -319,8 +320,8 @@ class Codec:
     node: str
     keys: dict[str, bytes]
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    zdict_bytes: bytes | None = field(default_factory=lambda: builtin_dictionary(2), repr=False)
-    _zdict: object = field(default=None, repr=False)
+    zdict_bytes: bytes | None = field(default_factory=lambda: _builtin_v2(), repr=False)
+    _zdict: Any = field(default=None, repr=False)
     _zdicts: dict = field(default_factory=dict, repr=False)  # compression kind -> dictionary, for reading
     _aeads: dict = field(default_factory=dict, repr=False)  # key name -> its AEAD
 
@@ -762,3 +763,7 @@ def in_runs(seqs: Iterable[int], runs: Runs) -> list[int]:
 
 def with_seq(env: Envelope, seq: int) -> Envelope:
     return replace(env, seq=seq)
+
+
+def _builtin_v2() -> bytes:  # (a Codec's default dictionary: builtin_dictionary is defined below it)
+    return builtin_dictionary(2)

@@ -22,14 +22,14 @@ from collections.abc import Callable
 import cbor2
 from aiohttp import web
 
+from c2dtn.overlay import api
 from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig
 from c2dtn.overlay.core import OverlayCore
-from c2dtn.overlay import api
 from c2dtn.overlay.custody import CustodyStore, QuotaExceeded
-from c2dtn.overlay.store import StoreFull, TooLarge
 from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Codec, Priority
 from c2dtn.overlay.port import Port, now_ms
+from c2dtn.overlay.store import StoreFull, TooLarge
 from c2dtn.overlay.supervisor import Supervisor
 from c2dtn.overlay.syncer import Syncer
 from c2dtn.private import private_dir

@@ -28,6 +28,7 @@ from c2dtn.overlay.store import Delivery, QuotaExceeded, StoreFull, TooLarge
 if TYPE_CHECKING:
     from c2dtn.overlay.config import NodeConfig
     from c2dtn.overlay.core import OverlayCore
+    from c2dtn.overlay.node import OverlayNode
     from c2dtn.overlay.syncer import Syncer
 
 __all__ = [
@@ -151,7 +152,10 @@ def run(cfg: NodeConfig, gateways: list[Callable[[Port], object]]) -> None:
     """Run the node until SIGTERM/SIGINT with these gateways, each made from its port."""
     from c2dtn.overlay.node import run_node
 
-    run_node(cfg, [lambda node, make=make: make(node.port) for make in gateways])
+    def on_port(make: Callable[[Port], object]) -> Callable[[OverlayNode], object]:
+        return lambda node: make(node.port)
+
+    run_node(cfg, [on_port(make) for make in gateways])
 
 
 def request(config: str, method: str, path: str):

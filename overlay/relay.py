@@ -42,8 +42,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-from c2dtn.confref import Field as F, table
+from c2dtn.confref import Field as F
+from c2dtn.confref import table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig, load_node_config

@@ -35,8 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from c2dtn.overlay.custody import Custody
-from c2dtn.overlay.store import OutItem
 from c2dtn.overlay.envelope import MAX_BUNDLE_PLAIN_BYTES, Codec, Envelope, Kind, Priority, encode_ack_body
+from c2dtn.overlay.store import OutItem
 
 ACK_LIFETIME_MS = 3600_000
 # tail probes while no ack shows progress go at doubling intervals of at most this long
@@ -109,6 +109,10 @@ class Path:
         self.rto_ms = min(cfg.max_rto_ms, max(cfg.min_rto_ms, self.srtt_ms + 4 * self.rttvar_ms))
 
 
+# (done, got) seqs of one destination's envelopes, or source key -> (done, got) for a group
+AckSeqs = tuple[list[int], list[int]] | dict[str, tuple[list[int], list[int]]]
+
+
 @dataclass
 class Outgoing:
     """One bundle to hand to the BPA."""
@@ -118,7 +122,7 @@ class Outgoing:
     seqs: list[int]  # data envelopes inside
     # (done, got) seqs of dst's envelopes acked inside (dst's store before incarnations); or
     # source key (origin and incarnation, envelope.source_key) -> (done, got)
-    acks: tuple[list[int], list[int]] | dict[str, tuple[list[int], list[int]]] = ([], [])
+    acks: AckSeqs = ([], [])
     retransmissions: int = 0
 
 
@@ -250,7 +254,7 @@ class Scheduler:
         Returns (envelopes resent as probes, destinations whose first queued envelope goes)."""
         probed: set[int] = set()
         probe_new: set[str] = set()
-        self._probe_at: dict[str, int] = {}
+        self._probe_at = {}
         for dst, p in self.paths.items():
             lacking = self.store.inflight(dst, limit=1)  # the oldest thing it lacks, in sending order
             if not lacking and not (
@@ -280,7 +284,7 @@ class Scheduler:
                 probe_new.add(dst)
                 self.store.count_event("tail_probes")
                 p.probes += 1
-            elif first.retry_ms > now_ms:
+            elif first.retry_ms is not None and first.retry_ms > now_ms:
                 self.store.set_retry({first.seq: now_ms})
                 self.store.count_event("tail_probes")
                 p.probes += 1
@@ -296,16 +300,18 @@ class Scheduler:
             and sum(i.size for i in queued) < self.cfg.aggregate_bytes // 2
         )
 
-    def _bundle(self, dst: str, items: list[OutItem], ack_seqs, now_ms: int) -> list[Outgoing]:
-        group_ack = isinstance(ack_seqs, dict)
-        has_acks = any(d or g for d, g in ack_seqs.values()) if group_ack else bool(ack_seqs[0] or ack_seqs[1])
+    def _bundle(self, dst: str, items: list[OutItem], ack_seqs: AckSeqs, now_ms: int) -> list[Outgoing]:
+        if isinstance(ack_seqs, dict):
+            has_acks = any(d or g for d, g in ack_seqs.values())
+        else:
+            has_acks = bool(ack_seqs[0] or ack_seqs[1])
         if not items and not has_acks:
             return []
         floors: dict[int, int] = {}
         for it in items:
             if it.priority not in floors:
                 floors[it.priority] = self.store.floor(dst, it.priority)
-        none = {} if group_ack else ([], [])  # the acks ride in the first bundle only
+        none: AckSeqs = {} if isinstance(ack_seqs, dict) else ([], [])  # the acks ride in the first bundle only
         bundles: list[Outgoing] = []
         sealed: list[bytes] = []
         seqs: list[int] = []
@@ -320,7 +326,7 @@ class Scheduler:
                 now_ms,
                 ACK_LIFETIME_MS,
                 Priority.FLASH,
-                body=encode_ack_body(ack_seqs if group_ack else {dst: ack_seqs}),
+                body=encode_ack_body(ack_seqs if isinstance(ack_seqs, dict) else {dst: ack_seqs}),
             )
             sealed.append(self.codec.seal(ack))
             size = len(sealed[0])
@@ -389,7 +395,7 @@ class Scheduler:
             p = self.path(dst)
             fresh = [it for it in items if it.attempts == 1 and it.sent_ms is not None]
             if fresh:
-                p.sample(max(1.0, now_ms - max(it.sent_ms for it in fresh)), self.cfg, now_ms)
+                p.sample(max(1.0, now_ms - max(it.sent_ms or 0 for it in fresh)), self.cfg, now_ms)
             # an ack proves the path works: what timed out into an outage need not
             # wait out its backed-off timer any longer than one fresh timeout
             self._pull_in_retries(dst, now_ms + int(p.rto_ms))
@@ -414,12 +420,12 @@ class Scheduler:
                 it.attempts > 1 and it.sent_ms is not None and p.min_rtt_ms and now_ms - it.sent_ms < p.min_rtt_ms
                 for it in items
             )
-            if spurious and p.srtt_ms and p.reo_steps * p.min_rtt_ms / 4 < p.srtt_ms:
+            if spurious and p.srtt_ms and p.min_rtt_ms and p.reo_steps * p.min_rtt_ms / 4 < p.srtt_ms:
                 p.reo_steps += 1
             # RACK: what was sent well before the newest envelope that arrived, and has not
             # arrived itself, is lost.  Only envelopes sent once say when "newest" was sent: an
             # ack for a resent one may be for its first copy (as Karn's rule for RTT samples).
-            newest = max((it.sent_ms for it in fresh), default=None)
+            newest = max((it.sent_ms or 0 for it in fresh), default=None)
             if newest is not None:
                 reo = int(p.reo_steps * p.min_rtt_ms / 4) if p.min_rtt_ms else 0
                 self._fast_retransmit(dst, newest - reo, now_ms, member=None if dst == sender else sender)

@@ -44,14 +44,14 @@ import secrets
 import sqlite3
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from c2dtn.errors import C2Error
 from c2dtn.overlay.envelope import Priority
-from c2dtn.private import private_sqlite
 from c2dtn.overlay.store import REPORTS_KEPT, Delivery, OutItem, StoreFull, register
+from c2dtn.private import private_sqlite
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox(

@@ -54,12 +54,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from c2dtn.perf.plots import pyplot, save_figure
+from c2dtn.perf.runs import run_dir
+from c2dtn.topologies import testbed
 from c2dtn.topologies.broker import start_mosquitto
 from c2dtn.topologies.node_configs import override_agents, topology_agents
 from c2dtn.topologies.nodes import Nodes
-from c2dtn.topologies import testbed
-from c2dtn.perf.plots import pyplot, save_figure
-from c2dtn.perf.runs import run_dir
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 MODES = ("overlay", "mqtt-bridge")  # what perf bft and perf matrix run unless told

@@ -338,7 +338,10 @@ def report(out: Path, res: dict, params: dict, events: list) -> str:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for q, r in res["qos"].items():
-        fmt = lambda v: "-" if v is None else f"{v:.1f} s"
+
+        def fmt(v):
+            return "-" if v is None else f"{v:.1f} s"
+
         md.append(
             f"| {q} | {r['published']} | {r['acked']} | {r['delivered_once']} | {r['delivered_twice_or_more']} | "
             f"**{r['lost_count']}** | {fmt(r['latency_p50_s'])} | {fmt(r['latency_p95_s'])} | "

@@ -104,7 +104,7 @@ def main(seconds: float = 10.0, runs: int = 3, delay: str = "50ms") -> dict:
             for i in range(runs):
                 before = testbed.emu_call(ctl, {"cmd": "status"})
                 nbytes, secs = _transfer(
-                    st, seconds, lambda f: prog.update(task, completed=i + f, description=f"run {i + 1}/{runs}")
+                    st, seconds, lambda f, i=i: prog.update(task, completed=i + f, description=f"run {i + 1}/{runs}")
                 )
                 after = testbed.emu_call(ctl, {"cmd": "status"})
                 frames = sum(after[d]["delivered"] - before[d]["delivered"] for d in ("ab", "ba"))

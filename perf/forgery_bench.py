@@ -98,9 +98,7 @@ def _core(path: Path, name: str):
 
 class Campaign:
     def __init__(self, work: Path, attempts: int, seed: int):
-        from c2dtn.overlay.envelope import Envelope, Kind
-
-        from c2dtn.overlay.envelope import Priority
+        from c2dtn.overlay.envelope import Envelope, Kind, Priority
 
         self.Envelope, self.Kind, self.Priority = Envelope, Kind, Priority
         self.rng = random.Random(seed)

@@ -65,9 +65,9 @@ async def serve(mode: str, storage: Path, port: int) -> dict:
     """Run the gateway until SIGTERM; return the store's counts.  mode: loop, thread, auto or unsynced."""
     from c2dtn.ip_gateway.gateway import MqttGateway
     from c2dtn.overlay.core import OverlayCore
-    from c2dtn.overlay.port import Port
     from c2dtn.overlay.custody import CustodyStore, Quota
     from c2dtn.overlay.envelope import Codec
+    from c2dtn.overlay.port import Port
     from c2dtn.overlay.syncer import Syncer
 
     # "unsynced" (perf powerloss's control): commits as with "thread", but no writer thread and

@@ -9,7 +9,6 @@ tests/fuzz_corpus/<target>/ in `make test`.  Importing this module needs no athe
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import resource
 import tempfile
@@ -19,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl
-
-import cbor2
 
 from c2dtn.errors import C2Error
 from c2dtn.ip_gateway import bodies, coap_core, mqtt

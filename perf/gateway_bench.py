@@ -31,11 +31,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from c2dtn.topologies.broker import start_mosquitto
-from c2dtn.topologies.nodes import Nodes
-from c2dtn.topologies import testbed
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import run_dir
+from c2dtn.topologies import testbed
+from c2dtn.topologies.broker import start_mosquitto
+from c2dtn.topologies.nodes import Nodes
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 BPA = ["gw1", "r2", "r3", "gw4"]
@@ -101,7 +101,7 @@ def one_run(h4: str, qos: int, count: int, run: int, gw_pid: int | None, timeout
     )
     t_pub = time.monotonic() - t0
     got = 0
-    for line in sub.stdout:
+    for _line in sub.stdout:
         got += 1
     sub.wait()
     t_sub = time.monotonic() - t0

@@ -21,9 +21,9 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from c2dtn.perf import bft
-from c2dtn.topologies.profiles import load_builtin_profiles
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import run_dir
+from c2dtn.topologies.profiles import load_builtin_profiles
 
 
 @dataclass(frozen=True)

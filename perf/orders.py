@@ -42,11 +42,11 @@ from pathlib import Path
 
 from c2dtn.perf import bft
 from c2dtn.perf.bft import _client, console
-from c2dtn.topologies.broker import start_mosquitto
-from c2dtn.topologies.nodes import Nodes
-from c2dtn.topologies import testbed
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import run_dir
+from c2dtn.topologies import testbed
+from c2dtn.topologies.broker import start_mosquitto
+from c2dtn.topologies.nodes import Nodes
 
 UNITS = [f"{g}-{u}" for g in ("a", "b") for u in ("lead", "v1", "v2", "v3", "v4")]
 PROTOCOLS = ("mqtt", "coap", "http")

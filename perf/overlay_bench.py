@@ -34,17 +34,17 @@ from rich.console import Console
 from rich.table import Table
 
 from c2dtn.overlay.agents import agent_class
-from c2dtn.topologies.node_configs import harness_cla
-from c2dtn.topologies.nodes import Nodes
 from c2dtn.perf.bundles_bench import cannot_run, too_big
-from c2dtn.perf.dtnd_client import client_gap
 from c2dtn.perf.dtnd_client import answer as _answer
+from c2dtn.perf.dtnd_client import client_gap
 from c2dtn.perf.dtnd_client import end as _end
 from c2dtn.perf.dtnd_client import result as _result
 from c2dtn.perf.dtnd_client import spawn as _client
-from c2dtn.topologies import testbed
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import run_dir
+from c2dtn.topologies import testbed
+from c2dtn.topologies.node_configs import harness_cla
+from c2dtn.topologies.nodes import Nodes
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 BPA = ["gw1", "r2", "r3", "gw4"]

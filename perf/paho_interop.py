@@ -128,7 +128,7 @@ def main(suite: Path, console=None) -> Path:
     ).stdout.strip()
     (out / "summary.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1) + "\n")
     lines = [
-        f"# Paho MQTT interoperability client tests, Mosquitto alone and through gw1",
+        "# Paho MQTT interoperability client tests, Mosquitto alone and through gw1",
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M')} on {commit[:7]}: `c2dtn perf paho-interop --suite DIR`, "
         "nps-chain (lan profile), each test in its own process, 60 s limit.",

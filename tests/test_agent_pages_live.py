@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_docs import BLOCK, DOCS
+from test_gateway_live import lines
 
 from c2dtn.cli import cli
 from c2dtn.overlay.agents import agent_class
 from c2dtn.topologies import testbed
 from c2dtn.topologies.broker import mosquitto_missing, start_mosquitto
 from c2dtn.topologies.nodes import AGENTS, Nodes
-from test_docs import BLOCK, DOCS
-from test_gateway_live import lines
 
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
 BOXES = ["gw1", "gw4"]

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from c2dtn.cla_adapters import parse_cla
-
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import BundleAgent
 from c2dtn.overlay.agents import agent_class, kinds, make_agent
@@ -117,7 +116,7 @@ def test_ion_node_files_follow_the_node_config(tmp_path):
 
 def test_ion_over_ltp_gets_a_span_seat_contacts_and_plan_per_ltp_neighbour(tmp_path):
     from c2dtn.overlay.agents.dtn7 import peer_arg
-    from c2dtn.overlay.agents.ion import ion_files, derived_number
+    from c2dtn.overlay.agents.ion import derived_number, ion_files
 
     cfg = _node(tmp_path, "ion", "[agent.ion]\nrate_bytes = 1225\nrates = { r2 = 99 }\n")
     cfg.listen.append(parse_cla("ltp://0.0.0.0", "t", "listen"))  # the default port: 1113
@@ -146,7 +145,7 @@ def test_ion_over_ltp_gets_a_span_seat_contacts_and_plan_per_ltp_neighbour(tmp_p
 
 
 def test_ion_bibe_custody_tunnels_routes_through_a_listed_neighbour_and_only_those(tmp_path):
-    from c2dtn.overlay.agents.ion import ion_files, derived_number
+    from c2dtn.overlay.agents.ion import derived_number, ion_files
 
     cfg = _node(tmp_path, "ion", '[agent.ion]\nbibe = ["r2"]\nbibe_latency_s = 7\n')
     files = ion_files(cfg, tmp_path / "bin")

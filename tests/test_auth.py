@@ -12,13 +12,12 @@ import shutil
 import subprocess
 
 import pytest
+from test_near_core import Net, policy
 
 from c2dtn.errors import ConfigError
 from c2dtn.ip_gateway import auth as A
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import near_core as nc
-
-from test_near_core import Net, policy
 
 
 def pbkdf2_line(user: str, password: str, iterations: int = 101) -> str:

@@ -104,6 +104,7 @@ def test_a_box_install_has_no_generic_names_and_no_harness(box_venv, tmp_path):
     assert r.returncode != 0 and "[perf]" in r.stderr and "is part of the testbed" in r.stderr
 
 
+@pytest.mark.bpa
 @pytest.mark.skipif(dtnd_missing() is not None, reason=f"{dtnd_missing()}")
 def test_a_box_install_runs_the_gateway_and_shows_its_status(box_venv, tmp_path):
     """`c2dtn gateway run` from the box install on loopback (no namespaces), with one

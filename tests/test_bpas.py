@@ -12,6 +12,7 @@ import pytest
 from c2dtn.overlay.agents import builds
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.bpa
 
 
 def _home(name: str) -> Path:

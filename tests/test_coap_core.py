@@ -7,7 +7,8 @@ import cbor2
 import pytest
 from aiocoap import Code, Message
 from aiocoap.numbers.types import Type
-from hypothesis import given, settings, strategies as hs
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from c2dtn.errors import ConfigError
 from c2dtn.ip_gateway import coap_core as cc

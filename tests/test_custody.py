@@ -9,16 +9,15 @@ import random
 from pathlib import Path
 
 import cbor2
-
 import pytest
 
-from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay import store_sqlite
+from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore, Quota, QuotaExceeded
-from c2dtn.overlay.store import OutItem
-from c2dtn.overlay.store_memory import MemoryStore
 from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority
 from c2dtn.overlay.scheduler import SchedulerConfig
+from c2dtn.overlay.store import OutItem
+from c2dtn.overlay.store_memory import MemoryStore
 
 KEY = b"k" * 32
 
@@ -89,7 +88,7 @@ def run(nodes, net, until_ms, step_ms=100, t0=0, app=None, actions=()):
     while t <= until_ms:
         while actions and actions[0][0] <= t:
             actions.pop(0)[1](t)
-        for name, core in list(nodes.items()):
+        for core in list(nodes.values()):
             net.send(core.poll(t), t)
         for dst, payload in net.due(t):
             nodes[dst].on_bundle(payload, t)
@@ -114,7 +113,7 @@ def test_submit_is_durable_and_survives_reopen(tmp_path):
 
 def test_quota_refuses_clearly_and_keeps_what_it_holds(tmp_path):
     a = make(tmp_path, "gw1", "gw4", Quota(max_envelopes=3, max_bytes=1000))
-    for i in range(3):
+    for _ in range(3):
         a.submit("gw4", b"x" * 10, 0)
     with pytest.raises(QuotaExceeded, match="custody store full: 3 envelopes"):
         a.submit("gw4", b"y", 0)
@@ -133,7 +132,7 @@ def test_500_across_an_outage_with_loss_exactly_once_in_order(tmp_path):
     sent = []
 
     def submit_batch(t):
-        for i in range(50):
+        for _ in range(50):
             sent.append(a.submit("gw4", f"msg {len(sent)}".encode(), t, priority=Priority.ROUTINE))
 
     got = run(nodes, net, 600_000, actions=[(k * 5_000, submit_batch) for k in range(10)])
@@ -154,7 +153,7 @@ def test_sender_restart_mid_outage_loses_nothing(tmp_path):
     sent = []
 
     def submit(t):
-        for i in range(100):
+        for _ in range(100):
             sent.append(nodes["gw1"].submit("gw4", f"m{len(sent)}".encode(), t))
 
     def crash(t):
@@ -792,7 +791,7 @@ def test_what_a_plan_or_an_ack_asks_the_store_costs_the_same_whatever_the_backlo
         for name, ask in questions.items():
             count = [0]
 
-            def tick():
+            def tick(count=count):
                 count[0] += 1
 
             st.db.set_progress_handler(tick, 10)
@@ -1264,7 +1263,6 @@ def test_a_large_body_taken_and_dropped_in_one_transaction_never_touches_the_dis
 
 @pytest.mark.sqlite_only
 def test_a_body_file_the_disk_has_no_room_for_is_refused_as_a_full_store_and_nothing_is_kept(tmp_path, monkeypatch):
-    import errno
     import os
 
     from c2dtn.overlay.store import StoreFull
@@ -1315,7 +1313,6 @@ def test_a_large_body_going_out_is_written_while_it_is_sealed_and_on_disk_by_the
     thread as soon as the body is read to be sealed, and the commit waits for it (the write no
     longer follows the sealing on the round trip's path).  A write that fails refuses the whole
     change, as one at the commit does, and leaves no file."""
-    import errno
     import os
     import threading
 

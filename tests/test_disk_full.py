@@ -9,14 +9,13 @@ import errno
 import subprocess
 
 import pytest
+from test_custody import KEY, Net, run
 
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import CustodyStore, QuotaExceeded
 from c2dtn.overlay.envelope import Codec
 from c2dtn.overlay.scheduler import SchedulerConfig
 from c2dtn.overlay.store import StoreFull
-
-from test_custody import KEY, Net, run
 
 
 @pytest.fixture

@@ -22,9 +22,8 @@ from c2dtn.ip_gateway.policy import GatewayConfig
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import CustodyStore
 from c2dtn.overlay.envelope import Codec, Priority
-from c2dtn.overlay.port import now_ms
+from c2dtn.overlay.port import Port, now_ms
 from c2dtn.overlay.scheduler import SchedulerConfig
-from c2dtn.overlay.port import Port
 
 pytestmark = pytest.mark.skipif(not shutil.which("mosquitto"), reason="mosquitto not installed (make apt installs it)")
 
@@ -504,7 +503,7 @@ def test_qos0_publishes_run_at_most_two_chunks_ahead_of_a_broker_that_has_not_an
         while len(broker.topics) < n:
             count = len(broker.topics)
             broker.answer_pings()
-            assert await until(lambda: len(broker.topics) > count or len(broker.topics) == n, 5)
+            assert await until(lambda count=count: len(broker.topics) > count or len(broker.topics) == n, 5)
             await asyncio.sleep(0.05)
         assert broker.topics == [b"%04d" % i for i in range(n)]
         assert p.gw.counters["to_broker"] == n

@@ -13,7 +13,6 @@ from c2dtn.errors import ConfigError
 from c2dtn.perf.fuzz import CORPUS
 from c2dtn.perf.fuzz_targets import KEY, MEMORY_LIMIT, PEER, TARGETS, _codec
 
-
 try:
     import mqtt5  # the mqtt_diff target's oracle, from the [test] extra
 except ImportError:
@@ -78,7 +77,6 @@ def test_an_input_over_the_time_limit_is_a_crash():
 
 
 def test_found_a_zstd_body_declaring_a_terabyte_is_refused_not_allocated():
-    import hmac
 
     from c2dtn.overlay import envelope as E
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 
 import pytest
+from test_gateway_live import _300_across_an_outage, _mqtt_chain, assert_300_once_unseen
 
 from c2dtn.overlay.agents import agent_class
 from c2dtn.topologies.broker import mosquitto_missing
 from c2dtn.topologies.nodes import AGENTS
-from test_gateway_live import _300_across_an_outage, _mqtt_chain, assert_300_once_unseen
 
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))]
 

@@ -18,10 +18,10 @@ import time
 import pytest
 
 from c2dtn.ip_gateway import mqtt as m
-from c2dtn.topologies.broker import mosquitto_missing, start_mosquitto
 from c2dtn.overlay.config import load_node_config
-from c2dtn.topologies.nodes import Nodes, dtnd_missing
 from c2dtn.topologies import netns, testbed
+from c2dtn.topologies.broker import mosquitto_missing, start_mosquitto
+from c2dtn.topologies.nodes import Nodes, dtnd_missing
 
 pytestmark = [
     pytest.mark.netns,

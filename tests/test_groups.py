@@ -9,18 +9,17 @@ import hashlib
 
 import cbor2
 import pytest
+from test_custody import run
 
 from c2dtn.errors import ConfigError
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore
-from c2dtn.overlay.store_memory import MemoryStore
 from c2dtn.overlay.envelope import BadTag, Codec, Envelope, Kind, Priority
 from c2dtn.overlay.scheduler import SchedulerConfig
-from c2dtn.topologies.node_configs import write_configs
+from c2dtn.overlay.store_memory import MemoryStore
 from c2dtn.topologies import model, testbed
-
-from test_custody import run
+from c2dtn.topologies.node_configs import write_configs
 
 NODES = ("deu", "nor", "prt")
 GROUP_KEY = b"g" * 32

@@ -9,12 +9,11 @@ import struct
 import cbor2
 import crc32c
 import pytest
+from test_agents import _node
 
 from c2dtn.errors import ConfigError
 from c2dtn.overlay.agents import bpv7, make_agent, tcpcl4
 from c2dtn.overlay.agents.hdtn import app_number, derived_number, hdtn_files
-from test_agents import _node
-
 
 # -- BPv7 ---------------------------------------------------------------------------------------
 

@@ -307,8 +307,8 @@ class _Server:
 @pytest.mark.parametrize("version", [4, 5])
 def test_paho_client_talks_to_the_codec(version):
     import paho.mqtt.client as paho
-    from paho.mqtt.properties import Properties
     from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
 
     srv = _Server()
     srv.push = [

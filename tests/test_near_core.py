@@ -4,9 +4,8 @@ and the deadlines out.  No socket, no store, no clock."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import ipaddress
+from pathlib import Path
 
 import pytest
 

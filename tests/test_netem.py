@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from c2dtn.topologies.netem import netem_args, outage_profile, tc_commands, tbf_args
+from c2dtn.topologies.netem import netem_args, outage_profile, tbf_args, tc_commands
 from c2dtn.topologies.profiles import GilbertElliott, Profile, load_builtin_profiles
 
 P = load_builtin_profiles().profiles

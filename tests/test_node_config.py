@@ -3,12 +3,12 @@ configs written for a topology (peers, routes, keys, per-link CLA)."""
 
 import pytest
 
-from c2dtn.errors import ConfigError
 from c2dtn.cla_adapters import parse_cla
-from c2dtn.overlay.config import load_node_config
+from c2dtn.errors import ConfigError
 from c2dtn.overlay.agents.dtn7 import dtnd_argv, dtnd_routes, listen_arg, peer_arg
-from c2dtn.topologies.node_configs import write_configs
+from c2dtn.overlay.config import load_node_config
 from c2dtn.topologies import model, testbed
+from c2dtn.topologies.node_configs import write_configs
 
 
 def test_cla_specs_and_dtn7_translation():

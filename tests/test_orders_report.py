@@ -2,9 +2,8 @@
 
 import json
 
-import pytest
-
 import matplotlib.image as mpimg
+import pytest
 
 from c2dtn.perf import orders
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from c2dtn.perf import bft
 from c2dtn.topologies.broker import mosquitto_missing
 from c2dtn.topologies.nodes import dtnd_missing
-from c2dtn.perf import bft
 
 pytestmark = [
     pytest.mark.netns,

@@ -7,7 +7,8 @@ import os
 
 import cbor2
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from c2dtn.errors import ConfigError
 from c2dtn.overlay.envelope import Codec, Envelope, Kind

@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from test_overlay_live import collect, outage, running
 
 from c2dtn.overlay.agents import agent_class
 from c2dtn.topologies import testbed
 from c2dtn.topologies.nodes import Nodes
-from test_overlay_live import collect, outage, running
 
 KINDS = {"gw1": "dtn7", "r2": "dtn7", "gw4": "ibrdtn"}
 BPA = ["gw1", "r2", "r3", "gw4"]

@@ -18,7 +18,7 @@ from c2dtn.overlay.client import NodeClient
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore
-from c2dtn.overlay.envelope import Codec, Priority, source_key
+from c2dtn.overlay.envelope import Codec, Priority
 from c2dtn.overlay.node import OverlayNode
 from c2dtn.overlay.scheduler import SchedulerConfig
 from c2dtn.overlay.store_memory import MemoryStore

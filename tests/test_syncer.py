@@ -14,11 +14,11 @@ import pytest
 
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway.gateway import MqttGateway
-from c2dtn.overlay.custody import CustodyStore
 from c2dtn.overlay.core import OverlayCore
+from c2dtn.overlay.custody import CustodyStore
 from c2dtn.overlay.envelope import Codec
-from c2dtn.overlay.syncer import Syncer
 from c2dtn.overlay.port import Port
+from c2dtn.overlay.syncer import Syncer
 from c2dtn.perf.fsync_bench import gateway_config
 
 KEY = b"k" * 32

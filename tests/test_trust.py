@@ -5,13 +5,12 @@ import cbor2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_groups import codec, make
+from test_send_before_sync import serve_api_to
 
 from c2dtn import strict_cbor
 from c2dtn.overlay.envelope import BadTag, Codec, Envelope, Kind, Priority, encode_ack_body
 from c2dtn.overlay.relay import RelayCore, Unroutable, payload_destination
-
-from test_groups import codec, make
-from test_send_before_sync import serve_api_to
 
 
 def sharing_bomb(levels: int) -> bytes:
@@ -221,10 +220,11 @@ def test_stores_are_their_owners_alone_whatever_the_umask(tmp_path):
 def test_a_publish_the_far_side_could_not_take_is_refused_at_the_near_side_not_pubacked(version):
     """Defect: the sender took 256 MB packets and 16 MB API sends while receivers refuse
     envelopes over 1 MiB: such a message was acknowledged, resent for its lifetime, then expired."""
+    from test_near_core import Net, policy
+
     from c2dtn.ip_gateway import mqtt as m
     from c2dtn.ip_gateway import near_core as nc
     from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES
-    from test_near_core import Net, policy
 
     net = Net(nc.NearCore(policy(), max_packet_size=4 << 20))
     cid, ack = net.connect("u1", version=version)
@@ -283,7 +283,6 @@ def test_a_gateway_config_cannot_take_packets_the_overlay_cannot_carry():
 
 def test_the_node_api_answers_413_for_a_message_over_the_limit_and_takes_one_at_it(tmp_path):
     import asyncio
-    import threading
 
     from c2dtn.overlay.client import ApiError, NodeClient
     from c2dtn.overlay.config import load_node_config
@@ -343,9 +342,10 @@ def _client_reuses_an_acked_packet_id(net, store, answered: bool):
 def test_a_dup_reusing_a_pubacked_packet_id_is_a_new_message(tmp_path):
     """Defect: the mark (client, packet id, content hash) was kept 7 days, so the second message
     was PUBACKed and never entered custody."""
+    from test_near_core import Net, policy
+
     from c2dtn.ip_gateway import near_core as nc
     from c2dtn.overlay.custody import CustodyStore
-    from test_near_core import Net, policy
 
     st = CustodyStore(tmp_path / "c.db", "gw1")
     acks, seqs = _client_reuses_an_acked_packet_id(Net(nc.NearCore(policy())), st, answered=True)
@@ -356,9 +356,10 @@ def test_a_dup_reusing_a_pubacked_packet_id_is_a_new_message(tmp_path):
 
 def test_a_dup_whose_pubacks_was_never_written_is_still_a_resend(tmp_path):
     """The case marks exist for: custody took it, the gateway died before the PUBACK went out."""
+    from test_near_core import Net, policy
+
     from c2dtn.ip_gateway import near_core as nc
     from c2dtn.overlay.custody import CustodyStore
-    from test_near_core import Net, policy
 
     st = CustodyStore(tmp_path / "c.db", "gw1")
     acks, seqs = _client_reuses_an_acked_packet_id(Net(nc.NearCore(policy())), st, answered=False)
@@ -561,7 +562,6 @@ def test_after_a_failed_fsync_nothing_is_acknowledged_or_sent_and_the_node_stops
     failed pages: a later fsync proves nothing about them)."""
     import asyncio
     import errno
-    import threading
 
     from c2dtn.overlay.client import ApiError, NodeClient
     from c2dtn.overlay.config import load_node_config

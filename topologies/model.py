@@ -366,7 +366,7 @@ def load(name_or_file: str, profile_override: str | None = None, schedule_file: 
         dil_links = [l for l in links.values() if l.dil]
         if not dil_links:
             raise ConfigError(src, "links", "dil", "--profile given, but no link is marked dil = true")
-        for i, l in enumerate(data.get("links", [])):
+        for l in data.get("links", []):
             link = links[l.get("name", f"{l['a']}-{l['b']}")]
             if link.dil:
                 link.profile_ab = prof

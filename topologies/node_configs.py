@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from c2dtn.errors import ConfigError
 from c2dtn.cla_adapters.spec import DEFAULT_PORTS
+from c2dtn.errors import ConfigError
 from c2dtn.overlay.envelope import Priority
 from c2dtn.overlay.keys import make_keys, share_tables
 from c2dtn.topologies import testbed
@@ -195,7 +195,7 @@ def write_configs(
         island = members + ([relay] if relay else [])
         k_cla, k_per_link = (harness_cla(kind, cla), False) if kind in HARNESS_CLAS else (cla, per_link_cla)
 
-        def port(node: str, c: str) -> int:  # the relay's agents take one port each (same namespace)
+        def port(node: str, c: str, k_index: int = k_index) -> int:  # the relay's agents: a port each
             return DEFAULT_PORTS[c] + (k_index if node == relay else 0)
 
         for n in island:

@@ -10,13 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+from c2dtn.errors import C2Error
+from c2dtn.overlay.agents.dtn7 import find_dtnd
 from c2dtn.overlay.client import ApiError, NodeClient
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.relay import load_relay_config
-from c2dtn.errors import C2Error
-from c2dtn.overlay.agents.dtn7 import find_dtnd
-from c2dtn.topologies.node_configs import HARNESS_CLAS, harness_cla, topology_agents, write_configs
 from c2dtn.topologies import netns, testbed
+from c2dtn.topologies.node_configs import HARNESS_CLAS, harness_cla, topology_agents, write_configs
 
 
 def dtnd_missing() -> str | None:

@@ -19,7 +19,8 @@ import aiohttp
 import cbor2
 
 from c2dtn.cla_adapters import ClaSpec
-from c2dtn.confref import Field as F, table
+from c2dtn.confref import Field as F
+from c2dtn.confref import table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
 from c2dtn.overlay.agents import register

@@ -8,14 +8,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import logging
+import socket
 import time
 import zlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from c2dtn.confref import Field as F, table
+from c2dtn.confref import Field as F
+from c2dtn.confref import table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import (
     AgentDelivery,

@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from c2dtn.confref import Field as F, table
+from c2dtn.confref import Field as F
+from c2dtn.confref import table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import (
     AgentDelivery,
