@@ -30,7 +30,7 @@ def node() -> None:
 @click.option("-v", "--verbose", is_flag=True)
 def run_cmd(config: str, verbose: bool) -> None:
     """Run the node described by CONFIG until SIGTERM or Ctrl-C."""
-    from c2dtn.overlay.node import run_node
+    from c2dtn.overlay.service import run_node
 
     cfg = load_node_config(config)
     _log_as(cfg.id, verbose)

@@ -150,7 +150,7 @@ def load_config(path: str) -> NodeConfig:
 
 def run(cfg: NodeConfig, gateways: list[Callable[[Port], object]]) -> None:
     """Run the node until SIGTERM/SIGINT with these gateways, each made from its port."""
-    from c2dtn.overlay.node import run_node
+    from c2dtn.overlay.service import run_node
 
     def on_port(make: Callable[[Port], object]) -> Callable[[OverlayNode], object]:
         return lambda node: make(node.port)

@@ -345,7 +345,7 @@ def test_over_an_agent_without_group_endpoints_the_node_sends_a_copy_to_each_mem
         sent.append((dst_node, endpoint, payload))
 
     node.agent.send = send
-    assert node._endpoints() == [node.agent.endpoint]  # nothing to register for the group
+    assert node.endpoints() == [node.agent.endpoint]  # nothing to register for the group
     for i in range(5):
         node.core.submit("fmn", f"pos {i}".encode(), 1_000)
     asyncio.run(node._hand_over(node.core.poll(1_000)))

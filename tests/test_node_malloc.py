@@ -1,4 +1,4 @@
-"""The node's malloc thresholds (overlay/node.py, tune_malloc): a megabyte body copied and freed
+"""The node's malloc thresholds (overlay/malloc.py, tune_malloc): a megabyte body copied and freed
 again and again must not come in fresh pages each time (issue 14: ~945 page faults per 1 MB
 round trip through two cores, a fifth of their work)."""
 
@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from c2dtn.overlay.node import TRIM_BYTES
+from c2dtn.overlay.malloc import TRIM_BYTES
 
 BURSTS = """
 import os, resource, sys
 if sys.argv[1] == "tuned":
-    from c2dtn.overlay.node import tune_malloc
+    from c2dtn.overlay.malloc import tune_malloc
     if not tune_malloc():
         print("not glibc"); sys.exit(0)
 body = os.urandom(1 << 20)

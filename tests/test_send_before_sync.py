@@ -12,6 +12,7 @@ import time
 import pytest
 
 from c2dtn.overlay import custody as custody_mod
+from c2dtn.overlay import machine as machine_mod
 from c2dtn.overlay import node as node_mod
 from c2dtn.overlay.agent import AgentDelivery
 from c2dtn.overlay.client import NodeClient
@@ -155,15 +156,19 @@ def test_a_power_cut_after_a_bundle_went_before_its_fsync_costs_no_later_message
 async def serve_api_to(node, client, then=None) -> None:
     """The node's API served (its syncer running) while `client` runs in a thread; `then`
     (a coroutine function) before it stops."""
+    from c2dtn.overlay.node_api import LocalApi
+
+    api = LocalApi(node)
     node.syncer.start()
-    await node._serve_api()
+    await api.serve()
     th = threading.Thread(target=client)
     th.start()
     while th.is_alive():
         await asyncio.sleep(0.01)
     if then is not None:
         await then()
-    await node._runner.cleanup()
+    await api.close()
+    await node.close()
     node.syncer.stop()
 
 
@@ -268,7 +273,7 @@ def test_acks_that_came_with_a_ping_are_applied_after_the_answer_is_with_the_age
     """A bundle brings a ping and the ack for a message this node sent: the pong goes to the
     agent first, the release the ack calls for only ANSWER_CLEAR_S after (on lan it took the CPU
     the agents were carrying the answer with), and then it does happen."""
-    monkeypatch.setattr(node_mod, "ANSWER_CLEAR_S", 0.05)  # (5 ms: too close to a loop's turn to time)
+    monkeypatch.setattr(machine_mod, "ANSWER_CLEAR_S", 0.05)  # (5 ms: too close to a loop's turn to time)
     p = tmp_path / "gw4.toml"
     p.write_text(
         f'[node]\nid = "gw4"\nstorage = "{tmp_path / "gw4"}"\nfsync = "thread"\n[agent]\nkind = "ion"\n'
@@ -295,7 +300,7 @@ def test_acks_that_came_with_a_ping_are_applied_after_the_answer_is_with_the_age
         out = peer.poll(node_mod.now_ms() + CFG.ack_delay_ms)
         assert len(out) == 1 and report in acked(out, node.core.store)  # the ping and the ack, together
         t0 = time.monotonic()
-        node._take([AgentDelivery("gw1", "/c2/overlay", out[0].payload)])
+        node.take([AgentDelivery("gw1", "/c2/overlay", out[0].payload)])
         while time.monotonic() - t0 < 0.2:
             seen.append((time.monotonic(), node.core.store.held_out()[0]))
             await asyncio.sleep(0.0005)

@@ -601,7 +601,8 @@ def test_after_a_failed_fsync_nothing_is_acknowledged_or_sent_and_the_node_stops
                 answers.append(str(e))
 
     async def main():
-        node._stop = stop = asyncio.Event()
+        stop = asyncio.Event()
+        node.on_failure = stop.set  # (as the node's process does: overlay/service.py)
         await serve_api_to(node, client, then=lambda: node._hand_over(node.core.poll(10**13)))  # the pump's next
         return stop.is_set()
 
