@@ -1,7 +1,9 @@
 """The overlay node's timing rules as an event machine (I/O-free, virtual time).
 
 The node's shell (overlay/node.py) feeds it what happens and does what it says; tests drive it
-with a clock of their own (tests/test_machine.py).  Time is wall-clock seconds (`now`).
+with a clock of their own (tests/test_machine.py).  `now` is monotonic seconds (the event loop's
+clock: a step of the wall clock moves no deadline); the envelopes' own times come from
+`wall_ms(now)`, the wall clock in milliseconds (in tests, `now` itself).
 
     submit(...)            -> seq, events   an application's envelope (flash and immediate: planned in its commit)
     submitted(priority)    -> events        envelopes of this priority went into custody some other way (a gateway)
@@ -29,6 +31,7 @@ The rules, and why each (decision 0006):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from c2dtn.overlay.core import BundleResult, OverlayCore
@@ -69,10 +72,13 @@ class _Later:
 
 
 class NodeMachine:
-    def __init__(self, core: OverlayCore, now: float):
+    def __init__(self, core: OverlayCore, now: float, wall_ms: Callable[[float], int] | None = None):
         self.core = core
-        self._outstanding = 0  # hand-overs given out and not yet handed_over()
-        self._pump_busy = False  # the pump's own hand-over is out
+        self._ms = wall_ms or (lambda t: int(t * 1000))
+        self._given = 0  # hand-overs given out, and of those, finished (they finish in order)
+        self._finished = 0
+        self._pump_busy = False  # the pump waits for a hand-over (its own, or those before an empty plan)
+        self._pump_after = 0  # ... until this many have finished
         self._pump_until = now + PUMP_IDLE_S  # the pump plans when this passes, though nothing woke it
         self._pump_sleep: float | None = None  # planning failed: the pump looks again then
         self._signal = False  # the pump should look again (plan if _poll_now, else re-read the core's wake-up)
@@ -87,7 +93,7 @@ class NodeMachine:
     @property
     def handing(self) -> bool:
         """A hand-over is under way (nothing is planned at once meanwhile)."""
-        return self._outstanding > 0
+        return self._finished < self._given
 
     # -- inputs ---------------------------------------------------------------------------
     def submit(
@@ -100,7 +106,7 @@ class NodeMachine:
         out, unsynced = None, False
         store = self.core.store
         with store.transaction():
-            seq = self.core.submit(dst, body, _ms(now), lifetime_ms, priority, supersede, app)
+            seq = self.core.submit(dst, body, self._ms(now), lifetime_ms, priority, supersede, app)
             if urgent:
                 unsynced = store.may_send_unsynced()
                 out = self._plan(now, unsynced, only={dst})
@@ -122,7 +128,7 @@ class NodeMachine:
         """Payloads the agent delivered, taken in one commit.  Never raises for what a peer sent."""
         try:
             # answers (pongs) planned in the take's own commit, unless a hand-over is under way
-            results = self.core.on_bundles(payloads, _ms(now), acks_later=True, answer_now=not self.handing)
+            results = self.core.on_bundles(payloads, self._ms(now), acks_later=True, answer_now=not self.handing)
         except StoreFull as e:  # not acked: their origins send them again once space frees
             self._take_full.hit("bundles not taken: %s", e)
             self._later.append(_Later(now))  # (their acks free space)
@@ -132,7 +138,7 @@ class NodeMachine:
             results = []
             for p in payloads:
                 try:
-                    results.append(self.core.on_bundle(p, _ms(now)))
+                    results.append(self.core.on_bundle(p, self._ms(now)))
                 except Exception:
                     log.exception("processing a bundle of %d bytes failed", len(p))
         self._take_full.over("custody takes bundles again")
@@ -155,17 +161,18 @@ class NodeMachine:
     def consumed(self, ids: list[int], now: float) -> list[Event]:
         """Their acks go after the ack delay with whatever goes that way, or at once past
         ACK_BATCH; not a plan at once for each (decision 0006)."""
-        if self.core.consumed(ids, _ms(now)):
+        if self.core.consumed(ids, self._ms(now)):
             self._wake()
         else:
             self._signal = True  # the pump re-reads the core's wake-up
         return []
 
     def handed_over(self, h: HandOver, now: float) -> list[Event]:
-        self._outstanding -= 1
+        """The shell is done with `h` (sent, or given up); hand-overs finish in the order given."""
+        self._finished += 1
         if h.results is not None:
             self._later.append(_Later(now + ANSWER_CLEAR_S, h.results))
-        if h.by_pump:
+        if self._pump_busy and self._finished >= self._pump_after:
             self._pump_busy = False
             self._pump_rest(now)
         return self.tick(now)
@@ -210,7 +217,7 @@ class NodeMachine:
 
     def _after_take(self, results: list[BundleResult], now: float) -> list[Event]:
         try:
-            self.core.apply_acks(_ms(now))
+            self.core.apply_acks(self._ms(now))
         except Exception:  # (StoreFull too: acks only release; the peer repeats them)
             log.exception("processing acks failed")
         if self.core.poll_due:  # acks came in, or acks are owed at once
@@ -243,7 +250,7 @@ class NodeMachine:
             # only the timer moved (data arrived, its ack is not due yet): no planning now, which
             # would hold up the application's GET /recv of that very data
             wake = self.core.next_wakeup_ms()
-            if wake is None or wake > _ms(now):
+            if wake is None or wake > self._ms(now):
                 self._pump_rest(now, wake)
                 return []
         self._poll_now = False
@@ -252,21 +259,24 @@ class NodeMachine:
             self._pump_sleep = now + PLAN_RETRY_S
             return []
         if not out:
-            self._pump_rest(now)
+            if self.handing:  # (as after its own: the pump looks again once those under way are done)
+                self._pump_busy, self._pump_after = True, self._given
+            else:
+                self._pump_rest(now)
             return []
-        self._pump_busy = True
+        self._pump_busy, self._pump_after = True, self._given + 1
         return self._hand(out, False, by_pump=True)
 
     def _pump_rest(self, now: float, wake: int | None = -1) -> None:
         """The pump waits until the core's next wake-up, at most PUMP_IDLE_S."""
         if wake == -1:
             wake = self.core.next_wakeup_ms()
-        wait = PUMP_IDLE_S if wake is None else max(0.0, min(PUMP_IDLE_S, (wake - _ms(now)) / 1000))
+        wait = PUMP_IDLE_S if wake is None else max(0.0, min(PUMP_IDLE_S, (wake - self._ms(now)) / 1000))
         self._pump_until = now + wait
 
     def _plan(self, now: float, unsynced: bool = False, only: set[str] | None = None) -> list[Outgoing] | None:
         try:
-            out = self.core.poll(_ms(now), unsynced, only)
+            out = self.core.poll(self._ms(now), unsynced, only)
         except StoreFull as e:
             self._plan_full.hit("planning stopped: %s; retrying every second", e)
             return None
@@ -285,9 +295,5 @@ class NodeMachine:
     ) -> list[Event]:
         if not out:
             return []
-        self._outstanding += 1
+        self._given += 1
         return [HandOver(out, unsynced, by_pump, results)]
-
-
-def _ms(now: float) -> int:
-    return int(now * 1000)

@@ -50,7 +50,8 @@ class OverlayNode:
                 cfg.custody_db, cfg.id, cfg.quota, cfg.groups, background_checkpoints=True, sync=cfg.fsync
             )
             self.core = OverlayCore(store, Codec(cfg.id, cfg.keys, cfg.groups), cfg.scheduler)
-            self.machine = NodeMachine(self.core, time.time())
+            # deadlines on the monotonic clock, envelopes stamped with the wall clock's
+            self.machine = NodeMachine(self.core, time.monotonic(), lambda _t: now_ms())
             if cfg.fsync != "loop":
                 self.syncer = Syncer(store.records, inline=cfg.fsync == "auto")
                 self.syncer.on_failure = self._store_failed
@@ -92,15 +93,16 @@ class OverlayNode:
         self._arm()
 
     async def close(self) -> None:
-        """No timer from here on; hand-overs under way cancelled."""
+        """No timer and no hand-over from here on; those under way cancelled."""
         self.closing = True
         if self._timer is not None:
             self._timer.cancel()
-        for t in list(self._handovers):
-            t.cancel()
-        for t in list(self._handovers):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        while self._handovers:
+            tasks = list(self._handovers)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._handovers.difference_update(tasks)
 
     def close_store(self) -> None:
         if self.syncer is not None:
@@ -125,21 +127,16 @@ class OverlayNode:
     ) -> tuple[int, list[asyncio.Task]]:
         """An application's envelope into custody; returns its seq and the hand-overs planned at
         once with it (flash, immediate), for the caller to wait on."""
-        seq, events = self.machine.submit(dst, body, lifetime_ms, priority, supersede, app, time.time())
+        seq, events = self.machine.submit(dst, body, lifetime_ms, priority, supersede, app, time.monotonic())
         return seq, self._do(events)
-
-    def submit(
-        self, dst: str, body: bytes, lifetime_ms: int, priority: Priority, supersede: str | None, app: str
-    ) -> int:
-        return self.submit_now(dst, body, lifetime_ms, priority, supersede, app)[0]
 
     def submitted(self, priority: Priority) -> None:
         """Envelopes of this priority went into custody through the port (a gateway)."""
-        self._do(self.machine.submitted(priority, time.time()))
+        self._do(self.machine.submitted(priority, time.monotonic()))
 
     def consumed(self, ids: list[int]) -> None:
         """The application took these (API, gateways): their acks are owed."""
-        self._do(self.machine.consumed(ids, time.time()))
+        self._do(self.machine.consumed(ids, time.monotonic()))
 
     def wake(self) -> None:
         """Plan again (the agent restarted: its endpoints are registered again)."""
@@ -149,14 +146,10 @@ class OverlayNode:
     def take(self, batch: list) -> None:
         """Bundles the agent delivered, taken in one commit."""
         t0 = time.monotonic()
-        events = self.machine.bundles([d.payload for d in batch], time.time())
+        events = self.machine.bundles([d.payload for d in batch], time.monotonic())
         if log.isEnabledFor(logging.DEBUG):  # on the receive path: build the line only for -v
-            log.debug(
-                "took %d bundles from %s in one commit, %.1f ms",
-                len(batch),
-                ",".join(sorted({d.src_node for d in batch})),
-                (time.monotonic() - t0) * 1000,
-            )
+            ms, srcs = (time.monotonic() - t0) * 1000, ",".join(sorted({d.src_node for d in batch}))
+            log.debug("took %d bundles from %s in one commit, %.1f ms", len(batch), srcs, ms)
         self._do(events)
 
     async def synced(self) -> None:
@@ -170,9 +163,13 @@ class OverlayNode:
         started = []
         for ev in events:
             if isinstance(ev, HandOver):
+                if self.closing:  # (what it carries stays in custody for the next run)
+                    self.machine.handed_over(ev, time.monotonic())
+                    continue
                 task = asyncio.get_running_loop().create_task(self._hand_over_locked(ev))
                 self._handovers.add(task)
-                task.add_done_callback(self._handovers.discard)
+                # done, failed or cancelled (even before its first step): the machine hears of it
+                task.add_done_callback(lambda t, h=ev: self._handed_over(t, h))
                 started.append(task)
             elif isinstance(ev, AppsReady):  # the applications first (their GET /recv, handlers)
                 self.inbox_event.set()
@@ -195,18 +192,29 @@ class OverlayNode:
         self._timer_at = due
         if due is not None:
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_at(loop.time() + max(0.0, due - time.time()), self._tick)
+            self._timer = loop.call_at(loop.time() + max(0.0, due - time.monotonic()), self._tick)
 
     def _tick(self) -> None:
         self._timer, self._timer_at = None, None
-        self._do(self.machine.tick(time.time()))
+        try:
+            self._do(self.machine.tick(time.monotonic()))
+        except Exception:  # a bug (or a store error) must not leave the node with no timer
+            log.exception("the node's timer failed")
+            self._arm()
+
+    def _handed_over(self, task: asyncio.Task, h: HandOver) -> None:
+        self._handovers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("handing bundles to the agent failed", exc_info=task.exception())
+        try:
+            self._do(self.machine.handed_over(h, time.monotonic()))
+        except Exception:
+            log.exception("the node's machine failed after a hand-over")
+            self._arm()
 
     async def _hand_over_locked(self, h: HandOver) -> None:
-        try:
-            async with self._handing:
-                await self._hand_over(h.bundles, h.unsynced)
-        finally:
-            self._do(self.machine.handed_over(h, time.time()))
+        async with self._handing:
+            await self._hand_over(h.bundles, h.unsynced)
 
     async def _hand_over(self, out: list, unsynced: bool = False) -> None:
         if self.failed:  # the store is not what is on disk any more: nothing of it goes out
@@ -222,14 +230,7 @@ class OverlayNode:
         for b in out:
             if self.failed:
                 return
-            log.debug(
-                "bundle to %s: %d bytes, envelopes %s (%d resent), acks %s",
-                b.dst,
-                len(b.payload),
-                b.seqs,
-                b.retransmissions,
-                b.acks,
-            )
+            log.debug("bundle to %s: %d bytes, envelopes %s, acks %s", b.dst, len(b.payload), b.seqs, b.acks)
             for node, endpoint in self._destinations(b.dst):
                 try:
                     await self.agent.send(node, endpoint, b.payload, lifetime_s=self.agent.bundle_lifetime_s)

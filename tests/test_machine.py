@@ -271,3 +271,83 @@ def test_bundles_refused_on_a_full_disk_are_not_acked_and_what_came_with_them_is
     assert m.bundles([b.payload], T0) == []
     assert m.next_deadline() == T0, "the acks kept are applied at the next turn"
     assert m.tick(T0) == [] and gw1.take() == []
+
+
+def test_a_step_of_the_wall_clock_moves_no_deadline():
+    """Deadlines run on the monotonic clock; only the envelopes' stamps read the wall clock (an
+    hour's step back by NTP or GPS must not hold routine traffic for an hour)."""
+    c = core("gw1")
+    wall = [int(T0 * 1000)]
+    m = NodeMachine(c, T0, wall_ms=lambda _t: wall[0])
+    m.submit("gw4", b"a", HOUR_MS, Priority.ROUTINE, None, "t", T0)
+    (h,) = hand_overs(m.tick(T0 + mm.SUBMIT_GATHER_S))
+    m.handed_over(h, T0 + 0.003)
+    wall[0] -= 3_600_000
+    m.submit("gw4", b"b", HOUR_MS, Priority.ROUTINE, None, "t", T0 + 0.004)
+    assert m.next_deadline() <= T0 + 0.004 + mm.STREAM_GATHER_S
+
+
+def test_flash_is_planned_at_once_again_once_the_hand_over_is_done():
+    c = core("gw1")
+    m = NodeMachine(c, T0)
+    _, ev = m.submit("gw4", b"a", HOUR_MS, Priority.FLASH, None, "t", T0)
+    (h,) = hand_overs(ev)
+    m.handed_over(h, T0 + 0.001)
+    assert not m.handing
+    _, ev = m.submit("gw4", b"b", HOUR_MS, Priority.FLASH, None, "t", T0 + 0.002)
+    (h2,) = hand_overs(ev)
+    assert not h2.by_pump
+
+
+def test_a_gateways_flash_submit_is_planned_at_once():
+    c = core("gw1")
+    m = NodeMachine(c, T0)
+    c.submit("gw4", b"g", int(T0 * 1000), HOUR_MS, Priority.FLASH)  # (through the port: custody first)
+    (h,) = hand_overs(m.submitted(Priority.FLASH, T0))
+    assert not h.by_pump
+
+
+def test_a_wake_is_acted_on_at_once():
+    m = NodeMachine(core("gw1"), T0)
+    m.wake()
+    assert m.next_deadline() <= T0
+
+
+def test_the_pump_looks_within_a_second_though_the_next_retransmission_is_later():
+    c = core("gw1")
+    m = NodeMachine(c, T0)
+    m.submit("gw4", b"a", HOUR_MS, Priority.ROUTINE, None, "t", T0)
+    (h,) = hand_overs(m.tick(T0 + mm.SUBMIT_GATHER_S))
+    m.handed_over(h, T0 + 0.003)  # in flight: its retransmission is seconds away
+    assert m.next_deadline() <= T0 + 0.003 + mm.PUMP_IDLE_S + 1e-6
+
+
+def test_consumed_data_owes_its_ack_after_the_ack_delay_not_the_idle_look():
+    gw1, gw4 = core("gw1"), core("gw4")
+    now_ms = int(T0 * 1000)
+    gw4.submit("gw1", b"order", now_ms, priority=Priority.ROUTINE)
+    (b,) = gw4.poll(now_ms)
+    m = NodeMachine(gw1, T0)
+    m.bundles([b.payload], T0)
+    m.tick(T0)
+    m.consumed([d.id for d in gw1.take()], T0 + 0.001)
+    m.tick(T0 + 0.001)
+    assert m.next_deadline() <= T0 + CFG.ack_delay_ms / 1000 + 0.002
+
+
+def test_after_an_empty_plan_the_pump_waits_for_the_hand_overs_under_way():
+    """Wakes while a (slow) flash hand-over is out cost one plan, not one each."""
+    c = core("gw1")
+    m = NodeMachine(c, T0)
+    polls = []
+    real = c.poll
+    c.poll = lambda *a, **k: polls.append(a[0]) or real(*a, **k)
+    _, ev = m.submit("gw4", b"flash", HOUR_MS, Priority.FLASH, None, "t", T0)
+    (h,) = hand_overs(ev)
+    n0 = len(polls)
+    for i in range(5):
+        m.wake()
+        m.tick(T0 + 0.001 * (i + 1))
+    assert len(polls) - n0 == 1
+    m.handed_over(h, T0 + 0.01)
+    assert len(polls) - n0 == 2, "and looks again once it is done"
