@@ -1,4 +1,4 @@
-"""The overlay node's timing rules as an event machine (I/O-free, virtual time).
+"""The overlay node's timing rules as an event machine (I/O-free, virtual time; decision 0008).
 
 The node's shell (overlay/node.py) feeds it what happens and does what it says; tests drive it
 with a clock of their own (tests/test_machine.py).  `now` is monotonic seconds (the event loop's
