@@ -78,6 +78,9 @@ class BundleAgent(abc.ABC):
     # may open (HDTN: hdtn.SESSION_GAP_S); the driver waits it out itself, and so must a second
     # process that opens a session of the same node (the benchmarks' clients)
     session_gap_s: float = 0.0
+    # the convergence layers the testbed runs this agent on, its default first (empty: any of
+    # capabilities.clas); what the testbed reads instead of naming agents
+    testbed_clas: tuple[str, ...] = ()
 
     # -- made from a node's configuration -------------------------------------------------
     @classmethod
@@ -89,6 +92,13 @@ class BundleAgent(abc.ABC):
 
             key = next(iter(table))
             raise ConfigError(source, f"agent.{cls.name}.{key}", table[key], f"{cls.name} takes no settings here")
+        return {}
+
+    @classmethod
+    def testbed_options(cls, ltp_rates_bps: dict[str, int], store: str) -> dict[str, Any]:
+        """The `[agent.<kind>]` settings the testbed writes for one of its nodes.  ltp_rates_bps:
+        the bits per second the node may send to each LTP neighbour across a rated link; store:
+        the storage the testbed asks of agents that offer a choice."""
         return {}
 
     @classmethod

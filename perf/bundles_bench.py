@@ -19,7 +19,7 @@ Every agent runs through its driver (perf.dtnd_client --config: the node's own a
 its own endpoint), on each asked-for CLA it speaks.  A size that cannot finish within
 --budget seconds on the profile's rate, that the CLA cannot carry (dtn7's and ION's UDP
 CLAs put one bundle in one datagram), an agent x CLA the agent lacks (or that the harness
-does not run: ION's TCPCLv3, topologies.node_configs.HARNESS_CLAS) or an agent not built here is
+does not run: ION's TCPCLv3: its driver's testbed_clas) or an agent not built here is
 reported as skipped, with the reason.  Writes results/<time>-bundles/: runs.jsonl, summary.json,
 summary.csv, report.md, plot.png.
 """
@@ -45,7 +45,7 @@ from c2dtn.perf.dtnd_client import spawn as _client
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import run_dir
 from c2dtn.topologies import testbed
-from c2dtn.topologies.node_configs import HARNESS_CLAS, harness_cla
+from c2dtn.topologies.node_configs import harness_cla, testbed_clas
 from c2dtn.topologies.nodes import Nodes
 from c2dtn.topologies.profiles import load_builtin_profiles
 
@@ -89,9 +89,7 @@ def cannot_run(agent: str, cla: str) -> str | None:
     if cla not in cls.capabilities.clas:
         return f"{agent} has no {cla} convergence layer (it speaks {', '.join(cls.capabilities.clas)})"
     if harness_cla(agent, cla) != cla:
-        return (
-            f"{agent} runs over {' or '.join(HARNESS_CLAS[agent])} only here (see topologies.node_configs.HARNESS_CLAS)"
-        )
+        return f"{agent} runs over {' or '.join(testbed_clas(agent))} only here (its driver's testbed_clas)"
     return cls.missing()
 
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl
 
+from c2dtn.cla_adapters import bpv7, tcpcl4
 from c2dtn.errors import C2Error
 from c2dtn.ip_gateway import bodies, coap_core, mqtt
 from c2dtn.overlay import api
 from c2dtn.overlay import envelope as E
-from c2dtn.overlay.agents import bpv7, tcpcl4
 from c2dtn.overlay.config import load_node_config  # imported here, so atheris instruments it
 from c2dtn.perf import mqtt_diff
 

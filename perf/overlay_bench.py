@@ -197,7 +197,7 @@ def _nodes(
 
 def lan_cla(agent: str) -> str:
     """The CLA of every hop on lan: TCPCL (a megabyte bundle fits no UDP datagram), or UDP for
-    what the harness runs an agent on instead (topologies.node_configs.HARNESS_CLAS: ION, UDP)."""
+    what the harness runs an agent on instead (its driver's testbed_clas: ION, UDP)."""
     return harness_cla(agent, "tcpcl")
 
 

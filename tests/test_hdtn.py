@@ -11,8 +11,9 @@ import crc32c
 import pytest
 from test_agents import _node
 
+from c2dtn.cla_adapters import bpv7, tcpcl4
 from c2dtn.errors import ConfigError
-from c2dtn.overlay.agents import bpv7, make_agent, tcpcl4
+from c2dtn.overlay.agents import make_agent
 from c2dtn.overlay.agents.hdtn import app_number, derived_number, hdtn_files
 
 # -- BPv7 ---------------------------------------------------------------------------------------

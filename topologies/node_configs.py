@@ -15,6 +15,7 @@ from typing import Any
 
 from c2dtn.cla_adapters.spec import DEFAULT_PORTS
 from c2dtn.errors import ConfigError
+from c2dtn.overlay.agents import agent_class
 from c2dtn.overlay.envelope import Priority
 from c2dtn.overlay.keys import make_keys, share_tables
 from c2dtn.topologies import testbed
@@ -56,17 +57,30 @@ def _facing(st: dict[str, Any], node: str, towards: str) -> tuple[str, str | Non
     return testbed.node_address(st, node), None
 
 
-# The CLAs the harness runs an agent on, where not every one it speaks (the first is its default).
-# ION 4.1.3's TCPCLv3 (tcpcli) asserted in bpDequeue after a refused connection here (a neighbour
-# not yet listening, or restarting after a SIGKILL) and passed no bundle again: ION runs over UDP,
-# or LTP where asked
-HARNESS_CLAS: dict[str, tuple[str, ...]] = {"ion": ("udp", "ltp")}
+def testbed_clas(kind: str) -> tuple[str, ...]:
+    """The CLAs the testbed runs agent `kind` on, its default first, where not every one it
+    speaks (the driver's BundleAgent.testbed_clas); empty: any."""
+    return agent_class(kind).testbed_clas
 
 
 def harness_cla(kind: str, cla: str) -> str:
     """The CLA the harness runs agent `kind` on when `cla` is asked for."""
-    allowed = HARNESS_CLAS.get(kind)
-    return cla if allowed is None or cla in allowed else allowed[0]
+    allowed = testbed_clas(kind)
+    return cla if not allowed or cla in allowed else allowed[0]
+
+
+def _toml_table(name: str, table: dict[str, Any]) -> list[str]:
+    """A driver's testbed settings as TOML lines (strings, integers and flat tables of them:
+    what BundleAgent.testbed_options gives; no library here writes TOML)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return f'"{v}"' if isinstance(v, str) else str(int(v))
+
+    return [f"[{name}]", *(f"{k} = {value(v)}" for k, v in table.items()), ""] if table else []
 
 
 def topology_agents(st: dict[str, Any]) -> tuple[dict[str, str], str | None]:
@@ -140,7 +154,7 @@ def write_configs(
     that runs one agent per island, each on its own ports: overlay.relay), whose file is a
     relay configuration naming one node configuration per island.
     per_link_cla: follow the links' own `cla` (else use `cla` everywhere); an agent in
-    HARNESS_CLAS uses one of its own everywhere (`cla` if it is one).
+    the driver runs on its testbed CLAs (BundleAgent.testbed_clas) everywhere (`cla` if it is one).
     scheduler: [scheduler] settings for every overlay node, over the defaults written here.
     groups: group name -> overlay nodes; each member gets the group's key, and every BPA
     routes by epidemic so that one bundle for the group reaches all members."""
@@ -183,7 +197,7 @@ def write_configs(
     keys = make_keys(overlay_nodes, groups)
     any_udp = (
         cla == "udp"
-        or any(harness_cla(k, cla) == "udp" for k in islands if k in HARNESS_CLAS)
+        or any(harness_cla(k, cla) == "udp" for k in islands if testbed_clas(k))
         or (per_link_cla and any(ls.get("cla") == "udp" for ls in st["links"].values()))
     )
     rated = any(
@@ -193,7 +207,7 @@ def write_configs(
     relay_files = []
     for k_index, (kind, members) in enumerate(sorted(islands.items())):
         island = members + ([relay] if relay else [])
-        k_cla, k_per_link = (harness_cla(kind, cla), False) if kind in HARNESS_CLAS else (cla, per_link_cla)
+        k_cla, k_per_link = (harness_cla(kind, cla), False) if testbed_clas(kind) else (cla, per_link_cla)
 
         def port(node: str, c: str, k_index: int = k_index) -> int:  # the relay's agents: a port each
             return DEFAULT_PORTS[c] + (k_index if node == relay else 0)
@@ -228,16 +242,8 @@ def write_configs(
             schemes = sorted({k_cla} | {c for _, c in peers.values()})
             lines += ["listen = [" + ", ".join(f'"{c}://0.0.0.0:{port(n, c)}"' for c in schemes) + "]"]
             lines += (['routing = "epidemic"'] if groups else []) + [""]
-            if kind == "dtn7":
-                lines += ["[agent.dtn7]", f'store = "{store}"', "web_port = 3000", 'janitor = "3s"', ""]
             rates = _ltp_rates(st, n, [m for m, (_, c) in peers.items() if c == "ltp"])
-            if rates and kind in ("ion", "hdtn"):  # their LTP paces itself by its contacts' rates: the radio's
-                table, unit = ("rates", 8) if kind == "ion" else ("rates_bits", 1)  # ION's in bytes/s
-                lines += [
-                    f"[agent.{kind}]",
-                    f"{table} = {{ " + ", ".join(f"{m} = {r // unit}" for m, r in rates.items()) + " }",
-                    "",
-                ]
+            lines += _toml_table(f"agent.{kind}", agent_class(kind).testbed_options(rates, store))
             for m, (addr, c) in peers.items():
                 lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{port(m, c)}"', ""]
             for m, via in routes:

@@ -16,7 +16,7 @@ from c2dtn.overlay.client import ApiError, NodeClient
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.relay import load_relay_config
 from c2dtn.topologies import netns, testbed
-from c2dtn.topologies.node_configs import HARNESS_CLAS, harness_cla, topology_agents, write_configs
+from c2dtn.topologies.node_configs import harness_cla, testbed_clas, topology_agents, write_configs
 
 
 def dtnd_missing() -> str | None:
@@ -59,12 +59,12 @@ class Nodes:
             agent, named_relay = topology_agents(st)
             relay = relay or (named_relay if named_relay in bpa else None)
             one = {agent.get(n, "dtn7") for n in bpa}
-            if relay is None and len(one) == 1:  # one island: its agent's own CLAs (HARNESS_CLAS)
+            if relay is None and len(one) == 1:  # one island: its agent's own CLAs (testbed_clas)
                 agent = one.pop()
         self.st = st
         self.gateways = gateways or {}
         self.verbose = False  # debug logs (each bundle handed to the agent) in <node>.node.log
-        if isinstance(agent, str) and agent in HARNESS_CLAS:
+        if isinstance(agent, str) and agent != "relay" and testbed_clas(agent):
             cla, per_link_cla = harness_cla(agent, cla), False
         per_node = options or {}
         self.paths = configs or write_configs(

@@ -19,6 +19,7 @@ import aiohttp
 import cbor2
 
 from c2dtn.cla_adapters import ClaSpec
+from c2dtn.cla_adapters.schemes import cla_name
 from c2dtn.confref import Field as F
 from c2dtn.confref import table
 from c2dtn.errors import C2Error, ConfigError
@@ -57,12 +58,7 @@ def find_dtnd() -> str:
 
 
 def _cla(spec: ClaSpec) -> str:
-    try:
-        return CLA_NAMES[spec.scheme]
-    except KeyError:
-        raise C2Error(
-            f"dtn7-rs has no {spec.scheme} convergence layer ({spec}): use tcpcl, mtcp, udp or http"
-        ) from None
+    return cla_name("dtn7-rs", CLA_NAMES, spec)
 
 
 def listen_arg(spec: ClaSpec) -> str:
@@ -164,6 +160,10 @@ OPTIONS = table(
 class Dtn7Agent(BundleAgent):
     # BPv7; dtnd's web API takes a bundle of up to 16 MB; group endpoints (dtn://group/~x);
     # its sled/sneakers stores keep bundles across a SIGKILL; its UDP CLA puts one bundle in one datagram
+    @classmethod
+    def testbed_options(cls, ltp_rates_bps: dict[str, int], store: str) -> dict[str, Any]:
+        return {"store": store, "web_port": 3000, "janitor": "3s"}
+
     capabilities = Capabilities(
         bp_version=7,
         max_bundle_bytes=16 << 20,

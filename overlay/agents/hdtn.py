@@ -15,9 +15,12 @@ import zlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from c2dtn.cla_adapters import bpv7, tcpcl4
+from c2dtn.cla_adapters.numbering import node_numbers
+from c2dtn.cla_adapters.schemes import cla_name
 from c2dtn.confref import Field as F
 from c2dtn.confref import table
-from c2dtn.errors import C2Error, ConfigError
+from c2dtn.errors import ConfigError
 from c2dtn.overlay.agent import (
     AgentDelivery,
     AgentError,
@@ -28,9 +31,8 @@ from c2dtn.overlay.agent import (
     queued_deliveries,
     static_peers,
 )
-from c2dtn.overlay.agents import bpv7, register, tcpcl4
+from c2dtn.overlay.agents import register
 from c2dtn.overlay.agents.builds import built, not_built
-from c2dtn.overlay.agents.ion import node_numbers
 
 if TYPE_CHECKING:
     from c2dtn.overlay.config import NodeConfig
@@ -65,12 +67,7 @@ def app_number(hdtn_number: int) -> int:
 
 
 def _cl(spec) -> str:
-    try:
-        return CLA_NAMES[spec.scheme]
-    except KeyError:
-        raise C2Error(
-            f"HDTN has no {spec.scheme} convergence layer here ({spec}): use tcpcl (TCPCLv4), udp or ltp"
-        ) from None
+    return cla_name("HDTN", CLA_NAMES, spec, "TCPCLv4")
 
 
 def _ltp_ducts(cfg: NodeConfig, nums: dict[str, int]) -> tuple[list[dict], dict[str, dict]]:
@@ -329,6 +326,11 @@ OPTIONS = table(
 class HdtnAgent(BundleAgent):
     # BPv7; bundles up to HDTN's maxBundleSizeBytes here; no group endpoints; its disk store is restored
     # at start (tryToRestoreFromDisk); its UDP CL sends a bundle as one datagram
+    @classmethod
+    def testbed_options(cls, ltp_rates_bps: dict[str, int], store: str) -> dict[str, Any]:
+        # its LTP paces itself by the radio's rate, in bits a second
+        return {"rates_bits": dict(ltp_rates_bps)} if ltp_rates_bps else {}
+
     capabilities = Capabilities(
         bp_version=7,
         max_bundle_bytes=MAX_BUNDLE - 4096,

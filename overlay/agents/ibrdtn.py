@@ -13,9 +13,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from c2dtn.cla_adapters.schemes import cla_name
 from c2dtn.confref import Field as F
 from c2dtn.confref import table
-from c2dtn.errors import C2Error, ConfigError
+from c2dtn.errors import ConfigError
 from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo, static_peers
 from c2dtn.overlay.agents import register
 from c2dtn.overlay.agents.builds import built, not_built
@@ -31,10 +32,7 @@ MAX_PAYLOAD = 16 << 20
 
 
 def _proto(spec) -> str:
-    try:
-        return CLA_NAMES[spec.scheme]
-    except KeyError:
-        raise C2Error(f"IBR-DTN has no {spec.scheme} convergence layer ({spec}): use tcpcl (TCPCLv3) or udp") from None
+    return cla_name("IBR-DTN", CLA_NAMES, spec, "TCPCLv3")
 
 
 def ibrdtn_conf(cfg: NodeConfig, interfaces: list[str] = ()) -> str:
