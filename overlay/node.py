@@ -60,7 +60,7 @@ class OverlayNode:
         self.inbox_event = asyncio.Event()  # set when envelopes arrive for GET /recv
         self._handing = asyncio.Lock()  # hand-overs one at a time, in the order the machine gave them
         self._handovers: set[asyncio.Task] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._timer_at: float | None = None
         self.started_ms = now_ms()
         self.send_errors = 0
@@ -191,8 +191,9 @@ class OverlayNode:
             self._timer = None
         self._timer_at = due
         if due is not None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_at(loop.time() + max(0.0, due - time.monotonic()), self._tick)
+            loop, wait = asyncio.get_running_loop(), due - time.monotonic()
+            # due now: after what is ready (a woken GET /recv first; a loop's timers run before it)
+            self._timer = loop.call_soon(self._tick) if wait <= 0 else loop.call_at(loop.time() + wait, self._tick)
 
     def _tick(self) -> None:
         self._timer, self._timer_at = None, None
