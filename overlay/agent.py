@@ -78,6 +78,8 @@ class BundleAgent(abc.ABC):
     # may open (HDTN: hdtn.SESSION_GAP_S); the driver waits it out itself, and so must a second
     # process that opens a session of the same node (the benchmarks' clients)
     session_gap_s: float = 0.0
+    # the agent's own name for each convergence layer it speaks (cla_adapters.schemes), by scheme
+    cla_names: dict[str, str] = {}
     # the convergence layers the testbed runs this agent on, its default first (empty: any of
     # capabilities.clas); what the testbed reads instead of naming agents
     testbed_clas: tuple[str, ...] = ()

@@ -164,6 +164,7 @@ class Dtn7Agent(BundleAgent):
     def testbed_options(cls, ltp_rates_bps: dict[str, int], store: str) -> dict[str, Any]:
         return {"store": store, "web_port": 3000, "janitor": "3s"}
 
+    cla_names = CLA_NAMES
     capabilities = Capabilities(
         bp_version=7,
         max_bundle_bytes=16 << 20,

@@ -331,6 +331,7 @@ class HdtnAgent(BundleAgent):
         # its LTP paces itself by the radio's rate, in bits a second
         return {"rates_bits": dict(ltp_rates_bps)} if ltp_rates_bps else {}
 
+    cla_names = CLA_NAMES
     capabilities = Capabilities(
         bp_version=7,
         max_bundle_bytes=MAX_BUNDLE - 4096,

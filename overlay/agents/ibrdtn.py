@@ -184,6 +184,7 @@ class IbrdtnAgent(BundleAgent):
     # BPv6; payloads up to 16 MB through the API here; no group endpoints in this driver;
     # sqlite storage keeps bundles across a SIGKILL; deliveries are marked `bundle delivered`; its UDP
     # CL cuts a bundle larger than the interface's mtu (1,280 by default) into fragments
+    cla_names = CLA_NAMES
     capabilities = Capabilities(
         bp_version=6, max_bundle_bytes=MAX_PAYLOAD, groups=False, own_custody=True, delivery_ack=True
     )

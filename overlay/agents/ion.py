@@ -403,6 +403,7 @@ class IonAgent(BundleAgent):
         # its LTP paces itself by its contacts' rates (the radio's), in bytes a second
         return {"rates": {m: r // 8 for m, r in ltp_rates_bps.items()}} if ltp_rates_bps else {}
 
+    cla_names = CLA_NAMES
     capabilities = Capabilities(
         bp_version=7,
         max_bundle_bytes=16 << 20,
