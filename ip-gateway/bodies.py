@@ -61,6 +61,8 @@ def unpack(body: bytes) -> dict[str, Any]:
         raise BodyError(f"op {d['op']} without client or broker")
     if d["op"] in ("pub", "msg", "bpub"):
         _check_publish(d, d["op"], (0, 1, 2))
+    if d["op"] in ("sub", "unsub"):
+        _check_subscriptions(d)
     if d["op"] == "pubs":
         parts = d.get("m")
         if not isinstance(parts, list) or not 1 <= len(parts) <= MAX_PARTS:
@@ -108,6 +110,36 @@ def _check_fields(d: dict, where: str) -> None:
 def _check_publish(d: dict, where: str, qos: tuple[int, ...]) -> None:
     if "t" not in d or d.get("q", 0) not in qos:
         raise BodyError(f"op {where} without a topic or with QoS {short(d.get('q'))}")
+    _check_mqtt(m.check_topic_name, d["t"], where)
+
+
+def _check_mqtt(check, value: str, where: str) -> None:
+    """A topic name or filter the broker would take (else it drops the connection, and the
+    far side would send the same again on the next)."""
+    try:
+        if not value or "\x00" in value:
+            raise m.MqttError(m.Reason.MALFORMED_PACKET, f"empty or with U+0000: {short(value)}")
+        check(value)
+    except m.MqttError as e:
+        raise BodyError(f"op {where}: {e}") from None
+
+
+def _check_subscriptions(d: dict) -> None:
+    """A "sub"'s [filter, qos, no local, retain as published, retain handling] lists, an
+    "unsub"'s filters."""
+    if d["op"] == "unsub":
+        for f in d.get("f", []):
+            if not isinstance(f, str):
+                raise BodyError(f"op unsub with a filter of type {type(f).__name__}")
+            _check_mqtt(m.check_topic_filter, f, "unsub")
+        return
+    for x in d.get("s", []):
+        ok = isinstance(x, list) and 1 <= len(x) <= 5 and isinstance(x[0], str)
+        ok = ok and all(isinstance(v, bool) for v in x[2:4])
+        ok = ok and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2 for v in x[1:2] + x[4:5])
+        if not ok:
+            raise BodyError(f"op sub with a subscription that is not [filter, qos, nl, rap, rh]: {short(x)}")
+        _check_mqtt(m.check_topic_filter, x[0], "sub")
 
 
 def props_out(props: m.Properties) -> dict:

@@ -24,7 +24,8 @@ from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway import sessions_file
 from c2dtn.ip_gateway.bridge import BridgeSession
-from c2dtn.ip_gateway.far import FarSession, Part, session_expiry_s
+from c2dtn.ip_gateway.far import FarSession
+from c2dtn.ip_gateway.far_core import Part, session_expiry_s
 from c2dtn.ip_gateway.near import NearSide
 from c2dtn.ip_gateway.near_core import Envelope
 from c2dtn.ip_gateway.policy import GatewayConfig
@@ -240,7 +241,7 @@ class MqttGateway:
         cursor = (f.deferred_from or 1) - 1
         f.deferring, f.deferred_from = False, None
         while not f.deferring and cursor < self._mark:
-            room = self.cfg.far_queue - f.queue.qsize() + 1
+            room = self.cfg.far_queue - f.queued() + 1
             batch = [d for d in self.port.take(max(64, room), app=s.APP, after=cursor) if d.id <= self._mark]
             if not batch:
                 return
@@ -348,13 +349,13 @@ class MqttGateway:
 
     def _queue(self, f: FarSession, d: Delivery, msg: dict) -> bool:
         """Into the session's queue, or (full, or already keeping some) left in custody,
-        in order, until its queue has drained to half (FarSession._run asks then)."""
-        if f.deferring or f.queue.qsize() >= self.cfg.far_queue:
+        in order, until its queue has drained to half (the session asks then: refill_soon)."""
+        if f.deferring or f.queued() >= self.cfg.far_queue:
             if not f.deferring:
                 log.warning(
                     "session %s: %d messages queued for its broker connection; more wait in custody",
                     f.key(),
-                    f.queue.qsize(),
+                    f.queued(),
                 )
                 f.deferring, f.deferred_from = True, d.id
             self.counters["far_queue_full"] += 1
@@ -370,7 +371,7 @@ class MqttGateway:
             while len(self._subscribing) > SUB_PENDING_MAX:
                 del self._subscribing[next(iter(self._subscribing))]
         for item in Part.split(d, msg) if msg["op"] == "pubs" else [(d, msg)]:
-            f.queue.put_nowait(item)
+            f.put(item)
         return True
 
     def _far_session(self, origin: str, client: str, broker: str) -> FarSession | None:
@@ -448,9 +449,9 @@ class MqttGateway:
             "sessions_far": {
                 k: {
                     "broker": f.broker,
-                    "connected": f.writer is not None,
+                    "connected": f.connected(),
                     "subs": sorted(f.subs),
-                    "queued": f.queue.qsize(),
+                    "queued": f.queued(),
                     "present": f.present,
                     "waiting_in_custody": f.deferring,
                 }
@@ -460,11 +461,11 @@ class MqttGateway:
             if self.bridge is None
             else {
                 "broker": self.bridge.broker,
-                "connected": self.bridge.writer is not None,
+                "connected": self.bridge.connected(),
                 "out": self.cfg.bridge.out,
                 "in": self.cfg.bridge.in_,
                 "peers": self.cfg.bridge.peers,
-                "queued": self.bridge.queue.qsize(),
+                "queued": self.bridge.queued(),
             },
             "counters": dict(self.counters + self.near.core.counters),
         }

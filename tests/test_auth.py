@@ -370,49 +370,18 @@ def test_connections_that_never_send_connect_are_bounded_and_closed():
     assert quiet.counters["connect_timeouts"] == 1
 
 
-def test_the_far_side_logs_in_to_the_broker_with_the_clients_user_name_and_password(monkeypatch):
+def test_the_far_side_logs_in_to_the_broker_with_the_clients_user_name_and_password():
     """Before: the conn envelope carried u/pw but the far side dropped them and logged in
     anonymously, so the broker's own ACL never applied (and a broker without anonymous
     access refused every session whose messages were already PUBACKed)."""
-    import asyncio
     import types
 
     from c2dtn.ip_gateway import bodies
-    from c2dtn.ip_gateway import far as F
+    from c2dtn.ip_gateway import far_core as fc
 
-    sent = bytearray()
-
-    class W:
-        transport = types.SimpleNamespace(abort=lambda: None)
-
-        def write(self, b):
-            sent.extend(b)
-
-        def close(self):
-            pass
-
-        def is_closing(self):
-            return False
-
-    async def fake_open(host, port):
-        r = asyncio.StreamReader()
-        r.feed_data(m.encode(m.ConnAck(False, 0), 5))
-        return r, W()
-
-    monkeypatch.setattr(asyncio, "open_connection", fake_open)
-    gw = types.SimpleNamespace(
-        cfg=types.SimpleNamespace(max_packet_size=1 << 20),
-        far_changed=lambda f: None,
-        delivered=lambda i: None,
-        counters={},
-    )
     msg = bodies.unpack(bodies.pack("conn", "alice-1", "10.77.4.2:1883", v=5, cs=True, ka=0, u="alice", pw=b"s3cret"))
-
-    async def go():
-        f = F.FarSession(gw, "gw1", "alice-1", "10.77.4.2:1883")
-        await f._apply(types.SimpleNamespace(id=1, created_ms=0), msg)
-        f.cancel()
-
-    asyncio.run(go())
-    conn = m.Parser(1 << 20).feed(bytes(sent))[0]
+    core = fc.FarCore("gw1", "alice-1", "10.77.4.2:1883", fc.FarLimits(), 0.0)
+    assert fc.Open() in core.put((types.SimpleNamespace(id=1, created_ms=0), msg), 0.0)
+    sent = b"".join(e.data for e in core.opened(0.1) if isinstance(e, fc.Write))
+    conn = m.Parser(1 << 20).feed(sent)[0]
     assert (conn.username, conn.password) == ("alice", b"s3cret")
