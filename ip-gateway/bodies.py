@@ -63,6 +63,9 @@ def unpack(body: bytes) -> dict[str, Any]:
         _check_publish(d, d["op"], (0, 1, 2))
     if d["op"] in ("sub", "unsub"):
         _check_subscriptions(d)
+    if d["op"] == "conn":
+        _check_connect(d)
+    _check_text(d["c"], d["op"])
     if d["op"] == "pubs":
         parts = d.get("m")
         if not isinstance(parts, list) or not 1 <= len(parts) <= MAX_PARTS:
@@ -105,6 +108,9 @@ def _check_fields(d: dict, where: str) -> None:
             raise BodyError(f"field {short(k)} of op {where} has type {type(d[k]).__name__}")
     if "x" in d:
         d["x"] = props_in(d["x"])
+        bad = sorted(k for k in d["x"] if k not in PUBLISH_PROPERTIES)
+        if bad:
+            raise BodyError(f"op {where} with properties a client's PUBLISH has not: {short(bad)}")
 
 
 def _check_publish(d: dict, where: str, qos: tuple[int, ...]) -> None:
@@ -117,16 +123,43 @@ def _check_mqtt(check, value: str, where: str) -> None:
     """A topic name or filter the broker would take (else it drops the connection, and the
     far side would send the same again on the next)."""
     try:
-        if not value or "\x00" in value:
-            raise m.MqttError(m.Reason.MALFORMED_PACKET, f"empty or with U+0000: {short(value)}")
+        if not value:
+            raise m.MqttError(m.Reason.MALFORMED_PACKET, "empty")
+        _check_text(value, where)
         check(value)
     except m.MqttError as e:
         raise BodyError(f"op {where}: {e}") from None
 
 
+def _check_text(value: str, where: str) -> None:
+    """No control character or noncharacter, which MQTT brokers (Mosquitto) refuse in strings."""
+    bad = next((ch for ch in value if ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F or ord(ch) in (0xFFFE, 0xFFFF)), None)
+    if bad is not None:
+        raise BodyError(f"op {where}: U+{ord(bad):04X} in {short(value)}")
+
+
+def _check_connect(d: dict) -> None:
+    """What the broker's CONNECT is made of: version, keep alive, session expiry, will."""
+    if d.get("v", 4) not in (4, 5) or not 0 <= d.get("ka", 60) <= 0xFFFF or not 0 <= d.get("sx", 0) <= 0xFFFFFFFF:
+        raise BodyError(
+            f"op conn with version {short(d.get('v'))}, keep alive {short(d.get('ka'))} or expiry out of range"
+        )
+    w = d.get("w")
+    if w is not None:
+        if not isinstance(w, dict) or not isinstance(w.get("p", b""), bytes):
+            raise BodyError(f"op conn with a will that is not a publish: {short(w)}")
+        _check_fields(w, "conn will")
+        _check_publish(w, "conn will", (0, 1, 2))
+    for k in ("u",):
+        if k in d:
+            _check_text(d[k], "conn")
+
+
 def _check_subscriptions(d: dict) -> None:
     """A "sub"'s [filter, qos, no local, retain as published, retain handling] lists, an
     "unsub"'s filters."""
+    if not d.get("f" if d["op"] == "unsub" else "s"):
+        raise BodyError(f"op {d['op']} with no filter")
     if d["op"] == "unsub":
         for f in d.get("f", []):
             if not isinstance(f, str):
@@ -140,6 +173,13 @@ def _check_subscriptions(d: dict) -> None:
         if not ok:
             raise BodyError(f"op sub with a subscription that is not [filter, qos, nl, rap, rh]: {short(x)}")
         _check_mqtt(m.check_topic_filter, x[0], "sub")
+
+
+# what a client's PUBLISH (and a will) may carry; topic alias and subscription ids are per connection
+PUBLISH_PROPERTIES = frozenset(
+    {"payload_format_indicator", "message_expiry_interval", "content_type", "response_topic", "correlation_data"}
+    | {"user_property"}
+)
 
 
 def props_out(props: m.Properties) -> dict:
@@ -176,7 +216,7 @@ def will_out(w: m.Will | None) -> dict | None:
 def will_in(d: dict | None) -> m.Will | None:
     if not d:
         return None
-    return m.Will(d["t"], d["p"], d.get("q", 0), d.get("r", False), props_in(d.get("x", {})))
+    return m.Will(d["t"], d.get("p", b""), d.get("q", 0), d.get("r", False), props_in(d.get("x", {})))
 
 
 def publish_from(d: dict, version: int) -> m.Publish:

@@ -6,16 +6,11 @@ side's CoAP client (aiocoap) that replays requests to their server.
 
 Near side: a request's envelope is committed to custody before its empty ACK goes; the
 response envelope, when it comes, is sent to the client and consumed once the client
-ACKed it (or gave up).  Far side: a request's envelope is consumed only once the server
-answered and the response's envelope is committed; while the server cannot be reached
-the request is tried again every RETRY_S until its lifetime is over, then 5.04 goes back.
-
-Observe, far side: a registration's envelope stays unconsumed in the inbox while its
-observation lives (until the client cancels or the request's lifetime ends), so a far
-gateway that restarts registers again; the observation is renewed at the server every
-RETRY_S when the server ends it or cannot be reached.  Each notification is a response
-envelope with a supersession key per client and token, so in custody only the newest
-waits.
+ACKed it (or gave up).  Far side: the I/O-free coap_far_core.FarCoap decides what to ask the
+server, when to ask again, what goes back and when a request's envelope is consumed (its
+rules are in its docstring); this shell asks with aiocoap and puts the answers in custody.
+A registration's envelope stays unconsumed in the inbox while its observation lives, so a
+far gateway that restarts registers again.
 """
 
 from __future__ import annotations
@@ -26,18 +21,14 @@ import socket
 import time
 from collections import OrderedDict
 
-from aiocoap import Code, Message
-
 from c2dtn.ip_gateway import coap_core as cc
+from c2dtn.ip_gateway import coap_far_core as fc
 from c2dtn.ip_gateway import tproxy
 from c2dtn.ip_gateway.policy import GatewayConfig
 from c2dtn.overlay.port import Delivery, Port, QuotaExceeded, TooLarge, now_ms
 
 log = logging.getLogger("c2dtn.gateway.coap")
 
-RETRY_S = 5.0  # between attempts to reach a far server that did not answer
-REQUEST_TIMEOUT_S = 60.0  # one attempt (aiocoap's own CON retransmissions run inside it)
-MAX_REPLAYS = 16  # requests replayed to servers at once
 MAX_SPOOF_SOCKETS = 256  # servers answered for under TPROXY with a socket kept open
 DROP_LOG_EVERY_S = 10.0  # dropped datagrams: at most one log line per source per this long
 
@@ -103,9 +94,9 @@ class CoapGateway:
         self._mark = 0
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self.far = fc.FarCoap(self.near.counters)
         self._client = None  # aiocoap client context, made on the first replay
-        self._replays = asyncio.Semaphore(MAX_REPLAYS)
-        self._observations: dict[tuple, tuple[asyncio.Task, int]] = {}  # observation_key -> (task, inbox id)
+        self._asks: dict[int, asyncio.Task] = {}  # the far side's requests out, by exchange
 
     async def start(self) -> None:
         self.port.subscribe(cc.APP, self.on_inbox)
@@ -242,7 +233,9 @@ class CoapGateway:
         return t
 
     def _arm(self) -> None:
-        at = self.near.next_deadline_ms()
+        at = min(
+            (a for a in (self.near.next_deadline_ms(), self.far.next_deadline_ms()) if a is not None), default=None
+        )
         if self._timer:
             self._timer.cancel()
             self._timer = None
@@ -252,6 +245,7 @@ class CoapGateway:
     def _tick(self) -> None:
         self._timer = None
         self.run(self.near.poll(now_ms()))
+        self._far(self.far.tick(now_ms()))
 
     # -- envelopes from the other side --------------------------------------------------
     def on_inbox(self) -> None:
@@ -273,137 +267,74 @@ class CoapGateway:
                 self._taken.add(d.id)
                 self.run(actions)
                 return
-            key = cc.observation_key(d.origin, body)
+            events = self.far.envelope(d, body, now_ms())
         except (ValueError, cc.CoapError) as e:
             self.near.counters["bad_bodies"] += 1
             log.warning("CoAP envelope %s:%d dropped: %s", d.origin, d.seq, e)
             self._consume(d.id)
             return
         self._taken.add(d.id)
-        if body["op"] == "cancel" or body.get("obs") is not None:
-            self._end_observation(key, body.get("why", "deregistered by the client"))
-        if body["op"] == "cancel":
-            self._consume(d.id)
-        elif body.get("obs") == 0:
-            self._observations[key] = (self._start(self._observe(d, body, key)), d.id)
-        else:
-            self._start(self._replay(d, body))
+        self._far(events)
 
-    def _end_observation(self, key: tuple, why: str) -> None:
-        task, inbox_id = self._observations.pop(key, (None, None))
-        if task is not None:
-            log.info("CoAP observation of %s:%d (token %s) ended: %s", *key[1], key[2].hex(), why)
-            self.near.counters["observations_ended"] += 1
-            task.cancel()
-            self._consume(inbox_id)
+    # -- far side: what FarCoap says --------------------------------------------------------
+    def _far(self, events: list) -> None:
+        for e in events:
+            if isinstance(e, fc.Ask):
+                self._asks[e.xid] = self._start(self._ask(e))
+            elif isinstance(e, fc.Stop):
+                task = self._asks.pop(e.xid, None)
+                if task is not None:
+                    task.cancel()
+            elif isinstance(e, fc.Answer):
+                self._far(self.far.kept(e.xid, self._keep(e), now_ms()))
+            elif isinstance(e, fc.Consume):
+                self._consume(e.inbox_id)
+        self._arm()
 
-    # -- far side -----------------------------------------------------------------------
-    async def _replay(self, d: Delivery, body: dict) -> None:
-        """Ask the server until it answers or the request's lifetime is over; then the response
-        envelope is committed and the request's consumed (its origin acked)."""
+    def _keep(self, a: fc.Answer) -> str:
+        """An answer into custody: "ok", "full", or why it can never cross."""
+        try:
+            self.port.submit([(a.origin, a.body, a.lifetime_ms, a.priority, a.supersede, cc.APP)])
+        except TooLarge as e:
+            return str(e)
+        except QuotaExceeded:
+            return "full"
+        return "ok"
+
+    async def _ask(self, a: fc.Ask) -> None:
+        """Ask the server once (an observation: register, and report every notification); the
+        core hears the answer or why there was none."""
         import aiocoap
 
-        deadline = time.time() + (d.created_ms + d.lifetime_ms - now_ms()) / 1000
-        req, server = cc.request_of(body)
-        async with self._replays:
+        try:
             if self._client is None:
                 self._client = await aiocoap.Context.create_client_context()
-            while True:
-                left = deadline - time.time()
-                if left <= 0:
-                    self.near.counters["server_timeouts"] += 1
-                    log.warning(
-                        "CoAP %s %s to %s: no answer within the request's lifetime: 5.04 back to %s",
-                        req.code,
-                        cc.path_of(req),
-                        server,
-                        d.origin,
-                    )
-                    out = cc.timeout_body(body, f"{server} did not answer within the request's lifetime")
-                    break
-                msg = cc.strip(req)
-                msg.unresolved_remote = server
-                try:
-                    resp = await asyncio.wait_for(self._client.request(msg).response, min(left, REQUEST_TIMEOUT_S))
-                except (aiocoap.error.Error, OSError, asyncio.TimeoutError) as e:
-                    self.near.counters["server_retries"] += 1
-                    log.info(
-                        "CoAP %s %s to %s: %s; again in %.0f s",
-                        req.code,
-                        cc.path_of(req),
-                        server,
-                        type(e).__name__,
-                        RETRY_S,
-                    )
-                    await asyncio.sleep(min(RETRY_S, max(0.0, deadline - time.time())))
-                    continue
-                self.near.counters["replayed"] += 1
-                out = cc.response_body(body, resp)
-                break
-        life = max(60_000, d.created_ms + d.lifetime_ms - now_ms())
-        try:
-            self.port.submit([(d.origin, out, life, d.priority, None, cc.APP)])
-        except TooLarge as e:  # it can never cross: the client hears 5.02 with the reason instead
-            log.warning("CoAP response for %s:%d: %s", d.origin, d.seq, e)
-            out = cc.response_body(body, Message(code=Code.BAD_GATEWAY, payload=str(e).encode()[:200]))
-            self.port.submit([(d.origin, out, life, d.priority, None, cc.APP)])
-        except QuotaExceeded as e:
-            log.warning("CoAP response for %s:%d not kept (%s): the request is asked again", d.origin, d.seq, e)
-            self._taken.discard(d.id)
-            return
-        self._consume(d.id)
-
-    async def _observe(self, d: Delivery, body: dict, key: tuple) -> None:
-        """Keep the client's observation registered at the server until it is ended or its
-        lifetime is over; every notification goes back as a supersedable envelope."""
-        import aiocoap
-
-        deadline = time.time() + (d.created_ms + d.lifetime_ms - now_ms()) / 1000
-        req, server = cc.request_of(body)
-        supersede = f"coap-obs:{key[1][0]}:{key[1][1]}:{key[2].hex()}"
-        if self._client is None:
-            self._client = await aiocoap.Context.create_client_context()
-        try:
-            while time.time() < deadline:
-                msg = cc.strip(req)
+            msg = cc.strip(a.request)
+            if a.observe:
                 msg.opt.observe = 0
-                msg.unresolved_remote = server
-                pr = self._client.request(msg)
-                try:
-                    first = await asyncio.wait_for(pr.response, min(deadline - time.time(), REQUEST_TIMEOUT_S))
-                    self._notify(d, body, first, supersede)
-                    if first.opt.observe is None or not first.code.is_successful():
-                        return  # not observable: that answer was the response
-                    self.near.counters["observations"] += 1
+            msg.unresolved_remote = a.server
+            pr = self._client.request(msg)
+            try:
+                first = await asyncio.wait_for(pr.response, a.timeout_s)
+                self._far(self.far.answered(a.xid, first, now_ms()))
+                if a.observe and first.opt.observe is not None and first.code.is_successful():
                     async for n in pr.observation:
-                        self._notify(d, body, n, supersede)
-                    log.info("CoAP observation at %s ended by the server; registering again in %.0f s", server, RETRY_S)
-                except (aiocoap.error.Error, OSError, asyncio.TimeoutError) as e:
-                    log.info(
-                        "CoAP observe %s at %s: %s; again in %.0f s", cc.path_of(req), server, type(e).__name__, RETRY_S
-                    )
-                finally:
-                    if not pr.observation.cancelled:
-                        pr.observation.cancel()
-                self.near.counters["observe_retries"] += 1
-                await asyncio.sleep(RETRY_S)
+                        self._far(self.far.answered(a.xid, n, now_ms()))
+                    self._far(self.far.failed(a.xid, "ended by the server", now_ms()))
+            finally:
+                if a.observe and not pr.observation.cancelled:
+                    pr.observation.cancel()
+        except (aiocoap.error.Error, OSError, asyncio.TimeoutError) as e:
+            self._far(self.far.failed(a.xid, type(e).__name__, now_ms()))
         finally:
-            if self._observations.get(key, (None,))[0] is asyncio.current_task():
-                del self._observations[key]
-                self._consume(d.id)
-
-    def _notify(self, d: Delivery, body: dict, resp, supersede: str) -> None:
-        life = max(60_000, d.created_ms + d.lifetime_ms - now_ms())
-        try:
-            self.port.submit([(d.origin, cc.response_body(body, resp), life, d.priority, supersede, cc.APP)])
-        except (QuotaExceeded, TooLarge) as e:  # a later notification will carry the state
-            self.near.counters["notifications_refused"] += 1
-            log.warning("CoAP notification for %s not kept: %s", d.origin, e)
+            if self._asks.get(a.xid) is asyncio.current_task():
+                del self._asks[a.xid]
 
     def status(self) -> dict:
+        far = self.far.status()
         return {
             "counters": dict(self.near.counters),
             "pending_responses": len(self.near.pending),
-            "replaying": len(self._tasks) - len(self._observations),
-            "observing": len(self._observations),
+            "replaying": far["replaying"] + far["waiting"],
+            "observing": far["observing"],
         }

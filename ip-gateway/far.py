@@ -93,6 +93,9 @@ class FarSession:
             if isinstance(ev, fc.Write):
                 if self.writer is not None:
                     self.writer.write(ev.data)
+                elif self.core.conn not in (None, "opening"):  # never: the core and the shell disagree
+                    log.error("session %s: the core writes to a connection the shell has not", self.key())
+                    self._do(self.core.lost(self._loop.time(), "no connection in the shell"))
             elif isinstance(ev, fc.Done):
                 self.gw.finished(ev.item)
                 done = True
@@ -176,12 +179,13 @@ class FarSession:
                 data = await reader.read(65536)
                 if not data or self.writer is not writer:
                     break
-                for ev in self.core.data(data, self._loop.time()):
-                    if isinstance(ev, fc.Publication):
-                        await self._take(ev)
-                    else:
-                        self._do([ev])
-                self._arm()
+                events = self.core.data(data, self._loop.time())
+                # what the core said goes now (a Close among it is of this connection), then the
+                # publications go into custody, each acknowledged once it is there
+                self._do([e for e in events if not isinstance(e, fc.Publication)])
+                for e in events:
+                    if isinstance(e, fc.Publication):
+                        await self._take(e)
         except (ConnectionError, OSError) as e:
             why = str(e) or type(e).__name__
         finally:

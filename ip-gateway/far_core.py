@@ -232,6 +232,8 @@ class FarCore:
         self._q0_written = 0  # QoS 0 publishes written since the last PINGREQ that paces them
         self._pings_out = 0  # PINGREQs on this connection not yet answered
         self._pong_until: float | None = None  # pacing: the next publish waits for a PINGRESP till then
+        self._ka_pong_until: float | None = None  # the oldest unanswered PINGREQ is answered by then
+        self._granted: list[bool] | None = None  # which filters of the SUBSCRIBE just answered the broker took
         self._ka_at = now + self._ka_every()
         self.expiry_at: float | None = None
         # what the head waits for: None (nothing yet), "settle", "connect", "answer", "gate",
@@ -263,7 +265,7 @@ class FarCore:
         return self.conn == "up"
 
     def next_deadline(self) -> float | None:
-        ats = [self._ka_at, self.expiry_at, self._conn_until, self._until, self._pong_until]
+        ats = [self._ka_at, self.expiry_at, self._conn_until, self._until, self._pong_until, self._ka_pong_until]
         if self.conn is None and self._open_at > self._now and (self._want_conn or self._wait == "connect"):
             ats.append(self._open_at)
         return min((a for a in ats if a is not None), default=None)
@@ -293,7 +295,7 @@ class FarCore:
             why = "no CONNACK" if self.conn == "connack" else "subscriptions not answered"
             log.warning("session %s: %s from broker %s in time; reconnecting", self.key(), why, self.broker)
             out += self._drop(now)
-        if self._pong_until is not None and now >= self._pong_until:
+        if any(t is not None and now >= t for t in (self._pong_until, self._ka_pong_until)):
             log.warning(
                 "session %s: broker %s answered no PINGREQ for %.0f s; reconnecting",
                 self.key(),
@@ -313,20 +315,26 @@ class FarCore:
         """The TCP connection is made: CONNECT goes."""
         if self.conn != "opening":
             return []
-        self._backoff = RETRY_S
         self._want_conn = False
         self._ka_at = now + self._ka_every()  # the keep alive runs from the connection
-        v = self.params.get("v", 4)
         self.connection += 1
-        self._parser = m.Parser(self.limits.max_packet_size, version=v)
+        self._parser = m.Parser(self.limits.max_packet_size, version=self.params.get("v", 4))
         self._q0_written = self._pings_out = 0
         self.conn, self._conn_until = "connack", now + CONNACK_WAIT_S
-        p = self.params
+        try:
+            data = self._connect_bytes(self.params)
+        except (ValueError, TypeError, KeyError, struct.error, m.MqttError) as e:  # a session file's params
+            log.error("session %s: no CONNECT can be made of its parameters: %s", self.key(), e)
+            return self._drop(now) + self._advance(now)
+        return [Write(data)] + self._advance(now)
+
+    def _connect_bytes(self, p: dict) -> bytes:
+        v = p.get("v", 4)
         connect = m.Connect(
             self.client, p.get("cs", False), p.get("ka", 60), p.get("u"), p.get("pw"), s.will_in(p.get("w")), v,
-            self._expiry_props(),
+            self._expiry_props(p),
         )  # fmt: skip
-        return [Write(m.encode(connect, v))] + self._advance(now)
+        return m.encode(connect, v)
 
     def open_failed(self, now: float, why: str) -> list[Event]:
         if self.conn != "opening":
@@ -342,8 +350,7 @@ class FarCore:
         if self.conn in (None, "opening"):
             return []
         log.warning("broker connection of %s failed: %s", self.key(), why)
-        self._gone(now)
-        self._open_at = max(self._open_at, now + RETRY_S)  # not a hot loop against a broker that drops us
+        self._ended(now)
         return self._advance(now)
 
     def data(self, chunk: bytes, now: float) -> list[Event]:
@@ -394,19 +401,19 @@ class FarCore:
                 self._pings_out -= 1
                 if self._pings_out <= 1:
                     self._pong_until = None
+                # the next answer is due FAR_PING_WAIT_S from this one (a paced backlog keeps some out)
+                self._ka_pong_until = now + FAR_PING_WAIT_S if self._pings_out else None
             return []
         if isinstance(p, (m.PubAck, m.PubComp)) and p.packet_id in self.inflight:
-            done = self.inflight.pop(p.packet_id)[0]
-            self.counters["to_broker"] += 1
-            self._sent.discard(done.id)
-            self._released.discard(done.id)
-            return [Done(done)]
+            return self._acked(p)
+        if isinstance(p, m.PubRec) and p.packet_id in self.inflight and p.reason >= 0x80:
+            return self._acked(p)  # MQTT 5: refused; no PUBREL follows
         if isinstance(p, (m.SubAck, m.UnsubAck)):
             if self.conn == "resub" and p.packet_id == self._resub_pid:
-                self.conn, self._conn_until, self._resub_pid = "up", None, None
-                log.info("session %s open at broker %s", self.key(), self.broker)
+                self._up()
             elif self._wait == "answer" and p.packet_id == self._on:
                 self._wait, self._until, self._on = "answered", None, None
+                self._granted = [r < 0x80 for r in p.reasons] if isinstance(p, m.SubAck) else None
             return []
         if isinstance(p, m.PubRec):
             if p.packet_id in self.inflight:
@@ -418,6 +425,25 @@ class FarCore:
             return [Publication(p, self.connection)]  # acknowledged once in custody (stored)
         return []
 
+    def _acked(self, p: m.PubAck | m.PubComp | m.PubRec) -> list[Event]:
+        """The broker answered a publish in flight: done.  One it refused (MQTT 5 reason 0x80 or
+        more: not authorised, quota, a bad topic) is done too, counted and logged: sent again it
+        would be refused again."""
+        done = self.inflight.pop(p.packet_id)[0]
+        self._sent.discard(done.id)
+        self._released.discard(done.id)
+        if p.reason >= 0x80:
+            self.counters["broker_refused"] += 1
+            log.warning("session %s: broker %s refused a publish: reason 0x%02x", self.key(), self.broker, p.reason)
+        else:
+            self.counters["to_broker"] += 1
+        return [Done(done)]
+
+    def _up(self) -> None:
+        self.conn, self._conn_until, self._resub_pid = "up", None, None
+        self._backoff = RETRY_S
+        log.info("session %s open at broker %s", self.key(), self.broker)
+
     def _connack(self, ack: m.ConnAck, now: float) -> list[Event]:
         if ack.reason:
             log.warning("broker %s refused client %s: reason 0x%02x", self.broker, self.client, ack.reason)
@@ -427,13 +453,14 @@ class FarCore:
             min(FAR_INFLIGHT_MAX, ack.properties.get("receive_maximum", 65535)) if v == 5 else FAR_INFLIGHT_V311
         )
         self.params["cs"] = False  # a reconnect resumes the session the first connect started
+        if not ack.session_present:
+            self._released.clear()  # a new session: the broker has none of them, they go as publishes
         if self.subs and (self.limits.always_subscribe or not ack.session_present):
             self._resub_pid = self._pid()
             self.conn, self._conn_until = "resub", now + ANSWER_WAIT_S
             subs = [m.SubOption(f, *o) for f, o in self.subs.items()]
             return [Write(m.encode(m.Subscribe(self._resub_pid, subs), v))]
-        self.conn, self._conn_until = "up", None
-        log.info("session %s open at broker %s", self.key(), self.broker)
+        self._up()
         return []
 
     # -- the connection -----------------------------------------------------------------
@@ -441,21 +468,24 @@ class FarCore:
         return max(1.0, (self.params.get("ka") or 60) / 2)
 
     def _ping(self) -> list[Event]:
+        if self._ka_pong_until is None:
+            self._ka_pong_until = self._now + FAR_PING_WAIT_S  # a broker that answers no ping is dropped
         self._pings_out += 1
         return [Write(m.encode(m.PingReq(), self.params.get("v", 4)))]
 
-    def _expiry_props(self) -> dict:
+    def _expiry_props(self, p: dict | None = None) -> dict:
         """The session expiry the broker is asked for: the client's, cut to persistent_client_expiration."""
-        if self.params.get("v", 4) != 5 or "sx" not in self.params:
+        p = self.params if p is None else p
+        if p.get("v", 4) != 5 or "sx" not in p:
             return {}
-        sx, cap = self.params["sx"], int(self.limits.persistent_client_expiration)
+        sx, cap = p["sx"], int(self.limits.persistent_client_expiration)
         return {"session_expiry_interval": min(sx, cap) if cap and isinstance(sx, int) else sx}
 
     def _gone(self, now: float) -> None:
         """The connection is gone: what it had in flight goes again, first and in order, and
         what waited on it fails."""
         self.conn, self._parser, self._conn_until, self._resub_pid = None, None, None, None
-        self._pong_until = None
+        self._pong_until = self._ka_pong_until = None
         self._pings_out = 0
         if self.inflight:
             again = sorted(self.inflight.values(), key=_order)
@@ -469,17 +499,28 @@ class FarCore:
         """Abort the connection (no DISCONNECT)."""
         if self.conn is None:
             return []
-        self._gone(now)
-        self._open_at = max(self._open_at, now + RETRY_S)
+        self._ended(now)
         return [Close(abort=True)]
+
+    def _ended(self, now: float) -> None:
+        """The connection ended against our will.  The next one waits RETRY_S, or, while none
+        gets as far as "up", a backoff doubling to BACKOFF_MAX_S (a broker that refuses or
+        drops every connection is not tried in a loop)."""
+        was_up = self.conn == "up"
+        self._gone(now)
+        self._open_at = max(self._open_at, now + (RETRY_S if was_up else self._backoff))
+        if not was_up:
+            self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
 
     def _close_clean(self) -> list[Event]:
         if self.conn is None:
             return []
         out: list[Event] = []
         if self.conn != "opening":
-            v = self.params.get("v", 4)
-            out.append(Write(m.encode(m.Disconnect(0, self._expiry_props()), v)))
+            try:
+                out.append(Write(m.encode(m.Disconnect(0, self._expiry_props()), self.params.get("v", 4))))
+            except (ValueError, TypeError, struct.error, m.MqttError):  # (a session file's params) closed without it
+                pass
         self._gone(self._now)
         return out + [Close(abort=False)]
 
@@ -577,14 +618,15 @@ class FarCore:
             if self._wait == "connect":  # connected: done
                 self._pop()
                 return [Changed(), Done(d)]
-            self.params = {k: msg[k] for k in ("v", "cs", "ka", "sx", "w", "u", "pw") if k in msg}
+            params = {k: msg[k] for k in ("v", "cs", "ka", "sx", "w", "u", "pw") if k in msg}
+            self._connect_bytes(params)  # raises here (a bad body) rather than at every connection
+            self.params = params
             self.params["clean"] = bool(msg.get("cs"))  # "cs" is cleared once connected (reconnects resume)
             if self.params.get("cs"):
                 self.subs.clear()
             self.present, self.gone_at, self.expiry_at = True, None, None
             out = self._close_clean()
             self._wait, self._until = "connect", None
-            self._open_at = min(self._open_at, now)
             return out + self._open(now)
         if op == "disc":
             if isinstance(msg.get("sx"), int) and 0 <= msg["sx"] <= 0xFFFFFFFF and v == 5:
@@ -641,9 +683,10 @@ class FarCore:
         """SUBSCRIBE or UNSUBSCRIBE; done, and the session's subscriptions changed, once answered."""
         if self._wait == "answered":
             if op == "sub":
-                for x in msg.get("s", []):
-                    if isinstance(x, list) and x:
-                        so = m.SubOption(x[0], *x[1:5])
+                asked = self._sub_options(msg)
+                granted = self._granted if self._granted and len(self._granted) == len(asked) else [True] * len(asked)
+                for so, ok in zip(asked, granted):
+                    if ok:  # one the broker refused is not asked again on the next session
                         self.subs[so.filter] = [so.qos, so.no_local, so.retain_as_published, so.retain_handling]
             else:
                 for f in msg.get("f", []):
@@ -653,9 +696,12 @@ class FarCore:
             return [Changed(), Done(d)]
         pid = self._pid()
         if op == "sub":
-            subs = [m.SubOption(x[0], *x[1:5]) for x in msg.get("s", []) if isinstance(x, list) and x]
-            data = m.encode(m.Subscribe(pid, subs), v)
+            data = m.encode(m.Subscribe(pid, self._sub_options(msg)), v)
         else:
             data = m.encode(m.Unsubscribe(pid, [f for f in msg.get("f", []) if isinstance(f, str)]), v)
         self._wait, self._until, self._on = "answer", now + ANSWER_WAIT_S, pid
         return [SubWritten(d.id), Write(data)]
+
+    @staticmethod
+    def _sub_options(msg: dict) -> list[m.SubOption]:
+        return [m.SubOption(x[0], *x[1:5]) for x in msg.get("s", []) if isinstance(x, list) and x]

@@ -56,6 +56,7 @@ class Sim:
         self.opens = self.closes = 0
         self.gate = gate  # gates pass at once
         self.auto_connack = auto_connack
+        self.keeps_session = True
         self._parser = m.Parser(1 << 20, version=5)
         self.run(self.core.start(0.0))
 
@@ -70,8 +71,9 @@ class Sim:
                 self.opens += 1
                 self._parser = m.Parser(1 << 20, version=5)
                 self.run(self.core.opened(self.now))
-                if self.auto_connack:
-                    self.broker(m.ConnAck(False, 0, {"receive_maximum": 10} if self.v == 5 else {}))
+                if self.auto_connack:  # a broker that keeps the session (present from the second connection)
+                    present = self.opens > 1 and self.keeps_session
+                    self.broker(m.ConnAck(present, 0, {"receive_maximum": 10} if self.v == 5 else {}))
             elif isinstance(e, fc.Close):
                 self.closes += 1
             elif isinstance(e, fc.Gate) and self.gate:
@@ -209,6 +211,46 @@ def test_unacknowledged_publishes_go_again_first_and_in_order_with_dup_on_the_ne
     assert isinstance(again[0], m.PubRel) and again[0].packet_id == first[1].packet_id  # PUBRECed: released
     assert [(p.topic, p.dup) for p in again[1:]] == [(f"t/{i}", True) for i in (4, 5, 6, 7, 8)]
     assert sim.core.counters["to_broker_again"] == 6  # the five publishes and the PUBREL
+
+
+def test_a_publish_the_broker_pubreced_goes_again_whole_when_the_broker_lost_the_session():
+    """PUBREL alone to a broker that forgot the session would be answered PUBCOMP (MQTT 5) and
+    the message done, never delivered."""
+    sim = connected()
+    sim.keeps_session = False
+    sim.put(D(2), pub("t/2", q=2))
+    sim.broker(m.PubRec(sim.of(m.Publish)[0].packet_id))
+    sim.run(sim.core.lost(sim.now, "reset by peer"))
+    sim.advance(fc.RETRY_S)
+    assert [(type(p).__name__, getattr(p, "dup", None)) for p in sim.sent if isinstance(p, (m.Publish, m.PubRel))] == [
+        ("Publish", False),
+        ("PubRel", None),
+        ("Publish", True),
+    ]
+
+
+def test_an_mqtt5_broker_refusing_a_publish_or_a_subscription_is_counted_and_done_not_asked_for_ever():
+    sim = connected(v=5)
+    sim.put(D(2), pub("t/2", q=1))
+    sim.put(D(3), pub("t/3", q=2))
+    p2, p3 = sim.of(m.Publish)
+    sim.broker(m.PubAck(p2.packet_id, 0x87), m.PubRec(p3.packet_id, 0x97))  # not authorised; quota exceeded
+    assert [d.id for d in sim.done] == [1, 2, 3] and not sim.of(m.PubRel)
+    assert sim.core.counters["broker_refused"] == 2 and "to_broker" not in sim.core.counters
+    sim.put(D(4), body("sub", s=[["t/ok", 1, False, False, 0], ["t/no", 1, False, False, 0]]))
+    sim.broker(m.SubAck(sim.of(m.Subscribe)[0].packet_id, [1, 0x87]))
+    assert list(sim.core.subs) == ["t/ok"]  # the refused one is not asked again on the next session
+
+
+def test_a_broker_that_answers_no_keep_alive_ping_is_dropped():
+    sim = connected()
+    sim.advance(30)  # the first ping (keep alive 60)
+    assert len(sim.of(m.PingReq)) == 1 and sim.closes == 0
+    sim.advance(fc.FAR_PING_WAIT_S)
+    assert sim.closes == 1 and not sim.core.connected()  # made again by the next message
+    sim.put(D(2), pub(q=0))
+    sim.advance(fc.RETRY_S)
+    assert sim.opens == 2 and sim.of(m.Publish)
 
 
 def test_a_restarted_far_gateway_sends_what_the_broker_never_acknowledged_with_the_same_packet_ids():
@@ -400,6 +442,21 @@ def test_a_body_that_makes_no_mqtt_packet_is_counted_and_done_and_the_next_goes(
         ("sub", {"s": [["t/#", True]]}),
         ("unsub", {"f": ["a/b+"]}),
         ("unsub", {"f": [""]}),
+        ("sub", {"s": []}),
+        ("unsub", {}),
+        ("pub", {"t": "a\x01b", "q": 0}),
+        ("pub", {"t": "a\x85", "q": 0}),
+        ("pub", {"t": "a\uffff", "q": 0}),
+        ("pub", {"t": "t/x", "q": 0, "x": {"session_expiry_interval": 5}}),
+        ("pub", {"t": "t/x", "q": 0, "x": {"subscription_identifier": 5}}),
+        ("conn", {"ka": 70_000}),
+        ("conn", {"ka": -1}),
+        ("conn", {"v": 3}),
+        ("conn", {"v": 5, "sx": 1 << 32}),
+        ("conn", {"w": True}),
+        ("conn", {"w": {"t": "a/#", "p": b""}}),
+        ("conn", {"w": {"t": "t/w", "p": b"", "q": 3}}),
+        ("conn", {"u": "al\x00ice"}),
     ],
 )
 def test_a_peers_body_the_broker_would_refuse_is_refused_before_it_reaches_the_far_side(op, fields):
@@ -407,6 +464,13 @@ def test_a_peers_body_the_broker_would_refuse_is_refused_before_it_reaches_the_f
     broker drop the connection; the far side would send it again on the next, for ever."""
     with pytest.raises(s.BodyError):
         s.unpack(s.pack(op, "c1", BROKER, **fields))
+
+
+def test_a_client_id_with_a_control_character_is_refused_and_a_good_will_is_taken():
+    with pytest.raises(s.BodyError, match="U\\+0001"):
+        s.unpack(s.pack("pub", "c\x011", BROKER, t="t/x", q=0))
+    will = {"t": "t/will", "p": b"gone", "q": 1, "r": False, "x": {"message_expiry_interval": 9}}
+    assert s.unpack(s.pack("conn", "c1", BROKER, v=5, ka=30, sx=60, w=will))["w"]["t"] == "t/will"
 
 
 def test_a_broker_address_that_is_not_host_port_makes_its_envelopes_bad_not_a_stuck_session():
@@ -422,6 +486,23 @@ def test_garbage_from_the_broker_drops_its_connection_and_what_was_in_flight_goe
     assert sim.closes == 1 and [d.id for d, _ in sim.core.queue] == [2]
     sim.advance(fc.RETRY_S + 0.1)
     assert [p.dup for p in sim.of(m.Publish)] == [False, True]
+
+
+def test_a_broker_that_refuses_every_connect_is_tried_with_a_backoff_not_every_retry_wait():
+    sim = Sim(auto_connack=False)
+    sim.put(D(1), conn())
+    while sim.now < 600:
+        sim.broker(m.ConnAck(False, 0x05))  # not authorised, as a wrong password is
+        sim.now = sim.core.next_deadline()
+        sim.run(sim.core.tick(sim.now))
+    assert sim.opens <= 600 / fc.BACKOFF_MAX_S + 8 and sim.done == [], sim.opens
+
+
+def test_a_conn_whose_connect_cannot_be_made_is_a_bad_body_not_a_stuck_session():
+    sim = connected()
+    sim.put(D(2), conn() | {"ka": 70_000})  # past what CONNECT can carry (unpack refuses it too)
+    sim.put(D(3), pub("t/ok", q=0))
+    assert [d.id for d in sim.done] == [1, 2, 3] and sim.core.counters["bad_bodies"] == 1 and sim.closes == 0
 
 
 def test_a_broker_that_drops_every_connection_at_once_is_connected_to_every_retry_wait_not_in_a_loop():
