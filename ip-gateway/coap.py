@@ -326,6 +326,9 @@ class CoapGateway:
                     pr.observation.cancel()
         except (aiocoap.error.Error, OSError, asyncio.TimeoutError) as e:
             self._far(self.far.failed(a.xid, type(e).__name__, now_ms()))
+        except Exception as e:  # aiocoap refusing what a peer sent: the core retries, then 5.04
+            log.warning("CoAP request to %s failed: %r", a.server, e)
+            self._far(self.far.failed(a.xid, type(e).__name__, now_ms()))
         finally:
             if self._asks.get(a.xid) is asyncio.current_task():
                 del self._asks[a.xid]

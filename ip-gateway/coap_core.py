@@ -624,10 +624,10 @@ def _blockwise(num: int, more: int, szx: int) -> BlockOption.BlockwiseTuple:
 
 
 def request_of(body: dict) -> tuple[Message, str]:
-    """The request to replay and the server's "address:port" (from a request envelope)."""
+    """The request to replay and the server's "address:port" ("[v6]:port") from a request envelope."""
     m = strip(decode(body["m"]))
     host, port = body["s"]
-    return m, f"{host}:{port}"
+    return m, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def observation_key(origin: str, body: dict) -> tuple:
@@ -683,6 +683,15 @@ def unpack(body: bytes) -> dict:
             raise ValueError(f"field {k!r} is not [address, port]")
     if d["op"] in ("rsp", "cancel") and not isinstance(d.get("t"), bytes):
         raise ValueError("response without the client's token")
+    if d["op"] == "req":  # what the far side asks: an IP server and a request
+        try:
+            ipaddress.ip_address(d["s"][0])
+        except ValueError:
+            raise ValueError(f"server {d['s'][0][:60]!r} is not an IP address") from None
+        if not 0 < d["s"][1] < 65536:
+            raise ValueError(f"server port {d['s'][1]} is not 1-65535")
+        if not decode(d["m"]).code.is_request():
+            raise ValueError("field 'm' is not a request")
     if not isinstance(d.get("k", b""), bytes) or not isinstance(d.get("obs", False), (bool, int)):
         raise ValueError("field 'k' or 'obs' of the wrong type")
     for k, n in (("b1", 3), ("b2", 2)):

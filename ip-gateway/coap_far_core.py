@@ -18,10 +18,14 @@ observation at the server), Answer(xid, origin, body, lifetime_ms, priority, sup
 Consume(inbox_id) (the request's envelope is done: its origin is acked).
 
 The rules:
-- A request is asked until the server answers or its lifetime is over; each attempt may take
+- A request is asked until the server answers or its lifetime is over (counted from when it
+  was made or, if that is later, when it arrived, and at most MAX_ASK_MS); each attempt may take
   REQUEST_TIMEOUT_S (aiocoap's own retransmissions run inside it), and a failed one is tried
-  again RETRY_S later.  Past the lifetime, 5.04 Gateway Timeout goes back.  At most MAX_REPLAYS
-  requests are being asked at once; the rest wait, in order.
+  again RETRY_S later.  Past the lifetime, 5.04 Gateway Timeout goes back (also if the shell
+  never reported the last attempt).  At most MAX_REPLAYS requests are being asked at once; the
+  rest wait, in order per peer gateway, and the next place goes to the peer holding fewest.
+- A response that cannot be carried back (aiocoap decodes options it cannot encode) goes back
+  as 5.02 Bad Gateway.
 - The request's envelope is consumed only once its answer is in custody.  An answer custody
   refuses (full) is submitted again RETRY_S later; one too large to ever cross goes back as
   5.02 Bad Gateway with the reason.  An answer lives at least MIN_ANSWER_LIFE_MS.
@@ -30,6 +34,8 @@ The rules:
   The server ending it, or failing to answer, registers it again RETRY_S later.  It ends with
   the request's lifetime, with the client's cancel or deregistration, or when the first answer
   is not an observation (then that answer was the response); its envelope is consumed then.
+  Past MAX_OBSERVATIONS, a registration is asked as a plain GET: its one answer, without
+  Observe, tells the client the resource is not observed (RFC 7641 3.1).
   A notification custody refuses is dropped (a later one carries the state).
 """
 
@@ -51,6 +57,8 @@ RETRY_S = 5.0
 REQUEST_TIMEOUT_S = 60.0
 MAX_REPLAYS = 16
 MIN_ANSWER_LIFE_MS = 60_000
+MAX_OBSERVATIONS = 1024  # observations kept at servers at once; past it a registration is a plain GET
+MAX_ASK_MS = 7 * 24 * 3600 * 1000  # a request is asked at most this long, whatever lifetime its peer gave it
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +102,7 @@ class _Exchange:
     server: str
     observation: tuple | None  # its key, for an observation
     deadline_ms: int
+    origin: str = ""
     asking: bool = False  # an Ask is out
     retry_ms: int | None = None  # ask again then
     answer: Answer | None = None  # an answer waiting for custody (again at retry_ms)
@@ -106,10 +115,10 @@ class FarCoap:
     def __init__(self, counters: Counter[str] | None = None, max_replays: int = MAX_REPLAYS):
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self.max_replays = max_replays
-        self.exchanges: dict[int, _Exchange] = {}
+        self.exchanges: dict[int, _Exchange] = {}  # replays being asked, and observations
         self.observations: dict[tuple, int] = {}  # observation key -> xid
-        self._waiting: deque[int] = deque()  # replays waiting for one of the MAX_REPLAYS places
-        self._replaying = 0
+        self._waiting: dict[str, deque[_Exchange]] = {}  # replays waiting for a place, per peer gateway
+        self._held: Counter[str] = Counter()  # places held, per peer gateway
         self._next = 0
 
     # -- inputs -------------------------------------------------------------------------
@@ -117,13 +126,18 @@ class FarCoap:
         """A request or cancel envelope (unpacked by coap_core.unpack); raises ValueError or
         CoapError for one that makes no request (the shell counts it and consumes it)."""
         key = cc.observation_key(d.origin, body)
-        request, server = (None, "") if body["op"] == "cancel" else cc.request_of(body)
         out: list[Event] = []
         if body["op"] == "cancel" or body.get("obs") is not None:  # a new registration replaces an old one
             out += self._end_observation(key, body.get("why", "deregistered by the client"), now_ms)
         if body["op"] == "cancel":
             return out + [Consume(d.id)]
+        request, server = cc.request_of(body)
+        if body.get("obs") == 0 and len(self.observations) >= MAX_OBSERVATIONS:
+            self.counters["observations_refused"] += 1  # answered once, without Observe: "not observable"
+            request.opt.observe = None
+            body = {k: v for k, v in body.items() if k != "obs"}
         self._next += 1
+        start = min(d.created_ms, getattr(d, "received_ms", d.created_ms))  # a peer's clock ahead buys no time
         x = _Exchange(
             self._next,
             d,
@@ -131,24 +145,34 @@ class FarCoap:
             request,
             server,
             key if body.get("obs") == 0 else None,
-            d.created_ms + d.lifetime_ms,
+            start + min(d.lifetime_ms, MAX_ASK_MS),
+            d.origin,
         )
-        self.exchanges[x.xid] = x
         if x.observation is not None:
+            self.exchanges[x.xid] = x
             self.observations[key] = x.xid
             return out + self._ask(x, now_ms)
-        self._waiting.append(x.xid)
+        self._waiting.setdefault(x.origin, deque()).append(x)
         return out + self._start_replays(now_ms)
 
     def answered(self, xid: int, resp: Message, now_ms: int) -> list[Event]:
         x = self.exchanges.get(xid)
         if x is None or not (x.asking or x.observing):
             return []
+        try:
+            body = cc.response_body(x.body, resp)
+        except (ValueError, TypeError, cc.CoapError) as e:  # aiocoap decoded what it cannot encode
+            self.counters["bad_responses"] += 1
+            log.warning("CoAP response from %s cannot be carried back: %s", x.server, e)
+            if x.observation is not None and x.observing:
+                return []  # a later notification carries the state
+            bad = Message(code=Code.BAD_GATEWAY, payload=f"the server's response cannot be carried: {e}".encode()[:200])
+            body, resp = cc.response_body(x.body, bad), bad
         if x.observation is None:
             x.asking = False
             self.counters["replayed"] += 1
-            return self._answer(x, cc.response_body(x.body, resp), now_ms)
-        out = self._notify(x, resp, now_ms)
+            return self._answer(x, body, now_ms)
+        out = self._notify(x, body, now_ms)
         if not x.observing:
             x.asking = False
             if resp.opt.observe is None or not resp.code.is_successful():
@@ -205,6 +229,9 @@ class FarCoap:
         for x in list(self.exchanges.values()):
             if x.observation is not None and now_ms >= x.deadline_ms and not x.final:
                 out += self._end_observation(x.observation, "its lifetime is over", now_ms)
+            elif x.observation is None and x.asking and now_ms >= x.deadline_ms + REQUEST_TIMEOUT_S * 1000:
+                x.asking = False  # its last attempt was never reported: the 5.04 goes anyway
+                out += [Stop(x.xid)] + self._ask(x, now_ms)
             elif x.retry_ms is not None and now_ms >= x.retry_ms:
                 x.retry_ms = None
                 if x.answer is not None:
@@ -216,19 +243,26 @@ class FarCoap:
     def next_deadline_ms(self) -> int | None:
         ats = [x.retry_ms for x in self.exchanges.values() if x.retry_ms is not None]
         ats += [x.deadline_ms for x in self.exchanges.values() if x.observation is not None and not x.final]
+        ats += [x.deadline_ms + int(REQUEST_TIMEOUT_S * 1000) for x in self.exchanges.values() if x.asking]
         return min(ats, default=None)
 
     def status(self) -> dict:
-        return {"replaying": self._replaying, "waiting": len(self._waiting), "observing": len(self.observations)}
+        waiting = sum(len(q) for q in self._waiting.values())
+        return {"replaying": sum(self._held.values()), "waiting": waiting, "observing": len(self.observations)}
 
     # -- the exchanges --------------------------------------------------------------------
     def _start_replays(self, now_ms: int) -> list[Event]:
+        """Waiting replays into free places: the next from the peer holding fewest."""
         out: list[Event] = []
-        while self._waiting and self._replaying < self.max_replays:
-            x = self.exchanges.get(self._waiting.popleft())
-            if x is not None:
-                self._replaying += 1
-                out += self._ask(x, now_ms)
+        while self._waiting and sum(self._held.values()) < self.max_replays:
+            origin = min(self._waiting, key=lambda o: self._held[o])
+            queue = self._waiting[origin]
+            x = queue.popleft()
+            if not queue:
+                del self._waiting[origin]
+            self._held[origin] += 1
+            self.exchanges[x.xid] = x
+            out += self._ask(x, now_ms)
         return out
 
     def _ask(self, x: _Exchange, now_ms: int) -> list[Event]:
@@ -256,10 +290,9 @@ class FarCoap:
         x.answer = Answer(x.xid, x.d.origin, body, self._life(x, now_ms), x.d.priority, None)
         return [x.answer]
 
-    def _notify(self, x: _Exchange, resp: Message, now_ms: int) -> list[Event]:
+    def _notify(self, x: _Exchange, body: bytes, now_ms: int) -> list[Event]:
         key = x.observation or ()
         supersede = f"coap-obs:{key[1][0]}:{key[1][1]}:{key[2].hex()}"
-        body = cc.response_body(x.body, resp)
         x.answer = Answer(x.xid, x.d.origin, body, self._life(x, now_ms), x.d.priority, supersede)
         return [x.answer]
 
@@ -270,7 +303,9 @@ class FarCoap:
             if self.observations.get(x.observation) == x.xid:
                 del self.observations[x.observation]
         else:
-            self._replaying -= 1
+            self._held[x.origin] -= 1
+            if self._held[x.origin] <= 0:
+                del self._held[x.origin]
         return [Consume(x.d.id)] + self._start_replays(now_ms)
 
     def _end_observation(self, key: tuple, why: str, now_ms: int) -> list[Event]:

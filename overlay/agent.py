@@ -55,6 +55,22 @@ class Capabilities:
     clas: tuple[str, ...] = ("tcpcl", "udp")  # the convergence layers (c2dtn's scheme names) it speaks
     udp_bundle_max: int | None = None  # its UDP CLA sends a bundle as one datagram of at most this many
     # bytes (None: it fragments larger bundles)
+    beside_overlay: bool = False  # serves many endpoints per node: a bare client can run beside an overlay node
+
+
+SEED_002 = "NPS 2017: over the agent's TCP CLA, memory storage, a LAN testbed, 10 runs per size, dtnperf"
+
+
+@dataclass(frozen=True)
+class Published:
+    """A figure a source paper gives for an agent, shown by the benchmarks beside their own."""
+
+    source: str  # "seed 002"
+    figure: str  # "round trip" (low, high in ms) or "throughput at 1 MB" (low, high in bit/s)
+    text: str  # as the paper puts it: "70-99 ms"
+    low: float
+    high: float
+    setting: str = ""  # how the paper measured it
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,22 @@ class BundleAgent(abc.ABC):
     # the convergence layers the testbed runs this agent on, its default first (empty: any of
     # capabilities.clas); what the testbed reads instead of naming agents
     testbed_clas: tuple[str, ...] = ()
+    # [agent] keys the driver also reads for its own settings (configs older than [agent.<kind>])
+    legacy_keys: frozenset[str] = frozenset()
+    daemon: str = ""  # its daemon's name in reports ("" : the agent's name)
+    # benchmark variants of this agent: name -> (the CLA under it, testbed node -> TOML added to its config)
+    testbed_variants: dict[str, tuple[str, dict[str, str]]] = {}
+    published: tuple[Published, ...] = ()  # what source papers measured of it
+
+    @classmethod
+    def label(cls) -> str:
+        return cls.daemon or cls.name
+
+    @classmethod
+    def beside(cls, port: int) -> BundleAgent:
+        """A client of this agent's daemon on this node, beside the overlay node that runs it (a
+        bare benchmark client; capabilities.beside_overlay); port: the daemon's API port."""
+        raise NotImplementedError(f"{cls.name} serves one endpoint per node: no client beside the overlay")
 
     # -- made from a node's configuration -------------------------------------------------
     @classmethod

@@ -16,7 +16,7 @@ from c2dtn.cla_adapters import ClaSpec, parse_cla
 from c2dtn.confref import Field as F
 from c2dtn.confref import table
 from c2dtn.errors import C2Error, ConfigError
-from c2dtn.overlay.agents import agent_class, kinds
+from c2dtn.overlay.agents import DEFAULT, agent_class, kinds
 from c2dtn.overlay.envelope import MAX_CONTAINER_BYTES
 from c2dtn.overlay.scheduler import SchedulerConfig
 from c2dtn.overlay.store import Quota
@@ -24,8 +24,6 @@ from c2dtn.overlay.store_sqlite import SYNC_MODES
 from c2dtn.tomlfile import check_name, check_private, read_toml
 
 ROUTING = ("static", "epidemic")
-# settings an agent's driver also takes from [agent] itself (configs written before [agent.<kind>])
-LEGACY_KEYS = {"dtn7": {"store", "web_port", "janitor"}}
 
 TOP = table(
     "(top level)",
@@ -41,9 +39,9 @@ TOP = table(
         F(
             "agent",
             "table",
-            "(dtn7, tcpcl on 4556)",
+            f"({DEFAULT}, tcpcl on 4556)",
             "The bundle protocol agent the node runs and its neighbours.",
-            '{ kind = "dtn7" }',
+            f'{{ kind = "{DEFAULT}" }}',
         ),
         F("keys", "table", "{}", "Keys shared with the overlay nodes and groups this node talks to.", "{}"),
         F("groups", "table", "{}", "Groups one bundle reaches every member of.", "{}"),
@@ -61,8 +59,8 @@ NODE = table(
             "id",
             "name",
             None,
-            "The node's id (1-40 letters, digits, '-' or '_'); its dtn7 endpoint is dtn://<id>/, "
-            "ION and HDTN derive an ipn number from it.",
+            "The node's id (1-40 letters, digits, '-' or '_'); each agent's endpoint for it, dtn://<id>/ "
+            "or an ipn number, is derived from it (agents/).",
             '"gw1"',
         ),
         F(
@@ -104,15 +102,15 @@ NODE = table(
 AGENT = table(
     "agent",
     "The bundle protocol agent (BPA) this node runs. Its own settings are in [agent.<kind>] "
-    "(below); dtn7's store, web_port and janitor are also read from [agent] itself, as configs "
-    "older than [agent.dtn7] have them.",
+    "(below); some agents also read them from [agent] itself, as configs older than "
+    "[agent.<kind>] have them (agents/).",
     [
         F(
             "kind",
             "string",
-            '"dtn7"',
-            "Which agent: dtn7, ion, ibrdtn or hdtn (overlay.agents registers them).",
-            '"dtn7"',
+            f'"{DEFAULT}"',
+            "Which agent: one of those overlay.agents registers (agents/ lists them).",
+            f'"{DEFAULT}"',
         ),
         F(
             "listen",
@@ -125,7 +123,7 @@ AGENT = table(
             "routing",
             "string",
             '"static"',
-            "static: [[agent.routes]]; epidemic: every bundle to every peer (dtn7 groups need it).",
+            "static: [[agent.routes]]; epidemic: every bundle to every peer (groups need it on some agents: agents/).",
             '"static"',
         ),
         F("peers", "array of tables", "[]", "The neighbours the agent keeps contact with ([[agent.peers]]).", "[]"),
@@ -164,7 +162,7 @@ GROUP = F(
     "array of names",
     "(none)",
     "The group's members, this node among them; the group needs "
-    'its own key and every other member a pair key. dtn7 needs routing = "epidemic".',
+    'its own key and every other member a pair key; some agents need routing = "epidemic" (agents/).',
     '["deu-gw", "nor-gw", "prt-gw"]',
 )
 KEYS = table(
@@ -311,7 +309,7 @@ class NodeConfig:
     storage: Path
     netns: str | None = None
     overlay: bool = True
-    agent: str = "dtn7"
+    agent: str = DEFAULT
     agent_options: dict = field(default_factory=dict)  # [agent.<kind>], checked by the agent's driver
     listen: list[ClaSpec] = field(default_factory=list)
     peers: list[Peer] = field(default_factory=list)
@@ -383,7 +381,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
             raise ConfigError(src, "node.overlay", node["overlay"], "must be true or false")
         cfg.overlay = node["overlay"]
     agent = data.get("agent", {})
-    cfg.agent = agent.get("kind", "dtn7") if isinstance(agent, dict) else "dtn7"
+    cfg.agent = agent.get("kind", DEFAULT) if isinstance(agent, dict) else DEFAULT
     try:
         if not isinstance(cfg.agent, str):  # a list or table is no name (found by perf fuzz)
             raise C2Error(cfg.agent)
@@ -392,7 +390,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
         raise ConfigError(
             src, "agent.kind", cfg.agent, "no driver for this agent", "agents: " + ", ".join(kinds())
         ) from None
-    legacy = LEGACY_KEYS.get(cfg.agent, set())
+    legacy = set(driver.legacy_keys)
     agent = AGENT.check(src, "agent", agent, {cfg.agent} | legacy)
     own = agent.get(cfg.agent, {})
     if not isinstance(own, dict):

@@ -95,7 +95,7 @@ RELAY = table(
             "array of paths",
             None,
             "Node configs, one per agent kind (at least two; relative to this file).",
-            '["tacnet.dtn7.toml", "tacnet.ibrdtn.toml"]',
+            '["tacnet.bpv7.toml", "tacnet.bpv6.toml"]',
         ),
         F(
             "max_bytes",

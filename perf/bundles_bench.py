@@ -15,7 +15,7 @@ sink takes them for 60 s more.  Per run: bundles delivered (of those sent into t
 each one's latency, and how long after the link's return the last one arrived: what the
 BPA does with bundles it cannot pass on (holds and retries, or sends them into the void).
 
-Every agent runs through its driver (perf.dtnd_client --config: the node's own agent,
+Every agent runs through its driver (perf.bare_client --config: the node's own agent,
 its own endpoint), on each asked-for CLA it speaks.  A size that cannot finish within
 --budget seconds on the profile's rate, that the CLA cannot carry (dtn7's and ION's UDP
 CLAs put one bundle in one datagram), an agent x CLA the agent lacks (or that the harness
@@ -37,11 +37,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from c2dtn.overlay.agents import agent_class
-from c2dtn.perf.dtnd_client import client_gap
-from c2dtn.perf.dtnd_client import end as _end
-from c2dtn.perf.dtnd_client import result as _result
-from c2dtn.perf.dtnd_client import spawn as _client
+from c2dtn.overlay.agents import DEFAULT, agent_class, variants
+from c2dtn.perf.bare_client import client_gap
+from c2dtn.perf.bare_client import end as _end
+from c2dtn.perf.bare_client import result as _result
+from c2dtn.perf.bare_client import spawn as _client
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import run_dir
 from c2dtn.topologies import testbed
@@ -51,16 +51,10 @@ from c2dtn.topologies.profiles import load_builtin_profiles
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 BPA = ["gw1", "r2", "r3", "gw4"]
-CLAS = ("tcpcl", "udp", "mtcp", "ltp", "udp+bibe")
-# A CLA with an agent's own custody on top: (the agent, the CLA under it, node -> TOML added to its config).
-# udp+bibe: ION's BIBE custody across the radio hop r2 -> r3, where the link is lossy and cut, the way
-# the data goes (gw1 -> gw4; acks and echoes come back over plain UDP).  One way (overlay.agents.ion):
-# both ways passed no ack back.  Not on every hop: with BIBE both ways between every pair of
-# neighbours one run wrecked r2's SDR at the start ("Dataspace read failed", then bibeclo
-# asking for -6 bytes)
-VARIANTS = {
-    "udp+bibe": ("ion", "udp", {"r2": '[agent.ion]\nbibe = ["r3"]\n', "r3": '[agent.ion]\nbibe_from = ["r2"]\n'})
-}
+# a CLA with an agent's own custody on top, as the drivers declare them: name -> (the agent, the
+# CLA under it, node -> TOML added to its config)
+VARIANTS = variants()
+CLAS = ("tcpcl", "udp", "mtcp", "ltp", *VARIANTS)
 SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
 LAN_COUNTS = {"1k": 200, "10k": 100, "100k": 30, "1M": 8}
 
@@ -83,7 +77,7 @@ def cannot_run(agent: str, cla: str) -> str | None:
     if cla in VARIANTS:
         kind = VARIANTS[cla][0]
         if agent != kind:
-            return f"{agent} has no {cla}: BIBE custody is {kind}'s"
+            return f"{agent} has no {cla}: it is {kind}'s own (its driver's testbed_variants)"
         cla = VARIANTS[cla][1]
     cls = agent_class(agent)
     if cla not in cls.capabilities.clas:
@@ -102,7 +96,7 @@ def too_big(agent: str, cla: str, size: int) -> str | None:
 
 
 def plan_run(
-    cla: str, rate_bps: float | None, size: int, name: str, budget: float, agent: str = "dtn7"
+    cla: str, rate_bps: float | None, size: int, name: str, budget: float, agent: str = DEFAULT
 ) -> tuple[int, int, str | None]:
     """(bundles for throughput, round trips, reason to skip or None) for one size on one link.
     On a rated link the transfer is sized to about a sixth of the budget (at least 3 bundles),
@@ -410,31 +404,24 @@ def _lost(s: dict) -> str:
     return f"{s['lost']} of {s['sent']} ({100 * s['lost'] / s['sent']:.1f} %)" if s["sent"] else "-"
 
 
-# seed 002 (NPS, 2017: ION and IBR-DTN over their TCP CLAs, memory storage, 10 runs per size,
-# dtnperf), the figures its text gives: round trip ranges (ms) and ION's throughput at 1 MB
-SEED_002_RTT_MS = {"ion": (70, 99), "ibrdtn": (8, 12)}  # IBR-DTN "on the order of 10 ms" (more at 100k, 1M)
-SEED_002_ION_1M_BPS = 100e6  # "over 100 Mbit/s"
-
-
-def seed_002(summary: list[dict]) -> list[list[str]]:
-    """Rows (agent, figure, seed 002, ours on lan) where seed 002 gives a figure for the agent."""
+def published(summary: list[dict]) -> list[list[str]]:
+    """Rows (agent, figure, source, published, ours on lan) for what the drivers say source
+    papers measured of the agents measured here on lan (BundleAgent.published)."""
     lan = [s for s in summary if s["profile"] == "lan" and "skipped" not in s]
     out = []
-    for agent, (lo, hi) in SEED_002_RTT_MS.items():
-        rt = [s["rtt_s"] * 1000 for s in lan if s["agent"] == agent and s["rtt_s"] is not None and s["bytes"] <= 10_000]
-        if rt:
-            mine = f"{min(rt):.0f}-{max(rt):.0f} ms (1k and 10k, medians of CLAs and sizes)"
-            out.append([agent, "round trip, small bundles", f"{lo}-{hi} ms" if agent == "ion" else "~10 ms", mine])
-    one_m = [s for s in lan if s["agent"] == "ion" and s["size"] == "1M"]
-    out.append(
-        [
-            "ion",
-            "throughput at 1 MB",
-            "over 100 Mbit/s",
-            ", ".join(f"{_rate(s['throughput_bps'])} over {s['cla']}" for s in one_m)
-            or "not measured: ION runs over UDP only here, whose datagram takes at most ~65 kB",
-        ]
-    )
+    for agent in dict.fromkeys(s["agent"] for s in lan):
+        for p in agent_class(agent).published:
+            mine = [s for s in lan if s["agent"] == agent]
+            if p.figure == "round trip":
+                rt = [s["rtt_s"] * 1000 for s in mine if s["rtt_s"] is not None and s["bytes"] <= 10_000]
+                if rt:
+                    ours = f"{min(rt):.0f}-{max(rt):.0f} ms (1k and 10k, medians of CLAs and sizes)"
+                    out.append([agent, "round trip, small bundles", p.source, p.text, ours])
+            else:
+                one_m = [s for s in mine if s["size"] == "1M"]
+                why = too_big(agent, harness_cla(agent, "tcpcl"), SIZES["1M"]) or "no 1 MB run"
+                ours = ", ".join(f"{_rate(s['throughput_bps'])} over {s['cla']}" for s in one_m)
+                out.append([agent, p.figure, p.source, p.text, ours or f"not measured: {why}"])
     return out
 
 
@@ -528,16 +515,18 @@ def report(rows: list[dict], out: Path) -> list[dict]:
         md.append("| " + " | ".join(cells) + " |")
     console.print(t)
     md += ["", "![throughput and round trip](plot.png)", ""]
-    seed = seed_002(summary) if any(s["agent"] in SEED_002_RTT_MS for s in summary) else []
+    seed = published(summary)
     if seed:
+        settings = {(p.source, p.setting) for a in dict.fromkeys(r[0] for r in seed) for p in agent_class(a).published}
         md += [
-            "## Seed 002 beside these runs",
+            "## Published figures beside these runs",
             "",
-            "Seed 002 (NPS 2017) ran ION and IBR-DTN over their TCP CLAs with memory storage on a LAN testbed; "
-            "these runs use disk stores and 4 BPA hops.",
+            "Each as its source measured it: "
+            + "; ".join(f"{src}: {how}" for src, how in sorted(settings))
+            + ". These runs use disk stores and 4 BPA hops.",
             "",
-            "| agent | figure | seed 002 | here (lan) |",
-            "|---|---|---|---|",
+            "| agent | figure | source | published | here (lan) |",
+            "|---|---|---|---|---|",
         ]
         md += ["| " + " | ".join(r) + " |" for r in seed] + [""]
     outage = summarize_outage(rows)
@@ -629,21 +618,15 @@ def plot(summary: list[dict], path: Path) -> None:
             label=label,
             yerr=[[(s["rtt_s"] - s["rtt_min"]) * 1000 for s in rt], [(s["rtt_max"] - s["rtt_s"]) * 1000 for s in rt]],
         )
-    agents = {s["agent"] for s in summary if s["profile"] == "lan"}
-    if "ion" in agents:  # seed 002's figures, where it gives them for an agent measured here
-        lo, hi = SEED_002_RTT_MS["ion"]
-        a2.axhspan(lo, hi, color="tab:orange", alpha=0.15, label=f"seed 002: ION round trip {lo}-{hi} ms")
-        a1.plot(
-            [1e6],
-            [SEED_002_ION_1M_BPS / 1e3],
-            marker="*",
-            markersize=12,
-            linestyle="none",
-            color="tab:orange",
-            label="seed 002: ION at 1 MB, over 100 Mbit/s",
-        )
-    if "ibrdtn" in agents:
-        a2.axhline(10, color="tab:green", linestyle=":", label="seed 002: IBR-DTN round trip ~10 ms")
+    agents = dict.fromkeys(s["agent"] for s in summary if s["profile"] == "lan")
+    for agent in agents:  # what source papers give for an agent measured here
+        for p in agent_class(agent).published:
+            label = f"{p.source}: {agent} {p.figure} {p.text}"
+            if p.figure == "round trip":
+                a2.axhspan(p.low, p.high, alpha=0.15)  # the range it gives, its middle labelled
+                a2.axhline((p.low + p.high) / 2, linestyle=":", linewidth=1, label=label)
+            else:
+                a1.plot([1e6], [p.low / 1e3], marker="*", markersize=12, linestyle="none", label=label)
     for ax, ylabel, title in (
         (a1, "throughput (kbit/s)", "Throughput by payload size (median, min-max)"),
         (a2, "round trip (ms)", "Round trip by payload size (median, min-max)"),

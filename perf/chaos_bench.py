@@ -35,6 +35,7 @@ import threading
 import time
 from pathlib import Path
 
+from c2dtn.overlay.agents import DEFAULT
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import progress, run_dir
 from c2dtn.topologies import testbed
@@ -383,7 +384,7 @@ def main(
     outage_s: float,
     outage_every: float,
     seed: int,
-    agent: str = "dtn7",
+    agent: str = DEFAULT,
     out: Path | None = None,
     console=None,
     targets: str = "all",

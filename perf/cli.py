@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from c2dtn.overlay.agents import DEFAULT
+
 
 @click.group("perf")
 def perf() -> None:
@@ -46,9 +48,9 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
 )
 @click.option(
     "--agents",
-    default="dtn7",
+    default=DEFAULT,
     show_default=True,
-    help="the BPAs to run the overlay over, each beside itself bare (dtn7,ion,ibrdtn,hdtn)",
+    help="the BPAs to run the overlay over, each beside itself bare (comma-separated kinds)",
 )
 def overlay_cmd(
     sizes: str,
@@ -290,7 +292,7 @@ def paho_interop_cmd(suite: Path) -> None:
 @click.option("--profile", default="cnr-tactical-2", show_default=True, help="the r2=r3 radio link's profile")
 @click.option("--outage-s", default=30.0, show_default=True, type=click.FloatRange(0, 3600))
 @click.option("--outage-every", default=180.0, show_default=True, type=click.FloatRange(10, 36000))
-@click.option("--agent", default="dtn7", show_default=True, help="the BPA on every node")
+@click.option("--agent", default=DEFAULT, show_default=True, help="the BPA on every node")
 @click.option(
     "--targets",
     default="all",
@@ -423,8 +425,8 @@ def _outage(ctx, param, value: str):
     "agents",
     multiple=True,
     metavar="[NODE=]KIND",
-    help="run every node on agent KIND (a topology without a relay: e.g. ion), or NODE on KIND "
-    "instead of the topology's (fmn-4nations-mixed: e.g. usa-gw=hdtn)",
+    help="run every node on agent KIND (a topology without a relay), or NODE on KIND "
+    "instead of the topology's (fmn-4nations-mixed: e.g. usa-gw=KIND)",
 )
 def bft_cmd(
     topology: str,
@@ -465,7 +467,7 @@ def bft_cmd(
         if not eq:
             node, kind = "*", node  # a bare KIND: every node
         if not (node and kind):
-            raise click.BadParameter(f"{a!r} is not KIND or NODE=KIND (e.g. ion, usa-gw=hdtn)", param_hint="--agent")
+            raise click.BadParameter(f"{a!r} is not KIND or NODE=KIND (e.g. usa-gw=KIND)", param_hint="--agent")
         chosen[node] = kind
     if chosen:  # named nodes and agents checked before any namespace is made
         from c2dtn.topologies import testbed
@@ -578,16 +580,16 @@ def _list(value: str, known, what: str, hint: str) -> list[str]:
 @perf.command("bundles")
 @click.option(
     "--agents",
-    default="dtn7",
+    default=DEFAULT,
     show_default=True,
-    help="BPAs to compare, each on the asked-for CLAs it speaks (dtn7, ion, ibrdtn, hdtn)",
+    help="BPAs to compare, each on the asked-for CLAs it speaks (comma-separated kinds)",
 )
 @click.option(
     "--cla",
     "clas",
     default="tcpcl,udp,mtcp",
     show_default=True,
-    help="convergence layers; AGENT:CLA for one agent only (e.g. tcpcl,ion:udp)",
+    help="convergence layers; AGENT:CLA for one agent only (e.g. tcpcl,KIND:udp)",
 )
 @click.option("--profiles", default="lan,cnr-tactical-1", show_default=True, help="profiles of the radio hop")
 @click.option("--sizes", default="1k,10k,100k,1M", show_default=True)

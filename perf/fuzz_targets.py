@@ -24,6 +24,7 @@ from c2dtn.errors import C2Error
 from c2dtn.ip_gateway import bodies, coap_core, mqtt
 from c2dtn.overlay import api
 from c2dtn.overlay import envelope as E
+from c2dtn.overlay.agents import DEFAULT
 from c2dtn.overlay.config import load_node_config  # imported here, so atheris instruments it
 from c2dtn.perf import mqtt_diff
 
@@ -339,7 +340,7 @@ def _config(data: bytes) -> None:
 def _config_seeds() -> list[bytes]:
     return [
         (
-            '[node]\nid = "gw1"\nstorage = "/var/lib/c2dtn/gw1"\n[agent]\nkind = "dtn7"\nrouting = "epidemic"\n'
+            f'[node]\nid = "gw1"\nstorage = "/var/lib/c2dtn/gw1"\n[agent]\nkind = "{DEFAULT}"\nrouting = "epidemic"\n'
             'listen = ["tcpcl://0.0.0.0:4556"]\n[[agent.peers]]\nnode = "r2"\ncla = "udp://10.77.1.2:4556"\n'
             '[[agent.routes]]\nto = "*"\nvia = "r2"\n[keys]\ngw4 = "'
             + "ab" * 32

@@ -9,7 +9,7 @@ goodput of a bulk transfer as a fraction of the 9.8 kbit/s link (target >= 0.75)
 With --agents the same on lan for every agent named: dtn7 as above; ION,
 IBR-DTN and HDTN serve one endpoint per node, so their bare figures cannot be taken beside a
 running overlay node.  Each run of such an agent is two blocks on fresh chains: the agent
-bare (perf.dtnd_client --config on gw1 and gw4: echo and rtt, source and sink, every size),
+bare (perf.bare_client --config on gw1 and gw4: echo and rtt, source and sink, every size),
 then the overlay (nodes on gw1 and gw4 over the same agent, every size).  Without turns
 the ratios of these agents carry the machine's drift between the two blocks.  An agent whose
 harness CLA is UDP (ION here) skips the sizes one datagram cannot carry.
@@ -33,13 +33,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from c2dtn.overlay.agents import agent_class
+from c2dtn.overlay.agents import DEFAULT, agent_class
+from c2dtn.perf.bare_client import answer as _answer
+from c2dtn.perf.bare_client import client_gap
+from c2dtn.perf.bare_client import end as _end
+from c2dtn.perf.bare_client import result as _result
+from c2dtn.perf.bare_client import spawn as _client
 from c2dtn.perf.bundles_bench import cannot_run, too_big
-from c2dtn.perf.dtnd_client import answer as _answer
-from c2dtn.perf.dtnd_client import client_gap
-from c2dtn.perf.dtnd_client import end as _end
-from c2dtn.perf.dtnd_client import result as _result
-from c2dtn.perf.dtnd_client import spawn as _client
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import run_dir
 from c2dtn.topologies import testbed
@@ -55,13 +55,16 @@ SIZES = {"1k": 1000, "10k": 10_000, "100k": 100_000, "1M": 1_000_000}
 COUNTS = {"1k": 800, "10k": 400, "100k": 100, "1M": 24}
 
 
-def rtt_pairs(nodes: Nodes, size: int, count: int) -> tuple[list[float], list[float]]:
-    """(bare, overlay) round trips, `count` of each, taking turns: one bare dtnd ping
-    (perf.dtnd_client rtt --stepped, answered by an echo client on gw4), then one
-    through the overlay, and so on, so that both see the same moments of a noisy
+def rtt_pairs(nodes: Nodes, size: int, count: int, agent: str = DEFAULT) -> tuple[list[float], list[float]]:
+    """(bare, overlay) round trips, `count` of each, taking turns: one bare ping of `agent`
+    (perf.bare_client rtt --stepped beside the overlay node, answered by an echo client on gw4),
+    then one through the overlay, and so on, so that both see the same moments of a noisy
     machine (run one after the other, the bare figures of two runs differed by 20 %)."""
-    echo = _client("gw4", "echo", "--timeout", str(60 + count * 10))
-    pinger = _client("gw1", "rtt", "--dst", "gw4", "--size", str(size), "--timeout", "30", "--stepped", stdin=True)
+    beside = ("--agent", agent)
+    echo = _client("gw4", "echo", "--timeout", str(60 + count * 10), *beside)
+    pinger = _client(
+        "gw1", "rtt", "--dst", "gw4", "--size", str(size), "--timeout", "30", "--stepped", *beside, stdin=True
+    )
     bare: list[float] = []
     over: list[float] = []
     try:
@@ -88,18 +91,20 @@ def bare_throughput(
     size: int, count: int, conf: dict[str, tuple[str, ...]] | None = None, gap: float = 0.0
 ) -> tuple[float, int]:
     """(bits per second of payload received, bundles received) from the first bundle handed
-    over to the last received.  conf: each client's --config (an agent other than dtn7,
-    through its driver); such an agent may lose bundles fed as fast as it takes them (ION over
-    UDP did): they are counted, not waited for past the sink's timeout.  Bare dtnd must deliver all."""
+    over to the last received.  conf: each client's arguments: --config (an agent that serves one
+    endpoint per node, through its driver; such an agent may lose bundles fed as fast as it takes
+    them, as ION over UDP did: they are counted, not waited for past the sink's timeout), or
+    --agent (a client beside the overlay node, which must deliver all)."""
     conf = conf or {}
-    wait = 300 if not conf else 60 + count * size * 8 / 1e6  # the others: at least 1 Mbit/s, or lost
+    beside = not any("--config" in c for c in conf.values())
+    wait = 300 if beside else 60 + count * size * 8 / 1e6  # the others: at least 1 Mbit/s, or lost
     sink = _client("gw4", "sink", "--count", str(count), "--timeout", f"{wait:.0f}", *conf.get("gw4", ()))
     time.sleep(1.0)
     src = _result(
         _client("gw1", "source", "--dst", "gw4", "--size", str(size), "--count", str(count), *conf.get("gw1", ())), 600
     )
     snk = _result(sink, 600)
-    time.sleep(gap)  # before the next client of the same node (dtnd_client.client_gap)
+    time.sleep(gap)  # before the next client of the same node (bare_client.client_gap)
     if not snk["last"] or (not conf and snk["received"] < count):
         raise RuntimeError(f"bare agent: {snk['received']} of {count} bundles arrived")
     return snk["bytes"] * 8 / (snk["last"] - src["start"]), snk["received"]
@@ -174,7 +179,7 @@ def _nodes(
     cla: str = "tcpcl",
     per_link_cla: bool = True,
     radio_cla: str | None = None,
-    agent: str = "dtn7",
+    agent: str = DEFAULT,
     overlay: bool = True,
 ) -> Nodes:
     testbed.down()
@@ -206,23 +211,24 @@ def cannot_carry(agent: str, size: int) -> str | None:
     return cannot_run(agent, lan_cla(agent)) or too_big(agent, lan_cla(agent), size)
 
 
-def lan(sizes: list[str], runs: int, rtt_count: int = 40, agent: str = "dtn7") -> list[dict]:
-    if agent != "dtn7":
+def lan(sizes: list[str], runs: int, rtt_count: int = 40, agent: str = DEFAULT) -> list[dict]:
+    if not agent_class(agent).capabilities.beside_overlay:
         return lan_blocks(agent, sizes, runs, rtt_count)
     rows = []
+    beside = {n: ("--agent", agent) for n in ("gw1", "gw4")}
     with tempfile.TemporaryDirectory() as td:
         # on a LAN every hop speaks TCPCL (a megabyte bundle fits no UDP datagram)
-        nodes = _nodes("lan", Path(td), cla="tcpcl", per_link_cla=False)
+        nodes = _nodes("lan", Path(td), cla="tcpcl", per_link_cla=False, agent=agent)
         try:
             for name in sizes:
                 size, count = SIZES[name], COUNTS[name]
                 for r in range(runs):
                     console.print(f"[dim]lan {name}: run {r + 1}/{runs}[/dim]")
-                    row = {"agent": "dtn7", "cla": "tcpcl", "size": name, "bytes": size, "run": r + 1}
-                    bare, over = rtt_pairs(nodes, size, rtt_count)
+                    row = {"agent": agent, "cla": "tcpcl", "size": name, "bytes": size, "run": r + 1}
+                    bare, over = rtt_pairs(nodes, size, rtt_count, agent)
                     row["bare_rtt_s"], row["overlay_rtt_s"] = statistics.median(bare), statistics.median(over)
                     row["bare_rtts"], row["overlay_rtts"] = bare, over
-                    row["bare_bps"], _ = bare_throughput(size, count)
+                    row["bare_bps"], _ = bare_throughput(size, count, beside)
                     row["overlay_bps"], _ = overlay_throughput(nodes, size, count)
                     rows.append(row)
         finally:
@@ -288,7 +294,7 @@ def tactical(
     total_bytes: int = 60_000,
     body: int = 1000,
     cla: str | None = None,
-    agent: str = "dtn7",
+    agent: str = DEFAULT,
 ) -> dict:
     with tempfile.TemporaryDirectory() as td:
         # the radio link (r2-r3) carries what the topology says (nps-chain: UDP) unless --cla
@@ -320,20 +326,20 @@ def tactical(
 
 
 def _agent_label(agent: str) -> str:
-    return "dtnd" if agent == "dtn7" else agent
+    return agent_class(agent).label()
 
 
 def summarize(rows: list[dict]) -> list[dict]:
     """Per agent and payload: medians over runs and the per-run ratios' median, min and max
     (a skipped size keeps its reason)."""
     summary = []
-    agents = list(dict.fromkeys(r.get("agent", "dtn7") for r in rows))
+    agents = list(dict.fromkeys(r.get("agent", DEFAULT) for r in rows))
     keys = sorted(
-        dict.fromkeys((r.get("agent", "dtn7"), r["size"]) for r in rows),
+        dict.fromkeys((r.get("agent", DEFAULT), r["size"]) for r in rows),
         key=lambda k: (agents.index(k[0]), list(SIZES).index(k[1])),
     )
     for agent, name in keys:
-        rs = [r for r in rows if (r.get("agent", "dtn7"), r["size"]) == (agent, name)]
+        rs = [r for r in rows if (r.get("agent", DEFAULT), r["size"]) == (agent, name)]
         skipped = next((r["skipped"] for r in rs if "skipped" in r), None)
         rs = [r for r in rs if "skipped" not in r]
         failed = [r["failed"] for r in rs if "failed" in r]
@@ -373,16 +379,17 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
     agents = list(dict.fromkeys(s["agent"] for s in summary))
-    only_dtn7 = agents in ([], ["dtn7"])
+    only_default = agents in ([], [DEFAULT])
     t = Table(
         title=(
-            "overlay vs bare dtnd on lan (nps-chain, 4 dtnd hops): medians over runs, ratios per run "
-            "(round trips: bare and overlay pings taking turns)"
+            f"overlay vs bare {_agent_label(DEFAULT)} on lan (nps-chain, 4 {_agent_label(DEFAULT)} hops): "
+            "medians over runs, ratios per run (round trips: bare and overlay pings taking turns)"
         )
-        if only_dtn7
+        if only_default
         else (
             "overlay vs its agent bare on lan (nps-chain, 4 hops): medians over runs, ratios per run "
-            "(dtn7: bare and overlay pings taking turns; the others: a bare block, then an overlay block)"
+            "(an agent that serves many endpoints per node: bare and overlay pings taking turns; the "
+            "others: a bare block, then an overlay block)"
         )
     )
     cols = (
@@ -397,13 +404,13 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
         "min-max",
         "runs",
     )
-    if not only_dtn7:
+    if not only_default:
         t.add_column("agent (CLA)")
         cols += ("bare lost",)
     for c in cols:
         t.add_column(c, justify="right")
     for s in summary:
-        head = [] if only_dtn7 else [f"{s['agent']} ({s.get('cla', lan_cla(s['agent']))})"]
+        head = [] if only_default else [f"{s['agent']} ({s.get('cla', lan_cla(s['agent']))})"]
         if "skipped" in s:
             t.add_row(*head, s["size"], "skipped (below)", *[""] * (len(cols) - 2))
             continue
@@ -419,7 +426,7 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
             f"{s['rtt_ratio']:.2f}",
             f"{s['rtt_ratio_min']:.2f}-{s['rtt_ratio_max']:.2f}",
             str(s["runs"]),
-            *([] if only_dtn7 else [f"{s['bare_lost']} of {s['bare_sent']}"]),
+            *([] if only_default else [f"{s['bare_lost']} of {s['bare_sent']}"]),
         )
     if rows:
         console.print(t)
@@ -448,7 +455,7 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
             g.add_column(c, justify="right")
         for x in tacs:
             g.add_row(
-                x.get("agent", "dtn7"),
+                x.get("agent", DEFAULT),
                 f"over {x['cla']}",
                 f"{x['payload_bytes']} B",
                 f"{x['seconds']:.0f} s",
@@ -498,10 +505,10 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
                 continue
             xs = [s["size"] for s in ss]
             bare = f"bare {_agent_label(agent)}"
-            over = "c2dtn overlay" if only_dtn7 else f"overlay on {agent}"
-            a1.plot(xs, [s["bare_bps"] / 1e6 for s in ss], "o--" if not only_dtn7 else "o-", label=bare)
+            over = "c2dtn overlay" if only_default else f"overlay on {agent}"
+            a1.plot(xs, [s["bare_bps"] / 1e6 for s in ss], "o--" if not only_default else "o-", label=bare)
             a1.plot(xs, [s["overlay_bps"] / 1e6 for s in ss], "s-", label=over)
-            a2.plot(xs, [s["bare_rtt_s"] * 1000 for s in ss], "o--" if not only_dtn7 else "o-", label=bare)
+            a2.plot(xs, [s["bare_rtt_s"] * 1000 for s in ss], "o--" if not only_default else "o-", label=bare)
             a2.plot(xs, [s["overlay_rtt_s"] * 1000 for s in ss], "s-", label=over)
         for a, what, title in ((a1, "throughput (Mbit/s)", "Throughput"), (a2, "round trip (ms)", "Round trip")):
             a.set_yscale("log")
@@ -525,7 +532,7 @@ def main(
     skip_tactical: bool = False,
     cla: str | None = None,
     scheduler: dict[str, int] | None = None,
-    agents: list[str] = ("dtn7",),
+    agents: list[str] = (DEFAULT,),
 ) -> None:
     out = run_dir("overlay-bench")
     SCHEDULER.clear()
@@ -551,5 +558,5 @@ def main(
                 all_runs=tacs,
             )
             tacs_by_agent.append(tac)
-    tac_out = None if not tacs_by_agent else tacs_by_agent[0] if list(agents) == ["dtn7"] else tacs_by_agent
+    tac_out = None if not tacs_by_agent else tacs_by_agent[0] if list(agents) == [DEFAULT] else tacs_by_agent
     report(rows, tac_out, out)

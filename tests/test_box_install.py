@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from c2dtn.overlay.agents.dtn7 import find_dtnd
-from c2dtn.topologies.nodes import dtnd_missing
+from c2dtn.topologies.nodes import agent_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOYABLE = {"overlay": "c2dtn.overlay", "ip-gateway": "c2dtn.ip_gateway", "cla-adapters": "c2dtn.cla_adapters"}
@@ -105,7 +105,7 @@ def test_a_box_install_has_no_generic_names_and_no_harness(box_venv, tmp_path):
 
 
 @pytest.mark.bpa
-@pytest.mark.skipif(dtnd_missing() is not None, reason=f"{dtnd_missing()}")
+@pytest.mark.skipif(agent_missing() is not None, reason=f"{agent_missing()}")
 def test_a_box_install_runs_the_gateway_and_shows_its_status(box_venv, tmp_path):
     """`c2dtn gateway run` from the box install on loopback (no namespaces), with one
     peer configured; `c2dtn gateway status` lists it (it once read a field peers lack)."""

@@ -24,7 +24,7 @@ def test_lost_bundles_free_the_window_and_are_counted_not_waited_for():
     import time
     from types import SimpleNamespace
 
-    from c2dtn.perf import dtnd_client
+    from c2dtn.perf import bare_client
 
     class LossyAgent:
         """Acks every bundle after 10 ms, except bundles 3, 7 and 18 (never) and 5 (after 0.35 s: late,
@@ -48,7 +48,7 @@ def test_lost_bundles_free_the_window_and_are_counted_not_waited_for():
                 yield await self.q.get()
 
     t0 = time.monotonic()
-    d = asyncio.run(dtnd_client.data(LossyAgent(), "gw4", 100, 20, 4, timeout=30, ack_timeout=0.3))
+    d = asyncio.run(bare_client.data(LossyAgent(), "gw4", 100, 20, 4, timeout=30, ack_timeout=0.3))
     assert (d["sent"], d["acked"], d["lost"], d["late"]) == (20, 17, 3, 1)
     assert time.monotonic() - t0 < 5  # not the 30 s budget
     assert d["end"] - d["start"] < 2  # the run ends at the last ack
@@ -132,7 +132,7 @@ def test_each_agent_runs_on_the_clas_asked_for_it_and_says_why_it_cannot_on_othe
     assert b.plan_run("udp", None, 10_000, "10k", 180, agent="ion")[2] is None
     assert b.plan_run("udp", None, 1_000_000, "1M", 180, agent="ibrdtn")[2] is None
     # ION's BIBE custody rides on its UDP CLA, and is ION's only
-    assert "dtn7 has no udp+bibe: BIBE custody is ion's" in b.cannot_run("dtn7", "udp+bibe")
+    assert "dtn7 has no udp+bibe: it is ion's own" in b.cannot_run("dtn7", "udp+bibe")
     assert b.cannot_run("ion", "udp+bibe") == agent_class("ion").missing()
     assert "ion's UDP CLA" in b.plan_run("udp+bibe", None, 100_000, "100k", 180, agent="ion")[2]
 
@@ -141,7 +141,7 @@ def test_a_paced_source_stamps_each_bundle_and_the_sink_gives_each_ones_latency(
     import asyncio
 
     from c2dtn.overlay.agent import AgentError
-    from c2dtn.perf import dtnd_client
+    from c2dtn.perf import bare_client
 
     class Link:
         """Passes bundles after 50 ms; refuses bundle 2 (the agent's error is counted, not fatal)."""
@@ -165,8 +165,8 @@ def test_a_paced_source_stamps_each_bundle_and_the_sink_gives_each_ones_latency(
 
     async def run():
         link = Link()
-        sink = asyncio.create_task(dtnd_client.sink(link, 5, timeout=3, stamps=True))
-        src = await dtnd_client.source(link, "gw4", 100, 5, interval=0.05)
+        sink = asyncio.create_task(bare_client.sink(link, 5, timeout=3, stamps=True))
+        src = await bare_client.source(link, "gw4", 100, 5, interval=0.05)
         return src, await sink
 
     src, got = asyncio.run(run())
@@ -241,8 +241,10 @@ def test_report_has_the_outage_table_its_plot_and_seed_002_beside_our_round_trip
     )
     b.report(rows, tmp_path)
     md = (tmp_path / "report.md").read_text()
-    assert "| ion | round trip, small bundles | 70-99 ms | 93-93 ms" in md
-    assert "| ibrdtn | round trip, small bundles | ~10 ms | 18-18 ms" in md
+    assert "| ion | round trip, small bundles | seed 002 | 70-99 ms | 93-93 ms" in md
+    assert "| ibrdtn | round trip, small bundles | seed 002 | ~10 ms | 18-18 ms" in md
+    assert "| ion | throughput at 1 MB | seed 002 | over 100 Mbit/s | not measured: ion's UDP CLA" in md
+    assert "seed 002: NPS 2017" in md
     assert "| ibrdtn | tcpcl | lan, 60 s outage | 2 | 158 of 160 | 118 of 120 | 1.5 s | 70.0 s | 15.0 s |" in md
     assert "skipped: ion runs over UDP only here" in md
     assert json.loads((tmp_path / "outage-summary.json").read_text())[0]["into_outage_delivered"] == 118
@@ -251,8 +253,12 @@ def test_report_has_the_outage_table_its_plot_and_seed_002_beside_our_round_trip
     assert len(line["x"]) == 1 + 60 + 1 + 58 and max(line["y"]) == 70.0
     assert mpimg.imread(tmp_path / "outage.png").std() > 0.01
     tp, rt = json.loads((tmp_path / "plot.json").read_text())  # seed 002's figures drawn beside ours
-    assert next(x for x in tp["series"] if x["label"].startswith("seed 002: ION at 1 MB"))["y"] == [100e3]
-    assert next(x for x in rt["series"] if x["label"].startswith("seed 002: IBR-DTN"))["y"] == [10.0, 10.0]
+    assert next(x for x in tp["series"] if x["label"].startswith("seed 002: ion throughput at 1 MB"))["y"] == [100e3]
+    seed = {x["label"]: x["y"] for x in rt["series"] if x["label"].startswith("seed 002")}  # each range's middle
+    assert seed == {
+        "seed 002: ion round trip 70-99 ms": [84.5, 84.5],
+        "seed 002: ibrdtn round trip ~10 ms": [10.0, 10.0],
+    }
 
 
 @pytest.mark.parametrize(

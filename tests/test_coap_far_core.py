@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import cbor2
+import pytest
 from aiocoap import Code, Message
 from aiocoap.numbers.types import Type
 
@@ -25,6 +26,7 @@ class D:  # the request's Delivery (the fields the far side reads)
     origin: str = "gw1"
     seq: int = 0
     priority: Priority = Priority.IMMEDIATE
+    received_ms: int = 0
 
 
 def req(path="/orders/1", token=b"\x0a", obs=None, code=Code.POST, op="req") -> dict:
@@ -222,3 +224,74 @@ def test_answers_for_exchanges_that_are_over_change_nothing():
     far.fail(ask)
     far.run(far.core.answered(999, resp(), 0))
     assert far.consumed == [1] and len(far.kept) == 1 and far.core.next_deadline_ms() is None
+
+
+def test_an_attempt_the_shell_never_reports_ends_in_5_04_and_frees_its_place():
+    far = Far(max_replays=1)
+    far.envelope(D(1, lifetime_ms=30 * S), req("/a"))
+    far.envelope(D(2), req("/b"))
+    assert len(far.asks) == 1  # /b waits for the one place
+    far.advance(30 * S + int(fc.REQUEST_TIMEOUT_S * S))  # the shell's task died: no answered, no failed
+    assert far.stops == [far.asks[0].xid] and [m.code for m in far.answers()] == [Code.GATEWAY_TIMEOUT]
+    assert far.consumed == [1] and cc.path_of(far.asks[-1].request) == "/b"
+
+
+def test_a_server_response_that_cannot_be_carried_goes_back_as_5_02():
+    opt = bytes([0xE0, 0xFF, 0xFF])  # an option numbered past 65535: aiocoap decodes it, will not encode it
+    weird = Message.decode(bytes([0x60, 0x45, 0x00, 0x01]) + opt + opt)
+    far = Far()
+    far.envelope(D(1), req())
+    far.answer(far.asks[0], weird)
+    assert [m.code for m in far.answers()] == [Code.BAD_GATEWAY] and far.consumed == [1]
+    assert far.core.counters["bad_responses"] == 1
+
+
+def test_one_peers_backlog_does_not_take_every_place_from_another_peer():
+    far = Far(max_replays=4)
+    for i in range(1, 101):
+        far.envelope(D(i, origin="gw1"), req(f"/a/{i}"))
+    far.envelope(D(500, origin="gw2"), req("/b"))
+    assert len(far.asks) == 4 and far.core.status() == {"replaying": 4, "waiting": 97, "observing": 0}
+    assert len(far.core.exchanges) == 4  # what waits is not scanned at every deadline
+    far.answer(far.asks[0], resp())
+    assert cc.path_of(far.asks[-1].request) == "/b"  # the next place goes to the peer holding none
+
+
+def test_a_peers_clock_ahead_or_a_huge_lifetime_buys_no_longer_asking():
+    far = Far()
+    far.envelope(D(1, created_ms=365 * 86_400 * S, lifetime_ms=30 * S), req("/a"))  # made "a year from now"
+    far.envelope(D(2, lifetime_ms=1 << 62), req("/b"))
+    deadlines = sorted(x.deadline_ms for x in far.core.exchanges.values())
+    assert deadlines == [30 * S, fc.MAX_ASK_MS]  # from when it arrived (D.received_ms: 0); at most MAX_ASK_MS
+
+
+def test_past_max_observations_a_registration_is_asked_once_as_a_plain_get():
+    far = Far()
+    for i in range(fc.MAX_OBSERVATIONS + 1):
+        far.envelope(D(i + 1), req(obs=0, code=Code.GET, token=i.to_bytes(2, "big")))
+    last = far.asks[-1]
+    assert not last.observe and last.request.opt.observe is None
+    assert far.core.counters["observations_refused"] == 1 and far.core.status()["observing"] == fc.MAX_OBSERVATIONS
+    far.answer(last, resp(Code.CONTENT))
+    assert far.consumed == [fc.MAX_OBSERVATIONS + 1]
+
+
+@pytest.mark.parametrize(
+    "server, code, why",
+    [
+        (["example.org", 5683], Code.GET, "not an IP address"),
+        (["10.77.9.2", 0], Code.GET, "not 1-65535"),
+        (["10.77.9.2", 99_999], Code.GET, "not 1-65535"),
+        (["10.77.9.2", 5683], Code.CONTENT, "not a request"),
+    ],
+)
+def test_a_request_envelope_the_far_side_cannot_ask_is_refused_by_name(server, code, why):
+    m = cc.encode(Message(code=code, uri_path=("a",)), Type.CON, 7, b"\x01")
+    with pytest.raises(ValueError, match=why):
+        cc.unpack(cbor2.dumps({"op": "req", "m": m, "c": ["10.77.1.2", 40001], "s": server, "con": True}))
+
+
+def test_an_ipv6_server_is_asked_with_its_address_in_brackets():
+    m = cc.encode(Message(code=Code.GET, uri_path=("a",)), Type.CON, 7, b"\x01")
+    body = cc.unpack(cbor2.dumps({"op": "req", "m": m, "c": ["fd00::2", 40001], "s": ["fd00::9", 5683], "con": True}))
+    assert cc.request_of(body)[1] == "[fd00::9]:5683"

@@ -18,9 +18,9 @@ import time
 import pytest
 
 from c2dtn.topologies import testbed
-from c2dtn.topologies.nodes import Nodes, dtnd_missing
+from c2dtn.topologies.nodes import Nodes, agent_missing
 
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing()))]
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(agent_missing() is not None, reason=str(agent_missing()))]
 
 BPA = ["gw1", "r2", "r3", "gw4"]
 

@@ -126,8 +126,8 @@ def test_free_tables_take_their_examples(tmp_path):
 
 
 def test_the_relay_tables_examples_are_accepted(tmp_path):
-    for kind in ("dtn7", "ibrdtn"):
-        (tmp_path / f"tacnet.{kind}.toml").write_text(
+    for bp, kind in (("bpv7", "dtn7"), ("bpv6", "ibrdtn")):  # the example's two islands
+        (tmp_path / f"tacnet.{bp}.toml").write_text(
             f'[node]\nid = "tacnet"\nstorage = "{tmp_path / kind}"\n[agent]\nkind = "{kind}"\n'
         )
     ex = {f.name: f.example for f in TABLES["relay:relay"].fields}

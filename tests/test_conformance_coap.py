@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from c2dtn.topologies import testbed
-from c2dtn.topologies.nodes import Nodes, dtnd_missing
+from c2dtn.topologies.nodes import Nodes, agent_missing
 
 pytestmark = [
     pytest.mark.netns,
-    pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
+    pytest.mark.skipif(agent_missing() is not None, reason=str(agent_missing())),
     pytest.mark.skipif(not shutil.which("coap-client-notls"), reason="libcoap3-bin not installed (make apt)"),
 ]
 

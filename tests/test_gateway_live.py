@@ -21,11 +21,11 @@ from c2dtn.ip_gateway import mqtt as m
 from c2dtn.overlay.config import load_node_config
 from c2dtn.topologies import netns, testbed
 from c2dtn.topologies.broker import mosquitto_missing, start_mosquitto
-from c2dtn.topologies.nodes import Nodes, dtnd_missing
+from c2dtn.topologies.nodes import Nodes, agent_missing
 
 pytestmark = [
     pytest.mark.netns,
-    pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
+    pytest.mark.skipif(agent_missing() is not None, reason=str(agent_missing())),
     pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing())),
 ]
 

@@ -284,7 +284,7 @@ def test_the_benchmarks_next_client_of_an_hdtn_node_waits_longer_than_the_driver
     # a benchmark client is a process of its own: it cannot see when the last one's session
     # ended, so the benchmark waits the driver's gap and more; other agents need no wait
     from c2dtn.overlay.agents import hdtn
-    from c2dtn.perf.dtnd_client import client_gap
+    from c2dtn.perf.bare_client import client_gap
 
     assert client_gap("hdtn") > hdtn.HdtnAgent.session_gap_s >= 1.0
     assert client_gap("dtn7") == client_gap("ion") == client_gap("ibrdtn") == 0.0

@@ -11,9 +11,9 @@ import pytest
 
 from c2dtn.overlay.agents import agent_class
 from c2dtn.topologies import testbed
-from c2dtn.topologies.nodes import AGENTS, Nodes, dtnd_missing
+from c2dtn.topologies.nodes import AGENTS, Nodes, agent_missing
 
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing()))]
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(agent_missing() is not None, reason=str(agent_missing()))]
 
 BPA = ["gw1", "r2", "r3", "gw4"]
 

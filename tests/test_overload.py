@@ -10,7 +10,7 @@ import pytest
 
 from c2dtn.perf import overload_bench as ob
 from c2dtn.topologies.broker import mosquitto_missing
-from c2dtn.topologies.nodes import dtnd_missing
+from c2dtn.topologies.nodes import agent_missing
 
 
 def test_the_report_period_makes_the_units_offer_the_asked_multiple_of_the_link():
@@ -54,7 +54,7 @@ def test_rss_at_each_quarter_is_the_median_of_the_samples_around_it():
 
 
 @pytest.mark.netns
-@pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing()))
+@pytest.mark.skipif(agent_missing() is not None, reason=str(agent_missing()))
 @pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing()))
 def test_overload_in_short_orders_all_arrive_positions_stay_fresh_custody_stays_small(tmp_path):
     out = ob.main(

@@ -14,11 +14,11 @@ import pytest
 
 from c2dtn.perf import bft
 from c2dtn.topologies.broker import mosquitto_missing
-from c2dtn.topologies.nodes import dtnd_missing
+from c2dtn.topologies.nodes import agent_missing
 
 pytestmark = [
     pytest.mark.netns,
-    pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing())),
+    pytest.mark.skipif(agent_missing() is not None, reason=str(agent_missing())),
     pytest.mark.skipif(mosquitto_missing() is not None, reason=str(mosquitto_missing())),
 ]
 

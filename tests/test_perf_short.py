@@ -16,9 +16,9 @@ import pytest
 
 from c2dtn.perf import runs
 from c2dtn.topologies.broker import mosquitto_missing
-from c2dtn.topologies.nodes import dtnd_missing
+from c2dtn.topologies.nodes import agent_missing
 
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(dtnd_missing() is not None, reason=str(dtnd_missing()))]
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(agent_missing() is not None, reason=str(agent_missing()))]
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[Path, str]:

@@ -107,3 +107,82 @@ def test_every_decision_record_a_comment_names_exists():
                 if int(m.group(1)) not in names:
                     wrong.append(f"{f.relative_to(ROOT)}:{n} names decision {m.group(1)}")
     assert not wrong, "\n".join(wrong)
+
+
+def _agent_names() -> set[str]:
+    from c2dtn.overlay.agents import agent_class, kinds
+
+    return {k for k in kinds()} | {agent_class(k).label() for k in kinds()}
+
+
+def _names_an_agent(text: str, names: set[str]) -> bool:
+    """A word of `text` that is an agent's kind or daemon, also spelled with a hyphen or a
+    suffix after one ("IBR-DTN", "dtn7-rs"); identifiers split at "_" and "."."""
+    for word in re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", text.lower().replace("_", " ").replace(".", " ")):
+        if word in names or word.replace("-", "") in names or word.split("-")[0] in names:
+            return True
+    return False
+
+
+def _agent_mentions(path: Path, names: set[str], root: Path = ROOT) -> list[str]:
+    """Where a module's code names an agent: string constants (docstrings aside), names,
+    attributes and imported modules.  Comments may give an agent as an example."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    out = []
+    for n in ast.walk(tree):
+        text = None
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings:
+            text = n.value
+        elif isinstance(n, ast.Name):
+            text = n.id
+        elif isinstance(n, ast.Attribute):
+            text = n.attr
+        elif isinstance(n, ast.ImportFrom):
+            text = " ".join([n.module or "", *(a.name for a in n.names)])
+        elif isinstance(n, ast.Import):
+            text = " ".join(a.name for a in n.names)
+        if text is not None and _names_an_agent(text, names):
+            out.append(f"{path.relative_to(root)}:{n.lineno}: {text[:80]!r}")
+    return out
+
+
+def test_no_module_outside_the_agents_and_cla_adapters_names_an_agent():
+    """An agent is one driver in overlay/agents/ (and its scheme table in cla-adapters/): the
+    rest of c2dtn reads what the drivers declare (docs/layout.md), so adding one edits nothing else."""
+    names = _agent_names()
+    wrong = []
+    for f in _shipped_files():
+        rel = f.relative_to(ROOT).as_posix()
+        if f.suffix == ".py" and not rel.startswith(("overlay/agents/", "cla-adapters/")):
+            wrong += _agent_mentions(f, names)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_agent_name_check_finds_each_way_of_naming_one(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text(
+        '"""Docstrings may name dtn7."""\n'
+        "# comments may name ION\n"
+        "from c2dtn.overlay.agents.dtn7 import find_dtnd\n"
+        'KIND = "ion"\n'
+        'HELP = "compare IBR-DTN with dtn7-rs"\n'
+        "only_hdtn = False\n"
+        "x = agents.ion\n"
+        'FINE = "the motion and the dtnds"\n'
+    )
+    wrong = [w.split(": ", 1)[1] for w in _agent_mentions(f, _agent_names(), tmp_path)]
+    assert wrong == [
+        "'c2dtn.overlay.agents.dtn7 find_dtnd'",
+        "'ion'",
+        "'compare IBR-DTN with dtn7-rs'",
+        "'only_hdtn'",
+        "'ion'",
+    ], wrong

@@ -15,7 +15,7 @@ from typing import Any
 
 from c2dtn.cla_adapters.spec import DEFAULT_PORTS
 from c2dtn.errors import ConfigError
-from c2dtn.overlay.agents import agent_class
+from c2dtn.overlay.agents import DEFAULT, agent_class
 from c2dtn.overlay.envelope import Priority
 from c2dtn.overlay.keys import make_keys, share_tables
 from c2dtn.topologies import testbed
@@ -84,7 +84,7 @@ def _toml_table(name: str, table: dict[str, Any]) -> list[str]:
 
 
 def topology_agents(st: dict[str, Any]) -> tuple[dict[str, str], str | None]:
-    """The BPA the topology names per node (a node it names none for runs dtn7), and its
+    """The BPA the topology names per node (a node it names none for runs the default), and its
     relay node (`agent = "relay"`), if it has one."""
     named = {n: v["agent"] for n, v in st["nodes"].items() if v.get("agent")}
     relays = sorted(n for n, a in named.items() if a == "relay")
@@ -146,10 +146,11 @@ def write_configs(
     per_link_cla: bool = True,
     groups: dict[str, list[str]] | None = None,
     scheduler: dict[str, int] | None = None,
-    agent: str | dict[str, str] = "dtn7",
+    agent: str | dict[str, str] = DEFAULT,
     relay: str | None = None,
 ) -> dict[str, Path]:
-    """agent: the BPA every node runs (`[agent] kind`), or node -> kind (the others run dtn7).
+    """agent: the BPA every node runs (`[agent] kind`), or node -> kind (the others run the
+    default agent).
     Nodes of one kind form an island; islands of different kinds meet at `relay` (a BPA node
     that runs one agent per island, each on its own ports: overlay.relay), whose file is a
     relay configuration naming one node configuration per island.
@@ -169,7 +170,7 @@ def write_configs(
     islands: dict[str, list[str]] = {}  # agent kind -> its nodes (the relay is in every island)
     for n in bpa_nodes:
         if n != relay:
-            islands.setdefault(agent if isinstance(agent, str) else agent.get(n, "dtn7"), []).append(n)
+            islands.setdefault(agent if isinstance(agent, str) else agent.get(n, DEFAULT), []).append(n)
     if relay is not None:
         if relay not in bpa_nodes or relay in overlay_nodes:
             raise ConfigError("--relay", "--relay", relay, "the relay must be a BPA node that runs no overlay")

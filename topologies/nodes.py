@@ -10,8 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from c2dtn.errors import C2Error
-from c2dtn.overlay.agents.dtn7 import find_dtnd
+from c2dtn.overlay.agents import DEFAULT, agent_class, kinds
 from c2dtn.overlay.client import ApiError, NodeClient
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.relay import load_relay_config
@@ -19,17 +18,14 @@ from c2dtn.topologies import netns, testbed
 from c2dtn.topologies.node_configs import harness_cla, testbed_clas, topology_agents, write_configs
 
 
-def dtnd_missing() -> str | None:
-    try:
-        find_dtnd()
-        return None
-    except C2Error as e:
-        return str(e)
+def agent_missing(kind: str = DEFAULT) -> str | None:
+    """Why the testbed cannot run agent `kind` here (not built), else None."""
+    return agent_class(kind).missing()
 
 
 # the agents the live tests prove the overlay on (each skipped, with its build's error, where
-# it was not built)
-AGENTS = ["dtn7", "ion", "ibrdtn", "hdtn"]
+# it was not built): every registered one, the default first
+AGENTS = [DEFAULT] + [k for k in kinds() if k != DEFAULT]
 
 
 class Nodes:
@@ -58,7 +54,7 @@ class Nodes:
         if agent is None:
             agent, named_relay = topology_agents(st)
             relay = relay or (named_relay if named_relay in bpa else None)
-            one = {agent.get(n, "dtn7") for n in bpa}
+            one = {agent.get(n, DEFAULT) for n in bpa}
             if relay is None and len(one) == 1:  # one island: its agent's own CLAs (testbed_clas)
                 agent = one.pop()
         self.st = st

@@ -165,7 +165,15 @@ class Dtn7Agent(BundleAgent):
         return {"store": store, "web_port": 3000, "janitor": "3s"}
 
     cla_names = CLA_NAMES
+    legacy_keys = frozenset({"store", "web_port", "janitor"})
+    daemon = "dtnd"
+
+    @classmethod
+    def beside(cls, port: int) -> BundleAgent:
+        return cls(f"http://127.0.0.1:{port}")
+
     capabilities = Capabilities(
+        beside_overlay=True,
         bp_version=7,
         max_bundle_bytes=16 << 20,
         groups=True,

@@ -4,7 +4,7 @@
   rtt     send `count` bundles of `size` bytes to <dst>'s echo and time each round trip (bping style);
           --stepped: one round trip per line on stdin, each time printed as it is taken
   sink    receive `count` bundles on `bench`, print the time of the last one
-  source  send `count` bundles of `size` bytes to <dst>/bench as fast as dtnd takes them;
+  source  send `count` bundles of `size` bytes to <dst>/bench as fast as the agent takes them;
           --interval S: one every S seconds instead, each stamped with its number and send time
           (a sink run with --stamps then gives each one's latency)
   data    dtnperf-style data mode: `count` bundles of `size` bytes to <dst>/bench with at most
@@ -14,10 +14,10 @@
 Each prints one JSON line with its figures.  Times are CLOCK_MONOTONIC, shared by
 every namespace, so a source and a sink in two namespaces can be compared.
 
-Without --config the client speaks to dtn7-rs's dtnd on --port, on the endpoints above (so
-that it can run beside an overlay node on the same dtnd).  With --config NODE.toml it uses
-that node's agent through its driver (any agent), and every workload uses the agent's own
-endpoint: ION and IBR-DTN serve one endpoint per node, so the node must run no overlay then.
+Without --config the client speaks to the daemon of --agent (the default agent) on --port, on the endpoints
+above (so that it can run beside an overlay node on the same daemon: BundleAgent.beside).  With
+--config NODE.toml it uses that node's agent through its driver (any agent), and every workload
+uses the agent's own endpoint: an agent that serves one endpoint per node must then run no overlay.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 import time
 
 from c2dtn.overlay.agent import AgentError, BundleAgent
-from c2dtn.overlay.agents.dtn7 import Dtn7Agent
+from c2dtn.overlay.agents import DEFAULT, agent_class
 
 ENDPOINTS = {"request": "bench", "reply": "benchreply", "ack": "benchack"}
 
@@ -44,7 +44,7 @@ def spawn(node: str, *args: str, stdin: bool = False):
 
     err = tempfile.TemporaryFile("w+") if stdin else subprocess.PIPE
     p = subprocess.Popen(
-        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.dtnd_client", *args],
+        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.bare_client", *args],
         stdin=subprocess.PIPE if stdin else None,
         stdout=subprocess.PIPE,
         stderr=err,
@@ -84,7 +84,7 @@ def answer(p) -> dict:
         if not line:
             p.wait()
             p.errfile.seek(0)
-            raise RuntimeError(f"dtnd client ended (exit {p.returncode}): {p.errfile.read()[-1000:]}")
+            raise RuntimeError(f"bare client ended (exit {p.returncode}): {p.errfile.read()[-1000:]}")
         if line.startswith("{"):
             return json.loads(line)
 
@@ -97,7 +97,7 @@ def result(p, timeout: float) -> dict:
         err = p.errfile.read()
     lines = [x for x in out.splitlines() if x.startswith("{")]
     if not lines:
-        raise RuntimeError(f"dtnd client failed: {err[-1000:]}")
+        raise RuntimeError(f"bare client failed: {err[-1000:]}")
     return json.loads(lines[-1])
 
 
@@ -293,11 +293,11 @@ async def data(
     return {"start": t0, "sent": sent, "acked": acked, "late": late, "lost": sent - acked, "end": last}
 
 
-def make_client(config: str | None, port: int) -> BundleAgent:
+def make_client(config: str | None, port: int, kind: str = DEFAULT) -> BundleAgent:
     """The agent to run a workload on (see the module's docstring); with a node config, every
     workload goes to that agent's own endpoint."""
     if not config:
-        return Dtn7Agent(f"http://127.0.0.1:{port}")
+        return agent_class(kind).beside(port)
     from c2dtn.overlay.agents import make_agent
     from c2dtn.overlay.config import load_node_config
 
@@ -307,7 +307,7 @@ def make_client(config: str | None, port: int) -> BundleAgent:
 
 
 async def main(args) -> dict:
-    agent = make_client(args.config, args.port)
+    agent = make_client(args.config, args.port, args.agent)
     await agent.start()
     try:
         if args.mode == "echo":
@@ -324,7 +324,7 @@ async def main(args) -> dict:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="python -m c2dtn.perf.dtnd_client")
+    ap = argparse.ArgumentParser(prog="python -m c2dtn.perf.bare_client")
     ap.add_argument("mode", choices=["echo", "rtt", "sink", "source", "data"])
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--ack", action="store_true", help="sink: acknowledge each bundle (for data mode)")
@@ -335,7 +335,8 @@ if __name__ == "__main__":
     ap.add_argument("--size", type=int, default=1000)
     ap.add_argument("--count", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=60.0)
-    ap.add_argument("--port", type=int, default=3000, help="dtnd's web port (without --config)")
+    ap.add_argument("--port", type=int, default=3000, help="the agent's API port (without --config)")
+    ap.add_argument("--agent", default=DEFAULT, help="the agent beside the overlay node (without --config)")
     ap.add_argument("--config", default=None, help="the node's config: use its agent, whichever it is")
     ap.add_argument("--ack-timeout", type=float, default=30.0, help="data: seconds before an unacked bundle is lost")
     out = asyncio.run(main(ap.parse_args()))
