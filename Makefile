@@ -11,33 +11,28 @@ BIN := $(VENV)/bin
 APT_NEEDS := ip:iproute2 tc:iproute2 ethtool:ethtool ping:iputils-ping curl:curl nft:nftables \
   mosquitto:mosquitto mosquitto_pub:mosquitto-clients coap-client-notls:libcoap3-bin cc:gcc tcpdump:tcpdump
 
-# dtn7-rs is built once per version into a cache outside the clone (about 4
-# minutes on a fresh machine, docs/install.md) and linked into .tools/; a fresh clone on the same machine reuses it.
-DTN7_VERSION := 0.21.0
 C2DTN_CACHE ?= $(HOME)/.cache/c2dtn
-DTN7_ROOT := $(C2DTN_CACHE)/dtn7-$(DTN7_VERSION)
+.DEFAULT_GOAL := demo
 
-# ION-DTN, IBR-DTN and HDTN come from their public source archives (no registry carries
-# them): ../shared/bpa-src/ unless ION_SRC / IBRDTN_SRC / HDTN_SRC name others. Each is
-# built once per machine into the cache beside dtn7-rs (ION about 6 minutes, IBR-DTN about
-# 8, HDTN about 17: only its hdtn-one-process); a build that fails is recorded (<cache>/<bpa>-<version>.failed, its own error line)
-# and not retried until BPA_RETRY=1, and the tests that need that agent skip with the line.
+# Each agent's build is beside its driver (overlay/agents/make/<kind>.mk, and <kind>.sh for
+# one built from source): the default agent's into TOOLS (`make tools`), the others into
+# BPA_BUILDS as kind|version|source archive, each with the Debian packages it needs
+# (APT_BPAS). Those come from their public source archives (no registry carries them):
+# ../shared/bpa-src/ unless <KIND>_SRC names another. Each is built once per machine into the
+# cache beside the default agent, keyed by version; a build that fails is recorded
+# (<cache>/<kind>-<version>.failed, its own error line) and not retried until BPA_RETRY=1,
+# and the tests that need that agent skip with the line.
 BPA_SRC ?= $(abspath ../shared/bpa-src)
-ION_VERSION := 4.1.3
-ION_SRC ?= $(BPA_SRC)/ion-open-source-$(ION_VERSION).tar.xz
-IBRDTN_VERSION := 103bab3d
-IBRDTN_SRC ?= $(BPA_SRC)/ibrdtn-$(IBRDTN_VERSION).tar.xz
-HDTN_VERSION := 1.3.1
-HDTN_SRC ?= $(BPA_SRC)/HDTN-$(HDTN_VERSION).tar.xz
-# Debian packages the BPA builds need (checked with dpkg; only missing ones are installed)
-APT_BPAS := autoconf automake libtool pkg-config make g++ libsqlite3-dev libssl-dev zlib1g-dev \
-	cmake libzmq3-dev libboost-system-dev libboost-date-time-dev libboost-filesystem-dev libboost-timer-dev \
-	libboost-thread-dev libboost-regex-dev libboost-program-options-dev libboost-test-dev \
-	libboost-iostreams-dev libboost-random-dev libboost-log-dev
+TOOLS :=
+TOOLS_LINKS :=
+BPA_BUILDS :=
+BPA_AFTER :=
+APT_BPAS :=
+include $(sort $(wildcard overlay/agents/make/*.mk))
 
 .PHONY: demo test test-fast check docs deps apt venv tools bpas apt-bpas clean down lock
 
-# the demo runs on dtn7-rs alone: it builds no other agent
+# the demo runs on the default agent alone: it builds no other
 demo: apt venv tools
 	$(BIN)/c2dtn perf bft
 
@@ -61,38 +56,16 @@ check: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-tools: $(DTN7_ROOT)/bin/dtnd
-	@mkdir -p .tools && ln -sfn $(DTN7_ROOT) .tools/dtn7
-
-# the newest rust-version among dtn7-rs's locked dependencies (clap 4.5); Debian 12's own rustc is older
-DTN7_RUST := 1.74
-$(DTN7_ROOT)/bin/dtnd:
-	@have=$$(rustc --version 2>/dev/null | cut -d' ' -f2); \
-	if [ -z "$$have" ] || ! command -v cargo >/dev/null || \
-	   [ "$$(printf '%s\n' $(DTN7_RUST) "$$have" | sort -V | head -1)" != $(DTN7_RUST) ]; then \
-	  echo "dtn7-rs $(DTN7_VERSION) is built with cargo and needs Rust $(DTN7_RUST) or newer; found: $${have:-no rustc}." >&2; \
-	  echo "Debian 12's rustc is 1.63: install a current one with rustup (https://rustup.rs), then run make again." >&2; \
-	  exit 1; fi
-	@echo "building dtn7-rs $(DTN7_VERSION) into $(DTN7_ROOT) (once per machine, about 4 minutes)"
-	rm -rf $(DTN7_ROOT).partial
-	cargo install dtn7 --version $(DTN7_VERSION) --locked --root $(DTN7_ROOT).partial
-	rm -rf $(DTN7_ROOT) && mv $(DTN7_ROOT).partial $(DTN7_ROOT)
+tools: $(TOOLS)
+	@mkdir -p .tools && for l in $(TOOLS_LINKS); do ln -sfn "$${l%%:*}" ".tools/$${l##*:}"; done
 
 bpas: apt-bpas
-	@scripts/build-bpa.sh ion "$(ION_SRC)" "$(C2DTN_CACHE)/ion-$(ION_VERSION)"
-	@scripts/build-bpa.sh ibrdtn "$(IBRDTN_SRC)" "$(C2DTN_CACHE)/ibrdtn-$(IBRDTN_VERSION)"
-	@scripts/build-bpa.sh hdtn "$(HDTN_SRC)" "$(C2DTN_CACHE)/hdtn-$(HDTN_VERSION)"
-	@mkdir -p .tools && for b in ion-$(ION_VERSION) ibrdtn-$(IBRDTN_VERSION) hdtn-$(HDTN_VERSION); do \
-	  if [ -e "$(C2DTN_CACHE)/$$b/.built" ]; then ln -sfn "$(C2DTN_CACHE)/$$b" ".tools/$${b%%-*}"; fi; done
-	@$(MAKE) --no-print-directory .tools/c2dtn-ionbp
-
-# the ION driver's hand on libbp (overlay/agents/ion_bp.c), built against the ION above
-ION_ROOT := $(C2DTN_CACHE)/ion-$(ION_VERSION)
-.tools/c2dtn-ionbp: overlay/agents/ion_bp.c
-	@if [ -e "$(ION_ROOT)/.built" ]; then \
-	  mkdir -p .tools && gcc -O2 -Wall -Werror -o $@ $< -I"$(ION_ROOT)/include" -L"$(ION_ROOT)/lib" \
-	    -Wl,-rpath,"$(ION_ROOT)/lib" -lbp -lici -lpthread && echo "built $@"; \
-	else echo "c2dtn-ionbp: not built (ION $(ION_VERSION) is not)"; fi
+	@mkdir -p .tools && for b in $(foreach b,$(BPA_BUILDS),'$(b)'); do \
+	  IFS='|' read -r kind version src <<< "$$b"; \
+	  scripts/build-bpa.sh "$$kind" "$$src" "$(C2DTN_CACHE)/$$kind-$$version"; \
+	  if [ -e "$(C2DTN_CACHE)/$$kind-$$version/.built" ]; then ln -sfn "$(C2DTN_CACHE)/$$kind-$$version" ".tools/$$kind"; fi; \
+	done
+	@for t in $(BPA_AFTER); do $(MAKE) --no-print-directory "$$t"; done
 
 # apt-get install what the recipe gathered in $$missing (root only); $(1) says what for
 apt_install = if [ -n "$$missing" ]; then \
@@ -103,7 +76,7 @@ apt_install = if [ -n "$$missing" ]; then \
 	fi
 
 apt-bpas:
-	@missing=""; for pkg in $(APT_BPAS); do \
+	@missing=""; for pkg in $(sort $(APT_BPAS)); do \
 	  dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q "ok installed" || missing="$$missing $$pkg"; \
 	done; \
 	$(call apt_install,for the BPA builds)

@@ -19,8 +19,7 @@ from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agents import DEFAULT, agent_class, kinds
 from c2dtn.overlay.envelope import MAX_CONTAINER_BYTES
 from c2dtn.overlay.scheduler import SchedulerConfig
-from c2dtn.overlay.store import Quota
-from c2dtn.overlay.store_sqlite import SYNC_MODES
+from c2dtn.overlay.store import SYNC_MODES, Quota
 from c2dtn.tomlfile import check_name, check_private, read_toml
 
 ROUTING = ("static", "epidemic")
@@ -319,7 +318,7 @@ class NodeConfig:
     relays: dict[str, str] = field(default_factory=dict)  # node of another island -> the relay its bundles go to
     keys: dict[str, bytes] = field(default_factory=dict)
     api_gid: int | None = None  # the API socket's group ([node] api_group)
-    fsync: str = "auto"  # [node] fsync: where custody commits are fsynced (store_sqlite.SYNC_MODES)
+    fsync: str = "auto"  # [node] fsync: where custody commits are fsynced (store.SYNC_MODES)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota: Quota = field(default_factory=Quota)
     gateway: dict | None = None  # the [gateway] table, read by ip_gateway.policy.parse_gateway

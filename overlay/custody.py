@@ -36,7 +36,7 @@ transaction (callers may group several in `transaction()`).  What takes custody 
 records what arrived (submit, receive, consumed) is durable when it returns;
 bookkeeping that can only cause a harmless repeat if a power cut undoes it (marking
 sent, releasing acked envelopes, acks sent, retransmission times, expiry reports) is
-not fsynced on its own (see store_sqlite.py).
+not fsynced on its own (see store/sqlite.py).
 
 Sending before the fsync.  A bundle may go to the agent before the commits it comes from
 are on disk (a flash message's round trip then does not wait on the disk twice, decision 0006),
@@ -83,8 +83,7 @@ from c2dtn.overlay.envelope import (
     source_key,
     source_node,
 )
-from c2dtn.overlay.store import Delivery, OutItem, Quota, QuotaExceeded, Received, Store, TooLarge
-from c2dtn.overlay.store_sqlite import SqliteStore
+from c2dtn.overlay.store import Delivery, OutItem, Quota, QuotaExceeded, Received, Store, TooLarge, open_store
 
 # A submitted message's mark (key, digest, repeat: see Custody.submit_many), or a list of them for an
 # envelope holding several messages, or None
@@ -640,7 +639,9 @@ class CustodyStore(Custody):
         background_checkpoints: bool = False,
         sync: str = "loop",
     ):
-        super().__init__(SqliteStore(path, background_checkpoints, sync), origin, quota, groups)
+        super().__init__(
+            open_store("sqlite", path, background_checkpoints=background_checkpoints, sync=sync), origin, quota, groups
+        )
         self.path = str(path)
 
     @property

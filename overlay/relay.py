@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import sqlite3
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,7 +47,8 @@ from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig, load_node_config
 from c2dtn.overlay.envelope import EnvelopeError, split_container
-from c2dtn.private import private_dir, private_sqlite
+from c2dtn.overlay.store.queue import QueueError, SqliteQueue
+from c2dtn.private import private_dir
 from c2dtn.tomlfile import check_name, read_toml
 
 log = logging.getLogger("c2dtn.relay")
@@ -161,28 +161,18 @@ def payload_destination(payload: bytes) -> str:
 @dataclass
 class RelayCore:
     """Which island a payload goes to, and the durable queue of what waits for an island's
-    agent (SQLite; one row per payload).  No sockets, no clock of its own."""
+    agent (store/queue.py: one row per payload).  No sockets, no clock of its own."""
 
     members: dict[str, set[str]]  # island -> nodes it reaches (may hold "*")
-    db: sqlite3.Connection
+    queue: SqliteQueue
     max_bytes: int = 256 << 20
     held_bytes: int = 0
     counters: Counter = field(default_factory=Counter)
 
     @classmethod
     def open(cls, path: Path | str, members: dict[str, set[str]], max_bytes: int = 256 << 20) -> RelayCore:
-        private_sqlite(path)
-        db = sqlite3.connect(str(path), isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS held (id INTEGER PRIMARY KEY AUTOINCREMENT, island TEXT NOT NULL, "
-            "dst TEXT NOT NULL, payload BLOB NOT NULL, held_ms INTEGER NOT NULL)"
-        )
-        db.execute("CREATE INDEX IF NOT EXISTS held_island ON held (island, id)")
-        core = cls(members, db, max_bytes)
-        core.held_bytes = db.execute("SELECT coalesce(sum(length(payload)), 0) FROM held").fetchone()[0]
-        return core
+        queue = SqliteQueue(path)
+        return cls(members, queue, max_bytes, queue.bytes_held())
 
     def route(self, from_island: str, payload: bytes) -> tuple[str, str]:
         """(island, destination node) for a payload that arrived from `from_island`."""
@@ -204,7 +194,7 @@ class RelayCore:
         """Queue what arrived from one island, in one commit; returns the islands to wake.
         A payload that cannot be routed, or that the bound has no room for, is dropped with
         one log line (its origin sends it again)."""
-        rows = []
+        rows, adding = [], 0
         for p in payloads:
             try:
                 to, dst = self.route(from_island, p)
@@ -212,7 +202,7 @@ class RelayCore:
                 self.counters["unroutable"] += 1
                 log.warning("dropped a %d-byte bundle from island %s: %s", len(p), from_island, e)
                 continue
-            if self.held_bytes + len(p) > self.max_bytes:
+            if self.held_bytes + adding + len(p) > self.max_bytes:
                 self.counters["dropped_full"] += 1
                 log.warning(
                     "dropped a %d-byte bundle for %s: the relay holds %d bytes (max_bytes %d)",
@@ -223,33 +213,30 @@ class RelayCore:
                 )
                 continue
             rows.append((to, dst, p, now_ms))
-            self.held_bytes += len(p)
+            adding += len(p)
         if rows:
-            with self.db:
-                self.db.executemany("INSERT INTO held (island, dst, payload, held_ms) VALUES (?, ?, ?, ?)", rows)
+            self.queue.add(rows)  # QueueError: nothing of it kept, nor counted
+            self.held_bytes += adding
             self.counters["accepted"] += len(rows)
         return sorted({r[0] for r in rows})
 
     def take(self, island: str, limit: int = FORWARD_BATCH) -> list[tuple[int, str, bytes, int]]:
         """The oldest rows waiting for `island`'s agent: (id, dst, payload, held_ms)."""
-        return self.db.execute(
-            "SELECT id, dst, payload, held_ms FROM held WHERE island = ? ORDER BY id LIMIT ?", (island, limit)
-        ).fetchall()
+        return self.queue.take(island, limit)
 
     def done(self, rows: list[tuple[int, str, bytes, int]], counter: str = "forwarded") -> None:
         """The agent took these (or they expired): they leave the queue."""
         if not rows:
             return
-        with self.db:
-            self.db.executemany("DELETE FROM held WHERE id = ?", [(r[0],) for r in rows])
+        self.queue.delete([r[0] for r in rows])
         self.held_bytes -= sum(len(r[2]) for r in rows)
         self.counters[counter] += len(rows)
 
     def held(self) -> dict[str, int]:
-        return dict(self.db.execute("SELECT island, count(*) FROM held GROUP BY island").fetchall())
+        return self.queue.counts()
 
     def close(self) -> None:
-        self.db.close()
+        self.queue.close()
 
 
 class Relay:
@@ -333,7 +320,7 @@ class Relay:
                 try:
                     for to in self.core.accept(island, batch, int(time.time() * 1000)):
                         self.wake[to].set()
-                except sqlite3.Error:  # a full disk: the origins send again; the relay carries on
+                except QueueError:  # a full disk: the origins send again; the relay carries on
                     log.exception("could not queue %d bundles from island %s", len(batch), island)
         finally:
             reader.cancel()

@@ -1,7 +1,7 @@
 """The custody store's writer thread: fsyncs off the event loop, one for many commits.
 
 With `[node] fsync = "thread"` the store's durable commits return without an fsync
-(store_sqlite.py, sync="thread"), so the event loop never waits on the disk.  Whatever
+(store/sqlite.py, sync="thread"), so the event loop never waits on the disk.  Whatever
 makes a commit's outcome seen outside the process -- an MQTT PUBACK, a CoAP ACK, an
 API reply, a bundle handed to the agent (it carries envelopes and acks) -- first awaits
 `synced()`: this thread fsyncs the WAL once for every commit made before it started

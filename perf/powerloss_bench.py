@@ -50,7 +50,7 @@ from c2dtn.perf.runs import progress, run_dir
 
 MODES = ("loop", "thread", "auto", "unsynced")
 CUSTODY_FILES = ("custody.db", "custody.db-wal")
-BODY_FILES = "custody.db.bodies"  # large bodies, a file each (--payload-bytes 262144 and up: store_sqlite)
+BODY_FILES = "custody.db.bodies"  # large bodies, a file each (--payload-bytes 262144 and up: store/sqlite.py)
 
 
 async def _publisher(i: int, port: int, rate: float, acked: set, sent: list, payload_bytes: int = 0) -> None:

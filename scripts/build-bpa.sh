@@ -11,6 +11,7 @@
 set -u
 name=$1 archive=$2 prefix=$3
 log=$prefix.log
+recipe=$(cd "$(dirname "$0")/.." && pwd)/overlay/agents/make/$name.sh
 [ -e "$prefix/.built" ] && exit 0
 if [ -e "$prefix.failed" ] && [ -z "${BPA_RETRY:-}" ]; then
   echo "$name: not built (an earlier build failed: $(cat "$prefix.failed"); BPA_RETRY=1 to try again)" >&2
@@ -22,6 +23,10 @@ fail() {
   echo "$name: NOT BUILT: $1 (log: $log)" >&2
   exit 0
 }
+if [ ! -f "$recipe" ]; then
+  echo "$name: not built: no recipe $recipe" >&2
+  exit 0
+fi
 if [ ! -f "$archive" ]; then  # not a failed build: nothing is recorded, the next make tries again
   echo "$name: not built: source archive $archive not found (name another with ${name^^}_SRC=...)" >&2
   exit 0
@@ -39,39 +44,8 @@ jobs=$(nproc)
 (
   set -e
   cd "$src"
-  case $name in
-    ion)
-      # configure is not in the tree; the committed top-level Makefile is a stale one;
-      # the `all` target lists a PDF the archive leaves out
-      rm -f Makefile
-      touch ION-LTP-configuration.pdf
-      autoreconf -fi
-      ./configure --prefix="$prefix"
-      make -j"$jobs"
-      make install
-      ;;
-    ibrdtn)
-      # gcc 12's default C++17 rejects its dynamic exception specifications
-      export CXXFLAGS="-std=gnu++98 -O2"
-      for sub in ibrcommon ibrdtn/ibrdtn ibrdtn/daemon ibrdtn/tools; do
-        [ -d "$sub" ] || continue
-        (cd "$sub" && ./autogen.sh && \
-          PKG_CONFIG_PATH="$prefix/lib/pkgconfig" ./configure --prefix="$prefix" \
-            --disable-netlink --disable-dtndht --without-vmime --disable-libdaemon --with-sqlite --with-openssl && \
-          make -j"$jobs" && make install)
-      done
-      ;;
-    hdtn)
-      # only the one-process daemon the driver runs (its HDTN libraries link statically):
-      # its tools and tests are not built; no web interface
-      mkdir -p build && cd build
-      cmake .. -DCMAKE_BUILD_TYPE=Release -DUSE_WEB_INTERFACE=OFF -DCMAKE_INSTALL_PREFIX="$prefix"
-      make -j"$jobs" hdtn-one-process
-      mkdir -p "$prefix/bin"
-      cp module/hdtn_one_process/hdtn-one-process "$prefix/bin/"
-      ;;
-    *) echo "error: no recipe for $name"; exit 1 ;;
-  esac
+  # shellcheck source=/dev/null
+  . "$recipe"
 ) > "$log" 2>&1 || { rm -rf "$prefix"; fail "$(grep -E '[Ee]rror|not found|No such' "$log" | grep -v '^checking' | tail -1 | cut -c1-300)"; }
 touch "$prefix/.built"
 echo "$name built into $prefix"

@@ -11,13 +11,13 @@ from pathlib import Path
 import cbor2
 import pytest
 
-from c2dtn.overlay import store_sqlite
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore, Quota, QuotaExceeded
 from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority
 from c2dtn.overlay.scheduler import SchedulerConfig
 from c2dtn.overlay.store import OutItem
-from c2dtn.overlay.store_memory import MemoryStore
+from c2dtn.overlay.store import sqlite as store_sqlite
+from c2dtn.overlay.store.memory import MemoryStore
 
 KEY = b"k" * 32
 

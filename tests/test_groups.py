@@ -17,7 +17,7 @@ from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore
 from c2dtn.overlay.envelope import BadTag, Codec, Envelope, Kind, Priority
 from c2dtn.overlay.scheduler import SchedulerConfig
-from c2dtn.overlay.store_memory import MemoryStore
+from c2dtn.overlay.store.memory import MemoryStore
 from c2dtn.topologies import model, testbed
 from c2dtn.topologies.node_configs import write_configs
 

@@ -22,7 +22,7 @@ def test_a_power_cut_loses_no_pubacked_message_and_the_control_shows_the_campaig
 
 
 def test_a_power_cut_loses_no_pubacked_message_whose_body_is_a_file_of_its_own(tmp_path):
-    """Publishes of 300 kB: each body in a file beside the store (store_sqlite.FILE_BODY_BYTES),
+    """Publishes of 300 kB: each body in a file beside the store (store/sqlite.py FILE_BODY_BYTES),
     put back as last fsynced after the cut, as the database is."""
     out = powerloss_bench.main(
         cycles=2, clients=2, rate=10, disk_ms=1, modes=("auto", "unsynced"), out=tmp_path / "r", payload_bytes=300_000

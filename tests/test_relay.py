@@ -70,7 +70,7 @@ def test_the_queue_survives_a_restart_in_order(tmp_path):
     ps = [bundle("deu-gw", "prt-gw", body=os.urandom(50 + i)) for i in range(5)]
     c.accept("dtn7", ps, 1)
     c.accept("ibrdtn", [bundle("prt-gw", "nor-gw")], 2)
-    c.db.close()  # a crash after the commit
+    c.queue.close()  # a crash after the commit
     c = RelayCore.open(tmp_path / "r.db", ISLANDS)
     assert [r[2] for r in c.take("ibrdtn")] == ps
     assert c.held() == {"ibrdtn": 5, "ion": 1}
@@ -156,3 +156,25 @@ def test_a_node_config_sends_to_another_island_through_its_relay(tmp_path):
     f.write_text(f'[node]\nid = "deu-gw"\nstorage = "{tmp_path}"\n\n[relays]\nprt-gw = "deu-gw"\n')
     with pytest.raises(ConfigError, match="relays.prt-gw"):
         load_node_config(f)
+
+
+def test_a_batch_the_disk_refused_is_not_counted_against_the_bound(tmp_path, monkeypatch):
+    """Before, the bytes of a batch whose commit failed stayed counted as held: each refusal
+    shrank the room for good, until the relay dropped everything as full."""
+    from c2dtn.overlay.store.queue import QueueError
+
+    p = bundle("deu-gw", "prt-gw", body=os.urandom(30_000))
+    c = RelayCore.open(tmp_path / "r.db", ISLANDS, max_bytes=70_000)
+
+    def full(rows):
+        raise QueueError("database or disk is full")
+
+    real = c.queue.add
+    monkeypatch.setattr(c.queue, "add", full)
+    for _ in range(3):
+        with pytest.raises(QueueError):
+            c.accept("dtn7", [p], 1)
+    monkeypatch.setattr(c.queue, "add", real)
+    c.accept("dtn7", [p, p], 2)
+    assert c.held_bytes == 2 * len(p) and len(c.take("ibrdtn")) == 2 and c.counters["dropped_full"] == 0
+    c.close()

@@ -22,7 +22,7 @@ from c2dtn.overlay.custody import Custody, CustodyStore
 from c2dtn.overlay.envelope import Codec, Priority
 from c2dtn.overlay.node import OverlayNode
 from c2dtn.overlay.scheduler import SchedulerConfig
-from c2dtn.overlay.store_memory import MemoryStore
+from c2dtn.overlay.store.memory import MemoryStore
 
 KEY = b"k" * 32
 CFG = SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000)

@@ -1,5 +1,5 @@
 """fsync off the event loop (issue 17): the custody store commits without waiting on the
-disk (store_sqlite sync="thread"), one writer thread fsyncs for many commits
+disk (store/sqlite.py, sync="thread"), one writer thread fsyncs for many commits
 (overlay/syncer.py), and what a client is told waits for that fsync -- while the loop
 goes on serving everyone else.  A slow disk is stood in for by a sync_wal that sleeps."""
 

@@ -1,23 +1,27 @@
 """Where `make bpas` puts the agents it builds from source, and why one is missing.
 
-Each is built once per machine into the cache beside dtn7-rs ($C2DTN_CACHE, by default
-~/.cache/c2dtn), in a folder keyed by version; the Makefile builds the same versions.  A
-failed build leaves <folder>.failed with the build's own error line: a driver or test that
-needs the agent says that line instead of a bare "not found".
+Each is built once per machine into the cache beside the default agent ($C2DTN_CACHE, by
+default ~/.cache/c2dtn), in a folder keyed by the version its build fragment (make/<name>.mk)
+names.  A failed build leaves <folder>.failed with the build's own error line: a driver or test
+that needs the agent says that line instead of a bare "not found".
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from c2dtn.errors import C2Error
 
-VERSIONS = {
-    "ion": "4.1.3",
-    "ibrdtn": "103bab3d",
-    "hdtn": "1.3.1",
-}  # the Makefile's ION_VERSION, IBRDTN_VERSION, HDTN_VERSION
+
+def version(name: str) -> str:
+    """The version the agent's build fragment builds (make/<name>.mk: <NAME>_VERSION := ...)."""
+    text = (Path(__file__).parent / "make" / f"{name}.mk").read_text()
+    m = re.search(rf"^{name.upper()}_VERSION\s*:=\s*(\S+)", text, re.M)
+    if m is None:
+        raise C2Error(f"make/{name}.mk names no {name.upper()}_VERSION")
+    return m.group(1)
 
 
 class NotBuilt(C2Error):
@@ -31,16 +35,16 @@ def cache_dir() -> Path:
 
 def built(name: str) -> Path:
     """The install folder of a BPA built by `make bpas`; NotBuilt says why it is not there."""
-    folder = cache_dir() / f"{name}-{VERSIONS[name]}"
+    folder = cache_dir() / f"{name}-{version(name)}"
     if (folder / ".built").exists():
         return folder
     failed = folder.with_name(folder.name + ".failed")
     if failed.exists():
         raise NotBuilt(
-            f"{name} {VERSIONS[name]} did not build: {failed.read_text().strip()} "
+            f"{name} {version(name)} did not build: {failed.read_text().strip()} "
             f"(log: {folder}.log; `BPA_RETRY=1 make bpas` tries again)"
         )
-    raise NotBuilt(f"{name} {VERSIONS[name]} is not built: run `make bpas` (from ../shared/bpa-src/)")
+    raise NotBuilt(f"{name} {version(name)} is not built: run `make bpas` (from ../shared/bpa-src/)")
 
 
 def not_built(name: str) -> str | None:

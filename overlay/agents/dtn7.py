@@ -25,7 +25,7 @@ from c2dtn.confref import table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentDelivery, AgentError, BundleAgent, Capabilities, Launch, PeerInfo
 from c2dtn.overlay.agents import register
-from c2dtn.overlay.agents.builds import cache_dir
+from c2dtn.overlay.agents.builds import cache_dir, version
 from c2dtn.strict_cbor import StrictCBORError
 from c2dtn.strict_cbor import loads as strict_loads
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("c2dtn.dtn7")
 
-DTN7_VERSION = "0.21.0"
+DTN7_VERSION = version("dtn7")  # what its build fragment (make/dtn7.mk) installs
 STORES = ("mem", "sled", "sneakers")
 # dtn7-rs names its CLAs differently from the specs
 CLA_NAMES = {"tcpcl": "tcp", "mtcp": "mtcp", "udp": "udp", "http": "http"}

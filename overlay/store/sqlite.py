@@ -50,7 +50,7 @@ from pathlib import Path
 
 from c2dtn.errors import C2Error
 from c2dtn.overlay.envelope import Priority
-from c2dtn.overlay.store import REPORTS_KEPT, Delivery, OutItem, StoreFull, register
+from c2dtn.overlay.store import REPORTS_KEPT, SYNC_MODES, Delivery, OutItem, StoreFull, register
 from c2dtn.private import private_sqlite
 
 SCHEMA = """
@@ -202,12 +202,6 @@ def _item(r, body: bytes = b"") -> OutItem:
         bool(r[14]),
         bool(r[15]),
     )
-
-
-# loop: a durable commit fsyncs before it returns (on the caller's thread: the event loop);
-# thread: it returns unsynced and sync_wal() from the syncer's thread makes it durable;
-# auto: as thread, the syncer calling sync_wal() on the loop while it is fast (overlay/syncer.py)
-SYNC_MODES = ("auto", "thread", "loop")
 
 
 @register("sqlite")

@@ -5,9 +5,9 @@ ack releases.  A Store only keeps records and answers questions about them, each
 one statement's worth of work, as dtn7-rs's `core/store` puts its stores behind one
 trait.  Implementations are chosen by name (`open_store("sqlite", ...)`):
 
-  sqlite  store_sqlite.py: WAL, synchronous commits, survives kill -9 and power loss;
+  sqlite  store/sqlite.py: WAL, synchronous commits, survives kill -9 and power loss;
           what a node runs.
-  memory  store_memory.py: dicts; nothing survives the process.  For unit tests of
+  memory  store/memory.py: dicts; nothing survives the process.  For unit tests of
           custody, the scheduler and the core (virtual time, no disk).
 
 Records:
@@ -49,6 +49,11 @@ class TooLarge(C2Error, ValueError):
 
 
 REPORTS_KEPT = 10_000  # report rows a store keeps (the newest)
+
+# where a durable commit is fsynced ([node] fsync): loop: before it returns (on the caller's
+# thread, the event loop); thread: it returns unsynced and the syncer's thread makes it durable;
+# auto: as thread, the syncer syncing on the loop while that is fast (overlay/syncer.py)
+SYNC_MODES = ("auto", "thread", "loop")
 
 
 class StoreFull(QuotaExceeded):
@@ -229,7 +234,7 @@ def register(name: str):
 
 def open_store(kind: str, path: str | Path | None = None, **kw) -> Store:
     """A store by name (`sqlite` needs a path; `memory` takes none)."""
-    from c2dtn.overlay import store_memory, store_sqlite  # noqa: F401  (they register themselves)
+    from c2dtn.overlay.store import memory, sqlite  # noqa: F401  (they register themselves)
 
     try:
         cls = STORES[kind]
