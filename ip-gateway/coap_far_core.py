@@ -22,8 +22,9 @@ The rules:
   was made or, if that is later, when it arrived, and at most MAX_ASK_MS); each attempt may take
   REQUEST_TIMEOUT_S (aiocoap's own retransmissions run inside it), and a failed one is tried
   again RETRY_S later.  Past the lifetime, 5.04 Gateway Timeout goes back (also if the shell
-  never reported the last attempt).  At most MAX_REPLAYS requests are being asked at once; the
-  rest wait, in order per peer gateway, and the next place goes to the peer holding fewest.
+  never reported the last attempt).  At most MAX_REPLAYS requests are being asked at once (an
+  observation takes no place: MAX_OBSERVATIONS bounds those); the rest wait, in order per peer
+  gateway, and the next place goes to the peer holding fewest.
 - A response that cannot be carried back (aiocoap decodes options it cannot encode) goes back
   as 5.02 Bad Gateway.
 - The request's envelope is consumed only once its answer is in custody.  An answer custody

@@ -35,12 +35,15 @@ The rules (decision 0007 for the windows and pacing):
 - A SUBSCRIBE or UNSUBSCRIBE is done when the broker answers it, within ANSWER_WAIT_S; a
   publish waits for room in the window at most ANSWER_WAIT_S.  A connection waits CONNACK_WAIT_S
   for its CONNACK.  A failed step is tried again RETRY_S later, and so is a connection the broker
-  dropped (a client's own reconnect goes at once); a TCP connection that could not be made,
-  after a backoff from RETRY_S doubling to BACKOFF_MAX_S.
+  dropped once it was up (a client's own reconnect closes and opens at once); a TCP connection
+  that could not be made, and one that ended before it was up (a refused CONNACK), after a
+  backoff from RETRY_S doubling to BACKOFF_MAX_S.
 - The client's CONNECT and DISCONNECT first let the broker acknowledge what is in flight (at
   most SETTLE_S): ending the connection earlier would send it again on the next, twice.
-- A PINGREQ goes every half keep alive (at least every second); while the client is present
-  and has subscriptions, a lost connection is made again at once (publications wait there).
+- A PINGREQ goes every half of the client's keep alive, at least a second apart (with a keep
+  alive of 0, which asks for no pings, every 30 s all the same: the far side has to learn of a
+  dead connection whatever the client asked); while the client is present and has
+  subscriptions, a lost connection is made again (publications wait there).
 - A publication from the broker is acknowledged only once custody holds it (stored ok);
   refused, it is not, and the broker sends it again.
 - Bad bodies from a peer gateway (no MQTT packet can be made of them) are counted and done.
@@ -410,6 +413,11 @@ class FarCore:
             return self._acked(p)  # MQTT 5: refused; no PUBREL follows
         if isinstance(p, (m.SubAck, m.UnsubAck)):
             if self.conn == "resub" and p.packet_id == self._resub_pid:
+                if isinstance(p, m.SubAck) and len(p.reasons) == len(self.subs):
+                    for f, r in zip(list(self.subs), p.reasons):
+                        if r >= 0x80:  # refused again on this session: not asked on the next
+                            log.warning("session %s: broker %s refused %s: 0x%02x", self.key(), self.broker, f, r)
+                            del self.subs[f]
                 self._up()
             elif self._wait == "answer" and p.packet_id == self._on:
                 self._wait, self._until, self._on = "answered", None, None

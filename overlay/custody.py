@@ -1,4 +1,4 @@
-"""End-to-end custody: the rules, over a Store that keeps the records (store.py).
+"""End-to-end custody: the rules, over a Store that keeps the records (store/__init__.py).
 
 What it keeps, per node:
 - outbox: every envelope this node accepted, until the destination node acks it

@@ -21,20 +21,6 @@ def _home(name: str) -> Path:
         pytest.skip(str(e))
 
 
-def test_the_makefile_builds_the_versions_the_drivers_look_for_each_with_its_recipe():
-    out = subprocess.run(
-        ["make", "-s", "--no-print-directory", "--eval=c2-show: ; $(info $(BPA_BUILDS))", "c2-show"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout.split()
-    built = {b.split("|")[0]: b.split("|")[1] for b in out}
-    assert set(built) == {"ion", "ibrdtn", "hdtn"}, out
-    for name, ver in built.items():
-        assert ver == builds.version(name) and (ROOT / "overlay/agents/make" / f"{name}.sh").exists(), name
-
-
 def test_ion_was_built_with_bundle_protocol_7_and_its_admin_programs():
     home = _home("ion")
     for prog in ("ionadmin", "bpadmin", "ipnadmin", "bpversion", "ionunlock", "udpcli", "tcpcli"):

@@ -512,3 +512,10 @@ def test_a_broker_that_drops_every_connection_at_once_is_connected_to_every_retr
         sim.run(sim.core.lost(sim.now, "closed by the broker"))
         sim.advance(0.1)
     assert sim.opens <= 1 + 20 * 0.1 / fc.RETRY_S + 1, sim.opens
+
+
+def test_a_filter_the_broker_refuses_when_a_new_session_is_subscribed_again_is_dropped():
+    subs = {"t/ok": [1, False, False, 0], "t/no": [1, False, False, 0]}
+    sim = Sim(state={"params": {"v": 5, "cs": False, "ka": 60}, "subs": subs, "present": True}, v=5)
+    sim.broker(m.SubAck(sim.of(m.Subscribe)[0].packet_id, [1, 0x87]))
+    assert sim.core.connected() and list(sim.core.subs) == ["t/ok"]

@@ -204,3 +204,26 @@ def test_the_agent_name_check_finds_each_way_of_naming_one(tmp_path):
         "'only_hdtn'",
         "'ion'",
     ], wrong
+
+
+def test_the_makefile_builds_each_recipe_at_the_version_its_driver_looks_for():
+    import shutil
+    import subprocess
+
+    from c2dtn.overlay.agents import builds
+
+    if shutil.which("make") is None:
+        import pytest
+
+        pytest.skip("make is not installed")
+    out = subprocess.run(
+        ["make", "-s", "--no-print-directory", "--eval=c2-show: ; $(info $(BPA_BUILDS))", "c2-show"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.split()
+    built = {b.split("|")[0]: b.split("|")[1] for b in out}
+    recipes = {p.stem for p in (ROOT / "overlay" / "agents" / "make").glob("*.sh")}
+    assert set(built) == recipes and recipes, (out, recipes)
+    assert all(ver == builds.version(name) for name, ver in built.items()), built

@@ -1,4 +1,4 @@
-"""The in-memory custody store: the records of store.py in dicts, for unit tests of
+"""The in-memory custody store: the records of store/__init__.py in dicts, for unit tests of
 custody, the scheduler and the core (no disk, nothing survives the process).
 
 It keeps the SQLite store's contract where tests can see it: a transaction that fails

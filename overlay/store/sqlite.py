@@ -1,4 +1,4 @@
-"""The SQLite custody store (WAL, synchronous commits): records only, see store.py.
+"""The SQLite custody store (WAL, synchronous commits): records only, see store/__init__.py.
 
 Durability: a durable transaction (what takes custody or records what arrived) is on
 disk when it returns (fsync of the WAL) -- with sync="loop".  With sync="thread" it
