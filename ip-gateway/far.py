@@ -37,13 +37,22 @@ class FarSession:
             gw.cfg.max_packet_size, gw.cfg.qos1_once, gw.cfg.limits.persistent_client_expiration, self.always_subscribe
         )
         self.core = FarCore(
-            origin, client, broker, limits, self._loop.time(), state, gw.counters, wall_ms=lambda _now: now_ms()
+            origin,
+            client,
+            broker,
+            limits,
+            self._loop.time(),
+            state,
+            gw.counters,
+            wall_ms=lambda _now: now_ms(),
+            clear=lambda inbox_id, topic: gw.subscriptions_clear(inbox_id, broker, topic),
         )
         self.core.label = self.key()
         self.writer: asyncio.StreamWriter | None = None
         self._opening: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
         self._ended = False
         self.deferring = False  # something for it stayed in custody (queue full): the rest waits too
         self.deferred_from: int | None = None  # the inbox id of the first envelope kept for it
@@ -126,20 +135,24 @@ class FarSession:
         return t
 
     def _arm(self) -> None:
+        at = None if self._ended else self.core.next_deadline()
         if self._timer is not None:
+            if at == self._timer_at:
+                return  # armed for it already (most events move no deadline)
             self._timer.cancel()
             self._timer = None
-        at = self.core.next_deadline()
-        if at is not None and not self._ended:
+        self._timer_at = at
+        if at is not None:
             self._timer = self._loop.call_at(at, self._tick)
 
     def _tick(self) -> None:
         self._timer = None
         try:
             self._do(self.core.tick(self._loop.time()))
-        except Exception:  # a daemon never dies of one session: log it, and the next deadline comes
+        except Exception:  # a daemon never dies of one session: log it, and look again in a second
             log.exception("far session %s", self.key())
-            self._arm()
+            if self._timer is None and not self._ended:
+                self._timer, self._timer_at = self._loop.call_later(1.0, self._tick), None
 
     def _close(self, abort: bool) -> None:
         if self._opening is not None:

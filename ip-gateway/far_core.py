@@ -20,7 +20,8 @@ from `wall_ms(now)`.
 Each returns events: Write(data), Open(), Close(abort) for the connection; Done(item) (the
 broker has it: consume); SubWritten(inbox_id); Changed() (save the session file); Left() (the
 client disconnected); Expired(); Gate(token, inbox_id, topic) (ask the gateway whether an
-earlier subscription holds this publish); Publication(packet) (into custody, then stored()).
+earlier subscription holds this publish, when `clear` said one may); Publication(packet)
+(into custody, then stored()).
 
 The rules (decision 0007 for the windows and pacing):
 - Envelopes go to the broker one at a time in inbox order.  QoS 1/2 publishes are pipelined
@@ -207,12 +208,16 @@ class FarCore:
         state: dict | None = None,
         counters: Counter[str] | None = None,
         wall_ms: Callable[[float], int] | None = None,
+        clear: Callable[[int, str], bool] | None = None,
     ):
         self.origin, self.client, self.broker, self.limits = origin, client, broker, limits
         self.label = f"{origin}/{client}"  # in the log
         self.address = broker_address(broker)
         self.counters: Counter[str] = counters if counters is not None else Counter()
         self._ms = wall_ms or (lambda t: int(t * 1000))
+        # the gateway's answer, without waiting, whether no earlier subscription holds a publish
+        # (inbox id, topic): a pure query; False makes a Gate the gateway answers later
+        self._clear = clear or (lambda _inbox_id, _topic: True)
         self.params: dict = {"v": 4, "cs": False, "ka": 60}
         self.subs: dict[str, list] = {}
         self.present = False  # the origin client is connected at its near gateway
@@ -655,9 +660,11 @@ class FarCore:
         if op != "pub":
             raise ValueError(f"op {op!r} is not one the far side applies")
         if self._wait is None:  # earlier subscriptions its topic matches are answered first
-            self._gate_token += 1
-            self._wait, self._on = "gate", self._gate_token
-            return [Gate(self._gate_token, d.envelope if isinstance(d, Part) else d.id, msg.get("t", ""))]
+            inbox_id, topic = d.envelope if isinstance(d, Part) else d.id, msg.get("t", "")
+            if not self._clear(inbox_id, topic):
+                self._gate_token += 1
+                self._wait, self._on = "gate", self._gate_token
+                return [Gate(self._gate_token, inbox_id, topic)]
         pub = aged(s.publish_from(msg, v), d.created_ms, self._ms(now))
         if pub.qos == 1 and self.limits.qos1_once:
             pub.qos = 2  # the broker's QoS 2 dedupe: see qos1_once in policy.py

@@ -325,19 +325,23 @@ class MqttGateway:
         before this publish, from any session (see _holds): a client that saw its SUBACK
         gets what another client published after it, as from the broker itself (the near
         side SUBACKs once the subscription is in custody, before it crossed)."""
-        loop = asyncio.get_running_loop()
-        while self._subscribing:
-            now = loop.time()
-            for i in [
-                i
-                for i, e in self._subscribing.items()  # those that can hold nothing any more
-                if now - (e[2] if e[3] is None else e[3]) >= (SUB_HANDOUT_S if e[3] is None else SUB_BARRIER_S)
-            ]:
-                del self._subscribing[i]
-            if not any(self._holds(e, inbox_id, i, broker, topic, now) for i, e in self._subscribing.items()):
-                return
+        while not self.subscriptions_clear(inbox_id, broker, topic):
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._subs_changed.wait(), min(SUB_HANDOUT_S, SUB_BARRIER_S))
+
+    def subscriptions_clear(self, inbox_id: int, broker: str, topic: str) -> bool:
+        """Does no subscription that arrived before this publish hold it now (see _holds)?  The
+        far sessions ask this first, and wait in subscribed_before only when it says no."""
+        if not self._subscribing:
+            return True
+        now = asyncio.get_running_loop().time()
+        for i in [
+            i
+            for i, e in self._subscribing.items()  # those that can hold nothing any more
+            if now - (e[2] if e[3] is None else e[3]) >= (SUB_HANDOUT_S if e[3] is None else SUB_BARRIER_S)
+        ]:
+            del self._subscribing[i]
+        return not any(self._holds(e, inbox_id, i, broker, topic, now) for i, e in self._subscribing.items())
 
     def _queue_of(self, d: Delivery, msg: dict) -> FarSession | None:
         """The queue an envelope would go to, if it exists (none for the near side's)."""

@@ -49,7 +49,8 @@ class Sim:
     ):
         self.now = 0.0
         self.v = v
-        self.core = fc.FarCore("gw1", "c1", BROKER, limits or fc.FarLimits(), 0.0, state)
+        held = None if gate else (lambda _inbox_id, _topic: False)  # gate=False: every publish is held
+        self.core = fc.FarCore("gw1", "c1", BROKER, limits or fc.FarLimits(), 0.0, state, clear=held)
         self.sent: list[m.Packet] = []  # every packet the core wrote, over all connections
         self.done: list = []  # Done items, in order
         self.events: list = []
@@ -326,6 +327,9 @@ def test_a_publish_is_written_only_once_the_gateway_lets_it_past_earlier_subscri
     assert sim.of(m.Publish) == []
     sim.run(sim.core.gate_passed(gate[0].token, sim.now))
     assert [p.topic for p in sim.of(m.Publish)] == ["c2/x"]
+    clear = connected()  # nothing holds it: no Gate at all, written at once
+    clear.put(D(2), pub("c2/x", q=1))
+    assert not any(isinstance(e, fc.Gate) for e in clear.events) and clear.of(m.Publish)
 
 
 def test_a_subscribe_is_done_at_its_suback_and_an_unanswered_one_reconnects_and_goes_again():
