@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 
 class PacketType(IntEnum):
@@ -500,6 +501,7 @@ class _Reader:
             name, typ, allowed = spec
             if ptype not in allowed:
                 raise MqttError(Reason.PROTOCOL_ERROR, f"property {name} is not allowed in {what}")
+            v: Any
             if typ == BYTE:
                 v = self.byte(name)
             elif typ == TWO:
@@ -539,7 +541,7 @@ class Parser:
 
     def feed(self, data: bytes) -> list[Packet]:
         self._buf += data
-        out = []
+        out: list[Packet] = []
         while True:
             framed = self._frame()
             if framed is None:
@@ -588,14 +590,15 @@ class Parser:
             raise MqttError(Reason.MALFORMED_PACKET, f"{ptype.name} with fixed-header flags {flags:04b}")
         r = _Reader(b, start, end)
         if ptype == PacketType.CONNECT:
-            pkt = self._connect(r)
+            conn = self._connect(r)
             if r.left():  # found by the differential fuzz target (perf/mqtt_diff.py)
                 raise MqttError(Reason.MALFORMED_PACKET, f"{r.left()} bytes left over after CONNECT")
-            self.version = pkt.version
-            return pkt
+            self.version = conn.version
+            return conn
         if self.version is None:
             raise MqttError(Reason.PROTOCOL_ERROR, f"{ptype.name} before CONNECT")
         v5 = self.version == 5
+        pkt: Packet
         if ptype == PacketType.PUBLISH:
             return self._publish(r, flags, v5)
         if ptype == PacketType.CONNACK:
@@ -606,17 +609,17 @@ class Parser:
             if v5:
                 pkt.properties = r.properties(ptype, "CONNACK")
         elif ptype in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
-            cls = {
+            acks: dict[PacketType, type[PubAck | PubRec | PubRel | PubComp]] = {
                 PacketType.PUBACK: PubAck,
                 PacketType.PUBREC: PubRec,
                 PacketType.PUBREL: PubRel,
                 PacketType.PUBCOMP: PubComp,
-            }[ptype]
-            pkt = cls(self._packet_id(r, ptype))
+            }
+            pkt = ack = acks[ptype](self._packet_id(r, ptype))
             if v5 and r.left():
-                pkt.reason = _check_reason(ptype, r.byte(f"{ptype.name} reason"), v5)
+                ack.reason = _check_reason(ptype, r.byte(f"{ptype.name} reason"), v5)
                 if r.left():
-                    pkt.properties = r.properties(ptype, ptype.name)
+                    ack.properties = r.properties(ptype, ptype.name)
         elif ptype == PacketType.SUBSCRIBE:
             pid = self._packet_id(r, ptype)
             props = r.properties(ptype, "SUBSCRIBE") if v5 else {}
@@ -662,11 +665,11 @@ class Parser:
         elif ptype in (PacketType.DISCONNECT, PacketType.AUTH):
             if ptype == PacketType.AUTH and not v5:
                 raise MqttError(Reason.PROTOCOL_ERROR, "AUTH is MQTT 5 only")
-            pkt = Disconnect() if ptype == PacketType.DISCONNECT else Auth()
+            pkt = fin = Disconnect() if ptype == PacketType.DISCONNECT else Auth()
             if v5 and r.left():
-                pkt.reason = _check_reason(ptype, r.byte(f"{ptype.name} reason"), v5)
+                fin.reason = _check_reason(ptype, r.byte(f"{ptype.name} reason"), v5)
                 if r.left():
-                    pkt.properties = r.properties(ptype, ptype.name)
+                    fin.properties = r.properties(ptype, ptype.name)
         if r.left():
             raise MqttError(Reason.MALFORMED_PACKET, f"{r.left()} bytes left over after {ptype.name}")
         return pkt
@@ -796,7 +799,7 @@ def encode(p: Packet, version: int = 4) -> bytes:
     v5 = version == 5
     flags = 0
     t = p.type
-    if t == PacketType.CONNECT:
+    if isinstance(p, Connect):
         v5 = p.version == 5
         fl = 2 if p.clean_start else 0
         body = bytearray(_str("MQTT") + bytes([p.version]))
@@ -818,11 +821,11 @@ def encode(p: Packet, version: int = 4) -> bytes:
             body += _str(p.username)
         if p.password is not None:
             body += _bin(p.password)
-    elif t == PacketType.CONNACK:
+    elif isinstance(p, ConnAck):
         body = bytearray([1 if p.session_present else 0, p.reason])
         if v5:
             body += _props(p.properties)
-    elif t == PacketType.PUBLISH:
+    elif isinstance(p, Publish):
         flags = (8 if p.dup else 0) | (p.qos << 1) | (1 if p.retain else 0)
         body = bytearray(_str(p.topic))
         if p.qos:
@@ -830,14 +833,14 @@ def encode(p: Packet, version: int = 4) -> bytes:
         if v5:
             body += _props(p.properties)
         body += p.payload
-    elif t in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
+    elif isinstance(p, _Ack):
         flags = 2 if t == PacketType.PUBREL else 0
         body = bytearray(struct.pack(">H", p.packet_id))
         if v5 and (p.reason or p.properties):
             body.append(p.reason)
             if p.properties:
                 body += _props(p.properties)
-    elif t == PacketType.SUBSCRIBE:
+    elif isinstance(p, Subscribe):
         flags = 2
         body = bytearray(struct.pack(">H", p.packet_id))
         if v5:
@@ -845,24 +848,24 @@ def encode(p: Packet, version: int = 4) -> bytes:
         for s in p.subscriptions:
             o = s.qos | (s.no_local << 2) | (s.retain_as_published << 3) | (s.retain_handling << 4) if v5 else s.qos
             body += _str(s.filter) + bytes([o])
-    elif t == PacketType.SUBACK:
+    elif isinstance(p, SubAck):
         body = bytearray(struct.pack(">H", p.packet_id))
         if v5:
             body += _props(p.properties)
         body += bytes(p.reasons)
-    elif t == PacketType.UNSUBSCRIBE:
+    elif isinstance(p, Unsubscribe):
         flags = 2
         body = bytearray(struct.pack(">H", p.packet_id))
         if v5:
             body += _props(p.properties)
         for f in p.filters:
             body += _str(f)
-    elif t == PacketType.UNSUBACK:
+    elif isinstance(p, UnsubAck):
         body = bytearray(struct.pack(">H", p.packet_id))
         if v5:
             body += _props(p.properties) + bytes(p.reasons)
-    elif t in (PacketType.PINGREQ, PacketType.PINGRESP):
-        body = b""
+    elif isinstance(p, (PingReq, PingResp)):
+        body = bytearray()
     else:  # DISCONNECT, AUTH
         body = bytearray()
         if v5 and (p.reason or p.properties):
