@@ -229,7 +229,7 @@ class OverlayCore:
         for d in pings:
             owed = self._pongs.setdefault(d.origin, [])
             if len(owed) >= PONGS_HELD_MAX:  # still held for it: those released are forgotten first
-                owed[:] = list(self.store.records.out_get(owed))
+                owed[:] = list(self.store.held(owed))
             if len(owed) >= PONGS_HELD_MAX:
                 self.store.count_event("pings_unanswered")
                 unanswered.append(f"{d.origin}:{d.seq}: {len(owed)} answers to it still held")

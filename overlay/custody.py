@@ -70,7 +70,8 @@ and unsynced_acks() answer from that.  A store that fsyncs every durable commit 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from c2dtn.overlay.envelope import (
@@ -83,6 +84,7 @@ from c2dtn.overlay.envelope import (
     source_key,
     source_node,
 )
+from c2dtn.overlay.outbox import Outbox
 from c2dtn.overlay.store import Delivery, OutItem, Quota, QuotaExceeded, Received, Store, TooLarge, open_store
 
 # A submitted message's mark (key, digest, repeat: see Custody.submit_many), or a list of them for an
@@ -107,6 +109,9 @@ class Custody:
         self, store: Store, origin: str, quota: Quota = Quota(), groups: dict[str, tuple[str, ...]] | None = None
     ):
         self.records = store
+        items, members = store.out_load()
+        self.outbox = Outbox(items, members)  # the outbox's questions, answered in memory (outbox.py)
+        self._depth = 0  # transactions open (nested ones join the outer)
         self.origin = origin
         self.quota = quota
         self.groups = dict(groups or {})  # group -> the other members
@@ -126,7 +131,7 @@ class Custody:
     def renew_incarnation(self) -> int:
         """Choose a new random incarnation (a new store, or one put back from a copy): from now
         on every envelope, those still held included, goes out under it."""
-        with self.records.transaction():
+        with self.transaction():
             old = self.records.counter("incarnation")
             new = old
             while new in (0, old):
@@ -141,9 +146,54 @@ class Custody:
         return source_key(self.origin, self.inc)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def transaction(self, durable: bool = True):
-        """Group several calls into one transaction (one fsync for a whole bundle)."""
-        return self.records.transaction(durable)
+    @contextmanager
+    def transaction(self, durable: bool = True) -> Iterator[None]:
+        """Group several calls into one transaction (one fsync for a whole bundle).  The
+        outbox index follows the store: what a failed transaction undid is undone in it too."""
+        outer = self._depth == 0
+        self._depth += 1
+        if outer:
+            self.outbox.begin()
+        try:
+            with self.records.transaction(durable):
+                yield
+        except BaseException:
+            if outer:
+                self.outbox.rollback()
+            raise
+        else:
+            if outer:
+                self.outbox.commit()
+        finally:
+            self._depth -= 1
+
+    # -- the outbox: records in the store, questions to the index ------------------------------
+    def _out_add(self, items: list[OutItem]) -> None:
+        self.records.out_add(items)
+        self.outbox.add(items)
+
+    def _out_delete(self, seqs: Iterable[int]) -> list[OutItem]:
+        gone = self.outbox.delete(seqs)
+        self.records.out_delete([it.seq for it in gone])
+        return gone
+
+    def _out_put(self, changed: list[OutItem]) -> None:
+        if changed:
+            self.records.out_put(changed)
+
+    def _with_bodies(self, items: list[OutItem]) -> list[OutItem]:
+        bodies = self.records.out_bodies([it.seq for it in items])
+        for it in items:
+            it.body = bodies[it.seq]
+        return items
+
+    def held(self, seqs: Iterable[int]) -> dict[int, OutItem]:
+        """Those of seqs held here, without bodies (copies: changing one changes nothing held)."""
+        return self.outbox.get(seqs)
+
+    def member_acks(self, seq: int) -> dict[str, bool]:
+        """For an envelope sent to a group: member -> whether it took it ("done")."""
+        return dict(self.outbox.members.get(seq, {}))
 
     def close(self) -> None:
         """Close the store; a clean close gives back the seqs reserved and not used (the next
@@ -151,7 +201,7 @@ class Custody:
         st = self.records
         nxt = st.counter("next_seq")
         if st.counter("seq_reserved") > nxt:
-            with st.transaction():
+            with self.transaction():
                 st.bump("seq_reserved", nxt - st.counter("seq_reserved"))
         st.close()
 
@@ -198,7 +248,7 @@ class Custody:
         return self.records.counter(name)
 
     def count_event(self, name: str, by: int = 1) -> None:
-        with self.records.transaction(durable=False):
+        with self.transaction(durable=False):
             self.records.bump(name, by)
 
     def _report(self, it: OutItem, outcome: str, now_ms: int) -> None:
@@ -248,8 +298,8 @@ class Custody:
                 )
         marks = list(marks) if marks is not None else [None] * len(items)
         seqs: list[int | None] = []
-        with st.transaction():
-            n, nbytes = st.out_totals()
+        with self.transaction():
+            n, nbytes = self.outbox.totals()
             add_bytes = sum(len(i[1]) for i in items)
             if n + len(items) > self.quota.max_envelopes or nbytes + add_bytes > self.quota.max_bytes:
                 raise QuotaExceeded(
@@ -285,14 +335,14 @@ class Custody:
                 # supersession means; only envelopes without a key wait for their turn.
                 cseq = 0 if supersede is not None else st.bump(f"cseq:{dst}:{int(priority)}")
                 if supersede is not None:
-                    st.out_add(adds)  # an older copy of the key may be in this very batch
+                    self._out_add(adds)  # an older copy of the key may be in this very batch
                     adds = []
-                    for old in st.out_by_key(dst, supersede):
+                    for old in self.outbox.by_key(dst, supersede):
                         if not old.inflight:
-                            st.out_delete([old.seq])
+                            self._out_delete([old.seq])
                             self._report(old, "superseded", now_ms)
                         elif not old.superseded:  # copies already handed to the BPA are not sent again
-                            st.out_update([old.seq], superseded=True)
+                            self._out_put(self.outbox.update([old.seq], superseded=True))
                 adds.append(
                     OutItem(
                         seq,
@@ -313,7 +363,7 @@ class Custody:
                     )
                 )
                 seqs.append(seq)
-            st.out_add(adds)
+            self._out_add(adds)
             st.mark_set(marked, now_ms)
             if marked:
                 self._marks_tag = self._tag
@@ -323,31 +373,26 @@ class Custody:
     def expire(self, now_ms: int) -> list[tuple[int, str]]:
         """End every envelope whose lifetime is over: reported 'expired'.  Returns (seq, dst)."""
         st = self.records
-        with st.transaction(durable=False):
-            gone = st.out_expired(now_ms)
-            st.out_delete([it.seq for it in gone])
+        with self.transaction(durable=False):
+            gone = self._out_delete([it.seq for it in self.outbox.expired(now_ms)])
             for it in gone:
                 self._report(it, "superseded" if it.superseded else "expired", now_ms)
             st.seen_prune(now_ms)
             st.marks_prune(now_ms - MARK_KEEP_MS)
-            if self.groups:  # what ended without every member's ack
-                st.member_acks_prune()
         return [(it.seq, it.dst) for it in gone]
 
     def queued(self, dst: str, limit: int = 1000) -> list[OutItem]:
         """Not yet sent, in sending order: strict priority, then oldest first."""
-        return self.records.out_queued(dst, limit)
+        return self._with_bodies(self.outbox.queued(dst, limit))
 
     def due_retries(self, now_ms: int) -> list[OutItem]:
         """In flight and past their retransmission time (superseded copies excluded)."""
-        return [it for it in self.records.out_due(now_ms) if not it.superseded and not it.received]
+        return self._with_bodies([it for it in self.outbox.due(now_ms) if not it.superseded])
 
     def drop_superseded_inflight(self, now_ms: int) -> int:
         """Superseded copies whose retransmission time came: never sent again, reported."""
-        st = self.records
-        with st.transaction(durable=False):
-            gone = [it for it in st.out_due(now_ms) if it.superseded]
-            st.out_delete([it.seq for it in gone])
+        with self.transaction(durable=False):
+            gone = self._out_delete([it.seq for it in self.outbox.due(now_ms) if it.superseded])
             for it in gone:
                 self._report(it, "superseded", now_ms)
         return len(gone)
@@ -355,41 +400,41 @@ class Custody:
     def has_pending(self, dsts: Iterable[str]) -> bool:
         """Is anything for these destinations not yet sent, or sent and not yet there?  (A
         superseded copy in flight is not: it is never sent again.)"""
-        return any(self.records.out_pending(d) for d in dsts)
+        return any(self.outbox.pending(d) for d in dsts)
 
     def next_retry_ms(self) -> int | None:
-        return self.records.out_next_retry_ms()
+        return self.outbox.next_retry_ms()
 
     def next_expiry_ms(self) -> int | None:
         """When expire() has something to do: an envelope held here ends, or seen ids are past
         their time (a node that only receives must forget them too, or its dedupe state
         grows with everything it was ever sent)."""
-        out, seen = self.records.out_next_expiry_ms(), self.records.seen_next_expiry_ms()
+        out, seen = self.outbox.next_expiry_ms(), self.records.seen_next_expiry_ms()
         if seen is not None:
             seen = -(-seen // SEEN_PRUNE_MS) * SEEN_PRUNE_MS
         return min((t for t in (out, seen) if t is not None), default=None)
 
     def destinations(self) -> list[str]:
-        return self.records.out_destinations()
+        return self.outbox.destinations()
 
     def inflight_bytes(self) -> dict[str, int]:
         """Bytes handed to the BPA and not known to be there, per destination: superseded
         copies too (never sent again, but on the radio's queue until they arrive or are lost)."""
-        return self.records.out_inflight_bytes()
+        return self.outbox.inflight_bytes()
 
     def superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
-        return self.records.out_superseded_inflight(dst, sent_before_ms)
+        return self.outbox.superseded_inflight(dst, sent_before_ms)
 
     def floor(self, dst: str, priority: int) -> int:
         """The oldest place in the class's order the receiver must still wait for.  Superseded
         copies do not count: they are never sent again, so a lost one must not hold back the
         newer envelopes behind it."""
-        return self.records.out_min_cseq(dst, priority)
+        return self.outbox.min_cseq(dst, priority)
 
     def mark_sent(self, seqs: list[int], now_ms: int, retry_at_ms: dict[int, int]) -> None:
         st = self.records
-        with st.transaction(durable=False):
-            st.out_sent(seqs, now_ms, retry_at_ms)
+        with self.transaction(durable=False):
+            self._out_put(self.outbox.sent(seqs, now_ms, retry_at_ms))
             st.bump("sent", len(seqs))
 
     def inflight(
@@ -404,23 +449,23 @@ class Custody:
         sending order, bodies left out; `lacking`: for a group, only what that member has
         not acked; only what was sent before `sent_before_ms`, or is due for its retry after
         `retry_after_ms`, when given.  The scheduler decides what of it is lost."""
-        return self.records.out_inflight(dst, lacking, sent_before_ms, retry_after_ms, limit)
+        return self.outbox.inflight(dst, lacking, sent_before_ms, retry_after_ms, limit)
 
     def last_sent_ms(self, dst: str) -> int:
         """When anything in flight to dst (there or not) was last sent; 0 if nothing is."""
-        return self.records.out_last_sent_ms(dst)
+        return self.outbox.last_sent_ms(dst)
 
     def set_retry(self, retry_at_ms: dict[int, int]) -> None:
         """New retransmission times for envelopes in flight."""
-        with self.records.transaction(durable=False):
-            self.records.out_set_retry(retry_at_ms)
+        with self.transaction(durable=False):
+            self._out_put(self.outbox.set_retry(retry_at_ms))
 
     def marks_answered(self, keys: Iterable[str]) -> None:
         """The client heard that these were taken (PUBACK written): their marks go, so that a DUP
         reusing the packet id is a new message (QoS 1 stays at least once)."""
         keys = list(keys)
         if keys:
-            with self.records.transaction(durable=False):
+            with self.transaction(durable=False):
                 self.records.mark_drop(keys)
 
     def held_in(self, runs: list[tuple[int, int]]) -> list[int]:
@@ -432,7 +477,7 @@ class Custody:
         if runs_total(runs) <= ACK_EXPAND_MAX:
             return sorted({s for a, b in runs for s in range(a, b + 1)})
         lo, hi = min(a for a, _ in runs), max(b for _, b in runs)
-        return in_runs(self.records.out_seqs_between(lo, hi), runs)
+        return in_runs(self.outbox.seqs_between(lo, hi), runs)
 
     def ack_from(self, member: str, done: Iterable[int], got: Iterable[int]) -> tuple[list[OutItem], list[OutItem]]:
         """An ack from `member`: (released, arrived).  An envelope sent to that member alone is
@@ -446,8 +491,8 @@ class Custody:
             return [], []
         released, arrived, gone, received = [], [], [], []
         done, got = list(done), list(got)
-        with st.transaction(durable=False):
-            held = st.out_get(done + got)  # one question for the whole ack
+        with self.transaction(durable=False):
+            held = self.outbox.get(done + got)  # one question for the whole ack
             for s, is_done in [(x, True) for x in done] + [(x, False) for x in got]:
                 it = held.get(s)
                 if it is None:
@@ -467,9 +512,10 @@ class Custody:
                 if not members or member not in members:
                     st.bump("acks_not_theirs")
                     continue
-                acks = st.member_acks(s)
+                acks = self.member_acks(s)
                 prev = acks.get(member)
                 if prev is None or (is_done and not prev):
+                    self.outbox.member_ack(s, member, is_done)
                     st.member_ack(s, member, is_done)
                     acks[member] = is_done
                 if prev is None:
@@ -481,19 +527,19 @@ class Custody:
                 elif len(acks) >= len(members) and not it.received:
                     received.append(s)
                     it.received = True
-            st.out_delete(gone)
+            self._out_delete(gone)
             gone_ids = set(gone)
-            st.out_update([s for s in received if s not in gone_ids], received=True)
+            self._out_put(self.outbox.update([s for s in received if s not in gone_ids], received=True))
             if released:
                 st.bump("acked", len(released))
         return released, arrived
 
     def held_out(self) -> tuple[int, int]:
-        return self.records.out_totals()
+        return self.outbox.totals()
 
     def queue_summary(self) -> list[tuple[str, int, int, int, int]]:
         """(dst, priority, queued, in flight, bytes) rows."""
-        return self.records.out_summary()
+        return self.outbox.summary()
 
     def reports(self, since_id: int = 0) -> list[tuple]:
         return self.records.reports(since_id)
@@ -504,7 +550,7 @@ class Custody:
         st = self.records
         src = env.source  # the origin and its store's incarnation: ids, order and acks are per source
         stream = src if env.dst == self.origin else f"{src}>{env.dst}"
-        with st.transaction():
+        with self.transaction():
             if st.seen_has(src, env.seq):
                 st.bump("duplicates")
                 # the origin did not hear: tell it again, "got" if still here, "done" if taken
@@ -574,7 +620,7 @@ class Custody:
         streams = st.held_older(older_than_ms)
         if not streams:
             return 0
-        with st.transaction():
+        with self.transaction():
             n = 0
             for stream, prio in streams:
                 low = st.held_min(stream, prio)
@@ -604,7 +650,7 @@ class Custody:
         Returns (source, seq) of those that were there."""
         st = self.records
         out = []
-        with st.transaction():
+        with self.transaction():
             for i in ids:
                 gone = st.inbox_pop(i)
                 if gone:
@@ -622,7 +668,7 @@ class Custody:
         return out
 
     def acks_sent(self, origin: str, done: Iterable[int], got: Iterable[int] = ()) -> None:
-        with self.records.transaction(durable=False):
+        with self.transaction(durable=False):
             self.records.owed_remove("done", origin, done)
             self.records.owed_remove("got", origin, got)
 

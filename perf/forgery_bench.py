@@ -338,7 +338,7 @@ class Campaign:
         return {
             "genuine_delivered": got,
             "genuine_bundles_captured": len(self.captured),
-            "report_acked_by": sorted(self.prt.store.records.member_acks(self.prt_report)),
+            "report_acked_by": sorted(self.prt.store.member_acks(self.prt_report)),
             "classes": {c: dict(self.rows[c]) for c in CLASSES},
             "reasons": {c: dict(self.reasons[c].most_common()) for c in CLASSES},
         }

@@ -432,8 +432,8 @@ def test_the_acks_of_one_bundle_look_at_what_is_held_once(tmp_path):
     seqs = [deu.submit("prt", b"r%d" % i, 0) for i in range(5)]
     deu.poll(0)
     scans = []
-    real = deu.store.records.out_seqs_between
-    deu.store.records.out_seqs_between = lambda lo, hi: scans.append((lo, hi)) or real(lo, hi)
+    real = deu.store.outbox.seqs_between
+    deu.store.outbox.seqs_between = lambda lo, hi: scans.append((lo, hi)) or real(lo, hi)
     acks = [
         prt.codec.seal(
             Envelope(
@@ -502,7 +502,7 @@ def test_a_ping_flood_is_answered_up_to_a_bound_with_one_log_line(tmp_path, capl
     ]
     res = prt.on_bundle(nor.codec.container(pings, "prt"), 0)
     assert res.taken == 500
-    held = prt.store.records.out_get(list(range(1, 10_000)))
+    held = prt.store.held(list(range(1, 10_000)))
     assert len(held) == PONGS_HELD_MAX and prt.store.counters()["pings_unanswered"] == 500 - PONGS_HELD_MAX
     assert all(it.expires_ms <= PONG_LIFETIME_MAX_MS for it in held.values())
     assert len([r for r in caplog.records if "pings not answered" in r.getMessage()]) == 1

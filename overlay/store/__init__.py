@@ -1,9 +1,10 @@
 """The custody store's boundary: what a node keeps, as records, behind one interface.
 
 Custody (custody.py) decides: quota, supersession, class order, group acks, what an
-ack releases.  A Store only keeps records and answers questions about them, each in
-one statement's worth of work, as dtn7-rs's `core/store` puts its stores behind one
-trait.  Implementations are chosen by name (`open_store("sqlite", ...)`):
+ack releases, and answers every question about its outbox from an index in memory
+(outbox.py).  A Store only keeps records and answers questions about the receiving side,
+each in one statement's worth of work, as dtn7-rs's `core/store` puts its stores behind
+one trait.  Implementations are chosen by name (`open_store("sqlite", ...)`):
 
   sqlite  store/sqlite.py: WAL, synchronous commits, survives kill -9 and power loss;
           what a node runs.
@@ -65,6 +66,10 @@ class StoreFull(QuotaExceeded):
 class Quota:
     max_envelopes: int = 100_000
     max_bytes: int = 256 << 20
+
+
+# what of an outbox record changes once it is added (Store.out_put writes these)
+OUT_FIELDS = ("inflight", "attempts", "sent_ms", "retry_ms", "received", "superseded")
 
 
 @dataclass(slots=True)
@@ -150,43 +155,14 @@ class Store(Protocol):
     ) -> None: ...
     def reports(self, since_id: int = 0) -> list[tuple]: ...
 
-    # -- outbox ------------------------------------------------------------------------------
-    def out_add(self, items: list[OutItem]) -> None: ...
-    def out_get(self, seqs: Iterable[int]) -> dict[int, OutItem]: ...  # those held, without bodies
-    def out_seqs_between(self, lo: int, hi: int) -> list[int]: ...  # seqs held in lo..hi, ascending
+    # -- outbox: records only; custody's index (overlay/outbox.py) answers the questions ---------
+    def out_add(self, items: list[OutItem]) -> None: ...  # new envelopes, with their bodies
+    def out_put(self, items: list[OutItem]) -> None: ...  # their OUT_FIELDS
     def out_delete(self, seqs: Iterable[int]) -> None: ...  # with their bodies and member acks
-    def out_update(
-        self, seqs: Iterable[int], **fields
-    ) -> None: ...  # inflight, attempts, sent_ms, retry_ms, received, superseded
-    def out_set_retry(self, retry_at_ms: dict[int, int]) -> None: ...
-    def out_sent(self, seqs: list[int], sent_ms: int, retry_at_ms: dict[int, int]) -> None: ...  # attempts + 1
-    def out_totals(self) -> tuple[int, int]: ...  # (envelopes, bytes) held
-    def out_by_key(self, dst: str, key: str) -> list[OutItem]: ...  # without bodies
-    def out_queued(self, dst: str, limit: int) -> list[OutItem]: ...  # not sent; priority, seq order; bodies
-    def out_due(self, now_ms: int) -> list[OutItem]: ...  # in flight, not there, retry time come; bodies
-    def out_expired(self, now_ms: int) -> list[OutItem]: ...
-    def out_inflight(
-        self,
-        dst: str,
-        lacking: str | None = None,
-        sent_before_ms: int | None = None,
-        retry_after_ms: int | None = None,
-        limit: int = -1,
-    ) -> list[OutItem]: ...
-    def out_last_sent_ms(self, dst: str) -> int: ...
-    def out_next_retry_ms(self) -> int | None: ...
-    def out_next_expiry_ms(self) -> int | None: ...
-    def out_destinations(self) -> list[str]: ...
-    def out_inflight_bytes(self) -> dict[str, int]: ...
-    def out_superseded_inflight(
-        self, dst: str, sent_before_ms: int
-    ) -> list[int]: ...  # seqs, superseded copies on the way
-    def out_min_cseq(self, dst: str, priority: int) -> int: ...  # of the not superseded, ordered ones; 0: none
-    def out_pending(self, dst: str) -> bool: ...  # anything not sent, or sent and not there (nor superseded)
-    def out_summary(self) -> list[tuple[str, int, int, int, int]]: ...  # (dst, priority, queued, in flight, bytes)
-    def member_acks(self, seq: int) -> dict[str, bool]: ...  # member -> done
+    def out_bodies(self, seqs: Iterable[int]) -> dict[int, bytes]: ...  # about to be sealed
+    # everything held, without bodies, in seq order; and the group envelopes' member -> done
+    def out_load(self) -> tuple[list[OutItem], dict[int, dict[str, bool]]]: ...
     def member_ack(self, seq: int, member: str, done: bool) -> None: ...
-    def member_acks_prune(self) -> None: ...  # of envelopes no longer held
     def mark_get(self, key: str) -> tuple[bytes, int] | None: ...  # (digest, when set)
     def mark_drop(self, keys: list[str]) -> None: ...
     def mark_set(self, marks: dict[str, bytes], at_ms: int) -> None: ...  # key -> digest

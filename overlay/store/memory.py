@@ -12,13 +12,7 @@ import copy
 from collections.abc import Iterable
 from dataclasses import replace
 
-from c2dtn.overlay.store import REPORTS_KEPT, Delivery, OutItem, register
-
-_UPDATABLE = {"inflight", "attempts", "sent_ms", "retry_ms", "received", "superseded"}
-
-
-def _order(it: OutItem) -> tuple[int, int]:
-    return it.priority, it.seq
+from c2dtn.overlay.store import OUT_FIELDS, REPORTS_KEPT, Delivery, OutItem, register
 
 
 @register("memory")
@@ -76,150 +70,33 @@ class MemoryStore:
         return [r for r in self.s["reports"] if r[0] > since_id]
 
     # -- outbox ------------------------------------------------------------------------------
-    def _items(self, body: bool, pred) -> list[OutItem]:
-        out = sorted((it for it in self.s["out"].values() if pred(it)), key=_order)
-        return [copy.copy(it) if body else _nobody(it) for it in out]
-
     def out_add(self, items: list[OutItem]) -> None:
         for it in items:
             if it.seq in self.s["out"]:
                 raise ValueError(f"outbox already holds seq {it.seq}")
             self.s["out"][it.seq] = copy.copy(it)
 
-    def out_get(self, seqs: Iterable[int]) -> dict[int, OutItem]:
+    def out_put(self, items: list[OutItem]) -> None:
         out = self.s["out"]
-        return {s: _nobody(out[s]) for s in seqs if s in out}
-
-    def out_seqs_between(self, lo: int, hi: int) -> list[int]:
-        return sorted(s for s in self.s["out"] if lo <= s <= hi)
+        for it in items:
+            if it.seq in out:  # replaced, never changed in place (_snapshot)
+                out[it.seq] = replace(out[it.seq], **{k: getattr(it, k) for k in OUT_FIELDS})
 
     def out_delete(self, seqs: Iterable[int]) -> None:
         for seq in seqs:
             self.s["out"].pop(seq, None)
             self.s["members"].pop(seq, None)
 
-    def out_update(self, seqs: Iterable[int], **fields) -> None:
-        bad = set(fields) - _UPDATABLE
-        if bad:
-            raise ValueError(f"outbox fields {sorted(bad)} cannot be updated")
-        for seq in seqs:
-            it = self.s["out"].get(seq)
-            if it is not None:  # records are replaced, never changed in place (see _Tx's snapshot)
-                self.s["out"][seq] = replace(it, **fields)
+    def out_bodies(self, seqs: Iterable[int]) -> dict[int, bytes]:
+        out = self.s["out"]
+        return {s: out[s].body for s in seqs if s in out}
 
-    def out_set_retry(self, retry_at_ms: dict[int, int]) -> None:
-        for seq, at in retry_at_ms.items():
-            self.out_update([seq], retry_ms=at)
-
-    def out_sent(self, seqs: list[int], sent_ms: int, retry_at_ms: dict[int, int]) -> None:
-        for seq in seqs:
-            it = self.s["out"].get(seq)
-            if it is not None:
-                self.s["out"][seq] = replace(
-                    it, inflight=True, attempts=it.attempts + 1, sent_ms=sent_ms, retry_ms=retry_at_ms[seq]
-                )
-
-    def out_totals(self) -> tuple[int, int]:
-        return len(self.s["out"]), sum(it.size for it in self.s["out"].values())
-
-    def out_by_key(self, dst: str, key: str) -> list[OutItem]:
-        return self._items(False, lambda it: it.dst == dst and it.supersede == key)
-
-    def out_queued(self, dst: str, limit: int) -> list[OutItem]:
-        return self._items(True, lambda it: it.dst == dst and not it.inflight)[:limit]
-
-    def out_due(self, now_ms: int) -> list[OutItem]:
-        return self._items(True, lambda it: it.inflight and not it.received and it.retry_ms <= now_ms)
-
-    def out_expired(self, now_ms: int) -> list[OutItem]:
-        return self._items(False, lambda it: it.expires_ms <= now_ms)
-
-    def out_inflight(
-        self,
-        dst: str,
-        lacking: str | None = None,
-        sent_before_ms: int | None = None,
-        retry_after_ms: int | None = None,
-        limit: int = -1,
-    ) -> list[OutItem]:
-        members = self.s["members"]
-        out = self._items(
-            False,
-            lambda it: (
-                it.dst == dst
-                and it.inflight
-                and not it.received
-                and not it.superseded
-                and (lacking is None or lacking not in members.get(it.seq, {}))
-                and (sent_before_ms is None or it.sent_ms < sent_before_ms)
-                and (retry_after_ms is None or it.retry_ms > retry_after_ms)
-            ),
-        )
-        return out if limit < 0 else out[:limit]
-
-    def out_last_sent_ms(self, dst: str) -> int:
-        return max((it.sent_ms for it in self.s["out"].values() if it.dst == dst and it.inflight), default=0) or 0
-
-    def out_next_retry_ms(self) -> int | None:
-        return min((it.retry_ms for it in self.s["out"].values() if it.inflight and not it.received), default=None)
-
-    def out_next_expiry_ms(self) -> int | None:
-        return min((it.expires_ms for it in self.s["out"].values()), default=None)
-
-    def out_destinations(self) -> list[str]:
-        return sorted({it.dst for it in self.s["out"].values()})
-
-    def out_inflight_bytes(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for it in self.s["out"].values():
-            if it.inflight and not it.received:
-                out[it.dst] = out.get(it.dst, 0) + it.size
-        return out
-
-    def out_superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
-        return sorted(
-            it.seq
-            for it in self.s["out"].values()
-            if it.dst == dst
-            and it.inflight
-            and not it.received
-            and it.superseded
-            and it.sent_ms is not None
-            and it.sent_ms < sent_before_ms
-        )
-
-    def out_min_cseq(self, dst: str, priority: int) -> int:
-        return min(
-            (
-                it.cseq
-                for it in self.s["out"].values()
-                if it.dst == dst and it.priority == priority and not it.superseded and it.cseq > 0
-            ),
-            default=0,
-        )
-
-    def out_pending(self, dst: str) -> bool:
-        return any(
-            it.dst == dst and (not it.inflight or not (it.received or it.superseded)) for it in self.s["out"].values()
-        )
-
-    def out_summary(self) -> list[tuple[str, int, int, int, int]]:
-        rows: dict[tuple[str, int], list[int]] = {}
-        for it in self.s["out"].values():
-            r = rows.setdefault((it.dst, it.priority), [0, 0, 0])
-            r[0 if not it.inflight else 1] += 1
-            r[2] += it.size
-        return [(d, p, *v) for (d, p), v in sorted(rows.items())]
-
-    def member_acks(self, seq: int) -> dict[str, bool]:
-        return dict(self.s["members"].get(seq, {}))
+    def out_load(self) -> tuple[list[OutItem], dict[int, dict[str, bool]]]:
+        items = [_nobody(it) for _s, it in sorted(self.s["out"].items())]
+        return items, {s: dict(m) for s, m in self.s["members"].items()}
 
     def member_ack(self, seq: int, member: str, done: bool) -> None:
         self.s["members"].setdefault(seq, {})[member] = done
-
-    def member_acks_prune(self) -> None:
-        for seq in [s for s in self.s["members"] if s not in self.s["out"]]:
-            del self.s["members"][seq]
 
     def mark_get(self, key: str) -> tuple[bytes, int] | None:
         return self.s["marks"].get(key)

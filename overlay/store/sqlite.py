@@ -77,23 +77,9 @@ CREATE TABLE IF NOT EXISTS outbox(
 CREATE TABLE IF NOT EXISTS bodies(seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
 CREATE TRIGGER IF NOT EXISTS outbox_body_gone AFTER DELETE ON outbox
   BEGIN DELETE FROM bodies WHERE seq = old.seq; END;
-CREATE INDEX IF NOT EXISTS outbox_queue ON outbox(dst, inflight, priority, seq);
-CREATE INDEX IF NOT EXISTS outbox_expiry ON outbox(expires_ms);
--- what the scheduler asks on every plan, and an ack or a submit asks, answers from an index
--- whatever the backlog; partial indexes hold only the rows a question is about (the few in
--- flight and not there yet, the ones with a supersession key), so an envelope costs the
--- upkeep of as few indexes as can be.  Queries name these with INDEXED BY where, without
--- statistics, the planner would prefer outbox_queue (two equalities) and then filter
--- every row the receiver holds (awaiting its "done") one by one.
-DROP INDEX IF EXISTS outbox_key;
-DROP INDEX IF EXISTS outbox_retry;
-DROP INDEX IF EXISTS outbox_flight;
-DROP INDEX IF EXISTS outbox_sent;
-CREATE INDEX IF NOT EXISTS outbox_keyed ON outbox(dst, supersede) WHERE supersede IS NOT NULL;
-CREATE INDEX IF NOT EXISTS outbox_retry_open ON outbox(retry_ms) WHERE inflight=1 AND received=0;
-CREATE INDEX IF NOT EXISTS outbox_open ON outbox(dst, priority, seq, size) WHERE inflight=1 AND superseded=0 AND received=0;
-CREATE INDEX IF NOT EXISTS outbox_wire ON outbox(dst, sent_ms, size) WHERE inflight=1 AND received=0;
-CREATE INDEX IF NOT EXISTS outbox_floor ON outbox(dst, priority, cseq) WHERE superseded=0 AND cseq > 0;
+-- the outbox is read whole when custody opens the store and by its primary key after that:
+-- custody's index in memory answers every question about it (overlay/outbox.py), so a row
+-- costs no secondary index's upkeep (schema version 5 dropped them)
 CREATE TABLE IF NOT EXISTS seen(
   origin TEXT NOT NULL, seq INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
   PRIMARY KEY(origin, seq)) WITHOUT ROWID;
@@ -133,7 +119,20 @@ CREATE INDEX IF NOT EXISTS inbox_files ON inbox(body) WHERE typeof(body)='text';
 CREATE INDEX IF NOT EXISTS held_files ON held(body) WHERE typeof(body)='text';
 """
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+# version 4 -> 5: the outbox's questions answered by custody's index (overlay/outbox.py):
+# its secondary indexes and the totals kept in counters go
+MIGRATE_4_TO_5 = """
+DROP INDEX IF EXISTS outbox_queue;
+DROP INDEX IF EXISTS outbox_expiry;
+DROP INDEX IF EXISTS outbox_keyed;
+DROP INDEX IF EXISTS outbox_retry_open;
+DROP INDEX IF EXISTS outbox_open;
+DROP INDEX IF EXISTS outbox_wire;
+DROP INDEX IF EXISTS outbox_floor;
+DELETE FROM counters WHERE name IN ('held_envelopes', 'held_bytes');
+DELETE FROM member_acks WHERE seq NOT IN (SELECT seq FROM outbox);
+"""
 # version 3 -> 4: large bodies in files (the *_files indexes come with SCHEMA); a store of
 # version 3 holds none, so nothing moves
 # version 2 -> 3: the outbox's totals kept in counters (the quota check no longer counts
@@ -164,9 +163,6 @@ _OUT_COLS = (
     "seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, size, "
     "inflight, attempts, sent_ms, retry_ms, received, superseded"
 )
-# ... and the body, for what is about to be sealed
-_OUT_WITH_BODY = f"SELECT {_OUT_COLS}, body FROM outbox JOIN bodies USING(seq)"
-_UPDATABLE = {"inflight", "attempts", "sent_ms", "retry_ms", "received", "superseded"}
 _DELIVERY_COLS = "seq, priority, created_ms, lifetime_ms, supersede, app, body, received_ms"
 
 
@@ -182,7 +178,7 @@ def _marks(chunk: list) -> str:
 
 
 def _item(r, body: bytes = b"") -> OutItem:
-    """An OutItem from _OUT_COLS (with its body, read by the store, when selected with _OUT_WITH_BODY)."""
+    """An OutItem from _OUT_COLS."""
     return OutItem(
         r[0],
         r[1],
@@ -242,6 +238,9 @@ class SqliteStore:
         if not fresh and version == 3:
             self.db.executescript("BEGIN IMMEDIATE;" + SCHEMA + "PRAGMA user_version=4; COMMIT;")
             version = 4
+        if not fresh and version == 4:
+            self.db.executescript("BEGIN IMMEDIATE;" + SCHEMA + MIGRATE_4_TO_5 + "PRAGMA user_version=5; COMMIT;")
+            version = 5
         if not fresh and version != SCHEMA_VERSION:
             raise C2Error(
                 f"custody store {self.path} has schema version {version}, this c2dtn uses "
@@ -570,23 +569,17 @@ class SqliteStore:
             ],
         )
         self.db.executemany("INSERT INTO bodies(seq, body) VALUES(?,?)", [(it.seq, self._put(it.body)) for it in items])
-        self.bump("held_envelopes", len(items))
-        self.bump("held_bytes", sum(it.size for it in items))
 
-    def out_get(self, seqs: Iterable[int]) -> dict[int, OutItem]:
-        out = {}
-        for chunk in _chunks(seqs):
-            for r in self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE seq IN ({_marks(chunk)})", chunk):
-                out[r[0]] = _item(r)
-        return out
-
-    def out_seqs_between(self, lo: int, hi: int) -> list[int]:
-        return [
-            r[0] for r in self.db.execute("SELECT seq FROM outbox WHERE seq BETWEEN ? AND ? ORDER BY seq", (lo, hi))
-        ]
+    def out_put(self, items: list[OutItem]) -> None:
+        self.db.executemany(
+            "UPDATE outbox SET inflight=?, attempts=?, sent_ms=?, retry_ms=?, received=?, superseded=? WHERE seq=?",
+            [
+                (int(it.inflight), it.attempts, it.sent_ms, it.retry_ms, int(it.received), int(it.superseded), it.seq)
+                for it in items
+            ],
+        )
 
     def out_delete(self, seqs: Iterable[int]) -> None:
-        n = nbytes = 0
         for chunk in _chunks(seqs):
             qs = _marks(chunk)
             # by the primary key (NOT INDEXED: the partial index of files would be walked whole)
@@ -596,148 +589,22 @@ class SqliteStore:
                     f"SELECT body FROM bodies NOT INDEXED WHERE seq IN ({qs}) AND typeof(body)='text'", chunk
                 )
             )
-            sizes = self.db.execute(f"DELETE FROM outbox WHERE seq IN ({qs}) RETURNING size", chunk).fetchall()
-            self.db.execute(f"DELETE FROM member_acks WHERE seq IN ({qs})", chunk)  # the trigger takes the bodies
-            n, nbytes = n + len(sizes), nbytes + sum(r[0] for r in sizes)
-        if n:
-            self.bump("held_envelopes", -n)
-            self.bump("held_bytes", -nbytes)
+            self.db.execute(f"DELETE FROM outbox WHERE seq IN ({qs})", chunk)  # the trigger takes the bodies
+            self.db.execute(f"DELETE FROM member_acks WHERE seq IN ({qs})", chunk)
 
-    def out_update(self, seqs: Iterable[int], **fields) -> None:
-        bad = set(fields) - _UPDATABLE
-        if bad:
-            raise ValueError(f"outbox fields {sorted(bad)} cannot be updated")
-        cols = ", ".join(f"{k}=?" for k in fields)
-        vals = tuple(int(v) if isinstance(v, bool) else v for v in fields.values())
+    def out_bodies(self, seqs: Iterable[int]) -> dict[int, bytes]:
+        rows = []
         for chunk in _chunks(seqs):
-            self.db.execute(f"UPDATE outbox SET {cols} WHERE seq IN ({_marks(chunk)})", (*vals, *chunk))
+            rows += self.db.execute(f"SELECT seq, body FROM bodies WHERE seq IN ({_marks(chunk)})", chunk).fetchall()
+        self._start_writes(r[1] for r in rows)  # files about to be sealed (module doc)
+        return {seq: self.body_of(body) for seq, body in rows}
 
-    def out_set_retry(self, retry_at_ms: dict[int, int]) -> None:
-        self.db.executemany("UPDATE outbox SET retry_ms=? WHERE seq=?", [(t, s) for s, t in retry_at_ms.items()])
-
-    def out_sent(self, seqs: list[int], sent_ms: int, retry_at_ms: dict[int, int]) -> None:
-        self.db.executemany(
-            "UPDATE outbox SET inflight=1, attempts=attempts+1, sent_ms=?, retry_ms=? WHERE seq=?",
-            [(sent_ms, retry_at_ms[s], s) for s in seqs],
-        )
-
-    def out_totals(self) -> tuple[int, int]:
-        return self.counter("held_envelopes"), self.counter("held_bytes")
-
-    def out_by_key(self, dst: str, key: str) -> list[OutItem]:
-        return [
-            _item(r)
-            for r in self.db.execute(
-                f"SELECT {_OUT_COLS} FROM outbox WHERE dst=? AND supersede=?", (dst, key)
-            ).fetchall()
-        ]
-
-    def out_queued(self, dst: str, limit: int) -> list[OutItem]:
-        rows = self.db.execute(
-            f"{_OUT_WITH_BODY} WHERE dst=? AND inflight=0 ORDER BY priority, seq LIMIT ?", (dst, limit)
-        ).fetchall()
-        self._start_writes(r[16] for r in rows)
-        return [_item(r, self.body_of(r[16])) for r in rows]
-
-    def out_due(self, now_ms: int) -> list[OutItem]:
-        rows = self.db.execute(
-            f"{_OUT_WITH_BODY} WHERE inflight=1 AND received=0 AND retry_ms <= ? ORDER BY priority, seq", (now_ms,)
-        ).fetchall()
-        return [_item(r, self.body_of(r[16])) for r in rows]
-
-    def out_expired(self, now_ms: int) -> list[OutItem]:
-        return [
-            _item(r)
-            for r in self.db.execute(f"SELECT {_OUT_COLS} FROM outbox WHERE expires_ms <= ?", (now_ms,)).fetchall()
-        ]
-
-    def out_inflight(
-        self,
-        dst: str,
-        lacking: str | None = None,
-        sent_before_ms: int | None = None,
-        retry_after_ms: int | None = None,
-        limit: int = -1,
-    ) -> list[OutItem]:
-        where, args = "", [dst]
-        if lacking:
-            where, args = where + " AND seq NOT IN (SELECT seq FROM member_acks WHERE member=?)", args + [lacking]
-        if sent_before_ms is not None:
-            where, args = where + " AND sent_ms < ?", args + [sent_before_ms]
-        if retry_after_ms is not None:
-            where, args = where + " AND retry_ms > ?", args + [retry_after_ms]
-        rows = self.db.execute(
-            f"SELECT {_OUT_COLS} FROM outbox INDEXED BY outbox_open WHERE dst=? AND inflight=1 "
-            f"AND received=0 AND "
-            f"superseded=0{where} ORDER BY priority, seq LIMIT ?",
-            args + [limit],
-        ).fetchall()
-        return [_item(r) for r in rows]
-
-    def out_last_sent_ms(self, dst: str) -> int:
-        # asked once per destination after a start (the scheduler keeps it from then on)
-        return self.db.execute("SELECT max(sent_ms) FROM outbox WHERE dst=? AND inflight=1", (dst,)).fetchone()[0] or 0
-
-    def out_next_retry_ms(self) -> int | None:
-        return self.db.execute("SELECT min(retry_ms) FROM outbox WHERE inflight=1 AND received=0").fetchone()[0]
-
-    def out_next_expiry_ms(self) -> int | None:
-        return self.db.execute("SELECT min(expires_ms) FROM outbox").fetchone()[0]
-
-    def out_destinations(self) -> list[str]:
-        # a skip-scan of the queue index: one look-up per destination, not a walk of the outbox
-        return [
-            r[0]
-            for r in self.db.execute(
-                "WITH RECURSIVE d(x) AS (SELECT min(dst) FROM outbox UNION ALL "
-                "SELECT (SELECT min(dst) FROM outbox WHERE dst > d.x) FROM d WHERE d.x IS NOT NULL) "
-                "SELECT x FROM d WHERE x IS NOT NULL"
-            ).fetchall()
-        ]
-
-    def out_inflight_bytes(self) -> dict[str, int]:
-        return dict(
-            self.db.execute(
-                "SELECT dst, sum(size) FROM outbox INDEXED BY outbox_wire WHERE inflight=1 AND received=0 GROUP BY dst"
-            ).fetchall()
-        )
-
-    def out_superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
-        return [
-            r[0]
-            for r in self.db.execute(
-                "SELECT seq FROM outbox INDEXED BY outbox_wire WHERE dst=? AND inflight=1 "
-                "AND received=0 AND sent_ms < ? AND superseded=1",
-                (dst, sent_before_ms),
-            ).fetchall()
-        ]
-
-    def out_min_cseq(self, dst: str, priority: int) -> int:
-        row = self.db.execute(
-            "SELECT min(cseq) FROM outbox WHERE dst=? AND priority=? AND superseded=0 AND cseq > 0", (dst, priority)
-        ).fetchone()
-        return row[0] or 0
-
-    def out_pending(self, dst: str) -> bool:
-        return bool(
-            self.db.execute(
-                "SELECT EXISTS(SELECT 1 FROM outbox WHERE dst=? AND inflight=0) OR EXISTS(SELECT 1 FROM outbox "
-                "INDEXED BY outbox_open WHERE dst=? AND inflight=1 AND superseded=0 AND received=0)",
-                (dst, dst),
-            ).fetchone()[0]
-        )
-
-    def out_summary(self) -> list[tuple[str, int, int, int, int]]:
-        return self.db.execute(
-            "SELECT dst, priority, sum(inflight=0), sum(inflight=1), sum(size) FROM outbox "
-            "GROUP BY dst, priority ORDER BY dst, priority"
-        ).fetchall()
-
-    def member_acks(self, seq: int) -> dict[str, bool]:
-        return {
-            m: bool(d)
-            for m, d in self.db.execute("SELECT member, done FROM member_acks WHERE seq=?", (seq,)).fetchall()
-        }
+    def out_load(self) -> tuple[list[OutItem], dict[int, dict[str, bool]]]:
+        items = [_item(r) for r in self.db.execute(f"SELECT {_OUT_COLS} FROM outbox ORDER BY seq")]
+        members: dict[int, dict[str, bool]] = {}
+        for seq, member, done in self.db.execute("SELECT seq, member, done FROM member_acks"):
+            members.setdefault(seq, {})[member] = bool(done)
+        return items, members
 
     def member_ack(self, seq: int, member: str, done: bool) -> None:
         self.db.execute(
@@ -745,9 +612,6 @@ class SqliteStore:
             "DO UPDATE SET done=excluded.done",
             (seq, member, int(done)),
         )
-
-    def member_acks_prune(self) -> None:
-        self.db.execute("DELETE FROM member_acks WHERE seq NOT IN (SELECT seq FROM outbox)")
 
     def mark_get(self, key: str) -> tuple[bytes, int] | None:
         row = self.db.execute("SELECT digest, at_ms FROM marks WHERE key=?", (key,)).fetchone()

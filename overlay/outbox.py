@@ -1,0 +1,346 @@
+"""The outbox index: what custody holds to send, in memory, answering every question the
+scheduler and an ack ask about it (decision 0010).
+
+The store keeps the outbox's records (store/__init__.py: added, changed, deleted, read back
+whole when custody opens it); this index is the same records without their bodies, with
+the orders the questions need kept as the records change.  No question reads the disk, and
+none costs more than what it answers (or, for a range of ids, what the range holds): a
+plan asks a dozen of them.
+
+Transactions: between begin() and commit() every record's state before its first change is
+kept; rollback() puts it back, so a transaction the store undid (a full disk, a quota
+refused halfway) leaves the index as the store is.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import replace
+
+from sortedcontainers import SortedDict, SortedList
+
+from c2dtn.overlay.store import OUT_FIELDS, OutItem
+
+_NOWHERE = (False,) * 6
+
+
+class Outbox:
+    def __init__(self, items: Iterable[OutItem] = (), members: dict[int, dict[str, bool]] | None = None):
+        self.items: dict[int, OutItem] = {}
+        self.members: dict[int, dict[str, bool]] = {}  # group envelope -> member -> done
+        self.n = self.nbytes = 0
+        self._seqs = SortedList()
+        # (dst, priority) -> seq -> cseq, each in seq order: not sent; sent, not there and not
+        # superseded; ordered (cseq > 0) and not superseded
+        self._queued: dict[tuple[str, int], SortedDict] = {}
+        self._open: dict[tuple[str, int], SortedDict] = {}
+        self._floor: dict[tuple[str, int], SortedDict] = {}
+        self._keyed: dict[tuple[str, str], set[int]] = {}  # (dst, supersession key) -> seqs
+        self._wire: dict[str, list[int]] = {}  # dst -> [count, bytes] sent and not there
+        self._stale: dict[str, set[int]] = {}  # dst -> superseded copies sent and not there
+        self._sums: dict[tuple[str, int], list[int]] = {}  # (dst, priority) -> [not sent, sent, bytes]
+        self._dsts: dict[str, int] = {}  # dst -> records held
+        self._retry: list[tuple[int, int]] = []  # heap of (retry_ms, seq); stale entries skipped
+        self._expiry: list[tuple[int, int]] = []  # heap of (expires_ms, seq); ditto
+        self._undo: dict[int, tuple[OutItem | None, dict[str, bool] | None]] | None = None
+        for it in sorted(items, key=lambda it: it.seq):
+            self._insert(replace(it, body=b""))
+        for seq, acks in (members or {}).items():
+            if seq in self.items:
+                self.members[seq] = dict(acks)
+
+    # -- transactions --------------------------------------------------------------------
+    def begin(self) -> None:
+        self._undo = {}
+
+    def commit(self) -> None:
+        self._undo = None
+
+    def rollback(self) -> None:
+        undo, self._undo = self._undo or {}, None
+        for seq, (item, acks) in undo.items():
+            if seq in self.items:
+                self._remove(seq)
+            self.members.pop(seq, None)
+            if item is not None:
+                self._insert(item)
+            if acks is not None:
+                self.members[seq] = acks
+
+    def _touch(self, seq: int) -> None:
+        """Keep seq's state from before the open transaction's first change to it."""
+        if self._undo is not None and seq not in self._undo:
+            it, acks = self.items.get(seq), self.members.get(seq)
+            self._undo[seq] = (replace(it) if it else None, dict(acks) if acks is not None else None)
+
+    # -- one record in and out of every order ------------------------------------------------
+    def _insert(self, it: OutItem) -> None:
+        if it.seq in self.items:
+            raise ValueError(f"outbox already holds seq {it.seq}")
+        self.items[it.seq] = it
+        self.n += 1
+        self.nbytes += it.size
+        self._seqs.add(it.seq)
+        self._dsts[it.dst] = self._dsts.get(it.dst, 0) + 1
+        heapq.heappush(self._expiry, (it.expires_ms, it.seq))
+        if it.supersede is not None:
+            self._keyed.setdefault((it.dst, it.supersede), set()).add(it.seq)
+        self._move(it, _NOWHERE, self._where(it))
+        self._sums[(it.dst, it.priority)][2] += it.size
+
+    def _remove(self, seq: int) -> OutItem:
+        it = self.items.pop(seq)
+        sums = self._sums[(it.dst, it.priority)]
+        sums[2] -= it.size
+        self._move(it, self._where(it), _NOWHERE)
+        self.n -= 1
+        self.nbytes -= it.size
+        if self._dsts[it.dst] == 1:
+            del self._dsts[it.dst]
+        else:
+            self._dsts[it.dst] -= 1
+        if it.supersede is not None:
+            keyed = self._keyed[(it.dst, it.supersede)]
+            keyed.discard(seq)
+            if not keyed:
+                del self._keyed[(it.dst, it.supersede)]
+        self._seqs.remove(seq)
+        return it
+
+    @staticmethod
+    def _where(it: OutItem) -> tuple[bool, ...]:
+        """The orders a record's changeable fields put it in: not sent, sent, open (sent, not
+        there, not superseded), stale (... superseded), on the wire (sent, not there), floor
+        (ordered, not superseded)."""
+        wire = it.inflight and not it.received
+        return (
+            not it.inflight,
+            it.inflight,
+            wire and not it.superseded,
+            wire and it.superseded,
+            wire,
+            it.cseq > 0 and not it.superseded,
+        )
+
+    def _move(self, it: OutItem, was: tuple[bool, ...], now: tuple[bool, ...]) -> None:
+        """A record from the orders `was` put it in to those `now` does (_where; _NOWHERE)."""
+        k = (it.dst, it.priority)
+        for order, on, off in (
+            (self._queued, now[0], was[0]),
+            (self._open, now[2], was[2]),
+            (self._floor, now[5], was[5]),
+        ):
+            if on and not off:
+                order.setdefault(k, SortedDict())[it.seq] = it.cseq
+            elif off and not on:
+                _drop(order, k, it.seq)
+        if now[3] != was[3]:
+            if now[3]:
+                self._stale.setdefault(it.dst, set()).add(it.seq)
+            else:
+                _drop(self._stale, it.dst, it.seq)
+        if now[4] != was[4]:
+            wire = self._wire.setdefault(it.dst, [0, 0])
+            d = 1 if now[4] else -1
+            wire[0] += d
+            wire[1] += d * it.size
+            if not wire[0]:
+                del self._wire[it.dst]
+            if now[4] and it.retry_ms is not None:
+                heapq.heappush(self._retry, (it.retry_ms, it.seq))
+        sums = self._sums.setdefault(k, [0, 0, 0])
+        sums[0] += now[0] - was[0]
+        sums[1] += now[1] - was[1]
+        if not sums[0] and not sums[1]:
+            del self._sums[k]
+
+    # -- changes ---------------------------------------------------------------------------
+    def add(self, items: Iterable[OutItem]) -> None:
+        for it in items:
+            self._touch(it.seq)
+            self._insert(replace(it, body=b""))
+
+    def delete(self, seqs: Iterable[int]) -> list[OutItem]:
+        """Those held of seqs leave, with their members' acks; returns them."""
+        gone = []
+        for s in seqs:
+            if s in self.items:
+                self._touch(s)
+                gone.append(self._remove(s))
+                self.members.pop(s, None)
+        return gone
+
+    def update(self, seqs: Iterable[int], **fields) -> list[OutItem]:
+        """Set fields (inflight, attempts, sent_ms, retry_ms, received, superseded) of those
+        held; returns them as changed (what the store writes)."""
+        bad = set(fields) - set(OUT_FIELDS)
+        if bad:
+            raise ValueError(f"outbox fields {sorted(bad)} cannot be updated")
+        out = []
+        for s in seqs:
+            it = self.items.get(s)
+            if it is None:
+                continue
+            self._touch(s)
+            was, retry = self._where(it), it.retry_ms
+            for k, v in fields.items():
+                setattr(it, k, v)
+            now = self._where(it)
+            self._move(it, was, now)
+            if was[4] and now[4] and it.retry_ms != retry and it.retry_ms is not None:
+                heapq.heappush(self._retry, (it.retry_ms, it.seq))  # (_move pushes on coming onto the wire)
+            out.append(it)
+        return out
+
+    def set_retry(self, retry_at_ms: dict[int, int]) -> list[OutItem]:
+        out = []
+        for s, t in retry_at_ms.items():
+            out += self.update([s], retry_ms=t)
+        return out
+
+    def sent(self, seqs: Iterable[int], sent_ms: int, retry_at_ms: dict[int, int]) -> list[OutItem]:
+        out = []
+        for s in seqs:
+            it = self.items.get(s)
+            if it is not None:
+                out += self.update(
+                    [s], inflight=True, attempts=it.attempts + 1, sent_ms=sent_ms, retry_ms=retry_at_ms[s]
+                )
+        return out
+
+    def member_ack(self, seq: int, member: str, done: bool) -> None:
+        self._touch(seq)
+        self.members.setdefault(seq, {})[member] = done
+
+    # -- questions ---------------------------------------------------------------------------
+    def get(self, seqs: Iterable[int]) -> dict[int, OutItem]:
+        """Those held, as copies (a caller may change them), without bodies."""
+        return {s: replace(self.items[s]) for s in seqs if s in self.items}
+
+    def seqs_between(self, lo: int, hi: int) -> list[int]:
+        return list(self._seqs.irange(lo, hi))
+
+    def totals(self) -> tuple[int, int]:
+        return self.n, self.nbytes
+
+    def by_key(self, dst: str, key: str) -> list[OutItem]:
+        return [replace(self.items[s]) for s in sorted(self._keyed.get((dst, key), ()))]
+
+    def _classes(self, orders: dict[tuple[str, int], SortedDict], dst: str) -> list[SortedDict]:
+        return [orders[k] for k in sorted(k for k in orders if k[0] == dst)]
+
+    def queued(self, dst: str, limit: int) -> list[OutItem]:
+        """Not sent: strict priority, then oldest first."""
+        out: list[OutItem] = []
+        for seqs in self._classes(self._queued, dst):
+            for s in seqs:
+                if len(out) == limit:
+                    return out
+                out.append(replace(self.items[s]))
+        return out
+
+    def due(self, now_ms: int) -> list[OutItem]:
+        """In flight, not there, retry time come (superseded copies too); priority, seq order."""
+        heap, due, seen = self._retry, [], set()
+        while heap and heap[0][0] <= now_ms:
+            t, s = heapq.heappop(heap)
+            if s not in seen and self._retry_entry(t, s):  # else stale: the record went or changed since
+                seen.add(s)
+                due.append((t, s))
+        for e in due:  # still due until the caller sets a new time
+            heapq.heappush(heap, e)
+        if len(heap) > 2 * self.n + 64:
+            self._retry = [e for e in heap if self._retry_entry(*e)]
+            heapq.heapify(self._retry)
+        return [replace(self.items[s]) for s in sorted(seen, key=lambda s: (self.items[s].priority, s))]
+
+    def _retry_entry(self, t: int, s: int) -> bool:
+        it = self.items.get(s)
+        return it is not None and it.inflight and not it.received and it.retry_ms == t
+
+    def expired(self, now_ms: int) -> list[OutItem]:
+        """Lifetime over, in order of expiry."""
+        heap, ended, seen = self._expiry, [], set()
+        while heap and heap[0][0] <= now_ms:
+            t, s = heapq.heappop(heap)
+            if s not in seen and s in self.items:
+                seen.add(s)
+                ended.append((t, s))
+        for e in ended:  # held until the caller deletes them
+            heapq.heappush(heap, e)
+        if len(heap) > 2 * self.n + 64:
+            self._expiry = [e for e in heap if e[1] in self.items]
+            heapq.heapify(self._expiry)
+        return [replace(self.items[s]) for _t, s in ended]
+
+    def inflight(
+        self,
+        dst: str,
+        lacking: str | None = None,
+        sent_before_ms: int | None = None,
+        retry_after_ms: int | None = None,
+        limit: int = -1,
+    ) -> list[OutItem]:
+        out: list[OutItem] = []
+        for seqs in self._classes(self._open, dst):
+            for s in seqs:
+                if len(out) == limit:
+                    return out
+                it = self.items[s]
+                if lacking and lacking in self.members.get(s, ()):
+                    continue
+                if sent_before_ms is not None and not (it.sent_ms is not None and it.sent_ms < sent_before_ms):
+                    continue
+                if retry_after_ms is not None and not (it.retry_ms is not None and it.retry_ms > retry_after_ms):
+                    continue
+                out.append(replace(it))
+        return out
+
+    def last_sent_ms(self, dst: str) -> int:
+        """When anything in flight to dst was last sent (asked once per destination after a start)."""
+        return max((it.sent_ms or 0 for it in self.items.values() if it.dst == dst and it.inflight), default=0)
+
+    def next_retry_ms(self) -> int | None:
+        heap = self._retry
+        while heap and not self._retry_entry(*heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def next_expiry_ms(self) -> int | None:
+        heap = self._expiry
+        while heap and heap[0][1] not in self.items:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def destinations(self) -> list[str]:
+        return sorted(self._dsts)
+
+    def inflight_bytes(self) -> dict[str, int]:
+        return {d: w[1] for d, w in self._wire.items()}
+
+    def superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
+        return sorted(
+            s for s in self._stale.get(dst, ()) if (t := self.items[s].sent_ms) is not None and t < sent_before_ms
+        )
+
+    def min_cseq(self, dst: str, priority: int) -> int:
+        seqs = self._floor.get((dst, priority))
+        return seqs.peekitem(0)[1] if seqs else 0
+
+    def pending(self, dst: str) -> bool:
+        return any(k[0] == dst for k in self._queued) or any(k[0] == dst for k in self._open)
+
+    def summary(self) -> list[tuple[str, int, int, int, int]]:
+        return [(d, p, v[0], v[1], v[2]) for (d, p), v in sorted(self._sums.items()) if v[0] or v[1]]
+
+
+def _drop(orders: dict, k, seq: int) -> None:
+    """seq out of orders[k]; the key goes with its last seq."""
+    d = orders[k]
+    if isinstance(d, set):
+        d.discard(seq)
+    else:
+        d.pop(seq, None)
+    if not d:
+        del orders[k]
