@@ -45,7 +45,7 @@ class Outbox:
         self._expiry: list[tuple[int, int]] = []  # heap of (expires_ms, seq); ditto
         self._undo: dict[int, tuple[OutItem | None, dict[str, bool] | None]] | None = None
         for it in sorted(items, key=lambda it: it.seq):
-            self._insert(replace(it, body=b""))
+            self._insert(replace(it, body=b"") if it.body else it)
         for seq, acks in (members or {}).items():
             if seq in self.items:
                 self.members[seq] = dict(acks)
@@ -132,7 +132,10 @@ class Outbox:
             (self._floor, now[5], was[5]),
         ):
             if on and not off:
-                order.setdefault(k, SortedDict())[it.seq] = it.cseq
+                d = order.get(k)
+                if d is None:  # (not setdefault: it would build a SortedDict on every call)
+                    d = order[k] = SortedDict()
+                d[it.seq] = it.cseq
             elif off and not on:
                 _drop(order, k, it.seq)
         if now[3] != was[3]:
