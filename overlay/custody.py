@@ -102,6 +102,8 @@ SEEN_PRUNE_MS = 60 * 1000  # seen ids past their time go in batches, at most onc
 MARK_KEEP_MS = 7 * 24 * 3600 * 1000  # how long a mark (see submit_many) is remembered
 ACK_EXPAND_MAX = 4096  # an ack's runs naming up to this many ids are looked up id by id (held_in)
 SEQ_BLOCK = 4096  # seqs reserved on disk at a time (module doc: sending before the fsync)
+PRUNE_BATCH = 20_000  # seen ids and marks forgotten per expire() at most (the next call goes on)
+REPORTS_KEPT = 10_000  # the newest reports kept (the counters keep the totals)
 
 
 class Custody:
@@ -112,6 +114,9 @@ class Custody:
         items, members = store.out_load()
         self.outbox = Outbox(items, members)  # the outbox's questions, answered in memory (outbox.py)
         self._depth = 0  # transactions open (nested ones join the outer)
+        # reports are a log of the newest outcomes, bounded: a gateway superseding positions
+        # for weeks would otherwise grow its store without end
+        self.reports_kept = REPORTS_KEPT
         self.origin = origin
         self.quota = quota
         self.groups = dict(groups or {})  # group -> the other members
@@ -235,7 +240,7 @@ class Custody:
         return set(self._fresh_acks)
 
     def _owe(self, kind: str, src: str, seq: int) -> None:
-        self.records.owed_add(kind, src, seq)
+        self.records.put(kind, (src, seq), ())
         self._fresh_acks[(src, seq)] = self._tag
 
     def checkpoint(self) -> tuple[int, int]:
@@ -252,8 +257,11 @@ class Custody:
             self.records.bump(name, by)
 
     def _report(self, it: OutItem, outcome: str, now_ms: int) -> None:
-        self.records.report_add(it.seq, it.dst, outcome, now_ms, it.created_ms, it.supersede)
+        rid = self.records.add("reports", (it.seq, it.dst, outcome, now_ms, it.created_ms, it.supersede))
         self.records.bump(outcome)
+        if rid % max(1, self.reports_kept // 10) == 0:  # the newest reports_kept (+10 %) stay
+            old = self.records.scan("reports", limit=max(0, self.records.count("reports") - self.reports_kept))
+            self.records.delete("reports", [k for k, _v in old])
 
     # -- sending side ----------------------------------------------------
     def submit(
@@ -314,7 +322,7 @@ class Custody:
                     marked.update((key, digest) for key, digest, _repeat in mark)
                 elif mark is not None:
                     key, digest, repeat = mark
-                    got = (marked[key], now_ms) if key in marked else st.mark_get(key)
+                    got = (marked[key], now_ms) if key in marked else st.get("marks", (key,))
                     # a repeat only while its mark stands, and within `repeat` ms when that is a window
                     if (
                         repeat
@@ -364,7 +372,8 @@ class Custody:
                 )
                 seqs.append(seq)
             self._out_add(adds)
-            st.mark_set(marked, now_ms)
+            for key, digest in marked.items():
+                st.put("marks", (key,), (digest, now_ms))
             if marked:
                 self._marks_tag = self._tag
             st.bump("accepted", sum(1 for x in seqs if x is not None))
@@ -377,8 +386,8 @@ class Custody:
             gone = self._out_delete([it.seq for it in self.outbox.expired(now_ms)])
             for it in gone:
                 self._report(it, "superseded" if it.superseded else "expired", now_ms)
-            st.seen_prune(now_ms)
-            st.marks_prune(now_ms - MARK_KEEP_MS)
+            st.delete("seen", st.due("seen", now_ms, PRUNE_BATCH))
+            st.delete("marks", st.due("marks", now_ms - MARK_KEEP_MS, PRUNE_BATCH))
         return [(it.seq, it.dst) for it in gone]
 
     def queued(self, dst: str, limit: int = 1000) -> list[OutItem]:
@@ -409,7 +418,7 @@ class Custody:
         """When expire() has something to do: an envelope held here ends, or seen ids are past
         their time (a node that only receives must forget them too, or its dedupe state
         grows with everything it was ever sent)."""
-        out, seen = self.outbox.next_expiry_ms(), self.records.seen_next_expiry_ms()
+        out, seen = self.outbox.next_expiry_ms(), self.records.first_due("seen")
         if seen is not None:
             seen = -(-seen // SEEN_PRUNE_MS) * SEEN_PRUNE_MS
         return min((t for t in (out, seen) if t is not None), default=None)
@@ -466,7 +475,7 @@ class Custody:
         keys = list(keys)
         if keys:
             with self.transaction(durable=False):
-                self.records.mark_drop(keys)
+                self.records.delete("marks", [(k,) for k in keys])
 
     def held_in(self, runs: list[tuple[int, int]]) -> list[int]:
         """The seqs of envelopes held that an ack's runs name: at most what is held, however
@@ -542,7 +551,8 @@ class Custody:
         return self.outbox.summary()
 
     def reports(self, since_id: int = 0) -> list[tuple]:
-        return self.records.reports(since_id)
+        """(id, seq, dst, outcome, at_ms, created_ms, supersede), oldest first."""
+        return [(k[0], *v) for k, v in self.records.scan("reports", after=since_id)]
 
     # -- receiving side --------------------------------------------------
     def receive(self, env: Envelope, now_ms: int) -> Received:
@@ -551,30 +561,33 @@ class Custody:
         src = env.source  # the origin and its store's incarnation: ids, order and acks are per source
         stream = src if env.dst == self.origin else f"{src}>{env.dst}"
         with self.transaction():
-            if st.seen_has(src, env.seq):
+            seen = st.get("seen", (src, env.seq))
+            if seen is not None:
                 st.bump("duplicates")
                 # the origin did not hear: tell it again, "got" if still here, "done" if taken
-                kept = st.inbox_has(src, env.seq) or st.held_has(src, env.seq)
-                self._owe("got" if kept else "done", src, env.seq)
+                self._owe("got" if seen[1] else "done", src, env.seq)
                 return Received("duplicate")
-            st.seen_add(src, env.seq, max(env.expires_ms(), now_ms) + SEEN_MARGIN_MS)
+            until = max(env.expires_ms(), now_ms) + SEEN_MARGIN_MS
             if env.expires_ms() <= now_ms:
+                st.put("seen", (src, env.seq), (until, 0))
                 st.bump("received_expired")
                 self._owe("done", src, env.seq)
                 return Received("expired")
             prio = int(env.priority)
             if env.supersede is not None:
-                newest = st.latest_get(src, env.supersede)
-                if newest is not None and newest > env.seq:
+                newest = st.get("latest", (src, env.supersede))
+                if newest is not None and newest[0] > env.seq:
+                    st.put("seen", (src, env.seq), (until, 0))
                     st.bump("received_stale")
                     self._owe("done", src, env.seq)
                     # a stale envelope still fills its place in the class's order
-                    nxt = st.order_next(stream, prio)
+                    nxt = self._order(stream, prio)
                     self._advance(stream, prio, max(env.floor, env.cseq + 1 if env.cseq == nxt else 0), now_ms)
                     return Received("stale")
-                st.latest_set(src, env.supersede, env.seq)
+                st.put("latest", (src, env.supersede), (env.seq,))
+            st.put("seen", (src, env.seq), (until, 1))  # kept here: in the inbox or held
             self._owe("got", src, env.seq)
-            nxt = st.order_next(stream, prio)
+            nxt = self._order(stream, prio)
             in_turn = env.cseq == nxt and env.floor <= nxt  # the very one the order waits for
             d = Delivery(
                 0, src, env.seq, env.priority, env.created_ms, env.lifetime_ms, env.supersede, env.app, env.body, now_ms
@@ -586,53 +599,77 @@ class Custody:
                 self._to_inbox(d)
                 released = 1 + self._advance(stream, prio, nxt + 1 if in_turn else env.floor, now_ms)
                 return Received("delivered", released)
-            st.held_add(stream, env.cseq, d)
+            if st.get("held", (stream, prio, env.cseq)) is not None:  # a second envelope for one place: the first stays
+                st.put("seen", (src, env.seq), (until, 0))
+            else:
+                st.put(
+                    "held",
+                    (stream, prio, env.cseq),
+                    (d.seq, d.created_ms, d.lifetime_ms, d.supersede, d.app, d.body, d.received_ms),
+                )
             released = self._advance(stream, prio, env.floor, now_ms)
             return Received("delivered" if released else "held", released)
+
+    def _order(self, stream: str, prio: int) -> int:
+        """The next place in the class's order a stream waits for (1 at first)."""
+        got = self.records.get("order", (stream, prio))
+        return got[0] if got else 1
+
+    def _first_held(self, stream: str, prio: int) -> tuple[int, Delivery] | None:
+        """The lowest place held in a stream's class, with its envelope."""
+        rows = self.records.scan("held", (stream, prio), limit=1)
+        if not rows:
+            return None
+        (_s, _p, cseq), (seq, created, lifetime, sup, app, body, rcv) = rows[0]
+        src = stream.split(">", 1)[0]
+        return cseq, Delivery(0, src, seq, Priority(prio), created, lifetime, sup, app, body, rcv)
 
     def _advance(self, stream: str, prio: int, floor: int, now_ms: int) -> int:
         """Move the class's order of a stream (`origin`, or `origin>group`) up to at least
         `floor` (the sender holds nothing older), releasing held envelopes while they are
         contiguous."""
         st = self.records
-        nxt = max(st.order_next(stream, prio), floor)
+        nxt = max(self._order(stream, prio), floor)
         released = 0
         while True:
-            first = st.held_first(stream, prio, nxt)
-            if first is None:
+            first = self._first_held(stream, prio)
+            if first is None or first[0] > nxt:
                 break
             cseq, d = first
-            st.held_delete(stream, prio, cseq)
+            st.delete("held", [(stream, prio, cseq)])
             d.received_ms = now_ms  # in the inbox from now (held since d.received_ms)
             self._to_inbox(d)
             released += 1
             nxt = max(nxt, cseq + 1)
-        st.order_set(stream, prio, nxt)
+        st.put("order", (stream, prio), (nxt,))
         return released
 
     def _to_inbox(self, d: Delivery) -> None:
-        self.records.inbox_add(d)
+        d.id = self.records.add(
+            "inbox",
+            (d.origin, d.seq, int(d.priority), d.created_ms, d.lifetime_ms, d.supersede, d.app, d.body, d.received_ms),
+        )
         self.records.bump("delivered")
 
     def release_held(self, older_than_ms: int, now_ms: int) -> int:
         """Give up waiting for a gap: envelopes held since before `older_than_ms` go to the inbox."""
         st = self.records
-        streams = st.held_older(older_than_ms)
+        streams = sorted({(k[0], k[1]) for k in st.due("held", older_than_ms)})
         if not streams:
             return 0
         with self.transaction():
             n = 0
             for stream, prio in streams:
-                low = st.held_min(stream, prio)
+                low = self._first_held(stream, prio)
                 if low is not None:
-                    n += self._advance(stream, prio, low, now_ms)
+                    n += self._advance(stream, prio, low[0], now_ms)
             if n:
                 st.bump("gaps_skipped", len(streams))
         return n
 
     def inbox_count(self) -> int:
         """How many envelopes wait for the application (for status: no body is read)."""
-        return self.records.inbox_count()
+        return self.records.count("inbox")
 
     def inbox(
         self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (), after: int = 0
@@ -640,10 +677,17 @@ class Custody:
         """Envelopes waiting for the application, oldest first (only those of `app` when given,
         none of the apps in `exclude`, only ids above `after`).  Their origin is the node (the
         store keeps the source key)."""
-        out = self.records.inbox(limit, app, exclude, after)
-        for d in out:
-            d.origin = source_node(d.origin)
-        return out
+        rows = self.records.scan(
+            "inbox",
+            after=after,
+            limit=limit,
+            only=None if app is None else {"app": app},
+            besides=None if app is not None else {"app": list(exclude)},
+        )
+        return [
+            Delivery(k[0], source_node(origin), seq, Priority(prio), created, lifetime, sup, a, body, rcv)
+            for k, (origin, seq, prio, created, lifetime, sup, a, body, rcv) in rows
+        ]
 
     def consumed(self, ids: Iterable[int]) -> list[tuple[str, int]]:
         """The application has taken these: they leave the inbox and their origin gets an ack.
@@ -652,25 +696,31 @@ class Custody:
         out = []
         with self.transaction():
             for i in ids:
-                gone = st.inbox_pop(i)
-                if gone:
-                    st.owed_remove("got", gone[0], [gone[1]])
-                    self._owe("done", *gone)
-                    out.append(gone)
+                row = st.get("inbox", (i,))
+                if row is None:
+                    continue
+                gone = (row[0], row[1])
+                st.delete("inbox", [(i,)])
+                seen = st.get("seen", gone)
+                if seen is not None:  # taken: a copy arriving now is answered "done"
+                    st.put("seen", gone, (seen[0], 0))
+                st.delete("got", [gone])
+                self._owe("done", *gone)
+                out.append(gone)
         return out
 
     def pending_acks(self) -> dict[str, tuple[list[int], list[int]]]:
         """source key (origin and incarnation) -> (done, got): what each origin must hear about."""
         out: dict[str, tuple[list[int], list[int]]] = {}
         for i, kind in enumerate(("done", "got")):
-            for origin, seq in self.records.owed(kind):
+            for (origin, seq), _v in self.records.scan(kind):
                 out.setdefault(origin, ([], []))[i].append(seq)
         return out
 
     def acks_sent(self, origin: str, done: Iterable[int], got: Iterable[int] = ()) -> None:
         with self.transaction(durable=False):
-            self.records.owed_remove("done", origin, done)
-            self.records.owed_remove("got", origin, got)
+            self.records.delete("done", [(origin, s) for s in done])
+            self.records.delete("got", [(origin, s) for s in got])
 
 
 class CustodyStore(Custody):

@@ -215,7 +215,7 @@ def test_the_reports_kept_stay_bounded_while_the_counters_count_everything(tmp_p
     positions a second for weeks grew its table (and custody.db) without end.  The newest
     `reports_kept` rows stay; the counters keep the whole count."""
     c = custody(tmp_path, "gw1")
-    c.records.reports_kept = 100
+    c.reports_kept = 100
     for i in range(350):
         c.submit("gw4", b"pos %d" % i, i, 600_000, Priority.PRIORITY, supersede="bft/u1")
     rows = c.reports()
@@ -362,6 +362,39 @@ def test_a_version_1_store_is_migrated_and_delivers_what_it_held(tmp_path):
     assert [d.body for d in got["gw4"]] == [b"queued", b"in flight" * 1000]
     assert a.store.held_out() == (0, 0)
     assert a.store.db.execute("SELECT count(*) FROM bodies").fetchone()[0] == 0  # released with their rows
+
+
+@pytest.mark.sqlite_only
+def test_a_version_4_store_is_migrated_and_still_answers_a_copy_by_what_it_keeps(tmp_path):
+    """Schema 5 keeps in each seen id whether its envelope is still here (inbox or held): a
+    version 4 store's ids are marked from its rows, so a copy of one not yet taken is still
+    answered "got" (the origin keeps custody) and one taken "done"."""
+    import sqlite3
+
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+    seqs = [a.submit("gw4", b"m%d" % i, 0) for i in range(3)]
+    (bundle,) = a.poll(0)
+    b.on_bundle(bundle.payload, 10)
+    taken = b.store.inbox(1)[0]
+    b.store.consumed([taken.id])
+    b.store.close()
+    db = sqlite3.connect(tmp_path / "gw4.db")  # back to how version 4 kept it
+    db.executescript(
+        "ALTER TABLE seen DROP COLUMN kept; CREATE INDEX outbox_queue ON outbox(dst, inflight, priority, seq);"
+        "INSERT INTO counters VALUES('held_envelopes', 0); PRAGMA user_version=4;"
+    )
+    db.close()
+    again = CustodyStore(tmp_path / "gw4.db", "gw4")
+    assert again.db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION
+    assert not again.db.execute("SELECT 1 FROM sqlite_master WHERE name='outbox_queue'").fetchone()
+    assert "held_envelopes" not in again.counters()
+    kept = {k[1]: v[1] for k, v in again.records.scan("seen")}
+    assert kept == {seqs[0]: 0, seqs[1]: 1, seqs[2]: 1}
+    again.acks_sent(a.store.source, [seqs[0]], seqs[1:])  # told the origin before the upgrade
+    for seq in seqs:  # the origin did not hear, and sends each again
+        copy = Envelope(Kind.DATA, "gw1", seq, "gw4", 0, 3_600_000, Priority.ROUTINE, body=b"m", inc=a.store.inc)
+        assert again.receive(copy, 20).outcome == "duplicate"
+    assert again.pending_acks() == {a.store.source: ([seqs[0]], seqs[1:])}
 
 
 def test_a_bundle_that_fails_halfway_leaves_nothing_half_applied(tmp_path, monkeypatch):
@@ -1000,7 +1033,7 @@ def test_a_replayed_bundle_is_refused_once_its_ids_are_forgotten_and_they_are(tm
     later = 60_000 + SEEN_MARGIN_MS + 60_000
     assert b.next_wakeup_ms() is not None and b.next_wakeup_ms() <= later
     b.poll(later)
-    assert not b.store.records.seen_has(src, 1)  # forgotten: the dedupe state does not grow for ever
+    assert b.store.records.get("seen", (src, 1)) is None  # forgotten: the dedupe state does not grow for ever
     for p in captured:  # replayed after: refused as expired by the receiver's clock
         b.on_bundle(p, later + 1)
     assert b.take() == [] and b.store.count("received_expired") == 1

@@ -1,10 +1,11 @@
 """The custody store's boundary: what a node keeps, as records, behind one interface.
 
-Custody (custody.py) decides: quota, supersession, class order, group acks, what an
-ack releases, and answers every question about its outbox from an index in memory
-(outbox.py).  A Store only keeps records and answers questions about the receiving side,
-each in one statement's worth of work, as dtn7-rs's `core/store` puts its stores behind
-one trait.  Implementations are chosen by name (`open_store("sqlite", ...)`):
+Custody (custody.py) decides everything: quota, supersession, class order, dedupe, group
+acks, what an ack releases; it answers every question about its outbox from an index in
+memory (outbox.py).  A Store only keeps records: the outbox's, and keyed records in the
+tables below, each operation one statement's worth of work, as dtn7-rs's `core/store`
+puts its stores behind one trait.  Implementations are chosen by name
+(`open_store("sqlite", ...)`):
 
   sqlite  store/sqlite.py: WAL, synchronous commits, survives kill -9 and power loss;
           what a node runs.
@@ -12,17 +13,18 @@ one trait.  Implementations are chosen by name (`open_store("sqlite", ...)`):
           custody, the scheduler and the core (virtual time, no disk).
 
 Records:
-  outbox       OutItem per envelope accepted and not yet released (body apart)
-  member_acks  per group envelope, which members said got / done
-  marks        key -> digest (a resent MQTT PUBLISH told from a new one)
-  reports      how envelopes ended without an ack (expired, superseded, ...)
-  counters     name -> value
-  seen         (origin, seq) received, until an expiry
-  latest       (origin, supersession key) -> newest seq received
-  order        (stream, class) -> next place in order expected
-  held         (stream, class, place) -> an envelope waiting for a gap to fill
-  inbox        envelopes for the application (Delivery)
-  done / got   (origin, seq) acks owed: taken by the application / held here
+  outbox       OutItem per envelope accepted and not yet released (body apart), and per
+               group envelope, which members said got / done (out_* and member_ack)
+  counters     name -> value (bump, counter, counters)
+  TABLES       keyed records (get, put, add, delete, scan, due, first_due, count):
+    seen       (origin, seq) received -> until when it is remembered, whether still kept here
+    latest     (origin, supersession key) -> newest seq received
+    order      (stream, class) -> next place in order expected
+    held       (stream, class, place) -> an envelope waiting for a gap to fill
+    inbox      (id) -> an envelope for the application (ids ascending, assigned by add)
+    done, got  (origin, seq) acks owed: taken by the application / kept here
+    marks      (key) -> digest, when set (a resent MQTT PUBLISH told from a new one)
+    reports    (id) -> how an envelope ended without an ack (expired, superseded, ...)
 
 Transactions: `transaction(durable)` groups calls; nested calls join the outer one,
 whose `durable` decides whether the commit is fsynced.  A failure inside undoes the
@@ -141,19 +143,10 @@ class Store(Protocol):
     def close(self) -> None: ...
     def checkpoint(self) -> tuple[int, int]: ...
 
-    # -- counters and reports ----------------------------------------------------------------
+    # -- counters (a rolled-back transaction's changes are undone) ------------------------
     def bump(self, name: str, by: int = 1) -> int: ...
     def counter(self, name: str) -> int: ...
     def counters(self) -> dict[str, int]: ...
-
-    # reports are a log of the newest outcomes, bounded (the counters keep the totals): a
-    # gateway superseding positions for weeks would otherwise grow its store without end
-    reports_kept: int  # REPORTS_KEPT unless changed
-
-    def report_add(
-        self, seq: int, dst: str, outcome: str, at_ms: int, created_ms: int, supersede: str | None
-    ) -> None: ...
-    def reports(self, since_id: int = 0) -> list[tuple]: ...
 
     # -- outbox: records only; custody's index (overlay/outbox.py) answers the questions ---------
     def out_add(self, items: list[OutItem]) -> None: ...  # new envelopes, with their bodies
@@ -163,36 +156,59 @@ class Store(Protocol):
     # everything held, without bodies, in seq order; and the group envelopes' member -> done
     def out_load(self) -> tuple[list[OutItem], dict[int, dict[str, bool]]]: ...
     def member_ack(self, seq: int, member: str, done: bool) -> None: ...
-    def mark_get(self, key: str) -> tuple[bytes, int] | None: ...  # (digest, when set)
-    def mark_drop(self, keys: list[str]) -> None: ...
-    def mark_set(self, marks: dict[str, bytes], at_ms: int) -> None: ...  # key -> digest
-    def marks_prune(self, before_ms: int) -> None: ...
 
-    # -- receiving side -------------------------------------------------------------------------
-    def seen_has(self, origin: str, seq: int) -> bool: ...
-    def seen_add(self, origin: str, seq: int, expires_ms: int) -> None: ...
-    def seen_prune(self, now_ms: int) -> None: ...
-    def seen_next_expiry_ms(self) -> int | None: ...  # the earliest seen id's expiry
-    def latest_get(self, origin: str, key: str) -> int | None: ...
-    def latest_set(self, origin: str, key: str, seq: int) -> None: ...
-    def order_next(self, stream: str, priority: int) -> int: ...  # 1 when never set
-    def order_set(self, stream: str, priority: int, nxt: int) -> None: ...
-    def held_add(self, stream: str, cseq: int, d: Delivery) -> None: ...  # d.priority is the class
-    def held_first(self, stream: str, priority: int, upto: int) -> tuple[int, Delivery] | None: ...
-    def held_delete(self, stream: str, priority: int, cseq: int) -> None: ...
-    def held_older(self, received_before_ms: int) -> list[tuple[str, int]]: ...  # (stream, class) with such
-    def held_min(self, stream: str, priority: int) -> int | None: ...
-    def held_has(self, origin: str, seq: int) -> bool: ...  # in any of the origin's streams
-    def inbox_add(self, d: Delivery) -> None: ...  # d.id is assigned by the store
-    def inbox(
-        self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (), after: int = 0
-    ) -> list[Delivery]: ...
-    def inbox_count(self) -> int: ...  # envelopes waiting for the application (their bodies not read)
-    def inbox_has(self, origin: str, seq: int) -> bool: ...
-    def inbox_pop(self, inbox_id: int) -> tuple[str, int] | None: ...  # (origin, seq) of what left
-    def owed_add(self, kind: str, origin: str, seq: int) -> None: ...  # kind: "done" | "got"
-    def owed_remove(self, kind: str, origin: str, seqs: Iterable[int]) -> None: ...
-    def owed(self, kind: str) -> list[tuple[str, int]]: ...  # (origin, seq), in that order
+    # -- keyed records (TABLES): keys and values are tuples of the table's columns ------------
+    def get(self, table: str, key: tuple) -> tuple | None: ...
+    def put(self, table: str, key: tuple, value: tuple) -> None: ...  # inserted, or replacing
+    def add(self, table: str, value: tuple) -> int: ...  # keyed by a new id, above every one before
+    def delete(self, table: str, keys: Iterable[tuple]) -> None: ...
+    # in key order: those whose key starts with `prefix`, the next key column above `after`,
+    # and whose value columns equal `only` / are in none of `besides`
+    def scan(
+        self,
+        table: str,
+        prefix: tuple = (),
+        after: object = None,
+        limit: int = -1,
+        only: dict[str, object] | None = None,
+        besides: dict[str, Iterable[object]] | None = None,
+    ) -> list[tuple[tuple, tuple]]: ...
+    def due(self, table: str, upto_ms: int, limit: int = -1) -> list[tuple]: ...  # keys, time <= upto_ms
+    def first_due(self, table: str) -> int | None: ...  # the earliest time in the table
+    def count(self, table: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class Table:
+    key: tuple[str, ...]
+    value: tuple[str, ...]
+    time: str | None = None  # a value column `due` and `first_due` read (an index in SQLite)
+    body: str | None = None  # a value column holding a message body (large ones in files)
+    sql: str = ""  # the SQLite table's name where it is not the record's
+    auto: bool = False  # keyed by the id `add` assigns
+
+
+TABLES = {
+    "seen": Table(("origin", "seq"), ("expires_ms", "kept"), time="expires_ms"),
+    "latest": Table(("origin", "key"), ("seq",)),
+    "order": Table(("origin", "priority"), ("next_cseq",), sql="orderq"),
+    "held": Table(
+        ("origin", "priority", "cseq"),
+        ("seq", "created_ms", "lifetime_ms", "supersede", "app", "body", "received_ms"),
+        time="received_ms",
+        body="body",
+    ),
+    "inbox": Table(
+        ("id",),
+        ("origin", "seq", "priority", "created_ms", "lifetime_ms", "supersede", "app", "body", "received_ms"),
+        body="body",
+        auto=True,
+    ),
+    "done": Table(("origin", "seq"), (), sql="acks"),
+    "got": Table(("origin", "seq"), (), sql="gotq"),
+    "marks": Table(("key",), ("digest", "at_ms"), time="at_ms"),
+    "reports": Table(("id",), ("seq", "dst", "outcome", "at_ms", "created_ms", "supersede"), auto=True),
+}
 
 
 STORES: dict[str, Callable[..., Store]] = {}

@@ -12,28 +12,14 @@ import copy
 from collections.abc import Iterable
 from dataclasses import replace
 
-from c2dtn.overlay.store import OUT_FIELDS, REPORTS_KEPT, Delivery, OutItem, register
+from c2dtn.overlay.store import OUT_FIELDS, TABLES, OutItem, register
 
 
 @register("memory")
 class MemoryStore:
-    reports_kept = REPORTS_KEPT
-
     def __init__(self):
-        self.s = {
-            "counters": {},
-            "reports": [],
-            "out": {},
-            "members": {},
-            "marks": {},
-            "seen": {},
-            "latest": {},
-            "order": {},
-            "held": {},
-            "inbox": {},
-            "inbox_id": 0,
-            "owed": {"done": set(), "got": set()},
-        }
+        self.s: dict = {"counters": {}, "ids": {}, "out": {}, "members": {}}
+        self.s.update({name: {} for name in TABLES})
         self._depth = 0
         self._durable = False
         self._snapshot = None
@@ -59,15 +45,6 @@ class MemoryStore:
 
     def counters(self) -> dict[str, int]:
         return dict(self.s["counters"])
-
-    def report_add(self, seq, dst, outcome, at_ms, created_ms, supersede) -> None:
-        r = self.s["reports"]
-        r.append(((r[-1][0] if r else 0) + 1, seq, dst, outcome, at_ms, created_ms, supersede))
-        if len(r) > self.reports_kept * 1.1:
-            del r[: len(r) - self.reports_kept]
-
-    def reports(self, since_id: int = 0) -> list[tuple]:
-        return [r for r in self.s["reports"] if r[0] > since_id]
 
     # -- outbox ------------------------------------------------------------------------------
     def out_add(self, items: list[OutItem]) -> None:
@@ -98,112 +75,68 @@ class MemoryStore:
     def member_ack(self, seq: int, member: str, done: bool) -> None:
         self.s["members"].setdefault(seq, {})[member] = done
 
-    def mark_get(self, key: str) -> tuple[bytes, int] | None:
-        return self.s["marks"].get(key)
+    # -- keyed records (TABLES) ----------------------------------------------------------------
+    def get(self, table: str, key: tuple) -> tuple | None:
+        return self.s[table].get(tuple(key))
 
-    def mark_drop(self, keys: list[str]) -> None:
+    def put(self, table: str, key: tuple, value: tuple) -> None:
+        _check(table, key, value)
+        self.s[table][tuple(key)] = tuple(value)
+
+    def add(self, table: str, value: tuple) -> int:
+        _check(table, (0,), value)
+        ids = self.s["ids"]
+        ids[table] = ids.get(table, 0) + 1
+        self.s[table][(ids[table],)] = tuple(value)
+        return ids[table]
+
+    def delete(self, table: str, keys: Iterable[tuple]) -> None:
+        rows = self.s[table]
         for k in keys:
-            self.s["marks"].pop(k, None)
+            rows.pop(tuple(k), None)
 
-    def mark_set(self, marks: dict[str, bytes], at_ms: int) -> None:
-        for key, digest in marks.items():
-            self.s["marks"][key] = (digest, at_ms)
+    def scan(
+        self,
+        table: str,
+        prefix: tuple = (),
+        after: object = None,
+        limit: int = -1,
+        only: dict[str, object] | None = None,
+        besides: dict[str, Iterable[object]] | None = None,
+    ) -> list[tuple[tuple, tuple]]:
+        t, n = TABLES[table], len(prefix)
+        col = t.value.index
+        only_at = [(col(c), v) for c, v in (only or {}).items()]
+        besides_at = [(col(c), set(vs)) for c, vs in (besides or {}).items()]
+        out = []
+        for k in sorted(self.s[table]):
+            v = self.s[table][k]
+            if k[:n] != tuple(prefix) or (after is not None and not k[n] > after):  # type: ignore[operator]
+                continue
+            if any(v[i] != x for i, x in only_at) or any(v[i] in xs for i, xs in besides_at):
+                continue
+            if len(out) == limit:
+                break
+            out.append((k, v))
+        return out
 
-    def marks_prune(self, before_ms: int) -> None:
-        self.s["marks"] = {k: v for k, v in self.s["marks"].items() if v[1] > before_ms}
+    def due(self, table: str, upto_ms: int, limit: int = -1) -> list[tuple]:
+        i = TABLES[table].value.index(TABLES[table].time or "")
+        keys = sorted((v[i], k) for k, v in self.s[table].items() if v[i] <= upto_ms)
+        return [k for _t, k in (keys if limit < 0 else keys[:limit])]
 
-    # -- receiving side -------------------------------------------------------------------------
-    def seen_has(self, origin: str, seq: int) -> bool:
-        return (origin, seq) in self.s["seen"]
+    def first_due(self, table: str) -> int | None:
+        i = TABLES[table].value.index(TABLES[table].time or "")
+        return min((v[i] for v in self.s[table].values()), default=None)
 
-    def seen_add(self, origin: str, seq: int, expires_ms: int) -> None:
-        if (origin, seq) in self.s["seen"]:
-            raise ValueError(f"({origin}, {seq}) was seen already")
-        self.s["seen"][(origin, seq)] = expires_ms
+    def count(self, table: str) -> int:
+        return len(self.s[table])
 
-    def seen_prune(self, now_ms: int) -> None:
-        self.s["seen"] = {k: v for k, v in self.s["seen"].items() if v > now_ms}
 
-    def seen_next_expiry_ms(self) -> int | None:
-        return min(self.s["seen"].values(), default=None)
-
-    def latest_get(self, origin: str, key: str) -> int | None:
-        return self.s["latest"].get((origin, key))
-
-    def latest_set(self, origin: str, key: str, seq: int) -> None:
-        self.s["latest"][(origin, key)] = seq
-
-    def order_next(self, stream: str, priority: int) -> int:
-        return self.s["order"].get((stream, priority), 1)
-
-    def order_set(self, stream: str, priority: int, nxt: int) -> None:
-        self.s["order"][(stream, priority)] = nxt
-
-    def held_add(self, stream: str, cseq: int, d: Delivery) -> None:
-        self.s["held"].setdefault((stream, int(d.priority)), {}).setdefault(cseq, copy.copy(d))
-
-    def held_first(self, stream: str, priority: int, upto: int) -> tuple[int, Delivery] | None:
-        h = self.s["held"].get((stream, priority), {})
-        cs = [c for c in h if c <= upto]
-        if not cs:
-            return None
-        c = min(cs)
-        return c, copy.copy(h[c])
-
-    def held_delete(self, stream: str, priority: int, cseq: int) -> None:
-        h = self.s["held"].get((stream, priority))
-        if h is not None:
-            h.pop(cseq, None)
-            if not h:
-                del self.s["held"][(stream, priority)]
-
-    def held_older(self, received_before_ms: int) -> list[tuple[str, int]]:
-        return [k for k, h in self.s["held"].items() if any(d.received_ms <= received_before_ms for d in h.values())]
-
-    def held_min(self, stream: str, priority: int) -> int | None:
-        return min(self.s["held"].get((stream, priority), {}), default=None)
-
-    def held_has(self, origin: str, seq: int) -> bool:
-        return any(
-            (stream == origin or stream.startswith(origin + ">")) and any(d.seq == seq for d in h.values())
-            for (stream, _), h in self.s["held"].items()
-        )
-
-    def inbox_add(self, d: Delivery) -> None:
-        self.s["inbox_id"] += 1
-        d = copy.copy(d)
-        d.id = self.s["inbox_id"]
-        self.s["inbox"][d.id] = d
-
-    def inbox(
-        self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (), after: int = 0
-    ) -> list[Delivery]:
-        exclude = set(exclude)
-        out = [
-            copy.copy(d)
-            for i, d in sorted(self.s["inbox"].items())
-            if i > after and (d.app == app if app is not None else d.app not in exclude)
-        ]
-        return out[:limit]
-
-    def inbox_count(self) -> int:
-        return len(self.s["inbox"])
-
-    def inbox_has(self, origin: str, seq: int) -> bool:
-        return any(d.origin == origin and d.seq == seq for d in self.s["inbox"].values())
-
-    def inbox_pop(self, inbox_id: int) -> tuple[str, int] | None:
-        d = self.s["inbox"].pop(inbox_id, None)
-        return (d.origin, d.seq) if d else None
-
-    def owed_add(self, kind: str, origin: str, seq: int) -> None:
-        self.s["owed"][kind].add((origin, seq))
-
-    def owed_remove(self, kind: str, origin: str, seqs: Iterable[int]) -> None:
-        self.s["owed"][kind].difference_update((origin, s) for s in seqs)
-
-    def owed(self, kind: str) -> list[tuple[str, int]]:
-        return sorted(self.s["owed"][kind])
+def _check(table: str, key: tuple, value: tuple) -> None:
+    t = TABLES[table]
+    if len(key) != len(t.key) or len(value) != len(t.value):
+        raise ValueError(f"a record of {len(key)} keys and {len(value)} values for {table}{t.key + t.value}")
 
 
 def _snapshot(s: dict) -> dict:

@@ -49,8 +49,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from c2dtn.errors import C2Error
-from c2dtn.overlay.envelope import Priority
-from c2dtn.overlay.store import REPORTS_KEPT, SYNC_MODES, Delivery, OutItem, StoreFull, register
+from c2dtn.overlay.store import SYNC_MODES, TABLES, OutItem, StoreFull, Table, register
 from c2dtn.private import private_sqlite
 
 SCHEMA = """
@@ -81,7 +80,7 @@ CREATE TRIGGER IF NOT EXISTS outbox_body_gone AFTER DELETE ON outbox
 -- custody's index in memory answers every question about it (overlay/outbox.py), so a row
 -- costs no secondary index's upkeep (schema version 5 dropped them)
 CREATE TABLE IF NOT EXISTS seen(
-  origin TEXT NOT NULL, seq INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
+  origin TEXT NOT NULL, seq INTEGER NOT NULL, expires_ms INTEGER NOT NULL, kept INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY(origin, seq)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS seen_expiry ON seen(expires_ms);
 CREATE TABLE IF NOT EXISTS latest(
@@ -109,6 +108,10 @@ CREATE TABLE IF NOT EXISTS reports(
   outcome TEXT NOT NULL, at_ms INTEGER NOT NULL, created_ms INTEGER NOT NULL, supersede TEXT);
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS marks(key TEXT PRIMARY KEY, digest BLOB NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID;
+-- the time columns `due` reads (store/__init__.py TABLES), and the inbox by application
+CREATE INDEX IF NOT EXISTS marks_at ON marks(at_ms);
+CREATE INDEX IF NOT EXISTS held_received ON held(received_ms);
+CREATE INDEX IF NOT EXISTS inbox_app ON inbox(app, id);
 CREATE TABLE IF NOT EXISTS member_acks(
   seq INTEGER NOT NULL, member TEXT NOT NULL, done INTEGER NOT NULL,
   PRIMARY KEY(seq, member)) WITHOUT ROWID;
@@ -121,8 +124,12 @@ CREATE INDEX IF NOT EXISTS held_files ON held(body) WHERE typeof(body)='text';
 
 SCHEMA_VERSION = 5
 # version 4 -> 5: the outbox's questions answered by custody's index (overlay/outbox.py):
-# its secondary indexes and the totals kept in counters go
+# its secondary indexes and the totals kept in counters go; a seen id says whether its
+# envelope is still kept here (an inbox or held row), where a duplicate searched both
 MIGRATE_4_TO_5 = """
+UPDATE seen SET kept = 1 WHERE (origin, seq) IN (SELECT origin, seq FROM inbox)
+  OR (origin, seq) IN (SELECT CASE WHEN instr(origin, '>') THEN substr(origin, 1, instr(origin, '>') - 1)
+                       ELSE origin END, seq FROM held);
 DROP INDEX IF EXISTS outbox_queue;
 DROP INDEX IF EXISTS outbox_expiry;
 DROP INDEX IF EXISTS outbox_keyed;
@@ -163,7 +170,6 @@ _OUT_COLS = (
     "seq, dst, priority, cseq, created_ms, lifetime_ms, expires_ms, supersede, app, size, "
     "inflight, attempts, sent_ms, retry_ms, received, superseded"
 )
-_DELIVERY_COLS = "seq, priority, created_ms, lifetime_ms, supersede, app, body, received_ms"
 
 
 def _chunks(seqs: Iterable[int], size: int = 500) -> Iterator[list[int]]:
@@ -202,8 +208,6 @@ def _item(r, body: bytes = b"") -> OutItem:
 
 @register("sqlite")
 class SqliteStore:
-    reports_kept = REPORTS_KEPT
-
     def __init__(self, path: str | Path, background_checkpoints: bool = False, sync: str = "loop"):
         if sync not in SYNC_MODES:
             raise C2Error(f"custody store sync {sync!r}: one of {', '.join(SYNC_MODES)}")
@@ -239,7 +243,11 @@ class SqliteStore:
             self.db.executescript("BEGIN IMMEDIATE;" + SCHEMA + "PRAGMA user_version=4; COMMIT;")
             version = 4
         if not fresh and version == 4:
-            self.db.executescript("BEGIN IMMEDIATE;" + SCHEMA + MIGRATE_4_TO_5 + "PRAGMA user_version=5; COMMIT;")
+            cols = [r[1] for r in self.db.execute("PRAGMA table_info(seen)")]
+            kept = "" if "kept" in cols else "ALTER TABLE seen ADD COLUMN kept INTEGER NOT NULL DEFAULT 0;"
+            self.db.executescript(
+                "BEGIN IMMEDIATE;" + kept + SCHEMA + MIGRATE_4_TO_5 + "PRAGMA user_version=5; COMMIT;"
+            )
             version = 5
         if not fresh and version != SCHEMA_VERSION:
             raise C2Error(
@@ -248,6 +256,7 @@ class SqliteStore:
             )
         self.db.executescript(SCHEMA)
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._sql: dict[str, str] = {}  # statements by shape (_q)
         self._counts: dict[str, int] = dict(self.db.execute("SELECT name, value FROM counters").fetchall())
         self._before: dict[str, int | None] = {}  # counters changed in the open transaction: old values
         self._ckpt_db: sqlite3.Connection | None = None
@@ -531,20 +540,6 @@ class SqliteStore:
     def counters(self) -> dict[str, int]:
         return dict(self._counts)
 
-    def report_add(self, seq, dst, outcome, at_ms, created_ms, supersede) -> None:
-        rid = self.db.execute(
-            "INSERT INTO reports(seq, dst, outcome, at_ms, created_ms, supersede) VALUES(?,?,?,?,?,?)",
-            (seq, dst, outcome, at_ms, created_ms, supersede),
-        ).lastrowid
-        if rid % max(1, self.reports_kept // 10) == 0:  # the newest reports_kept (+10 %) stay
-            self.db.execute("DELETE FROM reports WHERE id <= ?", (rid - self.reports_kept,))
-
-    def reports(self, since_id: int = 0) -> list[tuple]:
-        return self.db.execute(
-            "SELECT id, seq, dst, outcome, at_ms, created_ms, supersede FROM reports WHERE id > ? ORDER BY id",
-            (since_id,),
-        ).fetchall()
-
     # -- outbox ------------------------------------------------------------------------------
     def out_add(self, items: list[OutItem]) -> None:
         if not items:
@@ -613,179 +608,125 @@ class SqliteStore:
             (seq, member, int(done)),
         )
 
-    def mark_get(self, key: str) -> tuple[bytes, int] | None:
-        row = self.db.execute("SELECT digest, at_ms FROM marks WHERE key=?", (key,)).fetchone()
-        return (row[0], row[1]) if row else None
+    # -- keyed records (TABLES) ----------------------------------------------------------------
+    def _q(self, name: str, make) -> str:
+        """A statement, built once per shape."""
+        q = self._sql.get(name)
+        if q is None:
+            q = self._sql[name] = make()
+        return q
 
-    def mark_drop(self, keys: list[str]) -> None:
-        self.db.executemany("DELETE FROM marks WHERE key=?", [(k,) for k in keys])
+    def _value(self, t: Table, row: Iterable) -> tuple:
+        """A row's value columns as the record's value (a body named by a file read back)."""
+        v = tuple(row)
+        if t.body is not None:
+            i = t.value.index(t.body)
+            v = (*v[:i], self.body_of(v[i]), *v[i + 1 :])
+        return v
 
-    def mark_set(self, marks: dict[str, bytes], at_ms: int) -> None:
-        self.db.executemany(
-            "INSERT OR REPLACE INTO marks(key, digest, at_ms) VALUES(?,?,?)", [(k, d, at_ms) for k, d in marks.items()]
+    def _stored(self, t: Table, value: tuple) -> tuple:
+        """A value as its row holds it (a large body as its file's name, written at the commit)."""
+        if len(value) != len(t.value):
+            raise ValueError(f"a record of {len(value)} values for columns {t.value}")
+        if t.body is None:
+            return value
+        i = t.value.index(t.body)
+        return (*value[:i], self._put(value[i]), *value[i + 1 :])
+
+    def get(self, table: str, key: tuple) -> tuple | None:
+        t = TABLES[table]
+        q = self._q(
+            f"get {table}",
+            lambda: f"SELECT {', '.join(t.value) or '1'} FROM {t.sql or table} WHERE {_eq(t.key)}",
         )
+        row = self.db.execute(q, key).fetchone()
+        return None if row is None else (self._value(t, row) if t.value else ())
 
-    def marks_prune(self, before_ms: int) -> None:
-        self.db.execute("DELETE FROM marks WHERE at_ms <= ?", (before_ms,))
-
-    # -- receiving side -------------------------------------------------------------------------
-    def seen_has(self, origin: str, seq: int) -> bool:
-        return bool(self.db.execute("SELECT 1 FROM seen WHERE origin=? AND seq=?", (origin, seq)).fetchone())
-
-    def seen_add(self, origin: str, seq: int, expires_ms: int) -> None:
-        self.db.execute("INSERT INTO seen(origin, seq, expires_ms) VALUES(?,?,?)", (origin, seq, expires_ms))
-
-    def seen_prune(self, now_ms: int) -> None:
-        self.db.execute("DELETE FROM seen WHERE expires_ms <= ?", (now_ms,))
-
-    def seen_next_expiry_ms(self) -> int | None:
-        return self.db.execute("SELECT min(expires_ms) FROM seen").fetchone()[0]  # the seen_expiry index
-
-    def latest_get(self, origin: str, key: str) -> int | None:
-        row = self.db.execute("SELECT seq FROM latest WHERE origin=? AND key=?", (origin, key)).fetchone()
-        return row[0] if row else None
-
-    def latest_set(self, origin: str, key: str, seq: int) -> None:
-        self.db.execute(
-            "INSERT INTO latest(origin, key, seq) VALUES(?,?,?) ON CONFLICT(origin, key) "
-            "DO UPDATE SET seq=excluded.seq",
-            (origin, key, seq),
+    def put(self, table: str, key: tuple, value: tuple) -> None:
+        t = TABLES[table]
+        if t.body is not None:  # the body it replaces, if in a file, goes
+            self._drop_bodies(t, table, [key])
+        cols = t.key + t.value
+        q = self._q(
+            f"put {table}",
+            lambda: f"INSERT OR REPLACE INTO {t.sql or table}({', '.join(cols)}) VALUES({_marks(cols)})",
         )
+        self.db.execute(q, (*key, *self._stored(t, value)))
 
-    def order_next(self, stream: str, priority: int) -> int:
-        row = self.db.execute(
-            "SELECT next_cseq FROM orderq WHERE origin=? AND priority=?", (stream, priority)
-        ).fetchone()
-        return row[0] if row else 1
-
-    def order_set(self, stream: str, priority: int, nxt: int) -> None:
-        self.db.execute(
-            "INSERT INTO orderq(origin, priority, next_cseq) VALUES(?,?,?) ON CONFLICT(origin, priority) "
-            "DO UPDATE SET next_cseq=excluded.next_cseq",
-            (stream, priority, nxt),
+    def add(self, table: str, value: tuple) -> int:
+        t = TABLES[table]
+        q = self._q(
+            f"add {table}",
+            lambda: f"INSERT INTO {t.sql or table}({', '.join(t.value)}) VALUES({_marks(t.value)})",
         )
+        return self.db.execute(q, self._stored(t, value)).lastrowid  # AUTOINCREMENT: never reused
 
-    def held_add(self, stream: str, cseq: int, d: Delivery) -> None:
-        body = self._put(d.body)
-        cur = self.db.execute(
-            "INSERT OR IGNORE INTO held(origin, priority, cseq, seq, created_ms, lifetime_ms, "
-            "supersede, app, body, received_ms) VALUES(?,?,?,?,?,?,?,?,?,?)",
-            (
-                stream,
-                int(d.priority),
-                cseq,
-                d.seq,
-                d.created_ms,
-                d.lifetime_ms,
-                d.supersede,
-                d.app,
-                body,
-                d.received_ms,
-            ),
+    def delete(self, table: str, keys: Iterable[tuple]) -> None:
+        t = TABLES[table]
+        keys = list(keys)
+        if t.body is not None:
+            self._drop_bodies(t, table, keys)
+        q = self._q(f"delete {table}", lambda: f"DELETE FROM {t.sql or table} WHERE {_eq(t.key)}")
+        self.db.executemany(q, keys)
+
+    def _drop_bodies(self, t: Table, table: str, keys: list[tuple]) -> None:
+        """Bodies in files that rows about to go (or be replaced) name: removed once that is on disk."""
+        q = self._q(
+            f"files {table}",
+            lambda: f"SELECT {t.body} FROM {t.sql or table} WHERE {_eq(t.key)} AND typeof({t.body})='text'",
         )
-        if cur.rowcount == 0:  # held already: the file just written is named by no row
-            self._dropped([body])
+        self._dropped(r[0] for k in keys for r in self.db.execute(q, k))
 
-    def held_first(self, stream: str, priority: int, upto: int) -> tuple[int, Delivery] | None:
-        row = self.db.execute(
-            f"SELECT cseq, {_DELIVERY_COLS} FROM held WHERE origin=? AND priority=? AND cseq<=? ORDER BY cseq LIMIT 1",
-            (stream, priority, upto),
-        ).fetchone()
-        if row is None:
-            return None
-        cseq, seq, prio, created, lifetime, sup, app, body, rcv = row
-        return cseq, Delivery(
-            0, stream.split(">", 1)[0], seq, Priority(prio), created, lifetime, sup, app, self.body_of(body), rcv
-        )
-
-    def held_delete(self, stream: str, priority: int, cseq: int) -> None:
-        self._dropped(
-            r[0]
-            for r in self.db.execute(
-                "DELETE FROM held WHERE origin=? AND priority=? AND cseq=? RETURNING CASE typeof(body) WHEN 'text' "
-                "THEN body END",
-                (stream, priority, cseq),
-            )
-        )
-
-    def held_older(self, received_before_ms: int) -> list[tuple[str, int]]:
-        return self.db.execute(
-            "SELECT DISTINCT origin, priority FROM held WHERE received_ms <= ?", (received_before_ms,)
-        ).fetchall()
-
-    def held_min(self, stream: str, priority: int) -> int | None:
-        return self.db.execute(
-            "SELECT min(cseq) FROM held WHERE origin=? AND priority=?", (stream, priority)
-        ).fetchone()[0]
-
-    def held_has(self, origin: str, seq: int) -> bool:
-        return bool(
-            self.db.execute(
-                "SELECT 1 FROM held WHERE (origin=? OR (origin>? AND origin<?)) AND seq=?",
-                (origin, origin + ">", origin + "?", seq),
-            ).fetchone()
-        )
-
-    def inbox_add(self, d: Delivery) -> None:
-        self.db.execute(
-            "INSERT INTO inbox(origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
-            "received_ms) VALUES(?,?,?,?,?,?,?,?,?)",
-            (
-                d.origin,
-                d.seq,
-                int(d.priority),
-                d.created_ms,
-                d.lifetime_ms,
-                d.supersede,
-                d.app,
-                self._put(d.body),
-                d.received_ms,
-            ),
-        )
-
-    def inbox(
-        self, limit: int = 1000, app: str | None = None, exclude: Iterable[str] = (), after: int = 0
-    ) -> list[Delivery]:
-        exclude = list(exclude)
-        where, args = "WHERE id > ? ", [after]
-        if app is not None:
-            where, args = where + "AND app=? ", [*args, app]
-        elif exclude:
-            where, args = where + f"AND app NOT IN ({','.join('?' * len(exclude))}) ", [*args, *exclude]
+    def scan(
+        self,
+        table: str,
+        prefix: tuple = (),
+        after: object = None,
+        limit: int = -1,
+        only: dict[str, object] | None = None,
+        besides: dict[str, Iterable[object]] | None = None,
+    ) -> list[tuple[tuple, tuple]]:
+        t = TABLES[table]
+        where, args = [f"{c}=?" for c in t.key[: len(prefix)]], list(prefix)
+        if after is not None:
+            where.append(f"{t.key[len(prefix)]}>?")
+            args.append(after)
+        for c, v in (only or {}).items():
+            where.append(f"{t.value[t.value.index(c)]}=?")
+            args.append(v)
+        for c, vs in (besides or {}).items():
+            vs = list(vs)
+            if vs:
+                where.append(f"{t.value[t.value.index(c)]} NOT IN ({_marks(vs)})")
+                args += vs
+        cols = t.key + t.value
         rows = self.db.execute(
-            "SELECT id, origin, seq, priority, created_ms, lifetime_ms, supersede, app, body, "
-            f"received_ms FROM inbox {where}ORDER BY id LIMIT ?",
-            [*args, limit],
+            f"SELECT {', '.join(cols)} FROM {t.sql or table} {'WHERE ' + ' AND '.join(where) if where else ''} "
+            f"ORDER BY {', '.join(t.key)} LIMIT ?",
+            (*args, limit),
         ).fetchall()
-        return [Delivery(r[0], r[1], r[2], Priority(r[3]), *r[4:8], self.body_of(r[8]), r[9]) for r in rows]
+        n = len(t.key)
+        return [(tuple(r[:n]), self._value(t, r[n:])) for r in rows]
 
-    def inbox_count(self) -> int:
-        return self.db.execute("SELECT count(*) FROM inbox").fetchone()[0]
+    def due(self, table: str, upto_ms: int, limit: int = -1) -> list[tuple]:
+        t = TABLES[table]
+        q = self._q(
+            f"due {table}",
+            lambda: f"SELECT {', '.join(t.key)} FROM {t.sql or table} WHERE {t.time} <= ? ORDER BY {t.time} LIMIT ?",
+        )
+        return [tuple(r) for r in self.db.execute(q, (upto_ms, limit))]
 
-    def inbox_has(self, origin: str, seq: int) -> bool:
-        return bool(self.db.execute("SELECT 1 FROM inbox WHERE origin=? AND seq=?", (origin, seq)).fetchone())
+    def first_due(self, table: str) -> int | None:
+        t = TABLES[table]
+        return self.db.execute(f"SELECT min({t.time}) FROM {t.sql or table}").fetchone()[0]
 
-    def inbox_pop(self, inbox_id: int) -> tuple[str, int] | None:
-        row = self.db.execute(
-            "DELETE FROM inbox WHERE id=? RETURNING origin, seq, CASE typeof(body) WHEN 'text' THEN body END",
-            (inbox_id,),
-        ).fetchone()
-        if row is None:
-            return None
-        self._dropped([row[2]])
-        return row[0], row[1]
-
-    def owed_add(self, kind: str, origin: str, seq: int) -> None:
-        self.db.execute(f"INSERT OR IGNORE INTO {_OWED[kind]}(origin, seq) VALUES(?,?)", (origin, seq))
-
-    def owed_remove(self, kind: str, origin: str, seqs: Iterable[int]) -> None:
-        self.db.executemany(f"DELETE FROM {_OWED[kind]} WHERE origin=? AND seq=?", [(origin, s) for s in seqs])
-
-    def owed(self, kind: str) -> list[tuple[str, int]]:
-        return self.db.execute(f"SELECT origin, seq FROM {_OWED[kind]} ORDER BY origin, seq").fetchall()
+    def count(self, table: str) -> int:
+        t = TABLES[table]
+        return self.db.execute(f"SELECT count(*) FROM {t.sql or table}").fetchone()[0]
 
 
-_OWED = {"done": "acks", "got": "gotq"}
+def _eq(cols: tuple[str, ...]) -> str:
+    return " AND ".join(f"{c}=?" for c in cols)
 
 
 class _Tx:
