@@ -687,26 +687,23 @@ class SqliteStore:
         besides: dict[str, Iterable[object]] | None = None,
     ) -> list[tuple[tuple, tuple]]:
         t = TABLES[table]
-        where, args = [f"{c}=?" for c in t.key[: len(prefix)]], list(prefix)
+        besides = {c: list(vs) for c, vs in (besides or {}).items()}
+        args = list(prefix)
+        shape = [table, str(len(prefix)), str(after is not None)]
         if after is not None:
-            where.append(f"{t.key[len(prefix)]}>?")
             args.append(after)
         for c, v in (only or {}).items():
-            where.append(f"{t.value[t.value.index(c)]}=?")
+            shape.append(f"={c}")
             args.append(v)
-        for c, vs in (besides or {}).items():
-            vs = list(vs)
-            if vs:
-                where.append(f"{t.value[t.value.index(c)]} NOT IN ({_marks(vs)})")
-                args += vs
-        cols = t.key + t.value
-        rows = self.db.execute(
-            f"SELECT {', '.join(cols)} FROM {t.sql or table} {'WHERE ' + ' AND '.join(where) if where else ''} "
-            f"ORDER BY {', '.join(t.key)} LIMIT ?",
-            (*args, limit),
-        ).fetchall()
+        for c, vs in besides.items():
+            shape.append(f"!{c}{len(vs)}")
+            args += vs
+        q = self._q(" ".join(shape), lambda: _scan_sql(t, table, len(prefix), after is not None, only, besides))
+        rows = self.db.execute(q, (*args, limit)).fetchall()
         n = len(t.key)
-        return [(tuple(r[:n]), self._value(t, r[n:])) for r in rows]
+        if t.body is None:
+            return [(r[:n], r[n:]) for r in rows]
+        return [(r[:n], self._value(t, r[n:])) for r in rows]
 
     def due(self, table: str, upto_ms: int, limit: int = -1) -> list[tuple]:
         t = TABLES[table]
@@ -723,6 +720,20 @@ class SqliteStore:
     def count(self, table: str) -> int:
         t = TABLES[table]
         return self.db.execute(f"SELECT count(*) FROM {t.sql or table}").fetchone()[0]
+
+
+def _scan_sql(t: Table, table: str, n: int, after: bool, only: dict | None, besides: dict | None) -> str:
+    where = [f"{c}=?" for c in t.key[:n]]
+    if after:
+        where.append(f"{t.key[n]}>?")
+    for c in only or {}:
+        where.append(f"{t.value[t.value.index(c)]}=?")
+    for c, vs in (besides or {}).items():
+        if vs:
+            where.append(f"{t.value[t.value.index(c)]} NOT IN ({_marks(list(vs))})")
+    cols = ", ".join(t.key + t.value)
+    cond = f"WHERE {' AND '.join(where)} " if where else ""
+    return f"SELECT {cols} FROM {t.sql or table} {cond}ORDER BY {', '.join(t.key)} LIMIT ?"
 
 
 def _eq(cols: tuple[str, ...]) -> str:
