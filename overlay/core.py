@@ -278,7 +278,7 @@ class OverlayCore:
                     e.reason,
                 )
         if done or got:  # the bundle's acks, merged: one look at what is held, however many acks it carries
-            self.sched.on_ack(sender, self.store.held_in(done), self.store.held_in(got), now_ms)
+            self.sched.on_ack(sender, self.store.held_in(done, sender), self.store.held_in(got, sender), now_ms)
 
     def _reject(self, res: BundleResult, line: str, reason: str) -> None:
         res.rejected.append(line[:REJECT_LINE_MAX])

@@ -70,8 +70,7 @@ and unsynced_acks() answer from that.  A store that fsyncs every durable commit 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
 from c2dtn.overlay.envelope import (
@@ -103,6 +102,7 @@ MARK_KEEP_MS = 7 * 24 * 3600 * 1000  # how long a mark (see submit_many) is reme
 ACK_EXPAND_MAX = 4096  # an ack's runs naming up to this many ids are looked up id by id (held_in)
 SEQ_BLOCK = 4096  # seqs reserved on disk at a time (module doc: sending before the fsync)
 PRUNE_BATCH = 20_000  # seen ids and marks forgotten per expire() at most (the next call goes on)
+RELEASE_BATCH = 20_000  # envelopes held past their wait released per release_held() at most
 REPORTS_KEPT = 10_000  # the newest reports kept (the counters keep the totals)
 
 
@@ -151,26 +151,10 @@ class Custody:
         return source_key(self.origin, self.inc)
 
     # -- lifecycle ---------------------------------------------------------------------
-    @contextmanager
-    def transaction(self, durable: bool = True) -> Iterator[None]:
+    def transaction(self, durable: bool = True) -> _Tx:
         """Group several calls into one transaction (one fsync for a whole bundle).  The
         outbox index follows the store: what a failed transaction undid is undone in it too."""
-        outer = self._depth == 0
-        self._depth += 1
-        if outer:
-            self.outbox.begin()
-        try:
-            with self.records.transaction(durable):
-                yield
-        except BaseException:
-            if outer:
-                self.outbox.rollback()
-            raise
-        else:
-            if outer:
-                self.outbox.commit()
-        finally:
-            self._depth -= 1
+        return _Tx(self, durable)
 
     # -- the outbox: records in the store, questions to the index ------------------------------
     def _out_add(self, items: list[OutItem]) -> None:
@@ -477,16 +461,18 @@ class Custody:
             with self.transaction(durable=False):
                 self.records.delete("marks", [(k,) for k in keys])
 
-    def held_in(self, runs: list[tuple[int, int]]) -> list[int]:
+    def held_in(self, runs: list[tuple[int, int]], member: str | None = None) -> list[int]:
         """The seqs of envelopes held that an ack's runs name: at most what is held, however
         many ids the runs span (a peer's 20-byte run of 2**40 ids costs no more than what it
-        names).  Few ids are looked up by value; many, by one range scan."""
+        names).  Few ids are looked up by value; many, by one range scan of what was sent to
+        `member` (and the groups it is in), when given: what an ack from it can concern."""
         if not runs:
             return []
         if runs_total(runs) <= ACK_EXPAND_MAX:
             return sorted({s for a, b in runs for s in range(a, b + 1)})
         lo, hi = min(a for a, _ in runs), max(b for _, b in runs)
-        return in_runs(self.outbox.seqs_between(lo, hi), runs)
+        dsts = None if member is None else [member] + [g for g, ms in self.groups.items() if member in ms]
+        return in_runs(self.outbox.seqs_between(lo, hi, dsts), runs)
 
     def ack_from(self, member: str, done: Iterable[int], got: Iterable[int]) -> tuple[list[OutItem], list[OutItem]]:
         """An ack from `member`: (released, arrived).  An envelope sent to that member alone is
@@ -592,21 +578,25 @@ class Custody:
             d = Delivery(
                 0, src, env.seq, env.priority, env.created_ms, env.lifetime_ms, env.supersede, env.app, env.body, now_ms
             )
-            if env.cseq == 0 or env.cseq < max(nxt, env.floor) or in_turn:
+            # (last: a place held already by another envelope, the origin having numbered two
+            # for it when a power cut undid a commit: this one goes now, late, not lost)
+            if (
+                env.cseq == 0
+                or env.cseq < max(nxt, env.floor)
+                or in_turn
+                or (self._held_place(stream, prio, env.cseq) and st.bump("held_place_taken") > 0)
+            ):
                 # unordered, older than what the order already passed, or in its turn (the
                 # common case: straight to the inbox, never held and taken back; nothing
                 # held is older, held ones all wait for a later turn)
                 self._to_inbox(d)
                 released = 1 + self._advance(stream, prio, nxt + 1 if in_turn else env.floor, now_ms)
                 return Received("delivered", released)
-            if st.get("held", (stream, prio, env.cseq)) is not None:  # a second envelope for one place: the first stays
-                st.put("seen", (src, env.seq), (until, 0))
-            else:
-                st.put(
-                    "held",
-                    (stream, prio, env.cseq),
-                    (d.seq, d.created_ms, d.lifetime_ms, d.supersede, d.app, d.body, d.received_ms),
-                )
+            st.put(
+                "held",
+                (stream, prio, env.cseq),
+                (d.seq, d.created_ms, d.lifetime_ms, d.supersede, d.app, d.body, d.received_ms),
+            )
             released = self._advance(stream, prio, env.floor, now_ms)
             return Received("delivered" if released else "held", released)
 
@@ -615,14 +605,26 @@ class Custody:
         got = self.records.get("order", (stream, prio))
         return got[0] if got else 1
 
-    def _first_held(self, stream: str, prio: int) -> tuple[int, Delivery] | None:
-        """The lowest place held in a stream's class, with its envelope."""
-        rows = self.records.scan("held", (stream, prio), limit=1)
-        if not rows:
-            return None
-        (_s, _p, cseq), (seq, created, lifetime, sup, app, body, rcv) = rows[0]
-        src = stream.split(">", 1)[0]
-        return cseq, Delivery(0, src, seq, Priority(prio), created, lifetime, sup, app, body, rcv)
+    def _held_place(self, stream: str, prio: int, cseq: int) -> bool:
+        """Is this place of a stream's class held?  (Its key only: no body read.)"""
+        if cseq <= 0:
+            return False
+        rows = self.records.scan("held", (stream, prio), after=cseq - 1, limit=1, keys_only=True)
+        return bool(rows) and rows[0][0][2] == cseq
+
+    def _lowest_held(self, stream: str, prio: int) -> int | None:
+        """The lowest place held in a stream's class (its key only: no body read)."""
+        rows = self.records.scan("held", (stream, prio), limit=1, keys_only=True)
+        return rows[0][0][2] if rows else None
+
+    def _take_held(self, stream: str, prio: int, cseq: int) -> Delivery:
+        """The envelope held at a place, out of held."""
+        key = (stream, prio, cseq)
+        value = self.records.get("held", key)
+        assert value is not None  # (asked for a place _lowest_held named, in the same transaction)
+        seq, created, lifetime, sup, app, body, rcv = value
+        self.records.delete("held", [key])
+        return Delivery(0, stream.split(">", 1)[0], seq, Priority(prio), created, lifetime, sup, app, body, rcv)
 
     def _advance(self, stream: str, prio: int, floor: int, now_ms: int) -> int:
         """Move the class's order of a stream (`origin`, or `origin>group`) up to at least
@@ -632,11 +634,10 @@ class Custody:
         nxt = max(self._order(stream, prio), floor)
         released = 0
         while True:
-            first = self._first_held(stream, prio)
-            if first is None or first[0] > nxt:
+            cseq = self._lowest_held(stream, prio)
+            if cseq is None or cseq > nxt:
                 break
-            cseq, d = first
-            st.delete("held", [(stream, prio, cseq)])
+            d = self._take_held(stream, prio, cseq)
             d.received_ms = now_ms  # in the inbox from now (held since d.received_ms)
             self._to_inbox(d)
             released += 1
@@ -654,17 +655,22 @@ class Custody:
     def release_held(self, older_than_ms: int, now_ms: int) -> int:
         """Give up waiting for a gap: envelopes held since before `older_than_ms` go to the inbox."""
         st = self.records
-        streams = sorted({(k[0], k[1]) for k in st.due("held", older_than_ms)})
-        if not streams:
+        if not st.due("held", older_than_ms, 1):
             return 0
         with self.transaction():
-            n = 0
-            for stream, prio in streams:
-                low = self._first_held(stream, prio)
-                if low is not None:
-                    n += self._advance(stream, prio, low[0], now_ms)
-            if n:
-                st.bump("gaps_skipped", len(streams))
+            n = gaps = 0
+            # the oldest held first, its class moved past the gap before it; each turn releases
+            # at least that one, and a call at most RELEASE_BATCH (the next call goes on)
+            while n < RELEASE_BATCH:
+                oldest = st.due("held", older_than_ms, 1)
+                if not oldest:
+                    break
+                stream, prio = oldest[0][0], oldest[0][1]
+                low = self._lowest_held(stream, prio)
+                assert low is not None
+                n += self._advance(stream, prio, low, now_ms)
+                gaps += 1
+            st.bump("gaps_skipped", gaps)
         return n
 
     def inbox_count(self) -> int:
@@ -744,3 +750,44 @@ class CustodyStore(Custody):
     def db(self):
         """The SQLite connection (for tests of the file itself: schema, commits)."""
         return self.records.db  # type: ignore[attr-defined]  # the SQLite store's
+
+
+class _Tx:
+    """The store's transaction, with the outbox index's begin / commit / rollback around the
+    outermost one (nested ones join it, as the store's do)."""
+
+    __slots__ = ("c", "durable", "inner", "outer")
+
+    def __init__(self, c: Custody, durable: bool):
+        self.c, self.durable = c, durable
+
+    def __enter__(self) -> None:
+        c = self.c
+        self.outer = c._depth == 0
+        self.inner = c.records.transaction(self.durable)
+        if self.outer:
+            c.outbox.begin()
+        c._depth += 1
+        try:
+            self.inner.__enter__()
+        except BaseException:
+            c._depth -= 1
+            if self.outer:
+                c.outbox.rollback()
+            raise
+
+    def __exit__(self, et, ev, tb) -> None:
+        c = self.c
+        try:
+            self.inner.__exit__(et, ev, tb)  # (raises if the commit fails: the store undid it)
+        except BaseException:
+            if self.outer:
+                c.outbox.rollback()
+            raise
+        finally:
+            c._depth -= 1
+        if self.outer:
+            if et is None:
+                c.outbox.commit()
+            else:
+                c.outbox.rollback()

@@ -30,7 +30,7 @@ class Outbox:
         self.items: dict[int, OutItem] = {}
         self.members: dict[int, dict[str, bool]] = {}  # group envelope -> member -> done
         self.n = self.nbytes = 0
-        self._seqs = SortedList()
+        self._by_dst: dict[str, SortedList] = {}  # dst -> its seqs (an ack's runs resolved against its own)
         # (dst, priority) -> seq -> cseq, each in seq order: not sent; sent, not there and not
         # superseded; ordered (cseq > 0) and not superseded
         self._queued: dict[tuple[str, int], SortedDict] = {}
@@ -67,6 +67,7 @@ class Outbox:
                 self._insert(item)
             if acks is not None:
                 self.members[seq] = acks
+        self._compact()  # (restored records pushed their times again)
 
     def _touch(self, seq: int) -> None:
         """Keep seq's state from before the open transaction's first change to it."""
@@ -81,7 +82,10 @@ class Outbox:
         self.items[it.seq] = it
         self.n += 1
         self.nbytes += it.size
-        self._seqs.add(it.seq)
+        seqs = self._by_dst.get(it.dst)
+        if seqs is None:
+            seqs = self._by_dst[it.dst] = SortedList()
+        seqs.add(it.seq)
         self._dsts[it.dst] = self._dsts.get(it.dst, 0) + 1
         heapq.heappush(self._expiry, (it.expires_ms, it.seq))
         if it.supersede is not None:
@@ -105,7 +109,7 @@ class Outbox:
             keyed.discard(seq)
             if not keyed:
                 del self._keyed[(it.dst, it.supersede)]
-        self._seqs.remove(seq)
+        _drop(self._by_dst, it.dst, seq)
         return it
 
     @staticmethod
@@ -221,8 +225,10 @@ class Outbox:
         """Those held, as copies (a caller may change them), without bodies."""
         return {s: replace(self.items[s]) for s in seqs if s in self.items}
 
-    def seqs_between(self, lo: int, hi: int) -> list[int]:
-        return list(self._seqs.irange(lo, hi))
+    def seqs_between(self, lo: int, hi: int, dsts: Iterable[str] | None = None) -> list[int]:
+        """Seqs held in lo..hi (for those destinations only, when given), ascending."""
+        wanted = self._by_dst if dsts is None else {d: self._by_dst[d] for d in dsts if d in self._by_dst}
+        return sorted(s for seqs in wanted.values() for s in seqs.irange(lo, hi))
 
     def totals(self) -> tuple[int, int]:
         return self.n, self.nbytes
@@ -253,28 +259,39 @@ class Outbox:
                 due.append((t, s))
         for e in due:  # still due until the caller sets a new time
             heapq.heappush(heap, e)
-        if len(heap) > 2 * self.n + 64:
-            self._retry = [e for e in heap if self._retry_entry(*e)]
-            heapq.heapify(self._retry)
+        self._compact()
         return [replace(self.items[s]) for s in sorted(seen, key=lambda s: (self.items[s].priority, s))]
 
     def _retry_entry(self, t: int, s: int) -> bool:
         it = self.items.get(s)
         return it is not None and it.inflight and not it.received and it.retry_ms == t
 
+    def _expiry_entry(self, t: int, s: int) -> bool:
+        """(A seq given back by an undone transaction and used again is another record.)"""
+        it = self.items.get(s)
+        return it is not None and it.expires_ms == t
+
+    def _compact(self) -> None:
+        """The heaps rebuilt from their valid entries, once each once, when stale ones (changed,
+        gone, restored by a rollback) outnumber the records."""
+        if len(self._retry) > 2 * self.n + 64:
+            self._retry = list({e for e in self._retry if self._retry_entry(*e)})
+            heapq.heapify(self._retry)
+        if len(self._expiry) > 2 * self.n + 64:
+            self._expiry = list({e for e in self._expiry if self._expiry_entry(*e)})
+            heapq.heapify(self._expiry)
+
     def expired(self, now_ms: int) -> list[OutItem]:
         """Lifetime over, in order of expiry."""
         heap, ended, seen = self._expiry, [], set()
         while heap and heap[0][0] <= now_ms:
             t, s = heapq.heappop(heap)
-            if s not in seen and s in self.items:
+            if s not in seen and self._expiry_entry(t, s):
                 seen.add(s)
                 ended.append((t, s))
         for e in ended:  # held until the caller deletes them
             heapq.heappush(heap, e)
-        if len(heap) > 2 * self.n + 64:
-            self._expiry = [e for e in heap if e[1] in self.items]
-            heapq.heapify(self._expiry)
+        self._compact()
         return [replace(self.items[s]) for _t, s in ended]
 
     def inflight(
@@ -312,7 +329,7 @@ class Outbox:
 
     def next_expiry_ms(self) -> int | None:
         heap = self._expiry
-        while heap and heap[0][1] not in self.items:
+        while heap and not self._expiry_entry(*heap[0]):
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
@@ -341,7 +358,7 @@ class Outbox:
 def _drop(orders: dict, k, seq: int) -> None:
     """seq out of orders[k]; the key goes with its last seq."""
     d = orders[k]
-    if isinstance(d, set):
+    if isinstance(d, (set, SortedList)):
         d.discard(seq)
     else:
         d.pop(seq, None)

@@ -1416,3 +1416,116 @@ def test_a_body_written_early_and_dropped_in_the_same_transaction_is_removed(tmp
     assert a.store.outbox.by_key("gw4", "pos")[0].seq != first
     a.store.records.reap()
     assert len(_files(tmp_path, "gw1")) == 1
+
+
+# -- found by an attacker's review of the record store (decision 0010) ------------------------
+
+
+def _env(seq, cseq, body=b"x", lifetime_ms=3_600_000):
+    return Envelope(Kind.DATA, "gw1", seq, "gw4", 0, lifetime_ms, Priority.ROUTINE, body=body, cseq=cseq, inc=7)
+
+
+@pytest.mark.sqlite_only
+def test_a_submit_the_full_disk_undid_leaves_no_expiry_for_the_next_envelope_given_its_seq(tmp_path, monkeypatch):
+    import errno
+
+    from c2dtn.overlay.store import StoreFull
+    from c2dtn.overlay.store.sqlite import SqliteStore
+
+    c = CustodyStore(tmp_path / "gw1.db", "gw1")
+
+    def enospc(self, name, body):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(SqliteStore, "_write_file", enospc)
+    with pytest.raises(StoreFull):  # a 300 kB report with a minute to live, refused
+        c.submit("gw4", b"r" * 300_000, 0, 60_000)
+    monkeypatch.undo()
+    seq = c.submit("gw4", b"order: hold position", 1_000, 3_600_000)  # the same seq, an hour to live
+    assert c.next_expiry_ms() == 3_601_000
+    assert c.expire(61_000) == [] and [it.seq for it in c.queued("gw4")] == [seq]
+
+
+@pytest.mark.sqlite_only
+def test_a_failure_to_remove_released_bodies_after_the_commit_fails_nothing(tmp_path, monkeypatch, caplog):
+    """The commit stands: the submit is taken (its caller told so, no resend twice), the index
+    holds what the store holds, and the file is removed by a later reap."""
+    import errno
+
+    from c2dtn.overlay.store.sqlite import SqliteStore
+
+    c = CustodyStore(tmp_path / "gw1.db", "gw1")
+    c.submit("gw4", b"A" * 300_000, 0, 3_600_000, supersede="pos")  # its body in a file
+
+    def eio(path):
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(SqliteStore, "_shred", staticmethod(eio))
+    new = c.submit("gw4", b"B" * 10, 1, 3_600_000, supersede="pos")  # the file doomed; removing it fails
+    c.submit("gw4", b"C" * 300_000, 2, 3_600_000, supersede="pos2")
+    c.submit("gw4", b"D" * 10, 3, 3_600_000, supersede="pos2")  # a second failure in the spell: no second line
+    monkeypatch.undo()
+    on_disk = sorted(r[0] for r in c.db.execute("SELECT seq FROM outbox"))
+    assert sorted(c.outbox.items) == on_disk and new in on_disk
+    assert [it.body for it in c.queued("gw4")] == [b"B" * 10, b"D" * 10]
+    assert sum("removing released bodies failed" in r.message for r in caplog.records) == 1
+    assert c.records.reap() == 2 and not list((tmp_path / "gw1.db.bodies").iterdir())
+
+
+@pytest.mark.sqlite_only
+def test_envelopes_behind_a_large_held_one_do_not_read_its_body(tmp_path, monkeypatch):
+    st = CustodyStore(tmp_path / "gw4.db", "gw4")
+    assert st.receive(_env(2, 2, b"B" * (1 << 20)), 1).outcome == "held"  # place 1 missing
+    st.records._fresh.clear()
+    st.records._fresh_bytes = 0  # as after 8 MB of other large bodies
+    reads = []
+    real = st.records.body_of
+    monkeypatch.setattr(st.records, "body_of", lambda v: reads.append(v) or real(v))
+    outcomes = [st.receive(_env(100 + i, 0, b"tiny"), 10 + i).outcome for i in range(20)]  # unordered
+    outcomes += [st.receive(_env(200 + i, 3 + i, b"tiny"), 100 + i).outcome for i in range(20)]  # behind the gap
+    assert set(outcomes) == {"delivered", "held"} and [v for v in reads if isinstance(v, str)] == []
+    assert st.receive(_env(1, 1), 200).released == 22  # the gap filled: all of them, the large one read once
+    assert len([v for v in reads if isinstance(v, str)]) == 1
+
+
+def test_a_second_envelope_for_a_held_place_is_delivered_late_not_lost(tmp_path):
+    """Places handed out again after a power cut at the origin undid a commit: the new one
+    for a place held ahead of a gap goes to the inbox at once, and a copy of it is answered
+    "got" until it is taken."""
+    r = custody(tmp_path, "gw4")
+    assert r.receive(_env(1, 1, b"X"), 0).outcome == "delivered"
+    assert r.receive(_env(11, 3, b"A"), 0).outcome == "held"  # place 2 lost on the way
+    assert r.receive(_env(4100, 3, b"C new order"), 10).outcome == "delivered"
+    src = next(iter(r.pending_acks()))
+    r.acks_sent(src, *r.pending_acks()[src])
+    assert r.receive(_env(4100, 3, b"C new order"), 20).outcome == "duplicate"
+    assert r.pending_acks() == {src: ([], [4100])}  # still here: "got"
+    assert r.receive(_env(4099, 2, b"B"), 30).outcome == "delivered"
+    assert [d.body for d in r.inbox()] == [b"X", b"C new order", b"B", b"A"]
+    assert r.count("held_place_taken") == 1
+
+
+def test_envelopes_held_past_their_wait_are_all_released_by_one_call(tmp_path):
+    """Gaps at every other place: one call gives up on every gap before an envelope held too
+    long (it released one gap per class a call, a second apart)."""
+    r = custody(tmp_path, "gw4")
+    with r.transaction():
+        for i in range(300):
+            assert r.receive(_env(i + 1, 2 * i + 2), 1).outcome == "held"
+    r.receive(_env(1000, 700), 50)  # held, but not for long
+    assert r.release_held(10, 60) == 300 and r.count("gaps_skipped") == 300
+    assert [d.seq for d in r.inbox(1000)] == list(range(1, 301))
+    assert r.release_held(10, 70) == 0  # the recent one waits on
+
+
+def test_an_ack_is_resolved_against_what_was_sent_to_its_sender(tmp_path):
+    """A peer's 20-byte run of 2**40 ids names what was sent to it (and the groups it is in),
+    not the whole outbox: work in what it can concern."""
+    c = custody(tmp_path, "gw1", Quota(max_envelopes=1_000_000, max_bytes=1 << 40))
+    c.groups = {"all": ("gw4", "gw5")}
+    c.submit_many([("gw9", b"x", 3_600_000, 3, None, "")] * 5_000, 0)
+    mine = [c.submit("gw4", b"y", 0, 3_600_000) for _ in range(3)]
+    ours = c.submit("all", b"z", 0, 3_600_000)
+    assert c.held_in([(1, 2**40)], "gw4") == sorted(mine + [ours])
+    assert c.held_in([(1, 2**40)], "gw8") == []
+    assert len(c.held_in([(1, 2**40)])) == 5_004  # (unrestricted: every destination)

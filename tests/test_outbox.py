@@ -177,3 +177,23 @@ def test_a_seq_added_twice_is_refused():
     ob = Outbox([OutItem(1, "gw4", 3, 1, 0, 100, 100, None, "", b"", 0, False, 0, None, None)])
     with pytest.raises(ValueError, match="outbox already holds seq 1"):
         ob.add([OutItem(1, "gw4", 3, 2, 0, 100, 100, None, "", b"", 0, False, 0, None, None)])
+
+
+def test_transactions_undone_again_and_again_leave_the_heaps_bounded():
+    """A full disk undoes every plan for as long as it lasts: each undo puts the touched records
+    back, and their times must not pile up in the heaps."""
+    ob = Outbox()
+    ob.add(
+        [
+            OutItem(s, "gw4", 3, s, 0, 3_600_000, 3_600_000, None, "", b"", 1, False, 0, None, None)
+            for s in range(1, 101)
+        ]
+    )
+    ob.sent(range(1, 101), 0, dict.fromkeys(range(1, 101), 1_000))
+    for i in range(2_000):
+        ob.begin()
+        now = 2_000 + i
+        ob.sent([it.seq for it in ob.due(now)], now, {s: now + 5_000 for s in range(1, 101)})
+        ob.rollback()
+    assert len(ob._expiry) <= 2 * ob.n + 64 and len(ob._retry) <= 2 * ob.n + 64
+    assert [it.seq for it in ob.due(10_000)] == list(range(1, 101)) and ob.next_expiry_ms() == 3_600_000

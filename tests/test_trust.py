@@ -433,7 +433,7 @@ def test_the_acks_of_one_bundle_look_at_what_is_held_once(tmp_path):
     deu.poll(0)
     scans = []
     real = deu.store.outbox.seqs_between
-    deu.store.outbox.seqs_between = lambda lo, hi: scans.append((lo, hi)) or real(lo, hi)
+    deu.store.outbox.seqs_between = lambda lo, hi, dsts=None: scans.append((lo, hi)) or real(lo, hi, dsts)
     acks = [
         prt.codec.seal(
             Envelope(

@@ -163,7 +163,8 @@ class Store(Protocol):
     def add(self, table: str, value: tuple) -> int: ...  # keyed by a new id, above every one before
     def delete(self, table: str, keys: Iterable[tuple]) -> None: ...
     # in key order: those whose key starts with `prefix`, the next key column above `after`,
-    # and whose value columns equal `only` / are in none of `besides`
+    # and whose value columns equal `only` / are in none of `besides`; values () with keys_only
+    # (nothing else read: no body)
     def scan(
         self,
         table: str,
@@ -172,6 +173,7 @@ class Store(Protocol):
         limit: int = -1,
         only: dict[str, object] | None = None,
         besides: dict[str, Iterable[object]] | None = None,
+        keys_only: bool = False,
     ) -> list[tuple[tuple, tuple]]: ...
     def due(self, table: str, upto_ms: int, limit: int = -1) -> list[tuple]: ...  # keys, time <= upto_ms
     def first_due(self, table: str) -> int | None: ...  # the earliest time in the table

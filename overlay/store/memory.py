@@ -103,6 +103,7 @@ class MemoryStore:
         limit: int = -1,
         only: dict[str, object] | None = None,
         besides: dict[str, Iterable[object]] | None = None,
+        keys_only: bool = False,
     ) -> list[tuple[tuple, tuple]]:
         t, n = TABLES[table], len(prefix)
         col = t.value.index
@@ -117,7 +118,7 @@ class MemoryStore:
                 continue
             if len(out) == limit:
                 break
-            out.append((k, v))
+            out.append((k, () if keys_only else v))
         return out
 
     def due(self, table: str, upto_ms: int, limit: int = -1) -> list[tuple]:

@@ -39,6 +39,7 @@ row and its file together:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import sqlite3
@@ -51,6 +52,8 @@ from pathlib import Path
 from c2dtn.errors import C2Error
 from c2dtn.overlay.store import SYNC_MODES, TABLES, OutItem, StoreFull, Table, register
 from c2dtn.private import private_sqlite
+
+log = logging.getLogger("c2dtn.overlay")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox(
@@ -274,6 +277,7 @@ class SqliteStore:
         self._tx_doomed: list[str] = []  # files whose rows the open transaction dropped
         self._doomed: list[str] = []  # ... committed: removed by reap() (under _reap_lock)
         self._reap_lock = threading.Lock()
+        self._reap_failing = False  # (logged once per spell)
         # the bodies last written to files, by name: most are read back at once (a submit is
         # planned, an arrival delivered), and a megabyte read costs ~0.4 ms here
         self._fresh: OrderedDict[str, bytes] = OrderedDict()
@@ -445,11 +449,18 @@ class SqliteStore:
             for name in names:
                 self._shred(self.files / name)
             os.fsync(self._dir_fd)
+            self._reap_failing = False
         except OSError:
             with self._reap_lock:  # tried again at the next reap (or found unnamed at the next open)
                 self._doomed[:0] = names
             raise
         return len(names)
+
+    def _reap_failed(self, e: OSError) -> None:
+        """Once per spell of failures: the names stay doomed, the next reap tries them again."""
+        if not self._reap_failing:
+            log.warning("custody store %s: removing released bodies failed (%s); tried again later", self.path, e)
+        self._reap_failing = True
 
     @staticmethod
     def _shred(path: Path) -> None:
@@ -634,40 +645,28 @@ class SqliteStore:
         return (*value[:i], self._put(value[i]), *value[i + 1 :])
 
     def get(self, table: str, key: tuple) -> tuple | None:
-        t = TABLES[table]
-        q = self._q(
-            f"get {table}",
-            lambda: f"SELECT {', '.join(t.value) or '1'} FROM {t.sql or table} WHERE {_eq(t.key)}",
-        )
-        row = self.db.execute(q, key).fetchone()
-        return None if row is None else (self._value(t, row) if t.value else ())
+        t, q = TABLES[table], _SQL[table]
+        row = self.db.execute(q.get, key).fetchone()
+        if row is None:
+            return None
+        return () if not t.value else (row if t.body is None else self._value(t, row))
 
     def put(self, table: str, key: tuple, value: tuple) -> None:
         t = TABLES[table]
         if t.body is not None:  # the body it replaces, if in a file, goes
             self._drop_bodies(t, table, [key])
-        cols = t.key + t.value
-        q = self._q(
-            f"put {table}",
-            lambda: f"INSERT OR REPLACE INTO {t.sql or table}({', '.join(cols)}) VALUES({_marks(cols)})",
-        )
-        self.db.execute(q, (*key, *self._stored(t, value)))
+        self.db.execute(_SQL[table].put, (*key, *self._stored(t, value)))
 
     def add(self, table: str, value: tuple) -> int:
-        t = TABLES[table]
-        q = self._q(
-            f"add {table}",
-            lambda: f"INSERT INTO {t.sql or table}({', '.join(t.value)}) VALUES({_marks(t.value)})",
-        )
-        return self.db.execute(q, self._stored(t, value)).lastrowid  # AUTOINCREMENT: never reused
+        row = self.db.execute(_SQL[table].add, self._stored(TABLES[table], value))
+        return row.lastrowid  # type: ignore[return-value]  # AUTOINCREMENT: ascending, never reused
 
     def delete(self, table: str, keys: Iterable[tuple]) -> None:
         t = TABLES[table]
         keys = list(keys)
         if t.body is not None:
             self._drop_bodies(t, table, keys)
-        q = self._q(f"delete {table}", lambda: f"DELETE FROM {t.sql or table} WHERE {_eq(t.key)}")
-        self.db.executemany(q, keys)
+        self.db.executemany(_SQL[table].delete, keys)
 
     def _drop_bodies(self, t: Table, table: str, keys: list[tuple]) -> None:
         """Bodies in files that rows about to go (or be replaced) name: removed once that is on disk."""
@@ -685,11 +684,12 @@ class SqliteStore:
         limit: int = -1,
         only: dict[str, object] | None = None,
         besides: dict[str, Iterable[object]] | None = None,
+        keys_only: bool = False,
     ) -> list[tuple[tuple, tuple]]:
         t = TABLES[table]
         besides = {c: list(vs) for c, vs in (besides or {}).items()}
         args = list(prefix)
-        shape = [table, str(len(prefix)), str(after is not None)]
+        shape = [table, str(len(prefix)), str(after is not None), str(keys_only)]
         if after is not None:
             args.append(after)
         for c, v in (only or {}).items():
@@ -698,9 +698,13 @@ class SqliteStore:
         for c, vs in besides.items():
             shape.append(f"!{c}{len(vs)}")
             args += vs
-        q = self._q(" ".join(shape), lambda: _scan_sql(t, table, len(prefix), after is not None, only, besides))
+        q = self._q(
+            " ".join(shape), lambda: _scan_sql(t, table, len(prefix), after is not None, only, besides, keys_only)
+        )
         rows = self.db.execute(q, (*args, limit)).fetchall()
         n = len(t.key)
+        if keys_only:
+            return [(r, ()) for r in rows]
         if t.body is None:
             return [(r[:n], r[n:]) for r in rows]
         return [(r[:n], self._value(t, r[n:])) for r in rows]
@@ -722,7 +726,23 @@ class SqliteStore:
         return self.db.execute(f"SELECT count(*) FROM {t.sql or table}").fetchone()[0]
 
 
-def _scan_sql(t: Table, table: str, n: int, after: bool, only: dict | None, besides: dict | None) -> str:
+class _Statements:
+    """A table's statements by key (get, put: insert or replace the value, add, delete)."""
+
+    def __init__(self, name: str, t: Table):
+        cols, where = t.key + t.value, _eq(t.key)
+        self.get = f"SELECT {', '.join(t.value) or '1'} FROM {name} WHERE {where}"
+        update = ", ".join(f"{c}=excluded.{c}" for c in t.value)
+        self.put = f"INSERT INTO {name}({', '.join(cols)}) VALUES({_marks(cols)}) " + (
+            f"ON CONFLICT DO UPDATE SET {update}" if t.value else "ON CONFLICT DO NOTHING"
+        )
+        self.add = f"INSERT INTO {name}({', '.join(t.value)}) VALUES({_marks(t.value)})"
+        self.delete = f"DELETE FROM {name} WHERE {where}"
+
+
+def _scan_sql(
+    t: Table, table: str, n: int, after: bool, only: dict | None, besides: dict | None, keys_only: bool
+) -> str:
     where = [f"{c}=?" for c in t.key[:n]]
     if after:
         where.append(f"{t.key[n]}>?")
@@ -731,13 +751,16 @@ def _scan_sql(t: Table, table: str, n: int, after: bool, only: dict | None, besi
     for c, vs in (besides or {}).items():
         if vs:
             where.append(f"{t.value[t.value.index(c)]} NOT IN ({_marks(list(vs))})")
-    cols = ", ".join(t.key + t.value)
+    cols = ", ".join(t.key if keys_only else t.key + t.value)
     cond = f"WHERE {' AND '.join(where)} " if where else ""
     return f"SELECT {cols} FROM {t.sql or table} {cond}ORDER BY {', '.join(t.key)} LIMIT ?"
 
 
 def _eq(cols: tuple[str, ...]) -> str:
     return " AND ".join(f"{c}=?" for c in cols)
+
+
+_SQL = {table: _Statements(t.sql or table, t) for table, t in TABLES.items()}
 
 
 class _Tx:
@@ -793,7 +816,10 @@ class _Tx:
                     st._doomed.extend(st._tx_doomed)
                 st._tx_doomed.clear()
                 if st.sync == "loop" and st._tx_durable and not st.background:
-                    st.reap()  # on disk now: no thread will come for them
+                    try:  # on disk now: no thread will come for them
+                        st.reap()
+                    except OSError as e:  # the commit stands; the files wait for the next reap
+                        st._reap_failed(e)
             return False
         st._files_undone()
         if st.db.in_transaction:
