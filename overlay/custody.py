@@ -102,6 +102,7 @@ MARK_KEEP_MS = 7 * 24 * 3600 * 1000  # how long a mark (see submit_many) is reme
 ACK_EXPAND_MAX = 4096  # an ack's runs naming up to this many ids are looked up id by id (held_in)
 SEQ_BLOCK = 4096  # seqs reserved on disk at a time (module doc: sending before the fsync)
 PRUNE_BATCH = 20_000  # seen ids and marks forgotten per expire() at most (the next call goes on)
+HELD = -1  # a seen id's place while its envelope is held (else its inbox id, or 0: not kept)
 RELEASE_BATCH = 20_000  # envelopes held past their wait released per release_held() at most
 REPORTS_KEPT = 10_000  # the newest reports kept (the counters keep the totals)
 
@@ -551,7 +552,7 @@ class Custody:
             if seen is not None:
                 st.bump("duplicates")
                 # the origin did not hear: tell it again, "got" if still here, "done" if taken
-                self._owe("got" if seen[1] else "done", src, env.seq)
+                self._owe("got" if self._kept(seen[1]) else "done", src, env.seq)
                 return Received("duplicate")
             until = max(env.expires_ms(), now_ms) + SEEN_MARGIN_MS
             if env.expires_ms() <= now_ms:
@@ -571,7 +572,6 @@ class Custody:
                     self._advance(stream, prio, max(env.floor, env.cseq + 1 if env.cseq == nxt else 0), now_ms)
                     return Received("stale")
                 st.put("latest", (src, env.supersede), (env.seq,))
-            st.put("seen", (src, env.seq), (until, 1))  # kept here: in the inbox or held
             self._owe("got", src, env.seq)
             nxt = self._order(stream, prio)
             in_turn = env.cseq == nxt and env.floor <= nxt  # the very one the order waits for
@@ -590,8 +590,10 @@ class Custody:
                 # common case: straight to the inbox, never held and taken back; nothing
                 # held is older, held ones all wait for a later turn)
                 self._to_inbox(d)
+                st.put("seen", (src, env.seq), (until, d.id))
                 released = 1 + self._advance(stream, prio, nxt + 1 if in_turn else env.floor, now_ms)
                 return Received("delivered", released)
+            st.put("seen", (src, env.seq), (until, HELD))
             st.put(
                 "held",
                 (stream, prio, env.cseq),
@@ -599,6 +601,14 @@ class Custody:
             )
             released = self._advance(stream, prio, env.floor, now_ms)
             return Received("delivered" if released else "held", released)
+
+    def _kept(self, place: int) -> bool:
+        """Is an envelope still here, by where its seen id says it went: an inbox id (still
+        there until taken), HELD, or 0 (not kept: expired, stale)."""
+        if place == HELD:
+            return True
+        rows = self.records.scan("inbox", after=place - 1, limit=1, keys_only=True) if place > 0 else []
+        return bool(rows) and rows[0][0][0] == place
 
     def _order(self, stream: str, prio: int) -> int:
         """The next place in the class's order a stream waits for (1 at first)."""
@@ -640,6 +650,9 @@ class Custody:
             d = self._take_held(stream, prio, cseq)
             d.received_ms = now_ms  # in the inbox from now (held since d.received_ms)
             self._to_inbox(d)
+            seen = st.get("seen", (d.origin, d.seq))
+            if seen is not None:  # where a copy finds it now
+                st.put("seen", (d.origin, d.seq), (seen[0], d.id))
             released += 1
             nxt = max(nxt, cseq + 1)
         st.put("order", (stream, prio), (nxt,))
@@ -707,9 +720,6 @@ class Custody:
                     continue
                 gone = (row[0], row[1])
                 st.delete("inbox", [(i,)])
-                seen = st.get("seen", gone)
-                if seen is not None:  # taken: a copy arriving now is answered "done"
-                    st.put("seen", gone, (seen[0], 0))
                 st.delete("got", [gone])
                 self._owe("done", *gone)
                 out.append(gone)

@@ -17,7 +17,7 @@ Records:
                group envelope, which members said got / done (out_* and member_ack)
   counters     name -> value (bump, counter, counters)
   TABLES       keyed records (get, put, add, delete, scan, due, first_due, count):
-    seen       (origin, seq) received -> until when it is remembered, whether still kept here
+    seen       (origin, seq) received -> until when it is remembered, where it went (inbox id)
     latest     (origin, supersession key) -> newest seq received
     order      (stream, class) -> next place in order expected
     held       (stream, class, place) -> an envelope waiting for a gap to fill
@@ -191,7 +191,7 @@ class Table:
 
 
 TABLES = {
-    "seen": Table(("origin", "seq"), ("expires_ms", "kept"), time="expires_ms"),
+    "seen": Table(("origin", "seq"), ("expires_ms", "place"), time="expires_ms"),
     "latest": Table(("origin", "key"), ("seq",)),
     "order": Table(("origin", "priority"), ("next_cseq",), sql="orderq"),
     "held": Table(

@@ -83,7 +83,7 @@ CREATE TRIGGER IF NOT EXISTS outbox_body_gone AFTER DELETE ON outbox
 -- custody's index in memory answers every question about it (overlay/outbox.py), so a row
 -- costs no secondary index's upkeep (schema version 5 dropped them)
 CREATE TABLE IF NOT EXISTS seen(
-  origin TEXT NOT NULL, seq INTEGER NOT NULL, expires_ms INTEGER NOT NULL, kept INTEGER NOT NULL DEFAULT 0,
+  origin TEXT NOT NULL, seq INTEGER NOT NULL, expires_ms INTEGER NOT NULL, place INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY(origin, seq)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS seen_expiry ON seen(expires_ms);
 CREATE TABLE IF NOT EXISTS latest(
@@ -111,10 +111,10 @@ CREATE TABLE IF NOT EXISTS reports(
   outcome TEXT NOT NULL, at_ms INTEGER NOT NULL, created_ms INTEGER NOT NULL, supersede TEXT);
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS marks(key TEXT PRIMARY KEY, digest BLOB NOT NULL, at_ms INTEGER NOT NULL) WITHOUT ROWID;
--- the time columns `due` reads (store/__init__.py TABLES), and the inbox by application
+-- the time columns `due` reads (store/__init__.py TABLES)
 CREATE INDEX IF NOT EXISTS marks_at ON marks(at_ms);
 CREATE INDEX IF NOT EXISTS held_received ON held(received_ms);
-CREATE INDEX IF NOT EXISTS inbox_app ON inbox(app, id);
+
 CREATE TABLE IF NOT EXISTS member_acks(
   seq INTEGER NOT NULL, member TEXT NOT NULL, done INTEGER NOT NULL,
   PRIMARY KEY(seq, member)) WITHOUT ROWID;
@@ -127,12 +127,15 @@ CREATE INDEX IF NOT EXISTS held_files ON held(body) WHERE typeof(body)='text';
 
 SCHEMA_VERSION = 5
 # version 4 -> 5: the outbox's questions answered by custody's index (overlay/outbox.py):
-# its secondary indexes and the totals kept in counters go; a seen id says whether its
-# envelope is still kept here (an inbox or held row), where a duplicate searched both
+# its secondary indexes and the totals kept in counters go (the new indexes come with SCHEMA);
+# a seen id says where its envelope went (custody's _kept: an inbox id, -1 held, 0 not kept),
+# where a copy searched the inbox and the held rows, each without an index
 MIGRATE_4_TO_5 = """
-UPDATE seen SET kept = 1 WHERE (origin, seq) IN (SELECT origin, seq FROM inbox)
-  OR (origin, seq) IN (SELECT CASE WHEN instr(origin, '>') THEN substr(origin, 1, instr(origin, '>') - 1)
-                       ELSE origin END, seq FROM held);
+CREATE INDEX migrate_inbox_source ON inbox(origin, seq);
+UPDATE seen SET place = coalesce((SELECT id FROM inbox WHERE inbox.origin = seen.origin AND inbox.seq = seen.seq), 0);
+UPDATE seen SET place = -1 WHERE place = 0 AND (origin, seq) IN (SELECT CASE WHEN instr(origin, '>')
+  THEN substr(origin, 1, instr(origin, '>') - 1) ELSE origin END, seq FROM held);
+DROP INDEX migrate_inbox_source;
 DROP INDEX IF EXISTS outbox_queue;
 DROP INDEX IF EXISTS outbox_expiry;
 DROP INDEX IF EXISTS outbox_keyed;
@@ -247,9 +250,9 @@ class SqliteStore:
             version = 4
         if not fresh and version == 4:
             cols = [r[1] for r in self.db.execute("PRAGMA table_info(seen)")]
-            kept = "" if "kept" in cols else "ALTER TABLE seen ADD COLUMN kept INTEGER NOT NULL DEFAULT 0;"
+            place = "" if "place" in cols else "ALTER TABLE seen ADD COLUMN place INTEGER NOT NULL DEFAULT 0;"
             self.db.executescript(
-                "BEGIN IMMEDIATE;" + kept + SCHEMA + MIGRATE_4_TO_5 + "PRAGMA user_version=5; COMMIT;"
+                "BEGIN IMMEDIATE;" + place + SCHEMA + MIGRATE_4_TO_5 + "PRAGMA user_version=5; COMMIT;"
             )
             version = 5
         if not fresh and version != SCHEMA_VERSION:
