@@ -18,6 +18,7 @@ from c2dtn.ip_gateway.far_core import FarCore, FarLimits, Item
 from c2dtn.ip_gateway.near_core import Envelope, lifetime_ms
 from c2dtn.ip_gateway.policy import TopicRule
 from c2dtn.overlay.port import QuotaExceeded, TooLarge, now_ms
+from c2dtn.spells import Spell
 
 if TYPE_CHECKING:
     from c2dtn.ip_gateway.gateway import MqttGateway
@@ -30,7 +31,15 @@ class FarSession:
 
     always_subscribe = False
 
-    def __init__(self, gw: MqttGateway, origin: str, client: str, broker: str, state: dict | None = None):
+    def __init__(
+        self,
+        gw: MqttGateway,
+        origin: str,
+        client: str,
+        broker: str,
+        state: dict | None = None,
+        closing_until: float | None = None,
+    ):
         self.gw, self.origin, self.client, self.broker = gw, origin, client, broker
         self._loop = asyncio.get_running_loop()
         limits = FarLimits(
@@ -48,15 +57,22 @@ class FarSession:
             clear=lambda inbox_id, topic: gw.subscriptions_clear(inbox_id, broker, topic),
         )
         self.core.label = self.key()
+        # an ended session of the same client whose connection the broker has not closed yet:
+        # this one opens only after it (or after the rest of its CLOSE_WAIT_S)
+        self.core.wait_closed(closing_until)
         self.writer: asyncio.StreamWriter | None = None
+        self._old: asyncio.StreamWriter | None = None  # the connection we ended, read until the broker closes it
+        self._old_task: asyncio.Task | None = None
         self._opening: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._readers: dict[asyncio.StreamWriter, asyncio.Task] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._ended = False
         self.deferring = False  # something for it stayed in custody (queue full): the rest waits too
         self.deferred_from: int | None = None  # the inbox id of the first envelope kept for it
         self.refilling = False  # a refill from custody is due (MqttGateway.refill)
+        self.backlog = Spell(log)  # its queue full, more kept in custody: logged once while it lasts
         self._do(self.core.start(self._loop.time()))
 
     # the session as the gateway saves and shows it
@@ -80,6 +96,19 @@ class FarSession:
     def connected(self) -> bool:
         return self.writer is not None
 
+    def closing_until(self) -> float | None:
+        """When the connection this session ended is given up on, while the broker has not closed it."""
+        return self.core.closing_until() if self._old is not None else None
+
+    def closed(self) -> None:
+        """The connection an earlier session of this client ended is closed at the broker."""
+        self._do(self.core.closed(self._loop.time()))
+
+    def abandon(self) -> None:
+        w, self._old = self._old, None
+        if w is not None:
+            w.transport.abort()
+
     def put(self, item: Item) -> None:
         self._do(self.core.put(item, self._loop.time()))
 
@@ -91,7 +120,8 @@ class FarSession:
         self._ended = True
         self._do(self.core.cancel())
         for t in [*self._tasks, *([self._opening] if self._opening else [])]:
-            t.cancel()
+            if t is not self._old_task:  # the broker still reads what was written: read on till it closes
+                t.cancel()
         if self._timer is not None:
             self._timer.cancel()
 
@@ -112,6 +142,11 @@ class FarSession:
                 self._opening = self._start(self._open())
             elif isinstance(ev, fc.Close):
                 self._close(ev.abort)
+            elif isinstance(ev, fc.Abandon):
+                if self._old is not None:
+                    self.abandon()
+                else:
+                    self.gw.far_abandon(self)
             elif isinstance(ev, fc.Gate):
                 self._start(self._gate(ev))
             elif isinstance(ev, fc.SubWritten):
@@ -163,8 +198,11 @@ class FarSession:
             with contextlib.suppress(Exception):
                 if abort:
                     w.transport.abort()
-                else:
-                    w.close()
+                    return
+                # our side ends after what was written (FIN, not RST); the read task reads on
+                # until the broker has read it all and closed its side
+                self._old, self._old_task = w, self._readers.get(w)
+                w.write_eof()
 
     # -- the broker connection --------------------------------------------------------------
     async def _open(self) -> None:
@@ -182,16 +220,19 @@ class FarSession:
             return
         self._opening = None
         self.writer = writer
-        self._start(self._read(reader, writer))
+        task = self._readers[writer] = self._start(self._read(reader, writer))
+        task.add_done_callback(lambda _t: self._readers.pop(writer, None))
         self._do(self.core.opened(self._loop.time()))
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         why = "closed by the broker"
         try:
-            while self.writer is writer:
+            while True:
                 data = await reader.read(65536)
-                if not data or self.writer is not writer:
+                if not data:
                     break
+                if self.writer is not writer:
+                    continue  # a connection we ended: what the broker sends after it is not taken
                 events = self.core.data(data, self._loop.time())
                 # what the core said goes now (a Close among it is of this connection), then the
                 # publications go into custody, each acknowledged once it is there
@@ -202,9 +243,19 @@ class FarSession:
         except (ConnectionError, OSError) as e:
             why = str(e) or type(e).__name__
         finally:
+            if why == "closed by the broker":
+                writer.close()
+            else:
+                writer.transport.abort()
             if self.writer is writer:
                 self.writer = None
                 self._do(self.core.lost(self._loop.time(), why))
+            elif self._old is writer:
+                self._old = self._old_task = None
+                if self._ended:
+                    self.gw.far_closed(self)
+                else:
+                    self._do(self.core.closed(self._loop.time()))
 
     async def _gate(self, ev: fc.Gate) -> None:
         await self.gw.subscribed_before(ev.inbox_id, self.broker, ev.topic)

@@ -41,6 +41,14 @@ The rules (decision 0007 for the windows and pacing):
   backoff from RETRY_S doubling to BACKOFF_MAX_S.
 - The client's CONNECT and DISCONNECT first let the broker acknowledge what is in flight (at
   most SETTLE_S): ending the connection earlier would send it again on the next, twice.
+- A connection we end is ended gracefully (DISCONNECT, or only our side's FIN when the will must
+  go) and the next one opens only once the broker has closed it too (closed(), at most
+  CLOSE_WAIT_S, then the old one is abandoned): a CONNECT with the same client id on a new
+  connection makes the broker drop the old one, and with it the QoS 0 publishes it had not yet
+  read (decision 0009).
+- A connection made for envelopes that came after the client left is closed once they are done
+  and none came for AWAY_LINGER_S, and the session is left again (Left), so a departed client
+  keeps no broker connection.
 - A PINGREQ goes every half of the client's keep alive, at least a second apart (with a keep
   alive of 0, which asks for no pings, every 30 s all the same: the far side has to learn of a
   dead connection whatever the client asked); while the client is present and has
@@ -73,6 +81,8 @@ FAR_PING_WAIT_S = 60.0
 CONNACK_WAIT_S = 30.0
 ANSWER_WAIT_S = 60.0
 SETTLE_S = 30.0
+CLOSE_WAIT_S = 10.0  # the next connection waits this long at most for the broker to close the last
+AWAY_LINGER_S = 1.0  # a connection made after the client left closes once idle this long
 RETRY_S = 0.5
 BACKOFF_MAX_S = 10.0
 
@@ -145,7 +155,13 @@ class Open:
 
 @dataclass(frozen=True)
 class Close:
-    abort: bool  # no DISCONNECT went (the broker publishes the will), or it did and this closes after it
+    abort: bool  # reset now (a dead connection); else our side ends after what was written, and the
+    # shell reads on until the broker closes it too, then says closed()
+
+
+@dataclass(frozen=True)
+class Abandon:
+    pass  # the broker did not close the connection we ended within CLOSE_WAIT_S: reset it
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,7 +202,7 @@ class Publication:
     connection: int  # stored() acknowledges it only on this connection
 
 
-Event = Write | Open | Close | Done | SubWritten | Changed | Left | Expired | Gate | Publication
+Event = Write | Open | Close | Abandon | Done | SubWritten | Changed | Left | Expired | Gate | Publication
 
 
 @dataclass
@@ -251,6 +267,9 @@ class FarCore:
         self._on: int | None = None
         self._gate_token = 0
         self._want_conn = False  # the keep alive wants the connection back (client present, subscriptions)
+        self._closing_until: float | None = None  # a connection we ended: the broker closes it by then
+        self._away_conn = False  # this connection was made for envelopes that came after the client left
+        self._away_until: float | None = None  # and, idle, closes then
         self._now = now
         if state is not None:  # a session from before a restart: reconnect at once, with its subscriptions
             self.params, self.subs = state["params"], state["subs"]
@@ -274,8 +293,12 @@ class FarCore:
 
     def next_deadline(self) -> float | None:
         ats = [self._ka_at, self.expiry_at, self._conn_until, self._until, self._pong_until, self._ka_pong_until]
-        if self.conn is None and self._open_at > self._now and (self._want_conn or self._wait == "connect"):
-            ats.append(self._open_at)
+        ats.append(self._away_until)
+        if self.conn is None and (self._want_conn or self._wait == "connect"):
+            if self._open_at > self._now:
+                ats.append(self._open_at)
+            if self._closing_until is not None:
+                ats.append(self._closing_until)
         return min((a for a in ats if a is not None), default=None)
 
     # -- inputs -------------------------------------------------------------------------
@@ -359,6 +382,22 @@ class FarCore:
             return []
         log.warning("broker connection of %s failed: %s", self.key(), why)
         self._ended(now)
+        return self._advance(now)
+
+    def closing_until(self) -> float | None:
+        return self._closing_until
+
+    def wait_closed(self, until: float | None) -> None:
+        """No connection before `until`, unless closed() comes first: the connection an earlier
+        session of this client ended is still open at the broker."""
+        if until is not None:
+            self._closing_until = until
+
+    def closed(self, now: float) -> list[Event]:
+        """The broker closed the connection we had ended: the next may open."""
+        if self._closing_until is None:
+            return []
+        self._closing_until = None
         return self._advance(now)
 
     def data(self, chunk: bytes, now: float) -> list[Event]:
@@ -525,23 +564,37 @@ class FarCore:
         if not was_up:
             self._backoff = min(BACKOFF_MAX_S, self._backoff * 2)
 
-    def _close_clean(self) -> list[Event]:
+    def _close_clean(self, will: bool = False) -> list[Event]:
+        """End the connection after what was written: with DISCONNECT, or (will) without, so that
+        the broker publishes the will; the next connection waits for the broker to close it."""
         if self.conn is None:
             return []
         out: list[Event] = []
         if self.conn != "opening":
+            self._closing_until = self._now + CLOSE_WAIT_S
             try:
-                out.append(Write(m.encode(m.Disconnect(0, self._expiry_props()), self.params.get("v", 4))))
+                if not will:
+                    out.append(Write(m.encode(m.Disconnect(0, self._expiry_props()), self.params.get("v", 4))))
             except (ValueError, TypeError, struct.error, m.MqttError):  # (a session file's params) closed without it
                 pass
+        self._away_conn = False
         self._gone(self._now)
         return out + [Close(abort=False)]
 
     def _open(self, now: float) -> list[Event]:
         if self.conn is not None or now < self._open_at or self.address is None:
             return []
+        out: list[Event] = []
+        if self._closing_until is not None:
+            if now < self._closing_until:
+                return []
+            log.warning(
+                "session %s: broker %s did not close the connection we ended; resetting it", self.key(), self.broker
+            )
+            self._closing_until = None
+            out.append(Abandon())
         self.conn = "opening"
-        return [Open()]
+        return out + [Open()]
 
     def _pid(self) -> int:
         """A packet id for a SUBSCRIBE or UNSUBSCRIBE (publishes have theirs: pub_pid)."""
@@ -596,6 +649,13 @@ class FarCore:
                 out.append(Done(d))
         if self.conn is None and self._wait == "connect":
             out += self._open(now)
+        if self._away_conn and self.conn == "up" and not self.present and not self.queue and not self.inflight:
+            if self._away_until is None:
+                self._away_until = now + AWAY_LINGER_S
+            elif now >= self._away_until:  # done with what came after the client left
+                out += self._close_clean() + [Left()]
+        else:
+            self._away_until = None
         return out
 
     def _ready(self) -> bool:
@@ -647,11 +707,13 @@ class FarCore:
             self.present = False
             self.gone_at = self._ms(now) / 1000
             # no DISCONNECT when the client left without one: the broker publishes the will
-            out = self._drop(now) if msg.get("w") else self._close_clean()
+            out = self._close_clean(will=bool(msg.get("w")))
             self._pop()
             return out + [Changed(), Done(d), Left()]
         if self.conn != "up":
             self._wait, self._until = "connect", None
+            if not self.present and self.conn is None:
+                self._away_conn = True
             return []
         if self._wait == "connect":
             self._reset_head()

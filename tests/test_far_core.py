@@ -58,6 +58,7 @@ class Sim:
         self.gate = gate  # gates pass at once
         self.auto_connack = auto_connack
         self.keeps_session = True
+        self.closes_at_once = True  # the broker closes a connection we ended at once (closed())
         self._parser = m.Parser(1 << 20, version=5)
         self.run(self.core.start(0.0))
 
@@ -77,6 +78,8 @@ class Sim:
                     self.broker(m.ConnAck(present, 0, {"receive_maximum": 10} if self.v == 5 else {}))
             elif isinstance(e, fc.Close):
                 self.closes += 1
+                if not e.abort and self.closes_at_once:
+                    self.run(self.core.closed(self.now))
             elif isinstance(e, fc.Gate) and self.gate:
                 self.run(self.core.gate_passed(e.token, self.now))
         return evs
@@ -384,7 +387,53 @@ def test_a_clean_311_session_ends_at_its_clients_disconnect_and_a_will_goes_with
     assert sim.core.idle() and sim.core.expiry_s() == 0.0 and not sim.core.present
     will = connected()
     will.put(D(2), body("disc", w=True))
-    assert not will.of(m.Disconnect) and [e.abort for e in will.events if isinstance(e, fc.Close)] == [True]
+    # our side's FIN, after what was written (a reset could lose it): no DISCONNECT, so the will goes
+    assert not will.of(m.Disconnect) and [e.abort for e in will.events if isinstance(e, fc.Close)] == [False]
+
+
+def test_a_reconnect_opens_only_once_the_broker_has_closed_the_connection_we_ended():
+    """A CONNECT with the same client id on a new connection makes the broker drop the old one,
+    and the QoS 0 publishes it had not read yet with it: the new one waits for the old to close."""
+    sim = connected()
+    sim.closes_at_once = False
+    for i in range(5):
+        sim.put(D(2 + i), pub(payload=b"%d" % i, q=0))
+    sim.put(D(9), conn(cs=False))
+    assert isinstance(sim.sent[-1], m.Disconnect) and sim.opens == 1  # ended; no new connection yet
+    sim.advance(fc.CLOSE_WAIT_S / 2)
+    assert sim.opens == 1 and not any(isinstance(e, fc.Abandon) for e in sim.events)
+    sim.run(sim.core.closed(sim.now))  # the broker read it all and closed its side
+    assert sim.opens == 2 and isinstance(sim.sent[-1], m.Connect) and [d.id for d in sim.done][-1] == 9
+
+
+def test_a_broker_that_never_closes_the_connection_we_ended_has_it_reset_after_the_close_wait():
+    sim = connected()
+    sim.closes_at_once = False
+    sim.put(D(2), conn(cs=False))
+    sim.advance(fc.CLOSE_WAIT_S - 0.1)
+    assert sim.opens == 1
+    sim.advance(0.2)
+    kinds = [type(e) for e in sim.events]
+    assert sim.opens == 2 and kinds.index(fc.Abandon) < len(kinds) - 1 - kinds[::-1].index(fc.Open)
+
+
+def test_envelopes_that_come_after_the_clients_disconnect_go_on_a_connection_closed_when_they_are_done():
+    """Priorities let a client's DISCONNECT overtake its routine publishes: those that come later
+    still reach the broker, and the connection made for them ends with them (Left again)."""
+    sim = connected()
+    sim.put(D(2), body("disc", w=False))
+    lefts = sum(isinstance(e, fc.Left) for e in sim.events)
+    sim.put(D(3), pub(payload=b"late0", q=0))
+    sim.put(D(4), pub(payload=b"late1", q=1))
+    assert sim.opens == 2 and [p.payload for p in sim.of(m.Publish)] == [b"late0", b"late1"]
+    assert sim.core.connected()  # the QoS 1 one is not acknowledged yet
+    sim.broker(m.PubAck(sim.of(m.Publish)[-1].packet_id))
+    sim.advance(fc.AWAY_LINGER_S * 0.9)
+    assert sim.core.connected()  # a little longer, for more that may follow
+    sim.advance(fc.AWAY_LINGER_S * 0.2)
+    assert not sim.core.connected() and isinstance(sim.sent[-1], m.Disconnect)
+    assert sum(isinstance(e, fc.Left) for e in sim.events) == lefts + 1 and sim.core.idle()
+    assert [d.id for d in sim.done] == [1, 2, 3, 4]
 
 
 def test_an_mqtt5_session_expiry_set_again_at_disconnect_is_capped_for_the_broker_and_expires():

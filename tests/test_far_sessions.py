@@ -39,10 +39,10 @@ def free_port() -> int:
 class Broker:
     """Mosquitto on 127.0.0.1:port, started and stopped by its own PID."""
 
-    def __init__(self, tmp_path, port: int):
+    def __init__(self, tmp_path, port: int, extra: str = ""):
         self.port, self.proc = port, None
         self.conf = tmp_path / f"c2-mosquitto-{port}.conf"
-        self.conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+        self.conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n{extra}")
 
     def start(self) -> "Broker":
         self.proc = subprocess.Popen(
@@ -149,6 +149,40 @@ async def until(cond, timeout=20.0):
             return False
         await asyncio.sleep(0.05)
     return True
+
+
+@pytest.mark.parametrize("then", ["reconnect", "late"])
+def test_qos0_publishes_written_before_a_new_connection_all_reach_the_subscriber(tmp_path, then):
+    """A client publishes a burst at QoS 0 and reconnects (its conn behind them), or leaves with
+    some of its publishes still behind its DISCONNECT (which priorities let overtake them).  The
+    far side made the new connection at once; Mosquitto, seeing the client id again, dropped the
+    old one with the publishes it had not read yet.  Every one arrives, and the connection made
+    for the late ones is closed after them."""
+    b = Broker(tmp_path, free_port(), "max_queued_messages 100000\n").start()
+    sub = Subscriber(b.port, qos=0)
+    addr = f"127.0.0.1:{b.port}"
+    n, late = 3000, 500
+
+    def batch(first, count):
+        m = [{"t": "t/x", "p": b"%05d" % i, "q": 0, "r": False} for i in range(first, first + count)]
+        return s.pack("pubs", "c2-q0", addr, m=m)
+
+    async def main():
+        p = Pair(tmp_path, far_queue=100_000)
+        await p.gw.start()
+        after = conn("c2-q0", addr, cs=False) if then == "reconnect" else s.pack("disc", "c2-q0", addr, w=False)
+        p.send([conn("c2-q0", addr)] + [batch(i, 500) for i in range(0, n, 500)] + [after, batch(n, late)])
+        assert await until(lambda: len(sub.got) == n + late, 20), len(sub.got)
+        if then == "late":  # the departed client's connection is closed, its session forgotten
+            assert await until(lambda: not p.gw.far, 10), sorted(p.gw.far)
+        await p.gw.stop()
+
+    try:
+        asyncio.run(main())
+        assert [x[1] for x in sub.got] == [b"%05d" % i for i in range(n + late)]
+    finally:
+        sub.close()
+        b.stop()
 
 
 def test_a_session_that_ends_at_its_clients_disconnect_is_forgotten(tmp_path, broker):
@@ -474,6 +508,74 @@ class SlowBroker:
     def answer_pings(self) -> None:
         self.writer.write(self.m.encode(self.m.PingResp(), 4) * self.pings)
         self.pings = 0
+
+
+class TakeoverBroker:
+    """A broker on loopback that reads slowly (a busy one) and does what MQTT says a broker does
+    on a CONNECT whose client id is connected already: drops the old connection, unread bytes and
+    all.  It closes a connection after its DISCONNECT, and at the client's FIN."""
+
+    def __init__(self):
+        from c2dtn.ip_gateway import mqtt as m
+
+        self.m = m
+        self.payloads: list[bytes] = []
+        self.connects = 0
+        self.taken_over = 0
+        self.live: dict[str, asyncio.StreamWriter] = {}
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=1024)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader, writer):
+        m, parser, me = self.m, self.m.Parser(version=4), None
+        try:
+            while data := await reader.read(512):
+                for p in parser.feed(data):
+                    if isinstance(p, m.Connect):
+                        self.connects += 1
+                        me = p.client_id
+                        old = self.live.get(me)
+                        if old is not None:
+                            self.taken_over += 1
+                            old.transport.abort()
+                        self.live[me] = writer
+                        writer.write(m.encode(m.ConnAck(), 4))
+                    elif isinstance(p, m.Publish):
+                        self.payloads.append(p.payload)
+                    elif isinstance(p, m.PingReq):
+                        writer.write(m.encode(m.PingResp(), 4))
+                    elif isinstance(p, m.Disconnect):
+                        return
+                await asyncio.sleep(0.002)
+        except ConnectionError:
+            pass
+        finally:
+            if self.live.get(me) is writer:
+                del self.live[me]
+            writer.close()
+
+
+def test_a_reconnect_waits_for_a_slow_broker_to_read_what_the_last_connection_carried(tmp_path):
+    """Against a broker that takes a CONNECT of the same client id over from its old connection,
+    the QoS 0 publishes that connection carried and the broker had not read were lost: the far
+    side now opens the new one once the broker has closed the old."""
+    n = 1000
+
+    async def main():
+        broker = TakeoverBroker()
+        b = await broker.start()
+        p = Pair(tmp_path, far_queue=100_000)
+        await p.gw.start()
+        pubs = [pub("c2-q0", b, "t/x", b"%04d" % i, q=0) for i in range(n)]
+        p.send([conn("c2-q0", b)] + pubs[:700] + [conn("c2-q0", b, cs=False)] + pubs[700:])
+        assert await until(lambda: len(broker.payloads) == n, 30), (len(broker.payloads), broker.taken_over)
+        assert broker.payloads == [b"%04d" % i for i in range(n)] and broker.taken_over == 0
+        await p.gw.stop()
+        broker.server.close()
+
+    asyncio.run(main())
 
 
 async def qos0_backlog(tmp_path, n: int) -> tuple[SlowBroker, Pair]:
