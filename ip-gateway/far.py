@@ -104,6 +104,10 @@ class FarSession:
         """The connection an earlier session of this client ended is closed at the broker."""
         self._do(self.core.closed(self._loop.time()))
 
+    def _give_up(self, w: asyncio.StreamWriter) -> None:
+        if self._old is w:  # (the read task then says closed, as for a broker that closed it)
+            w.transport.abort()
+
     def abandon(self) -> None:
         w, self._old = self._old, None
         if w is not None:
@@ -203,6 +207,9 @@ class FarSession:
                 # until the broker has read it all and closed its side
                 self._old, self._old_task = w, self._readers.get(w)
                 w.write_eof()
+                # reset if the broker has not closed it by the core's wait: an ended session has no
+                # successor whose Abandon would, and its socket must not outlive it
+                self._loop.call_later(fc.CLOSE_WAIT_S, self._give_up, w)
 
     # -- the broker connection --------------------------------------------------------------
     async def _open(self) -> None:
@@ -238,7 +245,7 @@ class FarSession:
                 # publications go into custody, each acknowledged once it is there
                 self._do([e for e in events if not isinstance(e, fc.Publication)])
                 for e in events:
-                    if isinstance(e, fc.Publication):
+                    if isinstance(e, fc.Publication) and self.writer is writer:  # (closed: it comes again)
                         await self._take(e)
         except (ConnectionError, OSError) as e:
             why = str(e) or type(e).__name__

@@ -234,7 +234,9 @@ class FarCore:
         # the gateway's answer, without waiting, whether no earlier subscription holds a publish
         # (inbox id, topic): a pure query; False makes a Gate the gateway answers later
         self._clear = clear or (lambda _inbox_id, _topic: True)
-        self.params: dict = {"v": 4, "cs": False, "ka": 60}
+        # until a "conn" says otherwise: a session that ends with its client (one made for
+        # publishes that came after their client's session ended)
+        self.params: dict = {"v": 4, "cs": False, "ka": 60, "clean": True}
         self.subs: dict[str, list] = {}
         self.present = False  # the origin client is connected at its near gateway
         self.gone_at: float | None = None  # wall clock (s) when the client left (its session's expiry runs)
@@ -275,7 +277,7 @@ class FarCore:
             self.params, self.subs = state["params"], state["subs"]
             self.present = state.get("present", True)
             self.gone_at = state.get("gone_at")
-            self._want_conn = True
+            self._want_conn = self.present  # an absent client's session waits at the broker, as after its disc
 
     # -- what the gateway asks ----------------------------------------------------------
     def key(self) -> str:
@@ -353,7 +355,10 @@ class FarCore:
         self._q0_written = self._pings_out = 0
         self.conn, self._conn_until = "connack", now + CONNACK_WAIT_S
         try:
-            data = self._connect_bytes(self.params)
+            p = self.params
+            if not self.present:  # for what came after the client left: no will, and its session's cleanness
+                p = {**p, "cs": bool(p.get("clean", p.get("cs"))), "w": None}
+            data = self._connect_bytes(p)
         except (ValueError, TypeError, KeyError, struct.error, m.MqttError) as e:  # a session file's params
             log.error("session %s: no CONNECT can be made of its parameters: %s", self.key(), e)
             return self._drop(now) + self._advance(now)

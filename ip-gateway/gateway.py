@@ -61,6 +61,9 @@ class MqttGateway:
         self._rescan = False  # a session could not be made (max_far_sessions): look again when one ends
         self._full_logged: set[str] = set()
         self._ending: dict[str, FarSession] = {}  # ended sessions whose broker connection is still closing
+        # the parameters (credentials, cleanness) of sessions ended lately, oldest first: publishes
+        # that came after their client's DISCONNECT ended its session log in as the client did
+        self._recent: dict[str, tuple[str, dict]] = {}
         self.state_path = port.storage / "mqtt-sessions.cbor"
         self._servers: list[asyncio.AbstractServer] = []
         self._tproxy = None
@@ -128,6 +131,9 @@ class MqttGateway:
         self.near.close()
         for f in [*self.far.values(), *([self.bridge] if self.bridge else [])]:
             f.cancel()
+        for f in [*self._ending.values(), *self.far.values()]:  # connections still closing end now
+            f.abandon()
+        self._ending.clear()
         if self._tproxy:
             from c2dtn.ip_gateway import tproxy
 
@@ -400,7 +406,11 @@ class MqttGateway:
                     )
                 return None
             old = self._ending.get(key)
-            f = self.far[key] = FarSession(self, origin, client, broker, closing_until=old and old.closing_until())
+            prev = self._recent.pop(key, None)  # its client's parameters, for what came after its session ended
+            state = {"params": prev[1], "subs": {}, "present": False} if prev and prev[0] == broker else None
+            f = self.far[key] = FarSession(
+                self, origin, client, broker, state, closing_until=old and old.closing_until()
+            )
         return f
 
     def _peer_share(self) -> int:
@@ -452,6 +462,9 @@ class MqttGateway:
         f.cancel()
         if f.closing_until() is not None:  # a new session of this client opens after the broker closed it
             self._ending[f.key()] = f
+        self._recent[f.key()] = (f.broker, dict(f.params))
+        while len(self._recent) > self.cfg.max_far_sessions:
+            del self._recent[next(iter(self._recent))]
         self.counters["far_sessions_ended"] += 1
         log.info("far session %s %s", f.key(), why)
         self.save_sessions()

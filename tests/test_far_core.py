@@ -572,3 +572,28 @@ def test_a_filter_the_broker_refuses_when_a_new_session_is_subscribed_again_is_d
     sim = Sim(state={"params": {"v": 5, "cs": False, "ka": 60}, "subs": subs, "present": True}, v=5)
     sim.broker(m.SubAck(sim.of(m.Subscribe)[0].packet_id, [1, 0x87]))
     assert sim.core.connected() and list(sim.core.subs) == ["t/ok"]
+
+
+WILL = {"t": "t/will", "p": b"gone", "q": 0, "r": False}
+
+
+def test_a_connection_for_what_came_after_the_client_left_has_no_will_and_the_clients_cleanness():
+    """Its loss must not publish a will the client's clean DISCONNECT withdrew (or one its FIN
+    published already), nor leave a persistent session a clean client never had."""
+    sim = Sim()
+    sim.put(D(1), conn(cs=True, w=WILL, u="alice", pw=b"pw"))
+    assert sim.of(m.Connect)[0].will is not None
+    sim.put(D(2), body("disc", w=False))
+    sim.put(D(3), pub(payload=b"late", q=0))
+    c = sim.of(m.Connect)[-1]
+    assert sim.opens == 2 and (c.will, c.clean_start, c.username, c.password) == (None, True, "alice", b"pw")
+
+
+def test_a_session_no_conn_made_ends_with_its_client_and_a_restored_absent_one_stays_unconnected():
+    assert fc.FarCore("gw1", "c1", BROKER, fc.FarLimits(), 0.0).expiry_s() == 0.0
+    state = {"params": {"v": 4, "cs": False, "ka": 60, "w": WILL}, "subs": {"t/#": [1, False, False, 0]}}
+    sim = Sim(state={**state, "present": False, "gone_at": 0})
+    sim.advance(600)
+    assert sim.opens == 0  # its broker keeps the session, as after the client's disc
+    back = Sim(state={**state, "present": True})
+    assert back.opens == 1  # a present client's session connects at once

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from c2dtn.ip_gateway import bodies as s
+from c2dtn.ip_gateway import far_core as fc
 from c2dtn.ip_gateway import sessions_file
 from c2dtn.ip_gateway.gateway import MqttGateway
 from c2dtn.ip_gateway.policy import GatewayConfig
@@ -515,13 +516,15 @@ class TakeoverBroker:
     on a CONNECT whose client id is connected already: drops the old connection, unread bytes and
     all.  It closes a connection after its DISCONNECT, and at the client's FIN."""
 
-    def __init__(self):
+    def __init__(self, closes: bool = True):
         from c2dtn.ip_gateway import mqtt as m
 
         self.m = m
+        self.closes = closes  # False: a DISCONNECT is read and the connection left open
         self.payloads: list[bytes] = []
-        self.connects = 0
+        self.connects: list = []  # the CONNECT packets
         self.taken_over = 0
+        self.open = 0  # connections not yet closed
         self.live: dict[str, asyncio.StreamWriter] = {}
 
     async def start(self) -> str:
@@ -530,11 +533,12 @@ class TakeoverBroker:
 
     async def _serve(self, reader, writer):
         m, parser, me = self.m, self.m.Parser(version=4), None
+        self.open += 1
         try:
             while data := await reader.read(512):
                 for p in parser.feed(data):
                     if isinstance(p, m.Connect):
-                        self.connects += 1
+                        self.connects.append(p)
                         me = p.client_id
                         old = self.live.get(me)
                         if old is not None:
@@ -544,17 +548,74 @@ class TakeoverBroker:
                         writer.write(m.encode(m.ConnAck(), 4))
                     elif isinstance(p, m.Publish):
                         self.payloads.append(p.payload)
+                        if p.qos == 1:
+                            writer.write(m.encode(m.PubAck(p.packet_id), 4))
                     elif isinstance(p, m.PingReq):
                         writer.write(m.encode(m.PingResp(), 4))
-                    elif isinstance(p, m.Disconnect):
+                    elif isinstance(p, m.Disconnect) and self.closes:
                         return
                 await asyncio.sleep(0.002)
+            if not self.closes:  # our FIN read: still the connection is left open
+                await asyncio.sleep(3600)
         except ConnectionError:
             pass
         finally:
+            self.open -= 1
             if self.live.get(me) is writer:
                 del self.live[me]
             writer.close()
+
+
+def test_publishes_after_a_session_ended_log_in_as_its_client_and_their_session_ends_again(tmp_path):
+    """A clean client's DISCONNECT overtook its last publishes and ended its session: those
+    still reach the broker, logged in as the client was (a broker asking for a password would
+    refuse a CONNECT without), clean, without the will; then that session ends too."""
+    will = {"t": "t/will", "p": b"gone", "q": 0, "r": False}
+
+    async def main():
+        broker = TakeoverBroker()
+        b = await broker.start()
+        p = Pair(tmp_path)
+        await p.gw.start()
+        p.send([conn("c2-q0", b, u="alice", pw=b"pw", w=will), pub("c2-q0", b, "t/x", b"0", q=0)])
+        p.send([s.pack("disc", "c2-q0", b, w=False)])
+        assert await until(lambda: not p.gw.far and broker.payloads == [b"0"])
+        p.send([pub("c2-q0", b, "t/x", b"%d" % i, q=i % 2) for i in (1, 2, 3)])
+        assert await until(lambda: len(broker.payloads) == 4 and not p.gw.far and not broker.open, 10)
+        c = broker.connects[-1]
+        assert len(broker.connects) == 2 and (c.username, c.password, c.clean_start, c.will) == (
+            "alice",
+            b"pw",
+            True,
+            None,
+        )
+        assert broker.payloads == [b"0", b"1", b"2", b"3"] and p.held() == 0
+        await p.gw.stop()
+        broker.server.close()
+
+    asyncio.run(main())
+
+
+def test_an_ended_sessions_connection_a_broker_never_closes_is_reset_after_the_close_wait(tmp_path, monkeypatch):
+    """A peer names the broker: one that reads the DISCONNECT and keeps the connection open must
+    not hold a socket for every session ended on it."""
+    monkeypatch.setattr(fc, "CLOSE_WAIT_S", 3.0)
+
+    async def main():
+        broker = TakeoverBroker(closes=False)
+        b = await broker.start()
+        p = Pair(tmp_path, max_far_sessions=2)
+        await p.gw.start()
+        for i in range(6):
+            p.send([conn(f"c2-x{i}", b), s.pack("disc", f"c2-x{i}", b, w=False)])
+        assert await until(lambda: len(broker.connects) == 6 and not p.gw.far)
+        ended = list(p.gw._ending.values())
+        assert ended and all(f.closing_until() for f in ended)  # ended, their sockets open
+        assert await until(lambda: not p.gw._ending and not any(f.closing_until() for f in ended), 10)
+        await p.gw.stop()
+        broker.server.close()
+
+    asyncio.run(main())
 
 
 def test_a_reconnect_waits_for_a_slow_broker_to_read_what_the_last_connection_carried(tmp_path):
