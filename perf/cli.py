@@ -52,6 +52,13 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
     show_default=True,
     help="the BPAs to run the overlay over, each beside itself bare (comma-separated kinds)",
 )
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 1 << 40),
+    default=None,
+    help="the radio runs' emulator seeds are SEED, SEED+1000, ... (which frames the link loses)  "
+    "[default: drawn afresh, printed and kept in the results]",
+)
 def overlay_cmd(
     sizes: str,
     runs: int,
@@ -61,6 +68,7 @@ def overlay_cmd(
     cla: str,
     sched: tuple[str, ...],
     agents: str,
+    seed: int | None,
 ) -> None:
     """The overlay next to its agent bare: round trip and throughput on lan, goodput on cnr-tactical-2."""
     from c2dtn.perf import overlay_bench
@@ -81,6 +89,7 @@ def overlay_cmd(
         cla,
         _scheduler(sched),
         _list(agents, AGENTS, "agent", "--agents"),
+        seed,
     )
 
 

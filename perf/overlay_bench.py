@@ -23,6 +23,7 @@ import contextlib
 import csv
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -169,6 +170,7 @@ def overlay_throughput(nodes: Nodes, size: int, count: int, timeout: float = 600
     return sum(n for _, n in got) * 8 / secs, secs
 
 
+SEED_STRIDE = 1000  # radio run i is seeded SEED + i * this: the testbed seeds link k's emulator SEED + 2k
 SCHEDULER: dict[str, int] = {}  # --scheduler settings for the overlay nodes of this invocation
 
 
@@ -295,11 +297,13 @@ def tactical(
     body: int = 1000,
     cla: str | None = None,
     agent: str = DEFAULT,
+    seed: int = 5,
 ) -> dict:
+    """One bulk transfer across the radio; `seed` draws the emulator's losses (a run's own)."""
     with tempfile.TemporaryDirectory() as td:
         # the radio link (r2-r3) carries what the topology says (nps-chain: UDP) unless --cla
         # names another; the LAN hops keep TCPCL
-        nodes = _nodes(profile, Path(td), cla=lan_cla(agent), radio_cla=cla, agent=agent)
+        nodes = _nodes(profile, Path(td), seed=seed, cla=lan_cla(agent), radio_cla=cla, agent=agent)
         try:
             count = total_bytes // body
             console.print(
@@ -314,6 +318,7 @@ def tactical(
     rate = link["profile_ab"]["rate_bps"]
     return {
         "profile": profile,
+        "seed": seed,
         "cla": cla or link.get("cla") or "tcpcl",
         "payload_bytes": count * body,
         "seconds": secs,
@@ -451,6 +456,7 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
             "min",
             "max",
             "runs",
+            "emulator seeds",
         ):
             g.add_column(c, justify="right")
         for x in tacs:
@@ -465,6 +471,7 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
                 f"{x.get('fraction_min', 0):.2f}",
                 f"{x.get('fraction_max', 0):.2f}",
                 str(x.get("runs", 1)),
+                ", ".join(str(r["seed"]) for r in x.get("all_runs", [x]) if "seed" in r) or "-",
             )
         console.print(g)
     (out / "summary.json").write_text(
@@ -533,8 +540,14 @@ def main(
     cla: str | None = None,
     scheduler: dict[str, int] | None = None,
     agents: list[str] = (DEFAULT,),
+    seed: int | None = None,
 ) -> None:
     out = run_dir("overlay-bench")
+    if seed is None:  # each invocation its own losses, unless one is asked for again
+        seed = random.SystemRandom().randrange(1, 1 << 31)
+    console.print(
+        f"[dim]radio runs seeded {seed}, {seed + SEED_STRIDE}, ... (--seed {seed} draws the same losses again)[/dim]"
+    )
     SCHEDULER.clear()
     SCHEDULER.update(scheduler or {})
     rows: list[dict] = []
@@ -545,7 +558,10 @@ def main(
         if not skip_tactical and agent_class(agent).missing():
             console.print(f"[yellow]{profile_note(agent)}[/yellow]")
         elif not skip_tactical:
-            tacs = [tactical(total_bytes=tactical_bytes, cla=cla, agent=agent) for _ in range(runs)]
+            tacs = [
+                tactical(total_bytes=tactical_bytes, cla=cla, agent=agent, seed=seed + SEED_STRIDE * i)
+                for i in range(runs)
+            ]
             tac = dict(tacs[0], agent=agent)
             fr = sorted(t["fraction"] for t in tacs)
             tac.update(

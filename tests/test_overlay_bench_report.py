@@ -135,3 +135,26 @@ def test_a_run_whose_bare_agent_stopped_answering_is_left_out_and_said_why(tmp_p
     assert got["100k"]["runs"] == "0" and got["100k"]["skipped"].startswith("every run failed: not measured")
     out = " ".join(capsys.readouterr().out.split())
     assert "left out: hdtn 10k: 1 run(s) failed: bare agent, 10000-byte round trips" in out
+
+
+def test_each_radio_run_draws_its_own_losses_and_an_invocation_its_own_unless_a_seed_is_given(tmp_path, monkeypatch):
+    """Every radio run replayed the emulator's seed 5, one loss pattern: its runs were not
+    independent.  Now run i is seeded SEED + 1000 i, SEED drawn afresh per invocation (or --seed)."""
+    seen: list[list[int]] = []
+    reported = []
+
+    def fake_tactical(**kw):
+        seen[-1].append(kw["seed"])
+        return {"profile": "cnr-tactical-2", "seed": kw["seed"], "fraction": 0.5, "goodput_bps": 4900.0,
+                "seconds": 90.0, "payload_bytes": 60_000, "link_bps": 9800.0, "cla": "udp"}  # fmt: skip
+
+    monkeypatch.setattr(ob, "tactical", fake_tactical)
+    monkeypatch.setattr(ob, "run_dir", lambda _kind: tmp_path)
+    monkeypatch.setattr(ob, "report", lambda rows, tac, out: reported.append(tac))
+    for seed in (None, None, 77, 77):
+        seen.append([])
+        ob.main(["1k"], 3, 60_000, skip_lan=True, seed=seed)
+    drawn1, drawn2, given1, given2 = seen
+    assert len(set(drawn1)) == 3 and drawn1 != drawn2  # independent runs, and invocations
+    assert given1 == given2 == [77, 1077, 2077]  # the same losses again when asked
+    assert [r["seed"] for r in reported[-1]["all_runs"]] == [77, 1077, 2077]
