@@ -258,16 +258,9 @@ SCHEDULER = table(
             "queue_target_ms",
             "integer",
             str(_S.queue_target_ms),
-            "Queueing below the overlay (round trip over its minimum) allowed before the window is cut (0: no limit).",
+            "Queueing below the overlay the window allows on top of the path's round trip, at its "
+            "measured delivery rate (0: no model; the window grows as TCP Reno's).",
             "1000",
-            "ms",
-        ),
-        F(
-            "queue_keep_ms",
-            "integer",
-            str(_S.queue_keep_ms),
-            "How much of that queue a cut keeps (0: the cut drains it).",
-            "0",
             "ms",
         ),
     ],
@@ -458,8 +451,8 @@ def load_node_config(path: str | Path) -> NodeConfig:
         cfg.relays[dst] = via
     sch = data.get("scheduler", {})
     SCHEDULER.check(src, "scheduler", sch)
-    # 0 means "none" for these (no linger, acks at once, no queue limit, none kept); the rest are sizes and timers
-    zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms", "queue_keep_ms", "aggregate_large_bytes"}
+    # 0 means "none" for these (no linger, acks at once, no rate model); the rest are sizes and timers
+    zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms", "aggregate_large_bytes"}
     # a bundle's envelopes must stay within what a receiver takes in one (MAX_CONTAINER_BYTES)
     most = {"aggregate_bytes": MAX_CONTAINER_BYTES // 2, "aggregate_large_bytes": MAX_CONTAINER_BYTES // 2}
     cfg.scheduler = SchedulerConfig(

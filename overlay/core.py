@@ -85,6 +85,7 @@ class OverlayCore:
         self._ack_bytes_due = min(ACK_BYTES, cfg.init_window // 2)
         self._acks_recent: dict[str, list[tuple[int, list[int], list[int]]]] = {}  # source -> (sent, done, got)
         self._pongs: dict[str, list[int]] = {}  # peer -> seqs of answers to its pings, maybe still held
+        self._newest_at: dict[str, int] = {}  # source -> when its newest envelope arrived (acks say how long ago)
 
     @property
     def node(self) -> str:
@@ -250,6 +251,7 @@ class OverlayCore:
     def _apply(self, res: BundleResult, sender: str, envs: list, now_ms: int) -> None:
         done: list[tuple[int, int]] = []
         got: list[tuple[int, int]] = []
+        holds: list[int] = []
         for env in envs:
             try:
                 if env.kind == Kind.ACK:
@@ -260,6 +262,8 @@ class OverlayCore:
                         self.store.count_event("acks_other_incarnation")
                     done += ack.done
                     got += ack.got
+                    if ack.hold_ms is not None:
+                        holds.append(ack.hold_ms)
                     res.acks += 1
                 else:
                     r = self.store.receive(env, now_ms)
@@ -270,6 +274,8 @@ class OverlayCore:
                     res.data += 1
                     res.duplicates += r.outcome == "duplicate"
                     res.taken += r.outcome in ("delivered", "held")
+                    if r.outcome in ("delivered", "held"):
+                        self._newest_at[src] = now_ms
             except EnvelopeError as e:
                 self._reject(
                     res,
@@ -278,7 +284,13 @@ class OverlayCore:
                     e.reason,
                 )
         if done or got:  # the bundle's acks, merged: one look at what is held, however many acks it carries
-            self.sched.on_ack(sender, self.store.held_in(done, sender), self.store.held_in(got, sender), now_ms)
+            self.sched.on_ack(
+                sender,
+                self.store.held_in(done, sender),
+                self.store.held_in(got, sender),
+                now_ms,
+                min(holds) if holds else 0,  # several acks: the least held, so no sample comes out short
+            )
 
     def _reject(self, res: BundleResult, line: str, reason: str) -> None:
         res.rejected.append(line[:REJECT_LINE_MAX])
@@ -357,7 +369,8 @@ class OverlayCore:
             if src in due:
                 plan_due.add(to)
         with self.store.transaction(durable=False):
-            out = self.sched.plan(now_ms, plan_acks, plan_due, only)
+            holds = {o: now_ms - t for o, t in self._newest_at.items() if o in acks}
+            out = self.sched.plan(now_ms, plan_acks, plan_due, only, holds)
             self.store.count_event("plans")
             if out:
                 self.store.count_event("bundles_sent", len(out))
@@ -368,6 +381,7 @@ class OverlayCore:
                         continue
                     self.store.acks_sent(origin, done, got)
                     self._ack_since.pop(origin, None)
+                    self._newest_at.pop(origin, None)
                     self._ack_bytes.pop(origin, None)
                     self._ack_count.pop(origin, None)
                     if origin in fresh:

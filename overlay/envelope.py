@@ -675,19 +675,28 @@ def wire_key(key: str) -> str:
     return "#" + base64.urlsafe_b64encode(hashlib.blake2b(key.encode(), digest_size=9).digest()).decode()
 
 
-def encode_ack_body(acks: dict[str, tuple[list[int], list[int]]]) -> bytes:
+def encode_ack_body(acks: dict[str, tuple[list[int], list[int]]], holds: dict[str, int] | None = None) -> bytes:
     """An ack: {source key: [done runs, got runs]}, each run [first, last], so one ack covers
     many ids; each origin reads the entry under its own source key (its node and its store's
     incarnation, source_key), so an ack for a lost store's ids never releases a new store's.
     One ack envelope answers every origin of a group, in the group's bundle.
 
     done: taken by the destination's application (the origin releases custody);
-    got: held at the destination, not yet taken (the origin stops retransmitting)."""
-    return cbor2.dumps({o: [_runs(d), _runs(list(g))] for o, (d, g) in acks.items()})
+    got: held at the destination, not yet taken (the origin stops retransmitting).
+    holds: per source key, how long (ms) the newest envelope it acks waited here before this
+    ack went (QUIC's ACK Delay), so the origin's round-trip samples leave it out; under the
+    empty key, which no source has, so a decoder that knows nothing of it reads past it."""
+    obj: dict[str, object] = {o: [_runs(d), _runs(list(g))] for o, (d, g) in acks.items()}
+    held = {o: max(0, min(MAX_ACK_HOLD_MS, int(h))) for o, h in (holds or {}).items() if o in acks}
+    if held:
+        obj[HOLDS_KEY] = held
+    return cbor2.dumps(obj)
 
 
 Runs = list[tuple[int, int]]
 MAX_SEQ = (1 << 63) - 1
+HOLDS_KEY = ""  # the ack body's entry of hold times (encode_ack_body)
+MAX_ACK_HOLD_MS = 3600_000
 
 
 @dataclass(frozen=True)
@@ -699,6 +708,7 @@ class AckBody:
     done: Runs
     got: Runs
     found: bool  # the body has an entry for the source asked for
+    hold_ms: int | None = None  # how long the newest envelope acked waited before the ack went
 
 
 def decode_ack_body(body: bytes, source: str) -> AckBody:
@@ -710,11 +720,17 @@ def decode_ack_body(body: bytes, source: str) -> AckBody:
         raise Malformed(f"ack body is not strict CBOR: {e}") from None
     if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
         raise Malformed(f"ack body is not a map of source -> [done runs, got runs]: {short(obj)}")
+    holds = obj.pop(HOLDS_KEY, {})
+    if not isinstance(holds, dict):
+        raise Malformed(f"ack holds are not a map of source -> ms: {short(holds)}")
+    hold = holds.get(source)
+    if hold is not None and (not isinstance(hold, int) or isinstance(hold, bool) or not 0 <= hold <= MAX_ACK_HOLD_MS):
+        raise Malformed(f"ack hold for {source!r} is not 0 to {MAX_ACK_HOLD_MS} ms: {short(hold)}")
     entry = obj.get(source)
     if entry is None:
         return AckBody(frozenset(obj), [], [], False)
     done, got = _decode_runs(entry)
-    return AckBody(frozenset(obj), done, got, True)
+    return AckBody(frozenset(obj), done, got, True, hold)
 
 
 def _decode_runs(obj: object) -> tuple[Runs, Runs]:

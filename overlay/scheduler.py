@@ -9,18 +9,17 @@ supersession, expiry and aggregation still act while the link is slow or down.
 - Window per destination, adapted to the rate acks come back (ack clocking as
   in TCP): it grows by the bytes acked (slow start) up to ssthresh, then by
   about one envelope per window; a retransmission timeout halves it.
-- A queue limit on the window (delay-based, as TCP Vegas and LEDBAT): when the
-  round trip (the smallest of the last RTT_RECENT samples) exceeds the path's
-  minimum by more than queue_target_ms, the envelopes are queueing below the
-  overlay (in the BPA, the radio's transmit queue) where an order can no longer
-  overtake them and a newer position no longer replace them.  The window is then
-  cut, once per round trip, to what the path carries in its minimum round trip
-  (window x min / current: the queue drains, and the next samples measure the
-  minimum again) and grows back from there.  Radio loss does not cut it (losses
-  are resent, RACK); a 9.8 kbit/s link with a 1,000-packet queue otherwise held
-  minutes of envelopes (`c2dtn perf overload`).  The minimum is the smallest
-  sample of the last MIN_RTT_WINDOW_MS (then the smallest recent one), so a path
-  that became longer is learnt.
+- A model of the path once slow start has filled it (after BBR, draft-ietf-ccwg-bbr): the
+  delivery rate (bytes acked over the span they took, the largest of the last BW_ROUNDS
+  round trips) and the minimum round trip, with the time the receiver held its acks taken
+  out (they say how long, as QUIC's ACK Delay).  The window is then what the path carries
+  in that round trip plus ack_delay_ms (acks may wait that long) plus queue_target_ms of
+  queue below the overlay, and bundles are paced at PACING_GAIN times the rate: the radio
+  always has the next bundle, and never holds minutes of envelopes, where an order can no
+  longer overtake them and a newer position no longer replace them.  Radio loss changes
+  neither (losses are resent, RACK); a rate that falls does.  (Before, a queue limit cut the
+  window whenever the round trip rose: it read held acks as queueing and the radio idled,
+  decision 0011.)
 - Retransmission timeout from the smoothed round trip (RFC 6298 estimator,
   Karn's rule: no samples from retransmitted envelopes), doubled per attempt,
   between min_rto_ms and max_rto_ms.
@@ -32,6 +31,7 @@ supersession, expiry and aggregation still act while the link is slow or down.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from c2dtn.overlay.custody import Custody
@@ -42,8 +42,13 @@ ACK_LIFETIME_MS = 3600_000
 # tail probes while no ack shows progress go at doubling intervals of at most this long
 # (Scheduler._tail_probes)
 PROBE_MAX_MS = 30_000
-RTT_RECENT = 4  # samples whose smallest is "the round trip now" for the queue limit
+RTT_RECENT = 4  # the last samples kept: the minimum round trip falls back to their smallest
 MIN_RTT_WINDOW_MS = 120_000  # the minimum round trip is the smallest of this long
+BW_ROUNDS = 10  # the delivery rate is the largest sample of this many round trips (BBR's filter)
+FULL_BW_GROWTH = 1.25  # slow start ends after FULL_BW_ROUNDS round trips without this much more rate
+FULL_BW_ROUNDS = 3
+PACING_GAIN = 1.25  # bundles go at this multiple of the delivery rate, so a rate that grew is found
+SENT_STATES_MAX = 4096  # send records kept per destination for rate samples (oldest forgotten)
 
 
 @dataclass(frozen=True)
@@ -70,10 +75,9 @@ class SchedulerConfig:
     # ack_delay_ms is how long acks wait for data to ride on or for more acks.
     linger_ms: int = 0
     ack_delay_ms: int = 100
-    # queueing allowed below the overlay before the window is cut (0: no limit), and how
-    # much of it a cut keeps (0: the cut drains the queue; see Scheduler._queue_limit)
+    # queueing below the overlay the window allows on top of what the path carries in its
+    # round trip, at the path's delivery rate (0: no model, the window grows as in TCP Reno)
     queue_target_ms: int = 1000
-    queue_keep_ms: int = 0
 
 
 @dataclass
@@ -92,9 +96,26 @@ class Path:
     inherited: bool = False  # the store held envelopes in flight to it when this process started
     recent: list[float] = field(default_factory=list)  # the last RTT_RECENT samples
     min_rtt_at_ms: int = 0  # when a sample last came near the minimum
-    last_queue_cut_ms: int = -1
+    # the delivery-rate model (Scheduler._rate_sample)
+    delivered: float = 0.0  # bytes of envelopes that arrived (acked), in all
+    delivered_ms: int = 0  # when that last grew
+    first_sent_ms: int = 0  # when the newest envelope of the last rate sample was sent
+    rounds: int = 0  # round trips counted (one ends when what was sent after it began is acked)
+    round_end: float = 0.0  # `delivered` at which the current round trip ends
+    bw: list[tuple[int, float]] = field(default_factory=list)  # (round, bytes per ms) samples
+    full_bw: float = 0.0
+    full_bw_rounds: int = 0
+    filled: bool = False  # slow start found the path's rate: the model sets the window
+    app_limited_until: float = 0.0  # samples before `delivered` passes this had too little to send
+    pace_at: int = 0  # the next bundle goes no sooner (pacing)
+    sends: int = 0  # envelopes handed over, in all (their order)
+
+    def rate(self) -> float:
+        """The path's delivery rate, bytes per ms (0: none measured)."""
+        return max((b for _, b in self.bw), default=0.0)
 
     def sample(self, rtt_ms: float, cfg: SchedulerConfig, now_ms: int = 0) -> None:
+        """A round-trip sample, the receiver's hold of its ack already taken out."""
         self.recent = (self.recent + [rtt_ms])[-RTT_RECENT:]
         if self.min_rtt_ms is None or rtt_ms <= self.min_rtt_ms * 1.1:
             self.min_rtt_ms = rtt_ms if self.min_rtt_ms is None else min(self.min_rtt_ms, rtt_ms)
@@ -138,6 +159,13 @@ class Scheduler:
         # waiting for an ack (on_ack makes them due at once) or one RTO
         self._deferred: dict[str, dict[int, tuple[int, int]]] = {}
         self._probe_at: dict[str, int] = {}  # dst -> when a tail probe is due
+        # dst -> {seq: (delivered, delivered_ms, first_sent_ms, sent_ms, order)} when each went:
+        # the path's state a rate sample is taken against (as BBR's per-packet records), and
+        # the order it went in (RACK's ties: several go in the same millisecond)
+        self._sent: dict[str, dict[int, tuple[float, int, int, int, int]]] = {}
+        # dst -> seqs found lost (RACK, a probe's ack): due again, but not a timeout
+        self._lost: dict[str, set[int]] = {}
+        self._pace_wait: dict[str, int] = {}  # dst -> when pacing lets its queued envelopes go
 
     def path(self, dst: str) -> Path:
         p = self.paths.get(dst)
@@ -153,6 +181,7 @@ class Scheduler:
         acks: dict[str, tuple[list[int], list[int]]] | None = None,
         acks_due: set[str] | None = None,
         only: set[str] | None = None,
+        holds: dict[str, int] | None = None,
     ) -> list[Outgoing]:
         """What to send now.  Marks what it returns as in flight in the store.
 
@@ -160,7 +189,9 @@ class Scheduler:
         when None) go in a bundle of their own if no data is going that way.
         only: what is queued for these destinations (and the acks they are owed), nothing
         else: no expiry, no retransmissions, no tail probes (the next full plan does those, at
-        their times); for what is planned at once (a flash submit, an answer)."""
+        their times); for what is planned at once (a flash submit, an answer).
+        holds: per source key, how long its newest envelope has waited for its ack (the acks
+        say so, encode_ack_body)."""
         st = self.store
         probes: set[int] = set()
         probe_new: set[str] = set()
@@ -177,8 +208,13 @@ class Scheduler:
                 for it in st.due_retries(now_ms):
                     retries.setdefault(it.dst, []).append(it)
             for dst, items in retries.items():
-                # a probe is not a timeout, nor is a retry that was only waiting for room
-                if any(i.seq not in probes and i.seq not in self._deferred.get(dst, ()) for i in items):
+                # a probe is not a timeout, nor is a retry that was only waiting for room, nor
+                # one found lost (an ack showed it)
+                found = self._lost.get(dst, set())
+                if any(
+                    i.seq not in probes and i.seq not in self._deferred.get(dst, ()) and i.seq not in found
+                    for i in items
+                ):
                     self._on_timeout(dst, now_ms)
         inflight = st.inflight_bytes()
         acks = dict(acks or {})
@@ -198,6 +234,10 @@ class Scheduler:
                 budget = max(budget, sum(i.size for i in probe) or 1)
             chosen: list[OutItem] = []
             self._linger_until.pop(dst, None)
+            self._pace_wait.pop(dst, None)
+            # pacing holds routine and priority envelopes (new or resent) until their time;
+            # flash and immediate ones, and probes, go within the window as ever
+            paced = p.pace_at > now_ms and not probe and dst not in probe_new
             if budget > 0:
                 queued = st.queued(dst, limit=max(16, int(budget // 64) + 16))
                 # a probe with new data does not linger: it was counted as sent, and the next one
@@ -206,11 +246,30 @@ class Scheduler:
                     self._linger_until[dst] = min(i.created_ms for i in queued) + self.cfg.linger_ms
                     queued = []
                 cands = sorted(retry + queued, key=lambda i: (i.seq not in probes, i.priority, i.seq))
+                if paced:
+                    if any(i.priority > Priority.IMMEDIATE for i in cands):
+                        self._pace_wait[dst] = p.pace_at
+                    cands = [i for i in cands if i.priority <= Priority.IMMEDIATE]
+                # paced: routine and priority envelopes a bundle's worth at a time
+                quantum = self.cfg.aggregate_bytes if p.filled and p.rate() > 0 else None
                 for it in cands:
                     if budget <= 0:
                         break
+                    if quantum is not None and it.priority > Priority.IMMEDIATE:
+                        if quantum <= 0:
+                            self._pace_wait[dst] = p.pace_at  # (set after the bundle below)
+                            continue
+                        quantum -= it.size
                     chosen.append(it)
                     budget -= it.size
+                if budget > 0 and not paced and len(queued) == len(st.queued(dst, limit=len(queued) + 1)):
+                    # all there was went, with room left: the rate samples of these say less than
+                    # the path carries (BBR's app-limited samples)
+                    p.app_limited_until = p.delivered + p.window - budget
+            ack = acks.pop(dst, ([], []))
+            if not chosen and acks_due is not None and dst not in acks_due:
+                ack = ([], [])  # not worth a bundle of its own yet
+            out.extend(self._bundle(dst, chosen, ack, now_ms, holds))
             if retry:
                 going = {it.seq for it in chosen}
                 deferred = self._deferred.setdefault(dst, {})
@@ -221,15 +280,14 @@ class Scheduler:
                     # due, but the window has no room: left due, the wake-up would be "now" and
                     # the pump would plan again at once, and again, for as long as the path is
                     # down; they wait for an ack (on_ack brings them back at once) or one RTO
-                    at = now_ms + int(p.rto_ms)
+                    # (or, held by pacing with room in the window, until the pace lets them go)
+                    at = p.pace_at if dst in self._pace_wait and p.pace_at > now_ms else now_ms + int(p.rto_ms)
                     self.store.set_retry({it.seq: at for it in waiting})
                     deferred.update((it.seq, (it.size, at)) for it in waiting)
                 if not deferred:
                     del self._deferred[dst]
-            ack = acks.pop(dst, ([], []))
-            if not chosen and acks_due is not None and dst not in acks_due:
-                ack = ([], [])  # not worth a bundle of its own yet
-            out.extend(self._bundle(dst, chosen, ack, now_ms))
+            if dst in self._pace_wait:
+                self._pace_wait[dst] = max(p.pace_at, now_ms + 1)
         return out
 
     def _tail_probes(self, now_ms: int) -> tuple[set[int], set[str]]:
@@ -277,7 +335,9 @@ class Scheduler:
                 base = self.cfg.min_rto_ms
             else:
                 continue  # a fresh node that has heard nothing yet: its initial timeout decides
-            at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2**p.probes)))
+            # the first probe's loss is likelier radio loss than an outage: backing off starts
+            # after the second
+            at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** max(0, p.probes - 1))))
             if at > now_ms:
                 self._probe_at[dst] = at
             elif first is None:
@@ -300,7 +360,9 @@ class Scheduler:
             and sum(i.size for i in queued) < self.cfg.aggregate_bytes // 2
         )
 
-    def _bundle(self, dst: str, items: list[OutItem], ack_seqs: AckSeqs, now_ms: int) -> list[Outgoing]:
+    def _bundle(
+        self, dst: str, items: list[OutItem], ack_seqs: AckSeqs, now_ms: int, holds: dict[str, int] | None = None
+    ) -> list[Outgoing]:
         if isinstance(ack_seqs, dict):
             has_acks = any(d or g for d, g in ack_seqs.values())
         else:
@@ -326,7 +388,7 @@ class Scheduler:
                 now_ms,
                 ACK_LIFETIME_MS,
                 Priority.FLASH,
-                body=encode_ack_body(ack_seqs if isinstance(ack_seqs, dict) else {dst: ack_seqs}),
+                body=encode_ack_body(ack_seqs if isinstance(ack_seqs, dict) else {dst: ack_seqs}, holds),
             )
             sealed.append(self.codec.seal(ack))
             size = len(sealed[0])
@@ -360,18 +422,78 @@ class Scheduler:
             )
         if items:
             p = self.path(dst)
+            self._sent_states(dst, p, items, now_ms)
             p.last_sent_ms = now_ms
             retry_at = {it.seq: now_ms + int(min(self.cfg.max_rto_ms, p.rto_ms * (2**it.attempts))) for it in items}
             self.store.mark_sent([it.seq for it in items], now_ms, retry_at)
         return bundles
 
+    def _sent_states(self, dst: str, p: Path, items: list[OutItem], now_ms: int) -> None:
+        """Record what a rate sample of these will be taken against, and pace the next send."""
+        if not self.store.inflight_bytes().get(dst):  # nothing in flight (copies count): a new span begins
+            p.first_sent_ms = p.delivered_ms = now_ms
+        sent = self._sent.setdefault(dst, {})
+        lost = self._lost.get(dst)
+        for it in items:
+            sent.pop(it.seq, None)  # a resend is the newest record
+            p.sends += 1
+            sent[it.seq] = (p.delivered, p.delivered_ms, p.first_sent_ms, now_ms, p.sends)
+            if lost:
+                lost.discard(it.seq)
+        while len(sent) > SENT_STATES_MAX:  # superseded and expired envelopes are never acked
+            del sent[next(iter(sent))]
+        rate = p.rate()
+        if p.filled and rate > 0:
+            p.pace_at = max(p.pace_at, now_ms) + int(sum(it.size for it in items) / (PACING_GAIN * rate))
+
+    def _rate_sample(self, dst: str, p: Path, items: list[OutItem], now_ms: int) -> None:
+        """These arrived: a delivery-rate sample, bytes delivered since the newest of them was
+        sent over the longer of the spans of sending and of acking them (BBR's rate sample,
+        draft-cheng-iccrg-delivery-rate-estimation), and the end of slow start."""
+        sent = self._sent.get(dst, {})
+        states = [st for st in (sent.pop(it.seq, None) for it in items) if st is not None]
+        for it in items:
+            self._lost.get(dst, set()).discard(it.seq)
+        p.delivered += sum(it.size for it in items)
+        p.delivered_ms = now_ms
+        if not states:
+            return
+        d0, t0, f0, s0, _ = max(states, key=lambda st: st[4])
+        p.first_sent_ms = s0
+        interval = max(s0 - f0, now_ms - t0)
+        if interval <= 0 or (p.min_rtt_ms is not None and interval < p.min_rtt_ms):
+            return  # shorter than a round trip: acks that came together, not the path's rate
+        rate = (p.delivered - d0) / interval
+        new_round = d0 >= p.round_end
+        if new_round:
+            p.rounds += 1
+            p.round_end = p.delivered
+        if d0 < p.app_limited_until and rate <= p.rate():
+            return  # too little was sent to show the rate: only a higher sample counts
+        p.bw = [(r, b) for r, b in p.bw if r > p.rounds - BW_ROUNDS] + [(p.rounds, rate)]
+        if new_round and not p.filled:
+            if p.rate() >= p.full_bw * FULL_BW_GROWTH:
+                p.full_bw, p.full_bw_rounds = p.rate(), 0
+            else:
+                p.full_bw_rounds += 1
+                p.filled = p.full_bw_rounds >= FULL_BW_ROUNDS
+
+    def _model_window(self, p: Path) -> float:
+        """What the path carries in its round trip (acks held included), plus queue_target_ms."""
+        rate = p.rate()
+        if not rate or p.min_rtt_ms is None:
+            return p.window
+        span = p.min_rtt_ms + self.cfg.ack_delay_ms + self.cfg.queue_target_ms
+        return min(self.cfg.max_window, max(self.cfg.min_window, rate * span))
+
     # -- feedback ------------------------------------------------------------
-    def on_ack(self, sender: str, done: list[int], got: list[int], now_ms: int) -> int:
+    def on_ack(self, sender: str, done: list[int], got: list[int], now_ms: int, hold_ms: int = 0) -> int:
         """An ack from `sender` arrived: release custody of what it took ("done"), stop
         retransmitting what it holds ("got"), sample RTT, open the window, and resend at
         once what was sent before something that arrived but did not arrive itself.
         Envelopes sent to a group count per destination (the group's path): they are
-        released once every member took them (Custody.ack_from)."""
+        released once every member took them (Custody.ack_from).  hold_ms: how long the
+        sender held the newest of them before acking (left out of the round-trip sample)."""
         released, arrived = self.store.ack_from(sender, done, got)
         if not arrived and not released:
             return 0
@@ -395,7 +517,11 @@ class Scheduler:
             p = self.path(dst)
             fresh = [it for it in items if it.attempts == 1 and it.sent_ms is not None]
             if fresh:
-                p.sample(max(1.0, now_ms - max(it.sent_ms or 0 for it in fresh)), self.cfg, now_ms)
+                p.sample(max(1.0, now_ms - max(it.sent_ms or 0 for it in fresh) - hold_ms), self.cfg, now_ms)
+            sent = self._sent.get(dst, {})
+            order = max((sent[it.seq][4] for it in fresh if it.seq in sent), default=None)
+            if self.cfg.queue_target_ms:
+                self._rate_sample(dst, p, items, now_ms)
             # an ack proves the path works: what timed out into an outage need not
             # wait out its backed-off timer any longer than one fresh timeout
             self._pull_in_retries(dst, now_ms + int(p.rto_ms))
@@ -428,9 +554,17 @@ class Scheduler:
             newest = max((it.sent_ms or 0 for it in fresh), default=None)
             if newest is not None:
                 reo = int(p.reo_steps * p.min_rtt_ms / 4) if p.min_rtt_ms else 0
-                self._fast_retransmit(dst, newest - reo, now_ms, member=None if dst == sender else sender)
+                member = None if dst == sender else sender
+                self._fast_retransmit(dst, newest - reo, now_ms, member)
+                if order is not None:
+                    self._rack_timer(dst, newest, order, reo, now_ms, member)
             nbytes = sum(it.size for it in items)
-            if self._queue_limit(p, now_ms):
+            if self.cfg.queue_target_ms and not p.filled and p.min_rtt_ms is not None and len(p.recent) >= 2:
+                # slow start also ends when the round trip shows a queue past the target (as
+                # HyStart): a radio's rate is found in one round trip, its queue fills for many
+                p.filled = min(p.recent[-2:]) - p.min_rtt_ms > self.cfg.queue_target_ms
+            if p.filled:
+                p.window = self._model_window(p)
                 continue
             if p.window < p.ssthresh:
                 p.window = min(self.cfg.max_window, p.window + nbytes)
@@ -438,24 +572,6 @@ class Scheduler:
                 seg = max(1024, nbytes / len(items))
                 p.window = min(self.cfg.max_window, p.window + nbytes * seg / p.window)
         return len(released) + len(arrived)
-
-    def _queue_limit(self, p: Path, now_ms: int) -> bool:
-        """True while envelopes queue below the overlay for longer than queue_target_ms (the
-        window does not grow); cuts the window to the path's minimum round trip's worth,
-        once per round trip (see the module's docstring)."""
-        if not self.cfg.queue_target_ms or p.min_rtt_ms is None or len(p.recent) < RTT_RECENT:
-            return False
-        now_rtt = min(p.recent)
-        if now_rtt - p.min_rtt_ms <= self.cfg.queue_target_ms:
-            return False
-        if p.last_queue_cut_ms < 0 or now_ms - p.last_queue_cut_ms >= now_rtt:
-            p.last_queue_cut_ms = now_ms
-            # queue_keep_ms > 0 leaves that much queued, so that the link stays busy through a loss
-            # or a delayed ack, at the cost of orders' wait under overload (docs/history/overlay.md)
-            p.window = max(self.cfg.min_window, p.window * (p.min_rtt_ms + self.cfg.queue_keep_ms) / now_rtt)
-            p.ssthresh = max(self.cfg.min_window, p.window)
-            self.store.count_event("queue_cuts")
-        return True
 
     def _fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int, member: str | None) -> int:
         """Envelopes sent before one the destination already has, and still not there:
@@ -467,12 +583,38 @@ class Scheduler:
         }
         if lost:
             self.store.set_retry(lost)
+            self._mark_lost(dst, lost)
             self.store.count_event("fast_retransmits", len(lost))
         if member is None:  # superseded copies lost likewise: due now, so the next plan drops them
             gone = self.store.superseded_inflight(dst, sent_before_ms)
             if gone:
                 self.store.set_retry(dict.fromkeys(gone, now_ms))
         return len(lost)
+
+    def _rack_timer(self, dst: str, newest_ms: int, order: int, reo: int, now_ms: int, member: str | None) -> None:
+        """RACK's reordering timer (RFC 8985 6.3): what went before the newest envelope that
+        arrived (in the order they went, so also in the same millisecond), but too shortly
+        before it to be called lost yet, is lost if it has not arrived a reordering window
+        later than that one did."""
+        sent = self._sent.get(dst, {})
+        later = {}
+        for it in self.store.inflight(dst, lacking=member, sent_before_ms=newest_ms + 1, retry_after_ms=now_ms):
+            if it.sent_ms is None or it.sent_ms <= newest_ms - reo or it.seq not in sent or sent[it.seq][4] >= order:
+                continue
+            at = it.sent_ms + (now_ms - newest_ms) + reo
+            if it.retry_ms is None or at < it.retry_ms:
+                later[it.seq] = at
+        if later:
+            self.store.set_retry(later)
+            self._mark_lost(dst, later)
+
+    def _mark_lost(self, dst: str, seqs: Iterable[int]) -> None:
+        """Due again because an ack showed them lost (not a timeout).  Those never sent again
+        (expired, superseded) are forgotten with their send records."""
+        lost = self._lost.setdefault(dst, set())
+        lost.update(seqs)
+        if len(lost) > SENT_STATES_MAX:
+            lost &= set(self._sent.get(dst, ()))
 
     def _pull_in_retries(self, dst: str, at_ms: int) -> None:
         """The path to dst works again: no in-flight envelope waits past at_ms for its retry."""
@@ -497,6 +639,7 @@ class Scheduler:
                 self.store.next_expiry_ms(),
                 *self._linger_until.values(),
                 *self._probe_at.values(),
+                *self._pace_wait.values(),
             )
             if t is not None
         ]

@@ -67,16 +67,19 @@ def test_node_config_to_dtnd_command_line(tmp_path):
 
 
 def test_scheduler_settings_whose_zero_means_none_take_zero(tmp_path):
-    """README: linger_ms 0 is no linger, queue_target_ms 0 no queue limit (refused until 2026-11-24),
-    queue_keep_ms 0 (the default) a queue cut that drains the queue."""
-    f = _write(
-        tmp_path,
-        GOOD.replace(
-            "aggregate_bytes = 1200", "linger_ms = 0\nack_delay_ms = 0\nqueue_target_ms = 0\nqueue_keep_ms = 0"
-        ),
-    )
+    """README: linger_ms 0 is no linger, ack_delay_ms 0 acks at once, queue_target_ms 0 no rate
+    model (the window grows as TCP Reno's)."""
+    f = _write(tmp_path, GOOD.replace("aggregate_bytes = 1200", "linger_ms = 0\nack_delay_ms = 0\nqueue_target_ms = 0"))
     sch = load_node_config(f).scheduler
-    assert (sch.linger_ms, sch.ack_delay_ms, sch.queue_target_ms, sch.queue_keep_ms) == (0, 0, 0, 0)
+    assert (sch.linger_ms, sch.ack_delay_ms, sch.queue_target_ms) == (0, 0, 0)
+
+
+def test_the_retired_queue_keep_setting_is_refused_by_name(tmp_path):
+    """queue_keep_ms went with the queue cut it tuned (decision 0011): a file that still sets it
+    is refused with the field named, not read as something else."""
+    f = _write(tmp_path, GOOD.replace("aggregate_bytes = 1200", "queue_keep_ms = 500"))
+    with pytest.raises(ConfigError, match=r"scheduler\.queue_keep_ms.*unknown field"):
+        load_node_config(f)
 
 
 @pytest.mark.parametrize(

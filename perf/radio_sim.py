@@ -1,0 +1,211 @@
+"""Two overlay cores across an emulated radio, in virtual time (I/O-free).
+
+The scheduler's benchmark and tests on the radio without namespaces, agents or the wall
+clock: gw1 and gw4 are OverlayCores on in-memory stores; each bundle they hand over becomes
+one frame of its payload plus `frame_overhead` bytes (the agent's bundle blocks and the
+UDP, IP and Ethernet headers) on a topologies.channel Direction, the same core the
+testbed's emulator runs (rate on the whole frame, loss decided when a frame is offered,
+a tail-drop transmit queue, delay).  Time jumps from one deadline to the next, so a
+20-minute overload runs in seconds and every run with the same seed is the same run.
+
+Two workloads, the radio parts of `perf overlay` and `perf overload`:
+- bulk(): `count` incompressible envelopes of `body` bytes at once; goodput is their
+  bytes over the time from submit to the last delivery, as a share of the link's rate;
+- overload(): `units` position reports ("priority", superseded per unit) offering
+  `factor` times the link, and an "immediate" order every `order_every_s`; each order's
+  latency and the positions' age of information at the receiver.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+from dataclasses import dataclass, field
+
+from c2dtn.overlay.core import OverlayCore
+from c2dtn.overlay.custody import Custody, Quota
+from c2dtn.overlay.envelope import Codec, Priority
+from c2dtn.overlay.scheduler import SchedulerConfig
+from c2dtn.overlay.store import open_store
+from c2dtn.topologies.channel import Direction
+from c2dtn.topologies.profiles import Profile, load_builtin_profiles
+
+KEY = b"s" * 32
+# what a bundle of a dtn7-rs agent costs on the radio beyond its payload: its blocks (104 B
+# with the testbed's endpoint names) and the UDP, IP and Ethernet headers (docs/perf/radio-sim.md)
+FRAME_OVERHEAD = 146
+# the scheduler settings `c2dtn node configs` writes for a node behind a radio link
+RADIO_CFG = SchedulerConfig(aggregate_bytes=1200, linger_ms=1000, ack_delay_ms=1000)
+
+
+def profile(name: str = "cnr-tactical-2") -> Profile:
+    return load_builtin_profiles().get(name, "radio_sim", "profile")
+
+
+@dataclass
+class Radio:
+    """gw1 and gw4 and the link between them; step() runs virtual time to a deadline."""
+
+    link: Profile
+    seed: int
+    cfg: SchedulerConfig = RADIO_CFG
+    frame_overhead: int = FRAME_OVERHEAD
+    now_ms: int = 0
+    delivered: dict[str, list] = field(default_factory=lambda: {"gw1": [], "gw4": []})  # (ms, Delivery)
+
+    def __post_init__(self) -> None:
+        self.cores = {
+            a: OverlayCore(Custody(open_store("memory"), a, Quota()), Codec(a, {b: KEY}), self.cfg)
+            for a, b in (("gw1", "gw4"), ("gw4", "gw1"))
+        }
+        # the testbed seeds a link's two directions with seed and seed + 1
+        self.dirs = {"gw4": Direction(self.link, self.seed), "gw1": Direction(self.link, self.seed + 1)}
+        self.frames = {"gw4": 0, "gw1": 0}  # frames offered toward each node
+        self.frame_bytes = {"gw4": 0, "gw1": 0}
+
+    def _send(self, node: str) -> None:
+        for b in self.cores[node].poll(self.now_ms):
+            frame = b.payload + bytes(self.frame_overhead)
+            self.frames[b.dst] += 1
+            self.frame_bytes[b.dst] += len(frame)
+            self.dirs[b.dst].offer(frame, self.now_ms / 1000)
+
+    def _receive(self, node: str) -> bool:
+        frames = self.dirs[node].due(self.now_ms / 1000)
+        core = self.cores[node]
+        for f in frames:
+            core.on_bundle(f[: len(f) - self.frame_overhead], self.now_ms)
+        items = core.take()
+        if items:
+            self.delivered[node].extend((self.now_ms, d) for d in items)
+            core.consumed([d.id for d in items], self.now_ms)
+        return bool(frames)
+
+    def step(self, until_ms: int) -> None:
+        """Run until until_ms: at each moment, deliver what the link has due, then let both
+        cores send; then jump to the next deadline (a core's wake-up or a frame's arrival)."""
+        while True:
+            for node in self.cores:
+                self._receive(node)
+            for node in self.cores:
+                self._send(node)
+            nexts = [until_ms]
+            for node, core in self.cores.items():
+                w = core.next_wakeup_ms()
+                if w is not None:
+                    nexts.append(w)
+                d = self.dirs[node].next_deadline()
+                if d is not None:
+                    nexts.append(int(d * 1000) + (d * 1000 % 1 > 0))  # no earlier than it is due
+            nxt = max(self.now_ms + 1, min(nexts))
+            if self.now_ms >= until_ms:
+                return
+            self.now_ms = min(nxt, until_ms)
+
+
+def bulk(seed: int, count: int = 60, body: int = 1000, link: str = "cnr-tactical-2", **kw) -> dict:
+    """`perf overlay`'s radio run: goodput of `count` envelopes of `body` random bytes."""
+    r = Radio(profile(link), seed, **kw)
+    rng = random.Random(seed)
+    for _ in range(count):
+        r.cores["gw1"].submit("gw4", rng.randbytes(body), 0)
+    while len(r.delivered["gw4"]) < count and r.now_ms < 3600_000:
+        r.step(r.now_ms + 1000)
+    secs = max(t for t, _ in r.delivered["gw4"]) / 1000
+    rate = r.link.rate_bps or 0
+    return {
+        "seed": seed,
+        "seconds": secs,
+        "fraction": count * body * 8 / secs / rate,
+        "frames": r.frames["gw4"],
+        "frame_bytes": r.frame_bytes["gw4"],
+        "delivered": len(r.delivered["gw4"]),
+        "counters": dict(r.cores["gw1"].store.counters()),
+    }
+
+
+REPORT_BYTES = 214
+ORDER_BYTES = 200
+
+
+def overload(
+    seed: int,
+    minutes: float = 10.0,
+    factor: float = 3.0,
+    units: int = 24,
+    order_every_s: float = 10.0,
+    link: str = "cnr-tactical-2",
+    drain_s: float = 120.0,
+    **kw,
+) -> dict:
+    """`perf overload`'s traffic: order latencies and the positions' ages at the receiver."""
+    r = Radio(profile(link), seed, **kw)
+    rate = r.link.rate_bps or 0
+    period_ms = units * REPORT_BYTES * 8 / (factor * rate) * 1000
+    rng = random.Random(seed)
+    end = int(minutes * 60_000)
+    events: list[tuple[int, int, int]] = []  # (ms, kind 0 order / 1 report, unit)
+    for u in range(units):
+        t0 = rng.uniform(0, period_ms)
+        events += [(int(t0 + k * period_ms), 1, u) for k in range(int((end - t0) // period_ms) + 1)]
+    events += [(int(o * order_every_s * 1000), 0, o) for o in range(1, int(end / 1000 / order_every_s))]
+    events.sort()
+    gw1 = r.cores["gw1"]
+    sent_orders: dict[bytes, int] = {}
+    for t, kind, n in events:
+        r.step(t)
+        if kind == 0:
+            body = b"order %06d " % n
+            body += rng.randbytes(ORDER_BYTES - len(body))
+            sent_orders[body[:12]] = t
+            gw1.submit("gw4", body, t, 86400_000, Priority.IMMEDIATE)
+        else:
+            body = b"pos %03d %09d " % (n, t)
+            body += rng.randbytes(REPORT_BYTES - len(body))
+            gw1.submit("gw4", body, t, 600_000, Priority.PRIORITY, supersede=f"unit{n}")
+    r.step(end)
+    ages = _ages(r.delivered["gw4"], units, 60_000, end)
+    r.step(end + int(drain_s * 1000))
+    got = {d.body[:12]: t for t, d in r.delivered["gw4"] if d.body.startswith(b"order")}
+    lat = sorted((got[k] - t) / 1000 for k, t in sent_orders.items() if k in got)
+    return {
+        "seed": seed,
+        "orders": len(sent_orders),
+        "orders_lost": len(sent_orders) - len(lat),
+        "order_p50_s": statistics.median(lat) if lat else None,
+        "order_p95_s": _p95(lat),
+        "order_max_s": lat[-1] if lat else None,
+        "aoi_p95_s": _p95(ages),
+        "reports_delivered": sum(1 for _, d in r.delivered["gw4"] if d.body.startswith(b"pos")),
+        "frames": r.frames["gw4"],
+        "frame_bytes": r.frame_bytes["gw4"],
+        "link_share": r.frame_bytes["gw4"] * 8 / (end / 1000 + drain_s) / rate,
+    }
+
+
+def _p95(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.95 * len(xs)))]
+
+
+def _ages(delivered: list, units: int, start_ms: int, end_ms: int) -> list[float]:
+    """Each second from start_ms: the age of each unit's newest position at the receiver."""
+    newest: dict[int, int] = {}
+    reports = sorted((t, int(d.body[4:7]), int(d.body[8:17])) for t, d in delivered if d.body.startswith(b"pos"))
+    out: list[float] = []
+    i = 0
+    for s in range(start_ms, end_ms + 1, 1000):
+        while i < len(reports) and reports[i][0] <= s:
+            _, u, stamp = reports[i]
+            newest[u] = max(newest.get(u, stamp), stamp)
+            i += 1
+        out += [(s - newest[u]) / 1000 if u in newest else (s - start_ms) / 1000 + 60 for u in range(units)]
+    return out
+
+
+def seeds(n: int, seed: int | None = None) -> list[int]:
+    base = seed if seed is not None else int.from_bytes(os.urandom(3), "big")
+    return [base + 1000 * i for i in range(n)]
