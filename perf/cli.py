@@ -324,6 +324,19 @@ def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, targ
         raise click.BadParameter(str(e), param_hint="--kills") from None
 
 
+@perf.command("radio-sim")
+@click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 100), help="loss patterns")
+@click.option(
+    "--seed", type=click.IntRange(0, 1 << 40), default=None, help="loss patterns SEED, SEED+1000, ... [default: fresh]"
+)
+@click.option("--minutes", default=4.0, show_default=True, type=click.FloatRange(0.5, 120), help="overload run length")
+def radio_sim_cmd(runs, seed, minutes) -> None:
+    """The scheduler on a virtual cnr-tactical-2 radio: bulk goodput and orders under overload, with and without its path model."""
+    from c2dtn.perf import radio_sim
+
+    radio_sim.main(runs, seed, minutes)
+
+
 @perf.command("overload")
 @click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(1, 600))
 @click.option(

@@ -18,10 +18,13 @@ Two workloads, the radio parts of `perf overlay` and `perf overload`:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import random
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, Quota
@@ -165,7 +168,8 @@ def overload(
             body += rng.randbytes(REPORT_BYTES - len(body))
             gw1.submit("gw4", body, t, 600_000, Priority.PRIORITY, supersede=f"unit{n}")
     r.step(end)
-    ages = _ages(r.delivered["gw4"], units, 60_000, end)
+    busy = r.dirs["gw4"].stats.delivered_bytes * 8 / (end / 1000) / rate  # frames that arrived, while loaded
+    ages = _ages(r.delivered["gw4"], units, min(60_000, end // 2), end)  # after a warm-up
     r.step(end + int(drain_s * 1000))
     got = {d.body[:12]: t for t, d in r.delivered["gw4"] if d.body.startswith(b"order")}
     lat = sorted((got[k] - t) / 1000 for k, t in sent_orders.items() if k in got)
@@ -180,7 +184,7 @@ def overload(
         "reports_delivered": sum(1 for _, d in r.delivered["gw4"] if d.body.startswith(b"pos")),
         "frames": r.frames["gw4"],
         "frame_bytes": r.frame_bytes["gw4"],
-        "link_share": r.frame_bytes["gw4"] * 8 / (end / 1000 + drain_s) / rate,
+        "link_share": busy,
     }
 
 
@@ -209,3 +213,104 @@ def _ages(delivered: list, units: int, start_ms: int, end_ms: int) -> list[float
 def seeds(n: int, seed: int | None = None) -> list[int]:
     base = seed if seed is not None else int.from_bytes(os.urandom(3), "big")
     return [base + 1000 * i for i in range(n)]
+
+
+# -- `c2dtn perf radio-sim` ----------------------------------------------------------------
+
+CONFIGS = {
+    "model": RADIO_CFG,
+    # the window without the path model: grows with every ack as TCP Reno's, halves on a timeout
+    "no model (queue_target_ms 0)": dataclasses.replace(RADIO_CFG, queue_target_ms=0),
+}
+
+
+def ceiling(body: int = 1000) -> float:
+    """The share of the link a frame leaves for the body of one envelope of `body` bytes."""
+    r = Radio(profile(), 0)
+    r.cores["gw1"].submit("gw4", random.Random(0).randbytes(body), 0)
+    (b,) = r.cores["gw1"].poll(0 + RADIO_CFG.linger_ms)
+    return body / (len(b.payload) + FRAME_OVERHEAD)
+
+
+def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=None) -> Path:
+    """Bulk goodput and overload on the virtual radio, each loss pattern under each
+    scheduler configuration; a table, report.md, summary.json and plot.png."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from c2dtn.perf.runs import progress, run_dir
+
+    console = console or Console()
+    run_seeds = seeds(runs, seed)
+    console.print(f"loss patterns (seeds) {', '.join(map(str, run_seeds))} (--seed {run_seeds[0]} repeats them)")
+    cap = ceiling()
+    rows: dict[str, dict] = {}
+    with progress(console, "runs") as bar:
+        task = bar.add_task("virtual radio", total=2 * runs * len(CONFIGS))
+        for name, cfg in CONFIGS.items():
+            rows[name] = {"bulk": [], "overload": []}
+            for s in run_seeds:
+                rows[name]["bulk"].append(bulk(s, cfg=cfg))
+                bar.advance(task)
+                rows[name]["overload"].append(overload(s, minutes=minutes, cfg=cfg))
+                bar.advance(task)
+    out = run_dir("radio-sim")
+    for rs_ in rows.values():
+        for r in rs_["bulk"]:
+            r.pop("counters", None)
+    (out / "summary.json").write_text(
+        json.dumps({"seeds": run_seeds, "minutes": minutes, "ceiling": cap, "configs": rows}, indent=1) + "\n"
+    )
+    t = Table(title=f"virtual radio (cnr-tactical-2, frames of the body + {FRAME_OVERHEAD} B), {runs} loss patterns")
+    cols = [
+        "scheduler",
+        "bulk goodput, median (min-max)",
+        "of the ceiling",
+        "orders p95, median (max)",
+        "orders lost",
+        "AoI p95, median",
+        "link busy, median",
+    ]
+    for c in cols:
+        t.add_column(c, justify="right")
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for name, r in rows.items():
+        fr = [x["fraction"] for x in r["bulk"]]
+        p95 = [x["order_p95_s"] or float("inf") for x in r["overload"]]
+        cells = [
+            name,
+            f"{statistics.median(fr):.3f} ({min(fr):.3f}-{max(fr):.3f})",
+            f"{statistics.median(fr) / cap:.2f}",
+            f"{statistics.median(p95):.1f} s ({max(p95):.1f} s)",
+            str(sum(x["orders_lost"] for x in r["overload"])),
+            f"{statistics.median(x['aoi_p95_s'] or 0 for x in r['overload']):.1f} s",
+            f"{statistics.median(x['link_share'] for x in r['overload']):.2f}",
+        ]
+        t.add_row(*cells)
+        lines.append("| " + " | ".join(cells) + " |")
+    console.print(t)
+    console.print(f"ceiling: {cap:.3f} of the link (1000 B of each frame); overload {minutes:g} min at 3x the link")
+    (out / "report.md").write_text(
+        f"# perf radio-sim\n\nLoss patterns (seeds): {', '.join(map(str, run_seeds))}; overload {minutes:g} "
+        f"minutes at 3x the link; ceiling {cap:.3f} of the link.\n\n" + "\n".join(lines) + "\n"
+    )
+    _plot(rows, run_seeds, cap, out / "plot.png")
+    console.print(f"results in {out}")
+    return out
+
+
+def _plot(rows: dict, run_seeds: list[int], cap: float, path: Path) -> None:
+    from c2dtn.perf.plots import pyplot, save_figure
+
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    x = list(range(len(run_seeds)))
+    for name, r in rows.items():
+        a.plot(x, [v["fraction"] for v in r["bulk"]], "o-", label=name)
+        b.plot(x, [v["order_p95_s"] for v in r["overload"]], "o-", label=name)
+    a.axhline(cap, color="grey", linestyle=":", label="ceiling (frame overhead)")
+    a.set(title="bulk goodput, share of the link", xlabel="loss pattern", ylim=(0, 1))
+    b.set(title="orders under 3x overload, p95 (s)", xlabel="loss pattern", ylim=(0, None))
+    a.legend(fontsize=8)
+    b.legend(fontsize=8)
+    save_figure(fig, path)

@@ -150,3 +150,20 @@ def test_bundles_are_paced_at_the_measured_rate_once_it_is_known():
     # when a retransmission or an ack's window opened beside it)
     assert statistics.median(gaps) >= 600, gaps
     assert max(q for t, q in queue if t > 40_000) <= 5, queue
+
+
+def test_perf_radio_sim_reports_both_schedulers_on_the_same_loss_patterns_and_a_seed_repeats_them(
+    tmp_path, monkeypatch
+):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    out = rs.main(runs=1, seed=3, minutes=0.5)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"] == [3] and set(summary["configs"]) == set(rs.CONFIGS)
+    report = (out / "report.md").read_text()
+    assert all(f"| {name} |" in report for name in rs.CONFIGS)
+    assert (out / "plot.png").stat().st_size > 0 and (out / "plot.json").exists()
+    again = rs.bulk(3)
+    first = summary["configs"]["model"]["bulk"][0]
+    assert (again["seconds"], again["frames"]) == (first["seconds"], first["frames"])  # same seed, same run
