@@ -450,6 +450,14 @@ def load_node_config(path: str | Path) -> NodeConfig:
             raise ConfigError(src, f"relays.{k}", v, "a node neither relays to itself nor through itself")
         cfg.relays[dst] = via
     sch = data.get("scheduler", {})
+    if isinstance(sch, dict) and "queue_keep_ms" in sch:  # retired with the queue cut (decision 0011)
+        raise ConfigError(
+            src,
+            "scheduler.queue_keep_ms",
+            sch["queue_keep_ms"],
+            "no longer used: the window follows the path's measured rate (decision 0011)",
+            "remove it",
+        )
     SCHEDULER.check(src, "scheduler", sch)
     # 0 means "none" for these (no linger, acks at once, no rate model); the rest are sizes and timers
     zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms", "aggregate_large_bytes"}

@@ -31,6 +31,7 @@ supersession, expiry and aggregation still act while the link is slow or down.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -48,6 +49,8 @@ BW_ROUNDS = 10  # the delivery rate is the largest sample of this many round tri
 FULL_BW_GROWTH = 1.25  # slow start ends after FULL_BW_ROUNDS round trips without this much more rate
 FULL_BW_ROUNDS = 3
 PACING_GAIN = 1.25  # bundles go at this multiple of the delivery rate, so a rate that grew is found
+HOLD_CAP_MIN_MS = 1000  # a hold an ack reports counts up to 2 x ack_delay_ms, or this
+PACE_SLACK_MS = 10  # what the pace may run ahead of now in one plan (a fast link needs no plan per bundle)
 SENT_STATES_MAX = 4096  # send records kept per destination for rate samples (oldest forgotten)
 
 
@@ -107,7 +110,7 @@ class Path:
     full_bw_rounds: int = 0
     filled: bool = False  # slow start found the path's rate: the model sets the window
     app_limited_until: float = 0.0  # samples before `delivered` passes this had too little to send
-    pace_at: int = 0  # the next bundle goes no sooner (pacing)
+    pace_at: float = 0.0  # routine and priority envelopes go no sooner (pacing; Scheduler.plan)
     sends: int = 0  # envelopes handed over, in all (their order)
 
     def rate(self) -> float:
@@ -165,6 +168,7 @@ class Scheduler:
         self._sent: dict[str, dict[int, tuple[float, int, int, int, int]]] = {}
         # dst -> seqs found lost (RACK, a probe's ack): due again, but not a timeout
         self._lost: dict[str, set[int]] = {}
+        self._counted: dict[str, set[int]] = {}  # group -> seqs its rate already counted (_rate_sample)
         self._pace_wait: dict[str, int] = {}  # dst -> when pacing lets its queued envelopes go
 
     def path(self, dst: str) -> Path:
@@ -216,6 +220,9 @@ class Scheduler:
                     for i in items
                 ):
                     self._on_timeout(dst, now_ms)
+        if only is None:  # recomputed below for every destination with something to send or owe
+            self._linger_until.clear()
+            self._pace_wait.clear()
         inflight = st.inflight_bytes()
         acks = dict(acks or {})
         out: list[Outgoing] = []
@@ -235,9 +242,13 @@ class Scheduler:
             chosen: list[OutItem] = []
             self._linger_until.pop(dst, None)
             self._pace_wait.pop(dst, None)
-            # pacing holds routine and priority envelopes (new or resent) until their time;
-            # flash and immediate ones, and probes, go within the window as ever
-            paced = p.pace_at > now_ms and not probe and dst not in probe_new
+            # pacing, once the path's rate is known: each envelope moves the pace on by its size
+            # at PACING_GAIN x the rate; routine and priority ones (new or resent) go a bundle's
+            # worth (aggregate_bytes) at a time, each begun only while the pace is not ahead of
+            # now; flash and immediate ones and probes whenever the window has room.  A path
+            # with nothing in flight owes no pace.
+            rate = p.rate() if p.filled and not probe and dst not in probe_new else 0.0
+            pace = max(p.pace_at, now_ms) if inflight.get(dst) else float(now_ms)
             if budget > 0:
                 queued = st.queued(dst, limit=max(16, int(budget // 64) + 16))
                 # a probe with new data does not linger: it was counted as sent, and the next one
@@ -246,23 +257,28 @@ class Scheduler:
                     self._linger_until[dst] = min(i.created_ms for i in queued) + self.cfg.linger_ms
                     queued = []
                 cands = sorted(retry + queued, key=lambda i: (i.seq not in probes, i.priority, i.seq))
-                if paced:
-                    if any(i.priority > Priority.IMMEDIATE for i in cands):
-                        self._pace_wait[dst] = p.pace_at
-                    cands = [i for i in cands if i.priority <= Priority.IMMEDIATE]
-                # paced: routine and priority envelopes a bundle's worth at a time
-                quantum = self.cfg.aggregate_bytes if p.filled and p.rate() > 0 else None
+                quantum = 0  # what the paced bundle begun may still take (a bundle's worth at a time)
                 for it in cands:
                     if budget <= 0:
                         break
-                    if quantum is not None and it.priority > Priority.IMMEDIATE:
+                    if rate and it.priority > Priority.IMMEDIATE:
                         if quantum <= 0:
-                            self._pace_wait[dst] = p.pace_at  # (set after the bundle below)
-                            continue
+                            if pace > now_ms + PACE_SLACK_MS:
+                                self._pace_wait[dst] = math.ceil(pace)
+                                continue
+                            quantum = self.cfg.aggregate_bytes
                         quantum -= it.size
                     chosen.append(it)
                     budget -= it.size
-                if budget > 0 and not paced and len(queued) == len(st.queued(dst, limit=len(queued) + 1)):
+                    if rate:
+                        pace += it.size / (PACING_GAIN * rate)
+                if rate:
+                    p.pace_at = pace
+                if (
+                    budget > 0
+                    and dst not in self._pace_wait
+                    and len(queued) == len(st.queued(dst, limit=len(queued) + 1))
+                ):
                     # all there was went, with room left: the rate samples of these say less than
                     # the path carries (BBR's app-limited samples)
                     p.app_limited_until = p.delivered + p.window - budget
@@ -281,13 +297,11 @@ class Scheduler:
                     # the pump would plan again at once, and again, for as long as the path is
                     # down; they wait for an ack (on_ack brings them back at once) or one RTO
                     # (or, held by pacing with room in the window, until the pace lets them go)
-                    at = p.pace_at if dst in self._pace_wait and p.pace_at > now_ms else now_ms + int(p.rto_ms)
+                    at = self._pace_wait[dst] if dst in self._pace_wait else now_ms + int(p.rto_ms)
                     self.store.set_retry({it.seq: at for it in waiting})
                     deferred.update((it.seq, (it.size, at)) for it in waiting)
                 if not deferred:
                     del self._deferred[dst]
-            if dst in self._pace_wait:
-                self._pace_wait[dst] = max(p.pace_at, now_ms + 1)
         return out
 
     def _tail_probes(self, now_ms: int) -> tuple[set[int], set[str]]:
@@ -442,16 +456,23 @@ class Scheduler:
                 lost.discard(it.seq)
         while len(sent) > SENT_STATES_MAX:  # superseded and expired envelopes are never acked
             del sent[next(iter(sent))]
-        rate = p.rate()
-        if p.filled and rate > 0:
-            p.pace_at = max(p.pace_at, now_ms) + int(sum(it.size for it in items) / (PACING_GAIN * rate))
 
-    def _rate_sample(self, dst: str, p: Path, items: list[OutItem], now_ms: int) -> None:
+    def _rate_sample(self, dst: str, p: Path, items: list[OutItem], now_ms: int, group: bool) -> None:
         """These arrived: a delivery-rate sample, bytes delivered since the newest of them was
         sent over the longer of the spans of sending and of acking them (BBR's rate sample,
-        draft-cheng-iccrg-delivery-rate-estimation), and the end of slow start."""
+        draft-cheng-iccrg-delivery-rate-estimation), and the end of slow start.  For a group,
+        an envelope counts at the first member's ack (the radio carried it once); its record
+        stays for the others' RACK until all have it (on_ack)."""
         sent = self._sent.get(dst, {})
-        states = [st for st in (sent.pop(it.seq, None) for it in items) if st is not None]
+        if group:
+            counted = self._counted.setdefault(dst, set())
+            items = [it for it in items if it.seq in sent and it.seq not in counted]
+            counted.update(it.seq for it in items)
+            if len(counted) > SENT_STATES_MAX:
+                counted &= set(sent)
+            states = [sent[it.seq] for it in items]
+        else:
+            states = [st for st in (sent.pop(it.seq, None) for it in items) if st is not None]
         for it in items:
             self._lost.get(dst, set()).discard(it.seq)
         p.delivered += sum(it.size for it in items)
@@ -497,6 +518,10 @@ class Scheduler:
         released, arrived = self.store.ack_from(sender, done, got)
         if not arrived and not released:
             return 0
+        for it in released:  # a group's records go once every member took the envelope
+            if it.dst != sender:
+                self._sent.get(it.dst, {}).pop(it.seq, None)
+                self._counted.get(it.dst, set()).discard(it.seq)
         probing = set()  # destinations whose tail probes were going (no progress since the first)
         for dst in {it.dst for it in arrived + released}:  # progress: a tail probe may go again
             p = self.path(dst)
@@ -517,11 +542,19 @@ class Scheduler:
             p = self.path(dst)
             fresh = [it for it in items if it.attempts == 1 and it.sent_ms is not None]
             if fresh:
-                p.sample(max(1.0, now_ms - max(it.sent_ms or 0 for it in fresh) - hold_ms), self.cfg, now_ms)
+                # the hold comes out of the sample, but no more than the receiver may hold an ack,
+                # and one sample takes no more than half off the minimum (RFC 9002 5.3 distrusts
+                # ack delays likewise): a hold inflated by a step of the peer's clock, or a lie,
+                # cannot make the path look short at once
+                raw = now_ms - max(it.sent_ms or 0 for it in fresh)
+                rtt: float = raw - min(hold_ms, max(2 * self.cfg.ack_delay_ms, HOLD_CAP_MIN_MS))
+                if p.min_rtt_ms is not None:
+                    rtt = max(rtt, min(raw, p.min_rtt_ms / 2))
+                p.sample(max(1.0, rtt), self.cfg, now_ms)
             sent = self._sent.get(dst, {})
             order = max((sent[it.seq][4] for it in fresh if it.seq in sent), default=None)
             if self.cfg.queue_target_ms:
-                self._rate_sample(dst, p, items, now_ms)
+                self._rate_sample(dst, p, items, now_ms, group=dst != sender)
             # an ack proves the path works: what timed out into an outage need not
             # wait out its backed-off timer any longer than one fresh timeout
             self._pull_in_retries(dst, now_ms + int(p.rto_ms))

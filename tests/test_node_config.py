@@ -78,7 +78,7 @@ def test_the_retired_queue_keep_setting_is_refused_by_name(tmp_path):
     """queue_keep_ms went with the queue cut it tuned (decision 0011): a file that still sets it
     is refused with the field named, not read as something else."""
     f = _write(tmp_path, GOOD.replace("aggregate_bytes = 1200", "queue_keep_ms = 500"))
-    with pytest.raises(ConfigError, match=r"scheduler\.queue_keep_ms.*unknown field"):
+    with pytest.raises(ConfigError, match=r"scheduler\.queue_keep_ms' = 500: no longer used.*remove it"):
         load_node_config(f)
 
 

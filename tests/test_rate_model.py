@@ -167,3 +167,103 @@ def test_perf_radio_sim_reports_both_schedulers_on_the_same_loss_patterns_and_a_
     again = rs.bulk(3)
     first = summary["configs"]["model"]["bulk"][0]
     assert (again["seconds"], again["frames"]) == (first["seconds"], first["frames"])  # same seed, same run
+
+
+# -- what a review broke ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("held_by", ["linger", "pacing"])
+def test_an_envelope_that_expires_while_held_back_leaves_no_wake_up_behind(held_by):
+    """An envelope held by the linger or the pace that expires meanwhile: its destination has
+    nothing left, and no wake-up stays in the past (the node would plan in a loop)."""
+    r = rs.Radio(rs.profile("cnr-tactical-1"), 7)
+    g1 = r.cores["gw1"]
+    if held_by == "pacing":  # the pace is known and ahead: a bulk transfer, then a routine one right after
+        for _ in range(20):
+            g1.submit("gw4", random.randbytes(1000), 0)
+        r.step(10_000)
+        assert g1.sched.paths["gw4"].filled
+    g1.submit("gw4", b"short-lived", r.now_ms, lifetime_ms=300)
+    r.step(r.now_ms + 5)
+    r.step(r.now_ms + 120_000)
+    plans = g1.store.counters().get("plans", 0)
+    r.step(r.now_ms + 1000)
+    assert g1.store.counters().get("plans", 0) - plans <= 3
+    w = g1.next_wakeup_ms()
+    assert w is None or w > r.now_ms
+
+
+def test_a_path_with_nothing_in_flight_owes_no_pace():
+    """A large envelope paced at a slow rate set the pace far ahead; once it is acked and
+    nothing is in flight, the next routine envelope goes at once."""
+    r = rs.Radio(rs.profile("cnr-tactical-1"), 7)
+    g1 = r.cores["gw1"]
+    for _ in range(20):
+        g1.submit("gw4", random.randbytes(1000), 0)
+    while len(r.delivered["gw4"]) < 20:
+        r.step(r.now_ms + 1000)
+    r.step(r.now_ms + 10_000)  # all acked
+    p = g1.sched.paths["gw4"]
+    p.pace_at = r.now_ms + 600_000.0  # as a huge envelope at the old rate would leave it
+    g1.submit("gw4", b"next", r.now_ms)
+    (b,) = g1.poll(r.now_ms + rs.RADIO_CFG.linger_ms)
+    assert b.seqs
+
+
+def test_a_hold_cannot_take_more_than_half_the_minimum_round_trip_in_one_ack():
+    """An ack that says it was held an hour (a lie, or a step of the peer's wall clock) takes at
+    most what the receiver may hold an ack, and at most half the minimum off in one sample."""
+    cfg = dataclasses.replace(rs.RADIO_CFG, linger_ms=0)
+    a = core("gw1", "gw4", cfg)
+    p = a.sched.path("gw4")
+    seq = a.submit("gw4", b"x" * 100, 0)
+    a.poll(0)
+    a.sched.on_ack("gw4", [], [seq], 3000, hold_ms=0)
+    assert p.min_rtt_ms == 3000
+    seq = a.submit("gw4", b"y" * 100, 4000)
+    a.poll(4000)
+    a.sched.on_ack("gw4", [], [seq], 7000, hold_ms=3600_000)
+    assert p.min_rtt_ms == 1500
+
+
+def test_a_group_counts_what_the_radio_carried_once_not_once_per_member():
+    """A bundle to a group of three crosses one broadcast radio once; each member acks it.  The
+    delivery rate is the radio's, not three times it (the window would hold three times the
+    queue)."""
+    import hashlib
+
+    from c2dtn.topologies.channel import Direction
+
+    nodes = ["deu", "m0", "m1", "m2"]
+
+    def pk(x, y):
+        return hashlib.sha256("-".join(sorted((x, y))).encode()).digest()
+
+    def mk(name):
+        groups = {"fmn": tuple(n for n in nodes if n != name)}
+        codec = Codec(name, {n: pk(name, n) for n in nodes if n != name} | {"fmn": b"g" * 32}, groups)
+        return OverlayCore(Custody(open_store("memory"), name, Quota(), groups=groups), codec, rs.RADIO_CFG)
+
+    cores = {n: mk(n) for n in nodes}
+    link = dataclasses.replace(rs.profile("cnr-tactical-1"), loss=0.0)
+    bcast, back = Direction(link, 1), {m: Direction(link, 10 + i) for i, m in enumerate(nodes[1:])}
+    for _ in range(40):
+        cores["deu"].submit("fmn", random.randbytes(1000), 0)
+    now = 0
+    while now < 120_000:
+        for f in bcast.due(now / 1000):
+            for m in nodes[1:]:
+                cores[m].on_bundle(f[: -rs.FRAME_OVERHEAD], now)
+        for m, d in back.items():
+            for f in d.due(now / 1000):
+                cores["deu"].on_bundle(f[: -rs.FRAME_OVERHEAD], now)
+            items = cores[m].take()
+            if items:
+                cores[m].consumed([i.id for i in items], now)
+            for b in cores[m].poll(now):
+                d.offer(b.payload + bytes(rs.FRAME_OVERHEAD), now / 1000)
+        for b in cores["deu"].poll(now):
+            bcast.offer(b.payload + bytes(rs.FRAME_OVERHEAD), now / 1000)
+        now += 50
+    carried = link.rate_bps / 8 / 1000 * 1000 / (1068 + rs.FRAME_OVERHEAD)  # body bytes per ms
+    assert cores["deu"].sched.paths["fmn"].rate() < 1.3 * carried
