@@ -86,6 +86,10 @@ class OverlayCore:
         self._acks_recent: dict[str, list[tuple[int, list[int], list[int]]]] = {}  # source -> (sent, done, got)
         self._pongs: dict[str, list[int]] = {}  # peer -> seqs of answers to its pings, maybe still held
         self._newest_at: dict[str, int] = {}  # source -> when its newest envelope arrived (acks say how long ago)
+        # sources an envelope arrived from out of its turn (one before it missing), or that filled
+        # such a gap: their acks go at once, as TCP's and QUIC's do, so the origin finds a loss,
+        # or that there was none, an ack delay sooner
+        self._gap: set[str] = set()
 
     @property
     def node(self) -> str:
@@ -198,7 +202,9 @@ class OverlayCore:
         """only: of these sources alone (those with acks still held back)."""
         srcs = {e.source for _, _, envs in opened for e in envs if e.kind != Kind.ACK}
         return any(
-            self._ack_bytes.get(src, 0) >= self._ack_bytes_due or self._ack_count.get(src, 0) >= ACK_BATCH
+            self._ack_bytes.get(src, 0) >= self._ack_bytes_due
+            or self._ack_count.get(src, 0) >= ACK_BATCH
+            or src in self._gap
             for src in (srcs if only is None else srcs & only)
         )
 
@@ -276,6 +282,8 @@ class OverlayCore:
                     res.taken += r.outcome in ("delivered", "held")
                     if r.outcome in ("delivered", "held"):
                         self._newest_at[src] = now_ms
+                    if r.outcome == "held" or r.released > 1:  # a gap opened, or one closed
+                        self._gap.add(src)
             except EnvelopeError as e:
                 self._reject(
                     res,
@@ -346,6 +354,7 @@ class OverlayCore:
                 now_ms - since >= self.sched.cfg.ack_delay_ms
                 or len(done) + len(got) >= ACK_BATCH
                 or self._ack_bytes.get(origin, 0) >= self._ack_bytes_due
+                or origin in self._gap
             ):
                 due.add(origin)
         fresh = {o: (list(d), list(g)) for o, (d, g) in acks.items()}
@@ -382,6 +391,7 @@ class OverlayCore:
                     self.store.acks_sent(origin, done, got)
                     self._ack_since.pop(origin, None)
                     self._newest_at.pop(origin, None)
+                    self._gap.discard(origin)
                     self._ack_bytes.pop(origin, None)
                     self._ack_count.pop(origin, None)
                     if origin in fresh:

@@ -262,6 +262,8 @@ class Scheduler:
                     if budget <= 0:
                         break
                     if rate and it.priority > Priority.IMMEDIATE:
+                        if it.size > quantum and quantum < self.cfg.aggregate_bytes:
+                            quantum = 0  # it would not fit the bundle begun: the next one waits its turn
                         if quantum <= 0:
                             if pace > now_ms + PACE_SLACK_MS:
                                 self._pace_wait[dst] = math.ceil(pace)
@@ -571,6 +573,7 @@ class Scheduler:
                     }
                     if lost:
                         self.store.set_retry(lost)
+                        self._mark_lost(dst, lost)
             # RACK's reordering window (RFC 8985 6.2): a quarter of the minimum round trip to
             # start with (a BPA that hands bundles over a little out of order is not losing
             # them), one quarter more each time a resent envelope proves to have arrived anyway

@@ -267,3 +267,24 @@ def test_a_group_counts_what_the_radio_carried_once_not_once_per_member():
         now += 50
     carried = link.rate_bps / 8 / 1000 * 1000 / (1068 + rs.FRAME_OVERHEAD)  # body bytes per ms
     assert cores["deu"].sched.paths["fmn"].rate() < 1.3 * carried
+
+
+def test_an_envelope_out_of_its_turn_is_acked_at_once_not_after_the_ack_delay():
+    """A gap (the envelope before this one lost) is news the origin needs now: the ack goes at
+    once, as TCP's and QUIC's do, and again when the gap is filled; in turn, it waits its
+    ack delay for company."""
+    b = core("gw4", "gw1")  # the radio's settings: acks wait 1 s for company
+    a = core("gw1", "gw4", dataclasses.replace(rs.RADIO_CFG, linger_ms=0))
+    first = a.submit("gw4", random.randbytes(1000), 0)
+    a.submit("gw4", random.randbytes(1000), 0)
+    lost, second = a.poll(0)
+    assert lost.seqs == [first]
+    b.on_bundle(second.payload, 100)  # out of its turn
+    assert b.poll(100), "the ack waited for its delay"
+    b.on_bundle(lost.payload, 200)  # the gap filled
+    assert b.poll(200)
+    third = a.submit("gw4", random.randbytes(1000), 300)
+    (bd,) = a.poll(300)
+    assert bd.seqs == [third]
+    b.on_bundle(bd.payload, 400)  # in turn: waits for company
+    assert not b.poll(400) and b.poll(1400)
