@@ -244,9 +244,9 @@ class Scheduler:
             self._pace_wait.pop(dst, None)
             # pacing, once the path's rate is known: each envelope moves the pace on by its size
             # at PACING_GAIN x the rate; routine and priority ones (new or resent) go a bundle's
-            # worth (aggregate_bytes) at a time, each begun only while the pace is not ahead of
-            # now; flash and immediate ones and probes whenever the window has room.  A path
-            # with nothing in flight owes no pace.
+            # worth (the larger aggregate size) at a time, each begun only while the pace is not
+            # ahead of now; flash and immediate ones and probes whenever the window has room.  A
+            # path with nothing in flight owes no pace.
             rate = p.rate() if p.filled and not probe and dst not in probe_new else 0.0
             pace = max(p.pace_at, now_ms) if inflight.get(dst) else float(now_ms)
             if budget > 0:
@@ -258,17 +258,18 @@ class Scheduler:
                     queued = []
                 cands = sorted(retry + queued, key=lambda i: (i.seq not in probes, i.priority, i.seq))
                 quantum = 0  # what the paced bundle begun may still take (a bundle's worth at a time)
+                bundle_max = max(self.cfg.aggregate_bytes, self.cfg.aggregate_large_bytes)
                 for it in cands:
                     if budget <= 0:
                         break
                     if rate and it.priority > Priority.IMMEDIATE:
-                        if it.size > quantum and quantum < self.cfg.aggregate_bytes:
+                        if it.size > quantum and quantum < bundle_max:
                             quantum = 0  # it would not fit the bundle begun: the next one waits its turn
                         if quantum <= 0:
                             if pace > now_ms + PACE_SLACK_MS:
                                 self._pace_wait[dst] = math.ceil(pace)
                                 continue
-                            quantum = self.cfg.aggregate_bytes
+                            quantum = bundle_max
                         quantum -= it.size
                     chosen.append(it)
                     budget -= it.size
