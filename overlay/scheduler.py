@@ -250,12 +250,15 @@ class Scheduler:
             rate = p.rate() if p.filled and not probe and dst not in probe_new else 0.0
             pace = max(p.pace_at, now_ms) if inflight.get(dst) else float(now_ms)
             if budget > 0:
-                queued = st.queued(dst, limit=max(16, int(budget // 64) + 16))
+                limit = max(16, int(budget // 64) + 16)
+                queued = st.queued(dst, limit=limit + 1)  # one more than is taken: is there more?
+                more = len(queued) > limit
+                queued = queued[:limit]
                 # a probe with new data does not linger: it was counted as sent, and the next one
                 # is backed off (held here, it went only when the linger ended, or later)
                 if queued and not retry and dst not in probe_new and self._lingers(queued, now_ms):
                     self._linger_until[dst] = min(i.created_ms for i in queued) + self.cfg.linger_ms
-                    queued = []
+                    queued, more = [], True
                 cands = sorted(retry + queued, key=lambda i: (i.seq not in probes, i.priority, i.seq))
                 quantum = 0  # what the paced bundle begun may still take (a bundle's worth at a time)
                 bundle_max = max(self.cfg.aggregate_bytes, self.cfg.aggregate_large_bytes)
@@ -277,18 +280,14 @@ class Scheduler:
                         pace += it.size / (PACING_GAIN * rate)
                 if rate:
                     p.pace_at = pace
-                if (
-                    budget > 0
-                    and dst not in self._pace_wait
-                    and len(queued) == len(st.queued(dst, limit=len(queued) + 1))
-                ):
+                if budget > 0 and dst not in self._pace_wait and not more:
                     # all there was went, with room left: the rate samples of these say less than
                     # the path carries (BBR's app-limited samples)
                     p.app_limited_until = p.delivered + p.window - budget
             ack = acks.pop(dst, ([], []))
             if not chosen and acks_due is not None and dst not in acks_due:
                 ack = ([], [])  # not worth a bundle of its own yet
-            out.extend(self._bundle(dst, chosen, ack, now_ms, holds))
+            out.extend(self._bundle(dst, chosen, ack, now_ms, holds, inflight.get(dst, 0)))
             if retry:
                 going = {it.seq for it in chosen}
                 deferred = self._deferred.setdefault(dst, {})
@@ -378,7 +377,13 @@ class Scheduler:
         )
 
     def _bundle(
-        self, dst: str, items: list[OutItem], ack_seqs: AckSeqs, now_ms: int, holds: dict[str, int] | None = None
+        self,
+        dst: str,
+        items: list[OutItem],
+        ack_seqs: AckSeqs,
+        now_ms: int,
+        holds: dict[str, int] | None = None,
+        inflight: int = 0,
     ) -> list[Outgoing]:
         if isinstance(ack_seqs, dict):
             has_acks = any(d or g for d, g in ack_seqs.values())
@@ -439,15 +444,16 @@ class Scheduler:
             )
         if items:
             p = self.path(dst)
-            self._sent_states(dst, p, items, now_ms)
+            self._sent_states(dst, p, items, now_ms, inflight)
             p.last_sent_ms = now_ms
             retry_at = {it.seq: now_ms + int(min(self.cfg.max_rto_ms, p.rto_ms * (2**it.attempts))) for it in items}
             self.store.mark_sent([it.seq for it in items], now_ms, retry_at)
         return bundles
 
-    def _sent_states(self, dst: str, p: Path, items: list[OutItem], now_ms: int) -> None:
-        """Record what a rate sample of these will be taken against, and pace the next send."""
-        if not self.store.inflight_bytes().get(dst):  # nothing in flight (copies count): a new span begins
+    def _sent_states(self, dst: str, p: Path, items: list[OutItem], now_ms: int, inflight: int) -> None:
+        """Record what a rate sample of these will be taken against, and pace the next send.
+        inflight: bytes in flight to dst before these (copies count)."""
+        if not inflight:  # nothing in flight: a new span begins
             p.first_sent_ms = p.delivered_ms = now_ms
         sent = self._sent.setdefault(dst, {})
         lost = self._lost.get(dst)
