@@ -54,6 +54,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from c2dtn.perf import capture
 from c2dtn.perf.plots import pyplot, save_figure
 from c2dtn.perf.runs import run_dir
 from c2dtn.topologies import testbed
@@ -244,6 +245,28 @@ def _link_bytes(names: list[str]) -> dict[str, int]:
     return out
 
 
+def _capture(links: list[str], where: Path) -> list[Path]:
+    """Capture what the links deliver (the userspace emulator only; netem's are not)."""
+    if testbed.read_state().get("backend") != "userspace":
+        return []
+    where.mkdir(parents=True, exist_ok=True)
+    return [Path(p) for p in testbed.capture(links, where).values()]
+
+
+def _layers(pcaps: list[Path], configs: dict[str, Path]) -> dict:
+    """The captured link bytes split by layer (perf/capture.py), with what was counted."""
+    sp = capture.split_run(pcaps, capture.codecs_of(configs))
+    return {
+        "bytes": dict(sp.bytes),
+        "frames": sp.frames,
+        "bundles": sp.bundles,
+        "ack_only_bundles": sp.ack_only_bundles,
+        "data_envelopes": sp.data_envelopes,
+        "retransmitted": sp.retransmitted,
+        "unopened": sp.unopened,
+    }
+
+
 def _stop_clients(clients: list, readers: list) -> None:
     """End the MQTT client processes and wait until their readers have taken every line."""
     for c in clients:
@@ -268,6 +291,7 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
             for n in s.nodes.paths:
                 s.nodes.wait_ready(n)
         bytes0 = _link_bytes(s.dil_links)
+        pcaps = _capture(s.dil_links, workdir / mode / "capture")
         mine: list[dict] = []
         clients, readers = [], []
         for node, rx in s.plain_subs:
@@ -351,6 +375,9 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
             "run_s": time.monotonic() - t0,
         }
         info["link_bytes"] = sum(info["link_bytes_by_dir"].values())
+        if pcaps:
+            testbed.capture(s.dil_links, None)
+            info["layers"] = _layers(pcaps, s.nodes.paths if s.nodes else {})
         if s.nodes:
             status = {n: s.nodes.status(n) for n in s.nodes.gateways}
             info["gateway_counters"] = {n: st_.get("mqtt", {}).get("counters", {}) for n, st_ in status.items()}
@@ -438,6 +465,7 @@ def summarize(events: list[dict], mode: str, info: dict, period: float = 2.0) ->
         "link_bytes_per_delivery": info["link_bytes"] / len(delivered)
         if delivered and info.get("link_bytes")
         else None,
+        "layers": info.get("layers"),
         "goodput_fraction": len(reached) * report_bytes * 8 / (link_bps * run_s) if link_bps and run_s else None,
         "aoi_series": series,
         # each gateway's own counters (overlay custody and MQTT), for tracing a figure back
@@ -582,6 +610,7 @@ def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
             "| " + " | ".join(c.replace("  ", "&nbsp;&nbsp;", 1) if c.startswith("  ") else c for c in cells) + " |"
         )
     console.print(t)
+    md += layer_table(rows)
     md += [
         "",
         "Deliveries count receiver x report pairs across an emulated link. superseded (modes that "
@@ -602,13 +631,46 @@ def report(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     with open(out / "summary.csv", "w", newline="") as fh:
         w = csv.DictWriter(
             fh,
-            fieldnames=[k for k in rows[0] if k not in ("aoi_series", "counters", "link_bytes_by_dir")],
+            fieldnames=[k for k in rows[0] if k not in ("aoi_series", "counters", "link_bytes_by_dir", "layers")],
             extrasaction="ignore",
         )
         w.writeheader()
         w.writerows(rows)
     plots(out, plan, events, rows)
     console.print(f"results in {out}")
+
+
+def layer_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: the captured link bytes per layer and per delivery, a column per mode."""
+    have = [r for r in rows if r.get("layers")]
+    if not have:
+        return []
+    keys = [(k, name) for k, name in capture.LAYERS if any(r["layers"]["bytes"].get(k) for r in have)]
+    md = [
+        "",
+        "## Where the link bytes go",
+        "",
+        "From captures of what the emulated links delivered, both ways, split by layer (perf/capture.py); "
+        "bytes per delivery (receiver x report pair).",
+        "",
+        "| layer | " + " | ".join(r["mode"] for r in have) + " |",
+        "|---|" + "---:|" * len(have),
+    ]
+    for k, name in keys + [("", "all")]:
+        cells = []
+        for r in have:
+            b = r["layers"]["bytes"]
+            v = sum(b.values()) if not k else b.get(k, 0)
+            cells.append(f"{v / r['delivered']:.1f}" if r["delivered"] else "-")
+        md.append(f"| {name} | " + " | ".join(cells) + " |")
+    counts = "; ".join(
+        f"{r['mode']}: {r['layers']['frames']:,} frames, {r['layers']['bundles']:,} bundles "
+        f"({r['layers']['ack_only_bundles']:,} of acks alone), {r['layers']['data_envelopes']:,} data envelopes "
+        f"and {r['layers']['retransmitted']:,} retransmitted"
+        for r in have
+    )
+    md += ["", f"Counted: {counts}."]
+    return md
 
 
 def _deliveries(events: list[dict], mode: str) -> list[tuple[str, str, float, float]]:

@@ -255,3 +255,22 @@ reverse_profile = "lan"
     assert mean_burst == pytest.approx(4.0, rel=0.30)
     rev = probe.send_stream(st, "gb", "ga", count=2000, interval_s=0.001, drain_s=0.5, port=probe.PORT + 2)
     assert rev.loss() == 0.0  # the reverse direction has its own (lan) profile
+
+
+def test_capture_holds_what_the_link_delivered(clean, tmp_path):
+    """`testbed.capture`: the pcap of a lossy link holds the frames it delivered, not the lost ones."""
+    from scapy.utils import RawPcapReader
+
+    st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=7)
+    paths = testbed.capture(["r2-r3"], tmp_path)
+    run = probe.send_stream(st, "h1", "h4", count=200, interval_s=0.1, payload=12, drain_s=1.5)
+    testbed.capture(["r2-r3"], None)
+    live = testbed.status()["links"]["r2-r3"]["live"]
+    frames = [f for f, _ in RawPcapReader(paths["r2-r3"])]
+    got = len(run.arrivals)
+    print(f"{len(frames)} frames captured; {got} probes received; link delivered {live['ab']['delivered']} a->b")
+    assert sum(1 for f in frames if len(f) == PROBE_FRAME) == got  # each probe that arrived, once
+    assert len(frames) == live["ab"]["delivered"] + live["ba"]["delivered"]
+    assert testbed.capture(["r2-r3"], None) == {}  # stopping twice is harmless
+    with pytest.raises(testbed.ConfigError, match="no-such-link"):
+        testbed.capture(["no-such-link"], tmp_path)

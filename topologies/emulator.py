@@ -62,6 +62,7 @@ class Emulator:
         self.ab = Direction(profile_ab, seed=seed)
         self.ba = Direction(profile_ba, seed=None if seed is None else seed + 1)
         self.send_errors = 0
+        self.capture = None  # a PcapWriter while capturing (the capture command)
         self.started = time.monotonic()
         self.running = True
         try:
@@ -109,14 +110,35 @@ class Emulator:
             self.ba.set_up(cmd == "up", now)
             log.info("link %s", cmd)
             return {"ok": True, "at": now}
+        if cmd == "capture":
+            return self._capture(req.get("path"))
         if cmd == "stop":
             self.running = False
             return {"ok": True}
         return {
             "ok": False,
             "error": f"unknown command {cmd!r}",
-            "commands": ["ping", "status", "set", "down", "up", "stop"],
+            "commands": ["ping", "status", "set", "down", "up", "capture", "stop"],
         }
+
+    def _capture(self, path: object) -> dict:
+        """Write every frame the link delivers, both ways, to a pcap file at `path` (None: stop).
+        Lost and dropped frames are not in it: it is what the radio carried."""
+        if self.capture is not None:
+            self.capture.close()
+            self.capture = None
+        if path is None:
+            return {"ok": True}
+        if not isinstance(path, str) or not path:
+            return {"ok": False, "error": f"capture path is not a file name: {path!r}"}
+        from scapy.utils import PcapWriter  # only a capturing emulator pays for the import
+
+        try:
+            self.capture = PcapWriter(path, linktype=1, sync=False)  # 1: Ethernet (DLT_EN10MB)
+        except OSError as e:
+            return {"ok": False, "error": f"cannot write capture {path!r}: {e}"}
+        log.info("capturing %s to %s", self.link, path)
+        return {"ok": True, "path": path}
 
     def serve_control(self) -> None:
         try:
@@ -163,6 +185,9 @@ class Emulator:
         frames = d.due(now)
         if not frames:
             return
+        if self.capture is not None:
+            for f in frames:
+                self.capture.write(f)  # stamped with the wall clock
         send = sock.send
         for f in frames:
             try:
@@ -197,6 +222,8 @@ class Emulator:
                     self.serve_control()
             self._flush(self.sb, ab, now)
             self._flush(self.sa, ba, now)
+        if self.capture is not None:
+            self.capture.close()
         try:
             os.unlink(self.control_path)
         except FileNotFoundError:

@@ -506,6 +506,27 @@ def status() -> dict[str, Any]:
     return st
 
 
+def capture(links: list[str], out: Path | None) -> dict[str, str]:
+    """Have the emulators of `links` write what they deliver to out/<link>.pcap (None: stop).
+    The userspace emulator only: netem's links are captured with tcpdump, if at all."""
+    st = read_state()
+    if st is None:
+        raise TestbedError("no topology is up (start one with: c2dtn topo up NAME)")
+    if st["backend"] != "userspace":
+        raise TestbedError(f"links of the {st['backend']} backend are not captured (the userspace emulator is)")
+    paths: dict[str, str] = {}
+    for name in links:
+        if name not in st["links"]:
+            raise ConfigError("topology " + st["topology"], "LINK", name, "no such link", ", ".join(st["links"]))
+        path = None if out is None else str(Path(out) / f"{name}.pcap")
+        r = emu_call(st["links"][name]["control"], {"cmd": "capture", "path": path})
+        if not r.get("ok"):
+            raise TestbedError(f"link {name}: {r.get('error')}")
+        if path is not None:
+            paths[name] = path
+    return paths
+
+
 def node_netns(st: dict[str, Any], node: str) -> str:
     if node not in st["nodes"]:
         raise ConfigError(

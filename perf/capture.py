@@ -1,0 +1,192 @@
+"""Where a radio link's bytes go: a capture of what an emulated link delivered (the emulator's
+`capture` command, topologies.testbed.capture), split by layer.
+
+Each frame is read down as far as it goes: Ethernet, IP and UDP or TCP headers; for a bundle
+of the UDP convergence layer, its blocks (the primary block apart) around the payload; for a
+c2dtn container in the payload, its framing, and for each sealed envelope in it, the seal (its
+AEAD tag and CBOR framing), the envelope's fields and its body as sent.  Envelopes are opened
+with the run's own keys (the node configs), so the split is of the bytes as they crossed the
+link.  A data envelope already seen (same origin, incarnation and sequence number) is a
+retransmission and counted as such whole; an ack envelope is counted whole as acks.  TCP
+payload (the Mosquitto bridge) stays one layer: MQTT.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cbor2
+
+from c2dtn.overlay.config import load_node_config
+from c2dtn.overlay.envelope import Codec, EnvelopeError, Kind, split_container
+
+# the layers in the order a report table lists them
+LAYERS = (
+    ("headers", "Ethernet, IP, UDP/TCP headers"),
+    ("primary", "bundle primary block"),
+    ("blocks", "other bundle blocks and the payload block's framing"),
+    ("container", "container framing (sender, destination, arrays, origin tags)"),
+    ("seal", "seal of new data envelopes (AEAD tag, CBOR framing)"),
+    ("fields", "fields of new data envelopes (ids, times, priority, order, key)"),
+    ("body", "bodies of new data envelopes, as sent (compressed)"),
+    ("retransmit", "retransmitted data envelopes (seal, fields, body)"),
+    ("acks", "ack envelopes (seal, fields, ack body)"),
+    ("mqtt", "TCP payload (MQTT)"),
+    ("other", "frames that are neither (ARP, ICMP, neighbour discovery, unreadable)"),
+)
+
+
+@dataclass
+class Split:
+    """Bytes per layer of one capture (LAYERS), and what was counted."""
+
+    bytes: Counter = field(default_factory=Counter)
+    frames: int = 0
+    bundles: int = 0
+    ack_only_bundles: int = 0
+    data_envelopes: int = 0  # new ones
+    retransmitted: int = 0
+    unopened: int = 0  # envelopes no key here opens (counted as body)
+
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+    def add(self, other: "Split") -> None:
+        self.bytes.update(other.bytes)
+        for k in ("frames", "bundles", "ack_only_bundles", "data_envelopes", "retransmitted", "unopened"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+def codecs_of(configs: dict[str, Path]) -> dict[str, Codec]:
+    """A codec per overlay node, from its config file (the relay's has no keys: skipped)."""
+    out = {}
+    for node, path in configs.items():
+        try:
+            cfg = load_node_config(path)
+        except Exception:  # noqa: BLE001 - a relay's config, or one that is not a node's
+            continue
+        out[node] = Codec(cfg.id, cfg.keys, cfg.groups)
+    return out
+
+
+def _ip(frame: bytes) -> tuple[int, bytes, int] | None:
+    """(IP protocol, transport segment, header bytes so far) of an Ethernet frame, or None."""
+    from scapy.layers.inet import IP
+    from scapy.layers.inet6 import IPv6
+    from scapy.layers.l2 import Ether
+
+    eth = Ether(frame)
+    ip = eth.getlayer(IP) or eth.getlayer(IPv6)
+    if ip is None:
+        return None
+    hdr = len(frame) - len(bytes(ip.payload)) if isinstance(ip, IP) else len(frame) - ip.plen
+    if isinstance(ip, IP) and ip.frag:
+        return None
+    return (ip.proto if isinstance(ip, IP) else ip.nh), frame[hdr:], hdr
+
+
+def split_capture(path: Path, codecs: dict[str, Codec], seen: set | None = None) -> Split:
+    """The layers of every frame in the pcap at `path`.  seen: data envelope ids met so far (a
+    retransmission is one met before), shared across the captures of one run."""
+    from scapy.utils import RawPcapReader
+
+    seen = set() if seen is None else seen
+    sp = Split()
+    for frame, _meta in RawPcapReader(str(path)):
+        sp.frames += 1
+        got = _ip(frame)
+        if got is None:
+            sp.bytes["other"] += len(frame)
+            continue
+        proto, seg, hdr = got
+        if proto == 6 and len(seg) >= 20:  # TCP
+            off = (seg[12] >> 4) * 4
+            sp.bytes["headers"] += hdr + off
+            sp.bytes["mqtt"] += len(seg) - off
+            continue
+        if proto != 17 or len(seg) < 8:
+            sp.bytes["other"] += len(frame)
+            continue
+        sp.bytes["headers"] += hdr + 8
+        _bundle(seg[8:], codecs, seen, sp)
+    return sp
+
+
+def _bundle(data: bytes, codecs: dict[str, Codec], seen: set, sp: Split) -> None:
+    """A UDP payload: a BPv7 bundle (an array of blocks) holding a container, as far as it reads."""
+    try:
+        blocks = cbor2.loads(data)
+        primary = blocks[0]
+        payload = next(b[4] for b in blocks[1:] if b[0] == 1)
+        sender, dst, items, tags = split_container(payload)
+    except (cbor2.CBORDecodeError, EnvelopeError, IndexError, TypeError, KeyError, StopIteration, ValueError):
+        sp.bytes["other"] += len(data)
+        return
+    sp.bundles += 1
+    sp.bytes["primary"] += len(cbor2.dumps(primary))
+    sp.bytes["blocks"] += len(data) - len(payload) - len(cbor2.dumps(primary))
+    codec = codecs.get(dst) or next(
+        (c for n, c in codecs.items() if dst in c.groups and n != sender and sender in c.groups[dst]), None
+    )
+    inner = 0
+    container = None
+    if codec is not None:
+        try:
+            container = codec.open_container(payload)
+        except EnvelopeError:
+            container = None
+    data_here = False
+    for it in items:
+        raw = len(cbor2.dumps(it))
+        inner += raw
+        ct, _tag = it
+        env = None
+        if container is not None:
+            try:
+                env = codec.open(sender, it, container)  # type: ignore[union-attr]
+            except EnvelopeError:
+                env = None
+        if env is None:
+            sp.unopened += 1
+            sp.bytes["body"] += raw
+            continue
+        if env.kind == Kind.ACK:
+            sp.bytes["acks"] += raw
+            continue
+        data_here = True
+        if env.msg_id in seen:
+            sp.retransmitted += 1
+            sp.bytes["retransmit"] += raw
+            continue
+        seen.add(env.msg_id)
+        sp.data_envelopes += 1
+        body = len(cbor2.loads(codec.map_bytes(env))[8])  # type: ignore[union-attr]  (K_BODY: as sent)
+        sp.bytes["seal"] += raw - len(ct)
+        sp.bytes["body"] += body
+        sp.bytes["fields"] += len(ct) - body
+    sp.bytes["container"] += len(payload) - inner
+    if not data_here:
+        sp.ack_only_bundles += 1
+
+
+def split_run(pcaps: list[Path], codecs: dict[str, Codec]) -> Split:
+    """The layers of all of a run's captures together (retransmissions counted across them)."""
+    seen: set = set()
+    total = Split()
+    for p in pcaps:
+        total.add(split_capture(p, codecs, seen))
+    return total
+
+
+def table(split: Split, per: int, what: str = "delivered report") -> tuple[list[str], list[list[str]]]:
+    """Header and rows: bytes per layer, in all and per `what` (per: how many), and the share."""
+    tot = split.total() or 1
+    rows = []
+    for key, name in LAYERS:
+        b = split.bytes.get(key, 0)
+        if b:
+            rows.append([name, f"{b:,}", f"{b / per:.1f}" if per else "-", f"{100 * b / tot:.0f} %"])
+    rows.append(["all", f"{split.total():,}", f"{split.total() / per:.1f}" if per else "-", "100 %"])
+    return ["layer", "bytes", f"per {what}", "share"], rows
