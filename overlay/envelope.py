@@ -8,8 +8,9 @@ docs/decisions/0001-envelope-aead.md):
   sealed envelope = CBOR [ciphertext, tag]: AES-GCM-SIV (RFC 8452) of the map bytes under
                     the key of the destination (the pair key of sender and receiver, or
                     the group's key), its 16-byte tag apart
-  map bytes       = CBOR map with small integer keys (see K_* below); the destination is
-                    not in it (the container names it once, and the nonce binds it)
+  map bytes       = CBOR map with small integer keys (see K_* below); neither the destination
+                    nor the origin is in it (the container names them once, and the nonce
+                    binds them), nor what is the default (decision 0012)
   nonce           = SHA-256(NONCE_CONTEXT | sender | 0 | destination)[:12]
 
 A relay, a radio eavesdropper or a BPA sees who sent a bundle to whom and how large its
@@ -38,7 +39,7 @@ the receiver, one in 2**64; it costs 9 bytes per other member and bundle, not pe
 envelope.
 
 A long supersession key travels as a short digest (wire_key): receivers see that
-digest, which compares the same way.  Every failure raises a subclass of EnvelopeError
+digest (received_key), which compares the same way.  Every failure raises a subclass of EnvelopeError
 naming what was wrong.
 """
 
@@ -69,8 +70,10 @@ try:
 except ImportError:  # pragma: no cover - zstandard is a declared dependency
     zstandard = None  # type: ignore[assignment]
 
-CONTAINER_VERSION = 2  # 2: envelopes encrypted (AES-GCM-SIV), the destination in the container
-ENVELOPE_VERSION = 1
+# 2: envelopes encrypted (AES-GCM-SIV), the destination in the container; 3: the envelope map
+# without what the container says (version, origin) or what is the default (data, routine), and
+# short forms of lifetime, supersession key, app and floor (decision 0012)
+CONTAINER_VERSION = 3
 TAG_BYTES = 16
 ORIGIN_TAG_BYTES = 8
 # The one size limit (docs/security.md): a message body as submitted.  Every entry point refuses
@@ -120,14 +123,22 @@ class Compression(IntEnum):
     ZSTD_DICT2 = 4  # ... v2: reports and the MQTT gateway's bodies carrying them
 
 
-# map keys
-K_VERSION, K_KIND, K_ORIGIN, K_SEQ, K_CREATED, K_LIFETIME, K_PRIORITY = 0, 1, 2, 3, 4, 5, 6
+# map keys (0, the envelope version, and 2, the origin, were in the map until container version 3:
+# the container's version and sender say them; 10 was the destination, until version 2)
+K_KIND, K_SEQ, K_CREATED, K_LIFETIME, K_PRIORITY = 1, 3, 4, 5, 6
 K_SUPERSEDE, K_BODY, K_COMPRESSION, K_APP, K_CSEQ, K_FLOOR, K_INC = 7, 8, 9, 11, 12, 13, 14
-# (10 was the destination, in the map until container version 2 named it once per bundle)
+K_LIFETIME_S = 15  # the lifetime in whole seconds, when it is whole (instead of K_LIFETIME)
+K_FLOOR_BACK = 16  # cseq - floor (instead of K_FLOOR, when the floor is at or below cseq)
+RETIRED_KEYS = (0, 2, 10)  # a map with any of them is of an older version: refused
+# apps with a one-byte code on the wire; any other name travels as text
+APP_CODES = {"raw": 1, "mqtt": 2, "coap": 3, "ping": 4, "pong": 5}
+APP_NAMES = {v: k for k, v in APP_CODES.items()}
+KEY_DIGEST_BYTES = 9  # a supersession key longer than this travels as a digest of this size
 ORIGIN_CONTEXT = b"c2dtn origin v2\0"
-ENVELOPE_CONTEXT = b"c2dtn envelope v2\0"  # the AEAD's associated data
+ENVELOPE_CONTEXT = b"c2dtn envelope v3\0"  # the AEAD's associated data (v3: container version 3's map)
 NONCE_CONTEXT = b"c2dtn nonce v2\0"
 AEAD_KEY_LABEL = b"c2dtn aead key v2"
+MAX_LIFETIME_S = 1 << 40  # far beyond any lifetime (an int the store keeps in ms without overflow)
 INC_BITS = 32  # an incarnation is 1 .. 2**32 - 1 (0: none, what a store before incarnations sent)
 
 
@@ -352,28 +363,33 @@ class Codec:
 
     def map_bytes(self, env: Envelope) -> bytes:
         """The envelope's map as it is sealed (module doc)."""
+        if env.origin != self.node:
+            raise ValueError(f"envelope of origin {env.origin!r} sealed by {self.node!r}: only its origin seals it")
         # an ack's body travels plain: a receiver decodes it before anything else, so it must cost
         # what it weighs on the wire (a compressed ack could inflate to megabytes of CBOR)
         comp, wire_body = (Compression.NONE, env.body) if env.kind == Kind.ACK else _compress(env.body, self._zdict)
-        m: dict[int, object] = {
-            K_VERSION: ENVELOPE_VERSION,
-            K_KIND: int(env.kind),
-            K_ORIGIN: env.origin,
-            K_SEQ: env.seq,
-            K_CREATED: env.created_ms,
-            K_LIFETIME: env.lifetime_ms,
-            K_PRIORITY: int(env.priority),
-            K_BODY: wire_body,
-        }
+        # the origin is the container's sender; what is left out is the default (_from_map)
+        m: dict[int, object] = {K_SEQ: env.seq, K_CREATED: env.created_ms}
+        if env.kind != Kind.DATA:
+            m[K_KIND] = int(env.kind)
+        if env.lifetime_ms % 1000:
+            m[K_LIFETIME] = env.lifetime_ms
+        else:
+            m[K_LIFETIME_S] = env.lifetime_ms // 1000
+        if env.priority != Priority.ROUTINE:
+            m[K_PRIORITY] = int(env.priority)
+        m[K_BODY] = wire_body
         if comp != Compression.NONE:
             m[K_COMPRESSION] = int(comp)
         if env.supersede is not None:
             m[K_SUPERSEDE] = wire_key(env.supersede)
         if env.app:
-            m[K_APP] = env.app
+            m[K_APP] = APP_CODES.get(env.app, env.app)
         if env.cseq:
             m[K_CSEQ] = env.cseq
-        if env.floor:
+        if env.floor and env.floor <= env.cseq:
+            m[K_FLOOR_BACK] = env.cseq - env.floor
+        elif env.floor:
             m[K_FLOOR] = env.floor
         if env.inc:
             m[K_INC] = env.inc
@@ -501,8 +517,12 @@ class Codec:
     def _from_map(self, m: object, sender: str, dst: str, budget: int = MAX_BODY_BYTES) -> Envelope:
         if not isinstance(m, dict):
             raise Malformed(f"envelope is not a map: {short(m)}")
-        if m.get(K_VERSION) != ENVELOPE_VERSION:
-            raise BadVersion(f"envelope version {short(m.get(K_VERSION))}, this node speaks {ENVELOPE_VERSION}")
+        old = [k for k in RETIRED_KEYS if k in m]
+        if old:
+            raise BadVersion(f"envelope map has key {old[0]}, retired in container version {CONTAINER_VERSION}")
+        for a, b, what in ((K_LIFETIME, K_LIFETIME_S, "lifetime"), (K_FLOOR, K_FLOOR_BACK, "floor")):
+            if a in m and b in m:
+                raise Malformed(f"envelope has its {what} twice (keys {a} and {b})")
 
         def get(k: int, typ: type | tuple, name: str, default=...):
             if k not in m:
@@ -514,39 +534,65 @@ class Codec:
                 raise Malformed(f"envelope {name} has the wrong type: {short(v)}")
             return v
 
-        kind = get(K_KIND, int, "kind")
+        kind = get(K_KIND, int, "kind", int(Kind.DATA))
         if kind not in (Kind.DATA, Kind.ACK):
             raise Malformed(f"unknown envelope kind {short(kind)}")
-        origin = get(K_ORIGIN, str, "origin")
-        if origin != sender:
-            raise Malformed(f"origin {short(origin)} is not the bundle's sender {short(sender)}")
         seq = get(K_SEQ, int, "seq")
         created = get(K_CREATED, int, "creation time")
-        lifetime = get(K_LIFETIME, int, "lifetime")
+        if K_LIFETIME_S in m:
+            lifetime_s = get(K_LIFETIME_S, int, "lifetime")
+            if not 0 <= lifetime_s <= MAX_LIFETIME_S:
+                raise Malformed(f"envelope lifetime of {short(lifetime_s)} s is out of range (0 to {MAX_LIFETIME_S})")
+            lifetime = lifetime_s * 1000
+        else:
+            lifetime = get(K_LIFETIME, int, "lifetime")
         prio = get(K_PRIORITY, int, "priority", int(Priority.ROUTINE))
         inc = get(K_INC, int, "incarnation", 0)
-        if seq < 0 or created < 0 or lifetime < 0 or prio not in tuple(Priority) or not 0 <= inc < 1 << INC_BITS:
+        cseq = get(K_CSEQ, int, "cseq", 0)
+        back = get(K_FLOOR_BACK, int, "floor", None)
+        floor = get(K_FLOOR, int, "floor", 0) if back is None else cseq - back
+        if (
+            seq < 0
+            or created < 0
+            or lifetime < 0
+            or prio not in tuple(Priority)
+            or not 0 <= inc < 1 << INC_BITS
+            or cseq < 0
+            or floor < 0
+        ):
             raise Malformed(
-                f"envelope field out of range (seq {seq}, created {created}, "
-                f"lifetime {lifetime}, priority {prio}, incarnation {inc})"
+                f"envelope field out of range (seq {seq}, created {created}, lifetime {lifetime}, "
+                f"priority {prio}, incarnation {inc}, cseq {cseq}, floor {floor})"
             )
+        app = m.get(K_APP, "")
+        if isinstance(app, int) and not isinstance(app, bool):
+            if app not in APP_NAMES:
+                raise Malformed(f"unknown app code {short(app)}")
+            app = APP_NAMES[app]
+        elif not isinstance(app, str):
+            raise Malformed(f"envelope app has the wrong type: {short(app)}")
+        key = m.get(K_SUPERSEDE)
+        if isinstance(key, bytes) and len(key) == KEY_DIGEST_BYTES:
+            key = "#" + base64.urlsafe_b64encode(key).decode()
+        elif key is not None and not isinstance(key, str):
+            raise Malformed(f"supersession key is neither text nor a {KEY_DIGEST_BYTES}-byte digest: {short(key)}")
         comp = get(K_COMPRESSION, int, "compression", 0)
         if kind == Kind.ACK and comp != Compression.NONE:
             raise Malformed(f"ack body compressed ({short(comp)}): acks travel plain")
         body = _decompress(comp, get(K_BODY, bytes, "body", b""), self._zdicts, budget)
         return Envelope(
             kind=Kind(kind),
-            origin=origin,
+            origin=sender,
             seq=seq,
             dst=dst,
             created_ms=created,
             lifetime_ms=lifetime,
             priority=Priority(prio),
-            supersede=get(K_SUPERSEDE, str, "supersession key", None),
+            supersede=key,
             body=body,
-            app=get(K_APP, str, "app", ""),
-            cseq=get(K_CSEQ, int, "cseq", 0),
-            floor=get(K_FLOOR, int, "floor", 0),
+            app=app,
+            cseq=cseq,
+            floor=floor,
             compression=Compression(comp),
             inc=inc,
         )
@@ -666,13 +712,20 @@ def _runs(seqs: list[int]) -> list[list[int]]:
     return runs
 
 
-def wire_key(key: str) -> str:
-    """A supersession key as it travels: the receiver only compares keys, so one longer
-    than 13 characters goes as '#' + 12 characters of a 72-bit BLAKE2b digest (an MQTT
-    topic key, 'mqtt:/DEU/DEU-UNIT001/DEU-S001/location', costs 13 bytes instead of 41)."""
-    if len(key) <= 13:
+def wire_key(key: str) -> str | bytes:
+    """A supersession key as it travels: the receiver only compares keys, so one longer than
+    KEY_DIGEST_BYTES bytes goes as its 72-bit BLAKE2b digest (an MQTT topic key,
+    'mqtt:/DEU/DEU-UNIT001/DEU-S001/location', costs 10 bytes instead of 41), which the
+    receiver reads as '#' and 12 base64 characters (what received_key gives)."""
+    if len(key.encode()) <= KEY_DIGEST_BYTES:
         return key
-    return "#" + base64.urlsafe_b64encode(hashlib.blake2b(key.encode(), digest_size=9).digest()).decode()
+    return hashlib.blake2b(key.encode(), digest_size=KEY_DIGEST_BYTES).digest()
+
+
+def received_key(key: str) -> str:
+    """The supersession key a receiver sees for `key` as its sender submitted it."""
+    w = wire_key(key)
+    return w if isinstance(w, str) else "#" + base64.urlsafe_b64encode(w).decode()
 
 
 def encode_ack_body(acks: dict[str, tuple[list[int], list[int]]], holds: dict[str, int] | None = None) -> bytes:

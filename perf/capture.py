@@ -20,7 +20,7 @@ from pathlib import Path
 import cbor2
 
 from c2dtn.overlay.config import load_node_config
-from c2dtn.overlay.envelope import Codec, EnvelopeError, Kind, split_container
+from c2dtn.overlay.envelope import K_BODY, Codec, EnvelopeError, Kind, split_container
 
 # the layers in the order a report table lists them
 LAYERS = (
@@ -162,7 +162,9 @@ def _bundle(data: bytes, codecs: dict[str, Codec], seen: set, sp: Split) -> None
             continue
         seen.add(env.msg_id)
         sp.data_envelopes += 1
-        body = len(cbor2.loads(codec.map_bytes(env))[8])  # type: ignore[union-attr]  (K_BODY: as sent)
+        # the body as sent: the sender's codec compresses it again, as it did (deterministic)
+        sealer = codecs.get(sender)
+        body = len(cbor2.loads(sealer.map_bytes(env))[K_BODY]) if sealer is not None else len(ct)
         sp.bytes["seal"] += raw - len(ct)
         sp.bytes["body"] += body
         sp.bytes["fields"] += len(ct) - body

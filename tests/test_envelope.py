@@ -1,5 +1,7 @@
 """Envelope codec: round trips, compression, authentication, and typed errors for bad input."""
 
+import dataclasses
+
 import cbor2
 import pytest
 
@@ -76,8 +78,11 @@ def test_bad_tag_wrong_key_and_missing_tag_are_rejected():
 def test_origin_must_be_the_sender():
     c = Codec("gw4", {"gw1": b"s" * 32, "gw2": b"s" * 32})
     gw2 = Codec("gw2", {"gw4": b"s" * 32})
-    with pytest.raises(E.Malformed, match="origin"):
-        c.open("gw2", gw2.seal(env()))  # gw2 names gw1 as the origin
+    with pytest.raises(ValueError, match="gw1"):
+        gw2.seal(env())  # gw2 cannot seal an envelope naming gw1 as its origin
+    # nor can it write one: the origin is not in the map, it is the bundle's sender
+    got = c.open("gw2", gw2.seal(dataclasses.replace(env(), origin="gw2")))
+    assert got.origin == "gw2"
     with pytest.raises(E.BadTag):
         c.open("gw2", pair()[0].seal(env()))  # gw1's envelope, passed off as gw2's
 
@@ -89,11 +94,12 @@ def test_origin_must_be_the_sender():
         (b"\xff\xfe garbage", E.Malformed),
         (cbor2.dumps({"not": "an array"}), E.Malformed),
         (cbor2.dumps([1, "gw1", "gw4", []]), E.BadVersion),
-        (cbor2.dumps([2, 5, "gw4", []]), E.Malformed),
-        (cbor2.dumps([2, "gw1", "gw4", "x"]), E.Malformed),
-        (cbor2.dumps([2, "gw1", "gw4", []])[:-1], E.Malformed),
-        (cbor2.dumps([2, "gw1", "gw9", []]), E.Misrouted),
-        (cbor2.dumps([2, "gw1", 4, []]), E.Malformed),
+        (cbor2.dumps([2, "gw1", "gw4", []]), E.BadVersion),
+        (cbor2.dumps([3, 5, "gw4", []]), E.Malformed),
+        (cbor2.dumps([3, "gw1", "gw4", "x"]), E.Malformed),
+        (cbor2.dumps([3, "gw1", "gw4", []])[:-1], E.Malformed),
+        (cbor2.dumps([3, "gw1", "gw9", []]), E.Misrouted),
+        (cbor2.dumps([3, "gw1", 4, []]), E.Malformed),
         (bytes(E.MAX_CONTAINER_BYTES + 1), E.Oversize),
     ],
 )
@@ -110,13 +116,21 @@ def _seal_map(m, key=b"s" * 32):
 @pytest.mark.parametrize(
     "m, match",
     [
-        ({0: 1, 1: 0, 2: "gw1", 3: "seven", 4: 1, 5: 1, 10: "gw4"}, "seq"),
-        ({0: 1, 1: 9, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4"}, "kind"),
-        ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1}, "lifetime"),
-        ({0: 1, 1: 0, 2: "gw1", 3: -1, 4: 1, 5: 1, 10: "gw4"}, "range"),
-        ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 7, 8: b"x"}, "compression"),
-        ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 1, 8: b"not zlib"}, "decompress"),
-        ({0: 3, 1: 0}, "version"),
+        ({1: 0, 3: "seven", 4: 1, 5: 1}, "seq"),
+        ({1: 9, 3: 1, 4: 1, 5: 1}, "kind"),
+        ({1: 0, 3: 1, 4: 1}, "lifetime"),
+        ({3: -1, 4: 1, 5: 1}, "range"),
+        ({3: 1, 4: 1, 5: 1, 9: 7, 8: b"x"}, "compression"),
+        ({3: 1, 4: 1, 5: 1, 9: 1, 8: b"not zlib"}, "decompress"),
+        ({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1}, "retired"),  # container version 2's map
+        ({3: 1, 4: 1, 15: 1, 5: 1000}, "lifetime twice"),
+        ({3: 1, 4: 1, 15: -1}, "lifetime of -1 s"),
+        ({3: 1, 4: 1, 15: 1 << 41}, "lifetime"),
+        ({3: 1, 4: 1, 15: 1, 12: 5, 16: 6}, "floor -1"),
+        ({3: 1, 4: 1, 15: 1, 12: 5, 16: 1, 13: 4}, "floor twice"),
+        ({3: 1, 4: 1, 15: 1, 11: 99}, "app code 99"),
+        ({3: 1, 4: 1, 15: 1, 11: 2.5}, "app"),
+        ({3: 1, 4: 1, 15: 1, 7: b"short"}, "supersession key"),
         ([1, 2, 3], "not a map"),
     ],
 )
@@ -132,7 +146,7 @@ def test_zip_bomb_is_refused():
     _, b = pair()
     bomb = zlib.compress(bytes(E.MAX_BODY_BYTES + 10))
     with pytest.raises(E.Oversize):
-        b.open("gw1", _seal_map({0: 1, 1: 0, 2: "gw1", 3: 1, 4: 1, 5: 1, 10: "gw4", 9: 1, 8: bomb}))
+        b.open("gw1", _seal_map({3: 1, 4: 1, 5: 1, 9: 1, 8: bomb}))
 
 
 def test_ack_bodies_are_runs_per_source():
@@ -195,9 +209,10 @@ def test_a_report_in_a_gateway_body_costs_about_a_fifth_of_its_size_on_the_wire(
     assert got.body == body and got.compression == E.Compression.ZSTD_DICT2
     assert len(sealed) < 150, len(sealed)  # 309-byte body; was 258 sealed with the v1 dictionary
     # the supersession key travels as a digest: equal keys stay equal, different ones differ
-    assert got.supersede == E.wire_key(e.supersede) and len(got.supersede) == 13
-    assert E.wire_key("mqtt:/PRT/PRT-UNIT002/PRT-S003/location") != got.supersede
-    assert E.wire_key("u1") == "u1"
+    assert got.supersede == E.received_key(e.supersede) and len(got.supersede) == 13
+    assert E.received_key("mqtt:/PRT/PRT-UNIT002/PRT-S003/location") != got.supersede
+    assert E.wire_key("u1") == "u1" and E.received_key("u1") == "u1"
+    assert len(E.wire_key(e.supersede)) == E.KEY_DIGEST_BYTES
 
 
 def test_bodies_compressed_with_the_v1_dictionary_are_still_read():
@@ -205,9 +220,6 @@ def test_bodies_compressed_with_the_v1_dictionary_are_still_read():
     v1 = E._dictionary(E.builtin_dictionary(1))
     kind, data = E._compress(REPORT, v1, E.Compression.ZSTD_DICT)
     m = {
-        E.K_VERSION: 1,
-        E.K_KIND: 0,
-        E.K_ORIGIN: "gw1",
         E.K_SEQ: 1,
         E.K_CREATED: 0,
         E.K_LIFETIME: 1000,

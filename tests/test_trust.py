@@ -9,7 +9,7 @@ from test_groups import codec, make
 from test_send_before_sync import serve_api_to
 
 from c2dtn import strict_cbor
-from c2dtn.overlay.envelope import BadTag, Codec, Envelope, Kind, Priority, encode_ack_body
+from c2dtn.overlay.envelope import CONTAINER_VERSION, BadTag, Codec, Envelope, Kind, Priority, encode_ack_body
 from c2dtn.overlay.relay import RelayCore, Unroutable, payload_destination
 
 
@@ -418,8 +418,8 @@ def test_an_ack_body_travels_plain_and_a_compressed_one_is_refused(tmp_path):
     sealed = prt.codec.seal(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, Priority.FLASH, body=big))
     assert len(sealed) > len(big)  # sent as it is, not compressed
     bomb = zstandard.ZstdCompressor().compress(b"\x9a\x00\x40\x00\x00" + b"\xa0" * (4 << 20))
-    m = {0: 1, 1: 1, 2: "prt", 3: 2, 4: 0, 5: 60_000, 9: 2, 8: bomb}
-    payload = cbor2.dumps([2, "prt", "deu", [_sealed_map(prt.codec, "deu", m)]])
+    m = {1: 1, 3: 2, 4: 0, 5: 60_000, 9: 2, 8: bomb}
+    payload = cbor2.dumps([CONTAINER_VERSION, "prt", "deu", [_sealed_map(prt.codec, "deu", m)]])
     assert len(payload) < 400
     res = deu.on_bundle(payload, 0)
     assert res.acks == 0 and "acks travel plain" in res.rejected[0]
