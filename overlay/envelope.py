@@ -121,6 +121,7 @@ class Compression(IntEnum):
     ZSTD = 2  # plain zstd
     ZSTD_DICT = 3  # zstd with the shared position-report dictionary (v1: bare reports; read, no longer sent)
     ZSTD_DICT2 = 4  # ... v2: reports and the MQTT gateway's bodies carrying them
+    DELTA = 5  # zstd with an earlier body of the same key, which the receiver acked, as the dictionary (K_REF)
 
 
 # map keys (0, the envelope version, and 2, the origin, were in the map until container version 3:
@@ -129,6 +130,7 @@ K_KIND, K_SEQ, K_CREATED, K_LIFETIME, K_PRIORITY = 1, 3, 4, 5, 6
 K_SUPERSEDE, K_BODY, K_COMPRESSION, K_APP, K_CSEQ, K_FLOOR, K_INC = 7, 8, 9, 11, 12, 13, 14
 K_LIFETIME_S = 15  # the lifetime in whole seconds, when it is whole (instead of K_LIFETIME)
 K_FLOOR_BACK = 16  # cseq - floor (instead of K_FLOOR, when the floor is at or below cseq)
+K_REF = 17  # Compression.DELTA: the seq of the body it was compressed against
 RETIRED_KEYS = (0, 2, 10)  # a map with any of them is of an older version: refused
 # apps with a one-byte code on the wire; any other name travels as text
 APP_CODES = {"raw": 1, "mqtt": 2, "coap": 3, "ping": 4, "pong": 5}
@@ -170,6 +172,55 @@ class BadVersion(EnvelopeError):
 
 class Misrouted(EnvelopeError):
     reason = "misrouted"
+
+
+class NoReference(EnvelopeError):
+    """A body compressed against an earlier one this node no longer holds (it restarted, or
+    let it go): the envelope is not acked, and the sender's retransmission goes whole."""
+
+    reason = "no-reference"
+
+
+# Delta bodies (Compression.DELTA, decision 0013): a small body with a supersession key goes
+# compressed against the newest body of that key its destination acked, when that is smaller.
+DELTA_MAX_BODY = 4096  # bodies up to this size are kept as references, at both ends
+DELTA_BYTES_MAX = 2 << 20  # what each end keeps of them, all keys together (the oldest key goes first)
+DELTA_KEEP_PER_KEY = 16  # a receiver keeps this many of each key's newest bodies (acks may be lost or late)
+DELTA_OPEN_MAX = 3  # deltas of one key sent and not acked, at most: the next goes whole
+DELTA_PENDING_MAX = 2048  # bodies a sender keeps of what it sealed, until acked (the oldest go first)
+
+
+class _Refs:
+    """Bodies kept per key, the least recently used key dropped past DELTA_BYTES_MAX."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str, str], dict[int, bytes]] = {}
+        self.nbytes = 0
+
+    def put(self, key: tuple[str, str], seq: int, body: bytes, keep: int) -> None:
+        seqs = self.by_key.pop(key, {})
+        self.by_key[key] = seqs  # most recently used last
+        if seq in seqs:
+            return
+        seqs[seq] = body
+        self.nbytes += len(body)
+        while len(seqs) > keep:
+            self.nbytes -= len(seqs.pop(min(seqs)))
+        while self.nbytes > DELTA_BYTES_MAX and self.by_key:
+            old = next(iter(self.by_key))
+            self.nbytes -= sum(map(len, self.by_key.pop(old).values()))
+
+    def get(self, key: tuple[str, str], seq: int) -> bytes | None:
+        return self.by_key.get(key, {}).get(seq)
+
+    def newest(self, key: tuple[str, str]) -> tuple[int, bytes] | None:
+        seqs = self.by_key.get(key)
+        return max(seqs.items()) if seqs else None
+
+    def drop_below(self, key: tuple[str, str], seq: int) -> None:
+        seqs = self.by_key.get(key, {})
+        for q in [q for q in seqs if q < seq]:
+            self.nbytes -= len(seqs.pop(q))
 
 
 @dataclass(frozen=True)
@@ -265,6 +316,17 @@ def _compress(
     return best
 
 
+def _raw_dict(ref: bytes) -> "zstandard.ZstdCompressionDict":
+    return zstandard.ZstdCompressionDict(ref, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+
+
+def _delta(body: bytes, ref: bytes) -> bytes:
+    """body compressed with ref as zstd's dictionary (what changed since ref, in effect)."""
+    return zstandard.ZstdCompressor(
+        level=19, dict_data=_raw_dict(ref), write_checksum=False, write_content_size=True, write_dict_id=False
+    ).compress(body)
+
+
 def _unzstd(zdict) -> "zstandard.ZstdDecompressor":
     """One decompressor per dictionary (loading a dictionary costs more than a small body)."""
     key = ("d", id(zdict))
@@ -274,8 +336,9 @@ def _unzstd(zdict) -> "zstandard.ZstdDecompressor":
     return d
 
 
-def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYTES) -> bytes:
-    """The plain body, refused (Oversize) past `budget` bytes (at most MAX_BODY_BYTES)."""
+def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYTES, ref: bytes | None = None) -> bytes:
+    """The plain body, refused (Oversize) past `budget` bytes (at most MAX_BODY_BYTES).  ref: the
+    reference body of a Compression.DELTA one."""
     budget = min(budget, MAX_BODY_BYTES)
     if comp == Compression.NONE:
         if len(data) > budget:
@@ -290,9 +353,12 @@ def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYT
             if d.unconsumed_tail:
                 raise Oversize(f"body inflates beyond the {budget} bytes this bundle may still open to")
             return out
-        if comp in (Compression.ZSTD, Compression.ZSTD_DICT, Compression.ZSTD_DICT2) and zstandard is not None:
+        if comp in (Compression.ZSTD, Compression.ZSTD_DICT, Compression.ZSTD_DICT2, Compression.DELTA) and zstandard:
             zdict = None
-            if comp != Compression.ZSTD:
+            if comp == Compression.DELTA:
+                if ref is None:
+                    raise Malformed("delta body without its reference")
+            elif comp != Compression.ZSTD:
                 zdict = zdicts.get(comp)
                 if zdict is None:
                     raise Malformed(f"body needs dictionary {Compression(comp).name.lower()}, which this node lacks")
@@ -304,7 +370,8 @@ def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYT
                 raise Oversize(
                     f"body declares {declared} bytes decompressed, over the {budget} this bundle may still open to"
                 )
-            out = _unzstd(zdict).decompress(data, max_output_size=budget)
+            zd = zstandard.ZstdDecompressor(dict_data=_raw_dict(ref)) if ref is not None else _unzstd(zdict)
+            out = zd.decompress(data, max_output_size=budget)
             if len(out) > budget:
                 raise Oversize(f"body inflates beyond the {budget} bytes this bundle may still open to")
             return out
@@ -335,6 +402,14 @@ class Codec:
     _zdict: Any = field(default=None, repr=False)
     _zdicts: dict = field(default_factory=dict, repr=False)  # compression kind -> dictionary, for reading
     _aeads: dict = field(default_factory=dict, repr=False)  # key name -> its AEAD
+    # delta bodies (DELTA_*): what was sealed, by (destination, seq) -> (key, body, went as a delta),
+    # until acked or let go; the newest body of each (destination, key) acked; what came, by
+    # (source key, key)
+    _sealed: dict = field(default_factory=dict, repr=False)
+    _acked: _Refs = field(default_factory=_Refs, repr=False)
+    _open: dict = field(default_factory=dict, repr=False)  # (destination, key) -> its deltas not acked yet
+    _came: _Refs = field(default_factory=_Refs, repr=False)
+    last_wire_body: int = field(default=0, repr=False)  # the size of the last body opened, as it travelled
 
     def __post_init__(self) -> None:
         if self.zdict_bytes and zstandard is not None:
@@ -358,16 +433,73 @@ class Codec:
         return a
 
     # -- sealing --------------------------------------------------------
-    def seal(self, env: Envelope) -> bytes:
-        return cbor2.dumps(self.seal_bytes(self.map_bytes(env), env.dst))
+    def seal(self, env: Envelope, delta: bool = False) -> bytes:
+        """delta: the body may go against the newest of its key the destination acked (a first
+        sending: a retransmission goes whole, in case the receiver lacks that one)."""
+        return cbor2.dumps(self.seal_bytes(self.map_bytes(env, delta), env.dst))
 
-    def map_bytes(self, env: Envelope) -> bytes:
+    def acked(self, dst: str, seqs: Iterable[int]) -> None:
+        """`dst` (a node, not a group) holds these: their bodies may be references for what follows."""
+        for seq in seqs:
+            got = self._sealed.pop((dst, seq), None)
+            if got is not None:
+                waiting = self._open.get((dst, got[0]))
+                if waiting:
+                    waiting[:] = [q for q in waiting if q > seq]
+                    if not waiting:
+                        del self._open[(dst, got[0])]
+                newest = self._acked.newest((dst, got[0]))
+                if newest is None or newest[0] < seq:
+                    self._acked.put((dst, got[0]), seq, got[1], keep=1)
+
+    def lost(self, dst: str, seqs: Iterable[int]) -> None:
+        """These did not arrive (an ack showed it, or a timeout): no longer awaited as deltas
+        (their copies go whole)."""
+        for seq in seqs:
+            got = self._sealed.get((dst, seq))
+            if got is None or not got[2]:
+                continue
+            waiting = self._open.get((dst, got[0]))
+            if waiting and seq in waiting:
+                waiting.remove(seq)
+                if not waiting:
+                    del self._open[(dst, got[0])]
+
+    def map_bytes(self, env: Envelope, delta: bool = False) -> bytes:
         """The envelope's map as it is sealed (module doc)."""
         if env.origin != self.node:
             raise ValueError(f"envelope of origin {env.origin!r} sealed by {self.node!r}: only its origin seals it")
+        ref, key = None, None
+        if (
+            env.kind == Kind.DATA
+            and env.supersede is not None
+            and len(env.body) <= DELTA_MAX_BODY
+            and env.dst not in self.groups
+            and zstandard is not None
+        ):
+            key = received_key(env.supersede)
+            # a few deltas of a key at a time: while DELTA_OPEN_MAX are not acked, the next goes
+            # whole (a receiver that lost its references refuses deltas and cannot say so; a
+            # whole one it acks is the reference from then on)
+            open_ = len(self._open.get((env.dst, key), ()))
+            newest = self._acked.newest((env.dst, key)) if delta and open_ < DELTA_OPEN_MAX else None
+            if newest is not None and newest[0] < env.seq:
+                ref = newest
         # an ack's body travels plain: a receiver decodes it before anything else, so it must cost
         # what it weighs on the wire (a compressed ack could inflate to megabytes of CBOR)
         comp, wire_body = (Compression.NONE, env.body) if env.kind == Kind.ACK else _compress(env.body, self._zdict)
+        if ref is not None and len(env.body) >= 48:
+            d = _delta(env.body, ref[1])
+            if len(d) + 4 < len(wire_body):  # (K_REF costs a few bytes)
+                comp, wire_body = Compression.DELTA, d
+        if key is not None:  # kept until acked (a reference then) or lost (acked, lost)
+            if len(self._sealed) >= DELTA_PENDING_MAX:
+                del self._sealed[next(iter(self._sealed))]
+            if len(self._open) >= DELTA_PENDING_MAX:
+                del self._open[next(iter(self._open))]
+            self._sealed[(env.dst, env.seq)] = (key, env.body, comp == Compression.DELTA)
+            if comp == Compression.DELTA:
+                self._open.setdefault((env.dst, key), []).append(env.seq)
         # the origin is the container's sender; what is left out is the default (_from_map)
         m: dict[int, object] = {K_SEQ: env.seq, K_CREATED: env.created_ms}
         if env.kind != Kind.DATA:
@@ -381,6 +513,8 @@ class Codec:
         m[K_BODY] = wire_body
         if comp != Compression.NONE:
             m[K_COMPRESSION] = int(comp)
+        if comp == Compression.DELTA and ref is not None:
+            m[K_REF] = ref[0]
         if env.supersede is not None:
             m[K_SUPERSEDE] = wire_key(env.supersede)
         if env.app:
@@ -579,7 +713,23 @@ class Codec:
         comp = get(K_COMPRESSION, int, "compression", 0)
         if kind == Kind.ACK and comp != Compression.NONE:
             raise Malformed(f"ack body compressed ({short(comp)}): acks travel plain")
-        body = _decompress(comp, get(K_BODY, bytes, "body", b""), self._zdicts, budget)
+        ref, came = None, (source_key(sender, inc), key) if key is not None else None
+        if comp == Compression.DELTA:
+            r = get(K_REF, int, "reference", None)
+            if r is None or came is None or dst != self.node:
+                raise Malformed("delta body without a reference and a supersession key, or for a group")
+            ref = self._came.get(came, r)
+            if ref is None:
+                raise NoReference(f"body compressed against envelope {r} of its key, which this node does not hold")
+        elif K_REF in m:
+            raise Malformed(f"reference {short(m[K_REF])} for a body that is not a delta")
+        wire = get(K_BODY, bytes, "body", b"")
+        self.last_wire_body = len(wire)
+        body = _decompress(comp, wire, self._zdicts, budget, ref)
+        if kind == Kind.DATA and came is not None and len(body) <= DELTA_MAX_BODY and dst == self.node:
+            if ref is not None:
+                self._came.drop_below(came, r)  # the sender refers to nothing older of this key
+            self._came.put(came, seq, body, keep=DELTA_KEEP_PER_KEY)
         return Envelope(
             kind=Kind(kind),
             origin=sender,

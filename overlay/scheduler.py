@@ -112,6 +112,7 @@ class Path:
     app_limited_until: float = 0.0  # samples before `delivered` passes this had too little to send
     pace_at: float = 0.0  # routine and priority envelopes go no sooner (pacing; Scheduler.plan)
     sends: int = 0  # envelopes handed over, in all (their order)
+    wire_ratio: float = 1.0  # sealed bytes per plain body byte of the data envelopes sent lately
 
     def rate(self) -> float:
         """The path's delivery rate, bytes per ms (0: none measured)."""
@@ -212,6 +213,7 @@ class Scheduler:
                 for it in st.due_retries(now_ms):
                     retries.setdefault(it.dst, []).append(it)
             for dst, items in retries.items():
+                self.codec.lost(dst, [i.seq for i in items])
                 # a probe is not a timeout, nor is a retry that was only waiting for room, nor
                 # one found lost (an ack showed it)
                 found = self._lost.get(dst, set())
@@ -256,7 +258,7 @@ class Scheduler:
                 queued = queued[:limit]
                 # a probe with new data does not linger: it was counted as sent, and the next one
                 # is backed off (held here, it went only when the linger ended, or later)
-                if queued and not retry and dst not in probe_new and self._lingers(queued, now_ms):
+                if queued and not retry and dst not in probe_new and self._lingers(queued, now_ms, p.wire_ratio):
                     self._linger_until[dst] = min(i.created_ms for i in queued) + self.cfg.linger_ms
                     queued, more = [], True
                 cands = sorted(retry + queued, key=lambda i: (i.seq not in probes, i.priority, i.seq))
@@ -367,13 +369,14 @@ class Scheduler:
                 probed.add(first.seq)
         return probed, probe_new
 
-    def _lingers(self, queued: list[OutItem], now_ms: int) -> bool:
-        """Hold these back a little so more can join them in one bundle?"""
+    def _lingers(self, queued: list[OutItem], now_ms: int, wire_ratio: float = 1.0) -> bool:
+        """Hold these back a little so more can join them in one bundle?  (While they would fill
+        less than half of one, sealed: compressed, they weigh wire_ratio of their size.)"""
         return (
             self.cfg.linger_ms > 0
             and all(i.priority > Priority.IMMEDIATE for i in queued)
             and now_ms - min(i.created_ms for i in queued) < self.cfg.linger_ms
-            and sum(i.size for i in queued) < self.cfg.aggregate_bytes // 2
+            and sum(i.size for i in queued) * wire_ratio < self.cfg.aggregate_bytes // 2
         )
 
     def _bundle(
@@ -417,10 +420,11 @@ class Scheduler:
         small = self.cfg.aggregate_bytes
         large = max(small, self.cfg.aggregate_large_bytes)
         plain = sum(len(e) for e in sealed)  # the acks' bodies are plain
+        wire = body = 0  # sealed and plain bytes of the data envelopes (the path's wire_ratio)
         all_large = True  # every envelope in the bundle so far is over `small` (they share up to `large`)
         for it in items:
             env = it.envelope(self.codec.node, floors[it.priority], self.store.inc)
-            s = self.codec.seal(env)
+            s = self.codec.seal(env, delta=it.attempts == 0)
             cap = large if len(s) > small and all_large else small
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
             # over the aggregate size anyway (the acks ride along rather than go on their own);
@@ -433,6 +437,8 @@ class Scheduler:
                 )
                 sealed, seqs, size, rtx, all_large, plain = [], [], 0, 0, True, 0
             all_large = all_large and len(s) > small
+            wire += len(s)
+            body += it.size
             sealed.append(s)
             seqs.append(it.seq)
             size += len(s)
@@ -444,6 +450,8 @@ class Scheduler:
             )
         if items:
             p = self.path(dst)
+            if body:
+                p.wire_ratio += (wire / body - p.wire_ratio) / 4  # (a moving average)
             self._sent_states(dst, p, items, now_ms, inflight)
             p.last_sent_ms = now_ms
             retry_at = {it.seq: now_ms + int(min(self.cfg.max_rto_ms, p.rto_ms * (2**it.attempts))) for it in items}
@@ -527,6 +535,7 @@ class Scheduler:
         released, arrived = self.store.ack_from(sender, done, got)
         if not arrived and not released:
             return 0
+        self.codec.acked(sender, [it.seq for it in arrived + released if it.dst == sender])
         for it in released:  # a group's records go once every member took the envelope
             if it.dst != sender:
                 self._sent.get(it.dst, {}).pop(it.seq, None)
@@ -654,6 +663,8 @@ class Scheduler:
     def _mark_lost(self, dst: str, seqs: Iterable[int]) -> None:
         """Due again because an ack showed them lost (not a timeout).  Those never sent again
         (expired, superseded) are forgotten with their send records."""
+        seqs = list(seqs)
+        self.codec.lost(dst, seqs)
         lost = self._lost.setdefault(dst, set())
         lost.update(seqs)
         if len(lost) > SENT_STATES_MAX:

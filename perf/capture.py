@@ -20,7 +20,7 @@ from pathlib import Path
 import cbor2
 
 from c2dtn.overlay.config import load_node_config
-from c2dtn.overlay.envelope import K_BODY, Codec, EnvelopeError, Kind, split_container
+from c2dtn.overlay.envelope import Codec, EnvelopeError, Kind, split_container
 
 # the layers in the order a report table lists them
 LAYERS = (
@@ -88,8 +88,8 @@ def _ip(frame: bytes) -> tuple[int, bytes, int] | None:
 
 
 def split_capture(path: Path, codecs: dict[str, Codec], seen: set | None = None) -> Split:
-    """The layers of every frame in the pcap at `path`.  seen: data envelope ids met so far (a
-    retransmission is one met before), shared across the captures of one run."""
+    """The layers of every frame in the pcap at `path`.  seen: data envelope ids met so far on
+    this link (a retransmission is one met before)."""
     from scapy.utils import RawPcapReader
 
     seen = set() if seen is None else seen
@@ -162,9 +162,7 @@ def _bundle(data: bytes, codecs: dict[str, Codec], seen: set, sp: Split) -> None
             continue
         seen.add(env.msg_id)
         sp.data_envelopes += 1
-        # the body as sent: the sender's codec compresses it again, as it did (deterministic)
-        sealer = codecs.get(sender)
-        body = len(cbor2.loads(sealer.map_bytes(env))[K_BODY]) if sealer is not None else len(ct)
+        body = codec.last_wire_body  # type: ignore[union-attr]  (as it travelled: compressed)
         sp.bytes["seal"] += raw - len(ct)
         sp.bytes["body"] += body
         sp.bytes["fields"] += len(ct) - body
@@ -174,11 +172,11 @@ def _bundle(data: bytes, codecs: dict[str, Codec], seen: set, sp: Split) -> None
 
 
 def split_run(pcaps: list[Path], codecs: dict[str, Codec]) -> Split:
-    """The layers of all of a run's captures together (retransmissions counted across them)."""
-    seen: set = set()
+    """The layers of all of a run's captures together (one per link: an envelope crossing two
+    links is counted on each, a retransmission when it crosses one link again)."""
     total = Split()
     for p in pcaps:
-        total.add(split_capture(p, codecs, seen))
+        total.add(split_capture(p, codecs))
     return total
 
 

@@ -39,7 +39,7 @@ KEY = b"s" * 32
 # with the testbed's endpoint names) and the UDP, IP and Ethernet headers (docs/perf/radio-sim.md)
 FRAME_OVERHEAD = 146
 # the scheduler settings `c2dtn node configs` writes for a node behind a radio link
-RADIO_CFG = SchedulerConfig(aggregate_bytes=1200, linger_ms=1000, ack_delay_ms=1000)
+RADIO_CFG = SchedulerConfig(aggregate_bytes=1200, linger_ms=500, ack_delay_ms=1000)
 
 
 def profile(name: str = "cnr-tactical-2") -> Profile:
@@ -66,11 +66,13 @@ class Radio:
         self.dirs = {"gw4": Direction(self.link, self.seed), "gw1": Direction(self.link, self.seed + 1)}
         self.frames = {"gw4": 0, "gw1": 0}  # frames offered toward each node
         self.frame_bytes = {"gw4": 0, "gw1": 0}
+        self.envelopes = {"gw4": 0, "gw1": 0}  # data envelopes offered toward each node (copies count)
 
     def _send(self, node: str) -> None:
         for b in self.cores[node].poll(self.now_ms):
             frame = b.payload + bytes(self.frame_overhead)
             self.frames[b.dst] += 1
+            self.envelopes[b.dst] += len(b.seqs)
             self.frame_bytes[b.dst] += len(frame)
             self.dirs[b.dst].offer(frame, self.now_ms / 1000)
 
@@ -185,6 +187,80 @@ def overload(
         "frames": r.frames["gw4"],
         "frame_bytes": r.frame_bytes["gw4"],
         "link_share": busy,
+    }
+
+
+def reports(
+    seed: int, units: int = 8, period_s: float = 2.0, minutes: float = 2.0, link: str = "cnr-tactical-2", **kw
+) -> dict:
+    """`make demo`'s traffic without its outage: `units` position reports every `period_s` (each
+    unit at its own phase), in the MQTT gateway's body, superseded per unit; link bytes (both
+    ways, frames whole) per delivered report, envelopes per bundle, and the reports' ages."""
+    from c2dtn.ip_gateway import bodies
+    from c2dtn.perf.train_dict import position_report, report_topic
+
+    r = Radio(profile(link), seed, **kw)
+    rng = random.Random(seed)
+    end = int(minutes * 60_000)
+    plan = sorted(
+        (int((rng.uniform(0, period_s) + k * period_s) * 1000), u)
+        for u in range(1, units + 1)
+        for k in range(int(minutes * 60 / period_s))
+    )
+    pos = {u: (59.9 + rng.random() / 10, 10.7 + rng.random() / 10) for u in range(1, units + 1)}
+    n = dict.fromkeys(pos, 0)
+    gw1 = r.cores["gw1"]
+    stamps: dict[int, int] = {}
+    unit_of: dict[int, int] = {}
+    for t, u in plan:
+        r.step(t)
+        n[u] += 1
+        lat, lon = pos[u]
+        pos[u] = (lat + rng.uniform(-1e-4, 1e-4), lon + rng.uniform(-1e-4, 1e-4))
+        topic = report_topic("NOR", u, u)
+        body = bodies.pack(
+            "pub",
+            f"c2bft-NOR-{u}",
+            "10.0.4.2:1883",
+            t=topic,
+            p=position_report("NOR", u, u, n[u], t, lat, lon),
+            q=1,
+            r=False,
+            x={},
+        )
+        seq = gw1.submit("gw4", body, t, 600_000, Priority.ROUTINE, supersede="mqtt:" + topic, app="mqtt")
+        stamps[seq] = t
+        unit_of[seq] = u
+    r.step(end + 30_000)
+    got = [(t, d) for t, d in r.delivered["gw4"]]
+    delays = sorted((t - stamps[d.seq]) / 1000 for t, d in got if d.seq in stamps)
+    # age of information: each second after the first minute's tenth, the age of each unit's
+    # newest report at the receiver
+    newest: dict[int, int] = {}
+    ages: list[float] = []
+    arrivals = sorted((t, unit_of[d.seq], stamps[d.seq]) for t, d in got if d.seq in stamps)
+    i = 0
+    for at in range(6000, end + 1, 1000):
+        while i < len(arrivals) and arrivals[i][0] <= at:
+            newest[arrivals[i][1]] = max(newest.get(arrivals[i][1], 0), arrivals[i][2])
+            i += 1
+        ages += [(at - newest[u]) / 1000 for u in pos if u in newest]
+    frames = r.frames["gw4"] + r.frames["gw1"]
+    link_bytes = r.dirs["gw4"].stats.delivered_bytes + r.dirs["gw1"].stats.delivered_bytes
+    return {
+        "seed": seed,
+        "sent": len(plan),
+        "delivered": len(got),
+        "bytes_per_report": link_bytes / len(got) if got else None,
+        "frames": frames,
+        "envelopes_per_bundle": r.envelopes["gw4"] / max(1, r.frames["gw4"]),
+        "bundles_of_acks_alone": r.frames["gw1"],
+        "delay_p95_s": _p95(delays),
+        "delay_median_s": statistics.median(delays) if delays else None,
+        "aoi_p95_s": _p95(ages),
+        "units": units,
+        # units whose last report arrived (by the end of the drain)
+        "newest_delivered": len({u for _, u, stamp in arrivals if stamp == max(t for t, v in plan if v == u)}),
     }
 
 

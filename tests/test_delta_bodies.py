@@ -1,0 +1,165 @@
+"""Delta bodies (decision 0013): a report goes compressed against the newest of its key the
+destination acked; a receiver that lacks that one refuses it unacked, and the retransmission
+goes whole."""
+
+import cbor2
+import pytest
+
+from c2dtn.overlay import envelope as E
+from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority
+
+KEY = b"s" * 32
+
+
+def _report(k: int) -> bytes:
+    return (
+        b'{"type": "Feature", "geometry": {"type": "Point", "coordinates": [59.9%05d, 10.7%05d, 0]}, '
+        b'"properties": {"country": "NOR", "unit": "NOR-UNIT003", "node_id": "NOR-S003", '
+        b'"msg_id": "NOR-S003_%d", "timestamp": %d}}' % (31 * k % 99991, 17 * k % 99991, k, 1795833889591 + 2000 * k)
+    )
+
+
+def _env(k: int, key: str = "mqtt:/NOR/NOR-UNIT003/NOR-S003/location", dst: str = "gw4") -> Envelope:
+    return Envelope(Kind.DATA, "gw1", k, dst, 1_800_000_000_000, 60_000, Priority.ROUTINE, key, _report(k), inc=9)
+
+
+def test_a_report_goes_against_the_one_acked_before_it_and_opens_the_same():
+    gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    whole, delta = [], []
+    for k in range(1, 11):
+        s = gw1.seal(_env(k), delta=True)
+        got = gw4.open("gw1", s)
+        assert got.body == _report(k) and got.supersede == E.received_key(_env(k).supersede)
+        (delta if got.compression == E.Compression.DELTA else whole).append(len(s))
+        gw1.acked("gw4", [k])
+    assert len(whole) == 1  # the first: nothing acked before it
+    print(f"sealed report: whole {whole[0]} B, against the one acked before {sorted(delta)[4]} B (median)")
+    assert max(delta) < whole[0] - 10
+
+
+def test_nothing_acked_nothing_referred_to_and_a_resend_goes_whole():
+    gw1 = Codec("gw1", {"gw4": KEY})
+    gw1.seal(_env(1), delta=True)
+    assert cbor2.loads(gw1.map_bytes(_env(2), delta=True)).get(E.K_REF) is None  # 1 not acked yet
+    gw1.acked("gw4", [1])
+    assert cbor2.loads(gw1.map_bytes(_env(3), delta=True))[E.K_REF] == 1
+    assert E.K_REF not in cbor2.loads(gw1.map_bytes(_env(3), delta=False))  # a retransmission
+    # another key, another destination: not referred to
+    assert E.K_REF not in cbor2.loads(gw1.map_bytes(_env(4, key="mqtt:/NOR/other/location"), delta=True))
+
+
+def test_a_receiver_without_the_reference_refuses_it_and_takes_the_resend():
+    gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    gw4.open("gw1", gw1.seal(_env(1), delta=True))
+    gw1.acked("gw4", [1])
+    restarted = Codec("gw4", {"gw1": KEY})  # (its references were in memory)
+    with pytest.raises(E.NoReference, match="envelope 1"):
+        restarted.open("gw1", gw1.seal(_env(2), delta=True))
+    assert restarted.open("gw1", gw1.seal(_env(2), delta=False)).body == _report(2)
+    # and it is a reference from then on
+    gw1.acked("gw4", [2])
+    assert restarted.open("gw1", gw1.seal(_env(3), delta=True)).compression == E.Compression.DELTA
+
+
+def test_another_incarnation_or_key_is_not_a_reference():
+    gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    gw4.open("gw1", gw1.seal(_env(1), delta=True))
+    gw1.acked("gw4", [1])
+    m = cbor2.loads(gw1.map_bytes(_env(2), delta=True))
+    m[E.K_INC] = 10  # the sender's store was lost: its ids (and references) start again
+    with pytest.raises(E.NoReference):
+        gw4.open("gw1", gw1.seal_bytes(cbor2.dumps(m), "gw4"))
+    m[E.K_INC] = 9
+    m[E.K_SUPERSEDE] = "other"
+    with pytest.raises(E.NoReference):
+        gw4.open("gw1", gw1.seal_bytes(cbor2.dumps(m), "gw4"))
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({E.K_REF: None}, "without a reference"),
+        ({E.K_SUPERSEDE: None}, "without a reference"),
+        ({E.K_COMPRESSION: int(E.Compression.ZSTD)}, "not a delta"),
+        ({E.K_REF: "one"}, "reference has the wrong type"),
+    ],
+)
+def test_malformed_delta_bodies_name_the_problem(change, match):
+    gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    gw4.open("gw1", gw1.seal(_env(1), delta=True))
+    gw1.acked("gw4", [1])
+    m = cbor2.loads(gw1.map_bytes(_env(2), delta=True))
+    for k, v in change.items():
+        if v is None:
+            del m[k]
+        else:
+            m[k] = v
+    with pytest.raises(E.Malformed, match=match):
+        gw4.open("gw1", gw1.seal_bytes(cbor2.dumps(m), "gw4"))
+
+
+def test_what_each_end_keeps_is_bounded():
+    gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    body = bytes(range(256)) * 16  # 4 kB, the most kept per body
+    n = 3 * E.DELTA_BYTES_MAX // len(body)
+    for k in range(1, n + 1):
+        e = Envelope(Kind.DATA, "gw1", k, "gw4", 0, 60_000, Priority.ROUTINE, f"key{k}", body, inc=9)
+        gw4.open("gw1", gw1.seal(e, delta=True))
+        gw1.acked("gw4", [k])
+    for refs in (gw1._acked, gw4._came):
+        assert refs.nbytes <= E.DELTA_BYTES_MAX
+        assert refs.nbytes == sum(len(b) for seqs in refs.by_key.values() for b in seqs.values())
+    assert len(gw1._sealed) <= E.DELTA_PENDING_MAX
+    # the newest keys are the ones kept
+    assert (("gw4", f"key{n}")) in gw1._acked.by_key and ("gw4", "key1") not in gw1._acked.by_key
+
+
+def test_group_envelopes_go_whole():
+    members = {"fmn": ("gw4", "gw7")}
+    gw1 = Codec("gw1", {"gw4": KEY, "gw7": KEY, "fmn": KEY}, members)
+    gw1.seal(_env(1, dst="fmn"), delta=True)
+    gw1.acked("fmn", [1])
+    assert E.K_REF not in cbor2.loads(gw1.map_bytes(_env(2, dst="fmn"), delta=True))
+
+
+# -- on the virtual radio (perf/radio_sim.py: two cores, the emulator's channel, virtual time) --
+
+
+def test_on_the_radio_delta_bodies_cost_less_and_every_report_still_arrives(monkeypatch):
+    from c2dtn.perf import radio_sim
+
+    with_delta = radio_sim.reports(11, minutes=1.0)
+    monkeypatch.setattr(E, "DELTA_MAX_BODY", 0)  # no body is kept as a reference: all go whole
+    whole = radio_sim.reports(11, minutes=1.0)
+    print(
+        f"link bytes per delivered report: {with_delta['bytes_per_report']:.0f} against {whole['bytes_per_report']:.0f}"
+    )
+    assert with_delta["bytes_per_report"] < 0.9 * whole["bytes_per_report"]
+    for r in (with_delta, whole):
+        # every unit's newest report arrives (older ones may be superseded)
+        assert r["newest_delivered"] == r["units"], r
+
+
+def test_a_receiver_that_lost_its_references_takes_every_report_whole_again():
+    """gw4 restarts mid-run with no references (they are kept in memory): the deltas that
+    follow are refused unacked, and their retransmissions go whole."""
+    from c2dtn.perf import radio_sim
+
+    r = radio_sim.Radio(radio_sim.profile(), 5)
+    gw1 = r.cores["gw1"]
+    sent = []
+    for k in range(1, 61):  # 2 units, a report each every second, a minute
+        r.step(k * 1000)
+        for u in (1, 2):
+            sent.append(gw1.submit("gw4", _report(100 * u + k), k * 1000, 600_000, Priority.ROUTINE, supersede=f"u{u}"))
+        if k == 30:
+            core = r.cores["gw4"]
+            core.codec = core.sched.codec = Codec("gw4", dict(core.codec.keys))
+    r.step(120_000)
+    got = {d.seq for _, d in r.delivered["gw4"]}
+    assert {sent[-1], sent[-2]} <= got  # the newest of each unit arrived
+    assert not gw1.store.has_pending({"gw4"})  # nothing left unacked
+    assert len(got) > 40
+    refused = r.cores["gw4"].store.count("rejected:no-reference")
+    print(f"{refused} deltas refused after the restart; then whole reports, and deltas again")
+    assert 0 < refused <= 2 * E.DELTA_OPEN_MAX  # per unit: the deltas under way, then a whole one
