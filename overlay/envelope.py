@@ -130,7 +130,7 @@ K_KIND, K_SEQ, K_CREATED, K_LIFETIME, K_PRIORITY = 1, 3, 4, 5, 6
 K_SUPERSEDE, K_BODY, K_COMPRESSION, K_APP, K_CSEQ, K_FLOOR, K_INC = 7, 8, 9, 11, 12, 13, 14
 K_LIFETIME_S = 15  # the lifetime in whole seconds, when it is whole (instead of K_LIFETIME)
 K_FLOOR_BACK = 16  # cseq - floor (instead of K_FLOOR, when the floor is at or below cseq)
-K_REF = 17  # Compression.DELTA: the seq of the body it was compressed against
+K_REF = 17  # Compression.DELTA: how many seqs back the body it was compressed against is (seq - its seq)
 RETIRED_KEYS = (0, 2, 10)  # a map with any of them is of an older version: refused
 # apps with a one-byte code on the wire; any other name travels as text
 APP_CODES = {"raw": 1, "mqtt": 2, "coap": 3, "ping": 4, "pong": 5}
@@ -514,7 +514,7 @@ class Codec:
         if comp != Compression.NONE:
             m[K_COMPRESSION] = int(comp)
         if comp == Compression.DELTA and ref is not None:
-            m[K_REF] = ref[0]
+            m[K_REF] = env.seq - ref[0]
         if env.supersede is not None:
             m[K_SUPERSEDE] = wire_key(env.supersede)
         if env.app:
@@ -715,9 +715,12 @@ class Codec:
             raise Malformed(f"ack body compressed ({short(comp)}): acks travel plain")
         ref, came = None, (source_key(sender, inc), key) if key is not None else None
         if comp == Compression.DELTA:
-            r = get(K_REF, int, "reference", None)
-            if r is None or came is None or dst != self.node:
+            back = get(K_REF, int, "reference", None)
+            if back is None or came is None or dst != self.node:
                 raise Malformed("delta body without a reference and a supersession key, or for a group")
+            if not 1 <= back <= seq:
+                raise Malformed(f"delta reference {back} seqs back from seq {seq}: it must be 1 to {seq}")
+            r = seq - back
             ref = self._came.get(came, r)
             if ref is None:
                 raise NoReference(f"body compressed against envelope {r} of its key, which this node does not hold")

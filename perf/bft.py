@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -465,6 +466,12 @@ def summarize(events: list[dict], mode: str, info: dict, period: float = 2.0) ->
         "link_bytes_per_delivery": info["link_bytes"] / len(delivered)
         if delivered and info.get("link_bytes")
         else None,
+        # what one report costs its sender's uplink (the links' a-to-b direction, the rated one),
+        # whoever receives it: the bytes that went up, over the reports sent
+        "uplink_bytes_per_report": sum(v for k, v in (info.get("link_bytes_by_dir") or {}).items() if k.endswith(" ab"))
+        / len(sent)
+        if sent and info.get("link_bytes_by_dir")
+        else None,
         "layers": info.get("layers"),
         "goodput_fraction": len(reached) * report_bytes * 8 / (link_bps * run_s) if link_bps and run_s else None,
         "aoi_series": series,
@@ -559,6 +566,7 @@ FIGURES: list[tuple[str, object]] = [
     ("delay min / median / p95 / max", _delay),
     ("age of information mean / p95", _aoi),
     ("link bytes per delivery", lambda r: _fmt(r["link_bytes_per_delivery"], "B", 0)),
+    ("uplink bytes per report sent", lambda r: _fmt(r.get("uplink_bytes_per_report"), "B", 0)),
     ("goodput / link capacity", lambda r: _fmt(r["goodput_fraction"], "", 2)),
 ]
 
@@ -651,7 +659,8 @@ def layer_table(rows: list[dict]) -> list[str]:
         "## Where the link bytes go",
         "",
         "From captures of what the emulated links delivered, both ways, split by layer (perf/capture.py); "
-        "bytes per delivery (receiver x report pair).",
+        "bytes per delivery (receiver x report pair). The captures are beside this report "
+        "(`<mode>-<link>.pcap`); the envelopes in them were opened with the run's keys, which did not outlive it.",
         "",
         "| layer | " + " | ".join(r["mode"] for r in have) + " |",
         "|---|" + "---:|" * len(have),
@@ -770,6 +779,9 @@ def main(plan: Plan, modes: list[str]) -> Path:
         for mode in modes:
             console.print(f"[bold]{mode}[/bold]: starting")
             infos.append(run_mode(mode, plan, Path(td), events))
+        for mode in modes:  # the captures the layer split was read from, beside the report
+            for pcap in sorted((Path(td) / mode / "capture").glob("*.pcap")):
+                shutil.copyfile(pcap, out / f"{mode}-{pcap.name}")
     rows = [summarize(events, i["mode"], i, plan.period) for i in infos]
     report(out, plan, events, rows)
     return out

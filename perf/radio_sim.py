@@ -8,12 +8,14 @@ testbed's emulator runs (rate on the whole frame, loss decided when a frame is o
 a tail-drop transmit queue, delay).  Time jumps from one deadline to the next, so a
 20-minute overload runs in seconds and every run with the same seed is the same run.
 
-Two workloads, the radio parts of `perf overlay` and `perf overload`:
+Three workloads, the radio parts of `perf overlay`, `perf overload` and `make demo`:
 - bulk(): `count` incompressible envelopes of `body` bytes at once; goodput is their
   bytes over the time from submit to the last delivery, as a share of the link's rate;
 - overload(): `units` position reports ("priority", superseded per unit) offering
   `factor` times the link, and an "immediate" order every `order_every_s`; each order's
-  latency and the positions' age of information at the receiver.
+  latency and the positions' age of information at the receiver;
+- reports(): `units` position reports every `period_s` in the MQTT gateway's body, superseded
+  per unit; link bytes per delivered report (frames whole, both ways) and their age.
 """
 
 from __future__ import annotations
@@ -322,13 +324,15 @@ def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=N
     cap = ceiling()
     rows: dict[str, dict] = {}
     with progress(console, "runs") as bar:
-        task = bar.add_task("virtual radio", total=2 * runs * len(CONFIGS))
+        task = bar.add_task("virtual radio", total=3 * runs * len(CONFIGS))
         for name, cfg in CONFIGS.items():
-            rows[name] = {"bulk": [], "overload": []}
+            rows[name] = {"bulk": [], "overload": [], "reports": []}
             for s in run_seeds:
                 rows[name]["bulk"].append(bulk(s, cfg=cfg))
                 bar.advance(task)
                 rows[name]["overload"].append(overload(s, minutes=minutes, cfg=cfg))
+                bar.advance(task)
+                rows[name]["reports"].append(reports(s, minutes=minutes, cfg=cfg))
                 bar.advance(task)
     out = run_dir("radio-sim")
     for rs_ in rows.values():
@@ -346,6 +350,8 @@ def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=N
         "orders lost",
         "AoI p95, median",
         "link busy, median",
+        "demo: link bytes per report, median",
+        "demo: AoI p95, median",
     ]
     for c in cols:
         t.add_column(c, justify="right")
@@ -361,14 +367,20 @@ def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=N
             str(sum(x["orders_lost"] for x in r["overload"])),
             f"{statistics.median(x['aoi_p95_s'] or 0 for x in r['overload']):.1f} s",
             f"{statistics.median(x['link_share'] for x in r['overload']):.2f}",
+            f"{statistics.median(x['bytes_per_report'] for x in r['reports']):.0f} B",
+            f"{statistics.median(x['aoi_p95_s'] for x in r['reports']):.2f} s",
         ]
         t.add_row(*cells)
         lines.append("| " + " | ".join(cells) + " |")
     console.print(t)
-    console.print(f"ceiling: {cap:.3f} of the link (1000 B of each frame); overload {minutes:g} min at 3x the link")
+    console.print(
+        f"ceiling: {cap:.3f} of the link (1000 B of each frame); overload {minutes:g} min at 3x the link; "
+        f"demo: 8 units every 2 s for {minutes:g} min"
+    )
     (out / "report.md").write_text(
         f"# perf radio-sim\n\nLoss patterns (seeds): {', '.join(map(str, run_seeds))}; overload {minutes:g} "
-        f"minutes at 3x the link; ceiling {cap:.3f} of the link.\n\n" + "\n".join(lines) + "\n"
+        f"minutes at 3x the link; demo traffic (8 units every 2 s) {minutes:g} minutes; ceiling {cap:.3f} "
+        "of the link.\n\n" + "\n".join(lines) + "\n"
     )
     _plot(rows, run_seeds, cap, out / "plot.png")
     console.print(f"results in {out}")

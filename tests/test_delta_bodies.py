@@ -42,7 +42,7 @@ def test_nothing_acked_nothing_referred_to_and_a_resend_goes_whole():
     gw1.seal(_env(1), delta=True)
     assert cbor2.loads(gw1.map_bytes(_env(2), delta=True)).get(E.K_REF) is None  # 1 not acked yet
     gw1.acked("gw4", [1])
-    assert cbor2.loads(gw1.map_bytes(_env(3), delta=True))[E.K_REF] == 1
+    assert cbor2.loads(gw1.map_bytes(_env(3), delta=True))[E.K_REF] == 2  # seq 1, two back from 3
     assert E.K_REF not in cbor2.loads(gw1.map_bytes(_env(3), delta=False))  # a retransmission
     # another key, another destination: not referred to
     assert E.K_REF not in cbor2.loads(gw1.map_bytes(_env(4, key="mqtt:/NOR/other/location"), delta=True))
@@ -82,6 +82,8 @@ def test_another_incarnation_or_key_is_not_a_reference():
         ({E.K_SUPERSEDE: None}, "without a reference"),
         ({E.K_COMPRESSION: int(E.Compression.ZSTD)}, "not a delta"),
         ({E.K_REF: "one"}, "reference has the wrong type"),
+        ({E.K_REF: 0}, "0 seqs back"),
+        ({E.K_REF: 3}, "3 seqs back from seq 2"),
     ],
 )
 def test_malformed_delta_bodies_name_the_problem(change, match):

@@ -163,6 +163,8 @@ def test_perf_radio_sim_reports_both_schedulers_on_the_same_loss_patterns_and_a_
     assert summary["seeds"] == [3] and set(summary["configs"]) == set(rs.CONFIGS)
     report = (out / "report.md").read_text()
     assert all(f"| {name} |" in report for name in rs.CONFIGS)
+    assert "demo: link bytes per report" in report
+    assert summary["configs"]["model"]["reports"][0]["delivered"] > 0
     assert (out / "plot.png").stat().st_size > 0 and (out / "plot.json").exists()
     again = rs.bulk(3)
     first = summary["configs"]["model"]["bulk"][0]
