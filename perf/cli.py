@@ -29,7 +29,20 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
 @perf.command("overlay")
 @click.option("--sizes", default="1k,10k,100k,1M", show_default=True, help="payload sizes on lan")
 @click.option("--runs", default=3, show_default=True)
-@click.option("--tactical-bytes", default=60_000, show_default=True, help="bulk transfer size on cnr-tactical-2")
+@click.option("--tactical-bytes", default=60_000, show_default=True, help="bulk transfer size on the radio link")
+@click.option(
+    "--radio-profile",
+    default="cnr-tactical-2",
+    show_default=True,
+    help="the radio link's profile (r2-r3 in nps-chain), e.g. hf-1200 (seed 003)",
+)
+@click.option(
+    "--radio-pings",
+    type=click.IntRange(0, 1000),
+    default=0,
+    show_default=True,
+    help="round trips (a minimal ping each) across the radio before each bulk transfer",
+)
 @click.option("--skip-lan", is_flag=True)
 @click.option("--skip-tactical", is_flag=True)
 @click.option(
@@ -63,6 +76,8 @@ def overlay_cmd(
     sizes: str,
     runs: int,
     tactical_bytes: int,
+    radio_profile: str,
+    radio_pings: int,
     skip_lan: bool,
     skip_tactical: bool,
     cla: str,
@@ -70,7 +85,8 @@ def overlay_cmd(
     agents: str,
     seed: int | None,
 ) -> None:
-    """The overlay next to its agent bare: round trip and throughput on lan, goodput on cnr-tactical-2."""
+    """The overlay next to its agent bare: round trip and throughput on lan, goodput (and round
+    trips, --radio-pings) on a radio link (cnr-tactical-2, or --radio-profile)."""
     from c2dtn.perf import overlay_bench
 
     bad = [s for s in sizes.split(",") if s not in overlay_bench.SIZES]
@@ -79,7 +95,9 @@ def overlay_cmd(
             f"unknown size {bad[0]!r}; choose from {', '.join(overlay_bench.SIZES)}", param_hint="--sizes"
         )
     from c2dtn.topologies.nodes import AGENTS
+    from c2dtn.topologies.profiles import load_builtin_profiles
 
+    load_builtin_profiles().get(radio_profile, "--radio-profile", "PROFILE")  # a name it knows, or says which
     overlay_bench.main(
         sizes.split(","),
         runs,
@@ -90,6 +108,8 @@ def overlay_cmd(
         _scheduler(sched),
         _list(agents, AGENTS, "agent", "--agents"),
         seed,
+        radio_profile,
+        radio_pings,
     )
 
 

@@ -298,13 +298,20 @@ def tactical(
     cla: str | None = None,
     agent: str = DEFAULT,
     seed: int = 5,
+    pings: int = 0,
 ) -> dict:
-    """One bulk transfer across the radio; `seed` draws the emulator's losses (a run's own)."""
+    """One bulk transfer across the radio; `seed` draws the emulator's losses (a run's own).
+    pings: that many round trips (a minimal ping each, answered) before it, the first on a
+    link idle since the topology came up."""
     with tempfile.TemporaryDirectory() as td:
         # the radio link (r2-r3) carries what the topology says (nps-chain: UDP) unless --cla
         # names another; the LAN hops keep TCPCL
         nodes = _nodes(profile, Path(td), seed=seed, cla=lan_cla(agent), radio_cla=cla, agent=agent)
         try:
+            rtts: list[float | None] = []
+            if pings:
+                console.print(f"[dim]{profile} ({agent}): {pings} round trips[/dim]")
+                rtts = list(nodes.client("gw1").pings("gw4", 1, pings, timeout=300))
             count = total_bytes // body
             console.print(
                 f"[dim]{profile} ({agent}): bulk transfer of {count} x {body} B incompressible envelopes[/dim]"
@@ -327,6 +334,7 @@ def tactical(
         "fraction": bps / rate,
         "link_frames_ab": st["ab"]["delivered"],
         "link_bytes_ab": st["ab"]["delivered_bytes"],
+        "rtts_s": rtts,
     }
 
 
@@ -457,6 +465,7 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
             "max",
             "runs",
             "emulator seeds",
+            "round trip first / later (median)",
         ):
             g.add_column(c, justify="right")
         for x in tacs:
@@ -472,6 +481,10 @@ def report(rows: list[dict], tac: dict | list[dict] | None, out: Path) -> None:
                 f"{x.get('fraction_max', 0):.2f}",
                 str(x.get("runs", 1)),
                 ", ".join(str(r["seed"]) for r in x.get("all_runs", [x]) if "seed" in r) or "-",
+                "-"
+                if x.get("rtt_first_s") is None
+                else f"{x['rtt_first_s']:.1f} / {x['rtt_later_s'] or 0:.1f} s"
+                + (f" ({x['rtt_unanswered']} unanswered)" if x.get("rtt_unanswered") else ""),
             )
         console.print(g)
     (out / "summary.json").write_text(
@@ -541,6 +554,8 @@ def main(
     scheduler: dict[str, int] | None = None,
     agents: list[str] = (DEFAULT,),
     seed: int | None = None,
+    radio_profile: str = "cnr-tactical-2",
+    radio_pings: int = 0,
 ) -> None:
     out = run_dir("overlay-bench")
     if seed is None:  # each invocation its own losses, unless one is asked for again
@@ -559,11 +574,25 @@ def main(
             console.print(f"[yellow]{profile_note(agent)}[/yellow]")
         elif not skip_tactical:
             tacs = [
-                tactical(total_bytes=tactical_bytes, cla=cla, agent=agent, seed=seed + SEED_STRIDE * i)
+                tactical(
+                    profile=radio_profile,
+                    total_bytes=tactical_bytes,
+                    cla=cla,
+                    agent=agent,
+                    seed=seed + SEED_STRIDE * i,
+                    pings=radio_pings,
+                )
                 for i in range(runs)
             ]
             tac = dict(tacs[0], agent=agent)
             fr = sorted(t["fraction"] for t in tacs)
+            firsts = [t["rtts_s"][0] for t in tacs if t.get("rtts_s") and t["rtts_s"][0] is not None]
+            later = [r for t in tacs for r in (t.get("rtts_s") or [])[1:] if r is not None]
+            tac.update(
+                rtt_first_s=statistics.median(firsts) if firsts else None,
+                rtt_later_s=statistics.median(later) if later else None,
+                rtt_unanswered=sum(1 for t in tacs for r in t.get("rtts_s") or [] if r is None),
+            )
             tac.update(
                 fraction=statistics.median(fr),
                 fraction_min=fr[0],

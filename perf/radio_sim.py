@@ -33,7 +33,7 @@ from c2dtn.overlay.custody import Custody, Quota
 from c2dtn.overlay.envelope import Codec, Priority
 from c2dtn.overlay.scheduler import SchedulerConfig
 from c2dtn.overlay.store import open_store
-from c2dtn.topologies.channel import Direction
+from c2dtn.topologies.channel import Direction, LinkActivity
 from c2dtn.topologies.profiles import Profile, load_builtin_profiles
 
 KEY = b"s" * 32
@@ -65,7 +65,11 @@ class Radio:
             for a, b in (("gw1", "gw4"), ("gw4", "gw1"))
         }
         # the testbed seeds a link's two directions with seed and seed + 1
-        self.dirs = {"gw4": Direction(self.link, self.seed), "gw1": Direction(self.link, self.seed + 1)}
+        shared = LinkActivity()  # one link: either way keeps it up (Profile.link_idle_s)
+        self.dirs = {
+            "gw4": Direction(self.link, self.seed, activity=shared),
+            "gw1": Direction(self.link, self.seed + 1, activity=shared),
+        }
         self.frames = {"gw4": 0, "gw1": 0}  # frames offered toward each node
         self.frame_bytes = {"gw4": 0, "gw1": 0}
         self.envelopes = {"gw4": 0, "gw1": 0}  # data envelopes offered toward each node (copies count)

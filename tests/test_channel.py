@@ -145,3 +145,48 @@ def test_profile_change_applies_to_new_frames():
     d.offer(b"new" * 20, 0.0)
     out = exact(d, [])
     assert [round(t, 3) for t, _ in out] == [0.1, 0.5]
+
+
+def _ping_pong(ab: Direction, ba: Direction, now: float) -> float:
+    """A 100-byte frame each way, the answer sent as the question arrives: the round trip."""
+    t0 = now
+    for d in (ab, ba):
+        d.offer(bytes(100), now)
+        now = d.next_deadline()
+        assert len(d.due(now)) == 1
+    return now - t0
+
+
+def test_hf_soft_link_is_set_up_after_idle_and_either_way_keeps_it_up():
+    """hf-1200 (seed 003): the first round trip pays the link set-up, the next ones do not
+    (the answer kept the link up), and after more than link_idle_s of silence it is paid again."""
+    from c2dtn.topologies.channel import LinkActivity
+
+    p = load_builtin_profiles().get("hf-1200", "test", "profile")
+    shared = LinkActivity()
+    ab, ba = Direction(p, 1, activity=shared), Direction(p, 2, activity=shared)
+    first = _ping_pong(ab, ba, 0.0)
+    now = first
+    then = []
+    for _ in range(5):
+        then.append(_ping_pong(ab, ba, now))
+        now += then[-1]
+    again = _ping_pong(ab, ba, now + p.link_idle_s + 1)
+    print(f"hf-1200 round trips: first {first:.1f} s, then {statistics.median(then):.1f} s, after idle {again:.1f} s")
+    assert 17.0 <= first <= 19.5  # seed 003: 18.0 s
+    assert 10.7 <= statistics.median(then) <= 12.7  # seed 003: 11.7 s on average
+    assert again - statistics.median(then) > p.link_setup_s - 1.0
+    # two directions that do not share the link each drop it between their own frames
+    lone_ab, lone_ba = Direction(p, 1), Direction(p, 2)
+    lone = _ping_pong(lone_ab, lone_ba, 0.0)
+    assert lone > first + p.link_setup_s - 1.0  # set up each way
+    assert _ping_pong(lone_ab, lone_ba, lone) > first - 1.0  # and again on the next round trip
+
+
+def test_link_setup_is_not_transparent_and_netem_refuses_it():
+    from c2dtn.topologies.netem import netem_args
+
+    p = Profile(link_setup_s=1.0, link_idle_s=5.0)
+    assert not p.is_transparent()
+    with pytest.raises(ValueError, match="link set-up"):
+        netem_args(p)

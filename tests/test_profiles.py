@@ -57,6 +57,8 @@ def test_gilbert_elliott_table():
         ({"delay": "10ms", "jitter": "20ms"}, "jitter", "20ms"),
         ({"gilbert_elliott": {"p": "1%"}}, "gilbert_elliott.r", None),
         ({"loss": "1%", "gilbert_elliott": {"p": "1%", "r": "10%"}}, "loss", "1%"),
+        ({"link_setup": "6s"}, "link_idle", None),
+        ({"link_setup": "soon", "link_idle": "5s"}, "link_setup", "soon"),
     ],
 )
 def test_bad_profile_names_file_field_and_value(table, field, value):

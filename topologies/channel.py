@@ -16,6 +16,9 @@ Semantics, chosen to match tc-netem where netem defines them:
   [-jitter, +jitter] and never reorders (a frame is held until the previous
   one has gone), so a jittery link stays FIFO; `reorder` sends that share of
   frames straight away, ahead of the delayed ones, as netem's reorder does;
+- link set-up (an HF soft link, no netem equivalent): when nothing has been on the link
+  either way for link_idle_s (the two directions share a LinkActivity), the next frame
+  waits link_setup_s before it is serialized;
 - outage (link down): nothing crosses the link while it is down.  Frames
   offered then are dropped, and frames whose delivery falls inside the outage
   are dropped too (they were on the air, or queued, when the radio faded).
@@ -58,6 +61,14 @@ class DirectionStats:
 
 
 @dataclass
+class LinkActivity:
+    """What both directions of one link share: until when something was on it (a frame is on
+    the link from when it is offered until it is due at the far end)."""
+
+    busy_until: float | None = None
+
+
+@dataclass
 class Direction:
     """One direction of a link.  Not thread-safe; one owner drives it."""
 
@@ -65,6 +76,7 @@ class Direction:
     seed: int | None = None
     up: bool = True
     stats: DirectionStats = field(default_factory=DirectionStats)
+    activity: LinkActivity = field(default_factory=LinkActivity)  # shared with the other direction
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -156,24 +168,31 @@ class Direction:
             self.stats.reordered += 1
             self._immediate.append(frame)
             return
+        ready = now
+        if p.link_setup_s:
+            busy = self.activity.busy_until
+            if busy is None or now - busy > p.link_idle_s:
+                ready = now + p.link_setup_s  # the link dropped: set it up again first
         if p.rate_bps:
             self._trim_txq(now)
             if len(self._txq) >= p.queue_packets or (p.queue_bytes is not None and self._txq_bytes + n > p.queue_bytes):
                 self.stats.dropped_queue += 1
                 return
-            start = self._tx_free_at if self._tx_free_at > now else now
+            start = max(self._tx_free_at, ready)
             finish = start + n * 8.0 / p.rate_bps
             self._tx_free_at = finish
             self._txq.append((finish, n))
             self._txq_bytes += n
         else:
-            finish = now
+            finish = ready
         due = finish + p.delay_s
         if p.jitter_s:
             due += self._rng.uniform(-p.jitter_s, p.jitter_s)
         if due < self._last_due:
             due = self._last_due  # keep FIFO: jitter never reorders
         self._last_due = due
+        if self.activity.busy_until is None or due > self.activity.busy_until:
+            self.activity.busy_until = due
         self._line.append((due, frame))
 
     def _trim_txq(self, now: float) -> None:

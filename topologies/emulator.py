@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 
-from c2dtn.topologies.channel import Direction
+from c2dtn.topologies.channel import Direction, LinkActivity
 from c2dtn.topologies.profiles import Profile
 
 ETH_P_ALL = 0x0003
@@ -59,8 +59,9 @@ class Emulator:
         self.link = link
         self.sa = packet_socket(a_if)
         self.sb = packet_socket(b_if)
-        self.ab = Direction(profile_ab, seed=seed)
-        self.ba = Direction(profile_ba, seed=None if seed is None else seed + 1)
+        shared = LinkActivity()  # one link: either way keeps it up (Profile.link_idle_s)
+        self.ab = Direction(profile_ab, seed=seed, activity=shared)
+        self.ba = Direction(profile_ba, seed=None if seed is None else seed + 1, activity=shared)
         self.send_errors = 0
         self.capture = None  # a PcapWriter while capturing (the capture command)
         self.started = time.monotonic()

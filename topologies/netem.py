@@ -27,6 +27,10 @@ def _ms(s: float) -> str:
 
 
 def netem_args(p: Profile) -> list[str]:
+    if p.link_setup_s:
+        raise ValueError(
+            f"profile {p.name}: netem has no link set-up (link_setup); run the userspace emulator (--link-backend userspace)"
+        )
     args = ["netem", "limit", str(p.queue_packets)]
     if p.delay_s or p.jitter_s:
         args += ["delay", _ms(p.delay_s)]

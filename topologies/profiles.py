@@ -58,6 +58,10 @@ class Profile:
     queue_packets: int = 1000  # transmit queue limit (netem's default limit), tail drop
     queue_bytes: int | None = None
     mtu: int = 1500
+    # an HF soft link: after link_idle_s with nothing on the link either way, the next frame waits
+    # link_setup_s for the link to be set up again (seed 003: STANAG 5066 closes it after ~5 s)
+    link_setup_s: float = 0.0
+    link_idle_s: float = 0.0
     description: str = ""
 
     def is_transparent(self) -> bool:
@@ -71,6 +75,7 @@ class Profile:
             and self.duplicate == 0
             and self.reorder == 0
             and self.corrupt == 0
+            and self.link_setup_s == 0
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -174,6 +179,8 @@ _FIELDS = {
     "queue_packets",
     "queue_bytes",
     "mtu",
+    "link_setup",
+    "link_idle",
 }
 _GE_FIELDS = {"p", "r", "loss_bad", "loss_good"}
 
@@ -229,7 +236,13 @@ def profile_from_table(name: str, table: dict[str, Any], source: str, prefix: st
         queue_packets=qp,
         queue_bytes=parse_size(table["queue_bytes"], source, f("queue_bytes")) if "queue_bytes" in table else None,
         mtu=mtu,
+        link_setup_s=parse_time(table.get("link_setup", "0ms"), source, f("link_setup")),
+        link_idle_s=parse_time(table.get("link_idle", "0ms"), source, f("link_idle")),
     )
+    if prof.link_setup_s and not prof.link_idle_s:
+        raise ConfigError(
+            source, f("link_idle"), table.get("link_idle"), "link_setup needs link_idle: how long idle drops the link"
+        )
     if prof.jitter_s > prof.delay_s:
         raise ConfigError(
             source,
