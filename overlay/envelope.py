@@ -141,6 +141,7 @@ ENVELOPE_CONTEXT = b"c2dtn envelope v3\0"  # the AEAD's associated data (v3: con
 NONCE_CONTEXT = b"c2dtn nonce v2\0"
 AEAD_KEY_LABEL = b"c2dtn aead key v2"
 MAX_LIFETIME_S = 1 << 40  # far beyond any lifetime (an int the store keeps in ms without overflow)
+MAX_TIME_MS = 1 << 61  # a creation time (ms since 1970): with a lifetime added it stays a 64-bit int
 INC_BITS = 32  # an incarnation is 1 .. 2**32 - 1 (0: none, what a store before incarnations sent)
 
 
@@ -184,31 +185,49 @@ class NoReference(EnvelopeError):
 # Delta bodies (Compression.DELTA, decision 0013): a small body with a supersession key goes
 # compressed against the newest body of that key its destination acked, when that is smaller.
 DELTA_MAX_BODY = 4096  # bodies up to this size are kept as references, at both ends
-DELTA_BYTES_MAX = 2 << 20  # what each end keeps of them, all keys together (the oldest key goes first)
-DELTA_KEEP_PER_KEY = 16  # a receiver keeps this many of each key's newest bodies (acks may be lost or late)
+# what a sender keeps of them for all its destinations, and a receiver for each peer (one peer's
+# flood cannot push out another's), all keys together (the least recently used key goes first)
+DELTA_BYTES_MAX = 1 << 20
+DELTA_ENTRY_BYTES = 128  # charged per key and per body kept, beside their sizes (_Refs)
+DELTA_KEEP_PER_KEY = 8  # a receiver keeps this many of each key's newest bodies (acks may be lost or late)
 DELTA_OPEN_MAX = 3  # deltas of one key sent and not acked, at most: the next goes whole
 DELTA_PENDING_MAX = 2048  # bodies a sender keeps of what it sealed, until acked (the oldest go first)
 
 
 class _Refs:
-    """Bodies kept per key, the least recently used key dropped past DELTA_BYTES_MAX."""
+    """Bodies kept per key, the least recently used key dropped past DELTA_BYTES_MAX; each body
+    is charged its size and DELTA_ENTRY_BYTES, each key its length and DELTA_ENTRY_BYTES (what
+    the dicts holding them cost), so empty bodies under many keys fill it too."""
 
     def __init__(self) -> None:
         self.by_key: dict[tuple[str, str], dict[int, bytes]] = {}
         self.nbytes = 0
 
+    @staticmethod
+    def _cost(key: tuple[str, str]) -> int:
+        return len(key[0]) + len(key[1]) + DELTA_ENTRY_BYTES
+
     def put(self, key: tuple[str, str], seq: int, body: bytes, keep: int) -> None:
-        seqs = self.by_key.pop(key, {})
+        seqs = self.by_key.pop(key, None)
+        if seqs is None:
+            seqs = {}
+            self.nbytes += self._cost(key)
         self.by_key[key] = seqs  # most recently used last
         if seq in seqs:
+            if seqs[seq] != body:  # the same seq, another body: neither end can trust this key's
+                self.forget(key)
             return
         seqs[seq] = body
-        self.nbytes += len(body)
+        self.nbytes += len(body) + DELTA_ENTRY_BYTES
         while len(seqs) > keep:
-            self.nbytes -= len(seqs.pop(min(seqs)))
+            self.nbytes -= len(seqs.pop(min(seqs))) + DELTA_ENTRY_BYTES
         while self.nbytes > DELTA_BYTES_MAX and self.by_key:
-            old = next(iter(self.by_key))
-            self.nbytes -= sum(map(len, self.by_key.pop(old).values()))
+            self.forget(next(iter(self.by_key)))
+
+    def forget(self, key: tuple[str, str]) -> None:
+        seqs = self.by_key.pop(key, None)
+        if seqs is not None:
+            self.nbytes -= self._cost(key) + sum(len(b) + DELTA_ENTRY_BYTES for b in seqs.values())
 
     def get(self, key: tuple[str, str], seq: int) -> bytes | None:
         return self.by_key.get(key, {}).get(seq)
@@ -220,7 +239,7 @@ class _Refs:
     def drop_below(self, key: tuple[str, str], seq: int) -> None:
         seqs = self.by_key.get(key, {})
         for q in [q for q in seqs if q < seq]:
-            self.nbytes -= len(seqs.pop(q))
+            self.nbytes -= len(seqs.pop(q)) + DELTA_ENTRY_BYTES
 
 
 @dataclass(frozen=True)
@@ -322,8 +341,11 @@ def _raw_dict(ref: bytes) -> "zstandard.ZstdCompressionDict":
 
 def _delta(body: bytes, ref: bytes) -> bytes:
     """body compressed with ref as zstd's dictionary (what changed since ref, in effect)."""
+    # with the frame's checksum: a body decoded against another reference than it was made
+    # against (a seq reused with another body: a store put back from a copy) is refused, not
+    # delivered wrong
     return zstandard.ZstdCompressor(
-        level=19, dict_data=_raw_dict(ref), write_checksum=False, write_content_size=True, write_dict_id=False
+        level=19, dict_data=_raw_dict(ref), write_checksum=True, write_content_size=True, write_dict_id=False
     ).compress(body)
 
 
@@ -408,7 +430,7 @@ class Codec:
     _sealed: dict = field(default_factory=dict, repr=False)
     _acked: _Refs = field(default_factory=_Refs, repr=False)
     _open: dict = field(default_factory=dict, repr=False)  # (destination, key) -> its deltas not acked yet
-    _came: _Refs = field(default_factory=_Refs, repr=False)
+    _came: dict = field(default_factory=dict, repr=False)  # sender node -> _Refs (each its own budget)
     last_wire_body: int = field(default=0, repr=False)  # the size of the last body opened, as it travelled
 
     def __post_init__(self) -> None:
@@ -499,7 +521,9 @@ class Codec:
                 del self._open[next(iter(self._open))]
             self._sealed[(env.dst, env.seq)] = (key, env.body, comp == Compression.DELTA)
             if comp == Compression.DELTA:
-                self._open.setdefault((env.dst, key), []).append(env.seq)
+                waiting = self._open.setdefault((env.dst, key), [])
+                if env.seq not in waiting:
+                    waiting.append(env.seq)
         # the origin is the container's sender; what is left out is the default (_from_map)
         m: dict[int, object] = {K_SEQ: env.seq, K_CREATED: env.created_ms}
         if env.kind != Kind.DATA:
@@ -671,33 +695,29 @@ class Codec:
         kind = get(K_KIND, int, "kind", int(Kind.DATA))
         if kind not in (Kind.DATA, Kind.ACK):
             raise Malformed(f"unknown envelope kind {short(kind)}")
-        seq = get(K_SEQ, int, "seq")
-        created = get(K_CREATED, int, "creation time")
+
+        def bounded(k: int, name: str, hi: int, default=...) -> int:
+            v = get(k, int, name, default)
+            if not 0 <= v <= hi:
+                raise Malformed(f"envelope {name} {short(v)} (key {k}) is out of range (0 to {hi})")
+            return v
+
+        # every integer within what a store keeps (64-bit) and a sum of two of them too
+        seq = bounded(K_SEQ, "seq", MAX_SEQ)
+        created = bounded(K_CREATED, "creation time", MAX_TIME_MS)
         if K_LIFETIME_S in m:
-            lifetime_s = get(K_LIFETIME_S, int, "lifetime")
-            if not 0 <= lifetime_s <= MAX_LIFETIME_S:
-                raise Malformed(f"envelope lifetime of {short(lifetime_s)} s is out of range (0 to {MAX_LIFETIME_S})")
-            lifetime = lifetime_s * 1000
+            lifetime = bounded(K_LIFETIME_S, "lifetime in s", MAX_LIFETIME_S) * 1000
         else:
-            lifetime = get(K_LIFETIME, int, "lifetime")
+            lifetime = bounded(K_LIFETIME, "lifetime", MAX_LIFETIME_S * 1000)
         prio = get(K_PRIORITY, int, "priority", int(Priority.ROUTINE))
-        inc = get(K_INC, int, "incarnation", 0)
-        cseq = get(K_CSEQ, int, "cseq", 0)
-        back = get(K_FLOOR_BACK, int, "floor", None)
-        floor = get(K_FLOOR, int, "floor", 0) if back is None else cseq - back
-        if (
-            seq < 0
-            or created < 0
-            or lifetime < 0
-            or prio not in tuple(Priority)
-            or not 0 <= inc < 1 << INC_BITS
-            or cseq < 0
-            or floor < 0
-        ):
-            raise Malformed(
-                f"envelope field out of range (seq {seq}, created {created}, lifetime {lifetime}, "
-                f"priority {prio}, incarnation {inc}, cseq {cseq}, floor {floor})"
-            )
+        if prio not in tuple(Priority):
+            raise Malformed(f"envelope priority {short(prio)} is not 0 to 3")
+        inc = bounded(K_INC, "incarnation", (1 << INC_BITS) - 1, 0)
+        cseq = bounded(K_CSEQ, "cseq", MAX_SEQ, 0)
+        if K_FLOOR_BACK in m:
+            floor = cseq - bounded(K_FLOOR_BACK, "floor back from cseq", cseq)
+        else:
+            floor = bounded(K_FLOOR, "floor", MAX_SEQ, 0)
         app = m.get(K_APP, "")
         if isinstance(app, int) and not isinstance(app, bool):
             if app not in APP_NAMES:
@@ -708,31 +728,48 @@ class Codec:
         key = m.get(K_SUPERSEDE)
         if isinstance(key, bytes) and len(key) == KEY_DIGEST_BYTES:
             key = "#" + base64.urlsafe_b64encode(key).decode()
-        elif key is not None and not isinstance(key, str):
-            raise Malformed(f"supersession key is neither text nor a {KEY_DIGEST_BYTES}-byte digest: {short(key)}")
+        elif key is not None and not (isinstance(key, str) and len(key.encode()) <= KEY_DIGEST_BYTES):
+            # (a longer key travels as its digest: wire_key; a long text key could pose as one)
+            raise Malformed(
+                f"supersession key is neither text of up to {KEY_DIGEST_BYTES} bytes nor a "
+                f"{KEY_DIGEST_BYTES}-byte digest: {short(key)}"
+            )
         comp = get(K_COMPRESSION, int, "compression", 0)
         if kind == Kind.ACK and comp != Compression.NONE:
             raise Malformed(f"ack body compressed ({short(comp)}): acks travel plain")
         ref, came = None, (source_key(sender, inc), key) if key is not None else None
+        refs = self._came.get(sender)
         if comp == Compression.DELTA:
             back = get(K_REF, int, "reference", None)
-            if back is None or came is None or dst != self.node:
-                raise Malformed("delta body without a reference and a supersession key, or for a group")
+            if back is None:
+                raise Malformed(f"delta body without its reference (key {K_REF})")
+            if came is None:
+                raise Malformed("delta body without a supersession key")
+            if dst != self.node:
+                raise Malformed(f"delta body for group {dst!r}: group bodies go whole")
             if not 1 <= back <= seq:
                 raise Malformed(f"delta reference {back} seqs back from seq {seq}: it must be 1 to {seq}")
             r = seq - back
-            ref = self._came.get(came, r)
+            ref = refs.get(came, r) if refs is not None else None
             if ref is None:
                 raise NoReference(f"body compressed against envelope {r} of its key, which this node does not hold")
         elif K_REF in m:
             raise Malformed(f"reference {short(m[K_REF])} for a body that is not a delta")
         wire = get(K_BODY, bytes, "body", b"")
         self.last_wire_body = len(wire)
-        body = _decompress(comp, wire, self._zdicts, budget, ref)
+        try:
+            body = _decompress(comp, wire, self._zdicts, budget, ref)
+        except Malformed as e:
+            if ref is None:
+                raise
+            # the frame's checksum: made against another body than the one held as envelope r
+            raise NoReference(f"body does not decode against envelope {r} of its key as held here: {e}") from None
         if kind == Kind.DATA and came is not None and len(body) <= DELTA_MAX_BODY and dst == self.node:
+            if refs is None:
+                refs = self._came[sender] = _Refs()
             if ref is not None:
-                self._came.drop_below(came, r)  # the sender refers to nothing older of this key
-            self._came.put(came, seq, body, keep=DELTA_KEEP_PER_KEY)
+                refs.drop_below(came, r)  # the sender refers to nothing older of this key
+            refs.put(came, seq, body, keep=DELTA_KEEP_PER_KEY)
         return Envelope(
             kind=Kind(kind),
             origin=sender,
