@@ -274,3 +274,21 @@ def test_capture_holds_what_the_link_delivered(clean, tmp_path):
     assert testbed.capture(["r2-r3"], None) == {}  # stopping twice is harmless
     with pytest.raises(testbed.ConfigError, match="no-such-link"):
         testbed.capture(["no-such-link"], tmp_path)
+
+
+def test_no_arp_crosses_an_emulated_link(clean, tmp_path):
+    """Both ends of an emulated link know each other's MAC: the radio carries no ARP, and
+    the ends' neighbour entries are permanent (they survive a cut)."""
+    from scapy.layers.l2 import ARP
+    from scapy.utils import rdpcap
+
+    st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=11)
+    paths = testbed.capture(["r2-r3"], tmp_path)
+    run = probe.send_stream(st, "h1", "h4", count=30, interval_s=0.1, payload=12, drain_s=1.5)
+    testbed.capture(["r2-r3"], None)
+    frames = rdpcap(str(paths["r2-r3"]))
+    print(f"{len(frames)} frames captured, {len(run.arrivals)} probes received")
+    assert run.arrivals, "no probe crossed the link"
+    assert not [f for f in frames if ARP in f]
+    neigh = netns.run_in("c2-r2", ["ip", "neigh", "show", "dev", "c2-r3"]).stdout
+    assert "PERMANENT" in neigh, neigh

@@ -118,6 +118,18 @@ def sysctl(ns: str, settings: dict[str, str | int]) -> None:
     run_in(ns, ["sysctl", "-q", "-w", *[f"{k}={v}" for k, v in settings.items()]])
 
 
+def mac_of(ns: str, ifname: str) -> str:
+    with ipr(ns) as ip:
+        return ip.get_links(ip.link_lookup(ifname=ifname)[0])[0].get_attr("IFLA_ADDRESS")
+
+
+def static_neighbour(ns: str, ifname: str, address: str, mac: str) -> None:
+    """A permanent ARP entry: the kernel never asks for `address` on `ifname`."""
+    with ipr(ns) as ip:
+        idx = ip.link_lookup(ifname=ifname)[0]
+        ip.neigh("replace", dst=address, lladdr=mac, ifindex=idx, state=0x80)  # NUD_PERMANENT
+
+
 def offloads_off(ns: str, ifnames: list[str]) -> None:
     """Turn off checksum and segmentation offloads, so a packet socket sees real,
     complete frames (no 64 KB super-frames, no half-done checksums)."""

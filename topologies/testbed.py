@@ -225,6 +225,10 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
         _iface_up(nb, b_if.name, mtu_b, b_if.address, b_if.prefixlen)
         _iface_up(e, "c2a", mtu, promisc=True)
         _iface_up(e, "c2b", mtu, promisc=True)
+        # both ends know each other's MAC: no ARP crosses an emulated radio (where its answer
+        # can take longer than the kernel waits), as a radio's IP client is configured
+        netns.static_neighbour(na, a_if.name, b_if.address, netns.mac_of(nb, b_if.name))
+        netns.static_neighbour(nb, b_if.name, a_if.address, netns.mac_of(na, a_if.name))
         if backend == "userspace":
             netns.offloads_off(na, [a_if.name])
             netns.offloads_off(nb, [b_if.name])
