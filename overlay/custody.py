@@ -158,9 +158,9 @@ class Custody:
         return _Tx(self, durable)
 
     # -- the outbox: records in the store, questions to the index ------------------------------
-    def _out_add(self, items: list[OutItem]) -> None:
+    def _out_add(self, items: list[OutItem], places: dict[int, int] | None = None) -> None:
         self.records.out_add(items)
-        self.outbox.add(items)
+        self.outbox.add(items, places)
 
     def _out_delete(self, seqs: Iterable[int]) -> list[OutItem]:
         gone = self.outbox.delete(seqs)
@@ -272,7 +272,8 @@ class Custody:
         """Accept envelopes into custody in one durable transaction; returns their seqs.
 
         A newer envelope with a supersession key replaces any queued (not yet sent)
-        older one to the same destination with the same key.  Over quota, nothing
+        older one to the same destination with the same key, and takes its place in the
+        queue when it is of the same class (outbox, decision 0014).  Over quota, nothing
         of the batch is accepted and QuotaExceeded says by how much.
 
         marks (one per item, or None): (key, digest, repeat).  The digest is remembered
@@ -301,6 +302,7 @@ class Custody:
                     "nothing of this batch was accepted"
                 )
             adds: list[OutItem] = []  # written together (one statement for the batch)
+            places: dict[int, int] = {}  # a report that takes an unsent one's place (outbox)
             marked: dict[str, bytes] = {}
             for (dst, body, lifetime_ms, priority, supersede, app), mark in zip(items, marks):
                 if isinstance(mark, list):  # several messages in one envelope, none a repeat: each recorded
@@ -328,10 +330,12 @@ class Custody:
                 # supersession means; only envelopes without a key wait for their turn.
                 cseq = 0 if supersede is not None else st.bump(f"cseq:{dst}:{int(priority)}")
                 if supersede is not None:
-                    self._out_add(adds)  # an older copy of the key may be in this very batch
-                    adds = []
+                    self._out_add(adds, places)  # an older copy of the key may be in this very batch
+                    adds, places = [], {}
                     for old in self.outbox.by_key(dst, supersede):
                         if not old.inflight:
+                            if old.priority == int(priority):  # the newest position waits no longer
+                                places[seq] = min(places.get(seq, old.seq), self.outbox.place(old.seq))
                             self._out_delete([old.seq])
                             self._report(old, "superseded", now_ms)
                         elif not old.superseded:  # copies already handed to the BPA are not sent again
@@ -356,7 +360,7 @@ class Custody:
                     )
                 )
                 seqs.append(seq)
-            self._out_add(adds)
+            self._out_add(adds, places)
             for key, digest in marked.items():
                 st.put("marks", (key,), (digest, now_ms))
             if marked:

@@ -32,17 +32,21 @@ class Outbox:
         self._by_dst: dict[str, SortedList] = {}  # dst -> its seqs (an ack's runs resolved against its own)
         # (dst, priority) -> seq -> cseq, each in seq order: not sent; sent, not there and not
         # superseded; ordered (cseq > 0) and not superseded
-        self._queued: dict[tuple[str, int], SortedDict] = {}
+        self._queued: dict[tuple[str, int], SortedDict] = {}  # ... but place -> seq (below)
         self._open: dict[tuple[str, int], SortedDict] = {}
         self._floor: dict[tuple[str, int], SortedDict] = {}
         self._keyed: dict[tuple[str, str], set[int]] = {}  # (dst, supersession key) -> seqs
+        # seq -> its place in the unsent order where that is not its seq: a report that
+        # supersedes an unsent one of its key takes that one's place (decision 0014); kept in
+        # memory only, so custody reopened sends in seq order
+        self._place: dict[int, int] = {}
         self._wire: dict[str, list[int]] = {}  # dst -> [count, bytes] sent and not there
         self._stale: dict[str, set[int]] = {}  # dst -> superseded copies sent and not there
         self._sums: dict[tuple[str, int], list[int]] = {}  # (dst, priority) -> [not sent, sent, bytes]
         self._dsts: dict[str, int] = {}  # dst -> records held
         self._retry: list[tuple[int, int]] = []  # heap of (retry_ms, seq); stale entries skipped
         self._expiry: list[tuple[int, int]] = []  # heap of (expires_ms, seq); ditto
-        self._undo: dict[int, tuple[OutItem | None, dict[str, bool] | None]] | None = None
+        self._undo: dict[int, tuple[OutItem | None, dict[str, bool] | None, int | None]] | None = None
         for it in sorted(items, key=lambda it: it.seq):
             self._insert(_copy(it) if it.body else it)
         for seq, acks in (members or {}).items():
@@ -58,11 +62,14 @@ class Outbox:
 
     def rollback(self) -> None:
         undo, self._undo = self._undo or {}, None
-        for seq, (item, acks) in undo.items():
+        for seq in undo:  # all out first: a record put back may take the place of one added
             if seq in self.items:
                 self._remove(seq)
             self.members.pop(seq, None)
+        for seq, (item, acks, place) in undo.items():
             if item is not None:
+                if place is not None:
+                    self._place[seq] = place
                 self._insert(item)
             if acks is not None:
                 self.members[seq] = acks
@@ -72,7 +79,11 @@ class Outbox:
         """Keep seq's state from before the open transaction's first change to it."""
         if self._undo is not None and seq not in self._undo:
             it, acks = self.items.get(seq), self.members.get(seq)
-            self._undo[seq] = (_copy(it, it.body) if it else None, dict(acks) if acks is not None else None)
+            self._undo[seq] = (
+                _copy(it, it.body) if it else None,
+                dict(acks) if acks is not None else None,
+                self._place.get(seq),
+            )
 
     # -- one record in and out of every order ------------------------------------------------
     def _insert(self, it: OutItem) -> None:
@@ -109,6 +120,7 @@ class Outbox:
             if not keyed:
                 del self._keyed[(it.dst, it.supersede)]
         _drop(self._by_dst, it.dst, seq)
+        self._place.pop(seq, None)
         return it
 
     @staticmethod
@@ -129,18 +141,19 @@ class Outbox:
     def _move(self, it: OutItem, was: tuple[bool, ...], now: tuple[bool, ...]) -> None:
         """A record from the orders `was` put it in to those `now` does (_where; _NOWHERE)."""
         k = (it.dst, it.priority)
-        for order, on, off in (
-            (self._queued, now[0], was[0]),
-            (self._open, now[2], was[2]),
-            (self._floor, now[5], was[5]),
+        place = self._place.get(it.seq, it.seq)
+        for order, on, off, key, value in (
+            (self._queued, now[0], was[0], place, it.seq),
+            (self._open, now[2], was[2], it.seq, it.cseq),
+            (self._floor, now[5], was[5], it.seq, it.cseq),
         ):
             if on and not off:
                 d = order.get(k)
                 if d is None:  # (not setdefault: it would build a SortedDict on every call)
                     d = order[k] = SortedDict()
-                d[it.seq] = it.cseq
+                d[key] = value
             elif off and not on:
-                _drop(order, k, it.seq)
+                _drop(order, k, key)
         if now[3] != was[3]:
             if now[3]:
                 self._stale.setdefault(it.dst, set()).add(it.seq)
@@ -162,10 +175,18 @@ class Outbox:
             del self._sums[k]
 
     # -- changes ---------------------------------------------------------------------------
-    def add(self, items: Iterable[OutItem]) -> None:
+    def add(self, items: Iterable[OutItem], places: dict[int, int] | None = None) -> None:
+        """Records in; `places` puts some at another's place in the unsent order (a place
+        is the seq of the record that held it, which must have left)."""
         for it in items:
             self._touch(it.seq)
+            if places and it.seq in places:
+                self._place[it.seq] = places[it.seq]
             self._insert(_copy(it))
+
+    def place(self, seq: int) -> int:
+        """Where a held record stands in its class's unsent order."""
+        return self._place.get(seq, seq)
 
     def delete(self, seqs: Iterable[int]) -> list[OutItem]:
         """Those held of seqs leave, with their members' acks; returns them."""
@@ -235,8 +256,8 @@ class Outbox:
     def queued(self, dst: str, limit: int) -> list[OutItem]:
         """Not sent: strict priority, then oldest first."""
         out: list[OutItem] = []
-        for seqs in self._classes(self._queued, dst):
-            for s in seqs:
+        for places in self._classes(self._queued, dst):
+            for s in places.values():
                 if len(out) == limit:
                     return out
                 out.append(_copy(self.items[s]))

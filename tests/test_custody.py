@@ -199,6 +199,27 @@ def test_supersession_keeps_the_newest_per_key_and_it_goes_first(tmp_path):
     assert sorted(d.seq for d in got["gw4"] if not d.supersede) == [d.seq for d in got["gw4"] if not d.supersede]
 
 
+def test_a_newer_position_takes_the_queued_ones_place(tmp_path):
+    """A report that supersedes an unsent one of its key waits where that one waited, not
+    at the back: with more units than the link serves in a period, each unit's newest report
+    still goes out in turn (round robin), instead of some units' being replaced for ever."""
+    c = custody(tmp_path, "gw1")
+    for u in range(4):
+        c.submit("gw4", f"u{u} pos 0".encode(), u, 600_000, Priority.PRIORITY, supersede=f"u{u}")
+    c.submit("gw4", b"u0 pos 1", 10, 600_000, Priority.PRIORITY, supersede="u0")
+    c.submit("gw4", b"u2 pos 1", 11, 600_000, Priority.PRIORITY, supersede="u2")
+    c.submit("gw4", b"u0 pos 2", 12, 600_000, Priority.PRIORITY, supersede="u0")
+    assert [i.body for i in c.queued("gw4")] == [b"u0 pos 2", b"u1 pos 0", b"u2 pos 1", b"u3 pos 0"]
+    # one in flight: the next of its key goes to the back (the key's news is on its way)
+    first = c.queued("gw4")[0].seq
+    c.mark_sent([first], 20, {first: 60_000})
+    c.submit("gw4", b"u0 pos 3", 30, 600_000, Priority.PRIORITY, supersede="u0")
+    assert [i.body for i in c.queued("gw4")] == [b"u1 pos 0", b"u2 pos 1", b"u3 pos 0", b"u0 pos 3"]
+    # another class is not the queued one's place
+    c.submit("gw4", b"u1 flash", 40, 600_000, Priority.FLASH, supersede="u1")
+    assert [i.body for i in c.queued("gw4")] == [b"u1 flash", b"u2 pos 1", b"u3 pos 0", b"u0 pos 3"]
+
+
 def test_expired_envelopes_are_reported_not_dropped_silently(tmp_path):
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
     net = Net()
