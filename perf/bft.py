@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -83,6 +84,8 @@ class Plan:
     seed: int = 7
     topology: str = "nps-chain"
     agents: dict[str, str] = field(default_factory=dict)  # node -> agent, instead of the topology's (--agent)
+    observers: int = 0  # fmn: only this many units per nation subscribe (0: every unit; perf scale)
+    capture: bool = True  # capture the emulated links (the report's layer split)
 
 
 # -- processes ------------------------------------------------------------------
@@ -231,7 +234,8 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
             st, gws + routers, gws, workdir / "nodes", gateways=tables, groups=None if mixed else {GROUP: gws}
         )
     pubs = [(f"{n}-u1", n.upper(), brokers[main if mode == "mqtt-single" else n], REPORT_FILTER) for n in nations]
-    receivers = [(f"{n.upper()}-S{u:03d}", n.upper()) for n in nations for u in range(1, plan.units + 1)]
+    watch = min(plan.units, plan.observers or plan.units)
+    receivers = [(f"{n.upper()}-S{u:03d}", n.upper()) for n in nations for u in range(1, watch + 1)]
     return Setup(procs, nodes, pubs, receivers, [], (f"{main}-gw", "tacnet"), dil, mode == "overlay")
 
 
@@ -268,6 +272,40 @@ def _layers(pcaps: list[Path], configs: dict[str, Path]) -> dict:
     }
 
 
+def _box_pids(s: Setup) -> list[int]:
+    """What the nations run besides their units: the brokers, and the overlay's nodes and BPAs."""
+    pids = [p.pid for p in s.procs]  # (ip netns exec and bash exec: the pid is mosquitto's)
+    if s.nodes:
+        for n, p in s.nodes.procs.items():
+            pids.append(p.pid)
+            agent = s.nodes.cfg(n).storage / "agent.pid"
+            if agent.exists():
+                pids.append(int(agent.read_text()))
+    return pids
+
+
+def _usage(pids: list[int]) -> dict[int, tuple[float, int]]:
+    """pid -> (CPU seconds used, resident bytes), of those still running."""
+    tick, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    out = {}
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+        out[pid] = ((int(stat[11]) + int(stat[12])) / tick, rss)
+    return out
+
+
+def _box_use(before: dict[int, tuple[float, int]], after: dict[int, tuple[float, int]]) -> dict:
+    return {
+        "cpu_s": sum(cpu - before.get(pid, (0.0, 0))[0] for pid, (cpu, _) in after.items()),
+        "rss_bytes": sum(rss for _, rss in after.values()),
+        "processes": len(after),
+    }
+
+
 def _stop_clients(clients: list, readers: list) -> None:
     """End the MQTT client processes and wait until their readers have taken every line."""
     for c in clients:
@@ -292,7 +330,9 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
             for n in s.nodes.paths:
                 s.nodes.wait_ready(n)
         bytes0 = _link_bytes(s.dil_links)
-        pcaps = _capture(s.dil_links, workdir / mode / "capture")
+        box = _box_pids(s)
+        use0 = _usage(box)
+        pcaps = _capture(s.dil_links, workdir / mode / "capture") if plan.capture else []
         mine: list[dict] = []
         clients, readers = [], []
         for node, rx in s.plain_subs:
@@ -337,6 +377,8 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
             ]
             if flt:
                 args += ["--subscribe", flt, "--linger", str(plan.drain + 5)]
+                if plan.observers:
+                    args += ["--observers", str(plan.observers)]
             c = _client(node, *args)
             clients.append(c)
             readers.append(_reader(c, mine, mode))
@@ -374,6 +416,7 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
             "dil_links": s.dil_links,
             "link_bps": sum((st["links"][k].get("profile_ab") or {}).get("rate_bps") or 0 for k in s.dil_links),
             "run_s": time.monotonic() - t0,
+            "box": _box_use(use0, _usage(box)),
         }
         info["link_bytes"] = sum(info["link_bytes_by_dir"].values())
         if pcaps:

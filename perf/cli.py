@@ -357,6 +357,56 @@ def radio_sim_cmd(runs, seed, minutes) -> None:
     radio_sim.main(runs, seed, minutes)
 
 
+@perf.command("scale")
+@click.option(
+    "--sizes", default="8,32,100,200", show_default=True, help="units per nation, comma-separated (each 1 to 500)"
+)
+@click.option(
+    "--period", default=10.0, show_default=True, type=click.FloatRange(1, 600), help="s between a unit's reports"
+)
+@click.option(
+    "--duration", default=120.0, show_default=True, type=click.FloatRange(10, 3600), help="s of reports per run"
+)
+@click.option("--drain", default=30.0, show_default=True, type=click.FloatRange(0, 3600))
+@click.option(
+    "--observers", default=2, show_default=True, type=click.IntRange(1, 500), help="subscribing units per nation"
+)
+@click.option("--profile", default="cnr-tactical-2", show_default=True, help="each nation's uplink")
+@click.option(
+    "--modes", default="overlay,mqtt-bridge", show_default=True, help="any of overlay, mqtt-bridge, mqtt-single"
+)
+@click.option("--seed", default=None, type=click.IntRange(0, 1 << 30), help="loss patterns [default: fresh]")
+def scale_cmd(sizes, period, duration, drain, observers, profile, modes, seed) -> None:
+    """Cost as units grow (fmn-4nations): age of information against the round-robin floor, link bytes, box CPU and memory."""
+    import random
+
+    from c2dtn.errors import ConfigError
+    from c2dtn.perf import bft, scale
+    from c2dtn.topologies.profiles import load_builtin_profiles
+
+    try:
+        load_builtin_profiles().get(profile, "--profile", "profile")
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint="--profile") from None
+    try:
+        ns = tuple(int(x) for x in sizes.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{sizes!r} is not a comma-separated list of numbers", param_hint="--sizes") from None
+    bad = [n for n in ns if not 1 <= n <= 500]
+    if bad or not ns:
+        raise click.BadParameter(
+            f"{bad[0] if bad else sizes!r}: units per nation go from 1 to 500", param_hint="--sizes"
+        )
+    ms = tuple(modes.split(","))
+    for m_ in ms:
+        if m_ not in bft.ALL_MODES:
+            raise click.BadParameter(
+                f"unknown mode {m_!r}; choose from {', '.join(bft.ALL_MODES)}", param_hint="--modes"
+            )
+    seed = random.randrange(1 << 30) if seed is None else seed
+    scale.main(scale.ScalePlan(ns, period, duration, drain, profile, seed, observers, modes=ms))
+
+
 @perf.command("overload")
 @click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(1, 600))
 @click.option(

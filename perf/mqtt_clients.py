@@ -183,7 +183,7 @@ def units(a) -> None:
         c.max_inflight_messages_set(a.inflight)
         c.on_publish = lambda cl, ud, mid, rc=None, p=None, u=u: acked.add((u, mid))
         c.on_disconnect = lambda cl, ud, f, rc, p=None: disconnects.append(str(rc))
-        if a.subscribe:
+        if a.subscribe and (not a.observers or u <= a.observers):
             rx = f"{a.nation}-S{u:03d}"
             c.on_connect = lambda cl, ud, f, rc, p=None: cl.subscribe(a.subscribe, qos=a.qos)
             c.on_message = lambda cl, ud, msg, rx=rx: _print_recv(msg, rx, a.nation, lock)
@@ -287,6 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--subscribe", default="", help="units: every unit also subscribes to this filter")
+    ap.add_argument("--observers", type=int, default=0, help="units: only the first N subscribe (0: all)")
     ap.add_argument("--linger", type=float, default=0.0, help="units: seconds to keep receiving after publishing")
     ap.add_argument("--qos", type=int, default=1, choices=[0, 1, 2])
     ap.add_argument("--count", type=int, default=0)

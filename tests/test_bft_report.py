@@ -127,6 +127,9 @@ def test_perf_cli_names_the_bad_value():
         (["perf", "bft", "--modes", "overlay,carrier-pigeon"], "carrier-pigeon"),
         (["perf", "bft", "--profile", "cnr-tactical-9"], "cnr-tactical-9"),
         (["perf", "gateway", "--qos", "0,3"], "'3'"),
+        (["perf", "scale", "--sizes", "8,0"], "0: units per nation go from 1 to 500"),
+        (["perf", "scale", "--sizes", "8,lots"], "'8,lots'"),
+        (["perf", "scale", "--modes", "overlay,pigeon"], "pigeon"),
     ):
         r = CliRunner().invoke(cli, args)
         assert r.exit_code == 2 and bad in r.output, (args, r.output)
