@@ -170,7 +170,7 @@ def units(a) -> None:
     until --linger s after its last report."""
     import random
 
-    from c2dtn.perf.train_dict import position_report, report_topic
+    from c2dtn.perf.train_dict import position_report, report_times, report_topic
 
     rnd = random.Random(a.seed)
     lock = threading.Lock()
@@ -193,11 +193,7 @@ def units(a) -> None:
     if a.subscribe:
         time.sleep(1.0)  # subscriptions in place before the first report
     t0 = time.time()
-    plan = sorted(
-        (t0 + rnd.uniform(0, a.period) + k * a.period, u)
-        for u in range(1, a.units + 1)
-        for k in range(int(a.duration / a.period))
-    )
+    plan = [(t0 + t, u) for t, u in report_times(rnd, a.units, a.period, a.duration)]
     pos = {u: (59.9 + rnd.random() / 10, 10.7 + rnd.random() / 10) for u in range(1, a.units + 1)}
     seq = dict.fromkeys(pos, 0)
     for when, u in plan:

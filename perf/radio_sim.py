@@ -203,16 +203,12 @@ def reports(
     unit at its own phase), in the MQTT gateway's body, superseded per unit; link bytes (both
     ways, frames whole) per delivered report, envelopes per bundle, and the reports' ages."""
     from c2dtn.ip_gateway import bodies
-    from c2dtn.perf.train_dict import position_report, report_topic
+    from c2dtn.perf.train_dict import position_report, report_times, report_topic
 
     r = Radio(profile(link), seed, **kw)
     rng = random.Random(seed)
     end = int(minutes * 60_000)
-    plan = sorted(
-        (int((rng.uniform(0, period_s) + k * period_s) * 1000), u)
-        for u in range(1, units + 1)
-        for k in range(int(minutes * 60 / period_s))
-    )
+    plan = [(int(t * 1000), u) for t, u in report_times(rng, units, period_s, minutes * 60)]
     pos = {u: (59.9 + rng.random() / 10, 10.7 + rng.random() / 10) for u in range(1, units + 1)}
     n = dict.fromkeys(pos, 0)
     gw1 = r.cores["gw1"]

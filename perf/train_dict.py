@@ -46,6 +46,13 @@ def report_topic(country: str, unit: int, node: int) -> str:
     return f"/{country}/{country}-UNIT{unit:03d}/{country}-S{node:03d}/location"
 
 
+def report_times(rng: random.Random, units: int, period: float, duration: float) -> list[tuple[float, int]]:
+    """(seconds from the start, unit 1..units) of every report, in time order: each unit at its
+    own random phase in the first period, then every period (as a unit's position timer)."""
+    phase = {u: rng.uniform(0, period) for u in range(1, units + 1)}
+    return sorted((phase[u] + k * period, u) for u in phase for k in range(int(duration / period)))
+
+
 def sample_reports(n: int = 4000, seed: int = 1) -> list[bytes]:
     """GeoJSON BFT reports in the seed 000 format (§4), for the nations of fmn-4nations."""
     rnd = random.Random(seed)

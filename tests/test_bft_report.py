@@ -157,3 +157,19 @@ def test_nps_chain_report_names_the_hosts_not_a_nation(tmp_path):
     assert "8 units on h1 reporting to the broker on h4" in bft.title_of(plan)
     assert "per nation" not in bft.title_of(plan)
     assert bft._place(plan, "NOR") == "h1" and bft._place(bft.Plan(topology="fmn-2nations"), "NOR") == "NOR"
+
+
+def test_each_unit_reports_every_period_from_its_own_phase():
+    """The BFT units' timer: a period between a unit's reports (a report falling anywhere in
+    its period made gaps of up to two periods, and the age of information measured that)."""
+    import random
+
+    from c2dtn.perf.train_dict import report_times
+
+    times = report_times(random.Random(3), 8, 2.0, 60)
+    assert times == sorted(times) and len(times) == 8 * 30
+    for u in range(1, 9):
+        mine = [t for t, v in times if v == u]
+        assert 0 <= mine[0] < 2.0
+        assert all(abs(b - a - 2.0) < 1e-9 for a, b in zip(mine, mine[1:]))
+    assert len({round(t, 6) for t, v in times if t < 2.0}) == 8  # each its own phase
