@@ -200,14 +200,14 @@ class _Refs:
     the dicts holding them cost), so empty bodies under many keys fill it too."""
 
     def __init__(self) -> None:
-        self.by_key: dict[tuple[str, str], dict[int, bytes]] = {}
+        self.by_key: dict[tuple[str, ...], dict[int, bytes]] = {}
         self.nbytes = 0
 
     @staticmethod
-    def _cost(key: tuple[str, str]) -> int:
-        return len(key[0]) + len(key[1]) + DELTA_ENTRY_BYTES
+    def _cost(key: tuple[str, ...]) -> int:
+        return sum(len(part) for part in key) + DELTA_ENTRY_BYTES
 
-    def put(self, key: tuple[str, str], seq: int, body: bytes, keep: int) -> None:
+    def put(self, key: tuple[str, ...], seq: int, body: bytes, keep: int) -> None:
         seqs = self.by_key.pop(key, None)
         if seqs is None:
             seqs = {}
@@ -224,19 +224,19 @@ class _Refs:
         while self.nbytes > DELTA_BYTES_MAX and self.by_key:
             self.forget(next(iter(self.by_key)))
 
-    def forget(self, key: tuple[str, str]) -> None:
+    def forget(self, key: tuple[str, ...]) -> None:
         seqs = self.by_key.pop(key, None)
         if seqs is not None:
             self.nbytes -= self._cost(key) + sum(len(b) + DELTA_ENTRY_BYTES for b in seqs.values())
 
-    def get(self, key: tuple[str, str], seq: int) -> bytes | None:
+    def get(self, key: tuple[str, ...], seq: int) -> bytes | None:
         return self.by_key.get(key, {}).get(seq)
 
-    def newest(self, key: tuple[str, str]) -> tuple[int, bytes] | None:
+    def newest(self, key: tuple[str, ...]) -> tuple[int, bytes] | None:
         seqs = self.by_key.get(key)
         return max(seqs.items()) if seqs else None
 
-    def drop_below(self, key: tuple[str, str], seq: int) -> None:
+    def drop_below(self, key: tuple[str, ...], seq: int) -> None:
         seqs = self.by_key.get(key, {})
         for q in [q for q in seqs if q < seq]:
             self.nbytes -= len(seqs.pop(q)) + DELTA_ENTRY_BYTES
@@ -461,7 +461,8 @@ class Codec:
         return cbor2.dumps(self.seal_bytes(self.map_bytes(env, delta), env.dst))
 
     def acked(self, dst: str, seqs: Iterable[int]) -> None:
-        """`dst` (a node, not a group) holds these: their bodies may be references for what follows."""
+        """`dst` holds these (a group: every member does): their bodies may be references for
+        what follows."""
         for seq in seqs:
             got = self._sealed.pop((dst, seq), None)
             if got is not None:
@@ -496,7 +497,6 @@ class Codec:
             env.kind == Kind.DATA
             and env.supersede is not None
             and len(env.body) <= DELTA_MAX_BODY
-            and env.dst not in self.groups
             and zstandard is not None
         ):
             key = received_key(env.supersede)
@@ -737,7 +737,8 @@ class Codec:
         comp = get(K_COMPRESSION, int, "compression", 0)
         if kind == Kind.ACK and comp != Compression.NONE:
             raise Malformed(f"ack body compressed ({short(comp)}): acks travel plain")
-        ref, came = None, (source_key(sender, inc), key) if key is not None else None
+        # references per (source, key, destination): a group's stream of a key is not its pair's
+        ref, came = None, (source_key(sender, inc), key, dst) if key is not None else None
         refs = self._came.get(sender)
         if comp == Compression.DELTA:
             back = get(K_REF, int, "reference", None)
@@ -745,8 +746,6 @@ class Codec:
                 raise Malformed(f"delta body without its reference (key {K_REF})")
             if came is None:
                 raise Malformed("delta body without a supersession key")
-            if dst != self.node:
-                raise Malformed(f"delta body for group {dst!r}: group bodies go whole")
             if not 1 <= back <= seq:
                 raise Malformed(f"delta reference {back} seqs back from seq {seq}: it must be 1 to {seq}")
             r = seq - back
@@ -764,7 +763,7 @@ class Codec:
                 raise
             # the frame's checksum: made against another body than the one held as envelope r
             raise NoReference(f"body does not decode against envelope {r} of its key as held here: {e}") from None
-        if kind == Kind.DATA and came is not None and len(body) <= DELTA_MAX_BODY and dst == self.node:
+        if kind == Kind.DATA and came is not None and len(body) <= DELTA_MAX_BODY:
             if refs is None:
                 refs = self._came[sender] = _Refs()
             if ref is not None:

@@ -538,6 +538,7 @@ class Scheduler:
         self.codec.acked(sender, [it.seq for it in arrived + released if it.dst == sender])
         for it in released:  # a group's records go once every member took the envelope
             if it.dst != sender:
+                self.codec.acked(it.dst, [it.seq])  # every member holds it: a reference for the group
                 self._sent.get(it.dst, {}).pop(it.seq, None)
                 self._counted.get(it.dst, set()).discard(it.seq)
         probing = set()  # destinations whose tail probes were going (no progress since the first)

@@ -15,7 +15,7 @@ from c2dtn.errors import ConfigError
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore
-from c2dtn.overlay.envelope import BadTag, Codec, Envelope, Kind, Priority
+from c2dtn.overlay.envelope import DELTA_OPEN_MAX, BadTag, Codec, Envelope, Kind, Priority
 from c2dtn.overlay.scheduler import SchedulerConfig
 from c2dtn.overlay.store.memory import MemoryStore
 from c2dtn.topologies import model, testbed
@@ -361,3 +361,76 @@ def test_over_an_agent_without_group_endpoints_the_node_sends_a_copy_to_each_mem
     assert dtn7.destinations("fmn", ("nor", "prt")) == [("fmn", "~c2dtn")]
     with pytest.raises(ConfigError, match="routing.*static routing sends a bundle to one next hop"):
         load_node_config(_node_toml(tmp_path, {"fmn": ["deu", "nor", "prt"]}, routing="static"))
+
+
+class _Sized(_Bound):
+    """_Bound, counting the payload bytes each node hands its BPA."""
+
+    def __init__(self, net):
+        super().__init__(net)
+        self.bytes: dict[str, int] = {}
+
+    def send(self, out, now):
+        for b in out:
+            sender = cbor2.loads(b.payload)[1]
+            self.bytes[sender] = self.bytes.get(sender, 0) + len(b.payload)
+        super().send(out, now)
+
+
+def _reports(cores, seconds):
+    """Two units of deu, a report each a second, to the group."""
+    body = '{{"unit": "DEU-S00{u}", "msg_id": "DEU-S00{u}_{k}", "lat": 59.9{a:05d}, "lon": 10.7{b:05d}, "ts": {t}}}'
+    return [
+        (
+            k * 1000,
+            lambda t, k=k, u=u: cores["deu"].submit(
+                "fmn",
+                body.format(u=u, k=k, a=31 * k % 99991, b=17 * k % 99991, t=1795833889591 + 1000 * k).encode(),
+                t,
+                priority=Priority.PRIORITY,
+                supersede=f"u{u}",
+            ),
+        )
+        for k in range(1, seconds + 1)
+        for u in (1, 2)
+    ]
+
+
+def test_group_reports_go_as_deltas_and_every_member_opens_them(tmp_path, monkeypatch):
+    from c2dtn.overlay import envelope as E
+
+    cost = {}
+    for mode in ("delta", "whole"):
+        if mode == "whole":
+            monkeypatch.setattr(E, "DELTA_MAX_BODY", 0)  # no body kept as a reference: all go whole
+        cores = {n: make(tmp_path / mode, n) for n in NODES}
+        net = _Sized(FanOut())
+        got = run(cores, net, 45_000, actions=_reports(cores, 40))
+        for m in ("nor", "prt"):
+            newest = {d.supersede: d.body for d in got[m]}
+            assert {k: b.split(b'"msg_id": ')[1][:14] for k, b in newest.items()} == {
+                "u1": b'"DEU-S001_40",',
+                "u2": b'"DEU-S002_40",',
+            }, m
+        assert cores["deu"].store.held_out()[0] == 0  # every member took every report
+        cost[mode] = net.bytes["deu"]
+    print(f"deu's bytes to the group: {cost['delta']} with deltas, {cost['whole']} whole")
+    assert cost["delta"] < 0.85 * cost["whole"]
+
+
+def test_a_member_that_lost_its_references_refuses_deltas_then_takes_whole_ones(tmp_path):
+    """prt restarts (references live in memory): it refuses deltas unacked; the group's copies
+    go whole on retransmission, and deltas resume once every member took a whole one."""
+    cores = {n: make(tmp_path, n) for n in NODES}
+    net = _Sized(FanOut())
+    run(cores, net, 20_500, actions=_reports(cores, 20))
+    prt = cores["prt"]
+    prt.codec = prt.sched.codec = codec("prt")
+    acts = [(t + 20_000, f) for t, f in _reports(cores, 40)[40:]]  # reports 21 to 40
+    got = run(cores, net, 120_000, t0=20_600, actions=acts)
+    refused = prt.store.count("rejected:no-reference")
+    print(f"prt refused {refused} deltas after its restart")
+    assert 0 < refused <= 2 * DELTA_OPEN_MAX  # per unit: the deltas under way, then a whole one
+    for m in ("nor", "prt"):
+        assert {d.supersede for d in got[m] if b"_40" in d.body} == {"u1", "u2"}, m
+    assert cores["deu"].store.held_out()[0] == 0
