@@ -105,6 +105,7 @@ PRUNE_BATCH = 20_000  # seen ids and marks forgotten per expire() at most (the n
 HELD = -1  # a seen id's place while its envelope is held (else its inbox id, or 0: not kept)
 RELEASE_BATCH = 20_000  # envelopes held past their wait released per release_held() at most
 REPORTS_KEPT = 10_000  # the newest reports kept (the counters keep the totals)
+PLACE_SLACK_BYTES = 64  # a superseding report keeps its place if no larger than the first by this (0014)
 
 
 class Custody:
@@ -158,7 +159,7 @@ class Custody:
         return _Tx(self, durable)
 
     # -- the outbox: records in the store, questions to the index ------------------------------
-    def _out_add(self, items: list[OutItem], places: dict[int, int] | None = None) -> None:
+    def _out_add(self, items: list[OutItem], places: dict[int, tuple[int, int]] | None = None) -> None:
         self.records.out_add(items)
         self.outbox.add(items, places)
 
@@ -302,7 +303,7 @@ class Custody:
                     "nothing of this batch was accepted"
                 )
             adds: list[OutItem] = []  # written together (one statement for the batch)
-            places: dict[int, int] = {}  # a report that takes an unsent one's place (outbox)
+            places: dict[int, tuple[int, int]] = {}  # a report that takes an unsent one's place (outbox)
             marked: dict[str, bytes] = {}
             for (dst, body, lifetime_ms, priority, supersede, app), mark in zip(items, marks):
                 if isinstance(mark, list):  # several messages in one envelope, none a repeat: each recorded
@@ -334,8 +335,12 @@ class Custody:
                     adds, places = [], {}
                     for old in self.outbox.by_key(dst, supersede):
                         if not old.inflight:
-                            if old.priority == int(priority):  # the newest position waits no longer
-                                places[seq] = min(places.get(seq, old.seq), self.outbox.place(old.seq))
+                            place, first = self.outbox.place_of(old.seq)
+                            # the newest position waits no longer than the one it replaces, if it
+                            # weighs about what the place was taken with (a 1-byte placeholder
+                            # cannot hold a place for 60 kB)
+                            if old.priority == int(priority) and len(body) <= first + PLACE_SLACK_BYTES:
+                                places[seq] = min(places.get(seq, (place, first)), (place, first))
                             self._out_delete([old.seq])
                             self._report(old, "superseded", now_ms)
                         elif not old.superseded:  # copies already handed to the BPA are not sent again
@@ -380,7 +385,7 @@ class Custody:
         return [(it.seq, it.dst) for it in gone]
 
     def queued(self, dst: str, limit: int = 1000) -> list[OutItem]:
-        """Not yet sent, in sending order: strict priority, then oldest first."""
+        """Not yet sent, in sending order: strict priority, then by place (Outbox.queued)."""
         return self._with_bodies(self.outbox.queued(dst, limit))
 
     def due_retries(self, now_ms: int) -> list[OutItem]:

@@ -430,6 +430,9 @@ class Codec:
     _sealed: dict = field(default_factory=dict, repr=False)
     _acked: _Refs = field(default_factory=_Refs, repr=False)
     _open: dict = field(default_factory=dict, repr=False)  # (destination, key) -> its deltas not acked yet
+    # (destination, key) -> the seqs of its newest bodies sealed, at most DELTA_KEEP_PER_KEY: a
+    # reference older than most of them may be gone at the receiver, whatever the acks said
+    _recent: dict = field(default_factory=dict, repr=False)
     _came: dict = field(default_factory=dict, repr=False)  # sender node -> _Refs (each its own budget)
     last_wire_body: int = field(default=0, repr=False)  # the size of the last body opened, as it travelled
 
@@ -505,7 +508,15 @@ class Codec:
             # whole one it acks is the reference from then on)
             open_ = len(self._open.get((env.dst, key), ()))
             newest = self._acked.newest((env.dst, key)) if delta and open_ < DELTA_OPEN_MAX else None
-            if newest is not None and newest[0] < env.seq:
+            # ... and against a body the receivers still keep by their own rule (the newest
+            # DELTA_KEEP_PER_KEY of a key): a group's last "done" can come after many newer
+            # bodies, late or on purpose, and then no member holds the body any more
+            recent = self._recent.get((env.dst, key), ())
+            if (
+                newest is not None
+                and newest[0] < env.seq
+                and sum(1 for q in recent if q > newest[0]) <= DELTA_KEEP_PER_KEY - DELTA_OPEN_MAX
+            ):
                 ref = newest
         # an ack's body travels plain: a receiver decodes it before anything else, so it must cost
         # what it weighs on the wire (a compressed ack could inflate to megabytes of CBOR)
@@ -520,6 +531,12 @@ class Codec:
             if len(self._open) >= DELTA_PENDING_MAX:
                 del self._open[next(iter(self._open))]
             self._sealed[(env.dst, env.seq)] = (key, env.body, comp == Compression.DELTA)
+            recent = self._recent.pop((env.dst, key), [])  # (re-inserted: the oldest key goes first)
+            if env.seq not in recent:
+                recent = sorted(recent + [env.seq])[-DELTA_KEEP_PER_KEY:]
+            self._recent[(env.dst, key)] = recent
+            if len(self._recent) > DELTA_PENDING_MAX:
+                del self._recent[next(iter(self._recent))]
             if comp == Compression.DELTA:
                 waiting = self._open.setdefault((env.dst, key), [])
                 if env.seq not in waiting:

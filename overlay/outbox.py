@@ -36,17 +36,17 @@ class Outbox:
         self._open: dict[tuple[str, int], SortedDict] = {}
         self._floor: dict[tuple[str, int], SortedDict] = {}
         self._keyed: dict[tuple[str, str], set[int]] = {}  # (dst, supersession key) -> seqs
-        # seq -> its place in the unsent order where that is not its seq: a report that
-        # supersedes an unsent one of its key takes that one's place (decision 0014); kept in
-        # memory only, so custody reopened sends in seq order
-        self._place: dict[int, int] = {}
+        # seq -> (its place in the unsent order, the most bytes that place may carry) where the
+        # place is not its own seq: a report that supersedes an unsent one of its key takes that
+        # one's place (decision 0014); kept in memory only, so custody reopened sends in seq order
+        self._place: dict[int, tuple[int, int]] = {}
         self._wire: dict[str, list[int]] = {}  # dst -> [count, bytes] sent and not there
         self._stale: dict[str, set[int]] = {}  # dst -> superseded copies sent and not there
         self._sums: dict[tuple[str, int], list[int]] = {}  # (dst, priority) -> [not sent, sent, bytes]
         self._dsts: dict[str, int] = {}  # dst -> records held
         self._retry: list[tuple[int, int]] = []  # heap of (retry_ms, seq); stale entries skipped
         self._expiry: list[tuple[int, int]] = []  # heap of (expires_ms, seq); ditto
-        self._undo: dict[int, tuple[OutItem | None, dict[str, bool] | None, int | None]] | None = None
+        self._undo: dict[int, tuple[OutItem | None, dict[str, bool] | None, tuple[int, int] | None]] | None = None
         for it in sorted(items, key=lambda it: it.seq):
             self._insert(_copy(it) if it.body else it)
         for seq, acks in (members or {}).items():
@@ -141,7 +141,7 @@ class Outbox:
     def _move(self, it: OutItem, was: tuple[bool, ...], now: tuple[bool, ...]) -> None:
         """A record from the orders `was` put it in to those `now` does (_where; _NOWHERE)."""
         k = (it.dst, it.priority)
-        place = self._place.get(it.seq, it.seq)
+        place = self.place(it.seq)
         for order, on, off, key, value in (
             (self._queued, now[0], was[0], place, it.seq),
             (self._open, now[2], was[2], it.seq, it.cseq),
@@ -175,9 +175,10 @@ class Outbox:
             del self._sums[k]
 
     # -- changes ---------------------------------------------------------------------------
-    def add(self, items: Iterable[OutItem], places: dict[int, int] | None = None) -> None:
-        """Records in; `places` puts some at another's place in the unsent order (a place
-        is the seq of the record that held it, which must have left)."""
+    def add(self, items: Iterable[OutItem], places: dict[int, tuple[int, int]] | None = None) -> None:
+        """Records in; `places` puts some at another's place in the unsent order: (the place,
+        the seq of the record that held it, which must have left; and the size the place was
+        first taken with, which it keeps: place_of)."""
         for it in items:
             self._touch(it.seq)
             if places and it.seq in places:
@@ -186,7 +187,13 @@ class Outbox:
 
     def place(self, seq: int) -> int:
         """Where a held record stands in its class's unsent order."""
-        return self._place.get(seq, seq)
+        got = self._place.get(seq)
+        return seq if got is None else got[0]
+
+    def place_of(self, seq: int) -> tuple[int, int]:
+        """(place, size it was first taken with) of a held record: what a record superseding it
+        may inherit."""
+        return self._place.get(seq) or (seq, self.items[seq].size)
 
     def delete(self, seqs: Iterable[int]) -> list[OutItem]:
         """Those held of seqs leave, with their members' acks; returns them."""
@@ -254,7 +261,8 @@ class Outbox:
         return [orders[k] for k in sorted(k for k in orders if k[0] == dst)]
 
     def queued(self, dst: str, limit: int) -> list[OutItem]:
-        """Not sent: strict priority, then oldest first."""
+        """Not sent: strict priority, then by place (oldest first, but a superseding report holds
+        the place of the one it replaced: decision 0014)."""
         out: list[OutItem] = []
         for places in self._classes(self._queued, dst):
             for s in places.values():

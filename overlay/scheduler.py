@@ -261,7 +261,14 @@ class Scheduler:
                 if queued and not retry and dst not in probe_new and self._lingers(queued, now_ms, p.wire_ratio):
                     self._linger_until[dst] = min(i.created_ms for i in queued) + self.cfg.linger_ms
                     queued, more = [], True
-                cands = sorted(retry + queued, key=lambda i: (i.seq not in probes, i.priority, i.seq))
+                # probes first, then by class; in a class, resends (in seq order) before new
+                # envelopes, and those in custody's order (a superseding report holds its
+                # predecessor's place: decision 0014)
+                rank = {it.seq: n for n, it in enumerate(queued)}
+                cands = sorted(
+                    retry + queued,
+                    key=lambda i: (i.seq not in probes, i.priority, i.seq in rank, rank.get(i.seq, i.seq)),
+                )
                 quantum = 0  # what the paced bundle begun may still take (a bundle's worth at a time)
                 bundle_max = max(self.cfg.aggregate_bytes, self.cfg.aggregate_large_bytes)
                 for it in cands:

@@ -15,7 +15,7 @@ from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore, Quota, QuotaExceeded
 from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority
 from c2dtn.overlay.outbox import Outbox
-from c2dtn.overlay.scheduler import SchedulerConfig
+from c2dtn.overlay.scheduler import Scheduler, SchedulerConfig
 from c2dtn.overlay.store import OutItem
 from c2dtn.overlay.store import sqlite as store_sqlite
 from c2dtn.overlay.store.memory import MemoryStore
@@ -218,6 +218,73 @@ def test_a_newer_position_takes_the_queued_ones_place(tmp_path):
     # another class is not the queued one's place
     c.submit("gw4", b"u1 flash", 40, 600_000, Priority.FLASH, supersede="u1")
     assert [i.body for i in c.queued("gw4")] == [b"u1 flash", b"u2 pos 1", b"u3 pos 0", b"u0 pos 3"]
+
+
+def test_the_scheduler_sends_in_custodys_order_so_every_unit_goes_in_turn(tmp_path):
+    """Found by review: the plan sorted what custody queued back into seq order, so the report
+    that took a place went last, and the first unit to report each period went every time."""
+    c = custody(tmp_path, "gw1")
+    one = SchedulerConfig(init_window=1, min_window=1, max_window=1, queue_target_ms=0)
+    s = Scheduler(c, Codec("gw1", {"gw4": KEY}), one)  # a link that carries a report a period
+    sent, now = [], 0
+    for period in range(9):
+        for u in range(3):  # every unit reports once a period, u0 first
+            c.submit("gw4", f"u{u} pos {period}".encode(), now, 600_000, Priority.PRIORITY, supersede=f"u{u}")
+        (out,) = s.plan(now)
+        (seq,) = out.seqs
+        sent.append(c.held([seq])[seq].supersede)
+        now += 1000
+        s.on_ack("gw4", [seq], [], now)
+    assert sent == ["u0", "u1", "u2"] * 3, sent
+
+
+def test_no_unit_starves_when_the_link_carries_most_of_a_period(tmp_path):
+    """Ten units report every period in the same order; the window carries about seven."""
+    c = custody(tmp_path, "gw1")
+    s = Scheduler(c, Codec("gw1", {"gw4": KEY}), SchedulerConfig(init_window=600, max_window=600, queue_target_ms=0))
+    last: dict[str, int] = {}
+    now = 0
+    for period in range(20):
+        for u in range(10):
+            body = f'{{"unit": "U{u:02d}", "period": {period:04d}, "lat": 59.91234, "lon": 10.71234, "pad": "..."}}'
+            c.submit("gw4", body.encode(), now + u, 600_000, Priority.PRIORITY, supersede=f"u{u}")
+        now += 500
+        for b in s.plan(now):
+            for q in b.seqs:
+                last[c.held([q])[q].supersede] = period
+            now += 10
+            s.on_ack("gw4", b.seqs, [], now)
+        now += 490
+    starved = {f"u{u}": last.get(f"u{u}") for u in range(10) if last.get(f"u{u}", -1) < 17}
+    assert not starved, f"the last period each starved unit went in: {starved}"
+
+
+def test_a_placeholder_does_not_keep_a_place_for_a_large_body(tmp_path):
+    """Found by review: 1-byte bodies under 20 keys, then 60 kB under each, went ahead of an
+    order submitted between the two."""
+    c = custody(tmp_path, "gw1")
+    for i in range(20):
+        c.submit("gw4", b".", 0, 600_000, Priority.PRIORITY, supersede=f"k{i}")
+    order = c.submit("gw4", b"order: move to grid 123", 1, 600_000, Priority.PRIORITY)
+    for i in range(20):
+        c.submit("gw4", b"x" * 60_000, 2, 600_000, Priority.PRIORITY, supersede=f"k{i}")
+    ahead = 0
+    for it in c.queued("gw4"):
+        if it.seq == order:
+            break
+        ahead += it.size
+    assert ahead == 0, f"{ahead} bytes submitted after the order go before it"
+    # a report about the size of the one it replaces keeps the place, through any number of
+    # supersessions (each no larger than the first by more than the slack)
+    c.submit("gw4", b"p" * 200, 3, 600_000, Priority.PRIORITY, supersede="pos")
+    c.submit("gw4", b"routine-ish", 4, 600_000, Priority.PRIORITY)
+    for k in range(5):
+        c.submit("gw4", b"p" * (230 + k), 5 + k, 600_000, Priority.PRIORITY, supersede="pos")
+    bodies = [it.body for it in c.queued("gw4")]
+    assert bodies.index(b"p" * 234) < bodies.index(b"routine-ish")
+    c.submit("gw4", b"p" * 300, 20, 600_000, Priority.PRIORITY, supersede="pos")  # 100 over the first
+    bodies = [it.body for it in c.queued("gw4")]
+    assert bodies[-1] == b"p" * 300
 
 
 def test_expired_envelopes_are_reported_not_dropped_silently(tmp_path):

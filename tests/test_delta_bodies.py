@@ -130,6 +130,19 @@ def test_a_group_goes_against_what_every_member_took():
     assert cbor2.loads(gw1.map_bytes(_env(3, dst="fmn"), delta=True))[E.K_REF] == 2
 
 
+def test_no_reference_older_than_the_receivers_keep():
+    """A reference acked late (a group's last "done", or an ack delayed past many reports) is
+    not used once more bodies of its key were sealed after it than a receiver keeps."""
+    gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    for k in range(1, 11):
+        gw4.open("gw1", gw1.seal(_env(k), delta=True))
+    gw1.acked("gw4", [1])  # nine newer bodies went since: gw4 kept the 8 newest
+    got = gw4.open("gw1", gw1.seal(_env(11), delta=True))
+    assert got.body == _report(11) and got.compression != E.Compression.DELTA
+    gw1.acked("gw4", [9])  # two newer since 9: still held
+    assert gw4.open("gw1", gw1.seal(_env(12), delta=True)).compression == E.Compression.DELTA
+
+
 # -- on the virtual radio (perf/radio_sim.py: two cores, the emulator's channel, virtual time) --
 
 

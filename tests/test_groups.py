@@ -434,3 +434,46 @@ def test_a_member_that_lost_its_references_refuses_deltas_then_takes_whole_ones(
     for m in ("nor", "prt"):
         assert {d.supersede for d in got[m] if b"_40" in d.body} == {"u1", "u2"}, m
     assert cores["deu"].store.held_out()[0] == 0
+
+
+def test_a_late_done_cannot_make_the_other_members_refuse_the_groups_deltas(tmp_path):
+    """Found by review: the group's reference is the newest body every member acked "done";
+    a member that acks "got" at once but "done" only for reports ten behind made the sender
+    refer to bodies the other members had let go (they keep a key's 8 newest), and they
+    refused delta after delta.  nor is that member here (its acks fed to deu's scheduler, as an
+    authentic ack bundle from nor would be); prt is honest."""
+    import logging
+
+    from c2dtn.overlay import envelope as E
+
+    cores = {n: make(tmp_path, n) for n in ("deu", "prt")}
+    deu, prt = cores["deu"], cores["prt"]
+    flight: list = []
+    sent: dict[str, list[int]] = {"u1": [], "u2": []}
+    t = 0
+    logging.disable(logging.WARNING)
+    try:
+        for k in range(1, 121):  # 60 s, each unit a report every 500 ms
+            for u in ("u1", "u2"):
+                body = b'{"unit": "%s", "lat": 59.9%05d, "lon": 10.7%05d, "k": %d}' % (u.encode(), 31 * k, 17 * k, k)
+                sent[u].append(deu.submit("fmn", body, t, priority=Priority.PRIORITY, supersede=u))
+            for _ in range(5):
+                for b in deu.poll(t):
+                    flight.append((t + 100, "prt", b.payload))
+                for b in prt.poll(t):
+                    flight.append((t + 100, "deu", b.payload))
+                for due in [f for f in flight if f[0] <= t]:
+                    flight.remove(due)
+                    cores[due[1]].on_bundle(due[2], t)
+                items = prt.take()
+                prt.consumed([i.id for i in items], t)
+                held = [it.seq for it in deu.store.inflight("fmn")]
+                late = [s[-11] for s in sent.values() if len(s) > 10]
+                deu.sched.on_ack("nor", late, held, t)
+                t += 100
+    finally:
+        logging.disable(logging.NOTSET)
+    refused = prt.store.count("rejected:no-reference")
+    print(f"prt refused {refused} deltas and took {prt.store.count('delivered')} of 240 reports")
+    assert refused <= 2 * E.DELTA_OPEN_MAX
+    assert prt.store.count("delivered") >= 230

@@ -138,11 +138,12 @@ def test_every_question_gets_the_answer_a_walk_over_all_records_gives(seed):
                 if key and old and rng.random() < 0.7:
                     took[nxt] = min(places.get(it.seq, it.seq) for it in old)
                     assert took[nxt] == min(ob.place(it.seq) for it in old)
+                    assert ob.place_of(old[0].seq)[0] == ob.place(old[0].seq)
                     ob.delete([it.seq for it in old])
                     for it in old:
                         del items[it.seq]
                         members.pop(it.seq, None)
-            ob.add(adds, took)
+            ob.add(adds, {q: (p, 100) for q, p in took.items()})
             places.update(took)
             for it in adds:
                 items[it.seq] = replace(it, body=b"")

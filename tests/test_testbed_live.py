@@ -278,7 +278,7 @@ def test_capture_holds_what_the_link_delivered(clean, tmp_path):
 
 def test_no_arp_crosses_an_emulated_link(clean, tmp_path):
     """Both ends of an emulated link know each other's MAC: the radio carries no ARP, and
-    the ends' neighbour entries are permanent (they survive a cut)."""
+    the ends' neighbour entries are permanent."""
     from scapy.layers.l2 import ARP
     from scapy.utils import rdpcap
 
