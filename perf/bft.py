@@ -14,7 +14,10 @@ Topologies:
                 nation's gateway, through the group.  mqtt-bridge: the other nations'
                 brokers bridge to the first nation's (a star, as seed 000's Mosquitto set-up).
                 mqtt-single: one broker, the first nation's; every unit connects to it
-                across the links (nps-chain: h1's units straight to h4's broker).  The 8 units of
+                across the links (nps-chain: h1's units straight to h4's broker).
+                mqtt-sn (nps-chain only; seed 001's baseline): h1's units publish MQTT-SN
+                over UDP across the link to the Paho MQTT-SN gateway beside h4's broker
+                (perf/mqtt_sn.py; `make bpas` builds the gateway).  The 8 units of
                 a nation run in one process in the namespace of its unit 1 (the units
                 share the nation's unlimited LAN, so this changes nothing on the links).
   fmn-4nations-mixed  fmn-4nations with a BPA per nation (DEU, USA dtn7-rs; NOR ION; PRT
@@ -66,7 +69,8 @@ from c2dtn.topologies.nodes import Nodes
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 MODES = ("overlay", "mqtt-bridge")  # what perf bft and perf matrix run unless told
-ALL_MODES = MODES + ("mqtt-single",)
+ALL_MODES = MODES + ("mqtt-single", "mqtt-sn")
+NPS_ONLY = ("mqtt-sn",)  # modes nps-chain alone has
 TOPOLOGIES = ("nps-chain", "fmn-2nations", "fmn-4nations", "fmn-4nations-mixed")
 REPORT_FILTER = "/+/+/+/location"
 GROUP = "fmn"  # the overlay group of the nations' gateways
@@ -119,9 +123,9 @@ def _reader(p: subprocess.Popen, sink: list, mode: str, rx: str | None = None) -
     return th
 
 
-def _client(node: str, *args: str) -> subprocess.Popen:
+def _client(node: str, *args: str, module: str = "mqtt_clients") -> subprocess.Popen:
     return subprocess.Popen(
-        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", "c2dtn.perf.mqtt_clients", *args],
+        ["ip", "netns", "exec", f"c2-{node}", sys.executable, "-m", f"c2dtn.perf.{module}", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -183,6 +187,11 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
             target = h4
         elif mode == "mqtt-single":  # the units publish straight to h4's broker, across the link
             target = h4
+        elif mode == "mqtt-sn":  # MQTT-SN over UDP, across the link, to the Paho gateway beside h4's broker
+            from c2dtn.perf.mqtt_sn import start_gateway
+
+            procs.append(start_gateway("c2-h4", workdir / "mqttsn-h4"))
+            target = h4
         else:
             procs.append(
                 start_mosquitto(
@@ -203,6 +212,8 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
             ["r2-r3"],
             mode == "overlay",
         )
+    if mode in NPS_ONLY:
+        raise ValueError(f"mode {mode} runs on nps-chain only")
     nations = _nations(st)
     brokers = {n: testbed.node_address(st, f"{n}-broker") for n in nations}
     main = nations[0]
@@ -379,7 +390,7 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
                 args += ["--subscribe", flt, "--linger", str(plan.drain + 5)]
                 if plan.observers:
                     args += ["--observers", str(plan.observers)]
-            c = _client(node, *args)
+            c = _client(node, *args, module="mqtt_sn" if mode == "mqtt-sn" else "mqtt_clients")
             clients.append(c)
             readers.append(_reader(c, mine, mode))
         t0 = time.monotonic()

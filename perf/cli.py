@@ -510,7 +510,8 @@ def _outage(ctx, param, value: str):
     "--modes",
     default="overlay,mqtt-bridge",
     show_default=True,
-    help="any of overlay, mqtt-bridge (a broker per nation, bridged), mqtt-single (one broker for all)",
+    help="any of overlay, mqtt-bridge (a broker per nation, bridged), mqtt-single (one broker for all), "
+    "mqtt-sn (nps-chain: MQTT-SN over the radio to the Paho gateway beside h4's broker; `make bpas` builds it)",
 )
 @click.option(
     "--agent",
@@ -547,6 +548,17 @@ def bft_cmd(
             raise click.BadParameter(
                 f"unknown mode {m_!r}; choose from {', '.join(bft.ALL_MODES)}", param_hint="--modes"
             )
+    if topology != "nps-chain" and set(ms) & set(bft.NPS_ONLY):
+        raise click.BadParameter(
+            f"mode {sorted(set(ms) & set(bft.NPS_ONLY))[0]} runs on nps-chain only", param_hint="--modes"
+        )
+    if "mqtt-sn" in ms and qos != 1:
+        raise click.BadParameter(f"mqtt-sn publishes at QoS 1 only, not {qos}", param_hint="--qos")
+    if "mqtt-sn" in ms:
+        from c2dtn.perf.mqtt_sn import gateway_missing
+
+        if gateway_missing():
+            raise click.UsageError(f"mode mqtt-sn: {gateway_missing()}")
     if outage == "auto":
         outage = (20.0, 80.0) if topology == "nps-chain" else None
     if outage and outage[1] > duration:
