@@ -284,7 +284,7 @@ def start_gateway(netns: str, workdir: Path, broker_port: int = 1883, port: int 
     log = open(workdir / "gateway.log", "ab")
     p = subprocess.Popen(
         ["ip", "netns", "exec", netns, "bash", "-c", f'cd "{workdir}" && exec -a c2mqttsn "{binary}" -f "{conf}"'],
-        stdout=log,
+        stdout=subprocess.DEVNULL,  # (a hex dump of every packet; its errors go to stderr)
         stderr=log,
         stdin=subprocess.DEVNULL,
     )

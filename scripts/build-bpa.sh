@@ -36,7 +36,12 @@ work=$(mktemp -d /tmp/c2-bpa-build.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 echo "building $name from $(basename "$archive") into $prefix (once per machine; log: $log)"
 tar -xf "$archive" -C "$work" || fail "cannot unpack $archive"
-src=$(find "$work" -mindepth 1 -maxdepth 1 -type d | head -1)
+# the source tree: the archive's one top folder, or the archive's top itself (Paho's has none)
+if [ "$(find "$work" -mindepth 1 -maxdepth 1 | wc -l)" = 1 ]; then
+  src=$(find "$work" -mindepth 1 -maxdepth 1 -type d | head -1)
+else
+  src=$work
+fi
 # installed straight into PREFIX (libtool writes the library path into the binaries, so
 # they cannot be moved afterwards); PREFIX/.built marks a finished build, anything else is redone
 rm -rf "$prefix"
