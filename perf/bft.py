@@ -448,7 +448,12 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
                 s.nodes.stop_all()
             for p in s.procs:
                 p.terminate()
-                p.wait(10)
+            for p in s.procs:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:  # (the MQTT-SN gateway's threads can hang on SIGTERM)
+                    p.kill()
+                    p.wait(5)
         testbed.down()
 
 
