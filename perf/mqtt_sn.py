@@ -47,6 +47,7 @@ PROTOCOL_ID = 0x01
 T_RETRY = 10.0  # MQTT-SN 1.2 section 6.13: "in the range of 10 to 15 seconds"
 N_RETRY = 5  # ... "in the range of 3-5"
 GATEWAY_PORT = 10000
+MULTICAST_GROUP = "225.1.1.1"  # the gateway's ADVERTISE group (its default)
 
 
 class SnError(ValueError):
@@ -273,12 +274,18 @@ def start_gateway(netns: str, workdir: Path, broker_port: int = 1883, port: int 
 
     binary = built("mqttsn") / "bin" / "MQTT-SNGateway"
     workdir.mkdir(parents=True, exist_ok=True)
+    # the gateway joins its multicast group (ADVERTISE) at start, whatever its config, and aborts
+    # where no route leads there ("No such device"): a route for the group on the node's first
+    # interface (its advertisements stay on that link; nothing routes multicast on)
+    links = nsmod.run_in(netns, ["ip", "-o", "link", "show"]).stdout.splitlines()
+    ifname = next(line.split(": ")[1].split("@")[0] for line in links if ": lo:" not in line)
+    nsmod.run_in(netns, ["ip", "route", "replace", f"{MULTICAST_GROUP}/32", "dev", ifname])
     conf = workdir / "gateway.conf"
     conf.write_text(
         "GatewayID=1\nGatewayName=c2mqttsn\nMaxNumberOfClients=500\nKeepAlive=60\n"
         f"BrokerName=127.0.0.1\nBrokerPortNo={broker_port}\nBrokerSecurePortNo=8883\n"
         "AggregatingGateway=NO\nQoS-1=NO\nForwarder=NO\nPredefinedTopic=NO\nClientAuthentication=NO\n"
-        f"GatewayPortNo={port}\nMulticastPortNo={port + 1}\nMulticastIP=225.1.1.1\nMulticastTTL=1\n"
+        f"GatewayPortNo={port}\nMulticastPortNo={port + 1}\nMulticastIP={MULTICAST_GROUP}\nMulticastTTL=1\n"
         "ShearedMemory=NO\n"
     )
     log = open(workdir / "gateway.log", "ab")
