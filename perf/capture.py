@@ -13,6 +13,7 @@ payload (the Mosquitto bridge) stays one layer: MQTT.
 
 from __future__ import annotations
 
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ import cbor2
 
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.envelope import Codec, EnvelopeError, Kind, split_container
+
+MQTTSN_PORT = 10000  # the Paho MQTT-SN gateway's (perf/mqtt_sn.py GATEWAY_PORT)
 
 # the layers in the order a report table lists them
 LAYERS = (
@@ -34,6 +37,7 @@ LAYERS = (
     ("retransmit", "retransmitted data envelopes (seal, fields, body)"),
     ("acks", "ack envelopes (seal, fields, ack body)"),
     ("mqtt", "TCP payload (MQTT)"),
+    ("mqttsn", "UDP payload to or from an MQTT-SN gateway (MQTT-SN)"),
     ("other", "frames that are neither (ARP, ICMP, neighbour discovery, unreadable)"),
 )
 
@@ -110,6 +114,9 @@ def split_capture(path: Path, codecs: dict[str, Codec], seen: set | None = None)
             sp.bytes["other"] += len(frame)
             continue
         sp.bytes["headers"] += hdr + 8
+        if MQTTSN_PORT in struct.unpack(">HH", seg[:4]):
+            sp.bytes["mqttsn"] += len(seg) - 8
+            continue
         _bundle(seg[8:], codecs, seen, sp)
     return sp
 

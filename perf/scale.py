@@ -103,7 +103,10 @@ def _f(v, fmt: str) -> str:
 
 FIGURES = [
     ("reports sent", lambda r: f"{r['sent']:,}"),
-    ("not delivered", lambda r: f"{r['lost']:,} ({r['lost_pct']:.1f} %)"),
+    ("deliveries due (observers in other nations x reports)", lambda r: f"{r['expected']:,}"),
+    ("delivered", lambda r: f"{r['delivered']:,}"),
+    ("superseded (a newer report of the unit delivered instead)", lambda r: _f(r["superseded"], ",")),
+    ("not delivered by the end of the drain (of deliveries due)", lambda r: f"{r['lost']:,} ({r['lost_pct']:.1f} %)"),
     ("AoI p95", lambda r: _f(r["aoi_p95_s"], ".1f") + " s"),
     ("round-robin floor", lambda r: f"{r['floor_s']:.1f} s"),
     ("AoI p95 / floor", lambda r: _f(r["aoi_over_floor"], ".2f")),

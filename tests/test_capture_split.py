@@ -53,6 +53,26 @@ def test_split_counts_each_layer_once_and_adds_up(tmp_path: Path):
     assert sp.bytes["acks"] > 16
 
 
+def test_mqtt_sn_datagrams_count_as_mqtt_sn(tmp_path: Path):
+    from c2dtn.perf import mqtt_sn
+
+    publish = mqtt_sn.packet(mqtt_sn.PUBLISH, b"\x20\x00\x01\x00\x02" + b"r" * 230)
+    puback = mqtt_sn.packet(mqtt_sn.PUBACK, b"\x00\x01\x00\x02\x00")
+    frames = [
+        bytes(Ether() / IP() / UDP(sport=40000, dport=mqtt_sn.GATEWAY_PORT) / publish),
+        bytes(Ether() / IP() / UDP(sport=mqtt_sn.GATEWAY_PORT, dport=40000) / puback),
+    ]
+    pcap = tmp_path / "sn.pcap"
+    w = PcapWriter(str(pcap), linktype=1)
+    for f in frames:
+        w.write(f)
+    w.close()
+    sp = capture.split_run([pcap], {})
+    assert sp.bytes["mqttsn"] == len(publish) + len(puback) and sp.bytes["other"] == 0
+    assert sp.bytes["headers"] == 2 * (14 + 20 + 8) and sp.bundles == 0
+    assert capture.MQTTSN_PORT == mqtt_sn.GATEWAY_PORT
+
+
 def test_envelopes_no_key_opens_are_counted_unopened(tmp_path: Path):
     gw1 = Codec("gw1", {"gw4": KEY})
     payload = gw1.container([gw1.seal(_env(1, b"x" * 100))], "gw4")
