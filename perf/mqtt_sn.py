@@ -268,7 +268,6 @@ def gateway_missing() -> str | None:
 def start_gateway(netns: str, workdir: Path, broker_port: int = 1883, port: int = GATEWAY_PORT) -> subprocess.Popen:
     """The Paho MQTT-SN gateway in `netns`, on UDP `port`, publishing to the broker on its
     loopback; returns once it listens."""
-    from c2dtn.errors import C2Error
     from c2dtn.overlay.agents.builds import built
     from c2dtn.topologies import netns as nsmod
 
@@ -288,23 +287,19 @@ def start_gateway(netns: str, workdir: Path, broker_port: int = 1883, port: int 
         f"GatewayPortNo={port}\nMulticastPortNo={port + 1}\nMulticastIP={MULTICAST_GROUP}\nMulticastTTL=1\n"
         "ShearedMemory=NO\n"
     )
-    log = open(workdir / "gateway.log", "ab")
-    p = subprocess.Popen(
-        ["ip", "netns", "exec", netns, "bash", "-c", f'cd "{workdir}" && exec -a c2mqttsn "{binary}" -f "{conf}"'],
-        stdout=subprocess.DEVNULL,  # (a hex dump of every packet; its errors go to stderr)
-        stderr=log,
-        stdin=subprocess.DEVNULL,
+
+    def listens() -> bool:
+        return f":{port}" in nsmod.run_in(netns, ["ss", "-Huln", f"sport = :{port}"], check=False).stdout
+
+    return nsmod.start_ready(
+        netns,
+        f'cd "{workdir}" && exec -a c2mqttsn "{binary}" -f "{conf}"',
+        workdir / "gateway.log",
+        "the MQTT-SN gateway",
+        listens,
+        f"listen on UDP {port}",
+        quiet=True,  # (its stdout is a hex dump of every packet; its errors go to stderr)
     )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise C2Error(f"the MQTT-SN gateway in {netns} exited at once; its log: {log.name}")
-        out = nsmod.run_in(netns, ["ss", "-Huln", f"sport = :{port}"], check=False).stdout
-        if f":{port}" in out:
-            return p
-        time.sleep(0.1)
-    p.terminate()
-    raise C2Error(f"the MQTT-SN gateway in {netns} did not listen on UDP {port} within 10 s; its log: {log.name}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 from c2dtn.errors import C2Error
@@ -26,26 +25,22 @@ def start_mosquitto(netns: str, workdir: Path, address: str, port: int = 1883, e
         f"listener {port} 0.0.0.0\nallow_anonymous true\npersistence false\n"
         f"max_queued_messages 100000\nlog_dest stderr\nlog_type error\nlog_type warning\n{extra}\n"
     )
-    log = open(workdir / f"mosquitto-{netns}-{port}.log", "ab")
-    p = subprocess.Popen(
-        ["ip", "netns", "exec", netns, "bash", "-c", f'exec -a c2mosquitto mosquitto -c "{conf}"'],
-        stdout=log,
-        stderr=log,
-        stdin=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
     from c2dtn.topologies import netns as nsmod
 
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise C2Error(f"mosquitto in {netns} exited at once; its log: {log.name}")
+    def accepts() -> bool:
         try:
-            s = nsmod.socket_in(netns, socket.AF_INET, socket.SOCK_STREAM)
-            s.settimeout(1)
-            s.connect((address, port))
-            s.close()
-            return p
+            with nsmod.socket_in(netns, socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.settimeout(1)
+                s.connect((address, port))
+            return True
         except OSError:
-            time.sleep(0.1)
-    p.kill()
-    raise C2Error(f"mosquitto in {netns} did not accept connections on {address}:{port} within 10 s")
+            return False
+
+    return nsmod.start_ready(
+        netns,
+        f'exec -a c2mosquitto mosquitto -c "{conf}"',
+        workdir / f"mosquitto-{netns}-{port}.log",
+        "mosquitto",
+        accepts,
+        f"accept connections on {address}:{port}",
+    )

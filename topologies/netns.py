@@ -10,7 +10,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from pyroute2 import IPRoute, netns
 
@@ -112,6 +112,38 @@ def run_in(ns: str, argv: list[str], check: bool = True, **kw) -> subprocess.Com
     if check and res.returncode != 0:
         raise NetnsError(f"in namespace {ns}: {' '.join(argv)} failed: {res.stderr.strip() or res.returncode}")
     return res
+
+
+def start_ready(
+    ns: str,
+    script: str,
+    log_path: os.PathLike,
+    what: str,
+    ready: Callable[[], bool],
+    waiting_for: str,
+    timeout_s: float = 10.0,
+    quiet: bool = False,
+) -> subprocess.Popen:
+    """Start `bash -c script` in a namespace (stderr, and stdout unless quiet, appended to
+    log_path) and return once ready() says it serves; C2Error naming `what` and its log if it
+    exits first or is not ready within timeout_s (then it is killed)."""
+    log = open(log_path, "ab")
+    p = subprocess.Popen(
+        ["ip", "netns", "exec", ns, "bash", "-c", script],
+        stdout=subprocess.DEVNULL if quiet else log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise C2Error(f"{what} in {ns} exited at once; its log: {log.name}")
+        if ready():
+            return p
+        time.sleep(0.1)
+    p.kill()
+    p.wait()
+    raise C2Error(f"{what} in {ns} did not {waiting_for} within {timeout_s:.0f} s; its log: {log.name}")
 
 
 def sysctl(ns: str, settings: dict[str, str | int]) -> None:
