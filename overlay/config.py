@@ -255,15 +255,6 @@ SCHEDULER = table(
             "ms",
         ),
         F(
-            "routine_ack_delay_ms",
-            "integer",
-            str(_S.routine_ack_delay_ms),
-            "Acks owed only for routine envelopes wait this long instead (at least ack_delay_ms; "
-            "0: ack_delay_ms for all).",
-            "3000",
-            "ms",
-        ),
-        F(
             "queue_target_ms",
             "integer",
             str(_S.queue_target_ms),
@@ -469,7 +460,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
         )
     SCHEDULER.check(src, "scheduler", sch)
     # 0 means "none" for these (no linger, acks at once, no rate model); the rest are sizes and timers
-    zero_ok = {"linger_ms", "ack_delay_ms", "routine_ack_delay_ms", "queue_target_ms", "aggregate_large_bytes"}
+    zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms", "aggregate_large_bytes"}
     # a bundle's envelopes must stay within what a receiver takes in one (MAX_CONTAINER_BYTES)
     most = {"aggregate_bytes": MAX_CONTAINER_BYTES // 2, "aggregate_large_bytes": MAX_CONTAINER_BYTES // 2}
     cfg.scheduler = SchedulerConfig(

@@ -90,8 +90,6 @@ class OverlayCore:
         # such a gap: their acks go at once, as TCP's and QUIC's do, so the origin finds a loss,
         # or that there was none, an ack delay sooner
         self._gap: set[str] = set()
-        self._urgent: set[str] = set()  # sources owed acks for more than routine envelopes (ack_wait_ms)
-        self._ack_last: dict[str, int] = {}  # source -> when its newest data envelope arrived
 
     @property
     def node(self) -> str:
@@ -279,9 +277,6 @@ class OverlayCore:
                     self._ack_bytes[src] = self._ack_bytes.get(src, 0) + len(env.body)
                     self._ack_count[src] = self._ack_count.get(src, 0) + 1
                     self._ack_since.setdefault(src, now_ms)  # an ack is owed from now
-                    self._ack_last[src] = now_ms
-                    if env.priority != Priority.ROUTINE:
-                        self._urgent.add(src)
                     res.data += 1
                     res.duplicates += r.outcome == "duplicate"
                     res.taken += r.outcome in ("delivered", "held")
@@ -356,8 +351,7 @@ class OverlayCore:
         for origin, (done, got) in acks.items():
             since = self._ack_since.setdefault(origin, now_ms)
             if (
-                now_ms - since >= self._ack_wait(origin)
-                or (now_ms - since >= self.sched.cfg.ack_delay_ms and self._ack_idle(origin, now_ms))
+                now_ms - since >= self.sched.cfg.ack_delay_ms
                 or len(done) + len(got) >= ACK_BATCH
                 or self._ack_bytes.get(origin, 0) >= self._ack_bytes_due
                 or origin in self._gap
@@ -398,8 +392,6 @@ class OverlayCore:
                     self._ack_since.pop(origin, None)
                     self._newest_at.pop(origin, None)
                     self._gap.discard(origin)
-                    self._urgent.discard(origin)
-                    self._ack_last.pop(origin, None)
                     self._ack_bytes.pop(origin, None)
                     self._ack_count.pop(origin, None)
                     if origin in fresh:
@@ -407,13 +399,6 @@ class OverlayCore:
         for origin, since in waiting.items():  # still owed: they go after ack_delay_ms, or with the next bundle
             self._ack_since.setdefault(origin, since)
         return out
-
-    def _ack_wait(self, source: str) -> int:
-        return self.sched.cfg.ack_wait_ms(Priority.FLASH if source in self._urgent else Priority.ROUTINE)
-
-    def _ack_idle(self, source: str, now_ms: int) -> bool:
-        """Nothing came from source for ack_delay_ms: the routine flow paused, and its ack goes."""
-        return now_ms - self._ack_last.get(source, now_ms) >= self.sched.cfg.ack_delay_ms
 
     def _ack_group(self, origin: str) -> str | None:
         return next((g for g, members in self.codec.groups.items() if origin in members), None)
@@ -436,11 +421,7 @@ class OverlayCore:
     def next_wakeup_ms(self) -> int | None:
         times = [
             t
-            for t in [self.sched.next_wakeup_ms()]
-            + [
-                min(s + self._ack_wait(o), max(s, self._ack_last.get(o, s)) + self.sched.cfg.ack_delay_ms)
-                for o, s in self._ack_since.items()
-            ]
+            for t in [self.sched.next_wakeup_ms()] + [s + self.sched.cfg.ack_delay_ms for s in self._ack_since.values()]
             if t is not None
         ]
         return min(times) if times else None

@@ -78,19 +78,9 @@ class SchedulerConfig:
     # ack_delay_ms is how long acks wait for data to ride on or for more acks.
     linger_ms: int = 0
     ack_delay_ms: int = 100
-    # acks owed only for routine envelopes (reports a newer one supersedes, bulk) wait up to
-    # this while more keep coming, so that fewer ack bundles cross a radio; orders' acks keep
-    # ack_delay_ms (0: ack_delay_ms for all; decision 0015)
-    routine_ack_delay_ms: int = 0
     # queueing below the overlay the window allows on top of what the path carries in its
     # round trip, at the path's delivery rate (0: no model, the window grows as in TCP Reno)
     queue_target_ms: int = 1000
-
-    def ack_wait_ms(self, priority: Priority) -> int:
-        """How long a receiver may hold the ack of an envelope of this priority."""
-        if priority == Priority.ROUTINE and self.routine_ack_delay_ms:
-            return max(self.ack_delay_ms, self.routine_ack_delay_ms)
-        return self.ack_delay_ms
 
 
 @dataclass
@@ -358,7 +348,6 @@ class Scheduler:
             if p.last_sent_ms is None:
                 p.last_sent_ms = self.store.last_sent_ms(dst)
             if p.min_rtt_ms is not None:
-                # (a routine ack held longer still goes ack_delay_ms after the last arrival: core.py)
                 base = 2 * p.min_rtt_ms + self.cfg.ack_delay_ms + 200
             elif p.last_ack_ms > 0 or p.inherited:
                 # no round trip measured: a node that started into an outage, whose acks since
@@ -534,17 +523,12 @@ class Scheduler:
                 p.full_bw_rounds += 1
                 p.filled = p.full_bw_rounds >= FULL_BW_ROUNDS
 
-    def _model_window(self, p: Path, routine: bool = False) -> float:
-        """What the path carries in its round trip (acks held included: longer when what was
-        acked was all routine), plus queue_target_ms."""
+    def _model_window(self, p: Path) -> float:
+        """What the path carries in its round trip (acks held included), plus queue_target_ms."""
         rate = p.rate()
         if not rate or p.min_rtt_ms is None:
             return p.window
-        span = (
-            p.min_rtt_ms
-            + self.cfg.ack_wait_ms(Priority.ROUTINE if routine else Priority.FLASH)
-            + self.cfg.queue_target_ms
-        )
+        span = p.min_rtt_ms + self.cfg.ack_delay_ms + self.cfg.queue_target_ms
         return min(self.cfg.max_window, max(self.cfg.min_window, rate * span))
 
     # -- feedback ------------------------------------------------------------
@@ -589,7 +573,7 @@ class Scheduler:
                 # ack delays likewise): a hold inflated by a step of the peer's clock, or a lie,
                 # cannot make the path look short at once
                 raw = now_ms - max(it.sent_ms or 0 for it in fresh)
-                rtt: float = raw - min(hold_ms, max(2 * self.cfg.ack_wait_ms(Priority.ROUTINE), HOLD_CAP_MIN_MS))
+                rtt: float = raw - min(hold_ms, max(2 * self.cfg.ack_delay_ms, HOLD_CAP_MIN_MS))
                 if p.min_rtt_ms is not None:
                     rtt = max(rtt, min(raw, p.min_rtt_ms / 2))
                 p.sample(max(1.0, rtt), self.cfg, now_ms)
@@ -640,7 +624,7 @@ class Scheduler:
                 # HyStart): a radio's rate is found in one round trip, its queue fills for many
                 p.filled = min(p.recent[-2:]) - p.min_rtt_ms > self.cfg.queue_target_ms
             if p.filled:
-                p.window = self._model_window(p, all(it.priority == Priority.ROUTINE for it in items))
+                p.window = self._model_window(p)
                 continue
             if p.window < p.ssthresh:
                 p.window = min(self.cfg.max_window, p.window + nbytes)

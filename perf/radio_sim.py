@@ -42,7 +42,7 @@ KEY = b"s" * 32
 # with the testbed's endpoint names) and the UDP, IP and Ethernet headers (docs/perf/radio-sim.md)
 FRAME_OVERHEAD = 146
 # the scheduler settings `c2dtn node configs` writes for a node behind a radio link
-RADIO_CFG = SchedulerConfig(aggregate_bytes=1200, linger_ms=500, ack_delay_ms=1000, routine_ack_delay_ms=3000)
+RADIO_CFG = SchedulerConfig(aggregate_bytes=1200, linger_ms=500, ack_delay_ms=1000)
 
 
 def profile(name: str = "cnr-tactical-2") -> Profile:
@@ -203,8 +203,9 @@ def reports(
     seed: int, units: int = 8, period_s: float = 2.0, minutes: float = 2.0, link: str = "cnr-tactical-2", **kw
 ) -> dict:
     """`make demo`'s traffic without its outage: `units` position reports every `period_s` (each
-    unit at its own phase), in the MQTT gateway's body, superseded per unit; link bytes (both
-    ways, frames whole) per delivered report, envelopes per bundle, and the reports' ages."""
+    unit at its own phase), in the MQTT gateway's body, "priority" (as perf bft marks them) and
+    superseded per unit; link bytes (both ways, frames whole) per delivered report, envelopes
+    per bundle, and the reports' ages."""
     from c2dtn.ip_gateway import bodies
     from c2dtn.perf.train_dict import position_report, report_times, report_topic
 
@@ -233,7 +234,7 @@ def reports(
             r=False,
             x={},
         )
-        seq = gw1.submit("gw4", body, t, 600_000, Priority.ROUTINE, supersede="mqtt:" + topic, app="mqtt")
+        seq = gw1.submit("gw4", body, t, 600_000, Priority.PRIORITY, supersede="mqtt:" + topic, app="mqtt")
         stamps[seq] = t
         unit_of[seq] = u
     r.step(end + 30_000)
@@ -304,8 +305,6 @@ CONFIGS = {
     "model": RADIO_CFG,
     # the window without the path model: grows with every ack as TCP Reno's, halves on a timeout
     "no model (queue_target_ms 0)": dataclasses.replace(RADIO_CFG, queue_target_ms=0),
-    # every ack held the same time, routine or not (decision 0015)
-    "routine acks as others (routine_ack_delay_ms 0)": dataclasses.replace(RADIO_CFG, routine_ack_delay_ms=0),
 }
 
 

@@ -122,14 +122,9 @@ def test_configs_for_nps_chain_with_a_udp_radio_link(tmp_path):
     assert gw1.keys["gw4"] == gw4.keys["gw1"] and len(gw1.keys["gw4"]) == 32
     assert gw1.overlay and not r2.overlay and r2.keys == {}
     assert gw1.scheduler.aggregate_bytes == 1200  # bundles must fit one datagram on the udp hop
-    # ... and on the radio, the settings perf radio-sim runs with (decisions 0013, 0015)
+    # ... and on the radio, the settings perf radio-sim runs with (decision 0013)
     s, r = gw1.scheduler, radio_sim.RADIO_CFG
-    assert (s.linger_ms, s.ack_delay_ms, s.routine_ack_delay_ms) == (
-        r.linger_ms,
-        r.ack_delay_ms,
-        r.routine_ack_delay_ms,
-    )
-    assert s.routine_ack_delay_ms > s.ack_delay_ms
+    assert (s.aggregate_bytes, s.linger_ms, s.ack_delay_ms) == (r.aggregate_bytes, r.linger_ms, r.ack_delay_ms)
     assert gw1.netns == "c2-gw1"
     tcp_only = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "tcp", cla="tcpcl")
     assert load_node_config(tcp_only["gw1"]).scheduler.aggregate_bytes == 1200  # the radio link stays udp

@@ -13,7 +13,7 @@ import pytest
 
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, Quota
-from c2dtn.overlay.envelope import Codec, Malformed, Priority, decode_ack_body, encode_ack_body
+from c2dtn.overlay.envelope import Codec, Malformed, decode_ack_body, encode_ack_body
 from c2dtn.overlay.store import open_store
 from c2dtn.perf import radio_sim as rs
 
@@ -182,8 +182,8 @@ def test_an_envelope_that_expires_while_held_back_leaves_no_wake_up_behind(held_
     r = rs.Radio(rs.profile("cnr-tactical-1"), 7)
     g1 = r.cores["gw1"]
     if held_by == "pacing":  # the pace is known and ahead: a bulk transfer, then a routine one right after
-        for _ in range(20):  # (priority class: routine acks wait 3 s, and slow start would take longer)
-            g1.submit("gw4", random.randbytes(1000), 0, priority=Priority.PRIORITY)
+        for _ in range(20):
+            g1.submit("gw4", random.randbytes(1000), 0)
         r.step(10_000)
         assert g1.sched.paths["gw4"].filled
     g1.submit("gw4", b"short-lived", r.now_ms, lifetime_ms=300)
@@ -306,71 +306,3 @@ def test_pacing_on_a_lan_still_lets_large_envelopes_share_a_bundle():
     seqs = [a.submit("gw4", random.randbytes(100_000), 0) for _ in range(3)]
     out = a.poll(0)
     assert [b.seqs for b in out] == [seqs]
-
-
-# -- routine acks wait longer (decision 0015) ---------------------------------------------
-
-
-@pytest.mark.parametrize("priority, acked_at", [("routine", 3100), ("priority", 1100), ("immediate", 1100)])
-def test_while_routine_envelopes_keep_coming_their_ack_waits_longer_and_anything_else_s_does_not(priority, acked_at):
-    """An envelope every 500 ms, each 100 ms on the way: the ack of routine ones goes 3 s
-    after the first arrived (routine_ack_delay_ms), that of any other class 1 s after
-    (ack_delay_ms)."""
-    a, b = core("gw1", "gw4", dataclasses.replace(rs.RADIO_CFG, linger_ms=0)), core("gw4", "gw1")
-    assert (rs.RADIO_CFG.ack_delay_ms, rs.RADIO_CFG.routine_ack_delay_ms) == (1000, 3000)
-    acked = []
-    for t in range(0, 5000, 100):
-        if t % 500 == 0:
-            a.submit("gw4", b"x" * 100, t, priority=Priority.parse(priority))
-            for bd in a.poll(t):
-                b.on_bundle(bd.payload, t + 100)
-        acked += [t + 100 for bd in b.poll(t + 100) if bd.acks]
-    assert acked[0] == acked_at, acked
-
-
-def test_a_routine_ack_goes_an_ack_delay_after_the_flow_pauses():
-    """Routine envelopes at 100 and 600 ms, then nothing: the ack goes 1 s after the last one
-    arrived, not 3 s after the first (the sender's tail probe counts on that)."""
-    a, b = core("gw1", "gw4", dataclasses.replace(rs.RADIO_CFG, linger_ms=0)), core("gw4", "gw1")
-    for t in (0, 500):
-        a.submit("gw4", b"x" * 100, t)
-        for bd in a.poll(t):
-            b.on_bundle(bd.payload, t + 100)
-        assert not b.poll(t + 100)
-    assert b.next_wakeup_ms() == 1600
-    assert not b.poll(1599) and b.poll(1600)
-    assert a.store.counters().get("tail_probes", 0) == 0
-
-
-def test_a_routine_ack_waiting_goes_at_once_when_an_order_from_the_same_origin_arrives():
-    a, b = core("gw1", "gw4"), core("gw4", "gw1")
-    a.submit("gw4", b"r" * 100, 0)
-    for bd in a.poll(rs.RADIO_CFG.linger_ms):
-        b.on_bundle(bd.payload, 600)
-    a.submit("gw4", b"o" * 100, 2000, priority=Priority.IMMEDIATE)
-    for bd in a.poll(2000):
-        b.on_bundle(bd.payload, 2100)
-    (ack,) = b.poll(2100)  # owed since 600, an order among them: the ack delay (1 s) is over
-    c = a.codec.open_container(ack.payload)
-    env = a.codec.open(c.sender, c.items[0], c)
-    body = decode_ack_body(env.body, a.store.source)
-    assert sorted(s for lo, hi in body.done + body.got for s in range(lo, hi + 1)) == [1, 2]
-
-
-def test_on_the_demo_traffic_routine_acks_cut_the_ack_bundles_and_leave_orders_and_bulk_as_they_were():
-    """`make demo`'s traffic (8 units every 2 s, routine) on 3 loss patterns, with the radio's
-    settings and with the routine ack delay off: fewer bundles of acks alone, fewer link bytes
-    per report, hardly any resent, every unit's last report delivered and the reports no older.  Under overload (positions of priority
-    class, immediate orders) nothing is routine, and every order's latency is the same."""
-    off = dataclasses.replace(rs.RADIO_CFG, routine_ack_delay_ms=0)
-    on_, off_ = [rs.reports(s, minutes=2) for s in SEEDS[:3]], [rs.reports(s, minutes=2, cfg=off) for s in SEEDS[:3]]
-    for x, y in zip(on_, off_, strict=True):
-        assert x["newest_delivered"] == y["newest_delivered"] == x["units"]  # every unit's last report
-        assert x["delivered"] >= 0.95 * y["delivered"], (x, y)  # (the rest superseded on the way)
-        assert x["bundles_of_acks_alone"] <= 0.6 * y["bundles_of_acks_alone"], (x, y)
-        assert x["bytes_per_report"] <= 0.95 * y["bytes_per_report"], (x, y)
-        assert x["resent"] <= 0.01 * x["sent"], x  # the senders' probes waited for the acks
-    # the age p95 moves by half a second from one loss pattern to the next, either way
-    assert statistics.median(x["aoi_p95_s"] for x in on_) <= statistics.median(y["aoi_p95_s"] for y in off_) + 0.2
-    o1, o2 = rs.overload(SEEDS[0], minutes=2), rs.overload(SEEDS[0], minutes=2, cfg=off)
-    assert o1 == o2 and o1["orders_lost"] == 0

@@ -258,10 +258,8 @@ def write_configs(
                 if any_udp:
                     # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose
                     sched = {"aggregate_bytes": 1200}
-                    if rated:
-                        # on a radio link linger and ack delays let several envelopes and acks share a
-                        # bundle (decisions 0013, 0015)
-                        sched.update(linger_ms=500, ack_delay_ms=1000, routine_ack_delay_ms=3000)
+                    if rated:  # on a radio link linger and ack delay let several envelopes and acks share a bundle
+                        sched.update(linger_ms=500, ack_delay_ms=1000)  # (decision 0013)
                 elif not rated:
                     # no link with a rate limit anywhere (a LAN): 64 kB bundles, larger envelopes share
                     # bundles up to a megabyte; where a radio is on the way, a big bundle would hold
