@@ -122,6 +122,11 @@ class Compression(IntEnum):
     ZSTD_DICT = 3  # zstd with the shared position-report dictionary (v1: bare reports; read, no longer sent)
     ZSTD_DICT2 = 4  # ... v2: reports and the MQTT gateway's bodies carrying them
     DELTA = 5  # zstd with an earlier body of the same key, which the receiver acked, as the dictionary (K_REF)
+    DELTA2 = 6  # ... in a frame without zstd's magic number and content size (read DELTA, no longer sent)
+
+
+DELTAS = (Compression.DELTA, Compression.DELTA2)
+DELTA_WINDOW_LOG = 14  # a delta's frame looks back at most this far: DELTA_MAX_BODY of reference and of body
 
 
 # map keys (0, the envelope version, and 2, the origin, were in the map until container version 3:
@@ -340,13 +345,22 @@ def _raw_dict(ref: bytes) -> "zstandard.ZstdCompressionDict":
 
 
 def _delta(body: bytes, ref: bytes) -> bytes:
-    """body compressed with ref as zstd's dictionary (what changed since ref, in effect)."""
+    """body compressed with ref as zstd's dictionary (what changed since ref, in effect), in a
+    frame without the magic number and the content size the receiver does without (DELTA2)."""
     # with the frame's checksum: a body decoded against another reference than it was made
     # against (a seq reused with another body: a store put back from a copy) is refused, not
     # delivered wrong
-    return zstandard.ZstdCompressor(
-        level=19, dict_data=_raw_dict(ref), write_checksum=True, write_content_size=True, write_dict_id=False
-    ).compress(body)
+    params = zstandard.ZstdCompressionParameters.from_level(
+        19,
+        source_size=len(body),
+        dict_size=len(ref),
+        format=zstandard.FORMAT_ZSTD1_MAGICLESS,
+        window_log=DELTA_WINDOW_LOG,
+        write_checksum=1,
+        write_content_size=0,
+        write_dict_id=0,
+    )
+    return zstandard.ZstdCompressor(compression_params=params, dict_data=_raw_dict(ref)).compress(body)
 
 
 def _unzstd(zdict) -> "zstandard.ZstdDecompressor":
@@ -375,6 +389,23 @@ def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYT
             if d.unconsumed_tail:
                 raise Oversize(f"body inflates beyond the {budget} bytes this bundle may still open to")
             return out
+        if comp == Compression.DELTA2 and zstandard:
+            if ref is None:
+                raise Malformed("delta body without its reference")
+            # no content size in the frame: the output is bounded by max_output_size (a delta's
+            # body is never over DELTA_MAX_BODY), the window by what a delta's frame may use
+            zd = zstandard.ZstdDecompressor(
+                dict_data=_raw_dict(ref),
+                format=zstandard.FORMAT_ZSTD1_MAGICLESS,
+                max_window_size=1 << DELTA_WINDOW_LOG,
+            )
+            limit = min(budget, DELTA_MAX_BODY)
+            try:
+                return zd.decompress(data, max_output_size=limit)
+            except zstandard.ZstdError as e:
+                raise Malformed(
+                    f"delta body does not decode to at most {limit} bytes against its reference: {e}"
+                ) from None
         if comp in (Compression.ZSTD, Compression.ZSTD_DICT, Compression.ZSTD_DICT2, Compression.DELTA) and zstandard:
             zdict = None
             if comp == Compression.DELTA:
@@ -524,20 +555,20 @@ class Codec:
         if ref is not None and len(env.body) >= 48:
             d = _delta(env.body, ref[1])
             if len(d) + 4 < len(wire_body):  # (K_REF costs a few bytes)
-                comp, wire_body = Compression.DELTA, d
+                comp, wire_body = Compression.DELTA2, d
         if key is not None:  # kept until acked (a reference then) or lost (acked, lost)
             if len(self._sealed) >= DELTA_PENDING_MAX:
                 del self._sealed[next(iter(self._sealed))]
             if len(self._open) >= DELTA_PENDING_MAX:
                 del self._open[next(iter(self._open))]
-            self._sealed[(env.dst, env.seq)] = (key, env.body, comp == Compression.DELTA)
+            self._sealed[(env.dst, env.seq)] = (key, env.body, comp in DELTAS)
             recent = self._recent.pop((env.dst, key), [])  # (re-inserted: the oldest key goes first)
             if env.seq not in recent:
                 recent = sorted(recent + [env.seq])[-DELTA_KEEP_PER_KEY:]
             self._recent[(env.dst, key)] = recent
             if len(self._recent) > DELTA_PENDING_MAX:
                 del self._recent[next(iter(self._recent))]
-            if comp == Compression.DELTA:
+            if comp in DELTAS:
                 waiting = self._open.setdefault((env.dst, key), [])
                 if env.seq not in waiting:
                     waiting.append(env.seq)
@@ -554,7 +585,7 @@ class Codec:
         m[K_BODY] = wire_body
         if comp != Compression.NONE:
             m[K_COMPRESSION] = int(comp)
-        if comp == Compression.DELTA and ref is not None:
+        if comp in DELTAS and ref is not None:
             m[K_REF] = env.seq - ref[0]
         if env.supersede is not None:
             m[K_SUPERSEDE] = wire_key(env.supersede)
@@ -757,7 +788,7 @@ class Codec:
         # references per (source, key, destination): a group's stream of a key is not its pair's
         ref, came = None, (source_key(sender, inc), key, dst) if key is not None else None
         refs = self._came.get(sender)
-        if comp == Compression.DELTA:
+        if comp in DELTAS:
             back = get(K_REF, int, "reference", None)
             if back is None:
                 raise Malformed(f"delta body without its reference (key {K_REF})")

@@ -32,7 +32,7 @@ def test_a_report_goes_against_the_one_acked_before_it_and_opens_the_same():
         s = gw1.seal(_env(k), delta=True)
         got = gw4.open("gw1", s)
         assert got.body == _report(k) and got.supersede == E.received_key(_env(k).supersede)
-        (delta if got.compression == E.Compression.DELTA else whole).append(len(s))
+        (delta if got.compression == E.Compression.DELTA2 else whole).append(len(s))
         gw1.acked("gw4", [k])
     assert len(whole) == 1  # the first: nothing acked before it
     print(f"sealed report: whole {whole[0]} B, against the one acked before {sorted(delta)[4]} B (median)")
@@ -60,7 +60,7 @@ def test_a_receiver_without_the_reference_refuses_it_and_takes_the_resend():
     assert restarted.open("gw1", gw1.seal(_env(2), delta=False)).body == _report(2)
     # and it is a reference from then on
     gw1.acked("gw4", [2])
-    assert restarted.open("gw1", gw1.seal(_env(3), delta=True)).compression == E.Compression.DELTA
+    assert restarted.open("gw1", gw1.seal(_env(3), delta=True)).compression == E.Compression.DELTA2
 
 
 def test_another_incarnation_or_key_is_not_a_reference():
@@ -138,9 +138,9 @@ def test_no_reference_older_than_the_receivers_keep():
         gw4.open("gw1", gw1.seal(_env(k), delta=True))
     gw1.acked("gw4", [1])  # nine newer bodies went since: gw4 kept the 8 newest
     got = gw4.open("gw1", gw1.seal(_env(11), delta=True))
-    assert got.body == _report(11) and got.compression != E.Compression.DELTA
+    assert got.body == _report(11) and got.compression != E.Compression.DELTA2
     gw1.acked("gw4", [9])  # two newer since 9: still held
-    assert gw4.open("gw1", gw1.seal(_env(12), delta=True)).compression == E.Compression.DELTA
+    assert gw4.open("gw1", gw1.seal(_env(12), delta=True)).compression == E.Compression.DELTA2
 
 
 # -- on the virtual radio (perf/radio_sim.py: two cores, the emulator's channel, virtual time) --
@@ -215,7 +215,7 @@ def test_one_peer_cannot_push_out_anothers_references():
         m = {E.K_SEQ: i + 1, E.K_CREATED: 0, E.K_LIFETIME_S: 0, E.K_SUPERSEDE: i.to_bytes(9, "big")}
         m[E.K_BODY] = os.urandom(4096)
         gw4.open("mal", mal.seal_bytes(cbor2.dumps(m), "gw4"))
-    assert gw4.open("gw1", gw1.seal(_env(2), delta=True)).compression == E.Compression.DELTA
+    assert gw4.open("gw1", gw1.seal(_env(2), delta=True)).compression == E.Compression.DELTA2
 
 
 def test_a_seq_reused_with_another_body_is_refused_not_decoded_wrong():
@@ -255,3 +255,43 @@ def test_out_of_range_fields_are_refused_naming_them(field, value, match):
     m = {E.K_SEQ: 5, E.K_CREATED: 0, E.K_LIFETIME_S: 60, E.K_CSEQ: 3, field: value}
     with pytest.raises(E.Malformed, match=match):
         gw4.open("gw1", gw1.seal_bytes(cbor2.dumps(m), "gw4"))
+
+
+# -- the frame without magic number and content size (DELTA2) -----------------------------
+
+
+def test_a_delta_frame_leaves_out_zstds_magic_number_and_content_size_and_the_old_form_still_opens():
+    import zstandard
+
+    ref, body = _report(1), _report(2)
+    new = E._delta(body, ref)
+    old = zstandard.ZstdCompressor(
+        level=19, dict_data=E._raw_dict(ref), write_checksum=True, write_content_size=True, write_dict_id=False
+    ).compress(body)
+    assert len(new) <= len(old) - 4  # the magic number alone is 4 bytes
+    assert E._decompress(E.Compression.DELTA2, new, {}, ref=ref) == body
+    assert E._decompress(E.Compression.DELTA, old, {}, ref=ref) == body  # (sent before: still read)
+    with pytest.raises(E.Malformed, match="against its reference"):  # the checksum: another reference
+        E._decompress(E.Compression.DELTA2, new, {}, ref=bytes(len(ref)))
+
+
+@pytest.mark.parametrize("budget", [E.DELTA_MAX_BODY, 500])
+def test_a_delta_that_would_inflate_past_what_a_delta_may_be_is_refused_by_its_limit(budget):
+    """A forged delta frame with no content size: decoding stops at the smaller of the bundle's
+    budget and DELTA_MAX_BODY, however far it would inflate."""
+    import time
+
+    import zstandard
+
+    params = zstandard.ZstdCompressionParameters.from_level(
+        3, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=0, window_log=E.DELTA_WINDOW_LOG
+    )
+    bomb = zstandard.ZstdCompressor(compression_params=params).compress(b"\0" * (64 << 20))
+    t = time.perf_counter()
+    with pytest.raises(E.Malformed, match=f"at most {min(budget, E.DELTA_MAX_BODY)} bytes"):
+        E._decompress(E.Compression.DELTA2, bomb, {}, budget=budget, ref=b"r" * 100)
+    assert time.perf_counter() - t < 0.5
+    big_window = bytearray(E._delta(_report(2), _report(1)))
+    big_window[1] = 0xF8  # the window descriptor: 2 GB of look-back
+    with pytest.raises(E.Malformed):
+        E._decompress(E.Compression.DELTA2, bytes(big_window), {}, ref=_report(1))
