@@ -363,6 +363,35 @@ def _delta(body: bytes, ref: bytes) -> bytes:
     return zstandard.ZstdCompressor(compression_params=params, dict_data=_raw_dict(ref)).compress(body)
 
 
+def _check_delta_frame(data: bytes) -> None:
+    """Refuse (Malformed) a DELTA2 frame that is not as _delta writes it: no content size, no
+    dictionary id, not single-segment, a checksum, a window of at most 1 << DELTA_WINDOW_LOG, and
+    nothing after it.  Hand-written, linear in the frame: python-zstandard ignores
+    max_output_size for a frame that declares its size, and takes bytes after a frame."""
+    if len(data) < 2:
+        raise Malformed(f"delta frame of {len(data)} bytes")
+    fhd, wd = data[0], data[1]
+    if fhd & 0xFB != 0 or not fhd & 0x04:  # only the checksum flag may be (and must be) set
+        raise Malformed(
+            f"delta frame header {fhd:#04x}: a content size, dictionary id or single segment, or no checksum"
+        )
+    exp = 10 + (wd >> 3)
+    if (1 << exp) + ((1 << exp) >> 3) * (wd & 7) > 1 << DELTA_WINDOW_LOG:
+        raise Malformed(f"delta frame window descriptor {wd:#04x}: over {1 << DELTA_WINDOW_LOG} bytes")
+    i = 2
+    while True:
+        if i + 3 > len(data):
+            raise Malformed(f"delta frame cut short at byte {i} of {len(data)}")
+        h = int.from_bytes(data[i : i + 3], "little")
+        if (h >> 1) & 3 == 3:
+            raise Malformed(f"delta frame with a reserved block type at byte {i}")
+        i += 3 + (1 if (h >> 1) & 3 == 1 else h >> 3)  # an RLE block is one byte, others their size
+        if h & 1:  # the last block
+            break
+    if i + 4 != len(data):  # its checksum ends it
+        raise Malformed(f"delta frame of {i + 4} bytes in a body of {len(data)}: cut short or bytes after it")
+
+
 def _unzstd(zdict) -> "zstandard.ZstdDecompressor":
     """One decompressor per dictionary (loading a dictionary costs more than a small body)."""
     key = ("d", id(zdict))
@@ -380,6 +409,8 @@ def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYT
         if len(data) > budget:
             raise Oversize(f"body of {len(data)} bytes, over the {budget} this bundle may still open to")
         return data
+    if budget <= 0:  # (zstandard reads a max_output_size of 0 as no limit at all)
+        raise Oversize(f"compressed body where this bundle may still open to {max(budget, 0)} bytes")
     try:
         if comp == Compression.NONE:
             return data
@@ -392,6 +423,7 @@ def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYT
         if comp == Compression.DELTA2 and zstandard:
             if ref is None:
                 raise Malformed("delta body without its reference")
+            _check_delta_frame(data)
             # no content size in the frame: the output is bounded by max_output_size (a delta's
             # body is never over DELTA_MAX_BODY), the window by what a delta's frame may use
             zd = zstandard.ZstdDecompressor(
@@ -401,11 +433,14 @@ def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYT
             )
             limit = min(budget, DELTA_MAX_BODY)
             try:
-                return zd.decompress(data, max_output_size=limit)
+                out = zd.decompress(data, max_output_size=limit)
             except zstandard.ZstdError as e:
                 raise Malformed(
                     f"delta body does not decode to at most {limit} bytes against its reference: {e}"
                 ) from None
+            if len(out) > limit:
+                raise Oversize(f"delta body of {len(out)} bytes, over the {limit} it may have here")
+            return out
         if comp in (Compression.ZSTD, Compression.ZSTD_DICT, Compression.ZSTD_DICT2, Compression.DELTA) and zstandard:
             zdict = None
             if comp == Compression.DELTA:

@@ -284,7 +284,11 @@ def test_a_delta_that_would_inflate_past_what_a_delta_may_be_is_refused_by_its_l
     import zstandard
 
     params = zstandard.ZstdCompressionParameters.from_level(
-        3, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=0, window_log=E.DELTA_WINDOW_LOG
+        3,
+        format=zstandard.FORMAT_ZSTD1_MAGICLESS,
+        write_content_size=0,
+        write_checksum=1,
+        window_log=E.DELTA_WINDOW_LOG,
     )
     bomb = zstandard.ZstdCompressor(compression_params=params).compress(b"\0" * (64 << 20))
     t = time.perf_counter()
@@ -295,3 +299,80 @@ def test_a_delta_that_would_inflate_past_what_a_delta_may_be_is_refused_by_its_l
     big_window[1] = 0xF8  # the window descriptor: 2 GB of look-back
     with pytest.raises(E.Malformed):
         E._decompress(E.Compression.DELTA2, bytes(big_window), {}, ref=_report(1))
+
+
+def _magicless(body: bytes, ref: bytes | None = None, **kw) -> bytes:
+    import zstandard
+
+    params = zstandard.ZstdCompressionParameters.from_level(
+        1, format=zstandard.FORMAT_ZSTD1_MAGICLESS, window_log=E.DELTA_WINDOW_LOG, **kw
+    )
+    return zstandard.ZstdCompressor(compression_params=params, dict_data=E._raw_dict(ref) if ref else None).compress(
+        body
+    )
+
+
+def test_a_delta_frame_that_declares_its_size_is_refused_before_it_is_decoded():
+    """python-zstandard sizes its output by a declared content size and ignores the limit: a
+    peer's frame declaring 200 MB (or 2**45 bytes) is refused as not the frame a sender writes,
+    in microseconds, and reaches no allocation."""
+    import time
+
+    ref = _report(1)
+    gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    gw4.open("gw1", gw1.seal(_env(1)))
+    gw1.acked("gw4", [1])
+    m = cbor2.loads(gw1.map_bytes(_env(2), delta=True))
+    assert m[E.K_COMPRESSION] == E.Compression.DELTA2
+    m[E.K_BODY] = _magicless(b"A" * (200 << 20), ref, write_checksum=1, write_content_size=1)
+    c = gw4.open_container(gw1.container([cbor2.dumps(gw1.seal_bytes(cbor2.dumps(m), "gw4"))], "gw4"))
+    t = time.perf_counter()
+    with pytest.raises(E.EnvelopeError, match="content size"):
+        gw4.open("gw1", c.items[0], c)
+    assert time.perf_counter() - t < 0.05
+    huge = bytes([0xC4, 0x20]) + (1 << 45).to_bytes(8, "little") + b"\x01\x00\x00\0\0\0\0"
+    with pytest.raises(E.Malformed, match="content size"):
+        E._decompress(E.Compression.DELTA2, huge, {}, budget=500, ref=ref)
+
+
+@pytest.mark.parametrize(
+    "tail, why", [(b"junk", "bytes after it"), ("twice", "bytes after it"), (-3, "cut short"), (-20, "cut short")]
+)
+def test_a_delta_frame_with_bytes_after_it_or_cut_short_is_refused(tail, why):
+    d = E._delta(_report(2), _report(1))
+    data = d + (d if tail == "twice" else tail) if not isinstance(tail, int) else d[:tail]
+    with pytest.raises(E.Malformed, match=why):
+        E._decompress(E.Compression.DELTA2, data, {}, ref=_report(1))
+
+
+@pytest.mark.parametrize("budget", [0, -5])
+@pytest.mark.parametrize("kind", [E.Compression.ZSTD, E.Compression.DELTA2])
+def test_a_compressed_body_where_the_bundle_may_open_to_nothing_more_is_oversize(kind, budget):
+    """zstandard reads a max_output_size of 0 as no limit: a bundle whose plain budget is spent
+    must refuse any compressed body before decoding it (a frame without a content size would
+    inflate unbounded)."""
+    body = _magicless(b"A" * 100000, write_checksum=1, write_content_size=0) if kind == E.Compression.DELTA2 else None
+    if body is None:
+        import zstandard
+
+        body = zstandard.ZstdCompressor(write_content_size=False).compress(b"A" * 100000)
+    with pytest.raises(E.Oversize):
+        E._decompress(kind, body, {}, budget=budget, ref=b"r" * 10)
+
+
+def test_every_delta_a_sender_writes_passes_the_receivers_frame_check():
+    """Bodies and references up to DELTA_MAX_BODY, random, structured and edited copies: what
+    _delta writes, _decompress takes back exactly (the frame check refuses none of them)."""
+    import random
+
+    rng = random.Random(7)
+    n = E.DELTA_MAX_BODY
+    cases = [(rng.randbytes(n), rng.randbytes(n)), (b"\0" * n, b"\0" * n), (_report(1) * 18, _report(2) * 18)]
+    for _ in range(40):
+        ref = rng.choice([rng.randbytes(rng.randint(1, n)), _report(rng.randint(1, 99)) * rng.randint(1, 18)])[:n]
+        body = bytearray(ref[: rng.randint(48, len(ref))] if len(ref) >= 48 else ref + b"x" * 48)
+        for _ in range(rng.randint(0, 20)):
+            body[rng.randrange(len(body))] = rng.randrange(256)
+        cases.append((ref, bytes(body)))
+    for ref, body in cases:
+        assert E._decompress(E.Compression.DELTA2, E._delta(body, ref), {}, ref=ref) == body
