@@ -78,16 +78,41 @@ def run_dir(kind: str, root: Path = Path("results")) -> Path:
 
 
 def progress(console=None, unit: str = ""):
-    """The progress bar every long benchmark shows: what it does, a bar, done/total, time."""
+    """The progress bar every long benchmark shows: what it does, a bar, done/total, time.
+    Where the output is no terminal (a log file, CI), rich draws the bar only when it ends:
+    a line at every tenth done stands in for it there."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(
+    class Lines(Progress):
+        said: dict
+
+        def advance(self, task_id, advance: float = 1) -> None:
+            super().advance(task_id, advance)
+            self._say(task_id)
+
+        def update(self, task_id, **kw) -> None:
+            super().update(task_id, **kw)
+            self._say(task_id)
+
+        def _say(self, task_id) -> None:
+            t = self._tasks.get(task_id)
+            if self.console.is_terminal or t is None or not t.total:
+                return
+            tenth = int(10 * min(t.completed, t.total) / t.total)
+            if tenth > self.said.get(task_id, 0):
+                self.said[task_id] = tenth
+                done = f"{t.completed:,.0f}/{t.total:,.0f}" + (f" {unit}" if unit else "")
+                self.console.print(f"{t.description}: {done} ({t.elapsed or 0:.0f} s)")
+
+    bar = Lines(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.completed:,}/{task.total:,}" + (f" {unit}" if unit else "")),
         TimeElapsedColumn(),
         console=console,
     )
+    bar.said = {}
+    return bar
 
 
 class LogTally(logging.Handler):

@@ -31,3 +31,24 @@ def test_the_commit_is_marked_dirty_when_tracked_files_differ(tmp_path):
     (tmp_path / "a.py").write_text("x = 2\n")
     assert runs.commit(tmp_path) == head + "+dirty"
     assert runs.commit(tmp_path / "nowhere") is None
+
+
+def test_where_the_output_is_no_terminal_the_progress_bar_says_each_tenth_in_a_line():
+    """A benchmark's output sent to a file or a CI log: rich draws its bar only at the end, so
+    a line at every tenth done shows it is moving."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    with runs.progress(Console(file=buf, force_terminal=False, width=100), "runs") as bar:
+        task = bar.add_task("virtual radio", total=40)
+        for _ in range(40):
+            bar.advance(task)
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.startswith("virtual radio: ")]
+    assert [ln.split()[2] for ln in lines] == [f"{4 * k}/40" for k in range(1, 11)]
+    term = io.StringIO()
+    with runs.progress(Console(file=term, force_terminal=True, width=100), "runs") as bar:
+        task = bar.add_task("virtual radio", total=40)
+        bar.advance(task, 40)
+    assert "virtual radio: " not in term.getvalue()  # a terminal has the bar itself
