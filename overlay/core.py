@@ -11,7 +11,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from c2dtn.overlay.custody import Custody
-from c2dtn.overlay.envelope import Codec, Envelope, EnvelopeError, Kind, Priority, decode_ack_body, source_node
+from c2dtn.overlay.envelope import (
+    SN_MOD,
+    Codec,
+    Envelope,
+    EnvelopeError,
+    Kind,
+    Priority,
+    decode_ack_body,
+    source_node,
+)
 from c2dtn.overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
 from c2dtn.overlay.store import Delivery, QuotaExceeded
 
@@ -35,6 +44,10 @@ ACK_REPEAT_MS = 10_000
 # Envelopes held behind a gap in their class's order are released after this
 # long, so one lost envelope whose sender gave up cannot stall a class forever.
 DEFAULT_MAX_HOLD_MS = 300_000
+
+# send numbers followed, one per (source, destination): past this many (a peer cycling its
+# incarnation), all are forgotten and each is followed again from its next envelope
+SN_STREAMS_MAX = 4096
 
 REJECT_LINE_MAX = 300  # characters of a rejection kept and logged (messages name peer values by prefix)
 
@@ -90,6 +103,10 @@ class OverlayCore:
         # such a gap: their acks go at once, as TCP's and QUIC's do, so the origin finds a loss,
         # or that there was none, an ack delay sooner
         self._gap: set[str] = set()
+        # (source, destination) -> the send number expected next: one that skips ahead shows
+        # envelopes lost on the way whatever their class (a report has no order to hold it in),
+        # one behind it came late; either way the acks go at once (decision 0016)
+        self._sn_next: dict[tuple[str, str], int] = {}
 
     @property
     def node(self) -> str:
@@ -282,7 +299,8 @@ class OverlayCore:
                     res.taken += r.outcome in ("delivered", "held")
                     if r.outcome in ("delivered", "held"):
                         self._newest_at[src] = now_ms
-                    if r.outcome == "held" or r.released > 1:  # a gap opened, or one closed
+                    skipped = self._out_of_turn(env)
+                    if r.outcome == "held" or r.released > 1 or skipped:  # a gap opened, or one closed
                         self._gap.add(src)
             except EnvelopeError as e:
                 self._reject(
@@ -299,6 +317,19 @@ class OverlayCore:
                 now_ms,
                 min(holds) if holds else 0,  # several acks: the least held, so no sample comes out short
             )
+
+    def _out_of_turn(self, env: Envelope) -> bool:
+        """Did this envelope's send number skip some (lost on the way), or come after a later one?"""
+        if env.sn is None:
+            return False
+        stream = (env.source, env.dst)
+        nxt = self._sn_next.get(stream)
+        if nxt is None and len(self._sn_next) >= SN_STREAMS_MAX:
+            self._sn_next.clear()
+        ahead = (env.sn - nxt) % SN_MOD if nxt is not None else 0
+        if ahead < SN_MOD // 2:  # in turn, or past a gap: expect the one after it
+            self._sn_next[stream] = (env.sn + 1) % SN_MOD
+        return ahead != 0
 
     def _reject(self, res: BundleResult, line: str, reason: str) -> None:
         res.rejected.append(line[:REJECT_LINE_MAX])

@@ -136,6 +136,11 @@ K_SUPERSEDE, K_BODY, K_COMPRESSION, K_APP, K_CSEQ, K_FLOOR, K_INC = 7, 8, 9, 11,
 K_LIFETIME_S = 15  # the lifetime in whole seconds, when it is whole (instead of K_LIFETIME)
 K_FLOOR_BACK = 16  # cseq - floor (instead of K_FLOOR, when the floor is at or below cseq)
 K_REF = 17  # Compression.DELTA: how many seqs back the body it was compressed against is (seq - its seq)
+# the send number: each data envelope sealed for a destination (a first sending or a copy) takes
+# the next, modulo SN_MOD (one CBOR byte), so a receiver sees a missing one from the next that
+# arrives and acks at once (decision 0016); a receiver that does not know the key ignores it
+K_SN = 18
+SN_MOD = 24
 RETIRED_KEYS = (0, 2, 10)  # a map with any of them is of an older version: refused
 # apps with a one-byte code on the wire; any other name travels as text
 APP_CODES = {"raw": 1, "mqtt": 2, "coap": 3, "ping": 4, "pong": 5}
@@ -265,6 +270,7 @@ class Envelope:
     # the origin's store's incarnation (random, chosen when the store was created): a node whose
     # store was lost starts its seqs again under a new one, and its envelopes are new, not duplicates
     inc: int = 0
+    sn: int | None = None  # send number, 0 .. SN_MOD - 1 (K_SN); None: not numbered (acks)
 
     @property
     def msg_id(self) -> tuple[str, int, int]:
@@ -634,6 +640,10 @@ class Codec:
             m[K_FLOOR] = env.floor
         if env.inc:
             m[K_INC] = env.inc
+        if env.sn is not None:
+            if not 0 <= env.sn < SN_MOD:
+                raise ValueError(f"send number {env.sn} is not 0 to {SN_MOD - 1}")
+            m[K_SN] = env.sn
         return cbor2.dumps(m)
 
     def seal_bytes(self, mb: bytes, dst: str) -> list[bytes]:
@@ -797,6 +807,7 @@ class Codec:
             raise Malformed(f"envelope priority {short(prio)} is not 0 to 3")
         inc = bounded(K_INC, "incarnation", (1 << INC_BITS) - 1, 0)
         cseq = bounded(K_CSEQ, "cseq", MAX_SEQ, 0)
+        sn = bounded(K_SN, "send number", SN_MOD - 1, None) if K_SN in m else None
         if K_FLOOR_BACK in m:
             floor = cseq - bounded(K_FLOOR_BACK, "floor back from cseq", cseq)
         else:
@@ -867,6 +878,7 @@ class Codec:
             floor=floor,
             compression=Compression(comp),
             inc=inc,
+            sn=sn,
         )
 
 

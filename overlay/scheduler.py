@@ -33,10 +33,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from c2dtn.overlay.custody import Custody
-from c2dtn.overlay.envelope import MAX_BUNDLE_PLAIN_BYTES, Codec, Envelope, Kind, Priority, encode_ack_body
+from c2dtn.overlay.envelope import (
+    MAX_BUNDLE_PLAIN_BYTES,
+    SN_MOD,
+    Codec,
+    Envelope,
+    Kind,
+    Priority,
+    encode_ack_body,
+)
 from c2dtn.overlay.store import OutItem
 
 ACK_LIFETIME_MS = 3600_000
@@ -171,6 +179,7 @@ class Scheduler:
         self._lost: dict[str, set[int]] = {}
         self._counted: dict[str, set[int]] = {}  # group -> seqs its rate already counted (_rate_sample)
         self._pace_wait: dict[str, int] = {}  # dst -> when pacing lets its queued envelopes go
+        self._sn: dict[str, int] = {}  # dst -> the send number of the next data envelope sealed for it
 
     def path(self, dst: str) -> Path:
         p = self.paths.get(dst)
@@ -430,7 +439,9 @@ class Scheduler:
         wire = body = 0  # sealed and plain bytes of the data envelopes (the path's wire_ratio)
         all_large = True  # every envelope in the bundle so far is over `small` (they share up to `large`)
         for it in items:
-            env = it.envelope(self.codec.node, floors[it.priority], self.store.inc)
+            sn = self._sn.get(dst, 0)
+            self._sn[dst] = (sn + 1) % SN_MOD
+            env = replace(it.envelope(self.codec.node, floors[it.priority], self.store.inc), sn=sn)
             s = self.codec.seal(env, delta=it.attempts == 0)
             cap = large if len(s) > small and all_large else small
             # full: close the bundle -- unless it holds only the acks and this envelope alone is

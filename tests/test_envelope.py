@@ -131,6 +131,9 @@ def _seal_map(m, key=b"s" * 32):
         ({3: 1, 4: 1, 15: 1, 11: 99}, "app code 99"),
         ({3: 1, 4: 1, 15: 1, 11: 2.5}, "app"),
         ({3: 1, 4: 1, 15: 1, 7: b"short"}, "supersession key"),
+        ({3: 1, 4: 1, 15: 1, 18: 24}, "send number 24"),
+        ({3: 1, 4: 1, 15: 1, 18: -1}, "send number -1"),
+        ({3: 1, 4: 1, 15: 1, 18: "1"}, "send number"),
         ([1, 2, 3], "not a map"),
     ],
 )
@@ -258,3 +261,16 @@ def test_a_large_body_is_compressed_only_when_a_sample_of_it_compresses(monkeypa
     got = b.open("gw1", sealed)
     assert got.body == text and got.compression == E.Compression.ZSTD and len(sealed) < len(text) // 20
     assert calls == [E.SAMPLE_BYTES, len(text)]
+
+
+def test_a_send_number_travels_in_one_byte_and_a_map_without_one_is_still_read():
+    a, b = pair()
+    env = Envelope(Kind.DATA, "gw1", 7, "gw4", 1000, 60_000, body=b"x")
+    sizes = {}
+    for sn in (None, 0, 23):
+        sealed = a.seal(dataclasses.replace(env, sn=sn))
+        sizes[sn] = len(sealed)
+        assert b.open("gw1", sealed).sn == sn
+    assert sizes[0] == sizes[23] == sizes[None] + 2  # the key and the number
+    with pytest.raises(ValueError, match="send number 24"):
+        a.seal(dataclasses.replace(env, sn=24))
