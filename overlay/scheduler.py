@@ -146,6 +146,15 @@ class Path:
 AckSeqs = tuple[list[int], list[int]] | dict[str, tuple[list[int], list[int]]]
 
 
+def _has_acks(ack_seqs: AckSeqs | None) -> bool:
+    """Do these acks (one peer's (done, got), or per source for a group) name anything?"""
+    if not ack_seqs:
+        return False
+    if isinstance(ack_seqs, dict):
+        return any(d or g for d, g in ack_seqs.values())
+    return bool(ack_seqs[0] or ack_seqs[1])
+
+
 @dataclass
 class Outgoing:
     """One bundle to hand to the BPA."""
@@ -266,8 +275,16 @@ class Scheduler:
                 more = len(queued) > limit
                 queued = queued[:limit]
                 # a probe with new data does not linger: it was counted as sent, and the next one
-                # is backed off (held here, it went only when the linger ended, or later)
-                if queued and not retry and dst not in probe_new and self._lingers(queued, now_ms, p.wire_ratio):
+                # is backed off (held here, it went only when the linger ended, or later); nor
+                # does what acks due now can ride with (else they go in a bundle of their own)
+                acks_now = _has_acks(acks.get(dst)) and (acks_due is None or dst in acks_due)
+                if (
+                    queued
+                    and not retry
+                    and dst not in probe_new
+                    and not acks_now
+                    and self._lingers(queued, now_ms, p.wire_ratio)
+                ):
                     self._linger_until[dst] = min(i.created_ms for i in queued) + self.cfg.linger_ms
                     queued, more = [], True
                 # probes first, then by class; in a class, resends (in seq order) before new
@@ -404,10 +421,7 @@ class Scheduler:
         holds: dict[str, int] | None = None,
         inflight: int = 0,
     ) -> list[Outgoing]:
-        if isinstance(ack_seqs, dict):
-            has_acks = any(d or g for d, g in ack_seqs.values())
-        else:
-            has_acks = bool(ack_seqs[0] or ack_seqs[1])
+        has_acks = _has_acks(ack_seqs)
         if not items and not has_acks:
             return []
         floors: dict[int, int] = {}

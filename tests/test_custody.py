@@ -613,6 +613,19 @@ def test_linger_lets_reports_share_a_bundle_but_flash_goes_at_once(tmp_path):
     assert len(bundle.seqs) == 2
 
 
+def test_acks_due_take_the_lingering_reports_with_them_rather_than_go_alone(tmp_path):
+    cfg = SchedulerConfig(linger_ms=500, ack_delay_ms=1000)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    a.submit("gw4", b"halt", 0, priority=Priority.FLASH)
+    b.on_bundle(a.poll(0)[0].payload, 200)  # b owes an ack from 200, due at 1200
+    b.submit("gw1", b"pos 1", 1000, priority=Priority.PRIORITY, supersede="u1")  # lingers until 1500
+    assert b.poll(1000) == []
+    (bundle,) = b.poll(1200)  # one bundle: the ack and the report, half a second early
+    assert bundle.seqs and bundle.acks[a.store.source][1]
+    assert b.poll(1500) == []
+
+
 def test_a_lost_last_envelope_is_probed_for_long_before_its_timer(tmp_path):
     cfg = SchedulerConfig(min_rto_ms=60_000, initial_rto_ms=120_000)
     a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
