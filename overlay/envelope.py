@@ -418,8 +418,6 @@ def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYT
     if budget <= 0:  # (zstandard reads a max_output_size of 0 as no limit at all)
         raise Oversize(f"compressed body where this bundle may still open to {max(budget, 0)} bytes")
     try:
-        if comp == Compression.NONE:
-            return data
         if comp == Compression.ZLIB:
             d = zlib.decompressobj()
             out = d.decompress(data, budget)

@@ -84,7 +84,9 @@ def progress(console=None, unit: str = ""):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     class Lines(Progress):
-        said: dict
+        def __init__(self, *columns, **kw) -> None:
+            super().__init__(*columns, **kw)
+            self.said: dict = {}  # task -> the last tenth printed
 
         def advance(self, task_id, advance: float = 1) -> None:
             super().advance(task_id, advance)
@@ -111,7 +113,6 @@ def progress(console=None, unit: str = ""):
         TimeElapsedColumn(),
         console=console,
     )
-    bar.said = {}
     return bar
 
 
