@@ -1011,26 +1011,30 @@ def received_key(key: str) -> str:
 
 
 def encode_ack_body(acks: dict[str, tuple[list[int], list[int]]], holds: dict[str, int] | None = None) -> bytes:
-    """An ack: {source key: [done runs, got runs]}, each run [first, last], so one ack covers
-    many ids; each origin reads the entry under its own source key (its node and its store's
-    incarnation, source_key), so an ack for a lost store's ids never releases a new store's.
-    One ack envelope answers every origin of a group, in the group's bundle.
+    """An ack: [[node, incarnation, done runs, got runs(, hold)], ...], an entry per source, each
+    run [first, last], so one ack covers many ids; each origin reads the entry of its own node
+    and store's incarnation (source_key), so an ack for a lost store's ids never releases a new
+    store's.  One ack envelope answers every origin of a group, in the group's bundle.  (Until
+    decision 0017 a map keyed by the source key's text, the holds in a second map keyed the
+    same way: about twice the bytes; decode_ack_body still reads it.)
 
     done: taken by the destination's application (the origin releases custody);
     got: held at the destination, not yet taken (the origin stops retransmitting).
-    holds: per source key, how long (ms) the newest envelope it acks waited here before this
-    ack went (QUIC's ACK Delay), so the origin's round-trip samples leave it out; under the
-    empty key, which no source has, so a decoder that knows nothing of it reads past it."""
-    obj: dict[str, object] = {o: [_runs(d), _runs(list(g))] for o, (d, g) in acks.items()}
-    held = {o: max(0, min(MAX_ACK_HOLD_MS, int(h))) for o, h in (holds or {}).items() if o in acks}
-    if held:
-        obj[HOLDS_KEY] = held
-    return cbor2.dumps(obj)
+    hold: how long (ms) the newest envelope the entry acks waited here before this ack went
+    (QUIC's ACK Delay), so the origin's round-trip samples leave it out."""
+    out = []
+    for src, (d, g) in acks.items():
+        node, _, inc = src.partition("/")
+        entry: list = [node, int(inc, 16) if inc else 0, _runs(d), _runs(list(g))]
+        if holds and src in holds:
+            entry.append(max(0, min(MAX_ACK_HOLD_MS, int(holds[src]))))
+        out.append(entry)
+    return cbor2.dumps(out)
 
 
 Runs = list[tuple[int, int]]
 MAX_SEQ = (1 << 63) - 1
-HOLDS_KEY = ""  # the ack body's entry of hold times (encode_ack_body)
+HOLDS_KEY = ""  # the ack map's entry of hold times (_decode_ack_map)
 MAX_ACK_HOLD_MS = 3600_000
 
 
@@ -1048,12 +1052,47 @@ class AckBody:
 
 def decode_ack_body(body: bytes, source: str) -> AckBody:
     """Read an ack body for one origin (`source`, its source key).  The other origins' entries
-    are checked only for their key's type: time and memory stay linear in the body's size."""
+    are checked only for their names' types: time and memory stay linear in the body's size."""
     try:
         obj = strict_loads(body, max_depth=4)
     except StrictCBORError as e:
         raise Malformed(f"ack body is not strict CBOR: {e}") from None
-    if not isinstance(obj, dict) or not all(isinstance(k, str) for k in obj):
+    if isinstance(obj, dict):
+        return _decode_ack_map(obj, source)
+    if not isinstance(obj, list):
+        raise Malformed(f"ack body is not an array of [node, incarnation, done runs, got runs]: {short(obj)}")
+    sources: set[str] = set()
+    mine = None
+    for e in obj:
+        if not (
+            isinstance(e, list)
+            and len(e) in (4, 5)
+            and isinstance(e[0], str)
+            and NAME.fullmatch(e[0])
+            and isinstance(e[1], int)
+            and not isinstance(e[1], bool)
+            and 0 <= e[1] < 1 << INC_BITS
+        ):
+            raise Malformed(f"ack entry is not [node, incarnation, done runs, got runs(, hold)]: {short(e)}")
+        src = source_key(e[0], e[1])
+        if src in sources:
+            raise Malformed(f"ack names source {short(src)} twice")
+        sources.add(src)
+        if src == source:
+            mine = e
+    if mine is None:
+        return AckBody(frozenset(sources), [], [], False)
+    done, got = _decode_runs(mine[2:4])
+    hold = mine[4] if len(mine) == 5 else None
+    if hold is not None and (not isinstance(hold, int) or isinstance(hold, bool) or not 0 <= hold <= MAX_ACK_HOLD_MS):
+        raise Malformed(f"ack hold for {source!r} is not 0 to {MAX_ACK_HOLD_MS} ms: {short(hold)}")
+    return AckBody(frozenset(sources), done, got, True, hold)
+
+
+def _decode_ack_map(obj: dict, source: str) -> AckBody:
+    """An ack body of the form before decision 0017: {source key: [done runs, got runs]}, holds
+    under the empty key."""
+    if not all(isinstance(k, str) for k in obj):
         raise Malformed(f"ack body is not a map of source -> [done runs, got runs]: {short(obj)}")
     holds = obj.pop(HOLDS_KEY, {})
     if not isinstance(holds, dict):

@@ -155,24 +155,36 @@ def test_zip_bomb_is_refused():
 def test_ack_bodies_are_runs_per_source():
     src = E.source_key("gw1", 0x1F2E3D4C)
     body = E.encode_ack_body({src: ([5, 1, 2, 3, 9, 10], [12, 13]), "gw9": ([4], [])})
-    assert cbor2.loads(body) == {"gw1/1f2e3d4c": [[[1, 3], [5, 5], [9, 10]], [[12, 13]]], "gw9": [[[4, 4]], []]}
+    assert cbor2.loads(body) == [["gw1", 0x1F2E3D4C, [[1, 3], [5, 5], [9, 10]], [[12, 13]]], ["gw9", 0, [[4, 4]], []]]
     ack = E.decode_ack_body(body, src)
     assert ack.found and ack.done == [(1, 3), (5, 5), (9, 10)] and ack.got == [(12, 13)]
     assert ack.sources == {src, "gw9"}
     assert not E.decode_ack_body(body, "gw1").found  # another incarnation's entry is not ours
     assert E.source_node(src) == "gw1" and E.source_key("gw1", 0) == "gw1"
-    assert len(E.encode_ack_body({src: (list(range(1, 501)), [])})) < 25  # 500 ids in one short ack
-    for bad in (
-        cbor2.dumps({src: [[[3, 1]], []]}),
-        cbor2.dumps({src: [[["a", 1]], []]}),
-        cbor2.dumps({src: 1}),
-        cbor2.dumps({src: [[1, 2]]}),
-        cbor2.dumps([[[1, 3]], []]),
-        cbor2.dumps({1: [[], []]}),
-        b"\xff",
-        cbor2.dumps({src: [[[0, 1 << 64]], []]}),
+    assert len(E.encode_ack_body({src: (list(range(1, 501)), [])})) < 20  # 500 ids in one short ack
+    # the form before decision 0017, a map keyed by the source key's text, is still read
+    old = cbor2.dumps({src: [[[1, 3]], []], "": {src: 40}})
+    assert E.decode_ack_body(old, src) == E.AckBody(frozenset({src}), [(1, 3)], [], True, 40)
+    for bad, named in (
+        (cbor2.dumps([["gw1", 0x1F2E3D4C, [[3, 1]], []]]), "bad ack run"),
+        (cbor2.dumps([["gw1", 0x1F2E3D4C, [["a", 1]], []]]), "bad ack run"),
+        (cbor2.dumps([["gw1", 0x1F2E3D4C, 1, []]]), "not \\[done runs"),
+        (cbor2.dumps([["gw1", 0x1F2E3D4C, [[1, 2]]]]), "ack entry"),
+        (cbor2.dumps([["gw1", 1 << 32, [], []]]), "ack entry"),
+        (cbor2.dumps([["gw1", -1, [], []]]), "ack entry"),
+        (cbor2.dumps([["gw/1", 1, [], []]]), "ack entry"),
+        (cbor2.dumps([[7, 1, [], []]]), "ack entry"),
+        (cbor2.dumps([["gw1", 0x1F2E3D4C, [], [], -5]]), "ack hold"),
+        (cbor2.dumps([["gw1", 0x1F2E3D4C, [], [], True]]), "ack hold"),
+        (cbor2.dumps([["gw1", 0x1F2E3D4C, [], []], ["gw1", 0x1F2E3D4C, [[1, 1]], []]]), "twice"),
+        (cbor2.dumps(7), "not an array"),
+        (cbor2.dumps({src: 1}), "ack entry"),
+        (cbor2.dumps({1: [[], []]}), "map of source"),
+        (b"\xff", "strict CBOR"),
+        (cbor2.dumps([["gw1", 0x1F2E3D4C, [[0, 1 << 64]], []]]), "strict CBOR"),  # (a bignum tag)
+        (cbor2.dumps([["gw1", 0x1F2E3D4C, [[0, (1 << 64) - 1]], []]]), "bad ack run"),
     ):
-        with pytest.raises(E.Malformed):
+        with pytest.raises(E.Malformed, match=named):
             E.decode_ack_body(bad, src)
 
 
@@ -181,8 +193,8 @@ def test_an_ack_of_a_billion_ids_is_two_integers_not_a_billion():
     import tracemalloc
 
     src = "gw1"
-    entries = {f"n{i}": [[[0, 2**40]], [[0, 2**40]]] for i in range(4)}
-    body = cbor2.dumps({src: [[[0, 2**40], [2**41, 2**42]], [[0, 2**40]]], **entries})
+    entries = [[f"n{i}", 0, [[0, 2**40]], [[0, 2**40]]] for i in range(4)]
+    body = cbor2.dumps([[src, 0, [[0, 2**40], [2**41, 2**42]], [[0, 2**40]]], *entries])
     tracemalloc.start()
     ack = E.decode_ack_body(body, src)
     peak = tracemalloc.get_traced_memory()[1]
