@@ -1063,23 +1063,23 @@ def decode_ack_body(body: bytes, source: str) -> AckBody:
         raise Malformed(f"ack body is not an array of [node, incarnation, done runs, got runs]: {short(obj)}")
     sources: set[str] = set()
     mine = None
-    for e in obj:
+    for entry in obj:
         if not (
-            isinstance(e, list)
-            and len(e) in (4, 5)
-            and isinstance(e[0], str)
-            and NAME.fullmatch(e[0])
-            and isinstance(e[1], int)
-            and not isinstance(e[1], bool)
-            and 0 <= e[1] < 1 << INC_BITS
+            isinstance(entry, list)
+            and len(entry) in (4, 5)
+            and isinstance(entry[0], str)
+            and NAME.fullmatch(entry[0])
+            and isinstance(entry[1], int)
+            and not isinstance(entry[1], bool)
+            and 0 <= entry[1] < 1 << INC_BITS
         ):
-            raise Malformed(f"ack entry is not [node, incarnation, done runs, got runs(, hold)]: {short(e)}")
-        src = source_key(e[0], e[1])
+            raise Malformed(f"ack entry is not [node, incarnation, done runs, got runs(, hold)]: {short(entry)}")
+        src = source_key(entry[0], entry[1])
         if src in sources:
             raise Malformed(f"ack names source {short(src)} twice")
         sources.add(src)
         if src == source:
-            mine = e
+            mine = entry
     if mine is None:
         return AckBody(frozenset(sources), [], [], False)
     done, got = _decode_runs(mine[2:4])
