@@ -46,7 +46,7 @@ ACK_REPEAT_MS = 10_000
 DEFAULT_MAX_HOLD_MS = 300_000
 
 # send numbers followed, one per (source, destination): past this many (a peer cycling its
-# incarnation), all are forgotten and each is followed again from its next envelope
+# incarnation), that node's other streams are forgotten first, else the oldest one
 SN_STREAMS_MAX = 4096
 
 REJECT_LINE_MAX = 300  # characters of a rejection kept and logged (messages name peer values by prefix)
@@ -103,10 +103,10 @@ class OverlayCore:
         # such a gap: their acks go at once, as TCP's and QUIC's do, so the origin finds a loss,
         # or that there was none, an ack delay sooner
         self._gap: set[str] = set()
-        # (source, destination) -> the send number expected next: one that skips ahead shows
-        # envelopes lost on the way whatever their class (a report has no order to hold it in),
-        # one behind it came late; either way the acks go at once (decision 0016)
-        self._sn_next: dict[tuple[str, str], int] = {}
+        # (source, destination) -> (the send number expected next, the last that came): one that
+        # skips ahead shows envelopes lost on the way whatever their class (a report has no order
+        # to hold it in), one behind it came late; either way the acks go at once (decision 0016)
+        self._sn_next: dict[tuple[str, str], tuple[int, int]] = {}
 
     @property
     def node(self) -> str:
@@ -299,7 +299,7 @@ class OverlayCore:
                     res.taken += r.outcome in ("delivered", "held")
                     if r.outcome in ("delivered", "held"):
                         self._newest_at[src] = now_ms
-                    skipped = self._out_of_turn(env)
+                    skipped = self._out_of_turn(env, r.outcome in ("delivered", "held", "stale"))
                     if r.outcome == "held" or r.released > 1 or skipped:  # a gap opened, or one closed
                         self._gap.add(src)
             except EnvelopeError as e:
@@ -318,18 +318,36 @@ class OverlayCore:
                 min(holds) if holds else 0,  # several acks: the least held, so no sample comes out short
             )
 
-    def _out_of_turn(self, env: Envelope) -> bool:
-        """Did this envelope's send number skip some (lost on the way), or come after a later one?"""
+    def _out_of_turn(self, env: Envelope, new: bool) -> bool:
+        """Did this envelope's send number skip some (lost on the way), or come after a later one?
+        new: the store took it as new; a copy seen before (a replay, a relay's repeat) only
+        follows the numbers when it is exactly in turn, and never calls for an ack."""
         if env.sn is None:
             return False
         stream = (env.source, env.dst)
-        nxt = self._sn_next.get(stream)
-        if nxt is None and len(self._sn_next) >= SN_STREAMS_MAX:
-            self._sn_next.clear()
-        ahead = (env.sn - nxt) % SN_MOD if nxt is not None else 0
-        if ahead < SN_MOD // 2:  # in turn, or past a gap: expect the one after it
-            self._sn_next[stream] = (env.sn + 1) % SN_MOD
-        return ahead != 0
+        got = self._sn_next.get(stream)
+        if got is None:
+            if not new:
+                return False
+            if len(self._sn_next) >= SN_STREAMS_MAX:  # a node's own other incarnations go first
+                node = source_node(env.source)
+                for k in [k for k in self._sn_next if source_node(k[0]) == node] or [next(iter(self._sn_next))]:
+                    del self._sn_next[k]
+            self._sn_next[stream] = ((env.sn + 1) % SN_MOD, env.sn)
+            return False
+        nxt, prev = got
+        ahead = (env.sn - nxt) % SN_MOD
+        if not new:
+            if ahead == 0:
+                self._sn_next[stream] = ((env.sn + 1) % SN_MOD, env.sn)
+            return False
+        # in turn, past a gap, or one after the last that came (a sender restarted counting
+        # from 0, or a run that came late as a whole): expect the one after it
+        if ahead < SN_MOD // 2 or env.sn == (prev + 1) % SN_MOD:
+            self._sn_next[stream] = ((env.sn + 1) % SN_MOD, env.sn)
+            return ahead != 0 and env.sn != (prev + 1) % SN_MOD
+        self._sn_next[stream] = (nxt, env.sn)
+        return True
 
     def _reject(self, res: BundleResult, line: str, reason: str) -> None:
         res.rejected.append(line[:REJECT_LINE_MAX])

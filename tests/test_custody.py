@@ -5,6 +5,7 @@ loss, and outages during which every bundle is lost (the worst case: a BPA
 that keeps nothing).  An hour of custody runs in well under a second.
 """
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -611,6 +612,57 @@ def test_linger_lets_reports_share_a_bundle_but_flash_goes_at_once(tmp_path):
     a.submit("gw4", b"halt", 1200, priority=Priority.FLASH)
     (bundle,) = a.poll(1200)  # a flash envelope does not wait, and takes the report with it
     assert len(bundle.seqs) == 2
+
+
+def test_a_replayed_bundle_does_not_make_the_receiver_ack_at_once(tmp_path):
+    # its send numbers are old: a copy seen before never calls for an ack ahead of the delay,
+    # whether its number looks behind the next one expected or (a wrap ago) ahead of it
+    cfg = SchedulerConfig(ack_delay_ms=1_000)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    sent = []
+    for i in range(31):
+        a.submit("gw4", b"pos %d" % i, i, priority=Priority.PRIORITY, supersede=f"u{i}")
+        (bundle,) = a.poll(i)
+        sent.append(bundle.payload)
+    for i in range(30):
+        b.on_bundle(sent[i], 100 + i)
+    assert b.poll(200) == [] and len(b.poll(1_200)) == 1  # in turn: acked after the delay, once
+    for t, old in enumerate([5, 17, 29, 0, 17] * 10):  # numbers 5, 17, 5, 0, 17: one behind, 11 ahead ...
+        b.on_bundle(sent[old], 1_300 + t)
+        assert b.poll(1_300 + t) == []
+    b.on_bundle(sent[30], 1_400)  # the next new one, in turn
+    assert b.poll(1_400) == []
+
+
+def test_a_sender_restarted_numbering_from_0_draws_one_early_ack_not_one_per_envelope(tmp_path):
+    cfg = SchedulerConfig(ack_delay_ms=1_000)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    for i in range(8):  # numbers 0 .. 7: b expects 8 next
+        a.submit("gw4", b"pos %d" % i, i, priority=Priority.PRIORITY, supersede=f"u{i}")
+        b.on_bundle(a.poll(i)[0].payload, 100 + i)
+    assert len(b.poll(1_200)) == 1
+    a = OverlayCore(a.store, Codec("gw1", {"gw4": KEY}), cfg)  # the process again, the same store
+    early = 0
+    for i in range(8, 14):  # numbers 0 .. 5 again
+        a.submit("gw4", b"pos %d" % i, 2_000 + i, priority=Priority.PRIORITY, supersede=f"u{i}")
+        b.on_bundle(a.poll(2_000 + i)[0].payload, 2_100 + i)
+        early += len(b.poll(2_100 + i))
+    assert early == 1
+
+
+def test_a_peer_cycling_incarnations_forgets_only_its_own_send_numbers(tmp_path, monkeypatch):
+    from c2dtn.overlay import core as core_mod
+
+    monkeypatch.setattr(core_mod, "SN_STREAMS_MAX", 4)
+    b = make(tmp_path, "gw4", "gw1")
+    mine = Envelope(Kind.DATA, "gw1", 1, "gw4", 0, 60_000, inc=7, sn=0)
+    b._out_of_turn(mine, True)
+    for inc in range(100, 140):  # another peer's store, "lost" again and again
+        b._out_of_turn(Envelope(Kind.DATA, "gw9", 1, "gw4", 0, 60_000, inc=inc, sn=0), True)
+    assert len(b._sn_next) <= 4
+    assert b._out_of_turn(dataclasses.replace(mine, seq=3, sn=2), True)  # gw1 still followed: its skip shows
 
 
 def test_acks_due_take_the_lingering_reports_with_them_rather_than_go_alone(tmp_path):
