@@ -57,6 +57,6 @@ def check_table(src: str, where: str, table: Any, allowed: set[str], required: s
 
 
 def check_name(src: str, where: str, v: Any) -> str:
-    if not isinstance(v, str) or not NAME.match(v):
+    if not isinstance(v, str) or not NAME.fullmatch(v):
         raise ConfigError(src, where, v, "a name is 1-40 letters, digits, '-' or '_', starting with a letter or digit")
     return v

@@ -1016,7 +1016,7 @@ def encode_ack_body(acks: dict[str, tuple[list[int], list[int]]], holds: dict[st
     and store's incarnation (source_key), so an ack for a lost store's ids never releases a new
     store's.  One ack envelope answers every origin of a group, in the group's bundle.  (Until
     decision 0017 a map keyed by the source key's text, the holds in a second map keyed the
-    same way: about twice the bytes; decode_ack_body still reads it.)
+    same way: about twice the bytes.)
 
     done: taken by the destination's application (the origin releases custody);
     got: held at the destination, not yet taken (the origin stops retransmitting).
@@ -1034,7 +1034,6 @@ def encode_ack_body(acks: dict[str, tuple[list[int], list[int]]], holds: dict[st
 
 Runs = list[tuple[int, int]]
 MAX_SEQ = (1 << 63) - 1
-HOLDS_KEY = ""  # the ack map's entry of hold times (_decode_ack_map)
 MAX_ACK_HOLD_MS = 3600_000
 
 
@@ -1057,8 +1056,6 @@ def decode_ack_body(body: bytes, source: str) -> AckBody:
         obj = strict_loads(body, max_depth=4)
     except StrictCBORError as e:
         raise Malformed(f"ack body is not strict CBOR: {e}") from None
-    if isinstance(obj, dict):
-        return _decode_ack_map(obj, source)
     if not isinstance(obj, list):
         raise Malformed(f"ack body is not an array of [node, incarnation, done runs, got runs]: {short(obj)}")
     sources: set[str] = set()
@@ -1084,27 +1081,9 @@ def decode_ack_body(body: bytes, source: str) -> AckBody:
         return AckBody(frozenset(sources), [], [], False)
     done, got = _decode_runs(mine[2:4])
     hold = mine[4] if len(mine) == 5 else None
-    if hold is not None and (not isinstance(hold, int) or isinstance(hold, bool) or not 0 <= hold <= MAX_ACK_HOLD_MS):
+    if len(mine) == 5 and (not isinstance(hold, int) or isinstance(hold, bool) or not 0 <= hold <= MAX_ACK_HOLD_MS):
         raise Malformed(f"ack hold for {source!r} is not 0 to {MAX_ACK_HOLD_MS} ms: {short(hold)}")
     return AckBody(frozenset(sources), done, got, True, hold)
-
-
-def _decode_ack_map(obj: dict, source: str) -> AckBody:
-    """An ack body of the form before decision 0017: {source key: [done runs, got runs]}, holds
-    under the empty key."""
-    if not all(isinstance(k, str) for k in obj):
-        raise Malformed(f"ack body is not a map of source -> [done runs, got runs]: {short(obj)}")
-    holds = obj.pop(HOLDS_KEY, {})
-    if not isinstance(holds, dict):
-        raise Malformed(f"ack holds are not a map of source -> ms: {short(holds)}")
-    hold = holds.get(source)
-    if hold is not None and (not isinstance(hold, int) or isinstance(hold, bool) or not 0 <= hold <= MAX_ACK_HOLD_MS):
-        raise Malformed(f"ack hold for {source!r} is not 0 to {MAX_ACK_HOLD_MS} ms: {short(hold)}")
-    entry = obj.get(source)
-    if entry is None:
-        return AckBody(frozenset(obj), [], [], False)
-    done, got = _decode_runs(entry)
-    return AckBody(frozenset(obj), done, got, True, hold)
 
 
 def _decode_runs(obj: object) -> tuple[Runs, Runs]:

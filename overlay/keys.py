@@ -21,7 +21,7 @@ KEY_BYTES = 32  # HMAC-SHA256 keys (overlay.envelope)
 def make_keys(nodes: list[str], groups: dict[str, list[str]]) -> dict[frozenset, str]:
     """A fresh key for every pair of nodes and for every group (hex)."""
     for n in list(nodes) + list(groups):
-        if not NAME.match(n):
+        if not NAME.fullmatch(n):
             raise ConfigError("c2dtn keys", "node", n, "a name is 1-40 letters, digits, '-' or '_'")
     if len(set(nodes)) != len(nodes):
         raise ConfigError("c2dtn keys", "node", ",".join(nodes), "a node is named twice")

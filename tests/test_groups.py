@@ -311,7 +311,7 @@ def test_a_malformed_group_ack_is_rejected_by_name_and_the_rest_of_the_bundle_ta
     seq = deu.submit("fmn", b"pos", 0)
     deu.poll(0)
     bad = Envelope(
-        Kind.ACK, "nor", 0, "fmn", 0, 60_000, Priority.FLASH, body=cbor2.dumps({deu.store.source: "not runs"})
+        Kind.ACK, "nor", 0, "fmn", 0, 60_000, Priority.FLASH, body=cbor2.dumps([["deu", deu.store.inc, "not runs", []]])
     )
     good = Envelope(Kind.DATA, "nor", 1, "fmn", 0, 60_000, body=b"pos nor")
     res = deu.on_bundle(nor.codec.container([nor.codec.seal(bad), nor.codec.seal(good)], "fmn"), 10)

@@ -87,6 +87,7 @@ def test_the_retired_queue_keep_setting_is_refused_by_name(tmp_path):
     "change, field, value",
     [
         (('id = "gw1"', 'id = "gw 1"'), "node.id", "gw 1"),
+        (('id = "gw1"', 'id = "gw1\\n"'), "node.id", "gw1\n"),  # a name that the container would refuse
         (("[agent]", '[agent]\nstore = "tape"'), "agent.store", "tape"),
         (("[keys]", "[agent.dtn7]\nweb_port = 70000\n[keys]"), "agent.dtn7.web_port", 70000),
         (("[keys]", '[agent.dtn7]\ncolour = "red"\n[keys]'), "agent.dtn7.colour", "red"),

@@ -40,8 +40,8 @@ def test_an_ack_carries_its_hold_and_a_reader_of_another_source_is_not_disturbed
 @pytest.mark.parametrize(
     "body, named",
     [
-        ({"gw1/a": [[[1, 1]], []], "": ["x"]}, "ack holds are not a map"),
-        ({"gw1/a": [[[1, 1]], []], "": {"gw1/a": -5}}, "ack hold for 'gw1/a'"),
+        ([["gw1", 10, [[1, 1]], [], "x"]], "ack hold for 'gw1/a'"),
+        ([["gw1", 10, [[1, 1]], [], -5]], "ack hold for 'gw1/a'"),
         ([["gw1", 10, [[1, 1]], [], MAX_ACK_HOLD_MS + 1]], "ack hold for 'gw1/a'"),
         ([["gw1", 10, [[1, 1]], [], True]], "ack hold"),
     ],

@@ -171,8 +171,8 @@ def test_an_ack_naming_a_trillion_ids_releases_what_is_held_and_costs_what_it_na
     deu, prt = make(tmp_path, "deu"), make(tmp_path, "prt")
     seqs = [deu.submit("prt", b"report %d" % i, 0) for i in range(3)]
     deu.poll(0)
-    others = {f"x{i}/1": ([], list(range(0, 2**20, 2))[:3]) for i in range(3)}
-    body = cbor2.dumps({deu.store.source: [[[0, 2**40]], [[0, 2**40]]], **{k: [[[0, 2**40]], []] for k in others}})
+    others = [[f"x{i}", 1, [[0, 2**40]], []] for i in range(3)]
+    body = cbor2.dumps([["deu", deu.store.inc, [[0, 2**40]], [[0, 2**40]]], *others])
     ack = Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, Priority.FLASH, body=body)
     payload = prt.codec.container([prt.codec.seal(ack)], "deu")
     assert len(payload) < 200
@@ -511,7 +511,7 @@ def test_a_ping_flood_is_answered_up_to_a_bound_with_one_log_line(tmp_path, capl
 def test_an_ack_run_of_strings_is_named_by_prefix_not_written_whole(tmp_path, caplog):
     """Finding: a 235-byte ack wrote a log line of 16,777,041 characters."""
     deu, prt = make(tmp_path, "deu"), make(tmp_path, "prt")
-    body = cbor2.dumps({deu.store.source: [[["x" * 100_000, "y" * 100_000]], []]})
+    body = cbor2.dumps([["deu", deu.store.inc, [["x" * 100_000, "y" * 100_000]], []]])
     res = deu.on_bundle(
         prt.codec.container([prt.codec.seal(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, body=body))], "deu"), 0
     )
