@@ -30,7 +30,7 @@ BPA_AFTER :=
 APT_BPAS :=
 include $(sort $(wildcard overlay/agents/make/*.mk))
 
-.PHONY: demo test test-fast check docs deps apt venv tools bpas apt-bpas clean down lock
+.PHONY: demo test test-fast check docs deps apt venv tools bpas apt-bpas promtool clean down lock
 
 # the demo runs on the default agent alone: it builds no other
 demo: apt venv tools
@@ -40,7 +40,7 @@ demo: apt venv tools
 test: deps
 	$(BIN)/pytest -ra -v --durations=30
 
-deps: apt venv tools bpas
+deps: apt venv tools bpas promtool
 
 # the edit-test loop: every test that needs no namespace and no built agent (about 3 minutes)
 test-fast: venv
@@ -58,6 +58,23 @@ docs: venv
 
 tools: $(TOOLS)
 	@mkdir -p .tools && for l in $(TOOLS_LINKS); do ln -sfn "$${l%%:*}" ".tools/$${l##*:}"; done
+
+# promtool checks what a node's /metrics serves (tests/test_metrics_live.py): Debian's prometheus
+# package unpacked into the cache, keyed by version, not installed (no Prometheus server starts)
+promtool:
+	@v=$$(apt-cache show --no-all-versions prometheus 2>/dev/null | sed -n 's/^Version: //p' | head -1); \
+	if [ -z "$$v" ] && [ "$$(id -u)" = 0 ]; then apt-get update -q >/dev/null; \
+	  v=$$(apt-cache show --no-all-versions prometheus 2>/dev/null | sed -n 's/^Version: //p' | head -1); fi; \
+	if [ -z "$$v" ]; then echo "promtool: no prometheus package in apt's lists (its test skips)"; exit 0; fi; \
+	d="$(C2DTN_CACHE)/prometheus-$$v"; \
+	if [ ! -x "$$d/usr/bin/promtool" ]; then \
+	  echo "promtool: unpacking Debian's prometheus $$v into $$d"; \
+	  t=$$(mktemp -d) && chmod 755 "$$t" && (cd "$$t" && apt-get download -q "prometheus=$$v" >/dev/null 2>&1) && \
+	  rm -rf "$$d.part" && dpkg -x "$$t"/prometheus_*.deb "$$d.part" && rm -rf "$$d" && mv "$$d.part" "$$d"; \
+	  rm -rf "$$t"; \
+	fi; \
+	if [ -x "$$d/usr/bin/promtool" ]; then mkdir -p .tools && ln -sfn "$$d/usr/bin/promtool" .tools/promtool; \
+	else echo "promtool: unpacking prometheus $$v failed (its test skips)"; fi
 
 bpas: apt-bpas
 	@mkdir -p .tools && for b in $(foreach b,$(BPA_BUILDS),'$(b)'); do \

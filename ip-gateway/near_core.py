@@ -47,7 +47,7 @@ from c2dtn.ip_gateway import bodies as s
 from c2dtn.ip_gateway import mqtt as m
 from c2dtn.ip_gateway.auth import READ, WRITE, Auth
 from c2dtn.ip_gateway.policy import Policy, SessionLimits, TopicRule
-from c2dtn.overlay.port import MAX_MESSAGE_BYTES, Priority
+from c2dtn.overlay.port import LOCAL_BUCKETS_S, MAX_MESSAGE_BYTES, Histogram, Priority
 from c2dtn.spells import Spell
 
 if TYPE_CHECKING:
@@ -210,6 +210,7 @@ class _Conn:
         self.closing = False  # DISCONNECT seen or an error: close once the replies are out
         self.closed = False
         self.pending: list[m.Packet] = []  # replies waiting for a commit
+        self.pending_at: list[float] = []  # when what each answers was read
         self.pending_marks: list[str] = []  # the custody marks of the publishes those replies answer
         self.resume = False
         self.disc_sx: int | None = None  # the session expiry interval its DISCONNECT set (MQTT 5)
@@ -248,6 +249,7 @@ class NearCore:
         self.active: dict[str, int] = {}  # client id -> the connection that has its session
         self.conns: dict[int, _Conn] = {}
         self.counters: Counter[str] = Counter()
+        self.puback = Histogram(LOCAL_BUCKETS_S)  # seconds from a PUBLISH custody took to its PUBACK or PUBREC
 
     # -- connections -------------------------------------------------------------------
     def open(self, conn: int, broker: str, now: float, source: str = "") -> list[Event]:
@@ -383,6 +385,7 @@ class NearCore:
                 break
         if envs:
             c.pending += replies
+            c.pending_at += [now] * len(replies)
             c.pending_marks += [
                 k for mk in marks if mk is not None for k, _d, _r in ([mk] if isinstance(mk, tuple) else mk)
             ]
@@ -462,9 +465,13 @@ class NearCore:
             return []
         replies, c.pending = c.pending, []
         keys, c.pending_marks = c.pending_marks, []
+        ats, c.pending_at = c.pending_at, []
         if c.closed:
             return []
         if ok:
+            for r, at in zip(replies, ats):
+                if isinstance(r, (m.PubAck, m.PubRec)):
+                    self.puback.observe(max(0.0, now - at))
             return self._reply(c, replies, now) + ([Answered(keys)] if keys else [])
         log.debug(
             "custody full: refusing what client %s sent", c.sess.client if c.sess else "?"
@@ -852,7 +859,7 @@ class NearCore:
         return evs
 
     def status(self) -> dict:
-        return {"clients": sorted(self.active), "sessions_near": len(self.sessions)}
+        return {"clients": sorted(self.active), "sessions_near": len(self.sessions), "puback_s": self.puback.snapshot()}
 
 
 def lifetime_ms(rule: TopicRule, p: m.Publish) -> int:

@@ -47,6 +47,7 @@ TOP = table(
         F("relays", "table", "{}", "Nodes of another agent's island, reached through a relay.", "{}"),
         F("scheduler", "table", "{}", "The overlay's sending window, aggregation and timers.", "{}"),
         F("quota", "table", "{}", "Bounds of the custody store.", "{}"),
+        F("metrics", "table", "(none: no metrics)", "A Prometheus endpoint for this node.", "{}"),
         F("gateway", "table", "(none: no gateway)", "The MQTT and CoAP gateway (`c2dtn gateway run`).", "{}"),
     ],
 )
@@ -281,6 +282,42 @@ QUOTA = table(
     ],
 )
 
+METRICS = table(
+    "metrics",
+    "A Prometheus endpoint: GET /metrics answers the text format with what `c2dtn node status` "
+    "shows (docs/operations.md lists the metrics). Off unless listen is set; it serves no other path.",
+    [
+        F(
+            "listen",
+            "string",
+            "(none: off)",
+            "The address and port to serve on. Anyone who reaches it reads the node's peers, queues and "
+            "counters: keep it on loopback or a management network.",
+            '"127.0.0.1:9464"',
+        ),
+    ],
+)
+
+
+def parse_listen(src: str, where: str, v: Any) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); the host an IP address."""
+    import ipaddress
+
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})|([0-9.]+):(\d{1,5})", v) if isinstance(v, str) else None
+    try:
+        if m is None:
+            raise ValueError
+        host = m.group(1) or m.group(3)
+        ipaddress.ip_address(host)
+        port = int(m.group(2) or m.group(4))
+        if not 1 <= port <= 65535:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(
+            src, where, v, "must be an IP address and a port from 1 to 65535", 'e.g. "127.0.0.1:9464" or "[::1]:9464"'
+        ) from None
+    return host, port
+
 
 @dataclass
 class Peer:
@@ -315,6 +352,7 @@ class NodeConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     quota: Quota = field(default_factory=Quota)
     gateway: dict | None = None  # the [gateway] table, read by ip_gateway.policy.parse_gateway
+    metrics_listen: tuple[str, int] | None = None  # [metrics] listen: (host, port), or off
 
     @property
     def api_socket(self) -> Path:
@@ -470,6 +508,10 @@ def load_node_config(path: str | Path) -> NodeConfig:
     QUOTA.check(src, "quota", q)
     cfg.quota = Quota(**{k: _int(src, f"quota.{k}", v, 1, 1 << 50) for k, v in q.items()})
     cfg.gateway = data.get("gateway")
+    met = data.get("metrics", {})
+    METRICS.check(src, "metrics", met)
+    if "listen" in met:
+        cfg.metrics_listen = parse_listen(src, "metrics.listen", met["listen"])
     return cfg
 
 

@@ -70,6 +70,7 @@ and unsynced_acks() answer from that.  A store that fsyncs every durable commit 
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -85,6 +86,7 @@ from c2dtn.overlay.envelope import (
 )
 from c2dtn.overlay.outbox import Outbox
 from c2dtn.overlay.store import Delivery, OutItem, Quota, QuotaExceeded, Received, Store, TooLarge, open_store
+from c2dtn.overlay.tally import Histogram
 
 # A submitted message's mark (key, digest, repeat: see Custody.submit_many), or a list of them for an
 # envelope holding several messages, or None
@@ -112,6 +114,13 @@ class Custody:
     def __init__(
         self, store: Store, origin: str, quota: Quota = Quota(), groups: dict[str, tuple[str, ...]] | None = None
     ):
+        # since this process started, for status and metrics (overlay/tally.py): (event, peer,
+        # class) -> envelopes, and how long received envelopes took from their creation; what a
+        # transaction counts is added when it commits
+        self.tally: Counter[tuple[str, str, int]] = Counter()
+        self.delays = Histogram()
+        self._tally_tx: list[tuple[str, str, int]] = []
+        self._delays_tx: list[float] = []
         self.records = store
         items, members = store.out_load()
         self.outbox = Outbox(items, members)  # the outbox's questions, answered in memory (outbox.py)
@@ -242,7 +251,19 @@ class Custody:
         with self.transaction(durable=False):
             self.records.bump(name, by)
 
+    def _count(self, event: str, peer: str, priority: int) -> None:
+        self._tally_tx.append((event, peer, int(priority)))
+
+    def _tx_end(self, committed: bool) -> None:
+        if committed:
+            self.tally.update(self._tally_tx)
+            for v in self._delays_tx:
+                self.delays.observe(v)
+        self._tally_tx.clear()
+        self._delays_tx.clear()
+
     def _report(self, it: OutItem, outcome: str, now_ms: int) -> None:
+        self._count(outcome, it.dst, it.priority)
         rid = self.records.add("reports", (it.seq, it.dst, outcome, now_ms, it.created_ms, it.supersede))
         self.records.bump(outcome)
         if rid % max(1, self.reports_kept // 10) == 0:  # the newest reports_kept (+10 %) stay
@@ -287,6 +308,7 @@ class Custody:
         items = list(items)
         for i in items:
             if len(i[1]) > MAX_MESSAGE_BYTES:
+                self.tally[("refused_too_large", i[0], int(i[3]))] += 1
                 raise TooLarge(
                     f"a message of {len(i[1])} bytes for {i[0]} is over the overlay's limit of "
                     f"{MAX_MESSAGE_BYTES} bytes; nothing of this batch was accepted"
@@ -297,6 +319,7 @@ class Custody:
             n, nbytes = self.outbox.totals()
             add_bytes = sum(len(i[1]) for i in items)
             if n + len(items) > self.quota.max_envelopes or nbytes + add_bytes > self.quota.max_bytes:
+                self.tally.update(("refused_quota", i[0], int(i[3])) for i in items)
                 raise QuotaExceeded(
                     f"custody store full: {n} envelopes / {nbytes} bytes held, {len(items)} / {add_bytes} more "
                     f"would pass the quota of {self.quota.max_envelopes} / {self.quota.max_bytes}; "
@@ -365,6 +388,7 @@ class Custody:
                     )
                 )
                 seqs.append(seq)
+                self._count("submitted", dst, priority)
             self._out_add(adds, places)
             for key, digest in marked.items():
                 st.put("marks", (key,), (digest, now_ms))
@@ -537,6 +561,8 @@ class Custody:
             self._out_put(self.outbox.update([s for s in received if s not in gone_ids], received=True))
             if released:
                 st.bump("acked", len(released))
+                for it in released:
+                    self._count("acked", it.dst, it.priority)
         return released, arrived
 
     def held_out(self) -> tuple[int, int]:
@@ -673,6 +699,8 @@ class Custody:
             (d.origin, d.seq, int(d.priority), d.created_ms, d.lifetime_ms, d.supersede, d.app, d.body, d.received_ms),
         )
         self.records.bump("delivered")
+        self._count("received", source_node(d.origin), d.priority)
+        self._delays_tx.append(max(0, d.received_ms - d.created_ms) / 1000)
 
     def release_held(self, older_than_ms: int, now_ms: int) -> int:
         """Give up waiting for a gap: envelopes held since before `older_than_ms` go to the inbox."""
@@ -802,6 +830,7 @@ class _Tx:
         except BaseException:
             if self.outer:
                 c.outbox.rollback()
+                c._tx_end(False)
             raise
         finally:
             c._depth -= 1
@@ -810,3 +839,4 @@ class _Tx:
                 c.outbox.commit()
             else:
                 c.outbox.rollback()
+            c._tx_end(et is None)

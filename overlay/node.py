@@ -64,6 +64,8 @@ class OverlayNode:
         self._timer_at: float | None = None
         self.started_ms = now_ms()
         self.send_errors = 0
+        # bundles (and their payload bytes) to and from the agent since the process started
+        self.bundles = {"to_agent": 0, "to_agent_bytes": 0, "from_agent": 0, "from_agent_bytes": 0}
         self.extensions: list = []  # objects with async start() and stop(), run inside the node (gateways)
 
     @property
@@ -146,6 +148,8 @@ class OverlayNode:
     def take(self, batch: list) -> None:
         """Bundles the agent delivered, taken in one commit."""
         t0 = time.monotonic()
+        self.bundles["from_agent"] += len(batch)
+        self.bundles["from_agent_bytes"] += sum(len(d.payload) for d in batch)
         events = self.machine.bundles([d.payload for d in batch], time.monotonic())
         if log.isEnabledFor(logging.DEBUG):  # on the receive path: build the line only for -v
             ms, srcs = (time.monotonic() - t0) * 1000, ",".join(sorted({d.src_node for d in batch}))
@@ -235,6 +239,8 @@ class OverlayNode:
             for node, endpoint in self._destinations(b.dst):
                 try:
                     await self.agent.send(node, endpoint, b.payload, lifetime_s=self.agent.bundle_lifetime_s)
+                    self.bundles["to_agent"] += 1
+                    self.bundles["to_agent_bytes"] += len(b.payload)
                 except AgentError as e:
                     # custody keeps the envelopes; they go again at their retransmission time
                     self.send_errors += 1

@@ -153,16 +153,31 @@ class LocalApi:
 
 
 async def status(node: OverlayNode, sup: Supervisor | None) -> dict:
-    """What `c2dtn node status` and `c2dtn gateway status` show."""
+    """What `c2dtn node status` and `c2dtn gateway status` show: local_status and the agent's
+    peers and store."""
+    st = local_status(node, sup)
+    try:
+        st["peers"] = [p.__dict__ for p in await node.agent.peers()]
+        st["agent_stored"] = await node.agent.stored()
+    except AgentError as e:
+        st["agent_error"] = str(e)
+    return st
+
+
+def local_status(node: OverlayNode, sup: Supervisor | None) -> dict:
+    """Everything status shows but what the agent is asked: read from memory, at once (the
+    metrics endpoint serves these, overlay/metrics.py)."""
     syncer = node.syncer
     proc = sup.proc if sup is not None else None
     st: dict = {
         "node": node.cfg.id,
         "agent": node.cfg.agent,
         "agent_pid": proc.pid if proc else None,
+        "agent_up": proc is not None and proc.returncode is None if sup is not None else None,
         "agent_restarts": sup.restarts if sup is not None else 0,
         "uptime_s": (now_ms() - node.started_ms) / 1000,
         "send_errors": node.send_errors,
+        "bundles": dict(node.bundles),
     }
     if syncer is not None:
         st["fsync"] = {
@@ -173,21 +188,35 @@ async def status(node: OverlayNode, sup: Supervisor | None) -> dict:
             "on_loop": syncer.inline_fsyncs,
             "on_loop_now": syncer.inline,
         }
-    try:
-        st["peers"] = [p.__dict__ for p in await node.agent.peers()]
-        st["agent_stored"] = await node.agent.stored()
-    except AgentError as e:
-        st["agent_error"] = str(e)
     if node.core is not None:
-        store = node.core.store
+        store, sched = node.core.store, node.core.sched
         st["counters"] = store.counters()
+        n, nbytes = store.held_out()
+        st["custody"] = {
+            "envelopes": n,
+            "bytes": nbytes,
+            "max_envelopes": store.quota.max_envelopes,
+            "max_bytes": store.quota.max_bytes,
+        }
         st["queues"] = [
             {"dst": d, "priority": Priority(p).name.lower(), "queued": q, "in_flight": f, "bytes": b}
             for d, p, q, f, b in store.queue_summary()
         ]
+        rows: dict[tuple[str, int], dict] = {}
+        for (event, peer, prio), k in sorted(store.tally.items()):
+            rows.setdefault((peer, prio), {"peer": peer, "priority": Priority(prio).name.lower()})[event] = k
+        st["envelopes"] = list(rows.values())  # since this process started, per peer and class
+        st["received_delay_s"] = store.delays.snapshot()  # creation at the origin to here
+        st["resent"] = [{"dst": d, "cause": c, "envelopes": k} for (d, c), k in sorted(sched.resent.items())]
         st["windows"] = {
-            d: {"window": int(p.window), "ssthresh": int(p.ssthresh), "srtt_ms": p.srtt_ms, "rto_ms": int(p.rto_ms)}
-            for d, p in node.core.sched.paths.items()
+            d: {
+                "window": int(p.window),
+                "ssthresh": int(p.ssthresh),
+                "srtt_ms": p.srtt_ms,
+                "min_rtt_ms": p.min_rtt_ms,
+                "rto_ms": int(p.rto_ms),
+            }
+            for d, p in sched.paths.items()
         }
         st["inbox"] = store.inbox_count()  # (not len(inbox()): that read every body, files included)
     for ext in node.extensions:

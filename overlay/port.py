@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from c2dtn.overlay.custody import Mark
 from c2dtn.overlay.envelope import MAX_MESSAGE_BYTES, Priority
 from c2dtn.overlay.store import Delivery, QuotaExceeded, StoreFull, TooLarge
+from c2dtn.overlay.tally import LOCAL_BUCKETS_S, Histogram  # the gateways' own counts for status and metrics
 
 if TYPE_CHECKING:
     from c2dtn.overlay.config import NodeConfig
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "Delivery",
+    "Histogram",
     "Item",
+    "LOCAL_BUCKETS_S",
     "Mark",
     "Port",
     "Priority",

@@ -11,10 +11,12 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from c2dtn.errors import C2Error
 from c2dtn.overlay.config import NodeConfig
 from c2dtn.overlay.malloc import tune_malloc
+from c2dtn.overlay.metrics import MetricsServer
 from c2dtn.overlay.node import OverlayNode
-from c2dtn.overlay.node_api import LocalApi
+from c2dtn.overlay.node_api import LocalApi, local_status
 from c2dtn.overlay.supervisor import Supervisor
 
 log = logging.getLogger("c2dtn.node")
@@ -29,12 +31,22 @@ class NodeService:
         self.node = OverlayNode(cfg)
         self.sup = Supervisor(cfg, on_restart=self._agent_restarted, agent=self.node.agent)
         self.api = LocalApi(self.node, self.sup)
+        self.metrics: MetricsServer | None = None
+        if cfg.metrics_listen is not None:
+            self.metrics = MetricsServer(cfg.metrics_listen, lambda: local_status(self.node, self.sup))
         self._tasks: list[asyncio.Task] = []
 
     async def run(self, stop: asyncio.Event) -> int:
         """Until `stop` is set (or the store fails); returns the exit status."""
         node = self.node
         node.on_failure = stop.set
+        if self.metrics is not None:  # first: a port taken stops the node before anything started
+            try:
+                await self.metrics.start()
+            except OSError as e:  # the operator asked for it: a node without it is not what was configured
+                await self.metrics.close()
+                host, port = self.metrics.listen
+                raise C2Error(f"{self.cfg.source}: metrics.listen {host}:{port}: {e.strerror or e}") from None
         await self.sup.start()
         if node.syncer is not None:
             node.syncer.start()
@@ -68,6 +80,8 @@ class NodeService:
                 await t
         await self.node.close()
         await self.api.close()
+        if self.metrics is not None:
+            await self.metrics.close()
         await self.sup.stop()
         self.node.close_store()
 
