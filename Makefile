@@ -30,7 +30,7 @@ BPA_AFTER :=
 APT_BPAS :=
 include $(sort $(wildcard overlay/agents/make/*.mk))
 
-.PHONY: demo test test-fast check docs deps apt venv tools bpas apt-bpas promtool clean down lock
+.PHONY: demo test test-fast check docs deps apt venv tools bpas apt-bpas promtool box-root clean down lock
 
 # the demo runs on the default agent alone: it builds no other
 demo: apt venv tools
@@ -40,7 +40,7 @@ demo: apt venv tools
 test: deps
 	$(BIN)/pytest -ra -v --durations=30
 
-deps: apt venv tools bpas promtool
+deps: apt venv tools bpas promtool box-root
 
 # the edit-test loop: every test that needs no namespace and no built agent (about 3 minutes)
 test-fast: venv
@@ -75,6 +75,22 @@ promtool:
 	fi; \
 	if [ -x "$$d/usr/bin/promtool" ]; then mkdir -p .tools && ln -sfn "$$d/usr/bin/promtool" .tools/promtool; \
 	else echo "promtool: unpacking prometheus $$v failed (its test skips)"; fi
+
+# A clean Debian 12 root (debootstrap minbase with python3-venv) that tests/test_box_debian.py
+# installs a box into, on an overlay mount (the root itself stays clean); built once into the
+# cache (about a minute), keyed by the version below (raise it when the package list changes);
+# a failure is recorded as the agents' are and the test skips naming it
+BOX_ROOT := $(C2DTN_CACHE)/debian12-root-1
+box-root:
+	@if [ -e "$(BOX_ROOT)/.built" ] || { [ -e "$(BOX_ROOT).failed" ] && [ "$(BPA_RETRY)" != 1 ]; }; then exit 0; fi; \
+	missing=""; command -v debootstrap >/dev/null 2>&1 || missing=" debootstrap"; \
+	$(call apt_install,for the box-install test); \
+	mkdir -p "$(C2DTN_CACHE)" && rm -rf "$(BOX_ROOT)" "$(BOX_ROOT).failed"; \
+	echo "box-root: debootstrap bookworm (minbase, python3-venv) into $(BOX_ROOT), about a minute"; \
+	if debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm \
+	    "$(BOX_ROOT)/rootfs" http://deb.debian.org/debian > "$(BOX_ROOT).log" 2>&1; then touch "$(BOX_ROOT)/.built"; \
+	else echo "debootstrap failed ($(BOX_ROOT).log): $$(tail -1 "$(BOX_ROOT).log")" > "$(BOX_ROOT).failed"; \
+	  cat "$(BOX_ROOT).failed"; fi
 
 bpas: apt-bpas
 	@mkdir -p .tools && for b in $(foreach b,$(BPA_BUILDS),'$(b)'); do \

@@ -27,6 +27,20 @@ def _load(config: str):
     return cfg, parse_gateway(config, cfg.gateway)
 
 
+def gateway_makers(config: str, cfg=None, gcfg=None) -> list:
+    """The gateways the config's [gateway] table describes, each made from the node's port."""
+    from c2dtn.ip_gateway.gateway import MqttGateway
+
+    if gcfg is None:
+        cfg, gcfg = _load(config)
+    makers = [lambda port: MqttGateway(port, gcfg)]
+    if gcfg.coap is not None:
+        from c2dtn.ip_gateway.coap import CoapGateway
+
+        makers.append(lambda port: CoapGateway(port, gcfg))
+    return makers
+
+
 @gateway.command("run")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("-v", "--verbose", is_flag=True, help="debug logging (every bundle handed to the agent)")
@@ -34,7 +48,6 @@ def run_cmd(config: str, verbose: bool) -> None:
     """Run the node with its MQTT gateway (and CoAP gateway, with [gateway.coap]) until SIGTERM."""
     import logging
 
-    from c2dtn.ip_gateway.gateway import MqttGateway
     from c2dtn.overlay.port import run
 
     cfg, gcfg = _load(config)
@@ -42,12 +55,7 @@ def run_cmd(config: str, verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format=f"%(asctime)s {cfg.id} %(name)s %(levelname)s %(message)s",
     )
-    gateways = [lambda port: MqttGateway(port, gcfg)]
-    if gcfg.coap is not None:
-        from c2dtn.ip_gateway.coap import CoapGateway
-
-        gateways.append(lambda port: CoapGateway(port, gcfg))
-    run(cfg, gateways)
+    run(cfg, gateway_makers(config, cfg, gcfg))
 
 
 @gateway.command("status")

@@ -28,13 +28,26 @@ def node() -> None:
 @node.command("run")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("-v", "--verbose", is_flag=True)
-def run_cmd(config: str, verbose: bool) -> None:
-    """Run the node described by CONFIG until SIGTERM or Ctrl-C."""
+@click.option(
+    "--gateways",
+    is_flag=True,
+    help="run the MQTT and CoAP gateways of the config's [gateway] table too, when it has one "
+    "(what the systemd unit runs; `c2dtn gateway run` requires the table)",
+)
+def run_cmd(config: str, verbose: bool, gateways: bool) -> None:
+    """Run the node described by CONFIG until SIGTERM or Ctrl-C.  Under systemd (Type=notify)
+    it says READY=1 once its agent answers and it serves, and WATCHDOG=1 while it runs."""
     from c2dtn.overlay.service import run_node
 
     cfg = load_node_config(config)
     _log_as(cfg.id, verbose)
-    run_node(cfg)
+    if gateways and cfg.gateway is not None:
+        from c2dtn.ip_gateway.cli import gateway_makers
+        from c2dtn.overlay.port import run
+
+        run(cfg, gateway_makers(config))
+    else:
+        run_node(cfg)
 
 
 def _log_as(node_id: str, verbose: bool) -> None:
@@ -51,26 +64,108 @@ def _log_as(node_id: str, verbose: bool) -> None:
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 def check_cmd(config: str) -> None:
     """Load CONFIG as `node run` and `gateway run` would (keys, [gateway] and the agent's own
-    table included) and say what it describes, or name the first bad value."""
-    from c2dtn.overlay.config import load_node_config
+    table included), check its keys' file modes and that this machine has the agent, and say
+    what the node would do, without starting anything.  Exit status: 0 ready to run, 1 a bad
+    value (named), 3 the config is right but this machine cannot run its agent."""
+    from c2dtn.overlay.box import describe
 
     cfg = load_node_config(config)
+    lines, runnable = describe(config, cfg)
     parts = [f"node {cfg.id}", f"agent {cfg.agent}", f"{len(cfg.peers)} peer(s)", f"{len(cfg.keys)} key(s)"]
-    if cfg.gateway is not None:
-        from c2dtn.ip_gateway.policy import parse_gateway
-
-        gw = parse_gateway(config, cfg.gateway)
-        parts.append(
-            f"gateway: {len(gw.policy.routes)} route(s), {len(gw.policy.topics)} topic rule(s)"
-            + (", CoAP" if gw.coap else "")
-            + (", bridge" if gw.bridge else "")
-        )
     click.echo(f"{config}: ok: " + "; ".join(parts))
-    from c2dtn.overlay.agents import agent_class
+    click.echo(render(["what", "would be"], lines))
+    if not runnable:
+        raise SystemExit(3)
 
-    why = agent_class(cfg.agent).missing()
-    if why:  # the file is right; this machine cannot run it yet
-        click.echo(f"{config}: agent {cfg.agent} is not usable on this machine: {why}")
+
+@node.command("init")
+@click.argument("node_id")
+@click.option("--agent", "kind", default=None, help="the bundle agent (default: the default agent)")
+@click.option(
+    "--listen", multiple=True, metavar="CLA", help="the agent listens here (repeatable; default tcpcl://0.0.0.0:4556)"
+)
+@click.option(
+    "--peer", "peers", multiple=True, metavar="NODE=CLA", help="a neighbour and where it listens (repeatable)"
+)
+@click.option(
+    "--keys-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="this node's share from `c2dtn keys` (copied); without it, a fresh pair key per --peer",
+)
+@click.option("--metrics", metavar="ADDR:PORT", help="serve Prometheus metrics here ([metrics] listen)")
+@click.option("--config-dir", default="/etc/c2dtn", show_default=True, type=click.Path(file_okay=False))
+@click.option("--state-dir", default="/var/lib/c2dtn", show_default=True, type=click.Path(file_okay=False))
+@click.option(
+    "--unit-dir",
+    default="/etc/systemd/system",
+    show_default=True,
+    help="where the systemd unit template goes ('' : none)",
+)
+@click.option("--force", is_flag=True, help="replace this node's config and keys if they are there")
+def init_cmd(
+    node_id: str,
+    kind: str | None,
+    listen: tuple[str, ...],
+    peers: tuple[str, ...],
+    keys_file: str | None,
+    metrics: str | None,
+    config_dir: str,
+    state_dir: str,
+    unit_dir: str,
+    force: bool,
+) -> None:
+    """Set a box up for node NODE_ID: CONFIG_DIR/<id>.toml and <id>.keys.toml (mode 0600), its
+    state in STATE_DIR/<id>, and the systemd unit template c2dtn@.service that runs it."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from c2dtn.cla_adapters import parse_cla
+    from c2dtn.errors import ConfigError
+    from c2dtn.overlay.agents import DEFAULT
+    from c2dtn.overlay.box import describe, init
+    from c2dtn.tomlfile import check_name
+
+    src = "c2dtn node init"
+    check_name(src, "ID", node_id)
+    cla = [parse_cla(v, src, "--listen") for v in listen or ("tcpcl://0.0.0.0:4556",)]
+    peer_list = []
+    for p in peers:
+        name, sep, spec = p.partition("=")
+        if not sep:
+            raise ConfigError(src, "--peer", p, "a peer is NODE=CLA", "e.g. gw4=tcpcl://10.0.0.4:4556")
+        peer_list.append((check_name(src, "--peer", name), parse_cla(spec, src, f"--peer {name}")))
+    here = Path(sys.executable).parent / "c2dtn"  # this install's command, not whatever PATH finds first
+    c2dtn = str(here) if os.access(here, os.X_OK) else shutil.which("c2dtn") or "c2dtn"
+    written, cfg = init(
+        node_id,
+        kind or DEFAULT,
+        Path(config_dir),
+        Path(state_dir),
+        Path(unit_dir) if unit_dir else None,
+        c2dtn,
+        cla,
+        peer_list,
+        Path(keys_file) if keys_file else None,
+        metrics,
+        force,
+    )
+    rows = [("config", str(written.config), "0600"), ("keys", str(written.keys), "0600")]
+    if written.unit is not None:
+        rows.append(("systemd unit", str(written.unit), "0644"))
+    click.echo(render(["what", "written", "mode"], rows))
+    lines, runnable = describe(str(written.config), cfg)
+    click.echo(render(["what", "would be"], lines))
+    for n in written.fresh_keys:
+        click.echo(
+            f"{n}'s box must hold the same pair key: under [keys] in its keys file, {node_id} = "
+            f"the value of {n} in {written.keys} (or make every box's keys with `c2dtn keys` and "
+            "pass --keys-file)"
+        )
+    if written.unit is not None:
+        click.echo(f"start it: systemctl daemon-reload && systemctl enable --now c2dtn@{node_id}")
+    if not runnable:
+        raise SystemExit(3)
 
 
 @node.command("config-reference")

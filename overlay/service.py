@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 
 from c2dtn.errors import C2Error
+from c2dtn.overlay import sdnotify
 from c2dtn.overlay.config import NodeConfig
 from c2dtn.overlay.malloc import tune_malloc
 from c2dtn.overlay.metrics import MetricsServer
@@ -65,9 +66,21 @@ class NodeService:
             "on" if node.core else "off",
             self.sup.proc.pid if self.sup.proc else "-",
         )
+        sdnotify.notify(f"READY=1\nSTATUS=node {self.cfg.id} up, agent {self.cfg.agent}")
+        every = sdnotify.watchdog_interval()
+        if every is not None:
+            self._tasks.append(asyncio.create_task(self._watchdog(every)))
         await stop.wait()
+        sdnotify.notify("STOPPING=1")
         await self.close()
         return node.exit_code
+
+    async def _watchdog(self, every: float) -> None:
+        """WATCHDOG=1 while the event loop runs: a loop stuck past WatchdogSec gets the node
+        restarted by its service manager."""
+        while True:
+            sdnotify.notify("WATCHDOG=1")
+            await asyncio.sleep(every)
 
     async def close(self) -> None:
         for ext in self.node.extensions:

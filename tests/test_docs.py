@@ -98,7 +98,8 @@ def test_every_config_in_the_docs_loads(tmp_path, page, text):
     if cfg.gateway is not None:
         parse_gateway(str(p), cfg.gateway)
     r = CliRunner().invoke(cli, ["node", "check", str(p)])
-    assert r.exit_code == 0 and ": ok: node " in r.output, r.output
+    # (3: the config is right and this machine lacks its agent)
+    assert r.exit_code in (0, 3) and ": ok: node " in r.output, r.output
 
 
 def test_each_agent_page_has_a_two_box_config_for_its_agent(tmp_path):

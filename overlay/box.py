@@ -1,0 +1,273 @@
+"""A gateway box's install (`c2dtn node init`, `c2dtn node check`): the node's config and keys
+under a config folder, its state under a state folder, and one systemd unit template that
+runs any node of the box by id (`c2dtn@<id>.service`).  What the unit asks of systemd, and
+why: docs/operations.md, "Running it as a service"."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from c2dtn.cla_adapters import ClaSpec
+from c2dtn.errors import ConfigError
+from c2dtn.overlay.config import NodeConfig, load_node_config
+
+UNIT_NAME = "c2dtn@.service"
+# What the node may need of root's powers: TPROXY (nftables, policy routes, IP_TRANSPARENT),
+# entering a namespace and ION's own namespaces, ports below 1024, the API socket's group.
+CAPABILITIES = ("CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_NET_BIND_SERVICE", "CAP_SYS_ADMIN", "CAP_CHOWN")
+
+
+DEFAULT_CONFIG_DIR = "/etc/c2dtn"
+DEFAULT_STATE_DIR = "/var/lib/c2dtn"
+
+
+def unit_text(c2dtn: str, config_dir: str = DEFAULT_CONFIG_DIR, state_dir: str = DEFAULT_STATE_DIR) -> str:
+    """The systemd unit template; the instance is the node's id (config_dir/<id>.toml, its
+    state in state_dir/<id>, which systemd makes and alone leaves writable)."""
+    caps = " ".join(CAPABILITIES)
+    dirs = (
+        "StateDirectory=c2dtn/%i\nStateDirectoryMode=0700"
+        if state_dir == DEFAULT_STATE_DIR
+        else f"ReadWritePaths={state_dir}"
+    )
+    # a c2dtn installed under a home folder must stay readable (ProtectHome=yes hides them)
+    home = "read-only" if c2dtn.startswith(("/root/", "/home/")) else "yes"
+    if config_dir == DEFAULT_CONFIG_DIR:
+        dirs += "\nConfigurationDirectory=c2dtn\nConfigurationDirectoryMode=0700"
+    return f"""# c2dtn node %i: its bundle agent, custody and gateways, from {config_dir}/%i.toml
+# (written by `c2dtn node init`; docs/operations.md). Enable one per node:
+#   systemctl enable --now c2dtn@<id>
+[Unit]
+Description=c2dtn node %i (custody overlay, bundle agent, MQTT and CoAP gateways)
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={c2dtn} node run --gateways {config_dir}/%i.toml
+# exit status 75: custody's fsync failed; started again on what is on disk
+Restart=on-failure
+RestartSec=2s
+TimeoutStartSec=120s
+TimeoutStopSec=30s
+WatchdogSec=60s
+# SIGTERM to the node, which stops its agent; then whatever is left
+KillMode=mixed
+{dirs}
+UMask=0077
+ProtectSystem=strict
+ProtectHome={home}
+PrivateTmp=yes
+NoNewPrivileges=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+LockPersonality=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+SystemCallArchitectures=native
+CapabilityBoundingSet={caps}
+AmbientCapabilities={caps}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a TOML basic string for what node ids and paths hold
+
+
+def config_text(
+    node_id: str,
+    agent: str,
+    storage: Path,
+    listen: list[str],
+    peers: list[tuple[str, str]],
+    keys_file: str,
+    metrics: str | None,
+) -> str:
+    lines = [
+        f"# c2dtn node {node_id} (written by `c2dtn node init`; docs/configuration.md lists every field)",
+        "[node]",
+        f"id = {_toml_str(node_id)}",
+        f"storage = {_toml_str(str(storage))}",
+        f"keys_file = {_toml_str(keys_file)}",
+        "",
+        "[agent]",
+        f"kind = {_toml_str(agent)}",
+        "listen = [" + ", ".join(_toml_str(x) for x in listen) + "]",
+    ]
+    for node, cla in peers:
+        lines += ["", "[[agent.peers]]", f"node = {_toml_str(node)}", f"cla = {_toml_str(cla)}"]
+    if metrics:
+        lines += ["", "[metrics]", f"listen = {_toml_str(metrics)}"]
+    lines += [
+        "",
+        "# An MQTT and CoAP gateway: add a [gateway] table (docs/mqtt.md, docs/coap.md); the",
+        "# unit runs it with the node.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        fh.write(text)
+
+
+@dataclass
+class Written:
+    config: Path
+    keys: Path
+    unit: Path | None
+    fresh_keys: list[str] = field(default_factory=list)  # peers whose pair key was made here
+
+
+def init(
+    node_id: str,
+    agent: str,
+    config_dir: Path,
+    state_dir: Path,
+    unit_dir: Path | None,
+    c2dtn: str,
+    listen: list[ClaSpec],
+    peers: list[tuple[str, ClaSpec]],
+    keys_from: Path | None = None,
+    metrics: str | None = None,
+    force: bool = False,
+) -> tuple[Written, NodeConfig]:
+    """Write config_dir/<id>.toml and <id>.keys.toml (mode 0600, the folder 0700) and the unit
+    template in unit_dir; the config is loaded back before anything is left in place."""
+    config = config_dir / f"{node_id}.toml"
+    keys = config_dir / f"{node_id}.keys.toml"
+    there = [str(p) for p in (config, keys) if p.exists()]
+    if there and not force:
+        raise ConfigError(
+            "c2dtn node init", "ID", node_id, f"already set up here ({', '.join(there)})", "--force replaces them"
+        )
+    fresh: list[str] = []
+    if keys_from is not None:
+        keys_text = keys_from.read_text()
+    else:  # a pair key per peer, for the operator to give that peer (its keys file names this node)
+        fresh = [n for n, _ in peers]
+        keys_text = f"# c2dtn keys for {node_id} (written by c2dtn node init): keep it mode 0600\n[keys]\n" + "".join(
+            f"{n} = {_toml_str(secrets.token_hex(32))}\n" for n in fresh
+        )
+    for d in (config_dir, state_dir):
+        if not d.exists():  # (one that exists keeps its mode: it may be /etc)
+            d.mkdir(parents=True)
+            d.chmod(0o700)
+    text = config_text(
+        node_id,
+        agent,
+        state_dir / node_id,
+        [str(c) for c in listen],
+        [(n, str(c)) for n, c in peers],
+        keys.name,
+        metrics,
+    )
+    # both files written and loaded in a private folder beside where they go, then moved in:
+    # a bad value leaves nothing behind, and nothing is readable by others on the way
+    work = Path(tempfile.mkdtemp(prefix=f".init-{node_id}-", dir=config_dir))
+    try:
+        _write_private(work / keys.name, keys_text)
+        _write_private(work / config.name, text)
+        cfg = load_node_config(work / config.name)
+        (work / keys.name).replace(keys)
+        (work / config.name).replace(config)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    cfg.source = str(config)
+    unit = None
+    if unit_dir is not None:
+        unit_dir.mkdir(parents=True, exist_ok=True)
+        unit = unit_dir / UNIT_NAME
+        unit.write_text(unit_text(c2dtn, str(config_dir), str(state_dir)))
+        unit.chmod(0o644)
+    return Written(config, keys, unit, fresh), cfg
+
+
+def _mode(p: Path) -> str:
+    st = p.stat()
+    return f"mode {st.st_mode & 0o777:04o}, owner uid {st.st_uid}"
+
+
+def describe(config: str, cfg: NodeConfig) -> tuple[list[tuple[str, str]], bool]:
+    """What the node CONFIG describes would do on this machine, a row per part, and whether it
+    can run here (its agent usable).  Raises ConfigError for a bad [gateway] table or keys file
+    (load_node_config checked the rest)."""
+    from c2dtn.overlay.agents import agent_class
+    from c2dtn.tomlfile import check_private, read_toml
+
+    rows: list[tuple[str, str]] = []
+    raw = read_toml(config).get("node", {})
+    keys_src = Path(config)
+    if "keys_file" in raw:
+        kf = Path(raw["keys_file"])
+        keys_src = kf if kf.is_absolute() else Path(config).parent / kf
+    if cfg.keys:
+        check_private(str(keys_src), "keys")  # (loading checked it too; a box install states it)
+        rows.append(("keys", f"{len(cfg.keys)} from {keys_src} ({_mode(keys_src)})"))
+    else:
+        rows.append(("keys", "none: no envelope can be sealed or opened (add [keys] or keys_file)"))
+    st = cfg.storage
+    if st.exists():
+        mode = st.stat().st_mode & 0o777
+        state = _mode(st) + (
+            "" if mode & 0o077 == 0 or (cfg.api_gid is not None and mode == 0o710) else "; made 0700 at start"
+        )
+    else:
+        state = "made at start, mode 0700"
+    rows.append(("storage", f"{st} ({state})"))
+    why = agent_class(cfg.agent).missing()
+    listen = ", ".join(str(c) for c in cfg.listen)
+    rows.append(("agent", f"{cfg.agent}, listening on {listen}" + (f": NOT USABLE HERE: {why}" if why else "")))
+    for p in cfg.peers:
+        rows.append(("peer", f"{p.node} at {p.cla}"))
+    if cfg.overlay:
+        rows.append(("local API", f"{cfg.api_socket} (mode 0660)"))
+    else:
+        rows.append(("overlay", "off: the agent alone (a relay)"))
+    if cfg.metrics_listen is not None:
+        host, port = cfg.metrics_listen
+        rows.append(("metrics", f"http://{host if ':' not in host else f'[{host}]'}:{port}/metrics"))
+    if cfg.gateway is not None:
+        from c2dtn.ip_gateway.policy import parse_gateway
+
+        gw = parse_gateway(config, cfg.gateway)
+        where = []
+        if gw.listen:
+            where.append(f"clients at {gw.listen[0]}:{gw.listen[1]}")
+        if gw.tproxy:
+            where.append(f"intercepted flows (TPROXY) at port {gw.tproxy_port}")
+        rows.append(
+            (
+                "MQTT gateway",
+                ", ".join(where)
+                + f"; {len(gw.policy.routes)} route(s), {len(gw.policy.topics)} topic rule(s)"
+                + ("; bridge" if gw.bridge else ""),
+            )
+        )
+        if gw.coap is not None:
+            c = gw.coap
+            rows.append(
+                (
+                    "CoAP gateway",
+                    (f"at {c.listen[0]}:{c.listen[1]}" if c.listen else "")
+                    + (f" intercepted (TPROXY) at port {c.tproxy_port}" if c.tproxy else ""),
+                )
+            )
+    return rows, not why
