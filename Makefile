@@ -30,7 +30,7 @@ BPA_AFTER :=
 APT_BPAS :=
 include $(sort $(wildcard overlay/agents/make/*.mk))
 
-.PHONY: demo test test-fast check docs deps apt venv tools bpas apt-bpas promtool box-root clean down lock
+.PHONY: demo test test-fast check docs deps apt apt-test venv tools bpas apt-bpas promtool box-root clean down lock
 
 # the demo runs on the default agent alone: it builds no other
 demo: apt venv tools
@@ -40,7 +40,17 @@ demo: apt venv tools
 test: deps
 	$(BIN)/pytest -ra -v --durations=30
 
-deps: apt venv tools bpas promtool box-root
+deps: apt apt-test venv tools bpas promtool box-root
+
+# Debian packages only the tests use: tshark reads the emulator's captures as a second opinion
+# (tests/test_mqtt_sn_live.py)
+APT_TEST := tshark:tshark
+apt-test:
+	@missing=""; for need in $(APT_TEST); do \
+	  cmd=$${need%%:*}; pkg=$${need##*:}; \
+	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; \
+	done; \
+	$(call apt_install,for the tests)
 
 # the edit-test loop: every test that needs no namespace and no built agent (about 3 minutes)
 test-fast: venv

@@ -280,6 +280,8 @@ def _layers(pcaps: list[Path], configs: dict[str, Path]) -> dict:
         "data_envelopes": sp.data_envelopes,
         "retransmitted": sp.retransmitted,
         "unopened": sp.unopened,
+        "dropped": sp.dropped,
+        "dropped_bytes": sp.dropped_bytes,
     }
 
 
@@ -719,7 +721,9 @@ def layer_table(rows: list[dict]) -> list[str]:
         "",
         "From captures of what the emulated links delivered, both ways, split by layer (perf/capture.py); "
         "bytes per delivery (receiver x report pair). The captures are beside this report "
-        "(`<mode>-<link>.pcap`); the envelopes in them were opened with the run's keys, which did not outlive it.",
+        "(`<mode>-<link>.pcapng`, one interface per direction, the frames the emulator dropped in them too, "
+        "each with a comment saying why: Wireshark shows them with `frame.comment`); the envelopes in them "
+        "were opened with the run's keys, which did not outlive it.",
         "",
         "| layer | " + " | ".join(r["mode"] for r in have) + " |",
         "|---|" + "---:|" * len(have),
@@ -734,7 +738,9 @@ def layer_table(rows: list[dict]) -> list[str]:
     counts = "; ".join(
         f"{r['mode']}: {r['layers']['frames']:,} frames, {r['layers']['bundles']:,} bundles "
         f"({r['layers']['ack_only_bundles']:,} of acks alone), {r['layers']['data_envelopes']:,} data envelopes "
-        f"and {r['layers']['retransmitted']:,} retransmitted"
+        f"and {r['layers']['retransmitted']:,} retransmitted; "
+        f"{r['layers'].get('dropped', 0):,} frames ({r['layers'].get('dropped_bytes', 0):,} bytes) dropped by the "
+        "emulator, not counted above"
         for r in have
     )
     md += ["", f"Counted: {counts}."]
@@ -839,7 +845,7 @@ def main(plan: Plan, modes: list[str]) -> Path:
             console.print(f"[bold]{mode}[/bold]: starting")
             infos.append(run_mode(mode, plan, Path(td), events))
         for mode in modes:  # the captures the layer split was read from, beside the report
-            for pcap in sorted((Path(td) / mode / "capture").glob("*.pcap")):
+            for pcap in sorted((Path(td) / mode / "capture").glob("*.pcap*")):
                 shutil.copyfile(pcap, out / f"{mode}-{pcap.name}")
     rows = [summarize(events, i["mode"], i, plan.period) for i in infos]
     report(out, plan, events, rows)

@@ -53,13 +53,24 @@ class Split:
     data_envelopes: int = 0  # new ones
     retransmitted: int = 0
     unopened: int = 0  # envelopes no key here opens (counted as body)
+    dropped: int = 0  # frames the emulator dropped (marked in the capture; not in the bytes)
+    dropped_bytes: int = 0
 
     def total(self) -> int:
         return sum(self.bytes.values())
 
     def add(self, other: "Split") -> None:
         self.bytes.update(other.bytes)
-        for k in ("frames", "bundles", "ack_only_bundles", "data_envelopes", "retransmitted", "unopened"):
+        for k in (
+            "frames",
+            "bundles",
+            "ack_only_bundles",
+            "data_envelopes",
+            "retransmitted",
+            "unopened",
+            "dropped",
+            "dropped_bytes",
+        ):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
 
@@ -98,7 +109,11 @@ def split_capture(path: Path, codecs: dict[str, Codec], seen: set | None = None)
 
     seen = set() if seen is None else seen
     sp = Split()
-    for frame, _meta in RawPcapReader(str(path)):
+    for frame, meta in RawPcapReader(str(path)):
+        if any(c.startswith(b"dropped") for c in getattr(meta, "comments", None) or ()):
+            sp.dropped += 1  # the emulator's own view of a loss: it never reached the far end
+            sp.dropped_bytes += len(frame)
+            continue
         sp.frames += 1
         got = _ip(frame)
         if got is None:

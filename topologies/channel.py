@@ -77,6 +77,8 @@ class Direction:
     up: bool = True
     stats: DirectionStats = field(default_factory=DirectionStats)
     activity: LinkActivity = field(default_factory=LinkActivity)  # shared with the other direction
+    # while a capture wants them: (frame, why) of each frame dropped, for the owner to take
+    drops: list[tuple[bytes, str]] | None = None
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -124,9 +126,11 @@ class Direction:
         st.offered_bytes += n
         if not self.up:
             st.dropped_outage += 1
+            self._dropped(frame, "link down")
             return
         if n - ETH_HEADER > p.mtu:
             st.dropped_mtu += 1
+            self._dropped(frame, "over the MTU")
             return
         rng = self._rng
         ge = p.gilbert_elliott
@@ -139,9 +143,11 @@ class Direction:
                 self._ge_bad = True
             if rng.random() < (ge.loss_bad if self._ge_bad else ge.loss_good):
                 st.lost_burst += 1
+                self._dropped(frame, "lost (burst)")
                 return
         elif p.loss and rng.random() < p.loss:
             st.lost_random += 1
+            self._dropped(frame, "lost")
             return
         copies = 1
         if p.duplicate and rng.random() < p.duplicate:
@@ -163,6 +169,7 @@ class Direction:
             return
         if len(self._line) >= MAX_IN_FLIGHT:
             self.stats.dropped_queue += 1
+            self._dropped(frame, "queue full")
             return
         if p.reorder and self._rng.random() < p.reorder:
             self.stats.reordered += 1
@@ -177,6 +184,7 @@ class Direction:
             self._trim_txq(now)
             if len(self._txq) >= p.queue_packets or (p.queue_bytes is not None and self._txq_bytes + n > p.queue_bytes):
                 self.stats.dropped_queue += 1
+                self._dropped(frame, "queue full")
                 return
             start = max(self._tx_free_at, ready)
             finish = start + n * 8.0 / p.rate_bps
@@ -200,12 +208,18 @@ class Direction:
         while q and q[0][0] <= now:
             self._txq_bytes -= q.popleft()[1]
 
+    def _dropped(self, frame: bytes, why: str) -> None:
+        if self.drops is not None:
+            self.drops.append((frame, why))
+
     def _drop_due(self, now: float) -> None:
         self.stats.dropped_outage += len(self._immediate)
+        for f in self._immediate:
+            self._dropped(f, "link down")
         self._immediate.clear()
         line = self._line
         while line and line[0][0] <= now:
-            line.popleft()
+            self._dropped(line.popleft()[1], "link down")
             self.stats.dropped_outage += 1
 
     def due(self, now: float) -> list[bytes]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -66,10 +67,25 @@ def list_cmd() -> None:
     "--schedule", type=click.Path(dir_okay=False), default=None, help="TOML file with [[schedule]] link events to add"
 )
 @click.option("--seed", type=int, default=None, help="seed the emulators' random loss, for repeatable runs")
-def up_cmd(topology: str, profile: str | None, link_backend: str, schedule: str | None, seed: int | None) -> None:
+@click.option(
+    "--pcap",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="capture every emulated link into DIR/<link>.pcapng (both ways; dropped frames marked) until `topo down`",
+)
+def up_cmd(
+    topology: str, profile: str | None, link_backend: str, schedule: str | None, seed: int | None, pcap: str | None
+) -> None:
     """Build TOPOLOGY (a shipped name or a .toml file); cleans up leftovers first."""
     st = testbed.up(topology, profile=profile, backend=link_backend, schedule=schedule, seed=seed, progress=_say)
     _print_status(st, live=False)
+    if pcap is not None:
+        links = [n for n, ls in st["links"].items() if ls.get("control")]
+        if not links:
+            raise click.ClickException(f"no link of {topology} is emulated in userspace ({st['backend']}): no capture")
+        Path(pcap).mkdir(parents=True, exist_ok=True)
+        for name, path in testbed.capture(links, Path(pcap).resolve()).items():
+            _say(f"capturing {name} to {path}")
 
 
 @topo.command("down")

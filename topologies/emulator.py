@@ -45,6 +45,13 @@ def packet_socket(ifname: str) -> socket.socket:
     return s
 
 
+class _Frame(bytes):
+    """A frame's bytes as they are (not parsed), with what scapy's pcapng writer reads beside them."""
+
+    sniffed_on: str
+    comments: list[bytes] | None
+
+
 class Emulator:
     def __init__(
         self,
@@ -123,23 +130,45 @@ class Emulator:
         }
 
     def _capture(self, path: object) -> dict:
-        """Write every frame the link delivers, both ways, to a pcap file at `path` (None: stop).
-        Lost and dropped frames are not in it: it is what the radio carried."""
+        """Write every frame the link carries, both ways, to a pcapng file at `path` (None: stop):
+        one interface per direction ("<link> ab", "<link> ba"), each frame when it is delivered,
+        and each frame the emulator dropped when it dropped it, with a comment saying so and why
+        ("dropped: lost", "dropped: link down", ...): the radio's own view."""
         if self.capture is not None:
             self.capture.close()
             self.capture = None
+        self.ab.drops = self.ba.drops = None
         if path is None:
             return {"ok": True}
         if not isinstance(path, str) or not path:
             return {"ok": False, "error": f"capture path is not a file name: {path!r}"}
-        from scapy.utils import PcapWriter  # only a capturing emulator pays for the import
+        from scapy.utils import RawPcapNgWriter  # only a capturing emulator pays for the import
 
         try:
-            self.capture = PcapWriter(path, linktype=1, sync=False)  # 1: Ethernet (DLT_EN10MB)
+            self.capture = RawPcapNgWriter(path)
         except OSError as e:
             return {"ok": False, "error": f"cannot write capture {path!r}: {e}"}
+        self.capture.linktype = 1  # Ethernet (DLT_EN10MB)
+        self.capture.write_header(None)
+        self.ab.drops, self.ba.drops = [], []
         log.info("capturing %s to %s", self.link, path)
         return {"ok": True, "path": path}
+
+    def _write(self, d: Direction, frames: list[bytes], why: str | None = None) -> None:
+        now = time.time()
+        name = f"{self.link} {'ab' if d is self.ab else 'ba'}"
+        note = None if why is None else [f"dropped: {why}".encode()]
+        for f in frames:
+            pkt = _Frame(f)  # the writer reads a frame's interface and comments from its attributes
+            pkt.sniffed_on, pkt.comments = name, note
+            self.capture.write_packet(pkt, sec=now)  # type: ignore[union-attr]
+
+    def _drain_drops(self) -> None:
+        for d in (self.ab, self.ba):
+            if d.drops:
+                for f, why in d.drops:
+                    self._write(d, [f], why)
+                d.drops.clear()
 
     def serve_control(self) -> None:
         try:
@@ -161,6 +190,9 @@ class Emulator:
                 resp = self.handle(req, time.monotonic())
             except ValueError as e:
                 resp = {"ok": False, "error": f"malformed request {buf[:80]!r}: {e}"}
+            except Exception as e:  # a bug in a command must not stop the link's frames
+                log.exception("command %r failed", buf[:80])
+                resp = {"ok": False, "error": f"command failed: {e!r}"}
             conn.sendall(json.dumps(resp).encode() + b"\n")
         except OSError as e:
             log.warning("control connection failed: %s", e)
@@ -187,8 +219,7 @@ class Emulator:
         if not frames:
             return
         if self.capture is not None:
-            for f in frames:
-                self.capture.write(f)  # stamped with the wall clock
+            self._write(d, frames)  # stamped with the wall clock
         send = sock.send
         for f in frames:
             try:
@@ -223,6 +254,8 @@ class Emulator:
                     self.serve_control()
             self._flush(self.sb, ab, now)
             self._flush(self.sa, ba, now)
+            if self.capture is not None:
+                self._drain_drops()
         if self.capture is not None:
             self.capture.close()
         try:

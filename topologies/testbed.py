@@ -511,8 +511,9 @@ def status() -> dict[str, Any]:
 
 
 def capture(links: list[str], out: Path | None) -> dict[str, str]:
-    """Have the emulators of `links` write what they deliver to out/<link>.pcap (None: stop).
-    The userspace emulator only: netem's links are captured with tcpdump, if at all."""
+    """Have the emulators of `links` write what they carry to out/<link>.pcapng (None: stop):
+    both ways, and what they dropped marked as such (emulator.Emulator._capture).  The
+    userspace emulator only: netem's links are captured with tcpdump, if at all."""
     st = read_state()
     if st is None:
         raise TestbedError("no topology is up (start one with: c2dtn topo up NAME)")
@@ -522,7 +523,7 @@ def capture(links: list[str], out: Path | None) -> dict[str, str]:
     for name in links:
         if name not in st["links"]:
             raise ConfigError("topology " + st["topology"], "LINK", name, "no such link", ", ".join(st["links"]))
-        path = None if out is None else str(Path(out) / f"{name}.pcap")
+        path = None if out is None else str(Path(out) / f"{name}.pcapng")
         r = emu_call(st["links"][name]["control"], {"cmd": "capture", "path": path})
         if not r.get("ok"):
             raise TestbedError(f"link {name}: {r.get('error')}")
