@@ -27,12 +27,22 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 
 def check_private(src: str, where: str) -> None:
-    """A file holding keys must be readable and writable by its owner alone (as ssh insists
-    of a private key): anyone else who reads it can forge and read every envelope."""
+    """A file holding keys must be readable and writable by its owner alone, and that owner us
+    or root (as ssh insists of a private key): anyone else who reads it can forge and read
+    every envelope, and its owner could swap the keys."""
     try:
-        mode = os.stat(src).st_mode & 0o777
+        st = os.stat(src)
     except OSError:
         return  # read a moment ago; gone now: nothing to judge
+    mode = st.st_mode & 0o777
+    if st.st_uid not in (0, os.getuid()):
+        raise ConfigError(
+            src,
+            where,
+            f"owner uid {st.st_uid}",
+            "a file holding keys must belong to the user the node runs as (or root): its owner can change them",
+            f"chown {os.getuid()} {src}",
+        )
     if mode & 0o077:
         raise ConfigError(
             src,

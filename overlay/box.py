@@ -9,12 +9,14 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from c2dtn.cla_adapters import ClaSpec
 from c2dtn.errors import ConfigError
+from c2dtn.overlay.agents.builds import cache_dir as agents_cache
 from c2dtn.overlay.config import NodeConfig, load_node_config
 
 UNIT_NAME = "c2dtn@.service"
@@ -27,19 +29,44 @@ DEFAULT_CONFIG_DIR = "/etc/c2dtn"
 DEFAULT_STATE_DIR = "/var/lib/c2dtn"
 
 
-def unit_text(c2dtn: str, config_dir: str = DEFAULT_CONFIG_DIR, state_dir: str = DEFAULT_STATE_DIR) -> str:
+def _unit_path(what: str, p: str) -> str:
+    """An absolute path as a unit file takes it: '%' doubled (else a specifier), and none with
+    whitespace or control characters (a unit would split or refuse it)."""
+    if not p.startswith("/") or any(c.isspace() or ord(c) < 32 for c in p):
+        raise ConfigError("c2dtn node init", what, p, "must be an absolute path without spaces or control characters")
+    return p.replace("%", "%%")
+
+
+def unit_text(
+    c2dtn: str,
+    config_dir: str = DEFAULT_CONFIG_DIR,
+    state_dir: str = DEFAULT_STATE_DIR,
+    agents_cache: str | None = None,
+    python: str | None = None,
+) -> str:
     """The systemd unit template; the instance is the node's id (config_dir/<id>.toml, its
-    state in state_dir/<id>, which systemd makes and alone leaves writable)."""
+    state in state_dir/<id>, which systemd makes and alone leaves writable).  agents_cache:
+    where the agents' drivers find ION, IBR-DTN and HDTN (C2DTN_CACHE); python: the
+    interpreter c2dtn runs on, resolved (it must stay readable)."""
     caps = " ".join(CAPABILITIES)
+    paths = {"c2dtn": c2dtn, "--config-dir": config_dir, "--state-dir": state_dir}
+    if agents_cache:
+        paths["C2DTN_CACHE"] = agents_cache
+    if python:
+        paths["python"] = python
+    esc = {k: _unit_path(k, v) for k, v in paths.items()}
+    c2dtn, config_dir, state_dir = esc["c2dtn"], esc["--config-dir"], esc["--state-dir"]
     dirs = (
         "StateDirectory=c2dtn/%i\nStateDirectoryMode=0700"
         if state_dir == DEFAULT_STATE_DIR
         else f"ReadWritePaths={state_dir}"
     )
-    # a c2dtn installed under a home folder must stay readable (ProtectHome=yes hides them)
-    home = "read-only" if c2dtn.startswith(("/root/", "/home/")) else "yes"
     if config_dir == DEFAULT_CONFIG_DIR:
         dirs += "\nConfigurationDirectory=c2dtn\nConfigurationDirectoryMode=0700"
+    if agents_cache:
+        dirs += f"\nEnvironment=C2DTN_CACHE={esc['C2DTN_CACHE']}"
+    # what the node reads under a home folder must stay readable (ProtectHome=yes hides them all)
+    home = "read-only" if any(v.startswith(("/root/", "/home/")) for v in paths.values()) else "yes"
     return f"""# c2dtn node %i: its bundle agent, custody and gateways, from {config_dir}/%i.toml
 # (written by `c2dtn node init`; docs/operations.md). Enable one per node:
 #   systemctl enable --now c2dtn@<id>
@@ -60,6 +87,8 @@ TimeoutStopSec=30s
 WatchdogSec=60s
 # SIGTERM to the node, which stops its agent; then whatever is left
 KillMode=mixed
+# clients, sessions, the agent and custody share the node's file table
+LimitNOFILE=65536
 {dirs}
 UMask=0077
 ProtectSystem=strict
@@ -136,6 +165,25 @@ class Written:
     fresh_keys: list[str] = field(default_factory=list)  # peers whose pair key was made here
 
 
+def _private_folder(d: Path) -> None:
+    """A folder keys go into: made 0700 when missing; one that is there must not let anyone but
+    its owner (us or root) replace what is in it (as ssh's StrictModes asks of ~/.ssh)."""
+    if not d.exists():
+        d.mkdir(parents=True)
+        d.chmod(0o700)
+        return
+    st = d.stat()
+    if not d.is_dir() or st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022:
+        raise ConfigError(
+            "c2dtn node init",
+            "--config-dir",
+            str(d),
+            f"not a folder only its owner may write to (mode {st.st_mode & 0o777:04o}, owner uid {st.st_uid}): "
+            "others could replace the keys",
+            "use a folder of your own, mode 0700",
+        )
+
+
 def init(
     node_id: str,
     agent: str,
@@ -150,13 +198,24 @@ def init(
     force: bool = False,
 ) -> tuple[Written, NodeConfig]:
     """Write config_dir/<id>.toml and <id>.keys.toml (mode 0600, the folder 0700) and the unit
-    template in unit_dir; the config is loaded back before anything is left in place."""
+    template in unit_dir.  Everything is checked first (the config loaded in a private folder
+    elsewhere, the unit's paths): a bad value leaves nothing behind."""
+    src = "c2dtn node init"
+    config_dir, state_dir = config_dir.resolve(), state_dir.resolve()  # a unit's paths are absolute
     config = config_dir / f"{node_id}.toml"
     keys = config_dir / f"{node_id}.keys.toml"
-    there = [str(p) for p in (config, keys) if p.exists()]
+    there = [p for p in (config, keys) if p.exists() or p.is_symlink()]
     if there and not force:
         raise ConfigError(
-            "c2dtn node init", "ID", node_id, f"already set up here ({', '.join(there)})", "--force replaces them"
+            src, "ID", node_id, f"already set up here ({', '.join(map(str, there))})", "--force replaces them"
+        )
+    for p in there:
+        if p.is_dir() and not p.is_symlink():
+            raise ConfigError(src, "ID", node_id, f"{p} is a folder, not a file: not replaced")
+    unit_body = None
+    if unit_dir is not None:
+        unit_body = unit_text(
+            c2dtn, str(config_dir), str(state_dir), str(agents_cache()), str(Path(sys.executable).resolve())
         )
     fresh: list[str] = []
     if keys_from is not None:
@@ -166,10 +225,6 @@ def init(
         keys_text = f"# c2dtn keys for {node_id} (written by c2dtn node init): keep it mode 0600\n[keys]\n" + "".join(
             f"{n} = {_toml_str(secrets.token_hex(32))}\n" for n in fresh
         )
-    for d in (config_dir, state_dir):
-        if not d.exists():  # (one that exists keeps its mode: it may be /etc)
-            d.mkdir(parents=True)
-            d.chmod(0o700)
     text = config_text(
         node_id,
         agent,
@@ -179,24 +234,41 @@ def init(
         keys.name,
         metrics,
     )
-    # both files written and loaded in a private folder beside where they go, then moved in:
-    # a bad value leaves nothing behind, and nothing is readable by others on the way
+    # loaded first in a private folder of its own (mkdtemp: 0700), named as the final file in
+    # any error, before anything is made where the files go
+    with tempfile.TemporaryDirectory(prefix="c2dtn-init-") as td:
+        _write_private(Path(td) / keys.name, keys_text)
+        _write_private(Path(td) / config.name, text)
+        try:
+            load_node_config(Path(td) / config.name)
+        except ConfigError as e:
+            where = str(keys) if e.source.endswith(keys.name) else str(config)
+            raise ConfigError(where, e.field, e.value, e.problem, e.hint) from None
+    _private_folder(config_dir)
+    if not state_dir.exists():
+        state_dir.mkdir(parents=True)
+        state_dir.chmod(0o700)
+    # written beside their place and moved in: nothing readable by others on the way, and a
+    # link planted where a file goes is replaced, not followed
     work = Path(tempfile.mkdtemp(prefix=f".init-{node_id}-", dir=config_dir))
     try:
         _write_private(work / keys.name, keys_text)
         _write_private(work / config.name, text)
-        cfg = load_node_config(work / config.name)
         (work / keys.name).replace(keys)
         (work / config.name).replace(config)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    cfg.source = str(config)
+    cfg = load_node_config(config)
     unit = None
-    if unit_dir is not None:
+    if unit_dir is not None and unit_body is not None:
         unit_dir.mkdir(parents=True, exist_ok=True)
         unit = unit_dir / UNIT_NAME
-        unit.write_text(unit_text(c2dtn, str(config_dir), str(state_dir)))
-        unit.chmod(0o644)
+        tmp = unit_dir / f".{UNIT_NAME}.new"
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(unit_body)
+        tmp.replace(unit)
     return Written(config, keys, unit, fresh), cfg
 
 
@@ -224,14 +296,24 @@ def describe(config: str, cfg: NodeConfig) -> tuple[list[tuple[str, str]], bool]
     else:
         rows.append(("keys", "none: no envelope can be sealed or opened (add [keys] or keys_file)"))
     st = cfg.storage
-    if st.exists():
-        mode = st.stat().st_mode & 0o777
-        state = _mode(st) + (
-            "" if mode & 0o077 == 0 or (cfg.api_gid is not None and mode == 0o710) else "; made 0700 at start"
-        )
-    else:
-        state = "made at start, mode 0700"
-    rows.append(("storage", f"{st} ({state})"))
+    try:
+        if st.exists():
+            if not st.is_dir():
+                raise ConfigError(config, "node.storage", str(st), "is a file, not a folder")
+            mode = st.stat().st_mode & 0o777
+            state = _mode(st) + (
+                "" if mode & 0o077 == 0 or (cfg.api_gid is not None and mode == 0o710) else "; made 0700 at start"
+            )
+        else:
+            up = st.parent
+            while not up.exists() and up != up.parent:
+                up = up.parent
+            if not up.is_dir():
+                raise ConfigError(config, "node.storage", str(st), f"is under {up}, a file, not a folder")
+            state = "made at start, mode 0700"
+    except OSError as e:  # (a folder on the way this user may not look into)
+        state = f"cannot look: {e.strerror}"
+    rows.append(("storage", f"{st} ({state})" + ("" if st.is_absolute() else ": relative to where the node starts")))
     why = agent_class(cfg.agent).missing()
     listen = ", ".join(str(c) for c in cfg.listen)
     rows.append(("agent", f"{cfg.agent}, listening on {listen}" + (f": NOT USABLE HERE: {why}" if why else "")))

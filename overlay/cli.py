@@ -65,7 +65,7 @@ def _log_as(node_id: str, verbose: bool) -> None:
 def check_cmd(config: str) -> None:
     """Load CONFIG as `node run` and `gateway run` would (keys, [gateway] and the agent's own
     table included), check its keys' file modes and that this machine has the agent, and say
-    what the node would do, without starting anything.  Exit status: 0 ready to run, 1 a bad
+    what the node would do, without starting anything.  Exit status: 0 ready to run, 2 a bad
     value (named), 3 the config is right but this machine cannot run its agent."""
     from c2dtn.overlay.box import describe
 

@@ -390,6 +390,10 @@ def load_node_config(path: str | Path) -> NodeConfig:
     data = read_toml(path)
     TOP.check(src, "(top level)", data)
     node = NODE.check(src, "node", data["node"])
+    for k in ("storage", "keys_file"):
+        v = node.get(k)
+        if v is not None and (not isinstance(v, str) or not v or any(ord(c) < 32 for c in v)):
+            raise ConfigError(src, f"node.{k}", v, "must be a path without control characters")
     cfg = NodeConfig(source=src, id=check_name(src, "node.id", node["id"]), storage=Path(str(node["storage"])))
     if "netns" in node:
         if not isinstance(node["netns"], str) or not node["netns"]:

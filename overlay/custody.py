@@ -254,6 +254,14 @@ class Custody:
     def _count(self, event: str, peer: str, priority: int) -> None:
         self._tally_tx.append((event, peer, int(priority)))
 
+    def tally_event(self, event: str, peer: str, priority: int) -> None:
+        """Count an event of an envelope for status and metrics: when the transaction it is
+        part of commits (at once outside one)."""
+        if self._depth:
+            self._count(event, peer, priority)
+        else:
+            self.tally[(event, peer, int(priority))] += 1
+
     def _tx_end(self, committed: bool) -> None:
         if committed:
             self.tally.update(self._tally_tx)
@@ -308,7 +316,7 @@ class Custody:
         items = list(items)
         for i in items:
             if len(i[1]) > MAX_MESSAGE_BYTES:
-                self.tally[("refused_too_large", i[0], int(i[3]))] += 1
+                self.tally.update(("refused_too_large", j[0], int(j[3])) for j in items)  # the batch's every one
                 raise TooLarge(
                     f"a message of {len(i[1])} bytes for {i[0]} is over the overlay's limit of "
                     f"{MAX_MESSAGE_BYTES} bytes; nothing of this batch was accepted"
@@ -316,19 +324,10 @@ class Custody:
         marks = list(marks) if marks is not None else [None] * len(items)
         seqs: list[int | None] = []
         with self.transaction():
-            n, nbytes = self.outbox.totals()
-            add_bytes = sum(len(i[1]) for i in items)
-            if n + len(items) > self.quota.max_envelopes or nbytes + add_bytes > self.quota.max_bytes:
-                self.tally.update(("refused_quota", i[0], int(i[3])) for i in items)
-                raise QuotaExceeded(
-                    f"custody store full: {n} envelopes / {nbytes} bytes held, {len(items)} / {add_bytes} more "
-                    f"would pass the quota of {self.quota.max_envelopes} / {self.quota.max_bytes}; "
-                    "nothing of this batch was accepted"
-                )
-            adds: list[OutItem] = []  # written together (one statement for the batch)
-            places: dict[int, tuple[int, int]] = {}  # a report that takes an unsent one's place (outbox)
+            # the repeats first (a mark standing with the same digest): skipped, they take no room
+            repeats: set[int] = set()
             marked: dict[str, bytes] = {}
-            for (dst, body, lifetime_ms, priority, supersede, app), mark in zip(items, marks):
+            for idx, mark in enumerate(marks):
                 if isinstance(mark, list):  # several messages in one envelope, none a repeat: each recorded
                     marked.update((key, digest) for key, digest, _repeat in mark)
                 elif mark is not None:
@@ -341,10 +340,26 @@ class Custody:
                         and got[0] == digest
                         and (repeat is True or now_ms - got[1] <= repeat)
                     ):
-                        st.bump("repeats_skipped")
-                        seqs.append(None)
+                        repeats.add(idx)
                         continue
                     marked[key] = digest
+            new = [i for idx, i in enumerate(items) if idx not in repeats]
+            n, nbytes = self.outbox.totals()
+            add_bytes = sum(len(i[1]) for i in new)
+            if n + len(new) > self.quota.max_envelopes or nbytes + add_bytes > self.quota.max_bytes:
+                self.tally.update(("refused_quota", i[0], int(i[3])) for i in new)
+                raise QuotaExceeded(
+                    f"custody store full: {n} envelopes / {nbytes} bytes held, {len(new)} / {add_bytes} more "
+                    f"would pass the quota of {self.quota.max_envelopes} / {self.quota.max_bytes}; "
+                    "nothing of this batch was accepted"
+                )
+            adds: list[OutItem] = []  # written together (one statement for the batch)
+            places: dict[int, tuple[int, int]] = {}  # a report that takes an unsent one's place (outbox)
+            for idx, (dst, body, lifetime_ms, priority, supersede, app) in enumerate(items):
+                if idx in repeats:
+                    st.bump("repeats_skipped")
+                    seqs.append(None)
+                    continue
                 seq = st.bump("next_seq")
                 if seq > st.counter("seq_reserved"):  # on disk with this commit (module doc)
                     st.bump("seq_reserved", seq + SEQ_BLOCK - st.counter("seq_reserved"))

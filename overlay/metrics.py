@@ -5,11 +5,12 @@ shell.  The names and what each means: docs/operations.md."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE
@@ -146,10 +147,10 @@ def families(st: dict) -> Iterator[Metric]:
         )
     if "resent" in st:
         rs = CounterMetricFamily(
-            P + "resent_envelopes", "Envelopes sent again, per peer and cause", labels=["peer", "cause"]
+            P + "resent_envelopes", "Envelopes sent again, per peer, class and cause", labels=["peer", "class", "cause"]
         )
         for r in st["resent"]:
-            rs.add_metric([r["dst"], r["cause"]], r["envelopes"])
+            rs.add_metric([r["dst"], r["priority"], r["cause"]], r["envelopes"])
         yield rs
     if "windows" in st:
         paths = {
@@ -202,28 +203,75 @@ class _Collector:
         return families(self.status())
 
 
+MAX_CONNECTIONS = 8  # scrapes at once; more are closed at once (a scraper needs one)
+REQUEST_MAX_BYTES = 8192  # a request line and headers; a scrape has no body
+REQUEST_TIMEOUT_S = 5.0  # to send them
+CACHE_S = 1.0  # a scrape within this of the last is answered with its text
+
+
 class MetricsServer:
-    """GET /metrics on (host, port); the status read at each scrape.  It answers the text format
-    version 0.0.4, which every Prometheus 2 scrapes (Debian 12's is 2.42)."""
+    """GET /metrics on (host, port), the status read at most once a CACHE_S.  It answers the
+    text format version 0.0.4, which every Prometheus 2 scrapes (Debian 12's is 2.42).
+
+    A minimal HTTP/1.1 responder on asyncio streams rather than aiohttp's server, which bounds
+    neither the connections it holds open nor how long a client may take to send its headers:
+    whoever reaches the port could hold the node's file descriptors (custody's among them) or
+    its memory.  Here a connection gets REQUEST_TIMEOUT_S and REQUEST_MAX_BYTES for its
+    request, one answer, and is closed; at most MAX_CONNECTIONS are open."""
 
     def __init__(self, listen: tuple[str, int], status: Callable[[], dict]):
         self.listen = listen
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(status))  # type: ignore[arg-type]
-        self.runner: web.AppRunner | None = None
+        self.registry.register(_Collector(status))
+        self.server: asyncio.Server | None = None
+        self.open = 0
+        self.refused = 0  # connections closed unanswered, over MAX_CONNECTIONS
+        self._text: bytes = b""
+        self._at = -CACHE_S
 
-    async def scrape(self, _req: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE})
+    def scrape(self) -> bytes:
+        now = time.monotonic()
+        if now - self._at >= CACHE_S:
+            self._text, self._at = generate_latest(self.registry), now
+        return self._text
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open >= MAX_CONNECTIONS:
+            self.refused += 1
+            writer.transport.abort()
+            return
+        self.open += 1
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+            line = head.split(b"\r\n", 1)[0].split(b" ")
+            if len(line) != 3 or not line[2].startswith(b"HTTP/1."):
+                status, body, ctype = "400 Bad Request", b"bad request\n", "text/plain"
+            elif line[0] not in (b"GET", b"HEAD"):
+                status, body, ctype = "405 Method Not Allowed", b"GET /metrics only\n", "text/plain"
+            elif line[1].split(b"?", 1)[0] != b"/metrics":
+                status, body, ctype = "404 Not Found", b"GET /metrics only\n", "text/plain"
+            else:
+                status, body, ctype = "200 OK", self.scrape(), CONTENT_TYPE
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode()
+                + (body if line[0] != b"HEAD" else b"")
+            )
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass  # too slow, too large or gone: closed unanswered
+        finally:
+            self.open -= 1
+            writer.close()
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=1024)  # a scrape has no body
-        app.add_routes([web.get("/metrics", self.scrape)])
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
         host, port = self.listen
-        await web.TCPSite(self.runner, host, port).start()
+        self.server = await asyncio.start_server(self._serve, host, port, limit=REQUEST_MAX_BYTES, backlog=16)
         log.info("metrics on http://%s:%d/metrics", host if ":" not in host else f"[{host}]", port)
 
     async def close(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()

@@ -203,11 +203,16 @@ def local_status(node: OverlayNode, sup: Supervisor | None) -> dict:
             for d, p, q, f, b in store.queue_summary()
         ]
         rows: dict[tuple[str, int], dict] = {}
+        resent = []
         for (event, peer, prio), k in sorted(store.tally.items()):
-            rows.setdefault((peer, prio), {"peer": peer, "priority": Priority(prio).name.lower()})[event] = k
+            cls = Priority(prio).name.lower()
+            if event.startswith("resent_"):  # sent again: "timeout", "fast" (an ack showed it lost), "probe"
+                resent.append({"dst": peer, "priority": cls, "cause": event.removeprefix("resent_"), "envelopes": k})
+            else:
+                rows.setdefault((peer, prio), {"peer": peer, "priority": cls})[event] = k
         st["envelopes"] = list(rows.values())  # since this process started, per peer and class
+        st["resent"] = resent
         st["received_delay_s"] = store.delays.snapshot()  # creation at the origin to here
-        st["resent"] = [{"dst": d, "cause": c, "envelopes": k} for (d, c), k in sorted(sched.resent.items())]
         st["windows"] = {
             d: {
                 "window": int(p.window),

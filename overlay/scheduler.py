@@ -32,7 +32,6 @@ supersession, expiry and aggregation still act while the link is slow or down.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -190,9 +189,6 @@ class Scheduler:
         self._counted: dict[str, set[int]] = {}  # group -> seqs its rate already counted (_rate_sample)
         self._pace_wait: dict[str, int] = {}  # dst -> when pacing lets its queued envelopes go
         self._sn: dict[str, int] = {}  # dst -> the send number of the next data envelope sealed for it
-        # (dst, cause) -> envelopes sent again since this process started (status and metrics):
-        # "timeout", "fast" (an ack showed it lost: RACK) or "probe" (a tail probe)
-        self.resent: Counter[tuple[str, str]] = Counter()
 
     def path(self, dst: str) -> Path:
         p = self.paths.get(dst)
@@ -323,12 +319,12 @@ class Scheduler:
                     # all there was went, with room left: the rate samples of these say less than
                     # the path carries (BBR's app-limited samples)
                     p.app_limited_until = p.delivered + p.window - budget
-            if retry:
+            if retry:  # counted by cause for status and metrics, with the plan's transaction
                 found = self._lost.get(dst, set())
                 for it in chosen:
                     if it.seq in due:
                         cause = "probe" if it.seq in probes else "fast" if it.seq in found else "timeout"
-                        self.resent[(dst, cause)] += 1
+                        self.store.tally_event(f"resent_{cause}", dst, it.priority)
             ack = acks.pop(dst, ([], []))
             if not chosen and acks_due is not None and dst not in acks_due:
                 ack = ([], [])  # not worth a bundle of its own yet

@@ -14,17 +14,45 @@ from collections.abc import Mapping
 log = logging.getLogger("c2dtn.node")
 
 
-def notify(state: str, env: Mapping[str, str] = os.environ) -> bool:
-    """Send `state` ("READY=1", ...); False when there is no manager to tell or it failed."""
+_sock: socket.socket | None = None  # connected by connect(), before the node enters a namespace
+
+
+def _address(env: Mapping[str, str]) -> str | None:
     addr = env.get("NOTIFY_SOCKET", "")
     if not addr:
-        return False
+        return None
     if addr[0] == "@":  # an abstract socket
-        addr = "\0" + addr[1:]
-    elif addr[0] != "/":
+        return "\0" + addr[1:]
+    if addr[0] != "/":
         log.warning("NOTIFY_SOCKET=%r is neither a path nor an abstract socket: not notifying", addr)
-        return False
+        return None
+    return addr
+
+
+def connect(env: Mapping[str, str] = os.environ) -> None:
+    """Connect to the manager's socket now: an abstract one belongs to the network namespace it
+    was made in, which a node with [node] netns is about to leave."""
+    global _sock
+    addr = _address(env)
+    if addr is None:
+        return
     try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        s.connect(addr)
+        _sock = s
+    except OSError as e:
+        log.warning("connecting to the service manager's socket failed: %s", e)
+
+
+def notify(state: str, env: Mapping[str, str] = os.environ) -> bool:
+    """Send `state` ("READY=1", ...); False when there is no manager to tell or it failed."""
+    try:
+        if _sock is not None:
+            _sock.sendall(state.encode())
+            return True
+        addr = _address(env)
+        if addr is None:
+            return False
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
             s.connect(addr)
             s.sendall(state.encode())

@@ -157,8 +157,15 @@ class NodeService:
 def run_node(cfg: NodeConfig, extensions: list[Callable[[OverlayNode], object]] = ()) -> None:
     """Run a node until SIGTERM/SIGINT (inside cfg.netns when set), with extensions
     (made from the node, started after it: the gateways)."""
+    import resource
     import signal
 
+    # clients, far sessions, the agent's connections and custody's files share one table: the
+    # usual soft limit (1024) is reached long before memory is; the hard limit is the box's
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    sdnotify.connect()  # (in the namespace the manager is in)
     if cfg.netns:
         from pyroute2 import netns
 

@@ -195,3 +195,53 @@ def test_ready_comes_only_once_the_agent_answers_and_the_watchdog_beats(tmp_path
     beats = [t for t, m in msgs if m == "WATCHDOG=1"]
     assert len(beats) >= 4, msgs  # every 0.5 s for 2.5 s
     assert p.returncode == 0, out[-2000:]
+
+
+def test_node_init_refuses_a_shared_config_folder_and_leaves_nothing_on_a_bad_value(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    r = CliRunner().invoke(cli, ["node", "init", "gw1", "--config-dir", str(shared), "--unit-dir", ""])
+    assert r.exit_code != 0 and "others could replace the keys" in str(r.exception)
+    assert list(shared.iterdir()) == []
+    r = _init(tmp_path, "gw1", "--metrics", "localhost:1")
+    assert r.exit_code != 0 and str(tmp_path / "etc" / "gw1.toml") in str(r.exception)  # named where it would go
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "var").exists()
+
+
+def test_node_init_writes_absolute_paths_and_escapes_specifiers_in_the_unit(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(
+        cli, ["node", "init", "gw1", "--config-dir", "c2%h/etc", "--state-dir", "var", "--unit-dir", "units"]
+    )
+    assert r.exit_code in (0, 3), r.output
+    unit = (tmp_path / "units" / "c2dtn@.service").read_text()
+    assert f"node run --gateways {tmp_path}/c2%%h/etc/%i.toml" in unit and f"ReadWritePaths={tmp_path}/var" in unit
+    assert load_node_config(tmp_path / "c2%h" / "etc" / "gw1.toml").storage == tmp_path / "var" / "gw1"
+    r = CliRunner().invoke(cli, ["node", "init", "gw2", "--config-dir", "a b", "--unit-dir", "units"])
+    assert r.exit_code != 0 and "without spaces" in str(r.exception)
+
+
+def test_a_unit_link_planted_in_the_unit_folder_is_replaced_not_written_through(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    (tmp_path / "units").mkdir()
+    (tmp_path / "units" / "c2dtn@.service").symlink_to(victim)
+    r = _init(tmp_path, "gw1")
+    assert r.exit_code in (0, 3), r.output
+    assert victim.read_text() == "secret" and victim.stat().st_mode & 0o777 == 0o600
+    assert not (tmp_path / "units" / "c2dtn@.service").is_symlink()
+
+
+def test_node_check_names_storage_under_a_file_and_keys_someone_else_owns(tmp_path):
+    _init(tmp_path, "gw1", "--peer", "gw4=tcpcl://10.0.0.4:4556")
+    cfg = tmp_path / "etc" / "gw1.toml"
+    (tmp_path / "var").rmdir()
+    (tmp_path / "var").write_text("a file")
+    r = CliRunner().invoke(cli, ["node", "check", str(cfg)])
+    assert r.exit_code != 0 and "node.storage" in str(r.exception) and "a file, not a folder" in str(r.exception)
+    (tmp_path / "var").unlink()
+    os.chown(tmp_path / "etc" / "gw1.keys.toml", 65534, -1)
+    r = CliRunner().invoke(cli, ["node", "check", str(cfg)])
+    assert r.exit_code != 0 and "must belong to the user the node runs as" in str(r.exception)

@@ -599,6 +599,24 @@ def test_a_repeat_marked_like_an_earlier_envelope_is_taken_once_even_after_a_res
     ]
 
 
+def test_a_repeat_is_skipped_not_refused_when_custody_is_full(tmp_path):
+    """A client's resends of what custody already took need no room: at a full quota they are
+    skipped (the client hears its PUBACK), and only what is new is refused."""
+    a = make(tmp_path, "gw1", "gw4", quota=Quota(max_envelopes=2))
+    item = ("gw4", b"report 7", 60_000, Priority.ROUTINE, None, "mqtt")
+    assert None not in a.store.submit_many(
+        [item, item], 1000, [("mqtt:c1:7", b"d7", False), ("mqtt:c1:8", b"d8", False)]
+    )
+    assert a.store.submit_many([item, item], 2000, [("mqtt:c1:7", b"d7", True), ("mqtt:c1:8", b"d8", True)]) == [
+        None,
+        None,
+    ]
+    with pytest.raises(QuotaExceeded):
+        a.store.submit_many([item, item], 3000, [("mqtt:c1:7", b"d7", True), ("mqtt:c1:9", b"d9", True)])
+    assert a.store.counters()["repeats_skipped"] == 2 and a.store.held_out()[0] == 2
+    assert a.store.tally[("refused_quota", "gw4", Priority.ROUTINE)] == 1  # the new one alone
+
+
 def test_linger_lets_reports_share_a_bundle_but_flash_goes_at_once(tmp_path):
     cfg = SchedulerConfig(linger_ms=1000)
     a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)

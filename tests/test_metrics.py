@@ -2,7 +2,7 @@
 counted where it happens (custody, scheduler, node, MQTT gateway); refusals and rolled-back
 transactions counted as they ended; the listen address checked; nothing served but /metrics.
 The live check (promtool, a running node's counters against its status) is
-tests/test_metrics_live.py."""
+tests/test_box_install.py."""
 
 from __future__ import annotations
 
@@ -163,10 +163,12 @@ def test_resends_are_counted_by_cause():
     a.submit("gw4", b"one", 0)
     assert a.poll(0)  # sent, and lost: no ack ever comes
     t = 0
-    while not a.sched.resent and t < 60_000:
+    resent = {k: v for k, v in a.store.tally.items() if k[0].startswith("resent_")}
+    while not resent and t < 60_000:
         t += 100
         a.poll(t)
-    assert dict(a.sched.resent) == {("gw4", "timeout"): 1}  # no round trip measured: no probe yet
+        resent = {k: v for k, v in a.store.tally.items() if k[0].startswith("resent_")}
+    assert resent == {("resent_timeout", "gw4", Priority.ROUTINE): 1}  # no round trip measured: no probe yet
     assert 4_000 <= t <= 11_000  # at its timeout (5 s), not before
 
 
@@ -260,7 +262,53 @@ def test_the_server_serves_metrics_and_nothing_else():
     body, ctype, code, other, post = asyncio.run(main())
     assert code == 200 and ctype.startswith("text/plain; version=0.0.4")
     assert "c2dtn_agent_restarts_total 1.0" in body and "c2dtn_bundles_to_agent_total 4.0" in body
-    assert other == 404 and post in (405, 413)
+    assert other == 404 and post == 405
+
+
+def test_the_server_holds_few_connections_and_drops_slow_or_large_requests(monkeypatch):
+    """Idle connections past the cap are closed at once, those under it when their time to send
+    a request is up, and a request larger than the cap is closed unanswered: the node's file
+    descriptors and memory stay bounded whoever reaches the port; a scraper still gets in."""
+    from c2dtn.overlay import metrics
+
+    monkeypatch.setattr(metrics, "REQUEST_TIMEOUT_S", 0.5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    status = {
+        "node": "gw1",
+        "agent": "ion",
+        "uptime_s": 2.0,
+        "agent_restarts": 0,
+        "send_errors": 0,
+        "bundles": {"to_agent": 0, "to_agent_bytes": 0, "from_agent": 0, "from_agent_bytes": 0},
+    }
+
+    async def main():
+        srv = MetricsServer(("127.0.0.1", port), lambda: status)
+        await srv.start()
+        try:
+            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(metrics.MAX_CONNECTIONS + 4)]
+            await asyncio.sleep(0.1)
+            held, refused = srv.open, srv.refused
+            closed_at_once = 0
+            for r, _w in idle[metrics.MAX_CONNECTIONS :]:
+                closed_at_once += (await asyncio.wait_for(r.read(), 1)) == b""
+            big_r, big_w = await asyncio.open_connection("127.0.0.1", port)
+            await asyncio.sleep(0.7)  # the idle ones' time is up
+            big_w.write(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (metrics.REQUEST_MAX_BYTES + 10))
+            big = await asyncio.wait_for(big_r.read(), 2)
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await asyncio.wait_for(r.read(), 2)
+            return held, refused, closed_at_once, big, answer, srv.open
+        finally:
+            await srv.close()
+
+    held, refused, closed_at_once, big, answer, left = asyncio.run(main())
+    assert held == metrics.MAX_CONNECTIONS and refused == 4 and closed_at_once == 4
+    assert big == b"" and answer.startswith(b"HTTP/1.1 200 OK") and b"c2dtn_uptime_seconds 2.0" in answer
+    assert left == 0
 
 
 def test_the_operations_page_lists_every_metric_a_node_serves():
