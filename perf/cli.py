@@ -521,6 +521,14 @@ def _outage(ctx, param, value: str):
     help="run every node on agent KIND (a topology without a relay), or NODE on KIND "
     "instead of the topology's (fmn-4nations-mixed: e.g. usa-gw=KIND)",
 )
+@click.option(
+    "--view",
+    type=click.IntRange(1, 65535),
+    default=None,
+    metavar="PORT",
+    help="serve the drill view on http://127.0.0.1:PORT/ during the run: links, queues, each unit's age "
+    "of information at each receiver, live; links can be taken down from it",
+)
 def bft_cmd(
     topology: str,
     profile: str,
@@ -532,6 +540,7 @@ def bft_cmd(
     qos: int,
     modes: str,
     agents: tuple[str, ...],
+    view: int | None,
 ) -> None:
     """Position reports (seed 000) across tactical links: c2dtn gateways next to Mosquitto bridges."""
     from c2dtn.errors import ConfigError
@@ -582,7 +591,9 @@ def bft_cmd(
             override_agents(testbed.state_of(load(topology), "userspace"), chosen)
         except ConfigError as e:
             raise click.BadParameter(str(e), param_hint="--agent") from None
-    bft.main(bft.Plan(profile, units, period, duration, outage, drain, qos, topology=topology, agents=chosen), ms)
+    plan = bft.Plan(profile, units, period, duration, outage, drain, qos, topology=topology, agents=chosen)
+    plan.view = view or 0
+    bft.main(plan, ms)
 
 
 @perf.command("orders")

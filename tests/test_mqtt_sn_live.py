@@ -4,10 +4,14 @@ run as the overlay; what a subscriber at h4 gets, and what the radio carried per
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 
@@ -24,15 +28,31 @@ pytestmark = [
 
 
 def test_mqtt_sn_units_reach_the_broker_across_the_radio_and_cost_more_per_report_than_the_overlay(tmp_path):
-    args = ["--modes", "mqtt-sn,overlay", "--duration", "20", "--drain", "30", "--outage", "none"]
-    p = subprocess.run(
-        [sys.executable, "-m", "c2dtn.cli", "perf", "bft", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--modes", "mqtt-sn,overlay", "--duration", "20", "--drain", "30", "--outage", "none", "--view", str(port)]
+    log = open(tmp_path / "bft.log", "w+")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "c2dtn.cli", "perf", "bft", *args], stdout=log, stderr=log, cwd=tmp_path
     )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    seen: dict[str, list] = {}  # mode -> the AoI rows the drill view showed during it
+    deadline = time.monotonic() + 600
+    while p.poll() is None and time.monotonic() < deadline:
+        time.sleep(2)
+        with contextlib.suppress(OSError, ValueError):
+            st = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/state", timeout=5).read())
+            if st["drill"] and st["drill"]["aoi"]["units"]:
+                seen.setdefault(st["drill"]["aoi"]["mode"], []).append(st["drill"]["aoi"]["units"])
+    if p.poll() is None:
+        p.kill()
+    p.wait()
+    log.seek(0)
+    assert p.returncode == 0, log.read()[-5000:]
+    # the drill view followed each mode live: its 8 units, and their age at h4's subscriber
+    for mode in ("mqtt-sn", "overlay"):
+        last = seen[mode][-1]
+        assert len(last) == 8 and any(isinstance(u["aoi_s"].get("h4-sub"), float) for u in last), last
     (out,) = (tmp_path / "results").iterdir()
     rows = {r["mode"]: r for r in json.loads((out / "summary.json").read_text())["modes"]}
     sn, ov = rows["mqtt-sn"], rows["overlay"]

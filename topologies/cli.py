@@ -88,6 +88,44 @@ def up_cmd(
             _say(f"capturing {name} to {path}")
 
 
+@topo.command("view")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to serve the page on")
+@click.option("--port", type=int, default=8088, show_default=True)
+@click.option(
+    "--nodes",
+    "nodes_dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="a folder of node configs (`node configs --dir`): their custody queues are shown",
+)
+def view_cmd(host: str, port: int, nodes_dir: str | None) -> None:
+    """Serve the drill view until Ctrl-C: the topology with each link's state, profile and
+    bytes a second, the nodes' custody queues; take a link down or up, or change its profile,
+    from the page."""
+    import asyncio
+
+    from c2dtn.topologies.view import DrillView
+
+    configs = {}
+    for p in sorted(Path(nodes_dir).glob("*.toml")) if nodes_dir else []:
+        if not p.name.endswith(".keys.toml"):
+            configs[p.stem] = p
+
+    async def main() -> None:
+        v = DrillView(host, port, configs)
+        await v.start()
+        _say(f"drill view on http://{host}:{port}/ (Ctrl-C stops it)")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await v.close()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+
+
 @topo.command("down")
 def down_cmd() -> None:
     """Remove every namespace, link and emulator of the testbed (safe to repeat)."""

@@ -1,0 +1,163 @@
+"""The drill view in a real browser: headless Chromium (Debian's, driven by Selenium) loads the
+page while nps-chain is up with two overlay nodes holding reports for each other, sees the
+radio link up and the nodes' queues, takes the radio link down from the page, and the page
+and the testbed's own state agree; a screenshot of the page with the link down is written.
+Skipped, with the reason, where Chromium or its driver is not installed."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from c2dtn.topologies import testbed
+from c2dtn.topologies.nodes import Nodes, agent_missing
+from c2dtn.topologies.view import DrillView, aoi
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(agent_missing() is not None, reason=str(agent_missing())),
+    pytest.mark.skipif(
+        CHROMIUM is None or DRIVER is None, reason="chromium and chromium-driver are not installed (make apt-test)"
+    ),
+]
+
+
+def test_aoi_is_per_unit_and_receiver_from_the_newest_report_each_has():
+    ev = [
+        {"ev": "sent", "unit": "NOR-S001", "id": "NOR-S001_1", "mode": "overlay"},
+        {"ev": "sent", "unit": "NOR-S002", "id": "NOR-S002_1", "mode": "overlay"},
+        {"ev": "recv", "rx": "deu", "id": "NOR-S001_1", "ts": 100.0, "mode": "overlay"},
+        {"ev": "recv", "rx": "deu", "id": "NOR-S001_2", "ts": 102.0, "mode": "overlay"},
+        {"ev": "recv", "rx": "usa", "id": "NOR-S001_1", "ts": 100.0, "mode": "overlay"},
+        {"ev": "recv", "rx": "usa", "id": "NOR-S001_9", "ts": 190.0, "mode": "mqtt-bridge"},
+    ]
+    got = aoi(ev, 105.0, "overlay")
+    assert got["receivers"] == ["deu", "usa"]
+    assert got["units"] == [
+        {"unit": "NOR-S001", "aoi_s": {"deu": 3.0, "usa": 5.0}},
+        {"unit": "NOR-S002", "aoi_s": {"deu": None, "usa": None}},
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_link_taken_down_from_the_page_is_down_in_the_testbed_and_on_the_page(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    testbed.down()
+    st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=5)
+    nodes = Nodes(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "nodes")
+    port = _free_port()
+    loop = asyncio.new_event_loop()
+    view = DrillView("127.0.0.1", port, {n: nodes.paths[n] for n in ("gw1", "gw4")})
+    th = threading.Thread(target=loop.run_forever, daemon=True)
+    th.start()
+    driver = None
+    try:
+        nodes.start_all(["gw1", "r2", "r3", "gw4"])
+        asyncio.run_coroutine_threadsafe(view.start(), loop).result(10)
+        testbed.change_link("r2", "r3", "down")  # so that what gw1 sends stays queued, for the page to show
+        for i in range(3):
+            nodes.send("gw1", "gw4", f"report {i}".encode())
+        testbed.change_link("r2", "r3", "up")
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = CHROMIUM
+        for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1100,900"):
+            opts.add_argument(a)
+        driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+        driver.get(f"http://127.0.0.1:{port}/")
+        wait = WebDriverWait(driver, 20)
+        state = (By.CSS_SELECTOR, "#link-r2-r3 td.state")
+        wait.until(ec.text_to_be_present_in_element(state, "up"))
+        assert "nps-chain" in driver.find_element(By.ID, "topology").text
+        assert driver.find_element(By.CSS_SELECTOR, "#edge-r2-r3").get_attribute("class") == "up"
+        queues = driver.find_element(By.ID, "queues").text
+        assert "gw1" in queues and "gw4" in queues  # both nodes answered
+        driver.find_element(By.CSS_SELECTOR, "#link-r2-r3 button.down").click()
+        wait.until(ec.text_to_be_present_in_element(state, "down"))
+        assert testbed.status()["links"]["r2-r3"]["state"] == "down"  # the testbed agrees with the page
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#edge-r2-r3").get_attribute("class") == "down")
+        shot = tmp_path / "drill-view-r2-r3-down.png"
+        driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        # and back up, with another profile, from the page
+        driver.find_element(By.CSS_SELECTOR, "#link-r2-r3 button.up").click()
+        wait.until(ec.text_to_be_present_in_element(state, "up"))
+        sel = driver.find_element(By.CSS_SELECTOR, "#link-r2-r3 select.profile")
+        sel.find_element(By.CSS_SELECTOR, "option[value='cnr-tactical-1']").click()
+        driver.find_element(By.CSS_SELECTOR, "#link-r2-r3 button.set").click()
+        wait.until(
+            ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#link-r2-r3"), "cnr-tactical-1 / cnr-tactical-1")
+        )
+        assert testbed.status()["links"]["r2-r3"]["profile_ab"]["name"] == "cnr-tactical-1"
+        print(f"screenshot: {shot}")
+    finally:
+        if driver is not None:
+            driver.quit()
+        asyncio.run_coroutine_threadsafe(view.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        nodes.stop_all()
+        testbed.down()
+
+
+def test_a_link_change_without_the_pages_header_or_from_another_origin_is_refused(tmp_path):
+    import json
+    import urllib.error
+    import urllib.request
+
+    testbed.down()
+    testbed.up("nps-chain", profile="cnr-tactical-2", seed=5)
+    port = _free_port()
+    loop = asyncio.new_event_loop()
+    th = threading.Thread(target=loop.run_forever, daemon=True)
+    th.start()
+    view = DrillView("127.0.0.1", port)
+    try:
+        asyncio.run_coroutine_threadsafe(view.start(), loop).result(10)
+        body = json.dumps({"link": "r2-r3", "action": "down"}).encode()
+        for headers in (
+            {"Content-Type": "application/json"},  # a form another page could post
+            {"Content-Type": "application/json", "X-C2-Drill": "1", "Origin": "http://evil.example"},
+        ):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/link", data=body, headers=headers, method="POST")
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            assert e.value.code == 403
+        time.sleep(0.2)
+        assert testbed.status()["links"]["r2-r3"]["state"] == "up"
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/link",
+            data=json.dumps({"link": "r2-r3", "action": "set", "profile": "no-such"}).encode(),
+            headers={"Content-Type": "application/json", "X-C2-Drill": "1"},
+            method="POST",
+        )
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 400 and "no-such" in e.value.read().decode()
+    finally:
+        asyncio.run_coroutine_threadsafe(view.close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        testbed.down()
+
+
+def test_the_page_ships_with_the_package():
+    from importlib import resources
+
+    html = resources.files("c2dtn.topologies").joinpath("data", "view.html").read_text()
+    assert 'EventSource("/events")' in html and "X-C2-Drill" in html
+    assert Path(__file__).resolve().parent.parent.joinpath("topologies", "data", "view.html").exists()

@@ -1,0 +1,228 @@
+"""The drill view (`c2dtn topo view`, `perf bft --view`): one page on the host showing the
+testbed's topology with each link's state, profile and bytes a second, each overlay node's
+custody queues per peer and class, and during `perf bft` each unit's age of information at
+each receiver, live; a drill lead takes a link down or up or changes its profile from it.
+
+`snapshot` and `aoi` are I/O-free (states and times in, the page's JSON out); `DrillView` is
+the aiohttp shell: GET / (the page, topologies/data/view.html), GET /state, GET /events
+(server-sent events, one snapshot a second), POST /link.  The page has no build step and no
+library: SVG and a table, drawn by its own script."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger("c2dtn.view")
+
+SNAPSHOT_EVERY_S = 1.0
+HEADER = "X-C2-Drill"  # a POST must carry it: a page of another origin cannot without a preflight we never answer
+
+
+def link_rows(st: dict[str, Any], prev: dict[str, tuple[float, int, int]], now: float) -> list[dict]:
+    """A row per link: its ends, state, profiles and bytes a second each way since `prev`
+    (link -> (time, bytes a->b, bytes b->a), updated in place)."""
+    rows = []
+    for name, ls in st["links"].items():
+        live = ls.get("live") or {}
+        ab = (live.get("ab") or {}).get("delivered_bytes", 0)
+        ba = (live.get("ba") or {}).get("delivered_bytes", 0)
+        t0, ab0, ba0 = prev.get(name, (now, ab, ba))
+        dt = now - t0
+        rows.append(
+            {
+                "name": name,
+                "a": ls["a"],
+                "b": ls["b"],
+                "state": ls.get("state", "up"),
+                "emulated": bool(ls.get("emulate")),
+                "profile_ab": (ls.get("profile_ab") or {}).get("name", "lan"),
+                "profile_ba": (ls.get("profile_ba") or {}).get("name", "lan"),
+                "ab_Bps": round((ab - ab0) / dt, 1) if dt > 0 and ab >= ab0 else 0.0,
+                "ba_Bps": round((ba - ba0) / dt, 1) if dt > 0 and ba >= ba0 else 0.0,
+            }
+        )
+        prev[name] = (now, ab, ba)
+    return rows
+
+
+def aoi(events: list[dict], now: float, mode: str | None = None) -> dict:
+    """Each unit's age of information at each receiver: now minus the creation time of the
+    newest of its reports that receiver has (None: none yet)."""
+    newest: dict[str, dict[str, float]] = {}
+    units: set[str] = set()
+    for e in list(events):  # (appended to by reader threads meanwhile)
+        if mode is not None and e.get("mode") != mode:
+            continue
+        if e.get("ev") == "sent" and "unit" in e:
+            units.add(e["unit"])
+        elif e.get("ev") == "recv" and "id" in e and "ts" in e:
+            unit = str(e["id"]).rsplit("_", 1)[0]
+            units.add(unit)
+            row = newest.setdefault(unit, {})
+            row[e["rx"]] = max(row.get(e["rx"], 0.0), float(e["ts"]))
+    receivers = sorted({rx for row in newest.values() for rx in row})
+    return {
+        "mode": mode,
+        "receivers": receivers,
+        "units": [
+            {
+                "unit": u,
+                "aoi_s": {rx: round(now - newest[u][rx], 1) if rx in newest.get(u, {}) else None for rx in receivers},
+            }
+            for u in sorted(units)
+        ],
+    }
+
+
+def snapshot(
+    st: dict[str, Any] | None,
+    prev: dict,
+    now: float,
+    nodes: dict[str, dict],
+    drill: dict | None,
+    wall: float,
+    profiles: list[str] | None = None,
+) -> dict:
+    """What the page shows: the topology (None when nothing is up), the nodes' queues, the drill."""
+    out: dict[str, Any] = {
+        "at": wall,
+        "topology": None,
+        "links": [],
+        "nodes": [],
+        "gateways": {},
+        "drill": drill,
+        "profiles": profiles or [],
+    }
+    if st is not None:
+        out["topology"] = st["topology"]
+        out["nodes"] = [{"name": n, "role": v.get("role", "")} for n, v in st["nodes"].items()]
+        out["links"] = link_rows(st, prev, now)
+    for name, s in sorted(nodes.items()):
+        if "error" in s:
+            out["gateways"][name] = {"error": s["error"]}
+            continue
+        out["gateways"][name] = {
+            "overlay": "queues" in s,  # (a relay runs its agent alone)
+            "queues": s.get("queues", []),
+            "custody": s.get("custody"),
+            "clients": len((s.get("mqtt") or {}).get("clients", [])),
+        }
+    return out
+
+
+class DrillView:
+    """The page and its feeds on (host, port).  node_configs: node id -> config path of the
+    overlay nodes to show queues of; drill: the live state of a campaign (perf bft), or None."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        node_configs: dict[str, Path] | None = None,
+        drill: Callable[[], dict | None] | None = None,
+    ):
+        self.host, self.port = host, port
+        self.node_configs = dict(node_configs or {})
+        self.drill = drill or (lambda: None)
+        self.runner: web.AppRunner | None = None
+        self._prev: dict = {}
+        self._last: dict | None = None
+        self._last_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def state(self) -> dict:
+        """The newest snapshot, made at most once a SNAPSHOT_EVERY_S whoever asks."""
+        async with self._lock:
+            if self._last is None or time.monotonic() - self._last_at >= SNAPSHOT_EVERY_S:
+                self._last = await asyncio.get_running_loop().run_in_executor(None, self._snapshot)
+                self._last_at = time.monotonic()
+            return self._last
+
+    def _snapshot(self) -> dict:
+        from c2dtn.overlay.client import ApiError, NodeClient
+        from c2dtn.topologies import testbed
+
+        try:
+            st = testbed.status()
+        except testbed.TestbedError:
+            st = None
+        nodes = {}
+        for name, cfg in self.node_configs.items():
+            try:
+                nodes[name] = NodeClient.for_config(str(cfg)).request("GET", "/status", timeout=2)
+            except (ApiError, OSError) as e:
+                nodes[name] = {"error": str(e)}
+        from c2dtn.topologies.profiles import load_builtin_profiles
+
+        names = sorted(load_builtin_profiles().profiles)
+        return snapshot(st, self._prev, time.monotonic(), nodes, self.drill(), time.time(), names)
+
+    async def page(self, _req: web.Request) -> web.Response:
+        html = resources.files("c2dtn.topologies").joinpath("data", "view.html").read_text()
+        return web.Response(text=html, content_type="text/html")
+
+    async def get_state(self, _req: web.Request) -> web.Response:
+        return web.json_response(await self.state())
+
+    async def events(self, req: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(req)
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while True:
+                await resp.write(f"data: {json.dumps(await self.state())}\n\n".encode())
+                await asyncio.sleep(SNAPSHOT_EVERY_S)
+        return resp
+
+    async def link(self, req: web.Request) -> web.Response:
+        """{"link": NAME, "action": "down" | "up" | "set", "profile": NAME (set)} from the page."""
+        from c2dtn.errors import C2Error
+        from c2dtn.topologies import testbed
+        from c2dtn.topologies.profiles import load_builtin_profiles
+
+        if req.headers.get(HEADER) != "1" or req.content_type != "application/json":
+            return web.json_response({"error": f"a link change needs the {HEADER} header and a JSON body"}, status=403)
+        origin = req.headers.get("Origin")
+        if origin is not None and origin.split("://", 1)[-1] != req.host:
+            return web.json_response({"error": f"origin {origin} is not this page's"}, status=403)
+        try:
+            body = await req.json()
+            name, action = str(body["link"]), str(body["action"])
+            lib = load_builtin_profiles()
+            profile = lib.get(str(body["profile"]), "drill view", "profile") if action == "set" else None
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, lambda: testbed.change_link(name, None, action, profile))
+        except (KeyError, TypeError, ValueError) as e:
+            return web.json_response({"error": f"bad request: {e}"}, status=400)
+        except C2Error as e:
+            return web.json_response({"error": str(e)}, status=400)
+        log.info("link %s: %s%s (from the drill view)", name, action, f" {profile.name}" if profile else "")
+        self._last = None  # the next snapshot shows it
+        return web.json_response(await self.state())
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=4096)
+        app.add_routes(
+            [
+                web.get("/", self.page),
+                web.get("/state", self.get_state),
+                web.get("/events", self.events),
+                web.post("/link", self.link),
+            ]
+        )
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, self.host, self.port).start()
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
