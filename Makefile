@@ -43,8 +43,9 @@ test: deps
 deps: apt apt-test venv tools bpas promtool box-root
 
 # Debian packages only the tests use: tshark reads the emulator's captures as a second opinion
-# (tests/test_mqtt_sn_live.py)
-APT_TEST := tshark:tshark
+# (tests/test_mqtt_sn_live.py); headless Chromium and its driver load the drill view
+# (tests/test_view_live.py)
+APT_TEST := tshark:tshark chromium:chromium chromedriver:chromium-driver
 apt-test:
 	@missing=""; for need in $(APT_TEST); do \
 	  cmd=$${need%%:*}; pkg=$${need##*:}; \
