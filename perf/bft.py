@@ -53,7 +53,6 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -350,8 +349,7 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
         pcaps = _capture(s.dil_links, workdir / mode / "capture") if plan.capture else []
         mine: list[dict] = []
         if LIVE.get("view") is not None:  # the drill view follows this mode's reports and nodes
-            LIVE["view"].node_configs = dict(s.nodes.paths) if s.nodes else {}
-            LIVE.update(mode=mode, events=mine)
+            LIVE["view"].follow(mode, mine, dict(s.nodes.paths) if s.nodes else {})
         clients, readers = [], []
         for node, rx in s.plain_subs:
             c = _client(
@@ -841,50 +839,28 @@ def plots(out: Path, plan: Plan, events: list[dict], rows: list[dict]) -> None:
     )
 
 
-# what the drill view of a run (--view) reads: the view, the mode running and its events so far
+# the drill view of this run (--view), when there is one (topologies/view.py)
 LIVE: dict = {}
-
-
-def _start_view(plan: Plan) -> Callable[[], None]:
-    """The drill view on 127.0.0.1:plan.view, in a thread of its own; returns its stop."""
-    import asyncio
-
-    from c2dtn.topologies.view import DrillView, aoi
-
-    def drill() -> dict | None:
-        if LIVE.get("events") is None:
-            return None
-        return {"campaign": "bft", "period": plan.period, "aoi": aoi(LIVE["events"], time.time(), LIVE.get("mode"))}
-
-    view = DrillView("127.0.0.1", plan.view, drill=drill)
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True, name="c2bft-view").start()
-    asyncio.run_coroutine_threadsafe(view.start(), loop).result(10)
-    LIVE.clear()
-    LIVE["view"] = view
-    console.print(f"drill view on http://127.0.0.1:{plan.view}/")
-
-    def stop() -> None:
-        asyncio.run_coroutine_threadsafe(view.close(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        LIVE.clear()
-
-    return stop
 
 
 def main(plan: Plan, modes: list[str]) -> Path:
     out = run_dir("bft")
     events: list[dict] = []
     infos = []
-    stop_view = _start_view(plan) if plan.view else None
+    if plan.view:
+        from c2dtn.topologies.view import Live
+
+        LIVE["view"] = Live(plan.view, "bft", plan.period)
+        LIVE["view"].start()
+        console.print(f"drill view on http://127.0.0.1:{plan.view}/")
     with tempfile.TemporaryDirectory() as td:
         try:
             for mode in modes:
                 console.print(f"[bold]{mode}[/bold]: starting")
                 infos.append(run_mode(mode, plan, Path(td), events))
         finally:
-            if stop_view is not None:
-                stop_view()
+            if LIVE.get("view") is not None:
+                LIVE.pop("view").stop()
         for mode in modes:  # the captures the layer split was read from, beside the report
             for pcap in sorted((Path(td) / mode / "capture").glob("*.pcap*")):
                 shutil.copyfile(pcap, out / f"{mode}-{pcap.name}")

@@ -632,7 +632,16 @@ def bft_cmd(
     help="seconds allowed after the last message",
 )
 @click.option("--seed", default=4, show_default=True, help="seeds the script and the links")
-def orders_cmd(profile: str, protocols: str, modes: str, outage, span: float, drain: float, seed: int) -> None:
+@click.option(
+    "--view",
+    type=click.IntRange(1, 65535),
+    default=None,
+    metavar="PORT",
+    help="serve the drill view on http://127.0.0.1:PORT/ during the run: links, queues, each order's delay, live",
+)
+def orders_cmd(
+    profile: str, protocols: str, modes: str, outage, span: float, drain: float, seed: int, view: int | None
+) -> None:
     """C2 orders between the platoons (seed 004's 97-message script shape): MQTT, CoAP and HTTP, direct and
     through the overlay."""
     from c2dtn.errors import ConfigError
@@ -656,7 +665,7 @@ def orders_cmd(profile: str, protocols: str, modes: str, outage, span: float, dr
             "HTTP runs direct only (the overlay carries MQTT and CoAP): add mqtt or coap, or --modes direct",
             param_hint="--protocols",
         )
-    orders.main(profile, tuple(chosen), drain, seed, span, outage)
+    orders.main(profile, tuple(chosen), drain, seed, span, outage, view or 0)
 
 
 @perf.command("matrix")

@@ -222,6 +222,8 @@ def run_mode(
         end = max(m["t"] for m in msgs) + drain
         start = time.time() + 3.0  # every unit connected, subscribed or serving before the first message
         mine: list[dict] = []
+        if bft.LIVE.get("view") is not None:  # the drill view follows this mode's orders and nodes
+            bft.LIVE["view"].follow(mode, mine, dict(nodes.paths) if nodes else {})
         for u in UNITS:
             c = _unit(protocol, path, u, addr, script_file, start, end)
             clients.append(c)
@@ -439,14 +441,25 @@ def main(
     seed: int = 4,
     span: float = 240.0,
     outage: tuple[float, float] | None = None,
+    view: int = 0,
 ) -> Path:
     msgs = script(seed, span=span)
     out = run_dir("orders")
     events: list[dict] = []
+    if view:  # the drill view: each order's delay, live (topologies/view.py)
+        from c2dtn.topologies.view import Live
+
+        bft.LIVE["view"] = Live(view, "orders")
+        bft.LIVE["view"].start()
+        console.print(f"drill view on http://127.0.0.1:{view}/")
     with tempfile.TemporaryDirectory() as td:
-        for i, mode in enumerate(modes, 1):
-            console.print(f"[bold]{mode}[/bold] (run {i} of {len(modes)}): {len(msgs)} messages over {span:g} s")
-            run_mode(mode, profile, msgs, drain, seed, Path(td), events, outage)
+        try:
+            for i, mode in enumerate(modes, 1):
+                console.print(f"[bold]{mode}[/bold] (run {i} of {len(modes)}): {len(msgs)} messages over {span:g} s")
+                run_mode(mode, profile, msgs, drain, seed, Path(td), events, outage)
+        finally:
+            if bft.LIVE.get("view") is not None:
+                bft.LIVE.pop("view").stop()
     rows = [r for mode in modes for r in summarize(events, msgs, mode)]
     report(out, profile, msgs, events, rows, outage)
     return out

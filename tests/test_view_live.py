@@ -11,13 +11,12 @@ import shutil
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from c2dtn.topologies import testbed
 from c2dtn.topologies.nodes import Nodes, agent_missing
-from c2dtn.topologies.view import DrillView, aoi
+from c2dtn.topologies.view import DrillView
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = [
@@ -27,23 +26,6 @@ pytestmark = [
         CHROMIUM is None or DRIVER is None, reason="chromium and chromium-driver are not installed (make apt-test)"
     ),
 ]
-
-
-def test_aoi_is_per_unit_and_receiver_from_the_newest_report_each_has():
-    ev = [
-        {"ev": "sent", "unit": "NOR-S001", "id": "NOR-S001_1", "mode": "overlay"},
-        {"ev": "sent", "unit": "NOR-S002", "id": "NOR-S002_1", "mode": "overlay"},
-        {"ev": "recv", "rx": "deu", "id": "NOR-S001_1", "ts": 100.0, "mode": "overlay"},
-        {"ev": "recv", "rx": "deu", "id": "NOR-S001_2", "ts": 102.0, "mode": "overlay"},
-        {"ev": "recv", "rx": "usa", "id": "NOR-S001_1", "ts": 100.0, "mode": "overlay"},
-        {"ev": "recv", "rx": "usa", "id": "NOR-S001_9", "ts": 190.0, "mode": "mqtt-bridge"},
-    ]
-    got = aoi(ev, 105.0, "overlay")
-    assert got["receivers"] == ["deu", "usa"]
-    assert got["units"] == [
-        {"unit": "NOR-S001", "aoi_s": {"deu": 3.0, "usa": 5.0}},
-        {"unit": "NOR-S002", "aoi_s": {"deu": None, "usa": None}},
-    ]
 
 
 def _free_port() -> int:
@@ -153,11 +135,3 @@ def test_a_link_change_without_the_pages_header_or_from_another_origin_is_refuse
         asyncio.run_coroutine_threadsafe(view.close(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         testbed.down()
-
-
-def test_the_page_ships_with_the_package():
-    from importlib import resources
-
-    html = resources.files("c2dtn.topologies").joinpath("data", "view.html").read_text()
-    assert 'EventSource("/events")' in html and "X-C2-Drill" in html
-    assert Path(__file__).resolve().parent.parent.joinpath("topologies", "data", "view.html").exists()

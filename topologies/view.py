@@ -84,6 +84,66 @@ def aoi(events: list[dict], now: float, mode: str | None = None) -> dict:
     }
 
 
+def orders(events: list[dict], now: float, mode: str | None = None, last: int = 40) -> dict:
+    """The newest `last` orders sent: each one's delay to its first receipt, or how long it
+    has waited so far."""
+    sent: dict[str, float] = {}
+    first: dict[str, float] = {}
+    for e in list(events):
+        if mode is not None and e.get("mode") != mode:
+            continue
+        if e.get("ev") == "sent" and "id" in e:
+            sent.setdefault(str(e["id"]), float(e["t"]))
+        elif e.get("ev") == "recv" and "id" in e and str(e["id"]) not in first:
+            first[str(e["id"])] = float(e["t"])
+    newest = sorted(sent.items(), key=lambda kv: kv[1])[-last:]
+    return {
+        "mode": mode,
+        "orders": [
+            {"id": i, "delay_s": round(first[i] - t, 2) if i in first else None, "waiting_s": round(now - t, 1)}
+            for i, t in newest
+        ],
+    }
+
+
+class Live:
+    """The drill view of a campaign run (`perf bft --view`, `perf orders --view`): started on
+    127.0.0.1:port in a thread of its own; the run says which mode, events and nodes to show."""
+
+    def __init__(self, port: int, campaign: str, period: float | None = None):
+        self.campaign, self.period = campaign, period
+        self.mode: str | None = None
+        self.events: list[dict] | None = None
+        self.view = DrillView("127.0.0.1", port, drill=self.drill)
+        self.loop = asyncio.new_event_loop()
+
+    def drill(self) -> dict | None:
+        if self.events is None:
+            return None
+        now = time.time()
+        d: dict[str, Any] = {"campaign": self.campaign, "period": self.period}
+        if self.campaign == "orders":
+            d["orders"] = orders(self.events, now, self.mode)
+        else:
+            d["aoi"] = aoi(self.events, now, self.mode)
+        return d
+
+    def follow(self, mode: str, events: list[dict], node_configs: dict[str, Path]) -> None:
+        """From now on, this mode's events (appended to as they come) and these nodes."""
+        self.view.node_configs = dict(node_configs)
+        self.mode, self.events = mode, events
+
+    def start(self) -> None:
+        import threading
+
+        threading.Thread(target=self.loop.run_forever, daemon=True, name="c2-view").start()
+        asyncio.run_coroutine_threadsafe(self.view.start(), self.loop).result(10)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.view.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
 def snapshot(
     st: dict[str, Any] | None,
     prev: dict,
