@@ -49,10 +49,11 @@ def _register() -> None:
         cli.add_command(_needs_extra("perf", missing))
         return
     from c2dtn.perf.cli import perf
-    from c2dtn.topologies.cli import node_configs_cmd, topo
+    from c2dtn.topologies.cli import node_configs_cmd, topo, view_cmd
 
     cli.add_command(topo)
     cli.add_command(perf)
+    cli.add_command(view_cmd, name="view")  # `c2dtn view`: the drill view, as `c2dtn topo view`
     node.add_command(node_configs_cmd)
 
 

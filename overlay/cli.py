@@ -79,7 +79,8 @@ def check_cmd(config: str) -> None:
 
 
 @node.command("init")
-@click.argument("node_id")
+@click.argument("node_id", required=False)
+@click.option("--id", "id_opt", metavar="ID", help="the node's id (or give it as the argument)")
 @click.option("--agent", "kind", default=None, help="the bundle agent (default: the default agent)")
 @click.option(
     "--listen", multiple=True, metavar="CLA", help="the agent listens here (repeatable; default tcpcl://0.0.0.0:4556)"
@@ -103,7 +104,8 @@ def check_cmd(config: str) -> None:
 )
 @click.option("--force", is_flag=True, help="replace this node's config and keys if they are there")
 def init_cmd(
-    node_id: str,
+    node_id: str | None,
+    id_opt: str | None,
     kind: str | None,
     listen: tuple[str, ...],
     peers: tuple[str, ...],
@@ -127,7 +129,9 @@ def init_cmd(
     from c2dtn.tomlfile import check_name
 
     src = "c2dtn node init"
-    check_name(src, "ID", node_id)
+    if (node_id is None) == (id_opt is None):
+        raise click.UsageError("give the node's id once: `node init gw1` or `node init --id gw1`")
+    node_id = check_name(src, "ID", node_id or id_opt)
     cla = [parse_cla(v, src, "--listen") for v in listen or ("tcpcl://0.0.0.0:4556",)]
     peer_list = []
     for p in peers:

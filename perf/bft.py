@@ -91,6 +91,7 @@ class Plan:
     observers: int = 0  # fmn: only this many units per nation subscribe (0: every unit; perf scale)
     capture: bool = True  # capture the emulated links (the report's layer split)
     view: int = 0  # serve the drill view on this port of 127.0.0.1 during the run (0: no)
+    pcap: str = ""  # capture every emulated link into this folder, <mode>/<link>.pcapng ("": the radio links only)
 
 
 # -- processes ------------------------------------------------------------------
@@ -262,12 +263,13 @@ def _link_bytes(names: list[str]) -> dict[str, int]:
     return out
 
 
-def _capture(links: list[str], where: Path) -> list[Path]:
-    """Capture what the links deliver (the userspace emulator only; netem's are not)."""
+def _capture(links: list[str], where: Path) -> dict[str, Path]:
+    """Capture what the links carry, link -> its pcapng (the userspace emulator only; netem's
+    are not)."""
     if testbed.read_state().get("backend") != "userspace":
-        return []
+        return {}
     where.mkdir(parents=True, exist_ok=True)
-    return [Path(p) for p in testbed.capture(links, where).values()]
+    return {k: Path(p) for k, p in testbed.capture(links, where).items()}
 
 
 def _layers(pcaps: list[Path], configs: dict[str, Path]) -> dict:
@@ -346,7 +348,11 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
         bytes0 = _link_bytes(s.dil_links)
         box = _box_pids(s)
         use0 = _usage(box)
-        pcaps = _capture(s.dil_links, workdir / mode / "capture") if plan.capture else []
+        # the radio links for the report's split; with --pcap every emulated link, into that folder
+        links = [k for k, ls in st["links"].items() if ls.get("control")] if plan.pcap else s.dil_links
+        where = Path(plan.pcap) / mode if plan.pcap else workdir / mode / "capture"
+        captured = _capture(links, where) if plan.capture or plan.pcap else {}
+        pcaps = [p for k, p in captured.items() if k in s.dil_links]
         mine: list[dict] = []
         if LIVE.get("view") is not None:  # the drill view follows this mode's reports and nodes
             LIVE["view"].follow(mode, mine, dict(s.nodes.paths) if s.nodes else {})
@@ -435,8 +441,9 @@ def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
             "box": _box_use(use0, _usage(box)),
         }
         info["link_bytes"] = sum(info["link_bytes_by_dir"].values())
+        if captured:
+            testbed.capture(list(captured), None)
         if pcaps:
-            testbed.capture(s.dil_links, None)
             info["layers"] = _layers(pcaps, s.nodes.paths if s.nodes else {})
         if s.nodes:
             status = {n: s.nodes.status(n) for n in s.nodes.gateways}
@@ -862,8 +869,11 @@ def main(plan: Plan, modes: list[str]) -> Path:
             if LIVE.get("view") is not None:
                 LIVE.pop("view").stop()
         for mode in modes:  # the captures the layer split was read from, beside the report
-            for pcap in sorted((Path(td) / mode / "capture").glob("*.pcap*")):
-                shutil.copyfile(pcap, out / f"{mode}-{pcap.name}")
+            folder = Path(plan.pcap) / mode if plan.pcap else Path(td) / mode / "capture"
+            dil = {n for i in infos if i["mode"] == mode for n in i.get("dil_links", [])}
+            for pcap in sorted(folder.glob("*.pcapng")):
+                if pcap.stem in dil:
+                    shutil.copyfile(pcap, out / f"{mode}-{pcap.name}")
     rows = [summarize(events, i["mode"], i, plan.period) for i in infos]
     report(out, plan, events, rows)
     return out

@@ -529,6 +529,12 @@ def _outage(ctx, param, value: str):
     help="serve the drill view on http://127.0.0.1:PORT/ during the run: links, queues, each unit's age "
     "of information at each receiver, live; links can be taken down from it",
 )
+@click.option(
+    "--pcap",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="capture every emulated link into DIR/<mode>/<link>.pcapng (the radio links' go beside the report anyway)",
+)
 def bft_cmd(
     topology: str,
     profile: str,
@@ -541,6 +547,7 @@ def bft_cmd(
     modes: str,
     agents: tuple[str, ...],
     view: int | None,
+    pcap: str | None,
 ) -> None:
     """Position reports (seed 000) across tactical links: c2dtn gateways next to Mosquitto bridges."""
     from c2dtn.errors import ConfigError
@@ -593,6 +600,7 @@ def bft_cmd(
             raise click.BadParameter(str(e), param_hint="--agent") from None
     plan = bft.Plan(profile, units, period, duration, outage, drain, qos, topology=topology, agents=chosen)
     plan.view = view or 0
+    plan.pcap = str(Path(pcap).resolve()) if pcap else ""
     bft.main(plan, ms)
 
 

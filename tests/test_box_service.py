@@ -245,3 +245,11 @@ def test_node_check_names_storage_under_a_file_and_keys_someone_else_owns(tmp_pa
     os.chown(tmp_path / "etc" / "gw1.keys.toml", 65534, -1)
     r = CliRunner().invoke(cli, ["node", "check", str(cfg)])
     assert r.exit_code != 0 and "must belong to the user the node runs as" in str(r.exception)
+
+
+def test_node_init_takes_the_id_as_argument_or_option_once(tmp_path):
+    r = _init(tmp_path, "--id", "gw7", "--agent", "dtn7")
+    assert r.exit_code in (0, 3) and load_node_config(tmp_path / "etc" / "gw7.toml").id == "gw7", r.output
+    for args in ([], ["gw8", "--id", "gw8"]):
+        r = _init(tmp_path, *args)
+        assert r.exit_code != 0 and "give the node's id once" in r.output

@@ -112,9 +112,18 @@ def test_a_link_change_without_the_pages_header_or_from_another_origin_is_refuse
     try:
         asyncio.run_coroutine_threadsafe(view.start(), loop).result(10)
         body = json.dumps({"link": "r2-r3", "action": "down"}).encode()
+        page = f"http://127.0.0.1:{port}"
         for headers in (
-            {"Content-Type": "application/json"},  # a form another page could post
+            {"Content-Type": "application/json", "Origin": page},  # a form another page could post
             {"Content-Type": "application/json", "X-C2-Drill": "1", "Origin": "http://evil.example"},
+            {"Content-Type": "application/json", "X-C2-Drill": "1"},  # no origin: not from a page
+            # DNS rebinding: a page of evil.example, its name now pointing here, is of its own origin
+            {
+                "Content-Type": "application/json",
+                "X-C2-Drill": "1",
+                "Host": f"evil.example:{port}",
+                "Origin": f"http://evil.example:{port}",
+            },
         ):
             req = urllib.request.Request(f"http://127.0.0.1:{port}/link", data=body, headers=headers, method="POST")
             with pytest.raises(urllib.error.HTTPError) as e:
@@ -125,12 +134,16 @@ def test_a_link_change_without_the_pages_header_or_from_another_origin_is_refuse
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/link",
             data=json.dumps({"link": "r2-r3", "action": "set", "profile": "no-such"}).encode(),
-            headers={"Content-Type": "application/json", "X-C2-Drill": "1"},
+            headers={"Content-Type": "application/json", "X-C2-Drill": "1", "Origin": page},
             method="POST",
         )
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
         assert e.value.code == 400 and "no-such" in e.value.read().decode()
+        req = urllib.request.Request(f"{page}/state", headers={"Host": f"evil.example:{port}"})
+        with pytest.raises(urllib.error.HTTPError) as e:  # nor can such a page read the state
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 403
     finally:
         asyncio.run_coroutine_threadsafe(view.close(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)

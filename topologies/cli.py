@@ -89,7 +89,9 @@ def up_cmd(
 
 
 @topo.command("view")
-@click.option("--host", default="127.0.0.1", show_default=True, help="address to serve the page on")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="loopback address to serve the page on (it changes links)"
+)
 @click.option("--port", type=int, default=8088, show_default=True)
 @click.option(
     "--nodes",
@@ -111,8 +113,12 @@ def view_cmd(host: str, port: int, nodes_dir: str | None) -> None:
         if not p.name.endswith(".keys.toml"):
             configs[p.stem] = p
 
-    async def main() -> None:
+    try:
         v = DrillView(host, port, configs)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--host") from None
+
+    async def main() -> None:
         await v.start()
         _say(f"drill view on http://{host}:{port}/ (Ctrl-C stops it)")
         try:

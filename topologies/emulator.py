@@ -52,6 +52,91 @@ class _Frame(bytes):
     comments: list[bytes] | None
 
 
+CAPTURE_QUEUE = 20_000  # frames waiting for the capture's disk at most; past it they are not captured
+
+
+class CaptureWriter:
+    """One link's pcapng (scapy's writer), written by a thread of its own behind a bounded
+    queue: a slow, full or failing disk costs frames of the capture (counted in `lost`, the
+    error kept), never frames of the link.  The file is opened without following a link
+    planted at its name, refused unless it is a regular file (a FIFO would block), and made
+    mode 0600 (it holds the traffic)."""
+
+    def __init__(self, path: str, link: str):
+        import queue
+        import stat
+        import threading
+
+        from scapy.utils import RawPcapNgWriter  # only a capturing emulator pays for the import
+
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            os.fchmod(fd, 0o600)
+            os.set_blocking(fd, True)
+        except OSError:
+            os.close(fd)
+            raise
+        w = RawPcapNgWriter(os.devnull)  # (it opens its file by name: given ours instead)
+        w.f.close()
+        w.f = os.fdopen(fd, "wb", 1 << 16)
+        first = f"{link} ab".encode()  # interface 0 named, not left blank by the writer's own header
+        w.linktype, w.header_present, w.interfaces2id = 1, True, {first: 0}  # 1: Ethernet
+        w._write_block_shb()
+        w._write_block_idb(linktype=1, ifname=first)
+        self.w = w
+        self.path = path
+        self.q: queue.Queue = queue.Queue(CAPTURE_QUEUE)
+        self.lost = 0
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, name=f"c2emu-capture {link}", daemon=True)
+        self.thread.start()
+
+    def put(self, frame: bytes, sec: float, ifname: str, comments: list[bytes] | None) -> None:
+        if self.error is not None:
+            self.lost += 1
+            return
+        try:
+            self.q.put_nowait((frame, sec, ifname, comments))
+        except Exception:  # queue.Full: the disk is behind
+            self.lost += 1
+
+    def _run(self) -> None:
+        import queue
+
+        while True:
+            try:
+                item = self.q.get(timeout=1.0)
+            except queue.Empty:
+                item = ()  # idle a second: what is written reaches the file (tshark can read it)
+            try:
+                if item is None:
+                    self.w.f.close()
+                    return
+                if not item:
+                    self.w.f.flush()
+                    continue
+                if self.error is None:
+                    pkt = _Frame(item[0])
+                    pkt.sniffed_on, pkt.comments = item[2], item[3]
+                    self.w.write_packet(pkt, sec=item[1])
+            except OSError as e:
+                if self.error is None:
+                    self.error = str(e)
+                    log.warning("capture to %s stopped: %s (the link carries on)", self.path, e)
+                if item is None:
+                    return
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop after what is queued (or after timeout_s, if the disk is stuck)."""
+        try:
+            self.q.put(None, timeout=timeout_s)
+        except Exception:  # full and stuck: the thread is left to the process's end
+            return
+        self.thread.join(timeout_s)
+
+
 class Emulator:
     def __init__(
         self,
@@ -70,7 +155,7 @@ class Emulator:
         self.ab = Direction(profile_ab, seed=seed, activity=shared)
         self.ba = Direction(profile_ba, seed=None if seed is None else seed + 1, activity=shared)
         self.send_errors = 0
-        self.capture = None  # a PcapWriter while capturing (the capture command)
+        self.capture: CaptureWriter | None = None  # while capturing (the capture command)
         self.started = time.monotonic()
         self.running = True
         try:
@@ -102,6 +187,9 @@ class Emulator:
                 "ba": self.ba.stats.as_dict() | {"queued": qb[0], "queued_bytes": qb[1]},
                 "send_errors": self.send_errors,
                 "cpu_s": sum(os.times()[:2]),
+                "capture": None
+                if self.capture is None
+                else {"path": self.capture.path, "lost": self.capture.lost, "error": self.capture.error},
             }
         if cmd == "set":
             try:
@@ -133,23 +221,20 @@ class Emulator:
         """Write every frame the link carries, both ways, to a pcapng file at `path` (None: stop):
         one interface per direction ("<link> ab", "<link> ba"), each frame when it is delivered,
         and each frame the emulator dropped when it dropped it, with a comment saying so and why
-        ("dropped: lost", "dropped: link down", ...): the radio's own view."""
+        ("dropped: lost", "dropped: link down", ...): the radio's own view.  A capture started
+        again at the same path replaces the file."""
         if self.capture is not None:
             self.capture.close()
             self.capture = None
         self.ab.drops = self.ba.drops = None
         if path is None:
             return {"ok": True}
-        if not isinstance(path, str) or not path:
-            return {"ok": False, "error": f"capture path is not a file name: {path!r}"}
-        from scapy.utils import RawPcapNgWriter  # only a capturing emulator pays for the import
-
+        if not isinstance(path, str) or not path.startswith("/"):
+            return {"ok": False, "error": f"capture path is not an absolute file name: {path!r}"}
         try:
-            self.capture = RawPcapNgWriter(path)
+            self.capture = CaptureWriter(path, self.link)
         except OSError as e:
             return {"ok": False, "error": f"cannot write capture {path!r}: {e}"}
-        self.capture.linktype = 1  # Ethernet (DLT_EN10MB)
-        self.capture.write_header(None)
         self.ab.drops, self.ba.drops = [], []
         log.info("capturing %s to %s", self.link, path)
         return {"ok": True, "path": path}
@@ -159,9 +244,7 @@ class Emulator:
         name = f"{self.link} {'ab' if d is self.ab else 'ba'}"
         note = None if why is None else [f"dropped: {why}".encode()]
         for f in frames:
-            pkt = _Frame(f)  # the writer reads a frame's interface and comments from its attributes
-            pkt.sniffed_on, pkt.comments = name, note
-            self.capture.write_packet(pkt, sec=now)  # type: ignore[union-attr]
+            self.capture.put(f, now, name, note)  # type: ignore[union-attr]
 
     def _drain_drops(self) -> None:
         for d in (self.ab, self.ba):

@@ -519,6 +519,17 @@ def capture(links: list[str], out: Path | None) -> dict[str, str]:
         raise TestbedError("no topology is up (start one with: c2dtn topo up NAME)")
     if st["backend"] != "userspace":
         raise TestbedError(f"links of the {st['backend']} backend are not captured (the userspace emulator is)")
+    if out is not None:
+        # the emulators write as root: into a folder nobody else may put a link or a FIFO in
+        d = Path(out).resolve()
+        d.mkdir(parents=True, exist_ok=True)
+        info = d.stat()
+        if info.st_uid not in (0, os.getuid()) or info.st_mode & 0o022:
+            raise TestbedError(
+                f"capture folder {d}: owner uid {info.st_uid}, mode {info.st_mode & 0o777:04o}: others could "
+                "plant a link or a FIFO where a capture goes; use a folder of your own that only you can write to"
+            )
+        out = d
     paths: dict[str, str] = {}
     for name in links:
         if name not in st["links"]:

@@ -180,9 +180,21 @@ def snapshot(
     return out
 
 
+MAX_REQUESTS = 32  # requests and event streams open at once; more are answered 503
+NODE_TIMEOUT_S = 2.0  # for all the nodes' status together, each snapshot
+
+
 class DrillView:
-    """The page and its feeds on (host, port).  node_configs: node id -> config path of the
-    overlay nodes to show queues of; drill: the live state of a campaign (perf bft), or None."""
+    """The page and its feeds on (host, port), a loopback address.  node_configs: node id ->
+    config path of the overlay nodes to show queues of; drill: the live state of a campaign
+    (perf bft, perf orders), or None.
+
+    One task makes a snapshot a second, whoever is watching (and at once after a change); a
+    node that does not answer is shown as such, and asked again only once its last question
+    has ended, so a stuck node costs one thread, not one a second.  Every request must name
+    this host as 127.0.0.1, localhost or [::1] (a page of another site rebound to this address
+    names its own), a change must come from this page's origin with its header, and at most
+    MAX_REQUESTS are open at once."""
 
     def __init__(
         self,
@@ -191,41 +203,91 @@ class DrillView:
         node_configs: dict[str, Path] | None = None,
         drill: Callable[[], dict | None] | None = None,
     ):
+        import ipaddress
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not ipaddress.ip_address(host).is_loopback:
+            raise ValueError(f"the drill view serves on a loopback address only (it changes links), not {host}")
         self.host, self.port = host, port
+        self.hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
         self.node_configs = dict(node_configs or {})
         self.drill = drill or (lambda: None)
         self.runner: web.AppRunner | None = None
         self._prev: dict = {}
         self._last: dict | None = None
-        self._last_at = 0.0
-        self._lock = asyncio.Lock()
+        self._ready = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._poller: asyncio.Task | None = None
+        self._open = 0
+        self._asks: dict[str, Any] = {}  # node -> its status question (a future) still under way
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="c2-view")
 
     async def state(self) -> dict:
-        """The newest snapshot, made at most once a SNAPSHOT_EVERY_S whoever asks."""
-        async with self._lock:
-            if self._last is None or time.monotonic() - self._last_at >= SNAPSHOT_EVERY_S:
-                self._last = await asyncio.get_running_loop().run_in_executor(None, self._snapshot)
-                self._last_at = time.monotonic()
-            return self._last
+        """The newest snapshot."""
+        await self._ready.wait()
+        assert self._last is not None
+        return self._last
+
+    async def _poll(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                self._last = await loop.run_in_executor(None, self._snapshot)
+                self._ready.set()
+            except Exception:  # shown as it was last; the next second tries again
+                log.exception("drill view snapshot failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SNAPSHOT_EVERY_S):
+                    await self._wake.wait()
+
+    def _node_status(self) -> dict[str, dict]:
+        from concurrent.futures import wait
+
+        from c2dtn.overlay.client import NodeClient
+
+        def ask(cfg: Path) -> dict:
+            return NodeClient.for_config(str(cfg)).request("GET", "/status", timeout=NODE_TIMEOUT_S)
+
+        for name, cfg in self.node_configs.items():
+            if name not in self._asks:
+                self._asks[name] = self._pool.submit(ask, cfg)
+        wait(list(self._asks.values()), timeout=NODE_TIMEOUT_S)
+        out = {}
+        for name in list(self._asks):
+            f = self._asks[name]
+            if not f.done():
+                out[name] = {"error": "no answer yet (asked again once it answers)"}
+                continue
+            del self._asks[name]
+            try:
+                out[name] = f.result()
+            except Exception as e:  # a bad config, a refused socket, a garbled answer: shown, not fatal
+                out[name] = {"error": str(e)}
+        return {n: out[n] for n in self.node_configs if n in out}
 
     def _snapshot(self) -> dict:
-        from c2dtn.overlay.client import ApiError, NodeClient
         from c2dtn.topologies import testbed
+        from c2dtn.topologies.profiles import load_builtin_profiles
 
         try:
             st = testbed.status()
         except testbed.TestbedError:
             st = None
-        nodes = {}
-        for name, cfg in self.node_configs.items():
-            try:
-                nodes[name] = NodeClient.for_config(str(cfg)).request("GET", "/status", timeout=2)
-            except (ApiError, OSError) as e:
-                nodes[name] = {"error": str(e)}
-        from c2dtn.topologies.profiles import load_builtin_profiles
-
         names = sorted(load_builtin_profiles().profiles)
-        return snapshot(st, self._prev, time.monotonic(), nodes, self.drill(), time.time(), names)
+        return snapshot(st, self._prev, time.monotonic(), self._node_status(), self.drill(), time.time(), names)
+
+    @web.middleware
+    async def _guard(self, req: web.Request, handler: Callable) -> web.StreamResponse:
+        if req.host not in self.hosts:
+            return web.json_response({"error": f"host {req.host!r} is not this view's"}, status=403)
+        if self._open >= MAX_REQUESTS:
+            return web.json_response({"error": "too many open requests"}, status=503)
+        self._open += 1
+        try:
+            return await handler(req)
+        finally:
+            self._open -= 1
 
     async def page(self, _req: web.Request) -> web.Response:
         html = resources.files("c2dtn.topologies").joinpath("data", "view.html").read_text()
@@ -238,9 +300,13 @@ class DrillView:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(req)
         with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            last = None
             while True:
-                await resp.write(f"data: {json.dumps(await self.state())}\n\n".encode())
-                await asyncio.sleep(SNAPSHOT_EVERY_S)
+                s = await self.state()
+                if s is not last:
+                    await resp.write(f"data: {json.dumps(s)}\n\n".encode())
+                    last = s
+                await asyncio.sleep(0.2)
         return resp
 
     async def link(self, req: web.Request) -> web.Response:
@@ -251,9 +317,8 @@ class DrillView:
 
         if req.headers.get(HEADER) != "1" or req.content_type != "application/json":
             return web.json_response({"error": f"a link change needs the {HEADER} header and a JSON body"}, status=403)
-        origin = req.headers.get("Origin")
-        if origin is not None and origin.split("://", 1)[-1] != req.host:
-            return web.json_response({"error": f"origin {origin} is not this page's"}, status=403)
+        if req.headers.get("Origin") != f"http://{req.host}":
+            return web.json_response({"error": "a link change comes from this page only"}, status=403)
         try:
             body = await req.json()
             name, action = str(body["link"]), str(body["action"])
@@ -266,11 +331,11 @@ class DrillView:
         except C2Error as e:
             return web.json_response({"error": str(e)}, status=400)
         log.info("link %s: %s%s (from the drill view)", name, action, f" {profile.name}" if profile else "")
-        self._last = None  # the next snapshot shows it
-        return web.json_response(await self.state())
+        self._wake.set()  # the next snapshot at once: the page sees it within the second
+        return web.json_response({"ok": True, "link": name, "action": action})
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=4096)
+        app = web.Application(client_max_size=4096, middlewares=[self._guard])
         app.add_routes(
             [
                 web.get("/", self.page),
@@ -279,10 +344,16 @@ class DrillView:
                 web.post("/link", self.link),
             ]
         )
-        self.runner = web.AppRunner(app, access_log=None)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)  # (event streams never end)
         await self.runner.setup()
         await web.TCPSite(self.runner, self.host, self.port).start()
+        self._poller = asyncio.create_task(self._poll())
 
     async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
         if self.runner is not None:
             await self.runner.cleanup()
+        self._pool.shutdown(wait=False, cancel_futures=True)
