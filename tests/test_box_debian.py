@@ -115,8 +115,7 @@ def _wheel(tmp_path: Path) -> Path:
         "pip",
         "wheel",
         "-q",
-        "--no-deps",
-        "--no-build-isolation",
+        "--no-deps",  # (built in isolation: pip fetches what pyproject's build-system names)
         "-w",
         str(out),
         str(src),
