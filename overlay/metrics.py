@@ -75,8 +75,8 @@ def families(st: dict) -> Iterator[Metric]:
         yield GaugeMetricFamily(P + "agent_up", "1 while the agent's process runs", value=int(st["agent_up"]))
     yield CounterMetricFamily(P + "agent_restarts", "Restarts of the agent by the node", value=st["agent_restarts"])
     yield CounterMetricFamily(P + "agent_send_errors", "Bundles the agent refused", value=st["send_errors"])
-    b = st["bundles"]
-    for d, what in (("to", "handed to the agent"), ("from", "the agent delivered")):
+    b = st.get("bundles") or {}
+    for d, what in (("to", "handed to the agent"), ("from", "the agent delivered")) if b else ():
         yield CounterMetricFamily(f"{P}bundles_{d}_agent", f"Bundles {what}", value=b[f"{d}_agent"])
         yield CounterMetricFamily(
             f"{P}bundle_bytes_{d}_agent",
@@ -188,6 +188,21 @@ def families(st: dict) -> Iterator[Metric]:
                 "From a PUBLISH read to its PUBACK or PUBREC written, for those taken into custody",
                 mq["puback_s"],
             )
+    if "relay" in st:
+        r = st["relay"]
+        held = GaugeMetricFamily(
+            P + "relay_held_bundles", "Bundles the relay holds for an island's agent", labels=["island"]
+        )
+        for island, n in sorted(r["held"].items()):
+            held.add_metric([island], n)
+        yield held
+        yield GaugeMetricFamily(P + "relay_held_bytes", "Bytes the relay holds", value=r["held_bytes"])
+        yield GaugeMetricFamily(P + "relay_max_bytes", "What the relay holds at most", value=r["max_bytes"])
+        up = GaugeMetricFamily(P + "relay_agent_up", "1 while an island's agent runs", labels=["island"])
+        for island, ok in sorted(r["agents_up"].items()):
+            up.add_metric([island], int(ok))
+        yield up
+        yield from _counters(P + "relay_", "Relay", r["counters"])
     if "coap" in st:
         co = st["coap"]
         for k in ("pending_responses", "replaying", "observing"):

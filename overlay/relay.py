@@ -45,7 +45,7 @@ from c2dtn.confref import Field as F
 from c2dtn.confref import table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentError
-from c2dtn.overlay.config import NodeConfig, load_node_config
+from c2dtn.overlay.config import NodeConfig, load_node_config, parse_listen
 from c2dtn.overlay.envelope import EnvelopeError, split_container
 from c2dtn.overlay.store.queue import QueueError, SqliteQueue
 from c2dtn.private import private_dir
@@ -69,6 +69,7 @@ class RelayConfig:
     islands: list[NodeConfig]
     netns: str | None = None
     max_bytes: int = 256 << 20
+    metrics_listen: tuple[str, int] | None = None  # [relay] metrics: Prometheus (overlay/metrics.py)
 
     @property
     def db(self) -> Path:
@@ -105,6 +106,14 @@ RELAY = table(
             "268435456",
             "bytes",
         ),
+        F(
+            "metrics",
+            "string",
+            "(none: off)",
+            "Serve Prometheus metrics here (address:port, as a node's [metrics] listen): what it holds per "
+            "island, what it accepted, forwarded and dropped, and its agents.",
+            '"127.0.0.1:9465"',
+        ),
     ],
     doc="relay",
 )
@@ -136,6 +145,8 @@ def load_relay_config(path: str | Path) -> RelayConfig:
     if not isinstance(mb, int) or isinstance(mb, bool) or mb < 1 << 16:
         raise ConfigError(src, "relay.max_bytes", mb, "must be a whole number of at least 65536")
     cfg.max_bytes = mb
+    if "metrics" in r:
+        cfg.metrics_listen = parse_listen(src, "relay.metrics", r["metrics"])
     return cfg
 
 
@@ -255,6 +266,29 @@ class Relay:
         self.sups = {k: Supervisor(c, on_restart=self._restarted(k)) for k, c in self.islands.items()}
         self.wake = {k: asyncio.Event() for k in self.islands}
         self._tasks: list[asyncio.Task] = []
+        self.started = time.monotonic()
+        self.metrics = None
+        if cfg.metrics_listen is not None:
+            from c2dtn.overlay.metrics import MetricsServer
+
+            self.metrics = MetricsServer(cfg.metrics_listen, self.status)
+
+    def status(self) -> dict:
+        """What the relay's metrics serve (overlay/metrics.py families)."""
+        return {
+            "node": self.cfg.id,
+            "agent": "+".join(sorted(self.islands)),
+            "uptime_s": time.monotonic() - self.started,
+            "agent_restarts": sum(s.restarts for s in self.sups.values()),
+            "send_errors": 0,
+            "relay": {
+                "counters": dict(self.core.counters),
+                "held": self.core.held(),
+                "held_bytes": self.core.held_bytes,
+                "max_bytes": self.core.max_bytes,
+                "agents_up": {k: s.proc is not None and s.proc.returncode is None for k, s in self.sups.items()},
+            },
+        }
 
     def _restarted(self, island: str):
         async def again() -> None:
@@ -265,6 +299,12 @@ class Relay:
         return again
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.metrics is not None:  # first: a port taken stops the relay before its agents start
+            try:
+                await self.metrics.start()
+            except OSError as e:
+                host, port = self.metrics.listen
+                raise C2Error(f"{self.cfg.source}: relay.metrics {host}:{port}: {e.strerror or e}") from None
         try:
             await asyncio.gather(*(self._start(sup) for sup in self.sups.values()))  # agents start side by side
             for k in self.islands:
@@ -296,6 +336,8 @@ class Relay:
         for sup in self.sups.values():
             with contextlib.suppress(Exception):
                 await sup.stop()
+        if self.metrics is not None:
+            await self.metrics.close()
         self.core.close()
 
     async def _receive(self, island: str) -> None:

@@ -344,6 +344,13 @@ def test_the_operations_page_lists_every_metric_a_node_serves():
             "puback_s": h,
         },
         "coap": {"counters": {"requests": 1}, "pending_responses": 0, "replaying": 0, "observing": 0},
+        "relay": {
+            "counters": {"accepted": 1},
+            "held": {"dtn7": 1},
+            "held_bytes": 10,
+            "max_bytes": 100,
+            "agents_up": {"dtn7": True},
+        },
     }
     page = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     missing = []
@@ -351,8 +358,48 @@ def test_the_operations_page_lists_every_metric_a_node_serves():
         name = fam.name + ("_total" if fam.type == "counter" else "")
         if f"`{name}`" in page:
             continue
-        prefix = next((p for p in ("c2dtn_store_", "c2dtn_mqtt_", "c2dtn_coap_") if name.startswith(p)), None)
+        prefix = next(
+            (p for p in ("c2dtn_store_", "c2dtn_mqtt_", "c2dtn_coap_", "c2dtn_relay_") if name.startswith(p)), None
+        )
         if prefix and name.endswith("_total") and f"`{name[len(prefix) : -len('_total')]}`" in page:
             continue
         missing.append(name)
     assert not missing, missing
+
+
+def test_a_relay_serves_what_it_holds_per_island_and_its_counters(tmp_path):
+    from c2dtn.overlay.relay import load_relay_config
+
+    st = {
+        "node": "tacnet",
+        "agent": "dtn7+ibrdtn",
+        "uptime_s": 5.0,
+        "agent_restarts": 1,
+        "send_errors": 0,
+        "relay": {
+            "counters": {"accepted": 7, "forwarded": 5, "dropped_full": 1},
+            "held": {"ibrdtn": 2},
+            "held_bytes": 300,
+            "max_bytes": 1 << 20,
+            "agents_up": {"dtn7": True, "ibrdtn": False},
+        },
+    }
+    got = scrape(st)
+    assert got[("c2dtn_relay_held_bundles", (("island", "ibrdtn"),))] == 2
+    assert got[("c2dtn_relay_agent_up", (("island", "ibrdtn"),))] == 0
+    assert got[("c2dtn_relay_forwarded_total", ())] == 5 and got[("c2dtn_relay_dropped_full_total", ())] == 1
+    assert ("c2dtn_bundles_to_agent_total", ()) not in got  # (a relay's bundles are its counters)
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.toml").write_text(
+            f'[node]\nid = "t{name}"\nstorage = "{tmp_path / name}"\n[agent]\nkind = "{"dtn7" if name == "a" else "ibrdtn"}"\n'
+        )
+    relay = tmp_path / "r.toml"
+    for value, ok in (('"127.0.0.1:9465"', True), ('"nowhere:1"', False)):
+        relay.write_text(
+            f'[relay]\nid = "tacnet"\nstorage = "{tmp_path / "r"}"\nislands = ["a.toml", "b.toml"]\nmetrics = {value}\n'
+        )
+        if ok:
+            assert load_relay_config(relay).metrics_listen == ("127.0.0.1", 9465)
+        else:
+            with pytest.raises(ConfigError, match=r"relay\.metrics"):
+                load_relay_config(relay)

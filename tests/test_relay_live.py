@@ -4,6 +4,8 @@ radio link (cnr-tactical-2) is cut; the relay is SIGKILLed while it is."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -24,7 +26,10 @@ pytestmark = [pytest.mark.netns, pytest.mark.skipif(_why is not None, reason=str
 def islands(tmp_path):
     testbed.down()
     st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=12)
-    yield from running(Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", agent=KINDS, relay="r3"))
+    nodes = Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", agent=KINDS, relay="r3")
+    cfg = nodes.paths["r3"]  # the relay serves metrics too, inside its namespace
+    cfg.write_text(cfg.read_text().replace("[relay]\n", '[relay]\nmetrics = "127.0.0.1:9465"\n', 1))
+    yield from running(nodes)
 
 
 def _send(nodes: Nodes, src: str, dst: str, n: int) -> list[int]:
@@ -59,3 +64,18 @@ def test_both_ways_across_the_relay_through_an_outage_and_a_relay_killed_in_it(i
     relay_log = nodes.log("r3")
     assert relay_log.count("relay r3 up: dtn7 island (gw1, r2); ibrdtn island (gw4)") == 2
     assert "dropped" not in relay_log
+    # its metrics since the restart: both agents up, what it forwarded, nothing held or dropped
+    r = subprocess.run(
+        ["ip", "netns", "exec", "c2-r3", sys.executable, "-c", "import urllib.request as u; "
+         "print(u.urlopen('http://127.0.0.1:9465/metrics', timeout=10).read().decode())"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    m = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in r.stdout.splitlines()
+        if line and line[0] != "#"
+    }
+    assert m['c2dtn_relay_agent_up{island="dtn7"}'] == 1 and m['c2dtn_relay_agent_up{island="ibrdtn"}'] == 1
+    assert m.get("c2dtn_relay_forwarded_total", 0) >= 1 and m["c2dtn_relay_held_bytes"] == 0
+    assert m.get("c2dtn_relay_dropped_full_total", 0) == 0

@@ -258,7 +258,8 @@ reverse_profile = "lan"
 
 
 def test_capture_holds_what_the_link_delivered(clean, tmp_path):
-    """`testbed.capture`: the pcap of a lossy link holds the frames it delivered, not the lost ones."""
+    """`testbed.capture`: the pcapng of a lossy link holds the frames it delivered, once each, and
+    the ones it lost marked as dropped (a comment), on the interface of their direction."""
     from scapy.utils import RawPcapReader
 
     st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=7)
@@ -266,11 +267,17 @@ def test_capture_holds_what_the_link_delivered(clean, tmp_path):
     run = probe.send_stream(st, "h1", "h4", count=200, interval_s=0.1, payload=12, drain_s=1.5)
     testbed.capture(["r2-r3"], None)
     live = testbed.status()["links"]["r2-r3"]["live"]
-    frames = [f for f, _ in RawPcapReader(paths["r2-r3"])]
+    frames = [(f, m.comments or [], m.ifname) for f, m in RawPcapReader(paths["r2-r3"])]
+    carried = [(f, i) for f, c, i in frames if not c]
+    dropped = [(f, c[0].decode(), i) for f, c, i in frames if c]
     got = len(run.arrivals)
-    print(f"{len(frames)} frames captured; {got} probes received; link delivered {live['ab']['delivered']} a->b")
-    assert sum(1 for f in frames if len(f) == PROBE_FRAME) == got  # each probe that arrived, once
-    assert len(frames) == live["ab"]["delivered"] + live["ba"]["delivered"]
+    print(f"{len(carried)} frames carried, {len(dropped)} dropped; {got} probes received")
+    probes = [i for f, i in carried if len(f) == PROBE_FRAME]
+    assert len(probes) == got and set(probes) == {b"r2-r3 ab"}  # each probe that arrived, once, h1 -> h4
+    assert len(carried) == live["ab"]["delivered"] + live["ba"]["delivered"]
+    lost = [d for d in dropped if len(d[0]) == PROBE_FRAME]
+    assert len(lost) == 200 - got and {d[1] for d in lost} <= {"dropped: lost"}  # the rest, marked
+    assert paths["r2-r3"].endswith(".pcapng") and os.stat(paths["r2-r3"]).st_mode & 0o777 == 0o600
     assert testbed.capture(["r2-r3"], None) == {}  # stopping twice is harmless
     with pytest.raises(testbed.ConfigError, match="no-such-link"):
         testbed.capture(["no-such-link"], tmp_path)
