@@ -29,8 +29,10 @@ BPA_BUILDS :=
 BPA_AFTER :=
 APT_BPAS :=
 include $(sort $(wildcard overlay/agents/make/*.mk))
+# the testbed's own source-built parts (CORE), built the same way
+include $(sort $(wildcard topologies/make/*.mk))
 
-.PHONY: demo test test-fast check docs deps apt apt-test venv tools bpas apt-bpas promtool box-root clean down lock
+.PHONY: demo test test-fast check docs deps apt apt-test venv tools bpas apt-bpas core promtool box-root clean down lock
 
 # the demo runs on the default agent alone: it builds no other
 demo: apt venv tools
@@ -40,7 +42,7 @@ demo: apt venv tools
 test: deps
 	$(BIN)/pytest -ra -v --durations=30
 
-deps: apt apt-test venv tools bpas promtool box-root
+deps: apt apt-test venv tools bpas core promtool box-root
 
 # Debian packages only the tests use: tshark reads the emulator's captures as a second opinion
 # (tests/test_mqtt_sn_live.py); headless Chromium and its driver load the drill view

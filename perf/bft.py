@@ -92,6 +92,7 @@ class Plan:
     capture: bool = True  # capture the emulated links (the report's layer split)
     view: int = 0  # serve the drill view on this port of 127.0.0.1 during the run (0: no)
     pcap: str = ""  # capture every emulated link into this folder, <mode>/<link>.pcapng ("": the radio links only)
+    engine: str = field(default_factory=testbed.default_engine)  # who builds the testbed (perf --engine)
 
 
 # -- processes ------------------------------------------------------------------
@@ -335,7 +336,7 @@ def _stop_clients(clients: list, readers: list) -> None:
 
 def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
     testbed.down()
-    st = testbed.up(plan.topology, profile=plan.profile, seed=plan.seed)
+    st = testbed.up(plan.topology, profile=plan.profile, seed=plan.seed, engine=plan.engine)
     s = None
     try:
         override_agents(st, plan.agents)
@@ -664,6 +665,7 @@ def title_of(plan: Plan) -> str:
         f"BFT on {plan.topology}: {_where(plan)}, report every {plan.period:g} s for "
         f"{plan.duration:g} s (drain {plan.drain:g} s), QoS {plan.qos}, links {plan.profile}"
         + (f", link down {plan.outage[0]:g}-{plan.outage[1]:g} s" if plan.outage else "")
+        + (f", on {plan.engine}" if plan.engine != "namespaces" else "")
         + (
             ", agent " + ", ".join(f"{k}" if n == "*" else f"{n}={k}" for n, k in sorted(plan.agents.items()))
             if plan.agents

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import click
@@ -11,8 +12,16 @@ from c2dtn.overlay.agents import DEFAULT
 
 
 @click.group("perf")
-def perf() -> None:
+@click.option(
+    "--engine",
+    type=click.Choice(["namespaces", "core"]),
+    default=None,
+    help="who builds each campaign's testbed: c2dtn's namespaces or a CORE session  [default: $C2DTN_ENGINE or namespaces]",
+)
+def perf(engine: str | None) -> None:
     """Benchmarks and measurement campaigns."""
+    if engine:
+        os.environ["C2DTN_ENGINE"] = engine  # testbed.up's default: every campaign builds on it
 
 
 @perf.command("emulator")

@@ -39,6 +39,7 @@ def main(dirs: list[str], out: str | None = None) -> None:
         t = Table(title="perf bft runs side by side")
         for c in (
             "run",
+            "engine",
             "topology",
             "links",
             "period",
@@ -61,6 +62,7 @@ def main(dirs: list[str], out: str | None = None) -> None:
                 f = lambda v, u="s": "-" if v is None else f"{v:.1f} {u}"  # noqa: E731
                 t.add_row(
                     d.name,
+                    p.get("engine", "namespaces"),
                     p.get("topology", "nps-chain"),
                     p["profile"],
                     f"{p['period']:g} s",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # build-bpa.sh NAME ARCHIVE PREFIX
 #
-# Build one Bundle Protocol Agent from its public source archive (../shared/bpa-src/ by
+# Build one Bundle Protocol Agent (or a testbed part built the same way: CORE) from its public source archive (../shared/bpa-src/ by
 # default: no registry carries them) into PREFIX, a version-keyed folder of the cache
 # outside the clone, once per machine.  The facts of each build (flags, files the
 # archives leave out) are in ../shared/bpa-src/README.md.
@@ -11,7 +11,9 @@
 set -u
 name=$1 archive=$2 prefix=$3
 log=$prefix.log
-recipe=$(cd "$(dirname "$0")/.." && pwd)/overlay/agents/make/$name.sh
+root=$(cd "$(dirname "$0")/.." && pwd)
+recipe=$root/overlay/agents/make/$name.sh
+[ -f "$recipe" ] || recipe=$root/topologies/make/$name.sh  # a testbed part (CORE), built the same way
 [ -e "$prefix/.built" ] && exit 0
 if [ -e "$prefix.failed" ] && [ -z "${BPA_RETRY:-}" ]; then
   echo "$name: not built (an earlier build failed: $(cat "$prefix.failed"); BPA_RETRY=1 to try again)" >&2

@@ -18,9 +18,9 @@ pytestmark = [pytest.mark.netns, pytest.mark.skipif(agent_missing() is not None,
 BPA = ["gw1", "r2", "r3", "gw4"]
 
 
-def _chain(tmp_path, agent: str = "dtn7"):
+def _chain(tmp_path, agent: str = "dtn7", engine: str = "namespaces"):
     testbed.down()
-    st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=11)
+    st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=11, engine=engine)
     yield from running(Nodes(st, BPA, ["gw1", "gw4"], tmp_path / "nodes", agent=agent))
 
 
@@ -109,7 +109,27 @@ OUTAGE_S = float(os.environ.get("C2DTN_OUTAGE_S", "35"))
 
 
 def test_sender_killed_mid_outage_and_restarted_still_all_500(agent_chain):
-    nodes = agent_chain
+    killed_mid_outage(agent_chain)
+
+
+@pytest.fixture
+def core_chain(tmp_path):
+    from c2dtn.topologies import core_engine
+
+    why = core_engine.missing()
+    if why:
+        pytest.skip(f"CORE: {why}")
+    yield from _chain(tmp_path, "dtn7", engine="core")
+
+
+def test_on_core_sender_killed_mid_outage_and_restarted_still_all_500(core_chain):
+    """The same kill test on a CORE session (topo up --engine core): CORE's nodes and links,
+    the radio link in an emulator node, cut and restored through it."""
+    assert testbed.read_state()["engine"] == "core"
+    killed_mid_outage(core_chain)
+
+
+def killed_mid_outage(nodes: Nodes) -> None:
     cut = outage(5, OUTAGE_S)
     sent = send_orders(nodes, 0, 300, pause_every=50, pause_s=1)
     time.sleep(20)  # well inside the outage

@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from c2dtn.topologies import model, testbed
+from c2dtn.topologies import core_engine, model, testbed
 from c2dtn.topologies.profiles import Profile, format_rate, load_builtin_profiles
 
 console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and CI logs get full tables
@@ -73,11 +73,47 @@ def list_cmd() -> None:
     default=None,
     help="capture every emulated link into DIR/<link>.pcapng (both ways; dropped frames marked) until `topo down`",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(testbed.ENGINES),
+    default=None,
+    help="who builds the nodes and links: c2dtn's own namespaces, or a CORE session  [default: $C2DTN_ENGINE or namespaces]",
+)
+@click.option(
+    "--core-address",
+    default=None,
+    metavar="HOST:PORT",
+    help="--engine core: the CORE daemon's gRPC address (default: one the testbed starts on loopback)",
+)
+@click.option(
+    "--servers",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="--engine core: a servers file placing nodes on CORE servers (distributed mode; docs/core.md)",
+)
 def up_cmd(
-    topology: str, profile: str | None, link_backend: str, schedule: str | None, seed: int | None, pcap: str | None
+    topology: str,
+    profile: str | None,
+    link_backend: str,
+    schedule: str | None,
+    seed: int | None,
+    pcap: str | None,
+    engine: str | None,
+    core_address: str | None,
+    servers: str | None,
 ) -> None:
     """Build TOPOLOGY (a shipped name or a .toml file); cleans up leftovers first."""
-    st = testbed.up(topology, profile=profile, backend=link_backend, schedule=schedule, seed=seed, progress=_say)
+    st = testbed.up(
+        topology,
+        profile=profile,
+        backend=link_backend,
+        schedule=schedule,
+        seed=seed,
+        progress=_say,
+        engine=engine,
+        core_address=core_address,
+        servers=servers,
+    )
     _print_status(st, live=False)
     if pcap is not None:
         links = [n for n, ls in st["links"].items() if ls.get("control")]
@@ -151,7 +187,12 @@ def status_cmd(as_json: bool) -> None:
 
 
 def _print_status(st: dict, live: bool) -> None:
-    console.print(f"[bold]{st['topology']}[/bold] ({st['source']}), link backend: {st['backend']}")
+    engine = st.get("engine", "namespaces")
+    if engine == "core":
+        c = st["core"]
+        engine += f" (session {c['session']} of the CORE daemon at {c['address']}"
+        engine += f", {len(set(c['hosts'].values()))} other servers)" if c.get("hosts") else ")"
+    console.print(f"[bold]{st['topology']}[/bold] ({st['source']}), engine: {engine}, link backend: {st['backend']}")
     n = Table(title="nodes")
     for c in ("node", "role", "namespace", "addresses (interface)"):
         n.add_column(c)
@@ -237,7 +278,8 @@ def exec_cmd(node: str, command: tuple[str, ...]) -> None:
     if argv and argv[0] == "--":
         argv = argv[1:]
     sys.stdout.flush()
-    os.execvp("ip", ["ip", "netns", "exec", ns, *argv])
+    pre = core_engine.exec_prefix(st.get("core", {}).get("hosts", {}).get(ns), ns)  # a CORE server's node: over SSH
+    os.execvp(pre[0], [*pre, *argv])
 
 
 @topo.command("link")

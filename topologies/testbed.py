@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -28,12 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from c2dtn.errors import C2Error, ConfigError
-from c2dtn.topologies import netem, netns
+from c2dtn.topologies import core_engine, core_plan, netem, netns
 from c2dtn.topologies.model import Topology, load
 from c2dtn.topologies.profiles import Profile
 
 NS_PREFIXES = ("c2-", "c2e-", "c2l-")
 BACKENDS = ("auto", "netem", "userspace")
+ENGINES = ("namespaces", "core")  # who builds the namespaces: c2dtn itself, or CORE (core_engine.py)
+
+
+def default_engine() -> str:
+    """--engine's default: $C2DTN_ENGINE (how `perf --engine` reaches every campaign), else namespaces."""
+    return os.environ.get("C2DTN_ENGINE") or "namespaces"
 
 
 class TestbedError(C2Error):
@@ -122,6 +129,8 @@ def down(progress: Callable[[str], None] | None = None) -> list[str]:
         pid = st["scheduler_pid"]
         if "c2dtn.topologies.scheduler" in _proc_cmdline(pid) or "c2sched" in _proc_cmdline(pid):
             netns.stop_pids([pid])
+    if st and st.get("engine") == "core":
+        _down_core(st, say)
     names = netns.list_ns(NS_PREFIXES)
     pids = netns.pids_in(names)
     all_pids = [p for ps in pids.values() for p in ps]
@@ -133,12 +142,35 @@ def down(progress: Callable[[str], None] | None = None) -> list[str]:
         removed.append(n)
     if names:
         say(f"removed {len(names)} namespaces")
+    core_engine.stop_daemon(run_dir())  # the testbed's own CORE daemon, even if the state is lost
     with contextlib.suppress(FileNotFoundError):
         state_path().unlink()
     for sock in run_dir().glob("emu-*.sock"):
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
     return removed
+
+
+def _down_core(st: dict[str, Any], say: Callable[[str], None]) -> None:
+    """What runs in a CORE session's nodes is stopped first (CORE's own node processes, whose
+    PIDs the state holds, are left to CORE), then CORE removes the session it built; names of
+    nodes on other servers are removed there."""
+    core = st.get("core") or {}
+    own = set(core.get("pids", {}).values())
+    names = netns.list_ns(NS_PREFIXES)
+    ours = [p for ps in netns.pids_in(names).values() for p in ps if p not in own]
+    if ours:
+        say(f"stopping {len(ours)} processes in CORE's nodes")
+        netns.stop_pids(ours)
+    if core.get("address") and core.get("session") is not None:
+        try:
+            core_engine.call(core["address"], "delete", {"session": core["session"]}, timeout=60)
+            say(f"CORE session {core['session']} deleted")
+        except core_engine.CoreError as e:
+            say(f"CORE session {core['session']}: {e} (its namespaces are removed below)")
+    for ns, host in core.get("hosts", {}).items():
+        with contextlib.suppress(core_engine.CoreError, OSError, subprocess.SubprocessError):
+            core_engine.remote(host, ["ip", "netns", "delete", ns])
 
 
 # --------------------------------------------------------------------- build
@@ -164,19 +196,41 @@ def up(
     schedule: str | None = None,
     seed: int | None = None,
     progress: Callable[[str], None] | None = None,
+    engine: str | None = None,
+    core_address: str | None = None,
+    servers: str | None = None,
 ) -> dict[str, Any]:
-    """Build `topology` (a name or a TOML file).  Cleans leftovers of any earlier run first."""
+    """Build `topology` (a name or a TOML file).  Cleans leftovers of any earlier run first.
+
+    engine: "namespaces" (c2dtn's own) or "core" (a CORE session: a daemon the testbed starts
+    on loopback, or the one at core_address; servers: a servers file placing nodes on CORE
+    servers, distributed mode); default default_engine()."""
     say = progress or (lambda m: None)
+    engine = engine or default_engine()
+    if engine not in ENGINES:
+        raise ConfigError("--engine", "--engine", engine, "unknown engine", "choose " + " or ".join(ENGINES))
     topo = load(topology, profile_override=profile, schedule_file=schedule)  # bad files fail before any change
     if backend not in BACKENDS:
         choose_backend(backend)  # raises the error naming the value
+    placed: list[core_plan.Server] = []
+    if engine == "core":
+        placed = core_plan.load_servers(servers) if servers else []
+        core_plan.place(topo, placed)  # a pattern naming no node fails here, before any change
+        why = core_engine.missing()
+        if why and core_address is None:
+            raise TestbedError(f"--engine core: {why}")
+    elif servers or core_address:
+        raise ConfigError("--engine", "--engine", engine, "--servers and --core-address are for --engine core")
     netns.require_root()
     chosen = choose_backend(backend)
-    if netns.list_ns(NS_PREFIXES) or state_path().exists():
+    if netns.list_ns(NS_PREFIXES) or state_path().exists() or (run_dir() / core_engine.DAEMON_PIDFILE).exists():
         say("cleaning up what an earlier run left")
         down()
     try:
-        st = _build(topo, chosen, seed, say)
+        if engine == "core":
+            st = _build_core(topo, chosen, seed, say, core_address, placed)
+        else:
+            st = _build(topo, chosen, seed, say)
     except BaseException:
         down()
         raise
@@ -185,7 +239,6 @@ def up(
 
 def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], None]) -> dict[str, Any]:
     t0 = time.monotonic()
-    rd = run_dir()
     node_ns = [n.netns for n in topo.nodes.values()]
     emu_links = [l for l in topo.links.values() if l.emulate]
     all_ns = node_ns + [l.netns for l in emu_links] + [s.netns for s in topo.lans.values()]
@@ -259,15 +312,26 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
                 ip.route("add", dst=dst, gateway=gw)
 
     st = state_of(topo, backend)
-    links_state = st["links"]
     _write_state(st)
+    if backend == "netem":
+        for link in emu_links:
+            netem.run(netem.bridge_commands(link.netns, "c2a", "c2b"))
+    _start_links(st, topo, seed, t0, say)
+    return st
 
+
+def _start_links(st: dict[str, Any], topo: Topology, seed: int | None, t0: float, say: Callable[[str], None]) -> None:
+    """Put each emulated link's profile in place (netem) or start its userspace emulator,
+    then the schedule runner; records all in the state file.  Either engine."""
+    rd = run_dir()
+    backend = st["backend"]
+    emu_links = [l for l in topo.links.values() if l.emulate]
+    links_state = st["links"]
     if emu_links:
         say(f"starting {len(emu_links)} link emulators ({backend})")
     for i, link in enumerate(emu_links):
         ls = links_state[link.name]
         if backend == "netem":
-            netem.run(netem.bridge_commands(link.netns, "c2a", "c2b"))
             _apply_profiles(st, ls)
         else:
             ctl = str(rd / f"emu-{link.name}.sock")
@@ -319,6 +383,66 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
         st["scheduler_pid"] = proc.pid
     _write_state(st)
     say(f"{topo.name} is up in {st['build_s']:.1f} s")
+
+
+def _build_core(
+    topo: Topology,
+    backend: str,
+    seed: int | None,
+    say: Callable[[str], None],
+    address: str | None,
+    servers: list[core_plan.Server],
+) -> dict[str, Any]:
+    """The topology as a CORE session (core_plan), its namespaces named as the namespaces
+    engine names its own, then configured and its links started as there."""
+    t0 = time.monotonic()
+    plan = core_plan.session_plan(topo, backend, servers)
+    st = state_of(topo, backend)
+    hosts = {s.name: s.host for s in servers}
+    st["engine"] = "core"
+    st["core"] = {"address": address, "daemon_pid": None, "session": None, "pids": {}, "hosts": {}}
+    for ls in st["links"].values():
+        if ls["name"] in plan["emulators"] or not ls["emulate"]:
+            continue
+        ls["netns"] = None  # CORE's link options carry it: no emulator node
+        link = next(l for l in plan["links"] if l.get("link") == ls["name"])
+        ls["core"] = {
+            "node1": plan["ids"][link["node1"]],
+            "node2": plan["ids"][link["node2"]],
+            "iface1": link["iface1"]["id"],
+            "iface2": link["iface2"]["id"],
+        }
+    for lan in st["lans"].values():
+        lan["netns"] = None  # a CORE switch (a bridge on the host), not a namespace
+    _write_state(st)
+    if address is None:
+        address, pid = core_engine.start_daemon(run_dir(), say)
+        st["core"].update(address=address, daemon_pid=pid)
+        _write_state(st)
+    say(f"asking CORE for a session of {len(plan['nodes'])} nodes and {len(plan['links'])} links ({backend} links)")
+    ans = core_engine.call(address, "build", plan)
+    st["core"].update(session=ans["session"], dir=ans["dir"])
+    _write_state(st)
+    netns_of = {n.name: n.netns for n in topo.nodes.values()} | {e: e for e in plan["emulators"].values()}
+    for n in plan["nodes"]:
+        if n["type"] != "DEFAULT":
+            continue
+        host = hosts.get(n["server"]) if n["server"] else None
+        pid = core_engine.node_pid(ans["dir"], n["name"], host)
+        core_engine.attach(netns_of[n["name"]], pid, host)
+        st["core"]["pids"][n["name"]] = pid
+        if host:
+            st["core"]["hosts"][netns_of[n["name"]]] = host
+    _write_state(st)
+    say(f"configuring {len(netns_of)} CORE nodes")
+    for ns, cmds in core_plan.node_commands(topo, plan).items():
+        script = " && ".join(" ".join(shlex.quote(a) for a in c) for c in cmds)
+        host = st["core"]["hosts"].get(ns)
+        argv = core_engine.exec_prefix(host, ns) + ["bash", "-c", script if host is None else shlex.quote(script)]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise TestbedError(f"configuring CORE node {ns}: {r.stderr.strip() or r.returncode}")
+    _start_links(st, topo, seed, t0, say)
     return st
 
 
@@ -349,6 +473,7 @@ def state_of(topo: Topology, backend: str) -> dict[str, Any]:
     st: dict[str, Any] = {
         "topology": topo.name,
         "source": topo.source,
+        "engine": "namespaces",
         "backend": backend,
         "nodes": {
             n.name: {
@@ -413,7 +538,17 @@ def _wait_emulator(ls: dict[str, Any], timeout: float = 10.0) -> None:
 # --------------------------------------------------------------------- live changes
 def _apply_profiles(st: dict[str, Any], ls: dict[str, Any], outage: bool = False) -> None:
     pab, pba = Profile.from_dict(ls["profile_ab"]), Profile.from_dict(ls["profile_ba"])
-    if st["backend"] == "netem":
+    if st["backend"] == "netem" and st.get("engine") == "core":
+        # CORE's link options, each direction on its sending interface (core_plan.link_options)
+        c = ls["core"]
+        for p, n1, n2, i1, i2 in (
+            (pab, "node1", "node2", "iface1", "iface2"),
+            (pba, "node2", "node1", "iface2", "iface1"),
+        ):
+            opts = core_plan.link_options(p) | (core_plan.OUTAGE_OPTIONS if outage else {})
+            req = {"session": st["core"]["session"], "node1": c[n1], "node2": c[n2], "iface1": c[i1], "iface2": c[i2]}
+            core_engine.call(st["core"]["address"], "edit", req | {"options": opts})
+    elif st["backend"] == "netem":
         if outage:
             pab, pba = netem.outage_profile(pab), netem.outage_profile(pba)
         # a->b leaves the emulator through the port facing b, and vice versa
@@ -423,6 +558,10 @@ def _apply_profiles(st: dict[str, Any], ls: dict[str, Any], outage: bool = False
 
 
 def _carrier(ls: dict[str, Any], on: bool) -> None:
+    if ls["netns"] is None:
+        raise TestbedError(
+            f"link {ls['name']} has no emulator node to cut its carrier in (run it with --link-backend userspace)"
+        )
     with netns.ipr(ls["netns"]) as ip:
         for port in ("c2a", "c2b"):
             ip.link("set", index=ip.link_lookup(ifname=port)[0], state="up" if on else "down")

@@ -14,10 +14,13 @@ from pathlib import Path
 
 from c2dtn.errors import C2Error
 
+MAKE_DIR = Path(__file__).parent / "make"
 
-def version(name: str) -> str:
-    """The version the agent's build fragment builds (make/<name>.mk: <NAME>_VERSION := ...)."""
-    text = (Path(__file__).parent / "make" / f"{name}.mk").read_text()
+
+def version(name: str, make_dir: Path = MAKE_DIR) -> str:
+    """The version the agent's build fragment builds (make/<name>.mk: <NAME>_VERSION := ...);
+    make_dir: where the fragment is (topologies/make for the testbed's CORE)."""
+    text = (make_dir / f"{name}.mk").read_text()
     m = re.search(rf"^{name.upper()}_VERSION\s*:=\s*(\S+)", text, re.M)
     if m is None:
         raise C2Error(f"make/{name}.mk names no {name.upper()}_VERSION")
@@ -33,18 +36,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("C2DTN_CACHE", Path.home() / ".cache" / "c2dtn"))
 
 
-def built(name: str) -> Path:
+def built(name: str, make_dir: Path = MAKE_DIR) -> Path:
     """The install folder of a BPA built by `make bpas`; NotBuilt says why it is not there."""
-    folder = cache_dir() / f"{name}-{version(name)}"
+    folder = cache_dir() / f"{name}-{version(name, make_dir)}"
     if (folder / ".built").exists():
         return folder
     failed = folder.with_name(folder.name + ".failed")
     if failed.exists():
         raise NotBuilt(
-            f"{name} {version(name)} did not build: {failed.read_text().strip()} "
+            f"{name} {version(name, make_dir)} did not build: {failed.read_text().strip()} "
             f"(log: {folder}.log; `BPA_RETRY=1 make bpas` tries again)"
         )
-    raise NotBuilt(f"{name} {version(name)} is not built: run `make bpas` (from ../shared/bpa-src/)")
+    raise NotBuilt(f"{name} {version(name, make_dir)} is not built: run `make bpas` (from ../shared/bpa-src/)")
 
 
 def not_built(name: str) -> str | None:
