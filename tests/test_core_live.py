@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from c2dtn.errors import ConfigError
 from c2dtn.topologies import core_engine, netns, probe, testbed
 
 pytestmark = [
@@ -68,13 +69,14 @@ def test_nps_chain_on_core_has_the_profile_and_leaves_nothing(clean):
     back = probe.send_stream(st, "h1", "h4", count=20, interval_s=0.1, payload=12, drain_s=1.5)
     assert back.loss() < 0.5
     down = c2("topo", "down")
-    assert "CORE session" in down.stdout
+    assert f"CORE session {c['session']} deleted" in down.stdout
     assert netns.list_ns(testbed.NS_PREFIXES) == []
     assert not session_dir.exists()
     for pid in [*c["pids"].values(), c["daemon_pid"]]:
         assert not netns._alive(pid), f"pid {pid} still runs"
     assert root_links() == before
     assert not (testbed.run_dir() / core_engine.DAEMON_PIDFILE).exists()
+    assert not session_dir.parent.exists()  # the daemon's fresh folder for its sessions
 
 
 def test_down_after_a_crash_of_the_controlling_process_removes_the_session(clean):
@@ -88,6 +90,36 @@ def test_down_after_a_crash_of_the_controlling_process_removes_the_session(clean
     assert not netns._alive(daemon)
     assert netns.list_ns(testbed.NS_PREFIXES) == []
     assert root_links() == before
+
+
+def test_a_build_that_fails_after_core_made_the_session_leaves_nothing(clean, monkeypatch):
+    """CORE made the session, then configuring a node fails: the session is deleted, the
+    daemon stopped, the names removed, and the error names the node."""
+    from c2dtn.topologies import core_plan
+
+    real = core_plan.node_commands
+
+    def broken(topo, plan):
+        cmds = real(topo, plan)
+        cmds["c2-r3"].append(["ip", "route", "replace", "10.99.0.0/16", "via", "10.99.0.1"])  # no such next hop
+        return cmds
+
+    monkeypatch.setattr(core_plan, "node_commands", broken)
+    before = root_links()
+    with pytest.raises(testbed.TestbedError, match="c2-r3"):
+        testbed.up("nps-chain", engine="core")
+    assert testbed.read_state() is None
+    assert netns.list_ns(testbed.NS_PREFIXES) == []
+    assert root_links() == before
+    pidfile = testbed.run_dir() / core_engine.DAEMON_PIDFILE
+    assert not pidfile.exists() and not core_engine.daemon_dir(testbed.run_dir()).exists()
+    out = subprocess.run(["ps", "-eo", "comm"], capture_output=True, text=True).stdout.split()
+    assert "c2core-daemon" not in out
+
+
+def test_core_address_elsewhere_is_refused_naming_it(clean):
+    with pytest.raises(ConfigError, match="10.1.2.3:50051"):
+        testbed.up("nps-chain", engine="core", core_address="10.1.2.3:50051")
 
 
 def test_engine_core_without_core_built_names_the_build(monkeypatch, tmp_path, clean):

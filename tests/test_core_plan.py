@@ -37,7 +37,7 @@ def test_each_emulated_link_gets_an_emulator_node_between_its_ends():
     macs = [i["mac"] for l in plan["links"] for i in (l["iface1"], l["iface2"]) if "mac" in i]
     assert len(macs) == len(set(macs)) == 2 * len(plan["links"])
     assert [n["id"] for n in plan["nodes"]] == list(range(1, len(plan["nodes"]) + 1))
-    assert plan["tunnels"] == []
+    assert plan["crossing"] == []
 
 
 def test_node_commands_set_static_neighbours_to_the_peer_mac_and_routes():
@@ -83,7 +83,8 @@ def test_a_profile_core_options_cannot_express_is_refused_naming_what():
 def _nation_servers(tmp_path):
     f = tmp_path / "servers.toml"
     f.write_text(
-        "".join(
+        'controller = "192.0.2.1"\n'
+        + "".join(
             f'[[server]]\nname = "core-{n}"\nhost = "192.0.2.{i + 10}"\nnodes = ["{n}-*"]\n\n'
             for i, n in enumerate(("deu", "nor", "prt", "usa"))
         )
@@ -97,36 +98,65 @@ def test_fmn_4nations_one_nation_per_server_what_each_server_runs(tmp_path):
     plan = core_plan.session_plan(topo, "userspace", servers)
     per = core_plan.per_server(plan)
     assert set(per) == {"", "core-deu", "core-nor", "core-prt", "core-usa"}
-    for s in servers:
+    for s in servers.servers:
         nation = s.name.removeprefix("core-")
         mine = per[s.name]["nodes"]
         # every node of the nation, and its LAN's switch, on its server; nothing else
         assert {n for n in topo.nodes if fnmatch.fnmatchcase(n, f"{nation}-*")} <= set(mine)
         assert all(n.startswith((nation + "-", "c2l-")) for n in mine)
-        # what crosses servers: the nation's end of its emulated radio link, nothing else
-        for t in per[s.name]["tunnels"]:
-            assert "c2e-" in t, t
+        # what crosses between hosts: the nation's end of its emulated radio link, nothing else
+        assert len(per[s.name]["crossing"]) == 1 and "c2e-" in per[s.name]["crossing"][0]
     # the emulators (so each radio link is emulated on one server) and the shared tactical
     # router stay on the controlling host
     assert set(plan["emulators"].values()) <= set(per[""]["nodes"])
     assert "tacnet" in per[""]["nodes"]
-    assert len(plan["tunnels"]) == 4
+    assert len(plan["crossing"]) == 4
 
 
 def test_servers_file_errors_name_the_bad_value(tmp_path):
     topo = load("fmn-4nations")
     f = tmp_path / "s.toml"
-    f.write_text('[[server]]\nname = "a"\nhost = "192.0.2.1"\nnodes = ["xyz-*"]\n')
-    with pytest.raises(ConfigError, match="xyz-\\*"):
-        core_plan.place(topo, core_plan.load_servers(f))
+    head = 'controller = "192.0.2.1"\n'
+
+    def refused(text: str, match: str, placed: bool = False) -> None:
+        f.write_text(text)
+        with pytest.raises(ConfigError, match=match) as e:
+            core_plan.place(topo, core_plan.load_servers(f)) if placed else core_plan.load_servers(f)
+        assert str(f) in str(e.value)
+
+    refused(head + '[[server]]\nname = "a"\nhost = "192.0.2.2"\nnodes = ["xyz-*"]\n', "xyz-\\*", placed=True)
+    two = '[[server]]\nname = "a"\nhost = "192.0.2.2"\nnodes = ["deu-*"]\n[[server]]\nname = "b"\nhost = "192.0.2.3"\n'
+    refused(head + two + 'nodes = ["deu-u1"]\n', "second server", placed=True)
+    # a host is an address: no option, no shell, no name CORE cannot make a tunnel to
+    for bad in ("-oProxyCommand=x", "10.0.0.1;touch${IFS}/x", "$(id)", "core-deu.lab"):
+        refused(head + f'[[server]]\nname = "a"\nhost = "{bad}"\nnodes = ["deu-*"]\n', "host.*IP address")
+    refused(head + '[[server]]\nname = "a"\nhost = "192.0.2.2"\nnodes = ["deu-*"]\nport = 1\n', "port")
+    refused('[[server]]\nname = "a"\nhost = "192.0.2.2"\nnodes = ["deu-*"]\n', "controller")
+    refused(head + '[[server]]\nname = "a"\nhost = "192.0.2.1"\nnodes = ["deu-*"]\n', "second server at this address")
+
+
+def test_a_node_named_as_an_emulator_node_is_refused(tmp_path):
+    f = tmp_path / "t.toml"
     f.write_text(
-        '[[server]]\nname = "a"\nhost = "192.0.2.1"\nnodes = ["deu-*"]\n[[server]]\nname = "b"\nhost = "192.0.2.2"\nnodes = ["deu-u1"]\n'
+        'name = "clash"\n[[nodes]]\nname = "a"\n[[nodes]]\nname = "b"\n[[nodes]]\nname = "c2e-a-b"\n'
+        '[[links]]\na = "a"\nb = "b"\nprofile = "cnr-tactical-2"\n[[links]]\na = "b"\nb = "c2e-a-b"\n'
     )
-    with pytest.raises(ConfigError, match="second server"):
-        core_plan.place(topo, core_plan.load_servers(f))
-    f.write_text('[[server]]\nname = "a"\nhost = "-oProxyCommand=x"\nnodes = ["deu-*"]\n')
-    with pytest.raises(ConfigError, match="host"):
-        core_plan.load_servers(f)
-    f.write_text('[[server]]\nname = "a"\nhost = "h"\nnodes = ["deu-*"]\nport = 1\n')
-    with pytest.raises(ConfigError, match="port"):
-        core_plan.load_servers(f)
+    with pytest.raises(ConfigError, match="c2e-a-b"):
+        core_plan.session_plan(load(str(f)), "userspace")
+
+
+def test_asymmetric_profiles_each_direction_on_its_sending_interface():
+    topo = load("fmn-4nations")  # the nation -> tacnet direction shaped, tacnet -> nation plain
+    plan = core_plan.session_plan(topo, "netem")
+    link = next(l for l in topo.links.values() if l.emulate and l.profile_ab != l.profile_ba)
+    (entry,) = [l for l in plan["links"] if l["link"] == link.name]
+    assert (entry["node1"], entry["node2"]) == (link.a, link.b)
+    assert entry["options_ab"]["bandwidth"] == int(link.profile_ab.rate_bps or 0)
+    assert entry["options_ba"]["bandwidth"] == int(link.profile_ba.rate_bps or 0)
+    assert entry["options_ab"] != entry["options_ba"]
+
+
+def test_duplication_core_cannot_take_is_refused():
+    with pytest.raises(ConfigError, match="duplicate.*0.001"):
+        core_plan.link_options(Profile(name="dup", duplicate=0.001))
+    assert core_plan.link_options(Profile(name="dup", duplicate=0.02))["dup"] == 2

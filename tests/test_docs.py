@@ -88,7 +88,19 @@ def _node_config(tmp: Path, text: str) -> Path:
     return p
 
 
-TOML = blocks("toml")
+SERVERS = [(p, t) for p, t in blocks("toml") if t.startswith("# servers.toml")]  # CORE servers files
+TOML = [(p, t) for p, t in blocks("toml") if not t.startswith("# servers.toml")]  # node configs
+
+
+@pytest.mark.parametrize("page,text", SERVERS, ids=[f"{p.relative_to(ROOT)}:{i}" for i, (p, _) in enumerate(SERVERS)])
+def test_every_servers_file_in_the_docs_places_its_topology(tmp_path, page, text):
+    from c2dtn.topologies import core_plan
+    from c2dtn.topologies.model import load
+
+    f = tmp_path / "servers.toml"
+    f.write_text(text)
+    plan = core_plan.session_plan(load("fmn-4nations"), "userspace", core_plan.load_servers(f))
+    assert set(core_plan.per_server(plan)) == {"", "core-deu", "core-nor", "core-prt", "core-usa"}
 
 
 @pytest.mark.parametrize("page,text", TOML, ids=[f"{p.relative_to(ROOT)}:{i}" for i, (p, _) in enumerate(TOML)])

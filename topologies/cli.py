@@ -278,8 +278,8 @@ def exec_cmd(node: str, command: tuple[str, ...]) -> None:
     if argv and argv[0] == "--":
         argv = argv[1:]
     sys.stdout.flush()
-    pre = core_engine.exec_prefix(st.get("core", {}).get("hosts", {}).get(ns), ns)  # a CORE server's node: over SSH
-    os.execvp(pre[0], [*pre, *argv])
+    full = core_engine.exec_argv(st.get("core", {}).get("hosts", {}).get(ns), ns, argv)  # a CORE server's: SSH
+    os.execvp(full[0], full)
 
 
 @topo.command("link")

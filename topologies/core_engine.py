@@ -10,24 +10,32 @@ Decision record: docs/decisions/0019-core-engine.md.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import shlex
+import shutil
 import signal
-import socket
+import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from c2dtn.errors import C2Error
+from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agents import builds
 from c2dtn.topologies import netns
 
 MAKE_DIR = Path(__file__).parent / "make"
 SESSION_SCRIPT = Path(__file__).parent / "core_session.py"
 DAEMON_PIDFILE = "core-daemon.pid"  # in the run folder: found again by `topo down` after a crash
+# CORE's daemon under the testbed's process name (comm c2core-daemon), its argv as its own
+DAEMON_MAIN = (
+    "import ctypes, sys; ctypes.CDLL(None).prctl(15, b'c2core-daemon', 0, 0, 0); "  # 15: PR_SET_NAME
+    "sys.argv[0] = 'core-daemon'; from core.scripts.daemon import main; main()"
+)
 
 
 class CoreError(C2Error):
@@ -76,42 +84,83 @@ def call(address: str, command: str, req: dict[str, Any] | None = None, timeout:
     return ans
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def daemon_dir(run_dir: Path) -> Path:
+    """The testbed's own daemon's folder: its gRPC socket (a file only root reaches: CORE's API
+    runs anything as root and has no authentication), its config, and where its sessions'
+    folder is (tmpdir)."""
+    return run_dir / "core"
 
 
-def start_daemon(run_dir: Path, say: Callable[[str], None], timeout_s: float = 30.0) -> tuple[str, int]:
-    """A CORE daemon of the testbed's own on 127.0.0.1 (a free port), logging into the run
-    folder; returns its gRPC address and PID once it answers."""
+def check_address(address: str) -> str:
+    """A daemon the user names must be on this machine (its sessions' folders and nodes are
+    read and named here): a unix: socket path, or a loopback host and port."""
+    if address.startswith("unix:/"):
+        return address
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ok = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host).is_loopback and 0 < int(port) < 65536
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(
+            "--core-address",
+            "--core-address",
+            address,
+            "not a CORE daemon on this machine",
+            "unix:/PATH, or 127.0.0.1:PORT (nodes are named and configured here; remote servers go in --servers)",
+        )
+    return address
+
+
+def start_daemon(
+    run_dir: Path, say: Callable[[str], None], controller: str | None = None, timeout_s: float = 30.0
+) -> tuple[str, int]:
+    """A CORE daemon of the testbed's own, on a unix socket in a root-only folder, its sessions'
+    folders in a fresh root-only one (TMPDIR), logging into the run folder; returns its gRPC address and PID once
+    it answers.  controller: distributed_address, the address servers reach it at."""
     r = root()
-    port = _free_port()
+    d = daemon_dir(run_dir)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True, mode=0o700)
+    d.chmod(0o700)
+    # its sessions' folders: fresh and root's only, outside /run (CORE mounts a private dir
+    # over each node's /var/run, that is /run); `down` removes it
+    tmp = tempfile.mkdtemp(prefix="c2core-", dir="/tmp")
+    (d / "tmpdir").write_text(tmp)
+    conf = (r / "etc" / "core.conf").read_text()
+    if controller:
+        conf = conf.replace("[core-daemon]\n", f"[core-daemon]\ndistributed_address = {controller}\n", 1)
+    (d / "core.conf").write_text(conf)
     log = open(run_dir / "core-daemon.log", "w")
-    env = dict(os.environ, PATH=f"{r / 'bin'}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
+    path = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    env = dict(os.environ, PATH=f"{r / 'bin'}:{path}", TMPDIR=tmp)
     argv = [
-        str(r / "venv" / "bin" / "core-daemon"),
+        str(r / "venv" / "bin" / "python"),
         "-c",
-        str(r / "etc" / "core.conf"),
+        DAEMON_MAIN,
+        "-c",
+        str(d / "core.conf"),
         "-l",
         str(r / "etc" / "logging.conf"),
         "--grpc-address",
-        "127.0.0.1",
+        f"unix:{d}/grpc",
         "--grpc-port",
-        str(port),
+        "sock",  # (CORE listens on "<address>:<port>": the socket is <d>/grpc:sock)
     ]
     p = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     log.close()
     (run_dir / DAEMON_PIDFILE).write_text(str(p.pid))
-    address = f"127.0.0.1:{port}"
+    address = f"unix:{d}/grpc:sock"
     say(f"CORE daemon started on {address} (pid {p.pid}; log {run_dir / 'core-daemon.log'})")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if p.poll() is not None:
             raise CoreError(f"the CORE daemon exited at start: {_tail(run_dir / 'core-daemon.log')}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            call(address, "ping", timeout=20)
-            return address, p.pid
+        if (d / "grpc:sock").exists():
+            with contextlib.suppress(CoreError):
+                call(address, "ping", timeout=20)
+                return address, p.pid
         time.sleep(0.2)
     stop_daemon(run_dir, p.pid)
     raise CoreError(f"the CORE daemon did not answer on {address} within {timeout_s:.0f} s")
@@ -137,22 +186,42 @@ def stop_daemon(run_dir: Path, pid: int | None = None) -> None:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         cmd = b""
-    if b"core-daemon" in cmd:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while netns._alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        netns.stop_pids([pid], grace_s=0.5)
+    try:
+        exe = os.path.realpath(f"/proc/{pid}/exe")
+    except OSError:
+        exe = ""
+    with contextlib.suppress(builds.NotBuilt):
+        ours = exe == os.path.realpath(root() / "venv" / "bin" / "python") and b"core.scripts.daemon" in cmd
+        if ours:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30  # its shutdown deletes its sessions
+            while netns._alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            netns.stop_pids([pid], grace_s=0.5)
     with contextlib.suppress(FileNotFoundError):
         pidfile.unlink()
+    with contextlib.suppress(OSError):
+        tmp = (daemon_dir(run_dir) / "tmpdir").read_text()
+        if tmp.startswith("/tmp/c2core-") and "/" not in tmp[len("/tmp/") :]:
+            shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(daemon_dir(run_dir), ignore_errors=True)
 
 
 def node_pid(session_dir: str, name: str, host: str | None = None) -> int:
-    """The PID of a CORE node's vnoded (its namespace), from the pid file CORE writes."""
+    """The PID of a CORE node's vnoded (its namespace), from the pid file CORE writes: here, a
+    root-owned regular file (not a link), read without following one."""
     path = f"{session_dir}/{name}.pid"
     if host is None:
-        text = Path(path).read_text()
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            raise CoreError(f"CORE node {name}: pid file {path}: {e.strerror}") from None
+        with os.fdopen(fd) as fh:
+            info = os.fstat(fd)
+            if info.st_uid != 0 or not stat.S_ISREG(info.st_mode):
+                raise CoreError(f"CORE node {name}: pid file {path} is not a root-owned file")
+            text = fh.read(64)
     else:
         text = remote(host, ["cat", path]).stdout
     try:
@@ -163,9 +232,7 @@ def node_pid(session_dir: str, name: str, host: str | None = None) -> int:
 
 def remote(host: str, argv: list[str]) -> subprocess.CompletedProcess:
     """A command on a CORE server over root SSH (distributed mode)."""
-    r = subprocess.run(
-        ["ssh", "-o", "BatchMode=yes", f"root@{host}", shlex.join(argv)], capture_output=True, text=True, timeout=60
-    )
+    r = subprocess.run(ssh(host, argv), capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise CoreError(f"on {host}: {shlex.join(argv)} failed: {r.stderr.strip() or r.returncode}")
     return r
@@ -182,7 +249,13 @@ def attach(ns: str, pid: int, host: str | None = None) -> None:
         raise CoreError(f"ip netns attach {ns} {pid}: {r.stderr.strip()}")
 
 
-def exec_prefix(host: str | None, ns: str) -> list[str]:
-    """How to run a command in a node's namespace: here, or on its server over SSH."""
-    local = ["ip", "netns", "exec", ns]
-    return local if host is None else ["ssh", "-o", "BatchMode=yes", f"root@{host}", *local]
+def ssh(host: str, argv: list[str]) -> list[str]:
+    """argv run on `host` (an IP address, servers file) as root: one word for the remote shell,
+    quoted, so it runs exactly argv."""
+    return ["ssh", "-o", "BatchMode=yes", f"root@{host}", "--", shlex.join(argv)]
+
+
+def exec_argv(host: str | None, ns: str, argv: list[str]) -> list[str]:
+    """argv run in a node's namespace: here, or on its server over SSH."""
+    local = ["ip", "netns", "exec", ns, *argv]
+    return local if host is None else ssh(host, local)

@@ -10,7 +10,8 @@ What a CORE session of a c2dtn topology holds:
   options carry the profile both ways (the "netem" mode: CORE's options are netem);
 - per LAN one CORE switch;
 - in distributed mode, a server per node: the CORE daemon puts each node on its server and
-  joins every link whose two ends sit on different servers with a tunnel.  Emulator nodes
+  joins each link's bridge on every server to the controlling host's with GRE taps (a star):
+  a link's frames cross hosts only when its ends are on different ones.  Emulator nodes
   stay on the host whose daemon builds the session (where `topo link`, the schedule and
   captures reach their control sockets): what is emulated is emulated on one server, and a
   tunnel carries a radio link's frames only to or from its emulator, at LAN speed.
@@ -19,6 +20,7 @@ What a CORE session of a c2dtn topology holds:
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -36,13 +38,30 @@ LINK_MODES = ("userspace", "netem")
 @dataclass
 class Server:
     name: str
-    host: str
+    host: str  # its IP address (CORE's tunnels are made to an address)
     patterns: list[str] = field(default_factory=list)  # node names (fnmatch) placed on this server
 
 
-def load_servers(path: str | Path) -> list[Server]:
-    """A servers file: [[server]] tables of name, host and nodes (names or fnmatch patterns).
-    Nodes no pattern names stay on the host whose daemon builds the session."""
+@dataclass
+class Servers:
+    """A servers file: where the controlling host is reached from the servers, and the servers."""
+
+    source: str
+    controller: str  # CORE's distributed_address: the controlling host's address the servers reach
+    servers: list[Server]
+
+
+def _ip(src: str, where: str, v: Any) -> str:
+    try:
+        return str(ipaddress.ip_address(v if isinstance(v, str) else ""))
+    except ValueError:
+        raise ConfigError(src, where, v, "must be an IP address (CORE makes its tunnels to an address)") from None
+
+
+def load_servers(path: str | Path) -> Servers:
+    """A servers file: `controller` (the controlling host's address on the lab network) and
+    [[server]] tables of name, host (an IP address) and nodes (names or fnmatch patterns).
+    Nodes no pattern names stay on the controlling host."""
     src = str(path)
     try:
         data = tomllib.loads(Path(path).read_text())
@@ -50,10 +69,9 @@ def load_servers(path: str | Path) -> list[Server]:
         raise ConfigError(src, "-", src, "no such file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(src, "-", src, f"not TOML: {e}") from None
-    extra = set(data) - {"server"}
-    if extra:
-        raise ConfigError(src, "(top level)", sorted(extra)[0], "unknown key", "a servers file holds [[server]] tables")
-    raw = data.get("server")
+    check_table(src, "(top level)", data, {"controller", "server"}, {"controller", "server"})
+    controller = _ip(src, "controller", data["controller"])
+    raw = data["server"]
     if not isinstance(raw, list) or not raw:
         raise ConfigError(src, "server", raw, "must be a non-empty array of [[server]] tables")
     out: list[Server] = []
@@ -61,36 +79,33 @@ def load_servers(path: str | Path) -> list[Server]:
         where = f"server[{i}]"
         check_table(src, where, s, {"name", "host", "nodes"}, {"name", "host", "nodes"})
         name = check_name(src, f"{where}.name", s["name"])
-        host = s["host"]
-        if not isinstance(host, str) or not host or host.startswith("-") or any(c.isspace() for c in host):
-            raise ConfigError(src, f"{where}.host", host, "must be a host name or address (SSH reaches it as root)")
+        host = _ip(src, f"{where}.host", s["host"])
         nodes = s["nodes"]
         if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and n for n in nodes):
             raise ConfigError(src, f"{where}.nodes", nodes, "must be a non-empty list of node names or patterns")
         if any(o.name == name for o in out):
             raise ConfigError(src, f"{where}.name", name, "named twice")
+        if host == controller or any(o.host == host for o in out):
+            raise ConfigError(src, f"{where}.host", host, "a second server at this address")
         out.append(Server(name, host, list(nodes)))
-    return out
+    return Servers(src, controller, out)
 
 
-def place(topo: Topology, servers: list[Server]) -> dict[str, str | None]:
-    """Each topology node's server (None: the host whose daemon builds the session).  A node
-    two servers claim, or a pattern that names no node, is an error naming it."""
+def place(topo: Topology, servers: Servers | None) -> dict[str, str | None]:
+    """Each topology node's server (None: the controlling host).  A node two servers claim, or
+    a pattern that names no node, is an error naming it and the file."""
     where: dict[str, str | None] = {n: None for n in topo.nodes}
-    for s in servers:
+    for s in servers.servers if servers else []:
+        src = servers.source if servers else ""
         for pat in s.patterns:
             hits = [n for n in topo.nodes if fnmatch.fnmatchcase(n, pat)]
             if not hits:
                 raise ConfigError(
-                    "servers",
-                    f"{s.name}.nodes",
-                    pat,
-                    "names no node of " + topo.name,
-                    "nodes: " + ", ".join(topo.nodes),
+                    src, f"{s.name}.nodes", pat, "names no node of " + topo.name, "nodes: " + ", ".join(topo.nodes)
                 )
             for n in hits:
                 if where[n] not in (None, s.name):
-                    raise ConfigError("servers", f"{s.name}.nodes", pat, f"puts {n} on a second server ({where[n]})")
+                    raise ConfigError(src, f"{s.name}.nodes", pat, f"puts {n} on a second server ({where[n]})")
                 where[n] = s.name
     return where
 
@@ -100,31 +115,30 @@ def link_options(p: Profile) -> dict[str, Any]:
     delay and jitter in microseconds, loss and duplication in percent, the queue in packets.
     CORE's options have no burst loss, reordering, corruption or link set-up: a profile that
     uses one is refused, naming it, rather than run as something else."""
-    missing = [
-        what
-        for what, used in (
-            ("burst loss (gilbert_elliott)", p.gilbert_elliott is not None),
-            ("reorder", p.reorder > 0),
-            ("corrupt", p.corrupt > 0),
-            ("link_setup", p.link_setup_s > 0),
-            ("queue_bytes", p.queue_bytes is not None),
-        )
-        if used
-    ]
-    if missing:
-        raise ConfigError(
-            "profile " + p.name,
-            missing[0],
-            None,
-            "CORE's link options cannot express it",
-            "run the link in an emulator node (--link-backend userspace)",
-        )
+    unexpressed = (
+        ("gilbert_elliott", p.gilbert_elliott, p.gilbert_elliott is not None),
+        ("reorder", p.reorder, p.reorder > 0),
+        ("corrupt", p.corrupt, p.corrupt > 0),
+        ("link_setup", p.link_setup_s, p.link_setup_s > 0),
+        ("queue_bytes", p.queue_bytes, p.queue_bytes is not None),
+        # (CORE takes whole percents of duplication)
+        ("duplicate", p.duplicate, abs(p.duplicate * 100 - round(p.duplicate * 100)) > 1e-9),
+    )
+    for what, value, used in unexpressed:
+        if used:
+            raise ConfigError(
+                "profile " + p.name,
+                what,
+                value,
+                "CORE's link options cannot express it",
+                "run the link in an emulator node (--link-backend userspace)",
+            )
     return {
         "bandwidth": int(p.rate_bps) if p.rate_bps else 0,
         "delay": int(round(p.delay_s * 1e6)),
         "jitter": int(round(p.jitter_s * 1e6)),
         "loss": round(p.loss * 100, 6),
-        "dup": int(math.ceil(p.duplicate * 100)) if p.duplicate else 0,
+        "dup": int(round(p.duplicate * 100)),
         "buffer": int(p.queue_packets),
         "unidirectional": True,
     }
@@ -140,19 +154,23 @@ def _iface(name: str, mac: str, address: str | None = None, prefixlen: int = 0, 
     return d
 
 
-def session_plan(topo: Topology, mode: str, servers: list[Server] | None = None) -> dict[str, Any]:
+def session_plan(topo: Topology, mode: str, servers: Servers | None = None) -> dict[str, Any]:
     """The session CORE's daemon is asked to build: {"servers", "nodes", "links"} as plain data
     (topologies/core_session.py turns it into gRPC calls), plus what the testbed needs after:
-    the emulator nodes per link and the links that cross servers ("tunnels")."""
+    the emulator nodes per link and the links whose two ends are on different hosts
+    ("crossing": their frames go through CORE's tunnels)."""
     if mode not in LINK_MODES:
         raise ConfigError("--link-backend", "--link-backend", mode, "unknown link mode on CORE", "userspace or netem")
-    servers = servers or []
     where = place(topo, servers)
     nodes: list[dict[str, Any]] = []
     ids: dict[str, int] = {}
     ifids: dict[str, int] = {}
 
     def add(name: str, kind: str, server: str | None, x: float, y: float) -> None:
+        if name in ids:  # a topology node named as an emulator or switch node would be
+            raise ConfigError(
+                topo.source, "nodes", name, "on CORE this name is an emulator's or a LAN switch's", "rename the node"
+            )
         ids[name] = len(nodes) + 1
         ifids[name] = 0
         nodes.append({"id": ids[name], "name": name, "type": kind, "server": server, "x": round(x), "y": round(y)})
@@ -232,31 +250,33 @@ def session_plan(topo: Topology, mode: str, servers: list[Server] | None = None)
                 }
             )
     server_of = {n["name"]: n["server"] for n in nodes}
-    tunnels = [f"{l['node1']} - {l['node2']}" for l in links if server_of[l["node1"]] != server_of[l["node2"]]]
+    crossing = [f"{l['node1']} - {l['node2']}" for l in links if server_of[l["node1"]] != server_of[l["node2"]]]
     return {
-        "servers": [{"name": s.name, "host": s.host} for s in servers],
+        "servers": [{"name": s.name, "host": s.host} for s in servers.servers] if servers else [],
         "nodes": nodes,
         "links": links,
         "ids": ids,
         "emulators": emulators,
         "switches": switches,
-        "tunnels": tunnels,
+        "crossing": crossing,
         "mode": mode,
     }
 
 
 def per_server(plan: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
-    """What each server runs of a plan: its nodes, and the tunnels it ends ("" is the host whose
-    daemon builds the session)."""
+    """What each server runs of a plan: its nodes, and the links whose frames cross between it
+    and another host ("" is the controlling host).  (CORE 9.2 puts every link's bridge on every
+    server, joined to the controlling host's by GRE; a link's frames cross only between hosts
+    where its ends are, floods excepted.)"""
     out: dict[str, dict[str, list[str]]] = {}
     server_of = {n["name"]: n["server"] or "" for n in plan["nodes"]}
     for n in plan["nodes"]:
-        out.setdefault(server_of[n["name"]], {"nodes": [], "tunnels": []})["nodes"].append(n["name"])
+        out.setdefault(server_of[n["name"]], {"nodes": [], "crossing": []})["nodes"].append(n["name"])
     for l in plan["links"]:
         s1, s2 = server_of[l["node1"]], server_of[l["node2"]]
         if s1 != s2:
             for s in (s1, s2):
-                out[s]["tunnels"].append(f"{l['node1']} - {l['node2']}")
+                out[s]["crossing"].append(f"{l['node1']} - {l['node2']}")
     return out
 
 

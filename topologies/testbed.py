@@ -167,10 +167,12 @@ def _down_core(st: dict[str, Any], say: Callable[[str], None]) -> None:
             core_engine.call(core["address"], "delete", {"session": core["session"]}, timeout=60)
             say(f"CORE session {core['session']} deleted")
         except core_engine.CoreError as e:
-            say(f"CORE session {core['session']}: {e} (its namespaces are removed below)")
+            say(f"CORE session {core['session']} not deleted: {e} (its namespaces are removed below)")
     for ns, host in core.get("hosts", {}).items():
-        with contextlib.suppress(core_engine.CoreError, OSError, subprocess.SubprocessError):
+        try:
             core_engine.remote(host, ["ip", "netns", "delete", ns])
+        except (core_engine.CoreError, OSError, subprocess.SubprocessError) as e:
+            say(f"{ns} on {host} not removed: {e}")
 
 
 # --------------------------------------------------------------------- build
@@ -212,23 +214,24 @@ def up(
     topo = load(topology, profile_override=profile, schedule_file=schedule)  # bad files fail before any change
     if backend not in BACKENDS:
         choose_backend(backend)  # raises the error naming the value
-    placed: list[core_plan.Server] = []
-    if engine == "core":
-        placed = core_plan.load_servers(servers) if servers else []
-        core_plan.place(topo, placed)  # a pattern naming no node fails here, before any change
-        why = core_engine.missing()
-        if why and core_address is None:
-            raise TestbedError(f"--engine core: {why}")
-    elif servers or core_address:
+    if engine != "core" and (servers or core_address):
         raise ConfigError("--engine", "--engine", engine, "--servers and --core-address are for --engine core")
     netns.require_root()
     chosen = choose_backend(backend)
+    placed = core_plan.load_servers(servers) if servers else None
+    if engine == "core":
+        plan = core_plan.session_plan(topo, chosen, placed)  # bad servers or profiles fail before any change
+        if core_address is not None:
+            core_engine.check_address(core_address)
+        why = core_engine.missing()
+        if why:
+            raise TestbedError(f"--engine core: {why}")
     if netns.list_ns(NS_PREFIXES) or state_path().exists() or (run_dir() / core_engine.DAEMON_PIDFILE).exists():
         say("cleaning up what an earlier run left")
         down()
     try:
         if engine == "core":
-            st = _build_core(topo, chosen, seed, say, core_address, placed)
+            st = _build_core(topo, chosen, seed, say, core_address, placed, plan)
         else:
             st = _build(topo, chosen, seed, say)
     except BaseException:
@@ -391,14 +394,14 @@ def _build_core(
     seed: int | None,
     say: Callable[[str], None],
     address: str | None,
-    servers: list[core_plan.Server],
+    servers: core_plan.Servers | None,
+    plan: dict[str, Any],
 ) -> dict[str, Any]:
     """The topology as a CORE session (core_plan), its namespaces named as the namespaces
     engine names its own, then configured and its links started as there."""
     t0 = time.monotonic()
-    plan = core_plan.session_plan(topo, backend, servers)
     st = state_of(topo, backend)
-    hosts = {s.name: s.host for s in servers}
+    hosts = {s.name: s.host for s in servers.servers} if servers else {}
     st["engine"] = "core"
     st["core"] = {"address": address, "daemon_pid": None, "session": None, "pids": {}, "hosts": {}}
     for ls in st["links"].values():
@@ -416,12 +419,17 @@ def _build_core(
         lan["netns"] = None  # a CORE switch (a bridge on the host), not a namespace
     _write_state(st)
     if address is None:
-        address, pid = core_engine.start_daemon(run_dir(), say)
+        address, pid = core_engine.start_daemon(run_dir(), say, servers.controller if servers else None)
         st["core"].update(address=address, daemon_pid=pid)
         _write_state(st)
+    st["core"]["session"] = core_engine.call(address, "create")["session"]  # recorded: `down` deletes it
+    _write_state(st)
     say(f"asking CORE for a session of {len(plan['nodes'])} nodes and {len(plan['links'])} links ({backend} links)")
-    ans = core_engine.call(address, "build", plan)
-    st["core"].update(session=ans["session"], dir=ans["dir"])
+    ans = core_engine.call(address, "build", plan | {"session": st["core"]["session"]})
+    tmp = (core_engine.daemon_dir(run_dir()) / "tmpdir").read_text() if st["core"]["daemon_pid"] else ""
+    if tmp and not ans["dir"].startswith(tmp + "/"):
+        raise TestbedError(f"CORE put session {ans['session']} in {ans['dir']}, not in its own folder")
+    st["core"]["dir"] = ans["dir"]
     _write_state(st)
     netns_of = {n.name: n.netns for n in topo.nodes.values()} | {e: e for e in plan["emulators"].values()}
     for n in plan["nodes"]:
@@ -437,8 +445,7 @@ def _build_core(
     say(f"configuring {len(netns_of)} CORE nodes")
     for ns, cmds in core_plan.node_commands(topo, plan).items():
         script = " && ".join(" ".join(shlex.quote(a) for a in c) for c in cmds)
-        host = st["core"]["hosts"].get(ns)
-        argv = core_engine.exec_prefix(host, ns) + ["bash", "-c", script if host is None else shlex.quote(script)]
+        argv = core_engine.exec_argv(st["core"]["hosts"].get(ns), ns, ["bash", "-c", script])
         r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             raise TestbedError(f"configuring CORE node {ns}: {r.stderr.strip() or r.returncode}")
