@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyroute2 import IPRoute
+
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agents import builds
 from c2dtn.topologies import netns
@@ -259,3 +261,28 @@ def exec_argv(host: str | None, ns: str, argv: list[str]) -> list[str]:
     """argv run in a node's namespace: here, or on its server over SSH."""
     local = ["ip", "netns", "exec", ns, *argv]
     return local if host is None else ssh(host, local)
+
+
+def quiet_host_side(namespaces: list[str]) -> int:
+    """Turn IPv6 off on the host-side ends CORE gave these nodes' interfaces and on the bridges
+    they join (CORE leaves them in the host's namespace with IPv6 on: their router
+    solicitations and MLD reports would cross the emulated radios); returns how many."""
+    peers: set[int] = set()
+    for ns in namespaces:
+        with netns.ipr(ns) as ip:
+            for link in ip.get_links():
+                peer = link.get_attr("IFLA_LINK")
+                if peer and link.get_attr("IFLA_IFNAME") != "lo":
+                    peers.add(peer)
+    names: set[str] = set()
+    with IPRoute() as ip:
+        for idx in peers:
+            for link in ip.get_links(idx):
+                names.add(link.get_attr("IFLA_IFNAME"))
+                master = link.get_attr("IFLA_MASTER")
+                if master:
+                    names.update(m.get_attr("IFLA_IFNAME") for m in ip.get_links(master))
+    for name in names:
+        with contextlib.suppress(OSError):  # (a name that went away meanwhile)
+            Path(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6").write_text("1")
+    return len(names)

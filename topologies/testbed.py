@@ -442,6 +442,7 @@ def _build_core(
         if host:
             st["core"]["hosts"][netns_of[n["name"]]] = host
     _write_state(st)
+    core_engine.quiet_host_side([ns for ns in netns_of.values() if ns not in st["core"]["hosts"]])
     say(f"configuring {len(netns_of)} CORE nodes")
     for ns, cmds in core_plan.node_commands(topo, plan).items():
         script = " && ".join(" ".join(shlex.quote(a) for a in c) for c in cmds)
