@@ -34,9 +34,9 @@ include $(sort $(wildcard topologies/make/*.mk))
 
 .PHONY: demo test test-fast check docs deps apt apt-test venv tools bpas apt-bpas core promtool box-root clean down lock
 
-# the demo runs on the default agent alone: it builds no other
-demo: apt venv tools
-	$(BIN)/c2dtn perf bft
+# the demo runs on the default agent alone: it builds no other; ENGINE=core runs it on CORE
+demo: apt venv tools $(if $(filter core,$(ENGINE)),core)
+	$(BIN)/c2dtn perf $(if $(ENGINE),--engine $(ENGINE) )bft
 
 # -v: each test's name as it starts (the live tests take minutes each), and the suite's progress
 test: deps

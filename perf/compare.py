@@ -109,17 +109,32 @@ def _plot_bft(bft, path: Path) -> None:
     labels, lost, aoi = [], [], []
     for d, x in bft:
         for r in x["modes"]:
-            labels.append(f"{d.name[-20:]}\n{r['mode']}")
+            labels.append(f"{d.name[-20:]}\n{x['plan'].get('engine', 'namespaces')} {r['mode']}")
             lost.append(r["lost_pct"])
             aoi.append(r.get("aoi_p95_s") or 0)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    a1.bar(range(len(labels)), lost)
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(18, 4.5))
+    a1.bar(range(len(labels)), lost, label="lost (%)")
     a1.set_xticks(range(len(labels)), labels, fontsize=7)
     a1.set_ylabel("lost (%)")
     a1.set_title("Reports lost, per run and mode")
-    a2.bar(range(len(labels)), aoi, color="tab:orange")
+    a2.bar(range(len(labels)), aoi, color="tab:orange", label="AoI p95 (s)")
     a2.set_xticks(range(len(labels)), labels, fontsize=7)
     a2.set_ylabel("age of information p95 (s)")
     a2.set_title("Age of information (p95), per run and mode")
+    # each run's mean age of information over time (its aoi.json): where the cut is, and after
+    for d, x in bft:
+        try:
+            series = json.loads((d / "aoi.json").read_text())[0]["series"]
+        except (OSError, ValueError, LookupError):
+            continue
+        for sr in series:
+            if sr["label"].endswith(": mean"):
+                mode = sr["label"].removesuffix(": mean")
+                a3.plot(sr["x"], sr["y"], label=f"{d.name[-20:]} {x['plan'].get('engine', 'namespaces')} {mode}")
+    a3.set_xlabel("time into the run (s)")
+    a3.set_ylabel("mean age of newest position held (s)")
+    a3.set_title("Age of information over time")
+    if a3.get_lines():
+        a3.legend(fontsize=7)
     save_figure(fig, path)
     console.print(f"plot in {path}")

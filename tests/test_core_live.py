@@ -129,6 +129,15 @@ def test_core_address_elsewhere_is_refused_naming_it(clean):
         testbed.up("nps-chain", engine="core", core_address="10.1.2.3:50051")
 
 
+def test_a_server_without_root_ssh_is_named_before_anything_is_torn_down(clean, tmp_path):
+    testbed.up("nps-chain", engine="core")
+    f = tmp_path / "servers.toml"  # a loopback address where no root SSH answers
+    f.write_text('controller = "127.0.0.1"\n[[server]]\nname = "core-deu"\nhost = "127.0.0.2"\nnodes = ["deu-*"]\n')
+    with pytest.raises(core_engine.CoreError, match=r"core-deu \(127.0.0.2\): root SSH"):
+        testbed.up("fmn-4nations", engine="core", servers=str(f))
+    assert testbed.read_state()["topology"] == "nps-chain"  # what was up is still up
+
+
 def test_engine_core_without_core_built_names_the_build(monkeypatch, tmp_path, clean):
     monkeypatch.setenv("C2DTN_CORE", str(tmp_path / "nowhere"))
     with pytest.raises(testbed.TestbedError, match="no core-daemon or vnoded"):

@@ -205,6 +205,11 @@ def test_make_demo_on_a_machine_with_no_agent_built_builds_dtn7_rs_and_no_other(
     assert r.returncode == 0, r.stderr
     assert "cargo install dtn7" in r.stdout and "perf bft" in r.stdout
     assert "build-bpa.sh" not in r.stdout and "c2dtn-ionbp" not in r.stdout
+    # on CORE: CORE is built too, and the job runs on it
+    r = subprocess.run(
+        ["make", "-n", "demo", "ENGINE=core", f"C2DTN_CACHE={tmp_path}"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert "build-bpa.sh core" in r.stdout and "perf --engine core bft" in r.stdout, r.stdout
     r = subprocess.run(["make", "-n", "test", f"C2DTN_CACHE={tmp_path}"], cwd=ROOT, capture_output=True, text=True)
     from_source = [p.stem for p in (ROOT / "overlay" / "agents" / "make").glob("*.sh")]
     assert len(from_source) >= 3 and "scripts/build-bpa.sh" in r.stdout, r.stdout

@@ -23,7 +23,7 @@ def _say(msg: str) -> None:
 
 @click.group("topo")
 def topo() -> None:
-    """Named DIL networks in Linux network namespaces, with emulated links."""
+    """Named DIL networks in Linux network namespaces (built by c2dtn, or by CORE), with emulated links."""
 
 
 @topo.command("list")
@@ -82,8 +82,9 @@ def list_cmd() -> None:
 @click.option(
     "--core-address",
     default=None,
-    metavar="HOST:PORT",
-    help="--engine core: the CORE daemon's gRPC address (default: one the testbed starts on loopback)",
+    metavar="ADDRESS",
+    help="--engine core: a CORE daemon of yours on this machine, unix:/PATH or 127.0.0.1:PORT "
+    "(default: the testbed's own, on a root-only unix socket)",
 )
 @click.option(
     "--servers",

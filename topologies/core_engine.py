@@ -286,3 +286,24 @@ def quiet_host_side(namespaces: list[str]) -> int:
         with contextlib.suppress(OSError):  # (a name that went away meanwhile)
             Path(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6").write_text("1")
     return len(names)
+
+
+def check_servers(hosts: dict[str, str]) -> None:
+    """Each server answers root SSH without a prompt (what CORE and the testbed both need),
+    tried before anything is built or torn down; the first that does not is named."""
+    for name, host in hosts.items():
+        try:
+            r = subprocess.run(
+                ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{host}", "--", "true"],
+                capture_output=True,
+                text=True,
+                timeout=15,
+            )
+            why = None if r.returncode == 0 else (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = str(e)
+        if why is not None:
+            raise CoreError(
+                f"CORE server {name} ({host}): root SSH without a prompt fails: {why} "
+                "(distributed mode needs `ssh -o BatchMode=yes root@HOST` to work; docs/core.md)"
+            )

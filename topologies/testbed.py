@@ -226,6 +226,8 @@ def up(
         why = core_engine.missing()
         if why:
             raise TestbedError(f"--engine core: {why}")
+        if placed is not None:
+            core_engine.check_servers({s.name: s.host for s in placed.servers})
     if netns.list_ns(NS_PREFIXES) or state_path().exists() or (run_dir() / core_engine.DAEMON_PIDFILE).exists():
         say("cleaning up what an earlier run left")
         down()

@@ -12,4 +12,4 @@ core:
 	done; \
 	$(call apt_install,for the CORE build)
 	@mkdir -p .tools && scripts/build-bpa.sh core "$(CORE_SRC)" "$(CORE_ROOT)"; \
-	if [ -e "$(CORE_ROOT)/.built" ]; then ln -sfn "$(CORE_ROOT)" .tools/core; fi
+	if [ -e "$(CORE_ROOT)/.built" ]; then ln -sfn "$(CORE_ROOT)" .tools/core; echo "core: CORE $(CORE_VERSION) is built in $(CORE_ROOT)"; fi
