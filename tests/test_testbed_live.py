@@ -89,18 +89,18 @@ def test_cnr_tactical_2_rate_delay_and_loss(clean):
 def test_scheduled_outage_passes_nothing_and_traffic_resumes(clean, tmp_path):
     sched = tmp_path / "outage.toml"
     sched.write_text(
-        '[[schedule]]\nat = "5s"\nlink = "r2-r3"\naction = "down"\n'
-        '[[schedule]]\nat = "25s"\nlink = "r2-r3"\naction = "up"\n'
+        '[[schedule]]\nat = "4s"\nlink = "r2-r3"\naction = "down"\n'
+        '[[schedule]]\nat = "14s"\nlink = "r2-r3"\naction = "up"\n'
     )
     c2("topo", "up", "nps-chain", "--profile", "cnr-tactical-1", "--schedule", str(sched))
     st = testbed.read_state()
     run = probe.send_stream(
-        st, "h1", "h4", duration_s=33 - (time.monotonic() - st["started_monotonic"]), interval_s=0.1, drain_s=1.5
+        st, "h1", "h4", duration_s=22 - (time.monotonic() - st["started_monotonic"]), interval_s=0.1, drain_s=1.5
     )
     applied = testbed.read_state()["events_applied"]
     assert [e["action"] for e in applied] == ["down", "up"]
     t_down, t_up = applied[0]["at_monotonic"], applied[1]["at_monotonic"]
-    assert t_up - t_down == pytest.approx(20, abs=0.5)
+    assert t_up - t_down == pytest.approx(10, abs=0.5)
     inside = [a for a in run.arrivals if t_down + 0.05 < a.received < t_up]
     before = [a for a in run.arrivals if a.received <= t_down]
     after = [a for a in run.arrivals if a.received >= t_up]
