@@ -280,8 +280,14 @@ def per_server(plan: dict[str, Any]) -> dict[str, dict[str, list[str]]]:
     return out
 
 
-QUIET = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]  # no ND/MLD on kbit/s links
-FORWARD = ["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0"]
+# every namespace of a topology, on either engine: no IPv6 (no ND/MLD chatter on kbit/s links);
+# a node's also forwards, without reverse-path filtering
+QUIET = {"net.ipv6.conf.all.disable_ipv6": 1, "net.ipv6.conf.default.disable_ipv6": 1}
+FORWARD = {"net.ipv4.ip_forward": 1, "net.ipv4.conf.all.rp_filter": 0, "net.ipv4.conf.default.rp_filter": 0}
+
+
+def _sysctl(settings: dict[str, int]) -> list[str]:
+    return ["sysctl", "-q", "-w", *[f"{k}={v}" for k, v in settings.items()]]
 
 
 def node_commands(topo: Topology, plan: dict[str, Any]) -> dict[str, list[list[str]]]:
@@ -297,9 +303,9 @@ def node_commands(topo: Topology, plan: dict[str, Any]) -> dict[str, list[list[s
             if "mac" in i:  # (a switch's port has none of its own)
                 macs[(l["node" + end], i["name"])] = i["mac"]
     for node in topo.nodes.values():
-        out[node.netns] = [["sysctl", "-q", "-w", *QUIET, *FORWARD]]
+        out[node.netns] = [_sysctl(QUIET | FORWARD)]
     for e in plan["emulators"].values():
-        out[e] = [["sysctl", "-q", "-w", *QUIET]]
+        out[e] = [_sysctl(QUIET)]
     for link in topo.links.values():
         ai, bi = link.a_iface, link.b_iface
         assert ai is not None and bi is not None

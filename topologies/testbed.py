@@ -250,17 +250,8 @@ def _build(topo: Topology, backend: str, seed: int | None, say: Callable[[str], 
     say(f"creating {len(all_ns)} namespaces")
     for ns in all_ns:
         netns.create_ns(ns)
-    quiet = {
-        "net.ipv6.conf.all.disable_ipv6": 1,  # no ND/MLD chatter on kbit/s links
-        "net.ipv6.conf.default.disable_ipv6": 1,
-    }
     for ns in all_ns:
-        extra = (
-            {"net.ipv4.ip_forward": 1, "net.ipv4.conf.all.rp_filter": 0, "net.ipv4.conf.default.rp_filter": 0}
-            if ns in node_ns
-            else {}
-        )
-        netns.sysctl(ns, quiet | extra)
+        netns.sysctl(ns, core_plan.QUIET | (core_plan.FORWARD if ns in node_ns else {}))
 
     say(f"wiring {len(topo.links)} links and {len(topo.lans)} LANs")
     for link in topo.links.values():
