@@ -3,11 +3,17 @@
 Wire form, chosen to be small on kbit/s links (docs/security.md; decision record
 docs/decisions/0001-envelope-aead.md):
 
-  bundle payload  = CBOR [CONTAINER_VERSION, sender node id, destination, [sealed envelope, ...]]
-                    (+ [origin tag, ...] as a 5th item when the destination is a group)
+  bundle payload  = CBOR [CONTAINER_VERSION, sender node id, destination, base second,
+                    incarnation, [sealed envelope, ...]]
+                    (+ [origin tag, ...] as a 7th item when the destination is a group)
+  stamp           = (base second, incarnation): the sealing time in whole seconds since 1970,
+                    and the sender's store incarnation (0: none).  Every envelope's creation
+                    time is sealed as milliseconds from the base second, and its incarnation is
+                    the container's unless its map says otherwise (decision 0020).
   sealed envelope = CBOR [ciphertext, tag]: AES-GCM-SIV (RFC 8452) of the map bytes under
                     the key of the destination (the pair key of sender and receiver, or
-                    the group's key), its 16-byte tag apart
+                    the group's key), its 16-byte tag apart; associated data ENVELOPE_CONTEXT
+                    and the stamp, so an envelope opens only with the stamp it was sealed with
   map bytes       = CBOR map with small integer keys (see K_* below); neither the destination
                     nor the origin is in it (the container names them once, and the nonce
                     binds them), nor what is the default (decision 0012)
@@ -73,7 +79,9 @@ except ImportError:  # pragma: no cover - zstandard is a declared dependency
 # 2: envelopes encrypted (AES-GCM-SIV), the destination in the container; 3: the envelope map
 # without what the container says (version, origin) or what is the default (data, routine), and
 # short forms of lifetime, supersession key, app and floor (decision 0012)
-CONTAINER_VERSION = 3
+# 4: the creation time relative to a base second and the incarnation once per bundle, both in
+# the container and bound to each envelope as the AEAD's associated data (decision 0020)
+CONTAINER_VERSION = 4
 TAG_BYTES = 16
 ORIGIN_TAG_BYTES = 8
 # The one size limit (docs/security.md): a message body as submitted.  Every entry point refuses
@@ -88,8 +96,8 @@ MAX_CONTAINER_BYTES = 8 << 20
 MAX_BUNDLE_PLAIN_BYTES = 8 << 20
 MAX_ENVELOPES_PER_BUNDLE = 4096
 MAX_GROUP_MEMBERS = 256
-# CBOR items a container may hold: [version, sender, dst, [[ciphertext, tag] x n], [tag x members]]
-CONTAINER_ITEMS_MAX = 1 + 4 + (1 + 3 * MAX_ENVELOPES_PER_BUNDLE) + (1 + MAX_GROUP_MEMBERS)
+# CBOR items a container may hold: [version, sender, dst, base, inc, [[ciphertext, tag] x n], [tag x members]]
+CONTAINER_ITEMS_MAX = 1 + 6 + (1 + 3 * MAX_ENVELOPES_PER_BUNDLE) + (1 + MAX_GROUP_MEMBERS)
 
 
 class Kind(IntEnum):
@@ -147,12 +155,16 @@ APP_CODES = {"raw": 1, "mqtt": 2, "coap": 3, "ping": 4, "pong": 5}
 APP_NAMES = {v: k for k, v in APP_CODES.items()}
 KEY_DIGEST_BYTES = 9  # a supersession key longer than this travels as a digest of this size
 ORIGIN_CONTEXT = b"c2dtn origin v2\0"
-ENVELOPE_CONTEXT = b"c2dtn envelope v3\0"  # the AEAD's associated data (v3: container version 3's map)
+ENVELOPE_CONTEXT = b"c2dtn envelope v4\0"  # the AEAD's associated data, the stamp after it (_aad)
 NONCE_CONTEXT = b"c2dtn nonce v2\0"
 AEAD_KEY_LABEL = b"c2dtn aead key v2"
 MAX_LIFETIME_S = 1 << 40  # far beyond any lifetime (an int the store keeps in ms without overflow)
 MAX_TIME_MS = 1 << 61  # a creation time (ms since 1970): with a lifetime added it stays a 64-bit int
 INC_BITS = 32  # an incarnation is 1 .. 2**32 - 1 (0: none, what a store before incarnations sent)
+MAX_BASE_S = MAX_TIME_MS // 1000
+ITEMS_AT = 5  # where a container's array of sealed envelopes is (what precedes it: version to incarnation)
+Stamp = tuple[int, int]  # (base second, incarnation) of a container (module doc)
+NO_STAMP: Stamp = (0, 0)  # an envelope outside a container: its creation time absolute, its incarnation in its map
 
 
 class EnvelopeError(ValueError):
@@ -528,10 +540,11 @@ class Codec:
         return a
 
     # -- sealing --------------------------------------------------------
-    def seal(self, env: Envelope, delta: bool = False) -> bytes:
+    def seal(self, env: Envelope, delta: bool = False, stamp: Stamp = NO_STAMP) -> bytes:
         """delta: the body may go against the newest of its key the destination acked (a first
-        sending: a retransmission goes whole, in case the receiver lacks that one)."""
-        return cbor2.dumps(self.seal_bytes(self.map_bytes(env, delta), env.dst))
+        sending: a retransmission goes whole, in case the receiver lacks that one).  stamp: the
+        one of the container it goes in (container())."""
+        return cbor2.dumps(self.seal_bytes(self.map_bytes(env, delta, stamp), env.dst, stamp))
 
     def acked(self, dst: str, seqs: Iterable[int]) -> None:
         """`dst` holds these (a group: every member does): their bodies may be references for
@@ -561,8 +574,9 @@ class Codec:
                 if not waiting:
                     del self._open[(dst, got[0])]
 
-    def map_bytes(self, env: Envelope, delta: bool = False) -> bytes:
+    def map_bytes(self, env: Envelope, delta: bool = False, stamp: Stamp = NO_STAMP) -> bytes:
         """The envelope's map as it is sealed (module doc)."""
+        _check_stamp(stamp)
         if env.origin != self.node:
             raise ValueError(f"envelope of origin {env.origin!r} sealed by {self.node!r}: only its origin seals it")
         ref, key = None, None
@@ -612,7 +626,7 @@ class Codec:
                 if env.seq not in waiting:
                     waiting.append(env.seq)
         # the origin is the container's sender; what is left out is the default (_from_map)
-        m: dict[int, object] = {K_SEQ: env.seq, K_CREATED: env.created_ms}
+        m: dict[int, object] = {K_SEQ: env.seq, K_CREATED: env.created_ms - stamp[0] * 1000}
         if env.kind != Kind.DATA:
             m[K_KIND] = int(env.kind)
         if env.lifetime_ms % 1000:
@@ -636,7 +650,7 @@ class Codec:
             m[K_FLOOR_BACK] = env.cseq - env.floor
         elif env.floor:
             m[K_FLOOR] = env.floor
-        if env.inc:
+        if env.inc != stamp[1]:
             m[K_INC] = env.inc
         if env.sn is not None:
             if not 0 <= env.sn < SN_MOD:
@@ -644,16 +658,17 @@ class Codec:
             m[K_SN] = env.sn
         return cbor2.dumps(m)
 
-    def seal_bytes(self, mb: bytes, dst: str) -> list[bytes]:
+    def seal_bytes(self, mb: bytes, dst: str, stamp: Stamp = NO_STAMP) -> list[bytes]:
         """[ciphertext, tag] of map bytes as they are, for `dst` (seal(); tests and fuzzing seal
         maps seal() would never write)."""
-        ct = self._aead(dst).encrypt(_nonce(self.node, dst), mb, ENVELOPE_CONTEXT)
+        ct = self._aead(dst).encrypt(_nonce(self.node, dst), mb, _aad(stamp))
         return [ct[:-TAG_BYTES], ct[-TAG_BYTES:]]
 
-    def container(self, sealed: list[bytes], dst: str | None = None) -> bytes:
+    def container(self, sealed: list[bytes], dst: str | None = None, stamp: Stamp = NO_STAMP) -> bytes:
         """One bundle payload holding several sealed envelopes (already CBOR), all for
-        `dst` (default: the one peer this codec has a pair key for); for a group, with an
-        origin tag for each other member (module doc)."""
+        `dst` (default: the one peer this codec has a pair key for) and sealed with `stamp`;
+        for a group, with an origin tag for each other member (module doc)."""
+        _check_stamp(stamp)
         if dst is None:
             peers = [n for n in self.keys if n not in self.groups]
             if len(peers) != 1:
@@ -665,14 +680,16 @@ class Codec:
             cbor2.dumps(CONTAINER_VERSION)
             + cbor2.dumps(self.node)
             + cbor2.dumps(dst)
+            + cbor2.dumps(stamp[0])
+            + cbor2.dumps(stamp[1])
             + _array_header(len(sealed))
             + b"".join(sealed)
         )
         if dst not in self.groups:
-            return _array_header(4) + body
+            return _array_header(6) + body
         covered = b"".join(_item_digest(s) for s in sealed)
         tags = [self._origin_tag(m, self.node, dst, covered) for m in sorted(self.groups[dst])]
-        return _array_header(5) + body + cbor2.dumps(tags)
+        return _array_header(7) + body + cbor2.dumps(tags)
 
     def _origin_tag(self, peer: str, sender: str, group: str, covered: bytes) -> bytes:
         msg = ORIGIN_CONTEXT + sender.encode() + b"\0" + group.encode() + b"\0" + covered
@@ -682,12 +699,12 @@ class Codec:
     def open_container(self, payload: bytes) -> "Container":
         """Split a bundle payload (split_container) and check it is for this node: sent by a node,
         not a group, to this node or a group it is in."""
-        sender, dst, envs, tags = split_container(payload)
+        sender, dst, envs, tags, stamp = split_container(payload)
         if sender in self.groups:  # its key is every member's: a bundle "from" it proves nothing
             raise UnknownPeer(f"sender {sender!r} is a group, not a node")
         if dst != self.node and dst not in self.groups:
             raise Misrouted(f"bundle for {dst!r} reached {self.node!r}")
-        return Container(sender, envs, tags, dst=dst)
+        return Container(sender, envs, tags, dst=dst, stamp=stamp)
 
     def check_origin(self, c: "Container", group: str) -> None:
         """Raise BadTag unless `c` holds an origin tag for this node that the pair key
@@ -748,7 +765,8 @@ class Codec:
         else:
             raise Misrouted(f"envelope for {dst!r} reached {self.node!r}")
         try:
-            mb = self._aead(keyname).decrypt(_nonce(sender, dst), ct + tag, ENVELOPE_CONTEXT)
+            stamp = container.stamp if container is not None else NO_STAMP
+            mb = self._aead(keyname).decrypt(_nonce(sender, dst), ct + tag, _aad(stamp))
         except InvalidTag:
             raise BadTag(
                 f"authentication tag does not match the key of {short(keyname)}"
@@ -758,12 +776,14 @@ class Codec:
             m = strict_loads(mb, max_depth=1)
         except StrictCBORError as e:
             raise Malformed(f"envelope map is not strict CBOR: {e}") from None
-        env = self._from_map(m, sender, dst, container.plain_left if container is not None else MAX_BODY_BYTES)
+        env = self._from_map(m, sender, dst, container.plain_left if container is not None else MAX_BODY_BYTES, stamp)
         if container is not None:
             container.plain_left -= len(env.body)
         return env
 
-    def _from_map(self, m: object, sender: str, dst: str, budget: int = MAX_BODY_BYTES) -> Envelope:
+    def _from_map(
+        self, m: object, sender: str, dst: str, budget: int = MAX_BODY_BYTES, stamp: Stamp = NO_STAMP
+    ) -> Envelope:
         if not isinstance(m, dict):
             raise Malformed(f"envelope is not a map: {short(m)}")
         old = [k for k in RETIRED_KEYS if k in m]
@@ -795,7 +815,15 @@ class Codec:
 
         # every integer within what a store keeps (64-bit) and a sum of two of them too
         seq = bounded(K_SEQ, "seq", MAX_SEQ)
-        created = bounded(K_CREATED, "creation time", MAX_TIME_MS)
+        # the creation time: milliseconds from the stamp's base second (before it, for a copy of an
+        # old envelope), and within what a store keeps once added
+        off = get(K_CREATED, int, "creation time")
+        created = stamp[0] * 1000 + off
+        if not -MAX_TIME_MS <= off <= MAX_TIME_MS or not 0 <= created <= MAX_TIME_MS:
+            raise Malformed(
+                f"envelope creation time {short(off)} ms from base second {stamp[0]} (key {K_CREATED}) "
+                f"is out of range (0 to {MAX_TIME_MS} ms since 1970)"
+            )
         if K_LIFETIME_S in m:
             lifetime = bounded(K_LIFETIME_S, "lifetime in s", MAX_LIFETIME_S) * 1000
         else:
@@ -803,7 +831,7 @@ class Codec:
         prio = get(K_PRIORITY, int, "priority", int(Priority.ROUTINE))
         if prio not in tuple(Priority):
             raise Malformed(f"envelope priority {short(prio)} is not 0 to 3")
-        inc = bounded(K_INC, "incarnation", (1 << INC_BITS) - 1, 0)
+        inc = bounded(K_INC, "incarnation", (1 << INC_BITS) - 1, stamp[1])
         cseq = bounded(K_CSEQ, "cseq", MAX_SEQ, 0)
         sn = bounded(K_SN, "send number", SN_MOD - 1, None) if K_SN in m else None
         if K_FLOOR_BACK in m:
@@ -890,6 +918,7 @@ class Container:
     dst: str = ""  # this node, or a group it is in
     origin_ok: set = field(default_factory=set)  # groups whose origin tag was checked
     plain_left: int = MAX_BUNDLE_PLAIN_BYTES  # plain body bytes its envelopes may still open to
+    stamp: Stamp = NO_STAMP  # its base second and incarnation (every envelope's associated data)
 
 
 _dicts: dict[bytes, object] = {}
@@ -910,8 +939,8 @@ def builtin_dictionary(version: int = 2) -> bytes:
     return resources.files("c2dtn.overlay").joinpath("data", name).read_bytes()
 
 
-def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None]:
-    """(sender, destination, items, origin tags or None) of a bundle payload, checked for shape
+def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None, Stamp]:
+    """(sender, destination, items, origin tags or None, stamp) of a bundle payload, checked for shape
     alone, in the strict CBOR subset (what a relay reads too).  Every item must be [ciphertext,
     16-byte tag], the one form that is opened and that origin tags cover: a bundle with any item
     in another form is refused whole."""
@@ -921,14 +950,19 @@ def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None]
         obj = strict_loads(payload, max_depth=3, max_items=CONTAINER_ITEMS_MAX)
     except StrictCBORError as e:
         raise Malformed(f"bundle payload is not strict CBOR: {e}") from None
-    if not isinstance(obj, list) or len(obj) not in (4, 5):
-        raise Malformed(f"bundle payload is not a 4- or 5-item array: {short(obj)}")
+    if not isinstance(obj, list) or not obj:
+        raise Malformed(f"bundle payload is not an array: {short(obj)}")
     if obj[0] != CONTAINER_VERSION:
         raise BadVersion(f"container version {short(obj[0])}, this node speaks {CONTAINER_VERSION}")
-    _, sender, dst, envs = obj[:4]
+    if len(obj) not in (6, 7):
+        raise Malformed(f"bundle payload is not a 6- or 7-item array: {short(obj)}")
+    _, sender, dst, base, inc, envs = obj[:6]
     for what, name in (("sender", sender), ("destination", dst)):
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise Malformed(f"{what} is not a node id: {short(name)}")
+    for what, v, hi in (("base second", base, MAX_BASE_S), ("incarnation", inc, (1 << INC_BITS) - 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= hi:
+            raise Malformed(f"container {what} {short(v)} is not an integer from 0 to {hi}")
     if not isinstance(envs, list):
         raise Malformed(f"envelopes are not an array: {short(envs)}")
     if len(envs) > MAX_ENVELOPES_PER_BUNDLE:
@@ -944,7 +978,7 @@ def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None]
             raise Malformed(
                 f"item {i} is not [ciphertext, {TAG_BYTES}-byte tag] but {short(it)}: the whole bundle is refused"
             )
-    tags = obj[4] if len(obj) == 5 else None
+    tags = obj[6] if len(obj) == 7 else None
     if tags is not None and (
         not isinstance(tags, list)
         or len(tags) > MAX_GROUP_MEMBERS
@@ -953,7 +987,17 @@ def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None]
         raise Malformed(
             f"origin tags are not up to {MAX_GROUP_MEMBERS} byte strings of {ORIGIN_TAG_BYTES}: {short(tags)}"
         )
-    return sender, dst, envs, tags
+    return sender, dst, envs, tags, (base, inc)
+
+
+def _check_stamp(stamp: Stamp) -> None:
+    if not (0 <= stamp[0] <= MAX_BASE_S and 0 <= stamp[1] < 1 << INC_BITS):
+        raise ValueError(f"stamp {stamp!r}: base second 0 to {MAX_BASE_S}, incarnation 0 to {(1 << INC_BITS) - 1}")
+
+
+def _aad(stamp: Stamp) -> bytes:
+    """The AEAD's associated data: the context and the container's stamp, fixed-width."""
+    return ENVELOPE_CONTEXT + stamp[0].to_bytes(8, "big") + stamp[1].to_bytes(4, "big")
 
 
 def _subkey(secret: bytes, label: bytes) -> bytes:

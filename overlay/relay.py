@@ -161,7 +161,7 @@ def payload_destination(payload: bytes) -> str:
     it (envelope.split_container): the relay checks no tag, so this is all that stands between
     a peer's bytes and its event loop."""
     try:
-        _, dst, envs, _ = split_container(payload)
+        _, dst, envs, _, _ = split_container(payload)
     except EnvelopeError as e:
         raise Unroutable(f"not an overlay container ({e.reason}): {e}") from None
     if not envs:

@@ -440,6 +440,9 @@ class Scheduler:
         seqs: list[int] = []
         size = 0
         rtx = 0
+        # every envelope's creation time goes as ms from this second, its incarnation once in
+        # the container (an ack-only bundle names none: an ack's own incarnation means nothing)
+        stamp = (max(0, now_ms) // 1000, self.store.inc if items else 0)
         if has_acks:
             ack = Envelope(
                 Kind.ACK,
@@ -450,8 +453,9 @@ class Scheduler:
                 ACK_LIFETIME_MS,
                 Priority.FLASH,
                 body=encode_ack_body(ack_seqs if isinstance(ack_seqs, dict) else {dst: ack_seqs}, holds),
+                inc=stamp[1],
             )
-            sealed.append(self.codec.seal(ack))
+            sealed.append(self.codec.seal(ack, stamp=stamp))
             size = len(sealed[0])
         small = self.cfg.aggregate_bytes
         large = max(small, self.cfg.aggregate_large_bytes)
@@ -462,7 +466,7 @@ class Scheduler:
             sn = self._sn.get(dst, 0)
             self._sn[dst] = (sn + 1) % SN_MOD
             env = replace(it.envelope(self.codec.node, floors[it.priority], self.store.inc), sn=sn)
-            s = self.codec.seal(env, delta=it.attempts == 0)
+            s = self.codec.seal(env, delta=it.attempts == 0, stamp=stamp)
             cap = large if len(s) > small and all_large else small
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
             # over the aggregate size anyway (the acks ride along rather than go on their own);
@@ -471,7 +475,9 @@ class Scheduler:
                 (size + len(s) > cap and (seqs or len(s) <= cap)) or plain + len(env.body) > MAX_BUNDLE_PLAIN_BYTES
             ):
                 bundles.append(
-                    Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx)
+                    Outgoing(
+                        dst, self.codec.container(sealed, dst, stamp), seqs, ack_seqs if not bundles else none, rtx
+                    )
                 )
                 sealed, seqs, size, rtx, all_large, plain = [], [], 0, 0, True, 0
             all_large = all_large and len(s) > small
@@ -484,7 +490,7 @@ class Scheduler:
             rtx += it.attempts > 0
         if sealed:
             bundles.append(
-                Outgoing(dst, self.codec.container(sealed, dst), seqs, ack_seqs if not bundles else none, rtx)
+                Outgoing(dst, self.codec.container(sealed, dst, stamp), seqs, ack_seqs if not bundles else none, rtx)
             )
         if items:
             p = self.path(dst)

@@ -142,7 +142,7 @@ def _bundle(data: bytes, codecs: dict[str, Codec], seen: set, sp: Split) -> None
         blocks = cbor2.loads(data)
         primary = blocks[0]
         payload = next(b[4] for b in blocks[1:] if b[0] == 1)
-        sender, dst, items, tags = split_container(payload)
+        sender, dst, items, tags, _ = split_container(payload)
     except (cbor2.CBORDecodeError, EnvelopeError, IndexError, TypeError, KeyError, StopIteration, ValueError):
         sp.bytes["other"] += len(data)
         return

@@ -145,28 +145,38 @@ class Campaign:
             self.Kind.DATA, origin, self.seq, dst, self.now, LIFETIME_MS, body=body, inc=self.deu.store.inc, **kw
         )
 
+    def _stamp(self) -> tuple[int, int]:
+        """The stamp deu's scheduler would give a bundle now (forgeries carry a plausible one)."""
+        return (self.now // 1000, self.deu.store.inc)
+
     def build(self, cls: str) -> bytes:
-        from c2dtn.overlay.envelope import Codec
+        from c2dtn.overlay.envelope import ITEMS_AT, Codec
 
         lie = b"deu: fall back to phase line red %d" % self.seq
+        st = self._stamp()
         if cls == "spoof-untagged":
             as_deu = codec("nor", "deu")
-            return cbor2.dumps(cbor2.loads(as_deu.container([as_deu.seal(self._env(GROUP, lie))], GROUP))[:4])
+            bundle = as_deu.container([as_deu.seal(self._env(GROUP, lie), stamp=st)], GROUP, st)
+            return cbor2.dumps(cbor2.loads(bundle)[: ITEMS_AT + 1])
         if cls == "spoof-tagged":
             as_deu = codec("nor", "deu")
-            return as_deu.container([as_deu.seal(self._env(GROUP, lie))], GROUP)
-        if cls == "splice":
+            return as_deu.container([as_deu.seal(self._env(GROUP, lie), stamp=st)], GROUP, st)
+        if cls == "splice":  # nor's envelope sealed with the genuine bundle's own stamp
             spliced = cbor2.loads(self.rng.choice(self._group_bundles()))
-            spliced[3] = [cbor2.loads(codec("nor", "deu").seal(self._env(GROUP, lie)))]
+            st = (spliced[3], spliced[4])
+            spliced[ITEMS_AT] = [cbor2.loads(codec("nor", "deu").seal(self._env(GROUP, lie), stamp=st))]
             return cbor2.dumps(spliced)
         if cls in ("splice-wrapped", "splice-wrapped-ack"):
             spliced = cbor2.loads(self.rng.choice(self._group_bundles()))
+            st = (spliced[3], spliced[4])
             forged = (
                 self._ack(self.prt_report)
                 if cls.endswith("ack")
                 else self._env(GROUP, lie, priority=self.Priority.FLASH)
             )
-            spliced[3].append(codec("nor", "deu").seal(forged))  # bytes: the sealed [ciphertext, tag], wrapped
+            spliced[ITEMS_AT].append(
+                codec("nor", "deu").seal(forged, stamp=st)
+            )  # bytes: the sealed [ciphertext, tag], wrapped
             return cbor2.dumps(spliced)
         if cls == "mutate":
             return cbor2.dumps(self._mutate(cbor2.loads(self.rng.choice(self._group_bundles())), lie))
@@ -189,16 +199,16 @@ class Campaign:
                     body=self._ack(self.prt_report).body,
                 )
             )
-            return as_group.container([as_group.seal(env)])
+            return as_group.container([as_group.seal(env, stamp=st)], stamp=st)
         if cls == "spoof-pair":
             as_deu = Codec("deu", {"prt": pair_key("nor", "prt")})
-            return as_deu.container([as_deu.seal(self._env("prt", lie))])
+            return as_deu.container([as_deu.seal(self._env("prt", lie), stamp=st)], stamp=st)
         if cls == "outsider":
             stranger = Codec(
                 "deu", {n: self.rng.randbytes(32) for n in ("nor", "prt", "usa", GROUP)}, {GROUP: ("nor", "prt", "usa")}
             )
             dst = self.rng.choice(["prt", GROUP])
-            return stranger.container([stranger.seal(self._env(dst, lie))], dst)
+            return stranger.container([stranger.seal(self._env(dst, lie), stamp=st)], dst, st)
         if cls == "tamper":
             b = bytearray(self.rng.choice(self.captured))
             for _ in range(self.rng.randint(1, 4)):
@@ -210,13 +220,15 @@ class Campaign:
         if cls == "control":
             deu = codec("deu")
             dst = self.rng.choice(["prt", GROUP])
-            return deu.container([deu.seal(self._env(dst, b"deu (compromised) %d" % self.seq))], dst)
+            return deu.container([deu.seal(self._env(dst, b"deu (compromised) %d" % self.seq), stamp=st)], dst, st)
         raise ValueError(f"unknown class {cls!r}: " + ", ".join(CLASSES))
 
     def _group_bundles(self) -> list[bytes]:
-        """The captured bundles for the group (5 items: origin tags), found once."""
+        """The captured bundles for the group (with origin tags after the envelopes), found once."""
+        from c2dtn.overlay.envelope import ITEMS_AT
+
         if self._groups is None:
-            self._groups = [p for p in self.captured if len(cbor2.loads(p)) == 5]
+            self._groups = [p for p in self.captured if len(cbor2.loads(p)) == ITEMS_AT + 2]
         return self._groups
 
     def _ack(self, seq: int):
@@ -238,11 +250,13 @@ class Campaign:
 
     def _mutate(self, obj: list, lie: bytes) -> list:
         """1-3 structural mutations of a genuine group container (MUTATIONS); added items are
-        nor's, sealed with the group key and deu's name as their origin."""
-        items, forger = obj[3], codec("nor", "deu")
+        nor's, sealed with the group key, deu's name as their origin and the container's stamp."""
+        from c2dtn.overlay.envelope import ITEMS_AT
+
+        items, forger, st = obj[ITEMS_AT], codec("nor", "deu"), (obj[3], obj[4])
         for m in self.rng.sample(MUTATIONS, self.rng.randint(1, 3)):
             i = self.rng.randrange(len(items)) if items else 0
-            fresh = forger.seal(self.rng.choice([self._env(GROUP, lie), self._ack(self.prt_report)]))
+            fresh = forger.seal(self.rng.choice([self._env(GROUP, lie), self._ack(self.prt_report)]), stamp=st)
             if m == "wrap" and items:
                 items[i] = cbor2.dumps(items[i])
             elif m == "nest" and items:
@@ -269,19 +283,19 @@ class Campaign:
                 items.insert(self.rng.randrange(len(items) + 1), fresh)
             elif m == "replace" and items:
                 items[i] = cbor2.loads(fresh)
-            elif m == "tags" and obj[4]:
-                obj[4] = self.rng.choice([obj[4][::-1], obj[4] + obj[4][:1], obj[4][1:]])
+            elif m == "tags" and obj[ITEMS_AT + 1]:
+                t = obj[ITEMS_AT + 1]
+                obj[ITEMS_AT + 1] = self.rng.choice([t[::-1], t + t[:1], t[1:]])
         return obj
 
     def _genuine_acks(self, payload: bytes) -> int:
         """Ack envelopes of deu's own in a bundle that are genuine (spliced bundles start from one)."""
-        from c2dtn.overlay.envelope import EnvelopeError, Kind
+        from c2dtn.overlay.envelope import ITEMS_AT, EnvelopeError, Kind
 
         try:
             obj = cbor2.loads(payload)
-            c = self.prt.codec.open_container(
-                cbor2.dumps([obj[0], obj[1], obj[2], [it for it in obj[3] if isinstance(it, list)]] + obj[4:])
-            )
+            lists = [it for it in obj[ITEMS_AT] if isinstance(it, list)]
+            c = self.prt.codec.open_container(cbor2.dumps(obj[:ITEMS_AT] + [lists] + obj[ITEMS_AT + 1 :]))
             return sum(self.prt.codec.open(c.sender, it, c).kind == Kind.ACK for it in c.items)
         except (EnvelopeError, Exception):
             return 0

@@ -60,12 +60,13 @@ def test_nps_chain_on_core_has_the_profile_and_leaves_nothing(clean):
     for name, ls in testbed.status()["links"].items():
         if ls["emulate"]:
             assert (ls["live"]["ab"]["offered"], ls["live"]["ba"]["offered"]) == (0, 0), name
-    # what `topo check h1 h4` measures, with the tolerances of the namespaces engine's live test
-    # (tests/test_testbed_live.py: 1,000 probes; 0.9-1.1 of the rate; delay within 15 ms)
-    res = probe.check(st, "h1", "h4", probes=1000, saturate_s=12)
+    # what `topo check h1 h4` measures: the profile reached CORE's wiring. The emulator's own
+    # fidelity is the namespaces engine's live test (1,000 probes, tests/test_testbed_live.py);
+    # here 400 probes, the loss window three of their standard deviations wide (0.10 +- 0.05)
+    res = probe.check(st, "h1", "h4", probes=400, saturate_s=8)
     print(json.dumps({k: v for k, v in res.items() if isinstance(v, (int, float, str))}, indent=1))
-    assert res["probes_sent"] == 1000
-    assert 0.07 <= res["loss"] <= 0.13
+    assert res["probes_sent"] == 400
+    assert 0.05 <= res["loss"] <= 0.15
     assert abs(res["delay_median_s"] - res["expected_delay_s"]) <= 0.015
     assert 0.9 <= res["rate_bps"] / res["expected_rate_bps"] <= 1.1
     # a link cut and restored on CORE as on namespaces

@@ -95,11 +95,18 @@ def test_origin_must_be_the_sender():
         (cbor2.dumps({"not": "an array"}), E.Malformed),
         (cbor2.dumps([1, "gw1", "gw4", []]), E.BadVersion),
         (cbor2.dumps([2, "gw1", "gw4", []]), E.BadVersion),
-        (cbor2.dumps([3, 5, "gw4", []]), E.Malformed),
-        (cbor2.dumps([3, "gw1", "gw4", "x"]), E.Malformed),
-        (cbor2.dumps([3, "gw1", "gw4", []])[:-1], E.Malformed),
-        (cbor2.dumps([3, "gw1", "gw9", []]), E.Misrouted),
-        (cbor2.dumps([3, "gw1", 4, []]), E.Malformed),
+        (cbor2.dumps([3, "gw1", "gw4", []]), E.BadVersion),
+        (cbor2.dumps([4, "gw1", "gw4", []]), E.Malformed),  # version 3's shape
+        (cbor2.dumps([4, 5, "gw4", 0, 0, []]), E.Malformed),
+        (cbor2.dumps([4, "gw1", "gw4", 0, 0, "x"]), E.Malformed),
+        (cbor2.dumps([4, "gw1", "gw4", 0, 0, []])[:-1], E.Malformed),
+        (cbor2.dumps([4, "gw1", "gw9", 0, 0, []]), E.Misrouted),
+        (cbor2.dumps([4, "gw1", 4, 0, 0, []]), E.Malformed),
+        (cbor2.dumps([4, "gw1", "gw4", -1, 0, []]), E.Malformed),
+        (cbor2.dumps([4, "gw1", "gw4", E.MAX_BASE_S + 1, 0, []]), E.Malformed),
+        (cbor2.dumps([4, "gw1", "gw4", 0, 1 << 32, []]), E.Malformed),
+        (cbor2.dumps([4, "gw1", "gw4", True, 0, []]), E.Malformed),
+        (cbor2.dumps([4, "gw1", "gw4", 0, "1", []]), E.Malformed),
         (bytes(E.MAX_CONTAINER_BYTES + 1), E.Oversize),
     ],
 )
@@ -285,3 +292,92 @@ def test_a_send_number_travels_in_one_byte_and_a_map_without_one_is_still_read()
     assert sizes[0] == sizes[23] == sizes[None] + 2  # the key and the number
     with pytest.raises(ValueError, match="send number 24"):
         a.seal(dataclasses.replace(env, sn=24))
+
+
+# -- the container's stamp (container version 4, decision 0020) --------------------------------
+
+
+def _stamped(a, envs, stamp):
+    return a.container([a.seal(e, stamp=stamp) for e in envs], "gw4", stamp)
+
+
+def test_a_stamped_bundle_carries_creation_times_and_incarnation_once_and_they_come_back():
+    a, b = pair()
+    inc = 0x1F2E3D4C
+    t = 1_700_000_000_000
+    # a fresh report, one from a second earlier, and a copy of one sealed an hour ago
+    envs = [
+        env(seq=7 + i, created_ms=t - back, inc=inc, supersede=f"u{i}") for i, back in enumerate((0, 1500, 3_600_000))
+    ]
+    stamp = (t // 1000 + 1, inc)
+    payload = _stamped(a, envs, stamp)
+    c = b.open_container(payload)
+    assert c.stamp == stamp
+    got = [b.open("gw1", x, c) for x in c.items]
+    assert [(g.created_ms, g.inc, g.seq) for g in got] == [(e.created_ms, e.inc, e.seq) for e in envs]
+    # what the link carries: unstamped (as version 3 sealed them), a creation time costs 10
+    # bytes and an incarnation 6, keys included; stamped, 3 to 5 and none, for 8 bytes more
+    # in the container
+    plain = a.container([a.seal(e) for e in envs], "gw4")
+    print(f"\nthree reports: {len(plain)} bytes unstamped, {len(payload)} stamped")
+    assert len(plain) - len(payload) >= 3 * 10 - 8
+
+
+def test_an_ack_only_bundle_names_no_incarnation_and_costs_no_more_than_unstamped():
+    a, b = pair()
+    t = 1_700_000_000_400
+    ack = Envelope(Kind.ACK, "gw1", 0, "gw4", t, 60_000, Priority.FLASH, body=E.encode_ack_body({"gw4/5": ([1], [])}))
+    stamped = _stamped(a, [ack], (t // 1000, 0))
+    assert len(stamped) <= len(a.container([a.seal(ack)], "gw4"))
+    c = b.open_container(stamped)
+    assert b.open("gw1", c.items[0], c).created_ms == t
+
+
+@pytest.mark.parametrize("field", [3, 4])
+def test_a_changed_stamp_opens_no_envelope_of_the_bundle(field):
+    """A relay or anyone on the path who shifts the base second (every creation time with it,
+    hence lifetimes and what supersedes what) or the incarnation (message ids) breaks every tag."""
+    a, b = pair()
+    payload = _stamped(a, [env(inc=9), env(seq=8, inc=9, supersede="x")], (1_700_000_000, 9))
+    obj = cbor2.loads(payload)
+    obj[field] += 1
+    c = b.open_container(cbor2.dumps(obj))
+    for item in c.items:
+        with pytest.raises(E.BadTag):
+            b.open("gw1", item, c)
+
+
+def test_an_envelope_spliced_from_a_bundle_of_another_stamp_does_not_open():
+    a, b = pair()
+    one = cbor2.loads(_stamped(a, [env(inc=9)], (1_700_000_000, 9)))
+    other = cbor2.loads(_stamped(a, [env(seq=30, inc=9)], (1_700_000_100, 9)))
+    other[E.ITEMS_AT] = one[E.ITEMS_AT]
+    c = b.open_container(cbor2.dumps(other))
+    with pytest.raises(E.BadTag):
+        b.open("gw1", c.items[0], c)
+
+
+@pytest.mark.parametrize(
+    "base, off, match",
+    [
+        (0, -1, "creation time -1 ms from base second 0"),
+        (E.MAX_BASE_S, 1 << 40, "out of range"),
+        (10, -(E.MAX_TIME_MS + 1), "out of range"),
+    ],
+)
+def test_a_creation_time_outside_what_a_store_keeps_is_refused_naming_it(base, off, match):
+    a, b = pair()
+    m = {E.K_SEQ: 1, E.K_CREATED: off, E.K_LIFETIME_S: 60}
+    payload = a.container([cbor2.dumps(a.seal_bytes(cbor2.dumps(m), "gw4", (base, 0)))], "gw4", (base, 0))
+    c = b.open_container(payload)
+    with pytest.raises(E.Malformed, match=match):
+        b.open("gw1", c.items[0], c)
+
+
+def test_an_envelope_of_another_incarnation_says_so_in_its_map():
+    a, b = pair()
+    stamp = (1_700_000_000, 9)
+    c = b.open_container(_stamped(a, [env(inc=9), env(seq=8, inc=4, supersede="y")], stamp))
+    assert [b.open("gw1", x, c).inc for x in c.items] == [9, 4]
+    with pytest.raises(ValueError, match="stamp"):
+        a.seal(env(), stamp=(-1, 0))

@@ -15,7 +15,7 @@ from c2dtn.errors import ConfigError
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore
-from c2dtn.overlay.envelope import DELTA_OPEN_MAX, BadTag, Codec, Envelope, Kind, Priority
+from c2dtn.overlay.envelope import DELTA_OPEN_MAX, ITEMS_AT, BadTag, Codec, Envelope, Kind, Priority
 from c2dtn.overlay.scheduler import SchedulerConfig
 from c2dtn.overlay.store.memory import MemoryStore
 from c2dtn.topologies import model, testbed
@@ -193,8 +193,8 @@ def test_a_member_cannot_pass_group_envelopes_off_as_another_members(tmp_path):
     lie = Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: fall back to phase line red")
     genuine = deu.container([deu.seal(Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: hold"))], "fmn")
     spliced = cbor2.loads(genuine)
-    spliced[3] = [cbor2.loads(as_deu.seal(lie))]  # deu's origin tags around nor's envelope
-    untagged = cbor2.dumps(cbor2.loads(as_deu.container([as_deu.seal(lie)], "fmn"))[:4])
+    spliced[ITEMS_AT] = [cbor2.loads(as_deu.seal(lie))]  # deu's origin tags around nor's envelope
+    untagged = cbor2.dumps(cbor2.loads(as_deu.container([as_deu.seal(lie)], "fmn"))[: ITEMS_AT + 1])
     forgeries = {
         "without origin tags": untagged,
         "origin tag for 'prt' does not match": as_deu.container([as_deu.seal(lie)], "fmn"),
@@ -211,7 +211,7 @@ def test_origin_tags_cost_9_bytes_per_other_member_and_bundle_not_per_envelope()
     deu = codec("deu")
     sealed = [deu.seal(Envelope(Kind.DATA, "deu", i, "fmn", 0, 60_000, body=b"pos %d" % i)) for i in range(5)]
     full = deu.container(sealed, "fmn")
-    assert len(full) - len(cbor2.dumps(cbor2.loads(full)[:4])) == 1 + 2 * (1 + 8)
+    assert len(full) - len(cbor2.dumps(cbor2.loads(full)[: ITEMS_AT + 1])) == 1 + 2 * (1 + 8)
     c = codec("prt").open_container(deu.container(sealed, "fmn"))
     assert len(c.origin_tags) == 2 and [codec("prt").open("deu", s, c).seq for s in c.items] == list(range(5))
 

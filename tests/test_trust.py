@@ -9,7 +9,7 @@ from test_groups import codec, make
 from test_send_before_sync import serve_api_to
 
 from c2dtn import strict_cbor
-from c2dtn.overlay.envelope import CONTAINER_VERSION, BadTag, Codec, Envelope, Kind, Priority, encode_ack_body
+from c2dtn.overlay.envelope import CONTAINER_VERSION, ITEMS_AT, BadTag, Codec, Envelope, Kind, Priority, encode_ack_body
 from c2dtn.overlay.relay import RelayCore, Unroutable, payload_destination
 
 
@@ -44,7 +44,7 @@ def test_a_member_cannot_splice_a_byte_string_wrapped_order_into_anothers_bundle
     prt = make(tmp_path, "prt")
     spliced = cbor2.loads(genuine)
     lie = Envelope(Kind.DATA, "deu", 999, "fmn", 0, 60_000, Priority.FLASH, body=b"deu: withdraw now")
-    spliced[3].append(as_member("nor", "deu").seal(lie))  # sealed envelope bytes, not an array
+    spliced[ITEMS_AT].append(as_member("nor", "deu").seal(lie))  # sealed envelope bytes, not an array
     res = prt.on_bundle(cbor2.dumps(spliced), 10)
     assert res.taken == 0 and len(res.rejected) == 1 and "whole bundle is refused" in res.rejected[0]
     assert prt.take() == []
@@ -69,7 +69,7 @@ def test_a_member_cannot_forge_a_done_ack_in_anothers_name(tmp_path):
     )
     for wrap in (lambda s: s, lambda s: cbor2.loads(s)):  # as a byte string, and as a plain item
         spliced = cbor2.loads(genuine)
-        spliced[3].append(wrap(as_member("nor", "deu").seal(forged)))
+        spliced[ITEMS_AT].append(wrap(as_member("nor", "deu").seal(forged)))
         res = prt.on_bundle(cbor2.dumps(spliced), 60_020)
         assert res.acks == 0 and len(res.rejected) >= 1
         assert prt.store.held_out()[0] == 1, "a forged ack released a report deu never got"
@@ -419,7 +419,7 @@ def test_an_ack_body_travels_plain_and_a_compressed_one_is_refused(tmp_path):
     assert len(sealed) > len(big)  # sent as it is, not compressed
     bomb = zstandard.ZstdCompressor().compress(b"\x9a\x00\x40\x00\x00" + b"\xa0" * (4 << 20))
     m = {1: 1, 3: 2, 4: 0, 5: 60_000, 9: 2, 8: bomb}
-    payload = cbor2.dumps([CONTAINER_VERSION, "prt", "deu", [_sealed_map(prt.codec, "deu", m)]])
+    payload = cbor2.dumps([CONTAINER_VERSION, "prt", "deu", 0, 0, [_sealed_map(prt.codec, "deu", m)]])
     assert len(payload) < 400
     res = deu.on_bundle(payload, 0)
     assert res.acks == 0 and "acks travel plain" in res.rejected[0]
@@ -652,8 +652,9 @@ def test_a_sealed_report_hides_its_body_and_costs_no_more_bytes_than_the_hmac_fo
             floor=70,
             inc=0x1F2E3D4C,
         )
-        payload = deu.container([deu.seal(env)], dst)
-        plain = deu.map_bytes(env)
+        stamp = (env.created_ms // 1000 + 1, env.inc)  # as the scheduler stamps it, a moment later
+        payload = deu.container([deu.seal(env, stamp=stamp)], dst, stamp)
+        plain = deu.map_bytes(env, stamp=stamp)
         for secret in (REPORT[:24], b"PRT-UNIT001", b"Feature", plain[-20:]):
             assert secret not in payload
         old = _v1_container("deu", dst, env, key, deu, len(groups.get(dst, ())))
