@@ -129,10 +129,13 @@ class BundleAgent(abc.ABC):
         return {}
 
     @classmethod
-    def testbed_options(cls, ltp_rates_bps: dict[str, int], store: str) -> dict[str, Any]:
+    def testbed_options(
+        cls, ltp_rates_bps: dict[str, int], store: str, numbers: dict[str, int] | None = None
+    ) -> dict[str, Any]:
         """The `[agent.<kind>]` settings the testbed writes for one of its nodes.  ltp_rates_bps:
         the bits per second the node may send to each LTP neighbour across a rated link; store:
-        the storage the testbed asks of agents that offer a choice."""
+        the storage the testbed asks of agents that offer a choice; numbers: a small number for
+        every node of the topology, for agents that can name nodes by number."""
         return {}
 
     @classmethod

@@ -20,7 +20,8 @@ docs/decisions/0001-envelope-aead.md):
   nonce           = SHA-256(NONCE_CONTEXT | sender | 0 | destination)[:12]
 
 A relay, a radio eavesdropper or a BPA sees who sent a bundle to whom and how large its
-envelopes are, nothing of what they say.  AES-GCM-SIV is nonce-misuse resistant: the nonce is
+envelopes are, the stamp (when it was sealed, the sender's store incarnation, and so which
+bundles hold acks alone), nothing of what the envelopes say.  AES-GCM-SIV is nonce-misuse resistant: the nonce is
 the same for every envelope of one direction, and a sealing repeated (a retransmission
 with a newer floor) costs nothing but showing that two ciphertexts are of the same map.
 The tag costs 16 bytes per envelope, as the HMAC tag it replaced.  The AEAD key is derived
@@ -688,11 +689,12 @@ class Codec:
         if dst not in self.groups:
             return _array_header(6) + body
         covered = b"".join(_item_digest(s) for s in sealed)
-        tags = [self._origin_tag(m, self.node, dst, covered) for m in sorted(self.groups[dst])]
+        tags = [self._origin_tag(m, self.node, dst, covered, stamp) for m in sorted(self.groups[dst])]
         return _array_header(7) + body + cbor2.dumps(tags)
 
-    def _origin_tag(self, peer: str, sender: str, group: str, covered: bytes) -> bytes:
-        msg = ORIGIN_CONTEXT + sender.encode() + b"\0" + group.encode() + b"\0" + covered
+    def _origin_tag(self, peer: str, sender: str, group: str, covered: bytes, stamp: Stamp) -> bytes:
+        # the stamp too: the items' AEAD binds it already, this does not lean on how
+        msg = ORIGIN_CONTEXT + sender.encode() + b"\0" + group.encode() + b"\0" + _stamp_bytes(stamp) + covered
         return hmac.digest(self._key(peer), msg, "sha256")[:ORIGIN_TAG_BYTES]
 
     # -- opening ---------------------------------------------------------
@@ -711,6 +713,16 @@ class Codec:
         shared with its sender proves (the sender sealed the group's envelopes in it)."""
         if group in c.origin_ok:
             return
+        if group in c.origin_bad:  # checked once a bundle: each item asks again (linear, not quadratic)
+            raise BadTag(c.origin_bad[group])
+        try:
+            self._check_origin(c, group)
+        except BadTag as e:
+            c.origin_bad[group] = str(e)
+            raise
+        c.origin_ok.add(group)
+
+    def _check_origin(self, c: "Container", group: str) -> None:
         if c.origin_tags is None:
             raise BadTag(f"envelope for group {group!r} in a bundle from {short(c.sender)} without origin tags")
         members = sorted((set(self.groups[group]) | {self.node}) - {c.sender})
@@ -721,13 +733,12 @@ class Codec:
             )
         # open_container let only [ciphertext, tag] through: re-encoded, they are the bytes sent
         covered = b"".join(_item_digest(cbor2.dumps(it)) for it in c.items)
-        want = self._origin_tag(c.sender, c.sender, group, covered)
+        want = self._origin_tag(c.sender, c.sender, group, covered, c.stamp)
         if not hmac.compare_digest(want, c.origin_tags[members.index(self.node)]):
             raise BadTag(
                 f"origin tag for {self.node!r} does not match the key shared with {short(c.sender)}: "
                 f"envelopes for group {group!r} that {short(c.sender)} did not seal"
             )
-        c.origin_ok.add(group)
 
     def open(self, sender: str, sealed: object, container: "Container | None" = None) -> Envelope:
         """Decrypt with the key of the destination (the container's: this node, whose pair key
@@ -917,6 +928,7 @@ class Container:
     origin_tags: list[bytes] | None = None  # group bundles: one per member but the sender
     dst: str = ""  # this node, or a group it is in
     origin_ok: set = field(default_factory=set)  # groups whose origin tag was checked
+    origin_bad: dict = field(default_factory=dict)  # group -> why its origin tag failed (raised again)
     plain_left: int = MAX_BUNDLE_PLAIN_BYTES  # plain body bytes its envelopes may still open to
     stamp: Stamp = NO_STAMP  # its base second and incarnation (every envelope's associated data)
 
@@ -952,7 +964,7 @@ def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None,
         raise Malformed(f"bundle payload is not strict CBOR: {e}") from None
     if not isinstance(obj, list) or not obj:
         raise Malformed(f"bundle payload is not an array: {short(obj)}")
-    if obj[0] != CONTAINER_VERSION:
+    if type(obj[0]) is not int or obj[0] != CONTAINER_VERSION:  # (4.0 and True are not 4)
         raise BadVersion(f"container version {short(obj[0])}, this node speaks {CONTAINER_VERSION}")
     if len(obj) not in (6, 7):
         raise Malformed(f"bundle payload is not a 6- or 7-item array: {short(obj)}")
@@ -995,9 +1007,13 @@ def _check_stamp(stamp: Stamp) -> None:
         raise ValueError(f"stamp {stamp!r}: base second 0 to {MAX_BASE_S}, incarnation 0 to {(1 << INC_BITS) - 1}")
 
 
+def _stamp_bytes(stamp: Stamp) -> bytes:
+    return stamp[0].to_bytes(8, "big") + stamp[1].to_bytes(4, "big")
+
+
 def _aad(stamp: Stamp) -> bytes:
     """The AEAD's associated data: the context and the container's stamp, fixed-width."""
-    return ENVELOPE_CONTEXT + stamp[0].to_bytes(8, "big") + stamp[1].to_bytes(4, "big")
+    return ENVELOPE_CONTEXT + _stamp_bytes(stamp)
 
 
 def _subkey(secret: bytes, label: bytes) -> bytes:

@@ -15,7 +15,8 @@ Each prints one JSON line with its figures.  Times are CLOCK_MONOTONIC, shared b
 every namespace, so a source and a sink in two namespaces can be compared.
 
 Without --config the client speaks to the daemon of --agent (the default agent) on --port, on the endpoints
-above (so that it can run beside an overlay node on the same daemon: BundleAgent.beside).  With
+above (so that it can run beside an overlay node on the same daemon: BundleAgent.beside); with
+--beside NODE.toml, to that node's daemon, named as its config names it (dtn7's ipn naming).  With
 --config NODE.toml it uses that node's agent through its driver (any agent), and every workload
 uses the agent's own endpoint: an agent that serves one endpoint per node must then run no overlay.
 """
@@ -293,13 +294,17 @@ async def data(
     return {"start": t0, "sent": sent, "acked": acked, "late": late, "lost": sent - acked, "end": last}
 
 
-def make_client(config: str | None, port: int, kind: str = DEFAULT) -> BundleAgent:
+def make_client(config: str | None, port: int, kind: str = DEFAULT, beside: str | None = None) -> BundleAgent:
     """The agent to run a workload on (see the module's docstring); with a node config, every
-    workload goes to that agent's own endpoint."""
-    if not config:
-        return agent_class(kind).beside(port)
+    workload goes to that agent's own endpoint; beside: the config of the overlay node this
+    client runs beside (its agent's API and naming, the benchmark's own endpoints)."""
     from c2dtn.overlay.agents import make_agent
     from c2dtn.overlay.config import load_node_config
+
+    if beside:
+        return make_agent(load_node_config(beside))
+    if not config:
+        return agent_class(kind).beside(port)
 
     agent = make_agent(load_node_config(config))
     ENDPOINTS.update(dict.fromkeys(ENDPOINTS, agent.endpoint))
@@ -307,7 +312,7 @@ def make_client(config: str | None, port: int, kind: str = DEFAULT) -> BundleAge
 
 
 async def main(args) -> dict:
-    agent = make_client(args.config, args.port, args.agent)
+    agent = make_client(args.config, args.port, args.agent, args.beside)
     await agent.start()
     try:
         if args.mode == "echo":
@@ -338,6 +343,7 @@ if __name__ == "__main__":
     ap.add_argument("--port", type=int, default=3000, help="the agent's API port (without --config)")
     ap.add_argument("--agent", default=DEFAULT, help="the agent beside the overlay node (without --config)")
     ap.add_argument("--config", default=None, help="the node's config: use its agent, whichever it is")
+    ap.add_argument("--beside", default=None, help="the config of the overlay node to run beside (its agent's naming)")
     ap.add_argument("--ack-timeout", type=float, default=30.0, help="data: seconds before an unacked bundle is lost")
     out = asyncio.run(main(ap.parse_args()))
     print(json.dumps(out), flush=True)

@@ -20,6 +20,8 @@ member: the group key and nor's pair keys) or an outsider who captured the traff
   as-group          nor speaks as the group itself: sender and origin "fmn", sealed with the
                     group key as if it were a pair key (an order, or a "done" ack for prt's report)
   spoof-pair        nor seals a direct envelope to prt naming deu, under the nor-prt key
+  restamp           a captured genuine bundle with its base second moved (every creation time and
+                    expiry with it) or its incarnation changed (every message id), as a relay could
   tamper            a captured genuine bundle with 1-4 random bytes changed
   replay            a captured genuine bundle sent again at once
   replay-late       a captured genuine bundle sent again 11 min after its envelopes ended,
@@ -63,6 +65,7 @@ CLASSES = (
     "mutate",
     "as-group",
     "spoof-pair",
+    "restamp",
     "tamper",
     "replay",
     "replay-late",
@@ -209,6 +212,13 @@ class Campaign:
             )
             dst = self.rng.choice(["prt", GROUP])
             return stranger.container([stranger.seal(self._env(dst, lie), stamp=st)], dst, st)
+        if cls == "restamp":
+            obj = cbor2.loads(self.rng.choice(self.captured))
+            if self.rng.random() < 0.5:
+                obj[3] = max(0, obj[3] + self.rng.choice([-1, 1, 700, 3600]))
+            else:
+                obj[4] = self.rng.choice([v for v in (0, obj[4] ^ 1, (obj[4] + 1) % (1 << 32)) if v != obj[4]])
+            return cbor2.dumps(obj)
         if cls == "tamper":
             b = bytearray(self.rng.choice(self.captured))
             for _ in range(self.rng.randint(1, 4)):

@@ -155,9 +155,13 @@ def _container(data: bytes) -> None:
 def _container_seeds() -> list[bytes]:
     sealer = E.Codec(PEER, {ME: KEY})
     member = E.Codec(PEER, {ME: KEY, "gw9": KEY, "fmn": KEY[::-1]}, {"fmn": (ME, "gw9")})  # a group bundle
+    # stamped as a scheduler stamps it: a copy of an old envelope (a negative offset), and one of
+    # another incarnation (its own in its map)
+    st = (1_700_000_600, 9)
     return [
         sealer.container([sealer.seal(_env()), sealer.seal(_env(seq=8, cseq=4))]),
         member.container([member.seal(_env(dst="fmn")), member.seal(_env(dst="fmn", seq=8))], "fmn"),
+        sealer.container([sealer.seal(e, stamp=st) for e in (_env(inc=9), _env(seq=9, inc=4))], ME, st),
     ]
 
 

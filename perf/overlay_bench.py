@@ -61,10 +61,13 @@ def rtt_pairs(nodes: Nodes, size: int, count: int, agent: str = DEFAULT) -> tupl
     (perf.bare_client rtt --stepped beside the overlay node, answered by an echo client on gw4),
     then one through the overlay, and so on, so that both see the same moments of a noisy
     machine (run one after the other, the bare figures of two runs differed by 20 %)."""
-    beside = ("--agent", agent)
-    echo = _client("gw4", "echo", "--timeout", str(60 + count * 10), *beside)
+    echo = _client("gw4", "echo", "--timeout", str(60 + count * 10), "--beside", str(nodes.paths["gw4"]))
     pinger = _client(
-        "gw1", "rtt", "--dst", "gw4", "--size", str(size), "--timeout", "30", "--stepped", *beside, stdin=True
+        "gw1",
+        "rtt",
+        *("--dst", "gw4", "--size", str(size), "--timeout", "30", "--stepped"),
+        *("--beside", str(nodes.paths["gw1"])),
+        stdin=True,
     )
     bare: list[float] = []
     over: list[float] = []
@@ -95,7 +98,7 @@ def bare_throughput(
     over to the last received.  conf: each client's arguments: --config (an agent that serves one
     endpoint per node, through its driver; such an agent may lose bundles fed as fast as it takes
     them, as ION over UDP did: they are counted, not waited for past the sink's timeout), or
-    --agent (a client beside the overlay node, which must deliver all)."""
+    --beside (a client beside the overlay node, which must deliver all)."""
     conf = conf or {}
     beside = not any("--config" in c for c in conf.values())
     wait = 300 if beside else 60 + count * size * 8 / 1e6  # the others: at least 1 Mbit/s, or lost
@@ -217,10 +220,10 @@ def lan(sizes: list[str], runs: int, rtt_count: int = 40, agent: str = DEFAULT) 
     if not agent_class(agent).capabilities.beside_overlay:
         return lan_blocks(agent, sizes, runs, rtt_count)
     rows = []
-    beside = {n: ("--agent", agent) for n in ("gw1", "gw4")}
     with tempfile.TemporaryDirectory() as td:
         # on a LAN every hop speaks TCPCL (a megabyte bundle fits no UDP datagram)
         nodes = _nodes("lan", Path(td), cla="tcpcl", per_link_cla=False, agent=agent)
+        beside = {n: ("--beside", str(nodes.paths[n])) for n in ("gw1", "gw4")}
         try:
             for name in sizes:
                 size, count = SIZES[name], COUNTS[name]

@@ -32,6 +32,8 @@ def test_no_forged_tampered_or_replayed_envelope_is_taken(run):
     ):
         assert res["classes"][cls]["refused"] == 60, cls
     assert set(res["reasons"]["splice"]) == {"origin tag"}
+    # a bundle's stamp moved on the way: every envelope fails its tag (the group's: their origin tags first)
+    assert res["classes"]["restamp"]["refused"] >= 60 and set(res["reasons"]["restamp"]) <= {"tag", "origin tag"}
     # a byte-string-wrapped item refuses the whole bundle, whatever it holds
     assert set(res["reasons"]["splice-wrapped"]) == set(res["reasons"]["splice-wrapped-ack"]) == {"malformed"}
     assert res["classes"]["mutate"]["refused"] >= 60  # every mutated bundle refused, at least one line each

@@ -187,6 +187,11 @@ def test_malformed_bundles_from_a_peer_are_counted_and_dropped(chain):
     nodes = chain
     import subprocess
 
+    from c2dtn.overlay.agents import make_agent
+    from c2dtn.overlay.config import load_node_config
+
+    gw4 = make_agent(load_node_config(nodes.paths["gw4"]))
+    dst = gw4.eid("gw4", gw4.endpoint)  # ipn:N.1 as the testbed names dtn7's nodes
     garbage = [b"", b"\xff" * 50, b"\x83\x01", b"\x83\x01cgw1\x81\x82Dabcd" + bytes(16), bytes(70000)]
     for g in garbage:  # r3 is a neighbour; its BPA sends straight to gw4's overlay endpoint
         r = subprocess.run(
@@ -201,7 +206,7 @@ def test_malformed_bundles_from_a_peer_are_counted_and_dropped(chain):
                 "POST",
                 "--data-binary",
                 "@-",
-                "http://127.0.0.1:3000/send?dst=dtn://gw4/c2dtn&lifetime=60s",
+                f"http://127.0.0.1:3000/send?dst={dst}&lifetime=60s",
             ],
             input=g,
             capture_output=True,

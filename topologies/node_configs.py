@@ -206,6 +206,7 @@ def write_configs(
     )
     paths = {}
     relay_files = []
+    numbers = {n: i for i, n in enumerate(sorted(st["nodes"]), 1)}  # small: one CBOR byte up to 23
     for k_index, (kind, members) in enumerate(sorted(islands.items())):
         island = members + ([relay] if relay else [])
         k_cla, k_per_link = (harness_cla(kind, cla), False) if testbed_clas(kind) else (cla, per_link_cla)
@@ -244,7 +245,7 @@ def write_configs(
             lines += ["listen = [" + ", ".join(f'"{c}://0.0.0.0:{port(n, c)}"' for c in schemes) + "]"]
             lines += (['routing = "epidemic"'] if groups else []) + [""]
             rates = _ltp_rates(st, n, [m for m, (_, c) in peers.items() if c == "ltp"])
-            lines += _toml_table(f"agent.{kind}", agent_class(kind).testbed_options(rates, store))
+            lines += _toml_table(f"agent.{kind}", agent_class(kind).testbed_options(rates, store, numbers))
             for m, (addr, c) in peers.items():
                 lines += ["[[agent.peers]]", f'node = "{m}"', f'cla = "{c}://{addr}:{port(m, c)}"', ""]
             for m, via in routes:

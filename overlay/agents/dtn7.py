@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ import aiohttp
 import cbor2
 
 from c2dtn.cla_adapters import ClaSpec
+from c2dtn.cla_adapters.numbering import node_numbers
 from c2dtn.cla_adapters.schemes import cla_name
 from c2dtn.confref import Field as F
 from c2dtn.confref import table
@@ -38,6 +40,24 @@ DTN7_VERSION = version("dtn7")  # what its build fragment (make/dtn7.mk) install
 STORES = ("mem", "sled", "sneakers")
 # dtn7-rs names its CLAs differently from the specs
 CLA_NAMES = {"tcpcl": "tcp", "mtcp": "mtcp", "udp": "udp", "http": "http"}
+NAMINGS = ("dtn", "ipn")
+# with ipn naming: the overlay's endpoint ipn:N.1; a group's stays dtn://<group>/~c2dtn (the ipn
+# scheme has no non-singleton endpoints), and so do other named endpoints (bare benchmark clients)
+SERVICE = "1"
+GROUP_SERVICE = "c2dtn"
+MAX_NUMBER = (1 << 63) - 1
+
+
+def derived_number(node: str) -> int:
+    """A node's ipn number where the config gives none (as ION's driver derives it)."""
+    return 1 + zlib.crc32(node.encode()) % (1 << 31)
+
+
+def numbering(cfg: NodeConfig) -> dict[str, int] | None:
+    """ipn numbers of this node and those its config names, or None with dtn naming."""
+    if cfg.agent_options.get("naming", "dtn") != "ipn":
+        return None
+    return node_numbers(cfg, derived_number)
 
 
 def find_dtnd() -> str:
@@ -69,17 +89,18 @@ def listen_arg(spec: ClaSpec) -> str:
 
 
 def peer_arg(spec: ClaSpec, node_id: str) -> str:
-    """`dtnd -s` value: tcp://10.77.1.2:4556/r2"""
+    """`dtnd -s` value: tcp://10.77.1.2:4556/r2 (ipn naming: the node's number, /2)"""
     return f"{_cla(spec)}://{spec.host}:{spec.port}/{node_id}"
 
 
 def dtnd_argv(cfg: NodeConfig, dtnd: str) -> list[str]:
     """dtnd's command line for this node."""
     o = cfg.agent_options
+    nums = numbering(cfg)
     argv = [
         dtnd,
         "-n",
-        cfg.id,
+        str(nums[cfg.id]) if nums else cfg.id,
         "-W",
         str(cfg.agent_dir),
         "-w",
@@ -90,7 +111,7 @@ def dtnd_argv(cfg: NodeConfig, dtnd: str) -> list[str]:
         "-j",
         o["janitor"],
         "-e",
-        Dtn7Agent.endpoint,
+        SERVICE if nums else Dtn7Agent.endpoint,
     ]
     # epidemic: every peer that has not seen a bundle gets it (group bundles fan out)
     routes = cfg.agent_dir / "routes"
@@ -98,16 +119,22 @@ def dtnd_argv(cfg: NodeConfig, dtnd: str) -> list[str]:
     for spec in cfg.listen:
         argv += ["-C", listen_arg(spec)]
     for p in cfg.peers:
-        argv += ["-s", peer_arg(p.cla, p.node)]
+        argv += ["-s", peer_arg(p.cla, str(nums[p.node]) if nums else p.node)]
     return argv
 
 
 def dtnd_routes(cfg: NodeConfig) -> str:
-    """dtnd static routes: `idx src-glob dst-glob via-eid`; glob `**` crosses '/'."""
+    """dtnd static routes: `idx src-glob dst-glob via-eid`; glob `**` crosses '/'.  With ipn
+    naming a node's ipn endpoints and its dtn-named ones (bare clients) take the same route."""
+    nums = numbering(cfg)
     lines = ["# written by c2dtn from " + cfg.source]
-    for i, r in enumerate(cfg.routes, 1):
-        dst = "**" if r.to == "*" else f"dtn://{r.to}/**"
-        lines.append(f"{i} ** {dst} dtn://{r.via}/")
+    i = 0
+    for r in cfg.routes:
+        via = f"ipn:{nums[r.via]}.0" if nums else f"dtn://{r.via}/"
+        dsts = ["**"] if r.to == "*" else [f"dtn://{r.to}/**"] + ([f"ipn:{nums[r.to]}.*"] if nums else [])
+        for dst in dsts:
+            i += 1
+            lines.append(f"{i} ** {dst} {via}")
     return "\n".join(lines) + "\n"
 
 
@@ -115,13 +142,17 @@ def node_eid(node: str) -> str:
     return f"dtn://{node}/"
 
 
-def eid_node(eid: str) -> str:
-    """dtn://gw1/ or dtn://gw1/x -> gw1"""
+def eid_node(eid: str, names: dict[int, str] | None = None) -> str:
+    """dtn://gw1/ or dtn://gw1/x -> gw1; ipn:4.1 -> the node numbered 4 in `names`, else "ipn:4"."""
+    if eid.startswith("ipn:"):
+        num = eid[4:].split(".", 1)[0]
+        ok = num.isascii() and num.isdigit() and len(num) <= 20
+        return (names or {}).get(int(num), f"ipn:{num}") if ok else eid
     rest = eid.split("://", 1)[-1].lstrip("/")
     return rest.split("/", 1)[0]
 
 
-def bundle_payload(raw: bytes) -> tuple[str, bytes]:
+def bundle_payload(raw: bytes, names: dict[int, str] | None = None) -> tuple[str, bytes]:
     """(source node, payload) of a BPv7 bundle (RFC 9171 §4.3: an array of blocks;
     the payload block has type code 1).  Small enough not to need a BPv7 library."""
     try:
@@ -131,8 +162,13 @@ def bundle_payload(raw: bytes) -> tuple[str, bytes]:
     if not isinstance(blocks, list) or not blocks or not isinstance(blocks[0], list):
         raise ValueError("not a BPv7 bundle")
     primary = blocks[0]
-    src = primary[4]  # [scheme, ssp]; dtn scheme ssp is "//node/..."
-    src_node = eid_node(src[1]) if isinstance(src, list) and len(src) == 2 and isinstance(src[1], str) else "?"
+    src = primary[4]  # [scheme, ssp]; dtn scheme (1) ssp is "//node/...", ipn (2) ssp is [node, service]
+    src_node = "?"
+    if isinstance(src, list) and len(src) == 2:
+        if src[0] == 1 and isinstance(src[1], str):
+            src_node = eid_node(src[1])
+        elif src[0] == 2 and isinstance(src[1], list) and src[1] and isinstance(src[1][0], int):
+            src_node = eid_node(f"ipn:{src[1][0]}.0", names)
     for blk in blocks[1:]:
         if isinstance(blk, list) and len(blk) >= 5 and blk[0] == 1 and isinstance(blk[4], bytes):
             return src_node, blk[4]
@@ -152,6 +188,23 @@ OPTIONS = table(
         ),
         F("web_port", "integer", "3000", "dtnd's HTTP and WebSocket API on 127.0.0.1 (one per node on a box).", "3000"),
         F("janitor", "duration", '"5s"', "How often dtnd retries bundles it holds (a number and ms, s or m).", '"5s"'),
+        F(
+            "naming",
+            "string",
+            '"dtn"',
+            "Endpoint names: dtn (dtn://gw1/c2dtn) or ipn (ipn:N.1, numbers as below; about 20 bytes "
+            "less a bundle on the link, [decision 0021](decisions/0021-ipn-naming-for-dtn7.md)). Every "
+            "node of a network names alike.",
+            '"ipn"',
+        ),
+        F("number", "integer", "0", "With ipn naming: this node's number (0: derived from its id).", "4"),
+        F(
+            "numbers",
+            "table",
+            "{}",
+            "With ipn naming: other nodes' numbers by node id, where they are not derived.",
+            "{ gw1 = 1, r2 = 2 }",
+        ),
     ],
 )
 
@@ -161,8 +214,12 @@ class Dtn7Agent(BundleAgent):
     # BPv7; dtnd's web API takes a bundle of up to 16 MB; group endpoints (dtn://group/~x);
     # its sled/sneakers stores keep bundles across a SIGKILL; its UDP CLA puts one bundle in one datagram
     @classmethod
-    def testbed_options(cls, ltp_rates_bps: dict[str, int], store: str) -> dict[str, Any]:
-        return {"store": store, "web_port": 3000, "janitor": "3s"}
+    def testbed_options(
+        cls, ltp_rates_bps: dict[str, int], store: str, numbers: dict[str, int] | None = None
+    ) -> dict[str, Any]:
+        # ipn naming with the testbed's small numbers: 1-byte node numbers in every EID on the radio
+        o: dict[str, Any] = {"store": store, "web_port": 3000, "janitor": "3s"}
+        return {**o, "naming": "ipn", "numbers": dict(numbers)} if numbers else o
 
     cla_names = CLA_NAMES
     legacy_keys = frozenset({"store", "web_port", "janitor"})
@@ -187,6 +244,10 @@ class Dtn7Agent(BundleAgent):
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self.cfg = cfg
+        self.nums = numbering(cfg) if cfg is not None else None  # ipn naming: node -> number
+        self.names = {v: k for k, v in self.nums.items()} if self.nums else {}
+        if self.nums:
+            self.endpoint = SERVICE
 
     # -- configuration ---------------------------------------------------------------------
     @classmethod
@@ -196,7 +257,20 @@ class Dtn7Agent(BundleAgent):
             "store": table.get("store", "sled"),
             "web_port": table.get("web_port", 3000),
             "janitor": str(table.get("janitor", "5s")),
+            "naming": table.get("naming", "dtn"),
+            "number": table.get("number", 0),
+            "numbers": table.get("numbers", {}),
         }
+        if o["naming"] not in NAMINGS:
+            raise ConfigError(source, "agent.dtn7.naming", o["naming"], "unknown naming", "dtn or ipn")
+        if not isinstance(o["number"], int) or isinstance(o["number"], bool) or not 0 <= o["number"] <= MAX_NUMBER:
+            raise ConfigError(source, "agent.dtn7.number", o["number"], "not an ipn node number", f"0 to {MAX_NUMBER}")
+        nums = o["numbers"]
+        if not isinstance(nums, dict):
+            raise ConfigError(source, "agent.dtn7.numbers", nums, "not a table", "write e.g. { gw1 = 1 }")
+        for k, v in nums.items():
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_NUMBER:
+                raise ConfigError(source, f"agent.dtn7.numbers.{k}", v, "not an ipn node number", f"1 to {MAX_NUMBER}")
         if o["store"] not in STORES:
             raise ConfigError(source, "agent.dtn7.store", o["store"], "unknown store", "stores: " + ", ".join(STORES))
         if not isinstance(o["web_port"], int) or isinstance(o["web_port"], bool) or not 1 <= o["web_port"] <= 65535:
@@ -229,8 +303,10 @@ class Dtn7Agent(BundleAgent):
 
     async def ready(self) -> None:
         node = (await self._get("/status/nodeid")).strip()
-        if not node.rstrip("/").endswith(self._node().id):
-            raise AgentError(f"dtnd answers as {node}, not as {self._node().id}")
+        me = self._node().id
+        want = f"ipn:{self.nums[me]}.0" if self.nums else f"dtn://{me}/"
+        if node != want:
+            raise AgentError(f"dtnd answers as {node}, not as {want} ({me})")
 
     def _node(self) -> NodeConfig:
         if self.cfg is None:
@@ -239,10 +315,24 @@ class Dtn7Agent(BundleAgent):
 
     # -- naming ----------------------------------------------------------------------------------
     def group_endpoint(self, group: str) -> str:
-        return f"dtn://{group}/~{self.endpoint}"  # ~: a non-singleton endpoint (RFC 9171 4.2.5.1)
+        return f"dtn://{group}/~{GROUP_SERVICE}"  # ~: a non-singleton endpoint (RFC 9171 4.2.5.1)
 
     def destination(self, dst: str, is_group: bool) -> tuple[str, str]:
-        return (dst, "~" + self.endpoint) if is_group else (dst, self.endpoint)
+        return (dst, "~" + GROUP_SERVICE) if is_group else (dst, self.endpoint)
+
+    def eid(self, node: str, endpoint: str) -> str:
+        """The EID of `endpoint` on `node` (or of a group's, "~c2dtn"): with ipn naming a number
+        is an ipn service, anything else a dtn endpoint of the node's name."""
+        if self.nums and endpoint.isascii() and endpoint.isdigit():
+            return f"ipn:{self.nums.get(node) or derived_number(node)}.{endpoint}"
+        return f"{node_eid(node)}{endpoint}"
+
+    def _local(self, endpoint: str) -> str:
+        """What dtnd's register and subscribe take: with ipn naming a named endpoint as a full EID
+        (dtnd makes a node's own endpoints of numbers only), else the name."""
+        if self.nums and not endpoint.isdigit() and "://" not in endpoint:
+            return self.eid(self._node().id, endpoint)
+        return endpoint
 
     async def start(self) -> None:
         if self._session is None or self._session.closed:
@@ -265,11 +355,11 @@ class Dtn7Agent(BundleAgent):
             raise AgentError(f"dtnd at {self.base} does not answer {path}: {e or type(e).__name__}") from None
 
     async def register(self, endpoint: str) -> None:
-        await self._get(f"/register?{endpoint}")
+        await self._get(f"/register?{self._local(endpoint)}")
 
     async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, priority: int = 3) -> None:
         await self.start()
-        url = f"{self.base}/send?dst={node_eid(dst_node)}{endpoint}&lifetime={max(1, int(lifetime_s))}s"
+        url = f"{self.base}/send?dst={self.eid(dst_node, endpoint)}&lifetime={max(1, int(lifetime_s))}s"
         try:
             async with self._session.post(url, data=payload) as r:
                 text = await r.text()
@@ -283,14 +373,14 @@ class Dtn7Agent(BundleAgent):
         for _ in range(100_000):
             await self.start()
             try:
-                async with self._session.get(f"{self.base}/endpoint?{endpoint}") as r:
+                async with self._session.get(f"{self.base}/endpoint?{self._local(endpoint)}") as r:
                     raw = await r.read()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 raise AgentError(f"dtnd endpoint poll failed: {e}") from None
             if r.status != 200 or raw.startswith(b"Nothing to receive"):
                 break
             try:
-                src, payload = bundle_payload(raw)
+                src, payload = bundle_payload(raw, self.names)
             except (ValueError, cbor2.CBORDecodeError, IndexError, TypeError) as e:
                 log.warning("dtnd handed over something that is not a bundle (%d bytes): %s", len(raw), e)
                 continue
@@ -308,7 +398,7 @@ class Dtn7Agent(BundleAgent):
                     timeout=aiohttp.ClientWSTimeout(ws_close=5),
                 ) as ws:
                     await ws.send_str("/data")
-                    await ws.send_str(f"/subscribe {endpoint}")
+                    await ws.send_str(f"/subscribe {self._local(endpoint)}")
                     backoff = 0.2
                     for d in await self._drain(endpoint):
                         yield d
@@ -316,8 +406,14 @@ class Dtn7Agent(BundleAgent):
                         if msg.type == aiohttp.WSMsgType.BINARY:
                             try:
                                 rec = strict_loads(msg.data, max_depth=2)
-                                yield AgentDelivery(eid_node(rec["src"]), endpoint, bytes(rec["data"]), str(rec["bid"]))
-                            except (ValueError, KeyError, TypeError) as e:  # StrictCBORError is a ValueError
+                                src = eid_node(rec["src"], self.names)
+                                yield AgentDelivery(src, endpoint, bytes(rec["data"]), str(rec["bid"]))
+                            except (
+                                ValueError,
+                                KeyError,
+                                TypeError,
+                                AttributeError,
+                            ) as e:  # (StrictCBORError: a ValueError)
                                 log.warning("unreadable delivery from dtnd (%d bytes): %s", len(msg.data), e)
                         elif msg.type == aiohttp.WSMsgType.TEXT:
                             if not msg.data.startswith("200"):

@@ -327,7 +327,9 @@ class HdtnAgent(BundleAgent):
     # BPv7; bundles up to HDTN's maxBundleSizeBytes here; no group endpoints; its disk store is restored
     # at start (tryToRestoreFromDisk); its UDP CL sends a bundle as one datagram
     @classmethod
-    def testbed_options(cls, ltp_rates_bps: dict[str, int], store: str) -> dict[str, Any]:
+    def testbed_options(
+        cls, ltp_rates_bps: dict[str, int], store: str, numbers: dict[str, int] | None = None
+    ) -> dict[str, Any]:
         # its LTP paces itself by the radio's rate, in bits a second
         return {"rates_bits": dict(ltp_rates_bps)} if ltp_rates_bps else {}
 

@@ -401,7 +401,9 @@ class IonAgent(BundleAgent):
     testbed_clas = ("udp", "ltp")
 
     @classmethod
-    def testbed_options(cls, ltp_rates_bps: dict[str, int], store: str) -> dict[str, Any]:
+    def testbed_options(
+        cls, ltp_rates_bps: dict[str, int], store: str, numbers: dict[str, int] | None = None
+    ) -> dict[str, Any]:
         # its LTP paces itself by its contacts' rates (the radio's), in bytes a second
         return {"rates": {m: r // 8 for m, r in ltp_rates_bps.items()}} if ltp_rates_bps else {}
 
