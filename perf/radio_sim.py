@@ -38,9 +38,10 @@ from c2dtn.topologies.channel import Direction, LinkActivity
 from c2dtn.topologies.profiles import Profile, load_builtin_profiles
 
 KEY = b"s" * 32
-# what a bundle of a dtn7-rs agent costs on the radio beyond its payload: its blocks (104 B
-# with the testbed's endpoint names) and the UDP, IP and Ethernet headers (docs/perf/radio-sim.md)
-FRAME_OVERHEAD = 146
+# what a bundle of a dtn7-rs agent costs on the radio beyond its payload: its blocks (with the
+# testbed's ipn names, decision 0021) and the UDP, IP and Ethernet headers, as a capture of the
+# radio hop shows them (docs/perf/radio-sim.md)
+FRAME_OVERHEAD = 112
 # the scheduler settings `c2dtn node configs` writes for a node behind a radio link
 RADIO_CFG = SchedulerConfig(aggregate_bytes=1200, linger_ms=500, ack_delay_ms=1000)
 

@@ -102,8 +102,7 @@ def test_bulk_goodput_stays_near_what_the_frames_leave_room_for_on_every_loss_pa
     radio idle a third of the time (0.57 of the link where the ceiling is 0.82); a tail loss
     still costs a probe's wait (a few seconds) in some runs."""
     runs = [rs.bulk(s) for s in SEEDS]
-    ceiling = 60 * 1000 / (60 * (1068 + rs.FRAME_OVERHEAD))
-    shares = [r["fraction"] / ceiling for r in runs]
+    shares = [r["fraction"] / rs.ceiling() for r in runs]
     assert statistics.median(shares) >= 0.95, shares
     assert min(shares) >= 0.75, shares
     assert all(r["delivered"] == 60 for r in runs)
