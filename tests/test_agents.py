@@ -333,3 +333,104 @@ def test_ibrdtn_bundles_live_a_minute_unless_configured_as_ibrdtn_relays_keep_fo
 
     sent = asyncio.run(run())
     assert [b.split(b"Lifetime: ")[1].split(b"\n")[0] for b in sent] == [b"60", b"300"]
+
+
+# -- dtn7-rs with ipn names (decision 0021) ----------------------------------------------------
+
+IPN = '[agent.dtn7]\nnaming = "ipn"\nnumbers = { gw1 = 1, r2 = 2, r5 = 5, gw4 = 4 }\n'
+
+
+def test_dtn7_with_ipn_names_numbers_its_node_peers_routes_and_endpoints(tmp_path):
+    from c2dtn.overlay.agents import dtn7
+
+    cfg = _node(tmp_path, "dtn7", IPN)
+    argv = dtn7.dtnd_argv(cfg, "dtnd")
+    assert argv[argv.index("-n") + 1] == "1" and argv[argv.index("-e") + 1] == "1"
+    assert "tcp://10.77.1.2:4556/2" in argv and "udp://10.77.5.2:4600/5" in argv
+    routes = dtn7.dtnd_routes(cfg).splitlines()[1:]
+    # each destination's ipn endpoints and its dtn-named ones (bare clients) by the same next hop
+    assert [r.split(" ", 1)[1] for r in routes] == [
+        "** dtn://r2/** ipn:2.0",
+        "** ipn:2.* ipn:2.0",
+        "** dtn://gw4/** ipn:2.0",
+        "** ipn:4.* ipn:2.0",
+    ]
+    agent = make_agent(cfg)
+    assert agent.endpoint == "1" and agent.eid("gw4", agent.endpoint) == "ipn:4.1"
+    assert agent.destination("fmn", True) == ("fmn", "~c2dtn")
+    assert agent.eid("fmn", "~c2dtn") == "dtn://fmn/~c2dtn"  # a group keeps its dtn endpoint
+    assert agent.eid("gw4", "bench") == "dtn://gw4/bench" and agent._local("bench") == "dtn://gw1/bench"
+    assert agent.endpoints(["fmn"]) == ["1", "dtn://fmn/~c2dtn"]
+
+
+def test_dtn7_with_ipn_names_tells_a_delivery_s_source_by_its_number(tmp_path):
+    import cbor2
+
+    from c2dtn.overlay.agents import dtn7
+
+    agent = make_agent(_node(tmp_path, "dtn7", IPN))
+    for eid, node in [
+        ("ipn:4.0", "gw4"),
+        ("ipn:04.1", "gw4"),
+        ("ipn:77.0", "ipn:77"),  # a number no config names: never taken for a node
+        ("ipn:٤.0", "ipn:٤.0"),  # (an Arabic-Indic four)
+        ("ipn:" + "9" * 30 + ".0", "ipn:" + "9" * 30 + ".0"),
+        ("dtn://gw4/x", "gw4"),
+    ]:
+        assert dtn7.eid_node(eid, agent.names) == node, eid
+    primary = [7, 0, 0, [2, [1, 1]], [2, [4, 0]], [2, [4, 0]], [0, 0], 60_000]
+    raw = cbor2.dumps([primary, [1, 1, 0, 0, b"payload"]])
+    assert dtn7.bundle_payload(raw, agent.names) == ("gw4", b"payload")
+    primary[4] = [2, [True, 0]]
+    assert dtn7.bundle_payload(cbor2.dumps([primary, [1, 1, 0, 0, b"p"]]), agent.names)[0] == "?"
+
+
+@pytest.mark.parametrize(
+    "extra, field, value",
+    [
+        ('[agent.dtn7]\nnaming = "x500"\n', "agent.dtn7.naming", "x500"),
+        ('[agent.dtn7]\nnaming = "ipn"\nnumber = true\n', "agent.dtn7.number", "True"),
+        ('[agent.dtn7]\nnaming = "ipn"\nnumbers = { gw4 = 0 }\n', "agent.dtn7.numbers.gw4", "0"),
+        ('[agent.dtn7]\nnaming = "ipn"\nnumbers = "gw4=4"\n', "agent.dtn7.numbers", "gw4=4"),
+    ],
+)
+def test_dtn7_naming_settings_are_checked_naming_the_bad_value(tmp_path, extra, field, value):
+    with pytest.raises(ConfigError) as e:
+        _node(tmp_path, "dtn7", extra)
+    assert field in str(e.value) and value in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ("[agent.dtn7]\nnumbers = { gw4 = 4 }\n", "agent.dtn7.numbers"),  # numbers with dtn names
+        ('[agent.dtn7]\nnaming = "ipn"\nnumber = 3\nnumbers = { gw1 = 6 }\n', "agent.dtn7.number"),
+        ('[agent.dtn7]\nnaming = "ipn"\nnumbers = { gw4 = 2 }\n', "agent.dtn7.numbers"),  # r2 has 2 too
+        ('[agent.dtn7]\nnaming = "ipn"\nnumbers = { "r 2" = 9 }\n', "agent.dtn7.numbers"),
+    ],
+)
+def test_dtn7_numbers_that_would_misroute_are_refused_when_the_agent_is_made(tmp_path, extra, field):
+    cfg = _node(tmp_path, "dtn7", extra.replace("gw4 = 2", "gw4 = 2, r2 = 2"))
+    with pytest.raises(ConfigError, match=field):
+        make_agent(cfg)
+
+
+def test_dtn7_numbers_every_node_its_config_names_but_not_its_groups(tmp_path):
+    from types import SimpleNamespace
+
+    from c2dtn.cla_adapters.numbering import node_numbers
+    from c2dtn.overlay.agents import dtn7
+
+    cfg = _node(tmp_path, "dtn7", IPN.replace("gw4 = 4 }", "gw4 = 4, tacnet = 3 }") + '[relays]\nprt-gw = "tacnet"\n')
+    nums = dtn7.numbering(cfg)
+    assert nums["tacnet"] == 3 and nums["prt-gw"] == dtn7.derived_number("prt-gw")  # a relay's target too
+    grouped = SimpleNamespace(**{**vars(cfg), "keys": {**cfg.keys, "fmn": b"k" * 32}, "groups": {"fmn": ("gw4",)}})
+    assert "fmn" not in node_numbers(grouped, dtn7.derived_number)  # a group has no node number
+
+
+def test_the_testbed_names_dtn7_nodes_by_small_numbers():
+    from c2dtn.overlay.agents import dtn7
+
+    o = dtn7.Dtn7Agent.testbed_options({}, "sled", {"gw1": 1, "r2": 2})
+    assert o["naming"] == "ipn" and o["numbers"] == {"gw1": 1, "r2": 2}
+    assert "naming" not in dtn7.Dtn7Agent.testbed_options({}, "sled")

@@ -206,7 +206,8 @@ def write_configs(
     )
     paths = {}
     relay_files = []
-    numbers = {n: i for i, n in enumerate(sorted(st["nodes"]), 1)}  # small: one CBOR byte up to 23
+    # the nodes running an agent, numbered in name order: one CBOR byte a number up to 23
+    numbers = {n: i for i, n in enumerate(sorted(bpa_nodes), 1)}
     for k_index, (kind, members) in enumerate(sorted(islands.items())):
         island = members + ([relay] if relay else [])
         k_cla, k_per_link = (harness_cla(kind, cla), False) if testbed_clas(kind) else (cla, per_link_cla)

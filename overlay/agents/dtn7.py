@@ -54,10 +54,24 @@ def derived_number(node: str) -> int:
 
 
 def numbering(cfg: NodeConfig) -> dict[str, int] | None:
-    """ipn numbers of this node and those its config names, or None with dtn naming."""
-    if cfg.agent_options.get("naming", "dtn") != "ipn":
-        return None
-    return node_numbers(cfg, derived_number)
+    """ipn numbers of this node and those its config names, or None with dtn naming (where dtnd
+    would take a node id of digits alone for an ipn number: refused)."""
+    o = cfg.agent_options
+    if o.get("naming", "dtn") == "ipn":
+        return node_numbers(cfg, derived_number)
+    for key in ("number", "numbers"):
+        if o.get(key):
+            raise ConfigError(cfg.source, f"agent.dtn7.{key}", o[key], 'numbers name nodes only with naming = "ipn"')
+    for n in sorted({cfg.id} | {p.node for p in cfg.peers} | {r.via for r in cfg.routes}):
+        if n.isdigit():
+            raise ConfigError(
+                cfg.source,
+                "node.id" if n == cfg.id else "agent.peers",
+                n,
+                "dtnd takes a node id of digits alone for an ipn number",
+                'use naming = "ipn" with numbers, or a name',
+            )
+    return None
 
 
 def find_dtnd() -> str:
@@ -167,7 +181,7 @@ def bundle_payload(raw: bytes, names: dict[int, str] | None = None) -> tuple[str
     if isinstance(src, list) and len(src) == 2:
         if src[0] == 1 and isinstance(src[1], str):
             src_node = eid_node(src[1])
-        elif src[0] == 2 and isinstance(src[1], list) and src[1] and isinstance(src[1][0], int):
+        elif src[0] == 2 and isinstance(src[1], list) and src[1] and type(src[1][0]) is int:
             src_node = eid_node(f"ipn:{src[1][0]}.0", names)
     for blk in blocks[1:]:
         if isinstance(blk, list) and len(blk) >= 5 and blk[0] == 1 and isinstance(blk[4], bytes):
@@ -355,6 +369,10 @@ class Dtn7Agent(BundleAgent):
             raise AgentError(f"dtnd at {self.base} does not answer {path}: {e or type(e).__name__}") from None
 
     async def register(self, endpoint: str) -> None:
+        if self.cfg is None and not endpoint.isdigit():  # a client beside a node (beside()): its naming unknown
+            node = (await self._get("/status/nodeid")).strip()
+            if node.startswith("ipn:"):
+                raise AgentError(f"dtnd at {self.base} is {node}: name a client beside it with --beside NODE.toml")
         await self._get(f"/register?{self._local(endpoint)}")
 
     async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, priority: int = 3) -> None:
@@ -406,8 +424,10 @@ class Dtn7Agent(BundleAgent):
                         if msg.type == aiohttp.WSMsgType.BINARY:
                             try:
                                 rec = strict_loads(msg.data, max_depth=2)
-                                src = eid_node(rec["src"], self.names)
-                                yield AgentDelivery(src, endpoint, bytes(rec["data"]), str(rec["bid"]))
+                                src, data = eid_node(rec["src"], self.names), rec["data"]
+                                if not isinstance(data, bytes):
+                                    raise TypeError(f"data is {type(data).__name__}, not bytes")
+                                yield AgentDelivery(src, endpoint, data, str(rec["bid"]))
                             except (
                                 ValueError,
                                 KeyError,
@@ -431,6 +451,8 @@ class Dtn7Agent(BundleAgent):
         data: dict[str, Any] = json.loads(await self._get("/status/peers"))
         out = []
         for name, p in data.items():
+            if self.nums and name.isdigit() and len(name) <= 20:  # dtnd keys an ipn peer by its number
+                name = self.names.get(int(name), name)
             addr = p.get("addr", {})
             cla = p.get("cla_list") or [["?", 0]]
             out.append(
