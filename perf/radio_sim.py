@@ -326,6 +326,7 @@ def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=N
     from c2dtn.perf.runs import progress, run_dir
 
     console = console or Console()
+    out = run_dir("radio-sim")  # (its run.json names the code as it starts, not as it ends)
     run_seeds = seeds(runs, seed)
     console.print(f"loss patterns (seeds) {', '.join(map(str, run_seeds))} (--seed {run_seeds[0]} repeats them)")
     cap = ceiling()
@@ -343,7 +344,6 @@ def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=N
                 bar.advance(task)
                 rows[name]["reports_10s"].append(reports(s, minutes=minutes, period_s=10, cfg=cfg))
                 bar.advance(task)
-    out = run_dir("radio-sim")
     for rs_ in rows.values():
         for r in rs_["bulk"]:
             r.pop("counters", None)
