@@ -41,8 +41,9 @@ STORES = ("mem", "sled", "sneakers")
 # dtn7-rs names its CLAs differently from the specs
 CLA_NAMES = {"tcpcl": "tcp", "mtcp": "mtcp", "udp": "udp", "http": "http"}
 NAMINGS = ("dtn", "ipn")
-# with ipn naming: the overlay's endpoint ipn:N.1; a group's stays dtn://<group>/~c2dtn (the ipn
-# scheme has no non-singleton endpoints), and so do other named endpoints (bare benchmark clients)
+# with ipn naming: the overlay's endpoint ipn:N.1, another named one (a bare benchmark client's) a
+# service number derived from its name; a group's stays dtn://<group>/~c2dtn (the ipn scheme has
+# no non-singleton endpoints)
 SERVICE = "1"
 GROUP_SERVICE = "c2dtn"
 MAX_NUMBER = (1 << 63) - 1
@@ -51,6 +52,13 @@ MAX_NUMBER = (1 << 63) - 1
 def derived_number(node: str) -> int:
     """A node's ipn number where the config gives none (as ION's driver derives it)."""
     return 1 + zlib.crc32(node.encode()) % (1 << 31)
+
+
+def service(endpoint: str) -> str:
+    """An endpoint's ipn service number: a number as it is, a name's derived from it (2 and up)."""
+    if endpoint.isascii() and endpoint.isdigit():
+        return endpoint
+    return str(2 + zlib.crc32(endpoint.encode()) % (1 << 31))
 
 
 def numbering(cfg: NodeConfig) -> dict[str, int] | None:
@@ -138,14 +146,13 @@ def dtnd_argv(cfg: NodeConfig, dtnd: str) -> list[str]:
 
 
 def dtnd_routes(cfg: NodeConfig) -> str:
-    """dtnd static routes: `idx src-glob dst-glob via-eid`; glob `**` crosses '/'.  With ipn
-    naming a node's ipn endpoints and its dtn-named ones (bare clients) take the same route."""
+    """dtnd static routes: `idx src-glob dst-glob via-eid`; glob `**` crosses '/'."""
     nums = numbering(cfg)
     lines = ["# written by c2dtn from " + cfg.source]
     i = 0
     for r in cfg.routes:
         via = f"ipn:{nums[r.via]}.0" if nums else f"dtn://{r.via}/"
-        dsts = ["**"] if r.to == "*" else [f"dtn://{r.to}/**"] + ([f"ipn:{nums[r.to]}.*"] if nums else [])
+        dsts = ["**"] if r.to == "*" else [f"ipn:{nums[r.to]}.*" if nums else f"dtn://{r.to}/**"]
         for dst in dsts:
             i += 1
             lines.append(f"{i} ** {dst} {via}")
@@ -335,17 +342,17 @@ class Dtn7Agent(BundleAgent):
         return (dst, "~" + GROUP_SERVICE) if is_group else (dst, self.endpoint)
 
     def eid(self, node: str, endpoint: str) -> str:
-        """The EID of `endpoint` on `node` (or of a group's, "~c2dtn"): with ipn naming a number
-        is an ipn service, anything else a dtn endpoint of the node's name."""
-        if self.nums and endpoint.isascii() and endpoint.isdigit():
-            return f"ipn:{self.nums.get(node) or derived_number(node)}.{endpoint}"
+        """The EID of `endpoint` on `node`, or of a group's ("~c2dtn")."""
+        if self.nums and not endpoint.startswith("~"):
+            return f"ipn:{self.nums.get(node) or derived_number(node)}.{service(endpoint)}"
         return f"{node_eid(node)}{endpoint}"
 
     def _local(self, endpoint: str) -> str:
-        """What dtnd's register and subscribe take: with ipn naming a named endpoint as a full EID
-        (dtnd makes a node's own endpoints of numbers only), else the name."""
-        if self.nums and not endpoint.isdigit() and "://" not in endpoint:
-            return self.eid(self._node().id, endpoint)
+        """What dtnd's register and subscribe take for a local endpoint: with ipn naming its service
+        number (an endpoint of the node's own id: dtnd keeps a bundle for it until it is taken, where
+        one of another id, not yet registered, it would forward), else the name; a full EID as it is."""
+        if self.nums and "://" not in endpoint:
+            return service(endpoint)
         return endpoint
 
     async def start(self) -> None:
