@@ -213,8 +213,8 @@ OPTIONS = table(
             "naming",
             "string",
             '"dtn"',
-            "Endpoint names: dtn (dtn://gw1/c2dtn) or ipn (ipn:N.1, numbers as below; about 20 bytes "
-            "less a bundle on the link, [decision 0021](decisions/0021-ipn-naming-for-dtn7.md)). Every "
+            "Endpoint names: dtn (dtn://gw1/c2dtn) or ipn (ipn:N.1, numbers as below; smaller bundles "
+            "on the link, [decision 0021](decisions/0021-ipn-naming-for-dtn7.md)). Every "
             "node of a network names alike.",
             '"ipn"',
         ),
