@@ -171,6 +171,10 @@ class BundleAgent(abc.ABC):
                 await proc.wait()
 
     # -- naming ----------------------------------------------------------------------------------
+    def naming(self) -> str:
+        """How this node names its nodes, for `node check` ("": nothing to say)."""
+        return ""
+
     def endpoints(self, groups: list[str]) -> list[str]:
         """Local endpoints to register: the overlay's own, and one per group this node is in
         where the agent has group endpoints."""

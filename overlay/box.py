@@ -281,7 +281,7 @@ def describe(config: str, cfg: NodeConfig) -> tuple[list[tuple[str, str]], bool]
     """What the node CONFIG describes would do on this machine, a row per part, and whether it
     can run here (its agent usable).  Raises ConfigError for a bad [gateway] table or keys file
     (load_node_config checked the rest)."""
-    from c2dtn.overlay.agents import agent_class
+    from c2dtn.overlay.agents import agent_class, make_agent
     from c2dtn.tomlfile import check_private, read_toml
 
     rows: list[tuple[str, str]] = []
@@ -317,6 +317,9 @@ def describe(config: str, cfg: NodeConfig) -> tuple[list[tuple[str, str]], bool]
     why = agent_class(cfg.agent).missing()
     listen = ", ".join(str(c) for c in cfg.listen)
     rows.append(("agent", f"{cfg.agent}, listening on {listen}" + (f": NOT USABLE HERE: {why}" if why else "")))
+    naming = make_agent(cfg).naming()  # (its driver checks how the config names nodes: ConfigError)
+    if naming:
+        rows.append(("naming", naming))
     for p in cfg.peers:
         rows.append(("peer", f"{p.node} at {p.cla}"))
     if cfg.overlay:

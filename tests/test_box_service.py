@@ -253,3 +253,22 @@ def test_node_init_takes_the_id_as_argument_or_option_once(tmp_path):
     for args in ([], ["gw8", "--id", "gw8"]):
         r = _init(tmp_path, *args)
         assert r.exit_code != 0 and "give the node's id once" in r.output
+
+
+def test_node_check_shows_the_naming_and_refuses_numbers_that_would_misroute(tmp_path):
+    """An operator reads each box's numbers off `node check` to compare them across boxes, and a
+    naming mistake is refused there, not first when the node starts (decision 0021)."""
+    _init(tmp_path, "gw1", "--agent", "dtn7", "--peer", "gw4=udp://10.0.0.4:4556")
+    conf = tmp_path / "etc" / "gw1.toml"
+    text = conf.read_text()
+    conf.write_text(text + '\n[agent.dtn7]\nnaming = "ipn"\nnumbers = { gw1 = 1 }\n')
+    r = CliRunner().invoke(cli, ["node", "check", str(conf)])
+    assert "ipn: this node ipn:1.0" in r.output and "derived, not in numbers: gw4" in r.output, r.output
+    for bad, field in (
+        ("[agent.dtn7]\nnumber = 1\n", "agent.dtn7.number"),  # without naming = "ipn"
+        ('[agent.dtn7]\nnaming = "ipn"\nnumber = 4\nnumbers = { gw1 = 1 }\n', "agent.dtn7.number"),
+        ('[agent.dtn7]\nnaming = "ipn"\nnumbers = { gw1 = 1, gw4 = 1 }\n', "agent.dtn7.numbers"),
+    ):
+        conf.write_text(text + "\n" + bad)
+        r = CliRunner().invoke(cli, ["node", "check", str(conf)])
+        assert r.exit_code != 0 and field in str(r.exception) + r.output, (bad, r.output, r.exception)

@@ -69,12 +69,19 @@ def numbering(cfg: NodeConfig) -> dict[str, int] | None:
         return node_numbers(cfg, derived_number)
     for key in ("number", "numbers"):
         if o.get(key):
-            raise ConfigError(cfg.source, f"agent.dtn7.{key}", o[key], 'numbers name nodes only with naming = "ipn"')
-    for n in sorted({cfg.id} | {p.node for p in cfg.peers} | {r.via for r in cfg.routes}):
+            raise ConfigError(
+                cfg.source,
+                f"agent.dtn7.{key}",
+                o[key],
+                'numbers name nodes only with naming = "ipn"',
+                f'add naming = "ipn", or remove {key}',
+            )
+    named = [("node.id", cfg.id)] + [("agent.peers", p.node) for p in cfg.peers]
+    for where, n in named + [("agent.routes", r.via) for r in cfg.routes]:
         if n.isdigit():
             raise ConfigError(
                 cfg.source,
-                "node.id" if n == cfg.id else "agent.peers",
+                where,
                 n,
                 "dtnd takes a node id of digits alone for an ipn number",
                 'use naming = "ipn" with numbers, or a name',
@@ -223,7 +230,8 @@ OPTIONS = table(
             "numbers",
             "table",
             "{}",
-            "With ipn naming: other nodes' numbers by node id, where they are not derived.",
+            "With ipn naming: every node's number by node id (this one's too, or in number); a node "
+            "the config names but numbers not gets one derived from its id.",
             "{ gw1 = 1, r2 = 2 }",
         ),
     ],
@@ -340,6 +348,22 @@ class Dtn7Agent(BundleAgent):
 
     def destination(self, dst: str, is_group: bool) -> tuple[str, str]:
         return (dst, "~" + GROUP_SERVICE) if is_group else (dst, self.endpoint)
+
+    def naming(self) -> str:
+        me = self._node()
+        if not self.nums:
+            return f"dtn: this node dtn://{me.id}/, the overlay's endpoint dtn://{me.id}/{self.endpoint}"
+        given = set(me.agent_options["numbers"]) | ({me.id} if me.agent_options["number"] else set())
+        derived = sorted(n for n in self.nums if n not in given)
+        return (
+            f"ipn: this node ipn:{self.nums[me.id]}.0 (the overlay's endpoint ipn:{self.nums[me.id]}.1); "
+            + ", ".join(f"{n} {k}" for n, k in sorted(self.nums.items(), key=lambda x: x[1]))
+            + (
+                f"; derived, not in numbers: {', '.join(derived)} (every box must give them the same)"
+                if derived
+                else ""
+            )
+        )
 
     def eid(self, node: str, endpoint: str) -> str:
         """The EID of `endpoint` on `node`, or of a group's ("~c2dtn")."""
