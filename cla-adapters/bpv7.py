@@ -17,7 +17,7 @@ import crc32c
 from c2dtn.strict_cbor import StrictCBORError, short
 from c2dtn.strict_cbor import loads as strict_loads
 
-DTN_EPOCH_MS = 946_684_800_000  # 2000-01-01T00:00:00Z in Unix milliseconds (RFC 9171 §4.2.6)
+DTN_EPOCH_MS = 946_684_800_000  # the DTN epoch in Unix milliseconds (RFC 9171 §4.2.6)
 MUST_NOT_FRAGMENT = 0x04  # bundle processing control flag: the overlay takes an envelope whole
 CRC32C = 2
 PAYLOAD = 1  # block type code of the payload block

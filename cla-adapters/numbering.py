@@ -4,6 +4,7 @@ with the same number, naming them."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,12 @@ from c2dtn.tomlfile import NAME
 
 if TYPE_CHECKING:
     from c2dtn.overlay.config import NodeConfig
+
+
+def derived_number(node: str) -> int:
+    """A node's ipn number where its config gives none, as ION's and dtn7-rs's drivers derive it
+    (HDTN's keeps to even numbers: its own rule)."""
+    return 1 + zlib.crc32(node.encode()) % (1 << 31)
 
 
 def node_numbers(cfg: NodeConfig, derive: Callable[[str], int]) -> dict[str, int]:

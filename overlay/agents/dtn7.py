@@ -20,7 +20,7 @@ import aiohttp
 import cbor2
 
 from c2dtn.cla_adapters import ClaSpec
-from c2dtn.cla_adapters.numbering import node_numbers
+from c2dtn.cla_adapters.numbering import derived_number, node_numbers
 from c2dtn.cla_adapters.schemes import cla_name
 from c2dtn.confref import Field as F
 from c2dtn.confref import table
@@ -47,11 +47,6 @@ NAMINGS = ("dtn", "ipn")
 SERVICE = "1"
 GROUP_SERVICE = "c2dtn"
 MAX_NUMBER = (1 << 63) - 1
-
-
-def derived_number(node: str) -> int:
-    """A node's ipn number where the config gives none (as ION's driver derives it)."""
-    return 1 + zlib.crc32(node.encode()) % (1 << 31)
 
 
 def service(endpoint: str) -> str:

@@ -12,12 +12,11 @@ import os
 import shutil
 import signal
 import struct
-import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from c2dtn.cla_adapters.numbering import node_numbers
+from c2dtn.cla_adapters.numbering import derived_number, node_numbers
 from c2dtn.cla_adapters.schemes import cla_name
 from c2dtn.confref import Field as F
 from c2dtn.confref import table
@@ -63,10 +62,6 @@ ATTACH_S = 10  # the helper attaches in well under a second; longer than this: t
 SEND_S = 30  # bp_send answers within this (a 16 MB payload into the SDR file), or the helper is stuck
 RESTART_S = 60  # ionunlock and the ionrestart it runs (its grace period, then stopping and starting daemons)
 MAX_FRAME = (16 << 20) + 1024
-
-
-def derived_number(node: str) -> int:
-    return 1 + zlib.crc32(node.encode()) % (1 << 31)
 
 
 def _duct(spec) -> str:
