@@ -215,54 +215,81 @@ DELTA_ENTRY_BYTES = 128  # charged per key and per body kept, beside their sizes
 DELTA_KEEP_PER_KEY = 8  # a receiver keeps this many of each key's newest bodies (acks may be lost or late)
 DELTA_OPEN_MAX = 3  # deltas of one key sent and not acked, at most: the next goes whole
 DELTA_PENDING_MAX = 2048  # bodies a sender keeps of what it sealed, until acked (the oldest go first)
+# what a delta leaves out when its reference has the same (decision 0022): lifetime in ms,
+# priority, app; its supersession key is always its reference's
+Meta = tuple[int, int, str]
 
 
 class _Refs:
     """Bodies kept per key, the least recently used key dropped past DELTA_BYTES_MAX; each body
     is charged its size and DELTA_ENTRY_BYTES, each key its length and DELTA_ENTRY_BYTES (what
-    the dicts holding them cost), so empty bodies under many keys fill it too."""
+    the dicts holding them cost), so empty bodies under many keys fill it too.  A key is a tuple
+    whose last part is the supersession key and the rest its stream (destination, or source and
+    destination); each body comes with the fields a delta against it leaves out (Meta), and
+    `key_at` finds the key of a stream's seq."""
 
     def __init__(self) -> None:
-        self.by_key: dict[tuple[str, ...], dict[int, bytes]] = {}
+        self.by_key: dict[tuple[str, ...], dict[int, tuple[bytes, Meta]]] = {}
+        self.at: dict[tuple, tuple[str, ...]] = {}  # (stream..., seq) -> key, for what is kept
         self.nbytes = 0
 
     @staticmethod
     def _cost(key: tuple[str, ...]) -> int:
         return sum(len(part) for part in key) + DELTA_ENTRY_BYTES
 
-    def put(self, key: tuple[str, ...], seq: int, body: bytes, keep: int) -> None:
+    @staticmethod
+    def _size(v: tuple[bytes, Meta]) -> int:
+        return len(v[0]) + len(v[1][2]) + DELTA_ENTRY_BYTES
+
+    def put(self, key: tuple[str, ...], seq: int, body: bytes, keep: int, meta: Meta = (0, 0, "")) -> None:
         seqs = self.by_key.pop(key, None)
         if seqs is None:
             seqs = {}
             self.nbytes += self._cost(key)
         self.by_key[key] = seqs  # most recently used last
+        v = (body, meta)
         if seq in seqs:
-            if seqs[seq] != body:  # the same seq, another body: neither end can trust this key's
+            if seqs[seq] != v:  # the same seq, another body: neither end can trust this key's
                 self.forget(key)
             return
-        seqs[seq] = body
-        self.nbytes += len(body) + DELTA_ENTRY_BYTES
+        other = self.at.get(key[:-1] + (seq,))
+        if other is not None:  # the same seq under another key: neither is trusted
+            self.forget(other)
+            self.forget(key)
+            return
+        seqs[seq] = v
+        self.at[key[:-1] + (seq,)] = key
+        self.nbytes += self._size(v)
         while len(seqs) > keep:
-            self.nbytes -= len(seqs.pop(min(seqs))) + DELTA_ENTRY_BYTES
+            self._pop(key, seqs, min(seqs))
         while self.nbytes > DELTA_BYTES_MAX and self.by_key:
             self.forget(next(iter(self.by_key)))
+
+    def _pop(self, key: tuple[str, ...], seqs: dict, seq: int) -> None:
+        self.nbytes -= self._size(seqs.pop(seq))
+        del self.at[key[:-1] + (seq,)]
 
     def forget(self, key: tuple[str, ...]) -> None:
         seqs = self.by_key.pop(key, None)
         if seqs is not None:
-            self.nbytes -= self._cost(key) + sum(len(b) + DELTA_ENTRY_BYTES for b in seqs.values())
+            for seq in list(seqs):
+                self._pop(key, seqs, seq)
+            self.nbytes -= self._cost(key)
 
-    def get(self, key: tuple[str, ...], seq: int) -> bytes | None:
+    def get(self, key: tuple[str, ...], seq: int) -> tuple[bytes, Meta] | None:
         return self.by_key.get(key, {}).get(seq)
 
-    def newest(self, key: tuple[str, ...]) -> tuple[int, bytes] | None:
+    def key_at(self, stream: tuple[str, ...], seq: int) -> tuple[str, ...] | None:
+        return self.at.get(stream + (seq,))
+
+    def newest(self, key: tuple[str, ...]) -> tuple[int, tuple[bytes, Meta]] | None:
         seqs = self.by_key.get(key)
         return max(seqs.items()) if seqs else None
 
     def drop_below(self, key: tuple[str, ...], seq: int) -> None:
         seqs = self.by_key.get(key, {})
         for q in [q for q in seqs if q < seq]:
-            self.nbytes -= len(seqs.pop(q)) + DELTA_ENTRY_BYTES
+            self._pop(key, seqs, q)
 
 
 @dataclass(frozen=True)
@@ -560,7 +587,7 @@ class Codec:
                         del self._open[(dst, got[0])]
                 newest = self._acked.newest((dst, got[0]))
                 if newest is None or newest[0] < seq:
-                    self._acked.put((dst, got[0]), seq, got[1], keep=1)
+                    self._acked.put((dst, got[0]), seq, got[1], keep=1, meta=got[3])
 
     def lost(self, dst: str, seqs: Iterable[int]) -> None:
         """These did not arrive (an ack showed it, or a timeout): no longer awaited as deltas
@@ -606,8 +633,9 @@ class Codec:
         # an ack's body travels plain: a receiver decodes it before anything else, so it must cost
         # what it weighs on the wire (a compressed ack could inflate to megabytes of CBOR)
         comp, wire_body = (Compression.NONE, env.body) if env.kind == Kind.ACK else _compress(env.body, self._zdict)
+        meta: Meta = (env.lifetime_ms, int(env.priority), env.app)
         if ref is not None and len(env.body) >= 48:
-            d = _delta(env.body, ref[1])
+            d = _delta(env.body, ref[1][0])
             if len(d) + 4 < len(wire_body):  # (K_REF costs a few bytes)
                 comp, wire_body = Compression.DELTA2, d
         if key is not None:  # kept until acked (a reference then) or lost (acked, lost)
@@ -615,7 +643,7 @@ class Codec:
                 del self._sealed[next(iter(self._sealed))]
             if len(self._open) >= DELTA_PENDING_MAX:
                 del self._open[next(iter(self._open))]
-            self._sealed[(env.dst, env.seq)] = (key, env.body, comp in DELTAS)
+            self._sealed[(env.dst, env.seq)] = (key, env.body, comp in DELTAS, meta)
             recent = self._recent.pop((env.dst, key), [])  # (re-inserted: the oldest key goes first)
             if env.seq not in recent:
                 recent = sorted(recent + [env.seq])[-DELTA_KEEP_PER_KEY:]
@@ -626,24 +654,28 @@ class Codec:
                 waiting = self._open.setdefault((env.dst, key), [])
                 if env.seq not in waiting:
                     waiting.append(env.seq)
-        # the origin is the container's sender; what is left out is the default (_from_map)
+        # the origin is the container's sender; what is left out is the default (_from_map), or
+        # in a delta its reference's (decision 0022)
+        like = ref[1][1] if comp in DELTAS and ref is not None else (None, int(Priority.ROUTINE), "")
         m: dict[int, object] = {K_SEQ: env.seq, K_CREATED: env.created_ms - stamp[0] * 1000}
         if env.kind != Kind.DATA:
             m[K_KIND] = int(env.kind)
-        if env.lifetime_ms % 1000:
+        if env.lifetime_ms == like[0]:
+            pass
+        elif env.lifetime_ms % 1000:
             m[K_LIFETIME] = env.lifetime_ms
         else:
             m[K_LIFETIME_S] = env.lifetime_ms // 1000
-        if env.priority != Priority.ROUTINE:
+        if env.priority != like[1]:
             m[K_PRIORITY] = int(env.priority)
         m[K_BODY] = wire_body
         if comp != Compression.NONE:
             m[K_COMPRESSION] = int(comp)
         if comp in DELTAS and ref is not None:
             m[K_REF] = env.seq - ref[0]
-        if env.supersede is not None:
+        elif env.supersede is not None:
             m[K_SUPERSEDE] = wire_key(env.supersede)
-        if env.app:
+        if env.app != like[2]:
             m[K_APP] = APP_CODES.get(env.app, env.app)
         if env.cseq:
             m[K_CSEQ] = env.cseq
@@ -835,27 +867,10 @@ class Codec:
                 f"envelope creation time {short(off)} ms from base second {stamp[0]} (key {K_CREATED}) "
                 f"is out of range (0 to {MAX_TIME_MS} ms since 1970)"
             )
-        if K_LIFETIME_S in m:
-            lifetime = bounded(K_LIFETIME_S, "lifetime in s", MAX_LIFETIME_S) * 1000
-        else:
-            lifetime = bounded(K_LIFETIME, "lifetime", MAX_LIFETIME_S * 1000)
-        prio = get(K_PRIORITY, int, "priority", int(Priority.ROUTINE))
-        if prio not in tuple(Priority):
-            raise Malformed(f"envelope priority {short(prio)} is not 0 to 3")
         inc = bounded(K_INC, "incarnation", (1 << INC_BITS) - 1, stamp[1])
-        cseq = bounded(K_CSEQ, "cseq", MAX_SEQ, 0)
-        sn = bounded(K_SN, "send number", SN_MOD - 1, None) if K_SN in m else None
-        if K_FLOOR_BACK in m:
-            floor = cseq - bounded(K_FLOOR_BACK, "floor back from cseq", cseq)
-        else:
-            floor = bounded(K_FLOOR, "floor", MAX_SEQ, 0)
-        app = m.get(K_APP, "")
-        if isinstance(app, int) and not isinstance(app, bool):
-            if app not in APP_NAMES:
-                raise Malformed(f"unknown app code {short(app)}")
-            app = APP_NAMES[app]
-        elif not isinstance(app, str):
-            raise Malformed(f"envelope app has the wrong type: {short(app)}")
+        comp = get(K_COMPRESSION, int, "compression", 0)
+        if kind == Kind.ACK and comp != Compression.NONE:
+            raise Malformed(f"ack body compressed ({short(comp)}): acks travel plain")
         key = m.get(K_SUPERSEDE)
         if isinstance(key, bytes) and len(key) == KEY_DIGEST_BYTES:
             key = "#" + base64.urlsafe_b64encode(key).decode()
@@ -865,26 +880,49 @@ class Codec:
                 f"supersession key is neither text of up to {KEY_DIGEST_BYTES} bytes nor a "
                 f"{KEY_DIGEST_BYTES}-byte digest: {short(key)}"
             )
-        comp = get(K_COMPRESSION, int, "compression", 0)
-        if kind == Kind.ACK and comp != Compression.NONE:
-            raise Malformed(f"ack body compressed ({short(comp)}): acks travel plain")
-        # references per (source, key, destination): a group's stream of a key is not its pair's
-        ref, came = None, (source_key(sender, inc), key, dst) if key is not None else None
-        refs = self._came.get(sender)
+        # references per (source, destination, key): a group's stream of a key is not its pair's;
+        # a delta's key, and what it leaves out, are its reference's (decision 0022)
+        stream = (source_key(sender, inc), dst)
+        ref, refs, like = None, self._came.get(sender), (None, int(Priority.ROUTINE), "")
         if comp in DELTAS:
             back = get(K_REF, int, "reference", None)
             if back is None:
                 raise Malformed(f"delta body without its reference (key {K_REF})")
-            if came is None:
-                raise Malformed("delta body without a supersession key")
+            if key is not None:
+                raise Malformed("delta body with a supersession key: it is its reference's")
             if not 1 <= back <= seq:
                 raise Malformed(f"delta reference {back} seqs back from seq {seq}: it must be 1 to {seq}")
             r = seq - back
-            ref = refs.get(came, r) if refs is not None else None
-            if ref is None:
+            came = refs.key_at(stream, r) if refs is not None else None
+            held = refs.get(came, r) if came is not None else None
+            if held is None:
                 raise NoReference(f"body compressed against envelope {r} of its key, which this node does not hold")
+            key, (ref, like) = came[-1], held
         elif K_REF in m:
             raise Malformed(f"reference {short(m[K_REF])} for a body that is not a delta")
+        came = stream + (key,) if key is not None else None
+        if K_LIFETIME_S in m:
+            lifetime = bounded(K_LIFETIME_S, "lifetime in s", MAX_LIFETIME_S) * 1000
+        elif K_LIFETIME in m or like[0] is None:
+            lifetime = bounded(K_LIFETIME, "lifetime", MAX_LIFETIME_S * 1000)
+        else:
+            lifetime = like[0]
+        prio = get(K_PRIORITY, int, "priority", like[1])
+        if prio not in tuple(Priority):
+            raise Malformed(f"envelope priority {short(prio)} is not 0 to 3")
+        cseq = bounded(K_CSEQ, "cseq", MAX_SEQ, 0)
+        sn = bounded(K_SN, "send number", SN_MOD - 1, None) if K_SN in m else None
+        if K_FLOOR_BACK in m:
+            floor = cseq - bounded(K_FLOOR_BACK, "floor back from cseq", cseq)
+        else:
+            floor = bounded(K_FLOOR, "floor", MAX_SEQ, 0)
+        app = m.get(K_APP, like[2])
+        if isinstance(app, int) and not isinstance(app, bool):
+            if app not in APP_NAMES:
+                raise Malformed(f"unknown app code {short(app)}")
+            app = APP_NAMES[app]
+        elif not isinstance(app, str):
+            raise Malformed(f"envelope app has the wrong type: {short(app)}")
         wire = get(K_BODY, bytes, "body", b"")
         self.last_wire_body = len(wire)
         try:
@@ -899,7 +937,7 @@ class Codec:
                 refs = self._came[sender] = _Refs()
             if ref is not None:
                 refs.drop_below(came, r)  # the sender refers to nothing older of this key
-            refs.put(came, seq, body, keep=DELTA_KEEP_PER_KEY)
+            refs.put(came, seq, body, keep=DELTA_KEEP_PER_KEY, meta=(lifetime, prio, app))
         return Envelope(
             kind=Kind(kind),
             origin=sender,

@@ -50,6 +50,51 @@ def test_nothing_acked_nothing_referred_to_and_a_resend_goes_whole():
     assert E.K_REF not in cbor2.loads(gw1.map_bytes(_env(4, key="mqtt:/NOR/other/location"), delta=True))
 
 
+def test_a_delta_leaves_out_what_its_reference_says_and_opens_with_it():
+    """Decision 0022: a delta's key is its reference's, and its lifetime, priority and app are
+    written only where they differ from the reference's."""
+    gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    first = dataclasses.replace(_env(1), priority=Priority.PRIORITY, app="mqtt")
+    gw4.open("gw1", gw1.seal(first, delta=True))
+    gw1.acked("gw4", [1])
+    same = dataclasses.replace(_env(2), priority=Priority.PRIORITY, app="mqtt")
+    m = cbor2.loads(gw1.map_bytes(same, delta=True))
+    assert m[E.K_REF] == 1 and not {E.K_SUPERSEDE, E.K_LIFETIME_S, E.K_LIFETIME, E.K_PRIORITY, E.K_APP} & set(m)
+    whole = cbor2.loads(gw1.map_bytes(same, delta=False))  # a resend names them all
+    assert {E.K_SUPERSEDE, E.K_LIFETIME_S, E.K_PRIORITY, E.K_APP} <= set(whole)
+    got = gw4.open("gw1", gw1.seal(dataclasses.replace(same, seq=3), delta=True))
+    assert got.compression == E.Compression.DELTA2
+    assert (got.supersede, got.lifetime_ms, got.priority, got.app) == (
+        E.received_key(same.supersede),
+        60_000,
+        Priority.PRIORITY,
+        "mqtt",
+    )
+    # what differs from the reference travels, the default included
+    other = dataclasses.replace(_env(4), lifetime_ms=90_500, priority=Priority.ROUTINE, app="")
+    m = cbor2.loads(gw1.map_bytes(other, delta=True))
+    assert (m[E.K_LIFETIME], m[E.K_PRIORITY], m[E.K_APP]) == (
+        90_500,
+        int(Priority.ROUTINE),
+        "",
+    ) and E.K_SUPERSEDE not in m
+    got = gw4.open("gw1", gw1.seal(dataclasses.replace(other, seq=5), delta=True))
+    assert (got.lifetime_ms, got.priority, got.app) == (90_500, Priority.ROUTINE, "")
+    assert got.supersede == E.received_key(same.supersede)
+
+
+def test_a_delta_for_a_seq_held_under_no_key_is_not_opened():
+    """A reference the receiver holds under another stream (another incarnation, destination
+    or sender) gives no key: the delta is refused unacked, its resend goes whole."""
+    gw1, gw4 = Codec("gw1", {"gw4": KEY, "gw7": KEY}), Codec("gw4", {"gw1": KEY, "gw7": KEY})
+    gw7 = Codec("gw7", {"gw4": KEY})
+    gw4.open("gw7", gw7.seal(dataclasses.replace(_env(1), origin="gw7"), delta=True))  # gw7's seq 1
+    gw1.seal(_env(1), delta=True)  # gw1's seq 1, lost on the way
+    gw1.acked("gw4", [1])
+    with pytest.raises(E.NoReference, match="envelope 1"):
+        gw4.open("gw1", gw1.seal(_env(2), delta=True))
+
+
 def test_a_receiver_without_the_reference_refuses_it_and_takes_the_resend():
     gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
     gw4.open("gw1", gw1.seal(_env(1), delta=True))
@@ -72,8 +117,8 @@ def test_another_incarnation_or_key_is_not_a_reference():
     with pytest.raises(E.NoReference):
         gw4.open("gw1", gw1.seal_bytes(cbor2.dumps(m), "gw4"))
     m[E.K_INC] = 9
-    m[E.K_SUPERSEDE] = "other"
-    with pytest.raises(E.NoReference):
+    m[E.K_SUPERSEDE] = "other"  # a delta's key is its reference's: naming one is refused
+    with pytest.raises(E.Malformed, match="with a supersession key"):
         gw4.open("gw1", gw1.seal_bytes(cbor2.dumps(m), "gw4"))
 
 
@@ -81,7 +126,7 @@ def test_another_incarnation_or_key_is_not_a_reference():
     "change, match",
     [
         ({E.K_REF: None}, "without its reference"),
-        ({E.K_SUPERSEDE: None}, "without a supersession key"),
+        ({E.K_SUPERSEDE: "NOR"}, "with a supersession key"),
         ({E.K_COMPRESSION: int(E.Compression.ZSTD)}, "not a delta"),
         ({E.K_REF: "one"}, "reference has the wrong type"),
         ({E.K_REF: 0}, "0 seqs back"),
@@ -112,8 +157,10 @@ def test_what_each_end_keeps_is_bounded():
         gw1.acked("gw4", [k])
     for refs in (gw1._acked, gw4._came["gw1"]):
         assert refs.nbytes <= E.DELTA_BYTES_MAX
-        charged = sum(len(b) + E.DELTA_ENTRY_BYTES for seqs in refs.by_key.values() for b in seqs.values())
+        held = [v for seqs in refs.by_key.values() for v in seqs.values()]
+        charged = sum(len(body) + len(meta[2]) + E.DELTA_ENTRY_BYTES for body, meta in held)
         assert refs.nbytes == charged + sum(sum(map(len, k)) + E.DELTA_ENTRY_BYTES for k in refs.by_key)
+        assert len(refs.at) == len(held)  # the index of seqs holds what is kept, no more
     assert len(gw1._sealed) <= E.DELTA_PENDING_MAX
     # the newest keys are the ones kept
     assert (("gw4", f"key{n}")) in gw1._acked.by_key and ("gw4", "key1") not in gw1._acked.by_key
