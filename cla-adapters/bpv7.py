@@ -1,6 +1,7 @@
-"""BPv7 bundles (RFC 9171 §4) for an agent the driver must speak to as a BP node (HDTN).
+"""BPv7 bundles (RFC 9171 §4) for an agent the driver must speak to as a BP node (HDTN), or
+hand whole bundles to (dtn7-rs: fewer bytes than the bundle its /send builds, decision 0022).
 
-Only what a driver needs: a bundle of one payload block from an ipn endpoint to another, and
+Only what a driver needs: a bundle of one payload block from an endpoint to another, and
 the source, destination and payload of one received (whatever other blocks it carries).  No
 I/O.  Written here because no maintained Python BPv7 codec is on PyPI (the CBOR is cbor2's,
 the CRC-32C the crc32c package's).
@@ -8,6 +9,8 @@ the CRC-32C the crc32c package's).
 
 from __future__ import annotations
 
+import binascii
+import re
 import struct
 from dataclasses import dataclass
 
@@ -19,7 +22,9 @@ from c2dtn.strict_cbor import loads as strict_loads
 
 DTN_EPOCH_MS = 946_684_800_000  # the DTN epoch in Unix milliseconds (RFC 9171 §4.2.6)
 MUST_NOT_FRAGMENT = 0x04  # bundle processing control flag: the overlay takes an envelope whole
-CRC32C = 2
+CRC16, CRC32C = 1, 2
+DTN_NONE = [1, 0]  # the null endpoint: the report-to of a bundle that asks for no status reports
+_BITS_REVERSED = bytes(int(f"{b:08b}"[::-1], 2) for b in range(256))
 PAYLOAD = 1  # block type code of the payload block
 
 
@@ -62,6 +67,36 @@ def encode(
     crc = struct.pack(">I", crc32c.crc32c(blank))
     body = cbor2.dumps([PAYLOAD, 1, 0, 0, payload])
     return b"\x9f" + blank[:-4] + crc + body + b"\xff"
+
+
+def crc16_x25(data: bytes) -> int:
+    """CRC-16/X-25 (RFC 9171 §4.2.1): the standard library's CRC-CCITT is the same polynomial
+    unreflected, so it runs over the bytes bit-reversed and its result is reversed back."""
+    c = binascii.crc_hqx(data.translate(_BITS_REVERSED), 0xFFFF)
+    return int(f"{c:016b}"[::-1], 2) ^ 0xFFFF
+
+
+def eid_value(text: str) -> list:
+    """The CBOR form of an EID written as text: ipn:N.S, dtn://node/service or dtn:none."""
+    if text == "dtn:none":
+        return list(DTN_NONE)
+    if text.startswith("ipn:"):
+        node, dot, svc = text[4:].partition(".")
+        if dot and all(x.isascii() and x.isdigit() and len(x) <= 19 for x in (node, svc)):
+            return _ipn(int(node), int(svc))
+    elif re.fullmatch(r"dtn://[!-~]+", text):  # printable ASCII, no space
+        return [1, text[4:]]
+    raise BundleError(f"{text!r} is not an ipn:N.S or dtn://node/service endpoint")
+
+
+def encode_sent(src: str, dst: str, payload: bytes, lifetime_ms: int, created_ms: int, seq: int) -> bytes:
+    """The least a BP agent forwards (what dtnd's /insert takes): a primary block with a
+    CRC-16, the report-to dtn:none (no status reports asked for), and one payload block; no hop
+    count block."""
+    primary = [7, MUST_NOT_FRAGMENT, CRC16, eid_value(dst), eid_value(src), DTN_NONE, [created_ms, seq], lifetime_ms]
+    blank = cbor2.dumps(primary + [b"\0\0"])
+    crc = struct.pack(">H", crc16_x25(blank))
+    return b"\x9f" + blank[:-2] + crc + cbor2.dumps([PAYLOAD, 1, 0, 0, payload]) + b"\xff"
 
 
 def _eid(v, what: str) -> tuple[int, int]:

@@ -430,3 +430,53 @@ def test_the_testbed_names_dtn7_nodes_by_small_numbers():
     o = dtn7.Dtn7Agent.testbed_options({}, "sled", {"gw1": 1, "r2": 2})
     assert o["naming"] == "ipn" and o["numbers"] == {"gw1": 1, "r2": 2}
     assert "naming" not in dtn7.Dtn7Agent.testbed_options({}, "sled")
+
+
+def test_dtn7_bundles_are_made_by_the_driver_with_no_block_dtnd_would_add_for_nothing(tmp_path):
+    """Decision 0022: the driver hands dtnd whole bundles (/insert): a CRC-16 on the primary
+    block, no status reports asked for (report-to dtn:none), no hop count block; the source
+    the node's EID; a creation timestamp that never repeats, whatever the clock does."""
+    import cbor2
+
+    from c2dtn.cla_adapters import bpv7
+    from c2dtn.overlay.agents import dtn7
+
+    agent = make_agent(_node(tmp_path, "dtn7", IPN))
+    raw = agent.bundle("gw4", agent.endpoint, b"order 7", 90.5, now_ms=bpv7.DTN_EPOCH_MS + 5_000)
+    assert raw[:1] == b"\x9f" and raw[-1:] == b"\xff"  # an indefinite array, as RFC 9171 4.1 wants
+    blocks = cbor2.loads(raw)
+    primary = blocks[0]
+    assert len(blocks) == 2 and blocks[1] == [bpv7.PAYLOAD, 1, 0, 0, b"order 7"]
+    assert primary[:8] == [7, bpv7.MUST_NOT_FRAGMENT, bpv7.CRC16, [2, [4, 1]], [2, [1, 0]], [1, 0], [5_000, 0], 90_000]
+    crc = primary[8]
+    primary[8] = b"\0\0"
+    assert crc == bpv7.crc16_x25(cbor2.dumps(primary)).to_bytes(2, "big")
+    b = bpv7.decode(raw)
+    assert (b.src, b.dst, b.payload, b.lifetime_ms) == ((1, 0), (4, 1), b"order 7", 90_000)
+    # the same millisecond, then the clock set back: the ids still differ and grow
+    stamps = [
+        cbor2.loads(agent.bundle("gw4", "1", b"", 60, now_ms=bpv7.DTN_EPOCH_MS + t))[0][6]
+        for t in (5_000, 4_000, 6_000)
+    ]
+    assert stamps == [[5_000, 1], [5_000, 2], [6_000, 0]]
+    # dtn names and a group's endpoint
+    named = make_agent(_node(tmp_path, "dtn7"))
+    p = cbor2.loads(named.bundle("fmn", "~c2dtn", b"x", 60, now_ms=bpv7.DTN_EPOCH_MS))[0]
+    assert p[3:5] == [[1, "//fmn/~c2dtn"], [1, "//gw1/"]]
+    assert dtn7.node_eid("gw1") == "dtn://gw1/"
+
+
+@pytest.mark.parametrize(
+    "text", ["ipn:4", "ipn:4.x", "ipn:-1.0", "ipn:99999999999999999999.1", "dtn://", "dtn://a b", "x:y"]
+)
+def test_an_endpoint_the_bundle_encoder_cannot_write_is_named(text):
+    from c2dtn.cla_adapters import bpv7
+
+    with pytest.raises(bpv7.BundleError, match="not an ipn:N.S"):
+        bpv7.eid_value(text)
+
+
+def test_the_crc16_is_x25():
+    from c2dtn.cla_adapters import bpv7
+
+    assert bpv7.crc16_x25(b"123456789") == 0x906E  # the catalogue's check value of CRC-16/X-25

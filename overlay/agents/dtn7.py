@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import time
 import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import cbor2
 
-from c2dtn.cla_adapters import ClaSpec
+from c2dtn.cla_adapters import ClaSpec, bpv7
 from c2dtn.cla_adapters.numbering import derived_number, node_numbers
 from c2dtn.cla_adapters.schemes import cla_name
 from c2dtn.confref import Field as F
@@ -272,6 +273,7 @@ class Dtn7Agent(BundleAgent):
         self.names = {v: k for k, v in self.nums.items()} if self.nums else {}
         if self.nums:
             self.endpoint = SERVICE
+        self._stamp = (0, -1)  # the creation timestamp of the last bundle this client made
 
     # -- configuration ---------------------------------------------------------------------
     @classmethod
@@ -401,9 +403,23 @@ class Dtn7Agent(BundleAgent):
                 raise AgentError(f"dtnd at {self.base} is {node}: name a client beside it with --beside NODE.toml")
         await self._get(f"/register?{self._local(endpoint)}")
 
+    def bundle(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, now_ms: int) -> bytes:
+        """The bundle as it goes (bpv7.encode_sent; decision 0022): from this node's EID, created
+        at `now_ms` (Unix) or just after the last one made, whichever is later (unique ids)."""
+        me = self._node().id
+        ms = max(now_ms - bpv7.DTN_EPOCH_MS, self._stamp[0])
+        self._stamp = (ms, self._stamp[1] + 1 if ms == self._stamp[0] else 0)
+        src = f"ipn:{self.nums[me]}.0" if self.nums else node_eid(me)
+        lifetime_ms = max(1, int(lifetime_s)) * 1000
+        return bpv7.encode_sent(src, self.eid(dst_node, endpoint), payload, lifetime_ms, *self._stamp)
+
     async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, priority: int = 3) -> None:
         await self.start()
-        url = f"{self.base}/send?dst={self.eid(dst_node, endpoint)}&lifetime={max(1, int(lifetime_s))}s"
+        if self.cfg is None:  # a client beside a dtnd it does not run: its node id unknown, dtnd makes the bundle
+            url = f"{self.base}/send?dst={self.eid(dst_node, endpoint)}&lifetime={max(1, int(lifetime_s))}s"
+        else:
+            url = f"{self.base}/insert"
+            payload = self.bundle(dst_node, endpoint, payload, lifetime_s, int(time.time() * 1000))
         try:
             async with self._session.post(url, data=payload) as r:
                 text = await r.text()
