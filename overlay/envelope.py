@@ -211,13 +211,25 @@ DELTA_MAX_BODY = 4096  # bodies up to this size are kept as references, at both 
 # what a sender keeps of them for all its destinations, and a receiver for each peer (one peer's
 # flood cannot push out another's), all keys together (the least recently used key goes first)
 DELTA_BYTES_MAX = 1 << 20
-DELTA_ENTRY_BYTES = 128  # charged per key and per body kept, beside their sizes (_Refs)
+DELTA_ENTRY_BYTES = (
+    256  # charged per key and per body kept, beside their sizes: about what the dicts holding them cost (_Refs)
+)
 DELTA_KEEP_PER_KEY = 8  # a receiver keeps this many of each key's newest bodies (acks may be lost or late)
 DELTA_OPEN_MAX = 3  # deltas of one key sent and not acked, at most: the next goes whole
 DELTA_PENDING_MAX = 2048  # bodies a sender keeps of what it sealed, until acked (the oldest go first)
 # what a delta leaves out when its reference has the same (decision 0022): lifetime in ms,
 # priority, app; its supersession key is always its reference's
 Meta = tuple[int, int, str]
+REF_ID_BYTES = 4  # a delta's content starts with its reference's id (_ref_id): both ends must hold the same one
+REF_ID_CONTEXT = b"c2dtn reference v1\0"
+
+
+def _ref_id(key: str, meta: Meta) -> bytes:
+    """What a delta's reference is to its sender (key, lifetime, priority, app), 4 bytes put before
+    both the reference and the body: a receiver holding another envelope at that seq (a store put
+    back from a copy reuses seqs) decodes another content, which the frame's checksum refuses."""
+    ident = b"\0".join((key.encode(), meta[0].to_bytes(8, "big"), bytes([meta[1]]), meta[2].encode()))
+    return hashlib.sha256(REF_ID_CONTEXT + ident).digest()[:REF_ID_BYTES]
 
 
 class _Refs:
@@ -230,7 +242,7 @@ class _Refs:
 
     def __init__(self) -> None:
         self.by_key: dict[tuple[str, ...], dict[int, tuple[bytes, Meta]]] = {}
-        self.at: dict[tuple, tuple[str, ...]] = {}  # (stream..., seq) -> key, for what is kept
+        self.at: dict[tuple[str, ...], dict[int, tuple[str, ...]]] = {}  # stream -> seq -> key, for what is kept
         self.nbytes = 0
 
     @staticmethod
@@ -239,26 +251,30 @@ class _Refs:
 
     @staticmethod
     def _size(v: tuple[bytes, Meta]) -> int:
-        return len(v[0]) + len(v[1][2]) + DELTA_ENTRY_BYTES
+        return len(v[0]) + len(v[1][2].encode()) + DELTA_ENTRY_BYTES
 
     def put(self, key: tuple[str, ...], seq: int, body: bytes, keep: int, meta: Meta = (0, 0, "")) -> None:
         seqs = self.by_key.pop(key, None)
         if seqs is None:
             seqs = {}
             self.nbytes += self._cost(key)
+        elif seqs:  # the key's tuple and fields as held already: one copy a key, not one an envelope
+            key = self.at[key[:-1]][next(iter(seqs))]
+            newest = next(reversed(seqs.values()))[1]
+            meta = newest if newest == meta else meta
         self.by_key[key] = seqs  # most recently used last
         v = (body, meta)
         if seq in seqs:
             if seqs[seq] != v:  # the same seq, another body: neither end can trust this key's
                 self.forget(key)
             return
-        other = self.at.get(key[:-1] + (seq,))
+        other = self.at.get(key[:-1], {}).get(seq)
         if other is not None:  # the same seq under another key: neither is trusted
             self.forget(other)
             self.forget(key)
             return
         seqs[seq] = v
-        self.at[key[:-1] + (seq,)] = key
+        self.at.setdefault(key[:-1], {})[seq] = key
         self.nbytes += self._size(v)
         while len(seqs) > keep:
             self._pop(key, seqs, min(seqs))
@@ -267,7 +283,10 @@ class _Refs:
 
     def _pop(self, key: tuple[str, ...], seqs: dict, seq: int) -> None:
         self.nbytes -= self._size(seqs.pop(seq))
-        del self.at[key[:-1] + (seq,)]
+        at = self.at[key[:-1]]
+        del at[seq]
+        if not at:
+            del self.at[key[:-1]]
 
     def forget(self, key: tuple[str, ...]) -> None:
         seqs = self.by_key.pop(key, None)
@@ -280,7 +299,7 @@ class _Refs:
         return self.by_key.get(key, {}).get(seq)
 
     def key_at(self, stream: tuple[str, ...], seq: int) -> tuple[str, ...] | None:
-        return self.at.get(stream + (seq,))
+        return self.at.get(stream, {}).get(seq)
 
     def newest(self, key: tuple[str, ...]) -> tuple[int, tuple[bytes, Meta]] | None:
         seqs = self.by_key.get(key)
@@ -475,7 +494,7 @@ def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYT
                 format=zstandard.FORMAT_ZSTD1_MAGICLESS,
                 max_window_size=1 << DELTA_WINDOW_LOG,
             )
-            limit = min(budget, DELTA_MAX_BODY)
+            limit = min(budget, DELTA_MAX_BODY + REF_ID_BYTES)  # (the reference's id before the body)
             try:
                 out = zd.decompress(data, max_output_size=limit)
             except zstandard.ZstdError as e:
@@ -635,7 +654,8 @@ class Codec:
         comp, wire_body = (Compression.NONE, env.body) if env.kind == Kind.ACK else _compress(env.body, self._zdict)
         meta: Meta = (env.lifetime_ms, int(env.priority), env.app)
         if ref is not None and len(env.body) >= 48:
-            d = _delta(env.body, ref[1][0])
+            rid = _ref_id(key, ref[1][1])
+            d = _delta(rid + env.body, rid + ref[1][0])
             if len(d) + 4 < len(wire_body):  # (K_REF costs a few bytes)
                 comp, wire_body = Compression.DELTA2, d
         if key is not None:  # kept until acked (a reference then) or lost (acked, lost)
@@ -897,7 +917,9 @@ class Codec:
             held = refs.get(came, r) if came is not None else None
             if held is None:
                 raise NoReference(f"body compressed against envelope {r} of its key, which this node does not hold")
-            key, (ref, like) = came[-1], held
+            key, like = came[-1], held[1]
+            rid = _ref_id(key, like)
+            ref = rid + held[0]
         elif K_REF in m:
             raise Malformed(f"reference {short(m[K_REF])} for a body that is not a delta")
         came = stream + (key,) if key is not None else None
@@ -926,12 +948,16 @@ class Codec:
         wire = get(K_BODY, bytes, "body", b"")
         self.last_wire_body = len(wire)
         try:
-            body = _decompress(comp, wire, self._zdicts, budget, ref)
+            body = _decompress(comp, wire, self._zdicts, budget + (REF_ID_BYTES if ref is not None else 0), ref)
         except Malformed as e:
             if ref is None:
                 raise
-            # the frame's checksum: made against another body than the one held as envelope r
+            # the frame's checksum: made against another body or envelope than the one held as r
             raise NoReference(f"body does not decode against envelope {r} of its key as held here: {e}") from None
+        if ref is not None:
+            if body[:REF_ID_BYTES] != rid:
+                raise NoReference(f"body made against another envelope {r} than the one held here")
+            body = body[REF_ID_BYTES:]
         if kind == Kind.DATA and came is not None and len(body) <= DELTA_MAX_BODY:
             if refs is None:
                 refs = self._came[sender] = _Refs()

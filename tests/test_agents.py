@@ -435,35 +435,42 @@ def test_the_testbed_names_dtn7_nodes_by_small_numbers():
 def test_dtn7_bundles_are_made_by_the_driver_with_no_block_dtnd_would_add_for_nothing(tmp_path):
     """Decision 0022: the driver hands dtnd whole bundles (/insert): a CRC-16 on the primary
     block, no status reports asked for (report-to dtn:none), no hop count block; the source
-    the node's EID; a creation timestamp that never repeats, whatever the clock does."""
+    the endpoint the client registered first; a creation timestamp that never repeats,
+    whatever the clock does, and that follows the clock."""
     import cbor2
 
     from c2dtn.cla_adapters import bpv7
-    from c2dtn.overlay.agents import dtn7
 
     agent = make_agent(_node(tmp_path, "dtn7", IPN))
-    raw = agent.bundle("gw4", agent.endpoint, b"order 7", 90.5, now_ms=bpv7.DTN_EPOCH_MS + 5_000)
+    t0 = bpv7.DTN_EPOCH_MS
+    assert agent.bundle("gw4", agent.endpoint, b"x", 60, now_ms=t0 + 5_000) is None  # nothing registered: /send
+    agent._source = agent.eid("gw1", agent.endpoint)  # (what register() sets for the node's own endpoint)
+    raw = agent.bundle("gw4", agent.endpoint, b"order 7", 90.5, now_ms=t0 + 5_000)
     assert raw[:1] == b"\x9f" and raw[-1:] == b"\xff"  # an indefinite array, as RFC 9171 4.1 wants
     blocks = cbor2.loads(raw)
     primary = blocks[0]
     assert len(blocks) == 2 and blocks[1] == [bpv7.PAYLOAD, 1, 0, 0, b"order 7"]
-    assert primary[:8] == [7, bpv7.MUST_NOT_FRAGMENT, bpv7.CRC16, [2, [4, 1]], [2, [1, 0]], [1, 0], [5_000, 0], 90_000]
+    assert primary[:8] == [7, bpv7.MUST_NOT_FRAGMENT, bpv7.CRC16, [2, [4, 1]], [2, [1, 1]], [1, 0], [5_000, 0], 90_000]
     crc = primary[8]
     primary[8] = b"\0\0"
     assert crc == bpv7.crc16_x25(cbor2.dumps(primary)).to_bytes(2, "big")
     b = bpv7.decode(raw)
-    assert (b.src, b.dst, b.payload, b.lifetime_ms) == ((1, 0), (4, 1), b"order 7", 90_000)
-    # the same millisecond, then the clock set back: the ids still differ and grow
-    stamps = [
-        cbor2.loads(agent.bundle("gw4", "1", b"", 60, now_ms=bpv7.DTN_EPOCH_MS + t))[0][6]
-        for t in (5_000, 4_000, 6_000)
-    ]
-    assert stamps == [[5_000, 1], [5_000, 2], [6_000, 0]]
+    assert (b.src, b.dst, b.payload, b.lifetime_ms) == ((1, 1), (4, 1), b"order 7", 90_000)
+    # the same millisecond, then the clock set back and forward: the ids never repeat, the
+    # times follow the clock (a lifetime counts from it)
+    times = (5_000, 4_000, 4_000, 4_500, 5_000, 6_000)
+    stamps = [cbor2.loads(agent.bundle("gw4", "1", b"", 60, now_ms=t0 + t))[0][6] for t in times]
+    assert stamps == [[5_000, 1], [4_000, 2], [4_000, 3], [4_500, 4], [5_000, 5], [6_000, 0]]
+    assert agent.bundle("gw4", "1", b"", 60, now_ms=t0 - 1) is None  # a clock before 2000: dtnd makes it
+    # a client beside the node registers its own endpoint first: another source, other ids
+    bench = make_agent(_node(tmp_path, "dtn7", IPN))
+    bench._source = bench.eid("gw1", "bench")
+    assert cbor2.loads(bench.bundle("gw4", "bench", b"", 60, now_ms=t0 + 5_000))[0][4] != primary[4]
     # dtn names and a group's endpoint
     named = make_agent(_node(tmp_path, "dtn7"))
-    p = cbor2.loads(named.bundle("fmn", "~c2dtn", b"x", 60, now_ms=bpv7.DTN_EPOCH_MS))[0]
-    assert p[3:5] == [[1, "//fmn/~c2dtn"], [1, "//gw1/"]]
-    assert dtn7.node_eid("gw1") == "dtn://gw1/"
+    named._source = named.eid("gw1", named.endpoint)
+    p = cbor2.loads(named.bundle("fmn", "~c2dtn", b"x", 60, now_ms=t0 + 1))[0]
+    assert p[3:5] == [[1, "//fmn/~c2dtn"], [1, "//gw1/c2dtn"]]
 
 
 @pytest.mark.parametrize(

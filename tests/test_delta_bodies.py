@@ -160,7 +160,7 @@ def test_what_each_end_keeps_is_bounded():
         held = [v for seqs in refs.by_key.values() for v in seqs.values()]
         charged = sum(len(body) + len(meta[2]) + E.DELTA_ENTRY_BYTES for body, meta in held)
         assert refs.nbytes == charged + sum(sum(map(len, k)) + E.DELTA_ENTRY_BYTES for k in refs.by_key)
-        assert len(refs.at) == len(held)  # the index of seqs holds what is kept, no more
+        assert sum(map(len, refs.at.values())) == len(held)  # the index of seqs holds what is kept, no more
     assert len(gw1._sealed) <= E.DELTA_PENDING_MAX
     # the newest keys are the ones kept
     assert (("gw4", f"key{n}")) in gw1._acked.by_key and ("gw4", "key1") not in gw1._acked.by_key
@@ -423,3 +423,49 @@ def test_every_delta_a_sender_writes_passes_the_receivers_frame_check():
         cases.append((ref, bytes(body)))
     for ref, body in cases:
         assert E._decompress(E.Compression.DELTA2, E._delta(body, ref), {}, ref=ref) == body
+
+
+def test_a_reused_seq_held_as_another_message_is_not_a_delta_s_reference():
+    """A store put back from a copy reuses seqs; a relay replays the old bundle after the
+    receiver dropped both: the receiver then holds the old message at the seq a delta refers
+    to. The delta names neither key nor priority (decision 0022), so it must not open against
+    it (and take that message's key, priority and lifetime): it is refused unacked."""
+    body = b'{"type":"Feature","geometry":{"type":"Point","coordinates":[59.91,10.71,0]},"properties":{"status":"ok"}}'
+
+    def env(seq, key, prio, b=body, life=60_000):
+        return Envelope(Kind.DATA, "gw1", seq, "gw4", 1_800_000_000_000, life, prio, key, b, "mqtt", inc=9)
+
+    rcv = Codec("gw4", {"gw1": KEY})
+    old = Codec("gw1", {"gw4": KEY}).seal(env(5, "alarm", Priority.FLASH, life=3_600_000))
+    rcv.open("gw1", old)
+    new = Codec("gw1", {"gw4": KEY})  # the copy put back: seq 5 again, another message
+    rcv.open("gw1", new.seal(env(5, "status", Priority.ROUTINE), delta=True))  # both dropped
+    new.acked("gw4", [5])
+    rcv.open("gw1", old)  # replayed
+    with pytest.raises(E.NoReference, match="envelope 5"):
+        rcv.open("gw1", new.seal(env(6, "status", Priority.ROUTINE, body.replace(b"ok", b"up")), delta=True))
+    got = rcv.open("gw1", new.seal(env(6, "status", Priority.ROUTINE, body.replace(b"ok", b"up")), delta=False))
+    assert (got.supersede, got.priority, got.lifetime_ms) == ("status", Priority.ROUTINE, 60_000)
+
+
+def test_what_a_receiver_keeps_costs_about_what_it_is_charged():
+    """Empty bodies under many keys, the cheapest to send: the memory the references take stays
+    within a quarter of the budget's charge (DELTA_ENTRY_BYTES is what a body's entries cost)."""
+    import tracemalloc
+
+    snd, rcv = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    sealed = [
+        snd.seal(Envelope(Kind.DATA, "gw1", s + 1, "gw4", 0, 60_000, Priority.ROUTINE, "k%07d" % (s // 8), b"", inc=7))
+        for s in range(12_000)
+    ]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for s in sealed:
+            rcv.open("gw1", s)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    refs = rcv._came["gw1"]
+    print(f"references: charged {refs.nbytes} B, allocated {used} B")
+    assert refs.nbytes <= E.DELTA_BYTES_MAX and used <= 1.25 * refs.nbytes

@@ -273,7 +273,8 @@ class Dtn7Agent(BundleAgent):
         self.names = {v: k for k, v in self.nums.items()} if self.nums else {}
         if self.nums:
             self.endpoint = SERVICE
-        self._stamp = (0, -1)  # the creation timestamp of the last bundle this client made
+        self._top = (0, -1)  # the latest creation time this client gave a bundle, the highest sequence number
+        self._source: str | None = None  # the first endpoint of its own it registered: its bundles' source
 
     # -- configuration ---------------------------------------------------------------------
     @classmethod
@@ -402,24 +403,32 @@ class Dtn7Agent(BundleAgent):
             if node.startswith("ipn:"):
                 raise AgentError(f"dtnd at {self.base} is {node}: name a client beside it with --beside NODE.toml")
         await self._get(f"/register?{self._local(endpoint)}")
+        if self._source is None and self.cfg is not None and "://" not in endpoint and not endpoint.startswith("~"):
+            self._source = self.eid(self.cfg.id, endpoint)
 
-    def bundle(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, now_ms: int) -> bytes:
-        """The bundle as it goes (bpv7.encode_sent; decision 0022): from this node's EID, created
-        at `now_ms` (Unix) or just after the last one made, whichever is later (unique ids)."""
-        me = self._node().id
-        ms = max(now_ms - bpv7.DTN_EPOCH_MS, self._stamp[0])
-        self._stamp = (ms, self._stamp[1] + 1 if ms == self._stamp[0] else 0)
-        src = f"ipn:{self.nums[me]}.0" if self.nums else node_eid(me)
+    def bundle(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, now_ms: int) -> bytes | None:
+        """The bundle as it goes (bpv7.encode_sent; decision 0022), or None where dtnd must make it
+        (/send): nothing registered yet to be its source, or a clock before 2000.  Its source is
+        the endpoint this client registered first (another client of the node has its own: ids
+        of one source come from one maker); it is created at `now_ms`, and where the clock has
+        stepped back to or behind the last bundle's time, with a sequence number above every one
+        given before (unique ids, lifetimes still from the clock).  Hand-written: dtnd's /cts would
+        cost a request a bundle."""
+        ms = now_ms - bpv7.DTN_EPOCH_MS
+        if self._source is None or ms <= 0:
+            return None
+        seq = 0 if ms > self._top[0] else self._top[1] + 1
+        self._top = (max(ms, self._top[0]), max(seq, self._top[1]))
         lifetime_ms = max(1, int(lifetime_s)) * 1000
-        return bpv7.encode_sent(src, self.eid(dst_node, endpoint), payload, lifetime_ms, *self._stamp)
+        return bpv7.encode_sent(self._source, self.eid(dst_node, endpoint), payload, lifetime_ms, ms, seq)
 
     async def send(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, priority: int = 3) -> None:
         await self.start()
-        if self.cfg is None:  # a client beside a dtnd it does not run: its node id unknown, dtnd makes the bundle
+        raw = self.bundle(dst_node, endpoint, payload, lifetime_s, int(time.time() * 1000))
+        if raw is None:
             url = f"{self.base}/send?dst={self.eid(dst_node, endpoint)}&lifetime={max(1, int(lifetime_s))}s"
         else:
-            url = f"{self.base}/insert"
-            payload = self.bundle(dst_node, endpoint, payload, lifetime_s, int(time.time() * 1000))
+            url, payload = f"{self.base}/insert", raw
         try:
             async with self._session.post(url, data=payload) as r:
                 text = await r.text()
