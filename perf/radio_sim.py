@@ -39,9 +39,9 @@ from c2dtn.topologies.profiles import Profile, load_builtin_profiles
 
 KEY = b"s" * 32
 # what a bundle of a dtn7-rs agent costs on the radio beyond its payload: its blocks (with the
-# testbed's ipn names, decision 0021) and the UDP, IP and Ethernet headers, as a capture of the
-# radio hop shows them (docs/perf/radio-sim.md)
-FRAME_OVERHEAD = 112
+# testbed's ipn names and the driver's own bundle, decisions 0021 and 0022) and the UDP, IP and
+# Ethernet headers, as a capture of the radio hop shows them (docs/perf/radio-sim.md)
+FRAME_OVERHEAD = 100
 # the scheduler settings `c2dtn node configs` writes for a node behind a radio link
 RADIO_CFG = SchedulerConfig(aggregate_bytes=1200, linger_ms=500, ack_delay_ms=1000)
 
