@@ -139,6 +139,12 @@ class BundleAgent(abc.ABC):
         return {}
 
     @classmethod
+    def numbered(cls, numbers: dict[str, int]) -> dict[str, Any]:
+        """The `[agent.<kind>]` settings that name nodes by these ipn numbers (`c2dtn node init
+        --number`), or None where the agent does not name nodes by number."""
+        return None
+
+    @classmethod
     def missing(cls) -> str | None:
         """Why this agent cannot run on this machine (not installed, not built), else None."""
         return None

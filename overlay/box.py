@@ -13,9 +13,11 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from c2dtn.cla_adapters import ClaSpec
 from c2dtn.errors import ConfigError
+from c2dtn.overlay.agents import agent_class, kinds, make_agent
 from c2dtn.overlay.agents.builds import cache_dir as agents_cache
 from c2dtn.overlay.config import NodeConfig, load_node_config
 
@@ -117,6 +119,12 @@ def _toml_str(s: str) -> str:
     return json.dumps(s)  # a JSON string is a TOML basic string for what node ids and paths hold
 
 
+def _toml_value(v: Any) -> str:
+    if isinstance(v, dict):  # an inline table of node ids (NAME: bare keys)
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    return json.dumps(v)  # a string, an integer
+
+
 def config_text(
     node_id: str,
     agent: str,
@@ -125,6 +133,7 @@ def config_text(
     peers: list[tuple[str, str]],
     keys_file: str,
     metrics: str | None,
+    agent_table: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         f"# c2dtn node {node_id} (written by `c2dtn node init`; docs/configuration.md lists every field)",
@@ -139,6 +148,8 @@ def config_text(
     ]
     for node, cla in peers:
         lines += ["", "[[agent.peers]]", f"node = {_toml_str(node)}", f"cla = {_toml_str(cla)}"]
+    if agent_table:
+        lines += ["", f"[agent.{agent}]"] + [f"{k} = {_toml_value(v)}" for k, v in agent_table.items()]
     if metrics:
         lines += ["", "[metrics]", f"listen = {_toml_str(metrics)}"]
     lines += [
@@ -196,6 +207,7 @@ def init(
     keys_from: Path | None = None,
     metrics: str | None = None,
     force: bool = False,
+    numbers: dict[str, int] | None = None,
 ) -> tuple[Written, NodeConfig]:
     """Write config_dir/<id>.toml and <id>.keys.toml (mode 0600, the folder 0700) and the unit
     template in unit_dir.  Everything is checked first (the config loaded in a private folder
@@ -225,6 +237,18 @@ def init(
         keys_text = f"# c2dtn keys for {node_id} (written by c2dtn node init): keep it mode 0600\n[keys]\n" + "".join(
             f"{n} = {_toml_str(secrets.token_hex(32))}\n" for n in fresh
         )
+    agent_table = None
+    if numbers:
+        agent_table = agent_class(agent).numbered(numbers)
+        if agent_table is None:
+            raise ConfigError(
+                src,
+                "--number",
+                ", ".join(f"{k}={v}" for k, v in numbers.items()),
+                f"agent {agent} does not name nodes by number",
+                "leave --number out, or choose an agent that does: "
+                + ", ".join(k for k in kinds() if agent_class(k).numbered({}) is not None),
+            )
     text = config_text(
         node_id,
         agent,
@@ -233,6 +257,7 @@ def init(
         [(n, str(c)) for n, c in peers],
         keys.name,
         metrics,
+        agent_table,
     )
     # loaded first in a private folder of its own (mkdtemp: 0700), named as the final file in
     # any error, before anything is made where the files go
@@ -240,7 +265,7 @@ def init(
         _write_private(Path(td) / keys.name, keys_text)
         _write_private(Path(td) / config.name, text)
         try:
-            load_node_config(Path(td) / config.name)
+            make_agent(load_node_config(Path(td) / config.name))  # (the driver checks its naming)
         except ConfigError as e:
             where = str(keys) if e.source.endswith(keys.name) else str(config)
             raise ConfigError(where, e.field, e.value, e.problem, e.hint) from None

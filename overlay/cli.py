@@ -94,6 +94,13 @@ def check_cmd(config: str) -> None:
     help="this node's share from `c2dtn keys` (copied); without it, a fresh pair key per --peer",
 )
 @click.option("--metrics", metavar="ADDR:PORT", help="serve Prometheus metrics here ([metrics] listen)")
+@click.option(
+    "--number",
+    "numbers",
+    multiple=True,
+    metavar="NODE=N",
+    help="name nodes by ipn number: this node's and each peer's (repeatable; every box of a network gives the same)",
+)
 @click.option("--config-dir", default="/etc/c2dtn", show_default=True, type=click.Path(file_okay=False))
 @click.option("--state-dir", default="/var/lib/c2dtn", show_default=True, type=click.Path(file_okay=False))
 @click.option(
@@ -111,6 +118,7 @@ def init_cmd(
     peers: tuple[str, ...],
     keys_file: str | None,
     metrics: str | None,
+    numbers: tuple[str, ...],
     config_dir: str,
     state_dir: str,
     unit_dir: str,
@@ -139,6 +147,15 @@ def init_cmd(
         if not sep:
             raise ConfigError(src, "--peer", p, "a peer is NODE=CLA", "e.g. gw4=tcpcl://10.0.0.4:4556")
         peer_list.append((check_name(src, "--peer", name), parse_cla(spec, src, f"--peer {name}")))
+    number_map: dict[str, int] = {}
+    for n in numbers:
+        name, sep, num = n.partition("=")
+        if not sep or not (num.isascii() and num.isdigit()) or not 1 <= int(num) < 1 << 63:
+            raise ConfigError(src, "--number", n, "a number is NODE=N, N from 1 to 2**63 - 1", "e.g. gw1=1")
+        name = check_name(src, "--number", name)
+        if number_map.get(name, int(num)) != int(num):
+            raise ConfigError(src, "--number", n, f"{name} is numbered {number_map[name]} already")
+        number_map[name] = int(num)
     here = Path(sys.executable).parent / "c2dtn"  # this install's command, not whatever PATH finds first
     c2dtn = str(here) if os.access(here, os.X_OK) else shutil.which("c2dtn") or "c2dtn"
     written, cfg = init(
@@ -153,6 +170,7 @@ def init_cmd(
         Path(keys_file) if keys_file else None,
         metrics,
         force,
+        number_map,
     )
     rows = [("config", str(written.config), "0600"), ("keys", str(written.keys), "0600")]
     if written.unit is not None:

@@ -82,6 +82,38 @@ def test_node_init_refuses_bad_values_by_name(tmp_path):
         assert not (tmp_path / "etc" / "gw1.toml").exists()
 
 
+def test_node_init_names_nodes_by_number_where_the_agent_can(tmp_path):
+    r = _init(
+        tmp_path,
+        "gw1",
+        "--agent",
+        "dtn7",
+        "--peer",
+        "gw4=udp://10.0.0.4:4556",
+        "--number",
+        "gw1=1",
+        "--number",
+        "gw4=4",
+    )
+    assert r.exit_code in (0, 3), r.output
+    cfg = load_node_config(tmp_path / "etc" / "gw1.toml")
+    o = cfg.agent_options
+    assert (o["naming"], o["numbers"]) == ("ipn", {"gw1": 1, "gw4": 4})
+    from c2dtn.overlay.agents import make_agent
+
+    assert make_agent(cfg).eid("gw4", "1") == "ipn:4.1"  # what the node's bundles go to
+    for args, want in (
+        (["--agent", "ibrdtn", "--number", "gw1=1"], "does not name nodes by number"),
+        (["--agent", "dtn7", "--number", "gw1"], "a number is NODE=N"),
+        (["--agent", "dtn7", "--number", "gw1=0"], "a number is NODE=N"),
+        (["--agent", "dtn7", "--number", "gw1=1", "--number", "gw1=2"], "numbered 1 already"),
+        (["--agent", "dtn7", "--number", "gw1=1", "--number", "gw4=1"], "numbers"),  # two nodes, one number
+    ):
+        r = _init(tmp_path / "bad", "gw1", "--peer", "gw4=udp://10.0.0.4:4556", *args)
+        assert r.exit_code != 0 and want in str(r.exception) + r.output, (args, r.output, r.exception)
+        assert not (tmp_path / "bad" / "etc" / "gw1.toml").exists()
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze on this machine")
 @pytest.mark.parametrize("dirs", [("/etc/c2dtn", "/var/lib/c2dtn"), ("/srv/c2/etc", "/srv/c2/state")])
 def test_systemd_analyze_verify_passes_the_unit(tmp_path, dirs):

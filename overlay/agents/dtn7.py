@@ -246,6 +246,10 @@ class Dtn7Agent(BundleAgent):
         o: dict[str, Any] = {"store": store, "web_port": 3000, "janitor": "3s"}
         return {**o, "naming": "ipn", "numbers": dict(numbers)} if numbers else o
 
+    @classmethod
+    def numbered(cls, numbers: dict[str, int]) -> dict[str, Any]:
+        return {"naming": "ipn", "numbers": dict(numbers)}
+
     cla_names = CLA_NAMES
     legacy_keys = frozenset({"store", "web_port", "janitor"})
     daemon = "dtnd"

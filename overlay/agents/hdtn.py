@@ -333,6 +333,10 @@ class HdtnAgent(BundleAgent):
         # its LTP paces itself by the radio's rate, in bits a second
         return {"rates_bits": dict(ltp_rates_bps)} if ltp_rates_bps else {}
 
+    @classmethod
+    def numbered(cls, numbers: dict[str, int]) -> dict[str, Any]:
+        return {"numbers": dict(numbers)}
+
     cla_names = CLA_NAMES
     capabilities = Capabilities(
         bp_version=7,

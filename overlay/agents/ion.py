@@ -402,6 +402,10 @@ class IonAgent(BundleAgent):
         # its LTP paces itself by its contacts' rates (the radio's), in bytes a second
         return {"rates": {m: r // 8 for m, r in ltp_rates_bps.items()}} if ltp_rates_bps else {}
 
+    @classmethod
+    def numbered(cls, numbers: dict[str, int]) -> dict[str, Any]:
+        return {"numbers": dict(numbers)}
+
     # udp+bibe: BIBE custody across the radio hop r2 -> r3 of nps-chain, where the link is lossy and
     # cut, the way the data goes (gw1 -> gw4; acks and echoes come back over plain UDP).  One way:
     # both ways passed no ack back.  Not on every hop: with BIBE both ways between every pair of
