@@ -267,6 +267,8 @@ def init(
         try:
             make_agent(load_node_config(Path(td) / config.name))  # (the driver checks its naming)
         except ConfigError as e:
+            if numbers and e.field.startswith(f"agent.{agent}.number"):  # what --number gave
+                raise ConfigError(src, "--number", e.value, e.problem, e.hint) from None
             where = str(keys) if e.source.endswith(keys.name) else str(config)
             raise ConfigError(where, e.field, e.value, e.problem, e.hint) from None
     _private_folder(config_dir)

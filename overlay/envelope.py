@@ -228,7 +228,7 @@ def _ref_id(key: str, meta: Meta) -> bytes:
     """What a delta's reference is to its sender (key, lifetime, priority, app), 4 bytes put before
     both the reference and the body: a receiver holding another envelope at that seq (a store put
     back from a copy reuses seqs) decodes another content, which the frame's checksum refuses."""
-    ident = b"\0".join((key.encode(), meta[0].to_bytes(8, "big"), bytes([meta[1]]), meta[2].encode()))
+    ident = cbor2.dumps([key, *meta])  # (each field framed: no two identities encode alike)
     return hashlib.sha256(REF_ID_CONTEXT + ident).digest()[:REF_ID_BYTES]
 
 
@@ -274,7 +274,11 @@ class _Refs:
             self.forget(key)
             return
         seqs[seq] = v
-        self.at.setdefault(key[:-1], {})[seq] = key
+        at = self.at.get(key[:-1])
+        if at is None:  # a stream (source and incarnation, destination) costs as a key does
+            at = self.at[key[:-1]] = {}
+            self.nbytes += self._cost(key[:-1])
+        at[seq] = key
         self.nbytes += self._size(v)
         while len(seqs) > keep:
             self._pop(key, seqs, min(seqs))
@@ -287,6 +291,7 @@ class _Refs:
         del at[seq]
         if not at:
             del self.at[key[:-1]]
+            self.nbytes -= self._cost(key[:-1])
 
     def forget(self, key: tuple[str, ...]) -> None:
         seqs = self.by_key.pop(key, None)

@@ -435,8 +435,8 @@ def test_the_testbed_names_dtn7_nodes_by_small_numbers():
 def test_dtn7_bundles_are_made_by_the_driver_with_no_block_dtnd_would_add_for_nothing(tmp_path):
     """Decision 0022: the driver hands dtnd whole bundles (/insert): a CRC-16 on the primary
     block, no status reports asked for (report-to dtn:none), no hop count block; the source
-    the endpoint the client registered first; a creation timestamp that never repeats,
-    whatever the clock does, and that follows the clock."""
+    the endpoint the client registered first; a creation timestamp that never repeats within
+    the process, whatever the clock does, and that follows the clock."""
     import cbor2
 
     from c2dtn.cla_adapters import bpv7

@@ -103,11 +103,13 @@ def test_node_init_names_nodes_by_number_where_the_agent_can(tmp_path):
 
     assert make_agent(cfg).eid("gw4", "1") == "ipn:4.1"  # what the node's bundles go to
     for args, want in (
-        (["--agent", "ibrdtn", "--number", "gw1=1"], "does not name nodes by number"),
+        (["--agent", "ibrdtn", "--number", "gw1=1", "--number", "gw4=4"], "does not name nodes by number"),
         (["--agent", "dtn7", "--number", "gw1"], "a number is NODE=N"),
         (["--agent", "dtn7", "--number", "gw1=0"], "a number is NODE=N"),
         (["--agent", "dtn7", "--number", "gw1=1", "--number", "gw1=2"], "numbered 1 already"),
-        (["--agent", "dtn7", "--number", "gw1=1", "--number", "gw4=1"], "numbers"),  # two nodes, one number
+        (["--agent", "dtn7", "--number", "gw1=1", "--number", "gw4=1"], "--number"),  # two nodes, one number
+        (["--agent", "dtn7", "--number", "gw1=1"], "no number for gw4"),  # a peer left out: derived, unknown elsewhere
+        (["--agent", "dtn7", "--number", "GW1=1", "--number", "gw1=2", "--number", "gw4=4"], "gw1 is"),
     ):
         r = _init(tmp_path / "bad", "gw1", "--peer", "gw4=udp://10.0.0.4:4556", *args)
         assert r.exit_code != 0 and want in str(r.exception) + r.output, (args, r.output, r.exception)

@@ -159,7 +159,8 @@ def test_what_each_end_keeps_is_bounded():
         assert refs.nbytes <= E.DELTA_BYTES_MAX
         held = [v for seqs in refs.by_key.values() for v in seqs.values()]
         charged = sum(len(body) + len(meta[2]) + E.DELTA_ENTRY_BYTES for body, meta in held)
-        assert refs.nbytes == charged + sum(sum(map(len, k)) + E.DELTA_ENTRY_BYTES for k in refs.by_key)
+        keys_and_streams = list(refs.by_key) + list(refs.at)
+        assert refs.nbytes == charged + sum(sum(map(len, k)) + E.DELTA_ENTRY_BYTES for k in keys_and_streams)
         assert sum(map(len, refs.at.values())) == len(held)  # the index of seqs holds what is kept, no more
     assert len(gw1._sealed) <= E.DELTA_PENDING_MAX
     # the newest keys are the ones kept
@@ -448,16 +449,21 @@ def test_a_reused_seq_held_as_another_message_is_not_a_delta_s_reference():
     assert (got.supersede, got.priority, got.lifetime_ms) == ("status", Priority.ROUTINE, 60_000)
 
 
-def test_what_a_receiver_keeps_costs_about_what_it_is_charged():
-    """Empty bodies under many keys, the cheapest to send: the memory the references take stays
-    within a quarter of the budget's charge (DELTA_ENTRY_BYTES is what a body's entries cost)."""
+@pytest.mark.parametrize("shape", ["keys", "incarnations"])
+def test_what_a_receiver_keeps_costs_about_what_it_is_charged(shape):
+    """Empty bodies under many keys, or each under an incarnation of its own (a stream each),
+    the cheapest to send: the memory the references take stays within a quarter of the budget's
+    charge (DELTA_ENTRY_BYTES is what a body's, a key's or a stream's entries cost)."""
     import tracemalloc
 
     snd, rcv = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
-    sealed = [
-        snd.seal(Envelope(Kind.DATA, "gw1", s + 1, "gw4", 0, 60_000, Priority.ROUTINE, "k%07d" % (s // 8), b"", inc=7))
-        for s in range(12_000)
-    ]
+
+    def env(s: int) -> Envelope:
+        if shape == "keys":
+            return Envelope(Kind.DATA, "gw1", s + 1, "gw4", 0, 60_000, Priority.ROUTINE, "k%07d" % (s // 8), b"", inc=7)
+        return Envelope(Kind.DATA, "gw1", 1, "gw4", 0, 60_000, Priority.ROUTINE, "", b"", inc=s + 1)
+
+    sealed = [snd.seal(env(s)) for s in range(12_000)]
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]

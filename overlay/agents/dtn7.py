@@ -413,10 +413,12 @@ class Dtn7Agent(BundleAgent):
     def bundle(self, dst_node: str, endpoint: str, payload: bytes, lifetime_s: float, now_ms: int) -> bytes | None:
         """The bundle as it goes (bpv7.encode_sent; decision 0022), or None where dtnd must make it
         (/send): nothing registered yet to be its source, or a clock before 2000.  Its source is
-        the endpoint this client registered first (another client of the node has its own: ids
-        of one source come from one maker); it is created at `now_ms`, and where the clock has
-        stepped back to or behind the last bundle's time, with a sequence number above every one
-        given before (unique ids, lifetimes still from the clock).  Hand-written: dtnd's /cts would
+        the endpoint this client registered first (another client of the node registers its own:
+        ids of one source come from one maker); it is created at `now_ms`, and where the clock
+        has stepped back to or behind the latest time given, with a sequence number above every
+        one given before: ids unique within the process, lifetimes still from the clock.  (A
+        restart with the clock put back behind bundles dtnd still holds can repeat an id, as
+        dtnd's own /send can; the overlay resends what that drops.)  Hand-written: dtnd's /cts would
         cost a request a bundle."""
         ms = now_ms - bpv7.DTN_EPOCH_MS
         if self._source is None or ms <= 0:
