@@ -231,18 +231,26 @@ def test_listen_addresses_v4_and_v6_and_unknown_keys(tmp_path):
         load_node_config(p)
 
 
-def test_the_server_serves_metrics_and_nothing_else():
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    status = {
+        return s.getsockname()[1]
+
+
+def _status(restarts: int = 0, to_agent: int = 0) -> dict:
+    """A node's status as the metrics read it, with a few counters set."""
+    return {
         "node": "gw1",
         "agent": "ion",
         "uptime_s": 2.0,
-        "agent_restarts": 1,
+        "agent_restarts": restarts,
         "send_errors": 0,
-        "bundles": {"to_agent": 4, "to_agent_bytes": 400, "from_agent": 0, "from_agent_bytes": 0},
+        "bundles": {"to_agent": to_agent, "to_agent_bytes": 100 * to_agent, "from_agent": 0, "from_agent_bytes": 0},
     }
+
+
+def test_the_server_serves_metrics_and_nothing_else():
+    port, status = _free_port(), _status(restarts=1, to_agent=4)
 
     async def main():
         srv = MetricsServer(("127.0.0.1", port), lambda: status)
@@ -272,17 +280,7 @@ def test_the_server_holds_few_connections_and_drops_slow_or_large_requests(monke
     from c2dtn.overlay import metrics
 
     monkeypatch.setattr(metrics, "REQUEST_TIMEOUT_S", 0.5)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    status = {
-        "node": "gw1",
-        "agent": "ion",
-        "uptime_s": 2.0,
-        "agent_restarts": 0,
-        "send_errors": 0,
-        "bundles": {"to_agent": 0, "to_agent_bytes": 0, "from_agent": 0, "from_agent_bytes": 0},
-    }
+    port, status = _free_port(), _status()
 
     async def main():
         srv = MetricsServer(("127.0.0.1", port), lambda: status)
