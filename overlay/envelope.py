@@ -211,9 +211,8 @@ DELTA_MAX_BODY = 4096  # bodies up to this size are kept as references, at both 
 # what a sender keeps of them for all its destinations, and a receiver for each peer (one peer's
 # flood cannot push out another's), all keys together (the least recently used key goes first)
 DELTA_BYTES_MAX = 1 << 20
-DELTA_ENTRY_BYTES = (
-    256  # charged per key and per body kept, beside their sizes: about what the dicts holding them cost (_Refs)
-)
+# charged per key, stream and body kept, beside their sizes: about what the dicts holding them cost (_Refs)
+DELTA_ENTRY_BYTES = 256
 DELTA_KEEP_PER_KEY = 8  # a receiver keeps this many of each key's newest bodies (acks may be lost or late)
 DELTA_OPEN_MAX = 3  # deltas of one key sent and not acked, at most: the next goes whole
 DELTA_PENDING_MAX = 2048  # bodies a sender keeps of what it sealed, until acked (the oldest go first)
