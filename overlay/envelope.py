@@ -657,7 +657,7 @@ class Codec:
         # what it weighs on the wire (a compressed ack could inflate to megabytes of CBOR)
         comp, wire_body = (Compression.NONE, env.body) if env.kind == Kind.ACK else _compress(env.body, self._zdict)
         meta: Meta = (env.lifetime_ms, int(env.priority), env.app)
-        if ref is not None and len(env.body) >= 48:
+        if ref is not None and key is not None and len(env.body) >= 48:
             rid = _ref_id(key, ref[1][1])
             d = _delta(rid + env.body, rid + ref[1][0])
             if len(d) + 4 < len(wire_body):  # (K_REF costs a few bytes)
@@ -918,8 +918,8 @@ class Codec:
                 raise Malformed(f"delta reference {back} seqs back from seq {seq}: it must be 1 to {seq}")
             r = seq - back
             came = refs.key_at(stream, r) if refs is not None else None
-            held = refs.get(came, r) if came is not None else None
-            if held is None:
+            held = refs.get(came, r) if refs is not None and came is not None else None
+            if came is None or held is None:
                 raise NoReference(f"body compressed against envelope {r} of its key, which this node does not hold")
             key, like = came[-1], held[1]
             rid = _ref_id(key, like)
