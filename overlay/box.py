@@ -125,6 +125,26 @@ def _toml_value(v: Any) -> str:
     return json.dumps(v)  # a string, an integer
 
 
+def _check_numbers(src: str, numbers: dict[str, int], named: list[str]) -> None:
+    """A table that numbers this node and every peer, and no id in another case than theirs: a
+    node left out gets a derived number no other box knows, and nothing routes to it."""
+    missing = [n for n in named if n not in numbers]
+    if missing:
+        raise ConfigError(
+            src,
+            "--number",
+            ", ".join(f"{k}={v}" for k, v in numbers.items()),
+            f"no number for {', '.join(missing)}",
+            "number this node and every peer (the same table on every box)",
+        )
+    for n in numbers:
+        twin = next((m for m in named if m != n and m.lower() == n.lower()), None)
+        if twin is not None:
+            raise ConfigError(
+                src, "--number", n, f"not a node of this config; {twin} is", "node ids are case-sensitive"
+            )
+
+
 def config_text(
     node_id: str,
     agent: str,
@@ -239,6 +259,7 @@ def init(
         )
     agent_table = None
     if numbers:
+        _check_numbers(src, numbers, [node_id] + [n for n, _ in peers])
         agent_table = agent_class(agent).numbered(numbers)
         if agent_table is None:
             raise ConfigError(

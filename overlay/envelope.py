@@ -219,6 +219,8 @@ DELTA_PENDING_MAX = 2048  # bodies a sender keeps of what it sealed, until acked
 # what a delta leaves out when its reference has the same (decision 0022): lifetime in ms,
 # priority, app; its supersession key is always its reference's
 Meta = tuple[int, int, str]
+# what a map that is not a delta leaves out: no lifetime (it must say it), routine, no app
+NOT_A_DELTA = (None, int(Priority.ROUTINE), "")
 REF_ID_BYTES = 4  # a delta's content starts with its reference's id (_ref_id): both ends must hold the same one
 REF_ID_CONTEXT = b"c2dtn reference v1\0"
 
@@ -680,7 +682,7 @@ class Codec:
                     waiting.append(env.seq)
         # the origin is the container's sender; what is left out is the default (_from_map), or
         # in a delta its reference's (decision 0022)
-        like = ref[1][1] if comp in DELTAS and ref is not None else (None, int(Priority.ROUTINE), "")
+        like = ref[1][1] if comp in DELTAS and ref is not None else NOT_A_DELTA
         m: dict[int, object] = {K_SEQ: env.seq, K_CREATED: env.created_ms - stamp[0] * 1000}
         if env.kind != Kind.DATA:
             m[K_KIND] = int(env.kind)
@@ -907,7 +909,7 @@ class Codec:
         # references per (source, destination, key): a group's stream of a key is not its pair's;
         # a delta's key, and what it leaves out, are its reference's (decision 0022)
         stream = (source_key(sender, inc), dst)
-        ref, refs, like = None, self._came.get(sender), (None, int(Priority.ROUTINE), "")
+        ref, refs, like = None, self._came.get(sender), NOT_A_DELTA
         if comp in DELTAS:
             back = get(K_REF, int, "reference", None)
             if back is None:

@@ -244,7 +244,7 @@ class Dtn7Agent(BundleAgent):
     ) -> dict[str, Any]:
         # ipn naming with the testbed's small numbers: 1-byte node numbers in every EID on the radio
         o: dict[str, Any] = {"store": store, "web_port": 3000, "janitor": "3s"}
-        return {**o, "naming": "ipn", "numbers": dict(numbers)} if numbers else o
+        return {**o, **cls.numbered(numbers)} if numbers else o
 
     @classmethod
     def numbered(cls, numbers: dict[str, int]) -> dict[str, Any]:
