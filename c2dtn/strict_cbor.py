@@ -27,10 +27,17 @@ _LEN = {24: 1, 25: 2, 26: 4, 27: 8}
 
 
 # cbor2 has no switch to refuse tags 28/29 or array map keys, nor an item bound: hence this walk
-def check(data: bytes, max_depth: int = MAX_DEPTH, sequence: bool = False, max_items: int | None = None) -> None:
+def check(
+    data: bytes,
+    max_depth: int = MAX_DEPTH,
+    sequence: bool = False,
+    max_items: int | None = None,
+    ends: list[int] | None = None,
+) -> None:
     """Raise StrictCBORError unless `data` is exactly one item of the strict subset, or with
     `sequence`, any number of them back to back (the inside of an indefinite-length array).
-    max_items: refused past this many items (arrays, maps and their contents, all counted)."""
+    max_items: refused past this many items (arrays, maps and their contents, all counted).
+    ends: with `sequence`, gets the offset where each item starts, then the end of the last."""
     n = len(data)
     i = 0
     left = n if max_items is None else max_items
@@ -43,9 +50,14 @@ def check(data: bytes, max_depth: int = MAX_DEPTH, sequence: bool = False, max_i
             if not todo:
                 if i != n:
                     raise StrictCBORError(f"{n - i} bytes after the item, at offset {i}")
+                if ends is not None and sequence:  # (as many one-byte items as bytes: the count ran out)
+                    ends.append(i)
                 return
-        if sequence and len(todo) == 1 and i == n:
-            return
+        if sequence and len(todo) == 1:
+            if ends is not None:
+                ends.append(i)
+            if i == n:
+                return
         todo[-1] -= 1
         left -= 1
         if left < 0:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from c2dtn.overlay.custody import Custody
 from c2dtn.overlay.envelope import (
+    APP_MAX_BYTES,
     SN_MOD,
     Codec,
     Envelope,
@@ -129,6 +130,8 @@ class OverlayCore:
                 f"no key shared with destination node {dst!r} (known peers and groups: "
                 f"{', '.join(sorted(self.codec.keys)) or 'none'})"
             )
+        if len(app.encode()) > APP_MAX_BYTES:
+            raise ValueError(f"app name {app[:40]!r}... is over {APP_MAX_BYTES} bytes")
         return self.store.submit(dst, body, now_ms, lifetime_ms, priority, supersede, app)
 
     def on_bundle(self, payload: bytes, now_ms: int) -> BundleResult:
@@ -236,10 +239,15 @@ class OverlayCore:
         sender = c.sender
         if sender == self.node:
             return res, sender, []  # our own group bundle, handed back by the BPA (we are a member too)
+        try:
+            maps = self.codec.open_items(c)  # (open_container refused a bundle not for us)
+        except EnvelopeError as e:
+            self._reject(res, f"bundle of {len(payload)} bytes from {sender!r} rejected ({e.reason}): {e}", e.reason)
+            return res, sender, []
         envs = []
-        for i, item in enumerate(c.items):
+        for i, m in enumerate(maps):
             try:
-                envs.append(self.codec.open(sender, item, c))  # (open_container refused a bundle not for us)
+                envs.append(self.codec.open(c, m))
             except EnvelopeError as e:
                 self._reject(res, f"envelope {i} of a bundle from {sender!r} rejected ({e.reason}): {e}", e.reason)
         return res, sender, envs

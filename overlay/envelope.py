@@ -1,33 +1,35 @@
 """Envelope codec: the versioned CBOR unit c2dtn carries end to end (I/O-free).
 
-Wire form, chosen to be small on kbit/s links (docs/security.md; decision record
-docs/decisions/0001-envelope-aead.md):
+Wire form, chosen to be small on kbit/s links (docs/security.md; decision records
+docs/decisions/0001-envelope-aead.md, 0023-one-seal-a-bundle.md):
 
   bundle payload  = CBOR [CONTAINER_VERSION, sender node id, destination, base second,
-                    incarnation, [sealed envelope, ...]]
+                    incarnation, seal]
                     (+ [origin tag, ...] as a 7th item when the destination is a group)
   stamp           = (base second, incarnation): the sealing time in whole seconds since 1970,
                     and the sender's store incarnation (0: none).  Every envelope's creation
                     time is sealed as milliseconds from the base second, and its incarnation is
                     the container's unless its map says otherwise (decision 0020).
-  sealed envelope = CBOR [ciphertext, tag]: AES-GCM-SIV (RFC 8452) of the map bytes under
-                    the key of the destination (the pair key of sender and receiver, or
-                    the group's key), its 16-byte tag apart; associated data ENVELOPE_CONTEXT
-                    and the stamp, so an envelope opens only with the stamp it was sealed with
-  map bytes       = CBOR map with small integer keys (see K_* below); neither the destination
+  seal            = byte string ciphertext | 16-byte tag: AES-GCM-SIV (RFC 8452) of the
+                    envelopes' maps, as one CBOR array, under the key of the destination (the
+                    pair key of sender and receiver, or the group's key); associated data
+                    ENVELOPE_CONTEXT and the stamp, so the envelopes open only with the stamp
+                    they were sealed with.  One tag a bundle, not one an envelope (decision 0023)
+  map             = CBOR map with small integer keys (see K_* below); neither the destination
                     nor the origin is in it (the container names them once, and the nonce
                     binds them), nor what is the default (decision 0012)
   nonce           = SHA-256(NONCE_CONTEXT | sender | 0 | destination)[:12]
 
 A relay, a radio eavesdropper or a BPA sees who sent a bundle to whom and how large its
 envelopes are, the stamp (when it was sealed, the sender's store incarnation, and so which
-bundles hold acks alone), nothing of what the envelopes say.  AES-GCM-SIV is nonce-misuse resistant: the nonce is
-the same for every envelope of one direction, and a sealing repeated (a retransmission
-with a newer floor) costs nothing but showing that two ciphertexts are of the same map.
-The tag costs 16 bytes per envelope, as the HMAC tag it replaced.  The AEAD key is derived
+bundles hold acks alone) and the size of the seal, nothing of what the envelopes say, nor
+how many a bundle holds.  AES-GCM-SIV is nonce-misuse resistant: the nonce is the same for
+every bundle of one direction, and a sealing repeated costs nothing but showing that two
+seals are of the same maps.  The tag costs 16 bytes a bundle: a bundle opens whole or not
+at all, and what it holds is refused whole if its maps are not one strict CBOR array.  The AEAD key is derived
 from the configured secret (`_subkey`), so the same secret also keys origin tags apart.
 
-The receiver decrypts before it parses the map, so nothing unauthenticated is
+The receiver decrypts before it parses the maps, so nothing unauthenticated is
 interpreted beyond the outer array.
 
 Group traffic: an envelope for a group is sealed with the group's key, which every
@@ -35,9 +37,9 @@ member holds, so that seal alone cannot tell one member from another (any member
 seal an envelope naming another as its origin).  A group bundle therefore also carries
 one origin tag per other member, in member-name order:
   origin tag = HMAC-SHA256(pair key of sender and that member,
-                           ORIGIN_CONTEXT | sender | 0 | group | 0 | the items' digests)[:8]
-  item digest = SHA-256(the sealed envelope's CBOR bytes)[:16]
-It covers the envelopes through digests of what is sent (an AEAD tag would not do: a
+                           ORIGIN_CONTEXT | sender | 0 | group | 0 | stamp | the seal's digest)[:8]
+  seal digest = SHA-256(the seal's bytes)[:16]
+It covers the envelopes through a digest of what is sent (an AEAD tag would not do: a
 member knows the group key, and a polynomial MAC's collisions are easy with the key).
 A member opens an envelope sealed with a group key only if its own origin tag in that
 bundle checks out under the pair key it shares with the sender.  8 bytes, as OSCORE's
@@ -69,6 +71,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCMSIV
 
 from c2dtn.strict_cbor import StrictCBORError, short
+from c2dtn.strict_cbor import check as strict_check
 from c2dtn.strict_cbor import loads as strict_loads
 from c2dtn.tomlfile import NAME
 
@@ -82,7 +85,8 @@ except ImportError:  # pragma: no cover - zstandard is a declared dependency
 # short forms of lifetime, supersession key, app and floor (decision 0012)
 # 4: the creation time relative to a base second and the incarnation once per bundle, both in
 # the container and bound to each envelope as the AEAD's associated data (decision 0020)
-CONTAINER_VERSION = 4
+# 5: one seal a bundle, over the array of its envelopes' maps (decision 0023)
+CONTAINER_VERSION = 5
 TAG_BYTES = 16
 ORIGIN_TAG_BYTES = 8
 # The one size limit (docs/security.md): a message body as submitted.  Every entry point refuses
@@ -96,9 +100,13 @@ MAX_CONTAINER_BYTES = 8 << 20
 # scheduler), so a receiver holds at most this much of one bundle whatever the bodies compress to
 MAX_BUNDLE_PLAIN_BYTES = 8 << 20
 MAX_ENVELOPES_PER_BUNDLE = 4096
+# a map's entries at most (the K_* keys are 18; keys a receiver does not know it ignores): what
+# one envelope decodes to is bounded by its size and this
+MAP_ENTRIES_MAX = 32
+APP_MAX_BYTES = 64  # an app name sent as text (an unknown one, APP_CODES)
 MAX_GROUP_MEMBERS = 256
-# CBOR items a container may hold: [version, sender, dst, base, inc, [[ciphertext, tag] x n], [tag x members]]
-CONTAINER_ITEMS_MAX = 1 + 6 + (1 + 3 * MAX_ENVELOPES_PER_BUNDLE) + (1 + MAX_GROUP_MEMBERS)
+# CBOR items a container may hold: [version, sender, dst, base, inc, seal, [tag x members]]
+CONTAINER_ITEMS_MAX = 1 + 6 + (1 + MAX_GROUP_MEMBERS)
 
 
 class Kind(IntEnum):
@@ -155,15 +163,15 @@ RETIRED_KEYS = (0, 2, 10)  # a map with any of them is of an older version: refu
 APP_CODES = {"raw": 1, "mqtt": 2, "coap": 3, "ping": 4, "pong": 5}
 APP_NAMES = {v: k for k, v in APP_CODES.items()}
 KEY_DIGEST_BYTES = 9  # a supersession key longer than this travels as a digest of this size
-ORIGIN_CONTEXT = b"c2dtn origin v2\0"
-ENVELOPE_CONTEXT = b"c2dtn envelope v4\0"  # the AEAD's associated data, the stamp after it (_aad)
+ORIGIN_CONTEXT = b"c2dtn origin v3\0"
+ENVELOPE_CONTEXT = b"c2dtn envelope v5\0"  # the AEAD's associated data, the stamp after it (_aad)
 NONCE_CONTEXT = b"c2dtn nonce v2\0"
 AEAD_KEY_LABEL = b"c2dtn aead key v2"
 MAX_LIFETIME_S = 1 << 40  # far beyond any lifetime (an int the store keeps in ms without overflow)
 MAX_TIME_MS = 1 << 61  # a creation time (ms since 1970): with a lifetime added it stays a 64-bit int
 INC_BITS = 32  # an incarnation is 1 .. 2**32 - 1 (0: none, what a store before incarnations sent)
 MAX_BASE_S = MAX_TIME_MS // 1000
-ITEMS_AT = 5  # where a container's array of sealed envelopes is (what precedes it: version to incarnation)
+SEAL_AT = 5  # where a container's seal is (what precedes it: version to incarnation)
 Stamp = tuple[int, int]  # (base second, incarnation) of a container (module doc)
 NO_STAMP: Stamp = (0, 0)  # an envelope outside a container: its creation time absolute, its incarnation in its map
 
@@ -593,11 +601,14 @@ class Codec:
         return a
 
     # -- sealing --------------------------------------------------------
-    def seal(self, env: Envelope, delta: bool = False, stamp: Stamp = NO_STAMP) -> bytes:
-        """delta: the body may go against the newest of its key the destination acked (a first
-        sending: a retransmission goes whole, in case the receiver lacks that one).  stamp: the
-        one of the container it goes in (container())."""
-        return cbor2.dumps(self.seal_bytes(self.map_bytes(env, delta, stamp), env.dst, stamp))
+    def bundle(
+        self, envs: list[Envelope], dst: str | None = None, stamp: Stamp = NO_STAMP, delta: bool = False
+    ) -> bytes:
+        """A bundle payload of these envelopes (map_bytes, then container()), for `dst` (default:
+        the first envelope's destination); tests and tools."""
+        if dst is None and envs:
+            dst = envs[0].dst
+        return self.container([self.map_bytes(e, delta, stamp) for e in envs], dst, stamp)
 
     def acked(self, dst: str, seqs: Iterable[int]) -> None:
         """`dst` holds these (a group: every member does): their bodies may be references for
@@ -717,41 +728,41 @@ class Codec:
             m[K_SN] = env.sn
         return cbor2.dumps(m)
 
-    def seal_bytes(self, mb: bytes, dst: str, stamp: Stamp = NO_STAMP) -> list[bytes]:
-        """[ciphertext, tag] of map bytes as they are, for `dst` (seal(); tests and fuzzing seal
-        maps seal() would never write)."""
-        ct = self._aead(dst).encrypt(_nonce(self.node, dst), mb, _aad(stamp))
-        return [ct[:-TAG_BYTES], ct[-TAG_BYTES:]]
+    def container(self, maps: list[bytes], dst: str | None = None, stamp: Stamp = NO_STAMP) -> bytes:
+        """One bundle payload holding envelopes' maps (map_bytes), all for `dst` (default: the one
+        peer this codec has a pair key for), under one seal with `stamp`; for a group, with an
+        origin tag for each other member (module doc)."""
+        if len(maps) > MAX_ENVELOPES_PER_BUNDLE:
+            raise ValueError(f"{len(maps)} envelopes in one bundle: at most {MAX_ENVELOPES_PER_BUNDLE}")
+        # the maps are embedded as they are: an array header followed by n encoded items is a
+        # valid CBOR array, so nothing is encoded again
+        return self.container_of(_array_header(len(maps)) + b"".join(maps), dst, stamp)
 
-    def container(self, sealed: list[bytes], dst: str | None = None, stamp: Stamp = NO_STAMP) -> bytes:
-        """One bundle payload holding several sealed envelopes (already CBOR), all for
-        `dst` (default: the one peer this codec has a pair key for) and sealed with `stamp`;
-        for a group, with an origin tag for each other member (module doc)."""
+    def container_of(self, plain: bytes, dst: str | None = None, stamp: Stamp = NO_STAMP) -> bytes:
+        """A bundle payload whose seal holds `plain` as it is (container(); tests and fuzzing seal
+        what container() would never write)."""
         _check_stamp(stamp)
         if dst is None:
             peers = [n for n in self.keys if n not in self.groups]
             if len(peers) != 1:
                 raise ValueError(f"a container needs its destination ({len(peers)} peers to choose from)")
             dst = peers[0]
-        # Sealed envelopes are embedded as they are: an array header followed by
-        # n encoded items is a valid CBOR array, so nothing is decoded again.
+        seal = self._aead(dst).encrypt(_nonce(self.node, dst), plain, _aad(stamp))
         body = (
             cbor2.dumps(CONTAINER_VERSION)
             + cbor2.dumps(self.node)
             + cbor2.dumps(dst)
             + cbor2.dumps(stamp[0])
             + cbor2.dumps(stamp[1])
-            + _array_header(len(sealed))
-            + b"".join(sealed)
+            + cbor2.dumps(seal)
         )
         if dst not in self.groups:
             return _array_header(6) + body
-        covered = b"".join(_item_digest(s) for s in sealed)
-        tags = [self._origin_tag(m, self.node, dst, covered, stamp) for m in sorted(self.groups[dst])]
+        tags = [self._origin_tag(m, self.node, dst, _seal_digest(seal), stamp) for m in sorted(self.groups[dst])]
         return _array_header(7) + body + cbor2.dumps(tags)
 
     def _origin_tag(self, peer: str, sender: str, group: str, covered: bytes, stamp: Stamp) -> bytes:
-        # the stamp too: the items' AEAD binds it already, this does not lean on how
+        # the stamp too: the seal binds it already, this does not lean on how
         msg = ORIGIN_CONTEXT + sender.encode() + b"\0" + group.encode() + b"\0" + _stamp_bytes(stamp) + covered
         return hmac.digest(self._key(peer), msg, "sha256")[:ORIGIN_TAG_BYTES]
 
@@ -759,96 +770,87 @@ class Codec:
     def open_container(self, payload: bytes) -> "Container":
         """Split a bundle payload (split_container) and check it is for this node: sent by a node,
         not a group, to this node or a group it is in."""
-        sender, dst, envs, tags, stamp = split_container(payload)
+        sender, dst, seal, tags, stamp = split_container(payload)
         if sender in self.groups:  # its key is every member's: a bundle "from" it proves nothing
             raise UnknownPeer(f"sender {sender!r} is a group, not a node")
         if dst != self.node and dst not in self.groups:
             raise Misrouted(f"bundle for {dst!r} reached {self.node!r}")
-        return Container(sender, envs, tags, dst=dst, stamp=stamp)
+        return Container(sender, seal, tags, dst=dst, stamp=stamp)
 
     def check_origin(self, c: "Container", group: str) -> None:
         """Raise BadTag unless `c` holds an origin tag for this node that the pair key
         shared with its sender proves (the sender sealed the group's envelopes in it)."""
-        if group in c.origin_ok:
-            return
-        if group in c.origin_bad:  # checked once a bundle: each item asks again (linear, not quadratic)
-            raise BadTag(c.origin_bad[group])
-        try:
-            self._check_origin(c, group)
-        except BadTag as e:
-            c.origin_bad[group] = str(e)
-            raise
-        c.origin_ok.add(group)
-
-    def _check_origin(self, c: "Container", group: str) -> None:
         if c.origin_tags is None:
-            raise BadTag(f"envelope for group {group!r} in a bundle from {short(c.sender)} without origin tags")
+            raise BadTag(f"bundle for group {group!r} from {short(c.sender)} without origin tags")
         members = sorted((set(self.groups[group]) | {self.node}) - {c.sender})
         if len(c.origin_tags) != len(members):
             raise BadTag(
                 f"{len(c.origin_tags)} origin tags for group {group!r} from {short(c.sender)}, expected "
                 f"{len(members)} (one per member but the sender): do the members' [groups] differ?"
             )
-        # open_container let only [ciphertext, tag] through: re-encoded, they are the bytes sent
-        covered = b"".join(_item_digest(cbor2.dumps(it)) for it in c.items)
-        want = self._origin_tag(c.sender, c.sender, group, covered, c.stamp)
+        want = self._origin_tag(c.sender, c.sender, group, _seal_digest(c.seal), c.stamp)
         if not hmac.compare_digest(want, c.origin_tags[members.index(self.node)]):
             raise BadTag(
                 f"origin tag for {self.node!r} does not match the key shared with {short(c.sender)}: "
                 f"envelopes for group {group!r} that {short(c.sender)} did not seal"
             )
 
-    def open(self, sender: str, sealed: object, container: "Container | None" = None) -> Envelope:
-        """Decrypt with the key of the destination (the container's: this node, whose pair key
-        with `sender` it is, or a group of both), then decode.  An envelope for a group is
-        opened only from a `container` whose origin tag for this node proves its sender
-        (check_origin)."""
-        if sender in self.groups:
-            raise UnknownPeer(f"sender {short(sender)} is a group, not a node")
-        if isinstance(sealed, (bytes, bytearray)):
-            if container is not None:  # inside a bundle only the form its origin tags cover is opened
-                raise Malformed("sealed envelope wrapped in a byte string inside a bundle")
-            try:
-                sealed = strict_loads(sealed, max_depth=1)
-            except StrictCBORError as e:
-                raise Malformed(f"sealed envelope is not strict CBOR: {e}") from None
-        if not isinstance(sealed, list) or len(sealed) != 2:
-            raise Malformed("sealed envelope is not [ciphertext, tag]")
-        ct, tag = sealed
-        if not isinstance(ct, bytes) or not isinstance(tag, bytes):
-            raise Malformed("sealed envelope items are not byte strings")
-        if len(ct) > MAX_ENVELOPE_BYTES:
-            raise Oversize(f"envelope of {len(ct)} bytes exceeds {MAX_ENVELOPE_BYTES}")
-        if len(tag) != TAG_BYTES:
-            raise BadTag(f"tag of {len(tag)} bytes, expected {TAG_BYTES}")
-        dst = container.dst if container is not None else self.node
+    def open_items(self, c: "Container") -> list:
+        """The maps of a bundle's envelopes: its seal opened with the key of its destination (this
+        node, whose pair key with the sender it is, or a group of both, once the origin tag for
+        this node proves the sender: check_origin), then decoded as one strict CBOR array.
+        Anything wrong refuses the whole bundle (open() then takes each map)."""
+        sender, dst = c.sender, c.dst
         if dst in self.groups:
             if sender not in self.groups[dst]:
                 raise BadTag(f"{short(sender)} is not a member of group {dst!r}")
-            if container is None or container.sender != sender:
-                raise BadTag(f"envelope for group {dst!r} outside a bundle proving its origin")
-            self.check_origin(container, dst)
+            self.check_origin(c, dst)
             keyname = dst
         elif dst == self.node:
             keyname = sender
         else:
-            raise Misrouted(f"envelope for {dst!r} reached {self.node!r}")
+            raise Misrouted(f"bundle for {dst!r} reached {self.node!r}")
         try:
-            stamp = container.stamp if container is not None else NO_STAMP
-            mb = self._aead(keyname).decrypt(_nonce(sender, dst), ct + tag, _aad(stamp))
+            plain = self._aead(keyname).decrypt(_nonce(sender, dst), c.seal, _aad(c.stamp))
         except InvalidTag:
             raise BadTag(
                 f"authentication tag does not match the key of {short(keyname)}"
                 + (" (the group's)" if keyname != sender else "")
             ) from None
+        n, at = _array_count(plain)
+        if n > MAX_ENVELOPES_PER_BUNDLE:
+            raise Oversize(f"{n} envelopes in one bundle exceeds {MAX_ENVELOPES_PER_BUNDLE}")
+        if n == 0:
+            raise Malformed("a seal of no envelopes")
+        # one walk over the maps (flat, strict) for where each starts; each is decoded on its
+        # own when it is opened, so a bundle never holds more than one map decoded at a time
+        ends: list[int] = []
         try:
-            m = strict_loads(mb, max_depth=1)
+            strict_check(plain[at:], max_depth=1, sequence=True, max_items=n * (1 + 2 * MAP_ENTRIES_MAX), ends=ends)
+        except StrictCBORError as e:
+            raise Malformed(f"sealed envelopes are not a strict CBOR array of flat items: {e}") from None
+        if len(ends) - 1 != n:
+            raise Malformed(f"sealed envelopes: an array of {n} holding {len(ends) - 1} items")
+        return [plain[at + a : at + b] for a, b in zip(ends, ends[1:])]
+
+    def open(self, c: "Container", mb: bytes) -> Envelope:
+        """One envelope of `c` from its map's bytes (open_items): decoded and checked, its body
+        decompressed within what the bundle may still open to."""
+        if len(mb) > MAX_ENVELOPE_BYTES:
+            raise Oversize(f"envelope of {len(mb)} bytes exceeds {MAX_ENVELOPE_BYTES}")
+        try:
+            m = strict_loads(mb, max_depth=1, max_items=1 + 2 * MAP_ENTRIES_MAX)
         except StrictCBORError as e:
             raise Malformed(f"envelope map is not strict CBOR: {e}") from None
-        env = self._from_map(m, sender, dst, container.plain_left if container is not None else MAX_BODY_BYTES, stamp)
-        if container is not None:
-            container.plain_left -= len(env.body)
+        env = self._from_map(m, c.sender, c.dst, c.plain_left, c.stamp)
+        c.plain_left -= len(env.body)
         return env
+
+    def open_bundle(self, payload: bytes) -> list[Envelope]:
+        """Every envelope of a bundle payload, or the first error (tests and tools; the node
+        refuses envelopes one by one)."""
+        c = self.open_container(payload)
+        return [self.open(c, m) for m in self.open_items(c)]
 
     def _from_map(
         self, m: object, sender: str, dst: str, budget: int = MAX_BODY_BYTES, stamp: Stamp = NO_STAMP
@@ -951,6 +953,8 @@ class Codec:
             app = APP_NAMES[app]
         elif not isinstance(app, str):
             raise Malformed(f"envelope app has the wrong type: {short(app)}")
+        elif len(app.encode()) > APP_MAX_BYTES:
+            raise Malformed(f"envelope app {short(app)} is over {APP_MAX_BYTES} bytes")
         wire = get(K_BODY, bytes, "body", b"")
         self.last_wire_body = len(wire)
         try:
@@ -994,11 +998,9 @@ class Container:
     """A bundle payload split by Codec.open_container (shape checked, nothing opened)."""
 
     sender: str
-    items: list
+    seal: bytes  # ciphertext | tag (Codec.open_items)
     origin_tags: list[bytes] | None = None  # group bundles: one per member but the sender
     dst: str = ""  # this node, or a group it is in
-    origin_ok: set = field(default_factory=set)  # groups whose origin tag was checked
-    origin_bad: dict = field(default_factory=dict)  # group -> why its origin tag failed (raised again)
     plain_left: int = MAX_BUNDLE_PLAIN_BYTES  # plain body bytes its envelopes may still open to
     stamp: Stamp = NO_STAMP  # its base second and incarnation (every envelope's associated data)
 
@@ -1021,15 +1023,16 @@ def builtin_dictionary(version: int = 2) -> bytes:
     return resources.files("c2dtn.overlay").joinpath("data", name).read_bytes()
 
 
-def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None, Stamp]:
-    """(sender, destination, items, origin tags or None, stamp) of a bundle payload, checked for shape
-    alone, in the strict CBOR subset (what a relay reads too).  Every item must be [ciphertext,
-    16-byte tag], the one form that is opened and that origin tags cover: a bundle with any item
-    in another form is refused whole."""
+def split_container(payload: bytes) -> tuple[str, str, bytes, list[bytes] | None, Stamp]:
+    """(sender, destination, seal, origin tags or None, stamp) of a bundle payload, checked for
+    shape alone, in the strict CBOR subset (what a relay reads too)."""
     if len(payload) > MAX_CONTAINER_BYTES:
         raise Oversize(f"bundle payload of {len(payload)} bytes exceeds {MAX_CONTAINER_BYTES}")
+    if payload[:1] in (b"\x86", b"\x87") and len(payload) > 1 and payload[1] < 24 and payload[1] != CONTAINER_VERSION:
+        # another version's container (its shape need not pass this one's checks): said as such
+        raise BadVersion(f"container version {payload[1]}, this node speaks {CONTAINER_VERSION}")
     try:
-        obj = strict_loads(payload, max_depth=3, max_items=CONTAINER_ITEMS_MAX)
+        obj = strict_loads(payload, max_depth=2, max_items=CONTAINER_ITEMS_MAX)
     except StrictCBORError as e:
         raise Malformed(f"bundle payload is not strict CBOR: {e}") from None
     if not isinstance(obj, list) or not obj:
@@ -1038,28 +1041,15 @@ def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None,
         raise BadVersion(f"container version {short(obj[0])}, this node speaks {CONTAINER_VERSION}")
     if len(obj) not in (6, 7):
         raise Malformed(f"bundle payload is not a 6- or 7-item array: {short(obj)}")
-    _, sender, dst, base, inc, envs = obj[:6]
+    _, sender, dst, base, inc, seal = obj[:6]
     for what, name in (("sender", sender), ("destination", dst)):
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise Malformed(f"{what} is not a node id: {short(name)}")
     for what, v, hi in (("base second", base, MAX_BASE_S), ("incarnation", inc, (1 << INC_BITS) - 1)):
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= hi:
             raise Malformed(f"container {what} {short(v)} is not an integer from 0 to {hi}")
-    if not isinstance(envs, list):
-        raise Malformed(f"envelopes are not an array: {short(envs)}")
-    if len(envs) > MAX_ENVELOPES_PER_BUNDLE:
-        raise Oversize(f"{len(envs)} envelopes in one bundle exceeds {MAX_ENVELOPES_PER_BUNDLE}")
-    for i, it in enumerate(envs):
-        if not (
-            isinstance(it, list)
-            and len(it) == 2
-            and isinstance(it[0], bytes)
-            and isinstance(it[1], bytes)
-            and len(it[1]) == TAG_BYTES
-        ):
-            raise Malformed(
-                f"item {i} is not [ciphertext, {TAG_BYTES}-byte tag] but {short(it)}: the whole bundle is refused"
-            )
+    if not isinstance(seal, bytes) or len(seal) <= TAG_BYTES:
+        raise Malformed(f"seal is not a byte string of ciphertext and a {TAG_BYTES}-byte tag: {short(seal)}")
     tags = obj[6] if len(obj) == 7 else None
     if tags is not None and (
         not isinstance(tags, list)
@@ -1069,7 +1059,7 @@ def split_container(payload: bytes) -> tuple[str, str, list, list[bytes] | None,
         raise Malformed(
             f"origin tags are not up to {MAX_GROUP_MEMBERS} byte strings of {ORIGIN_TAG_BYTES}: {short(tags)}"
         )
-    return sender, dst, envs, tags, (base, inc)
+    return sender, dst, seal, tags, (base, inc)
 
 
 def _check_stamp(stamp: Stamp) -> None:
@@ -1097,9 +1087,23 @@ def _nonce(sender: str, dst: str) -> bytes:
     return hashlib.sha256(NONCE_CONTEXT + sender.encode() + b"\0" + dst.encode()).digest()[:12]
 
 
-def _item_digest(sealed: bytes) -> bytes:
-    """What an origin tag covers of one sealed envelope (its CBOR bytes as sent)."""
-    return hashlib.sha256(sealed).digest()[:TAG_BYTES]
+def _seal_digest(seal: bytes) -> bytes:
+    """What an origin tag covers of a bundle's envelopes (its seal as sent)."""
+    return hashlib.sha256(seal).digest()[:TAG_BYTES]
+
+
+def _array_count(data: bytes) -> tuple[int, int]:
+    """(items, head length) of the definite-length CBOR array `data` starts with (Malformed if
+    it does not): read before anything is decoded, so a count over the bound costs nothing."""
+    if not data or data[0] >> 5 != 4 or data[0] & 31 > 27:
+        raise Malformed(f"sealed envelopes are not an array: {short(data)}")
+    ai = data[0] & 31
+    if ai < 24:
+        return ai, 1
+    w = 1 << (ai - 24)
+    if len(data) < 1 + w:
+        raise Malformed("sealed envelopes: the array's head is cut short")
+    return int.from_bytes(data[1 : 1 + w], "big"), 1 + w
 
 
 def _array_header(n: int) -> bytes:

@@ -18,10 +18,9 @@ route to "*" makes an island the one for every node no island names.  An overlay
 one island reaches a node of another by addressing the relay (`[relays] prt-gw = "tacnet"`
 in its node configuration).
 
-Why the relay needs no keys: a container carries its sender in the clear and each sealed
-envelope's map (destination included) in the clear beside its HMAC tag (overlay.envelope);
-the relay reads the destination, never opens or changes anything, and the end nodes check
-the tags with the keys only they share.  Acknowledgements are envelopes too and cross the
+Why the relay needs no keys: a container carries its sender and destination in the clear
+beside the seal of its envelopes (overlay.envelope); the relay reads the destination, never
+opens or changes anything, and the end nodes check the seal with the keys only they share.  Acknowledgements are envelopes too and cross the
 same way, so custody stays end to end: the relay holds a payload durably from the moment
 its agent delivered it until the other island's agent has taken it, and what it loses in a
 crash before its commit the origin sends again.
@@ -46,7 +45,7 @@ from c2dtn.confref import table
 from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.agent import AgentError
 from c2dtn.overlay.config import NodeConfig, load_node_config, parse_listen
-from c2dtn.overlay.envelope import EnvelopeError, split_container
+from c2dtn.overlay.envelope import TAG_BYTES, EnvelopeError, split_container
 from c2dtn.overlay.store.queue import QueueError, SqliteQueue
 from c2dtn.private import private_dir
 from c2dtn.tomlfile import check_name, read_toml
@@ -161,10 +160,10 @@ def payload_destination(payload: bytes) -> str:
     it (envelope.split_container): the relay checks no tag, so this is all that stands between
     a peer's bytes and its event loop."""
     try:
-        _, dst, envs, _, _ = split_container(payload)
+        _, dst, seal, _, _ = split_container(payload)
     except EnvelopeError as e:
         raise Unroutable(f"not an overlay container ({e.reason}): {e}") from None
-    if not envs:
+    if len(seal) <= TAG_BYTES + 1:  # (an empty array of maps, sealed)
         raise Unroutable("not an overlay container: no envelopes")
     return dst
 

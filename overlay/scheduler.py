@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from c2dtn.overlay.custody import Custody
 from c2dtn.overlay.envelope import (
     MAX_BUNDLE_PLAIN_BYTES,
+    MAX_ENVELOPES_PER_BUNDLE,
     SN_MOD,
     Codec,
     Envelope,
@@ -436,7 +437,7 @@ class Scheduler:
                 floors[it.priority] = self.store.floor(dst, it.priority)
         none: AckSeqs = {} if isinstance(ack_seqs, dict) else ([], [])  # the acks ride in the first bundle only
         bundles: list[Outgoing] = []
-        sealed: list[bytes] = []
+        maps: list[bytes] = []  # the envelopes' maps, sealed together (envelope.Codec.container)
         seqs: list[int] = []
         size = 0
         rtx = 0
@@ -455,42 +456,42 @@ class Scheduler:
                 body=encode_ack_body(ack_seqs if isinstance(ack_seqs, dict) else {dst: ack_seqs}, holds),
                 inc=stamp[1],
             )
-            sealed.append(self.codec.seal(ack, stamp=stamp))
-            size = len(sealed[0])
+            maps.append(self.codec.map_bytes(ack, stamp=stamp))
+            size = len(maps[0])
         small = self.cfg.aggregate_bytes
         large = max(small, self.cfg.aggregate_large_bytes)
-        plain = sum(len(e) for e in sealed)  # the acks' bodies are plain
-        wire = body = 0  # sealed and plain bytes of the data envelopes (the path's wire_ratio)
+        plain = sum(len(e) for e in maps)  # the acks' bodies are plain
+        wire = body = 0  # map and plain bytes of the data envelopes (the path's wire_ratio)
         all_large = True  # every envelope in the bundle so far is over `small` (they share up to `large`)
         for it in items:
             sn = self._sn.get(dst, 0)
             self._sn[dst] = (sn + 1) % SN_MOD
             env = replace(it.envelope(self.codec.node, floors[it.priority], self.store.inc), sn=sn)
-            s = self.codec.seal(env, delta=it.attempts == 0, stamp=stamp)
+            s = self.codec.map_bytes(env, delta=it.attempts == 0, stamp=stamp)
             cap = large if len(s) > small and all_large else small
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
             # over the aggregate size anyway (the acks ride along rather than go on their own);
             # and before its bodies, decompressed, pass what a receiver opens of one bundle
-            if sealed and (
-                (size + len(s) > cap and (seqs or len(s) <= cap)) or plain + len(env.body) > MAX_BUNDLE_PLAIN_BYTES
+            if maps and (
+                (size + len(s) > cap and (seqs or len(s) <= cap))
+                or plain + len(env.body) > MAX_BUNDLE_PLAIN_BYTES
+                or len(maps) >= MAX_ENVELOPES_PER_BUNDLE
             ):
                 bundles.append(
-                    Outgoing(
-                        dst, self.codec.container(sealed, dst, stamp), seqs, ack_seqs if not bundles else none, rtx
-                    )
+                    Outgoing(dst, self.codec.container(maps, dst, stamp), seqs, ack_seqs if not bundles else none, rtx)
                 )
-                sealed, seqs, size, rtx, all_large, plain = [], [], 0, 0, True, 0
+                maps, seqs, size, rtx, all_large, plain = [], [], 0, 0, True, 0
             all_large = all_large and len(s) > small
             wire += len(s)
             body += it.size
-            sealed.append(s)
+            maps.append(s)
             seqs.append(it.seq)
             size += len(s)
             plain += len(env.body)
             rtx += it.attempts > 0
-        if sealed:
+        if maps:
             bundles.append(
-                Outgoing(dst, self.codec.container(sealed, dst, stamp), seqs, ack_seqs if not bundles else none, rtx)
+                Outgoing(dst, self.codec.container(maps, dst, stamp), seqs, ack_seqs if not bundles else none, rtx)
             )
         if items:
             p = self.path(dst)

@@ -3,11 +3,11 @@
 
 Each frame is read down as far as it goes: Ethernet, IP and UDP or TCP headers; for a bundle
 of the UDP convergence layer, its blocks (the primary block apart) around the payload; for a
-c2dtn container in the payload, its framing, and for each sealed envelope in it, the seal (its
-AEAD tag and CBOR framing), the envelope's fields and its body as sent.  Envelopes are opened
+c2dtn container in the payload, its framing, its seal (the AEAD tag and the framing of the
+sealed array, one a bundle) and, for each envelope in it, its fields and its body as sent.  Envelopes are opened
 with the run's own keys (the node configs), so the split is of the bytes as they crossed the
 link.  A data envelope already seen (same origin, incarnation and sequence number) is a
-retransmission and counted as such whole; an ack envelope is counted whole as acks.  TCP
+retransmission and counted as such whole (its map); an ack envelope is counted whole as acks.  TCP
 payload (the Mosquitto bridge) stays one layer: MQTT.
 """
 
@@ -31,11 +31,11 @@ LAYERS = (
     ("primary", "bundle primary block"),
     ("blocks", "other bundle blocks and the payload block's framing"),
     ("container", "container framing (sender, destination, arrays, origin tags)"),
-    ("seal", "seal of new data envelopes (AEAD tag, CBOR framing)"),
+    ("seal", "seals (AEAD tag and its CBOR framing, one a bundle)"),
     ("fields", "fields of new data envelopes (ids, times, priority, order, key)"),
     ("body", "bodies of new data envelopes, as sent (compressed)"),
-    ("retransmit", "retransmitted data envelopes (seal, fields, body)"),
-    ("acks", "ack envelopes (seal, fields, ack body)"),
+    ("retransmit", "retransmitted data envelopes (fields, body)"),
+    ("acks", "ack envelopes (fields, ack body)"),
     ("mqtt", "TCP payload (MQTT)"),
     ("mqttsn", "UDP payload to or from an MQTT-SN gateway (MQTT-SN)"),
     ("other", "frames that are neither (ARP, ICMP, neighbour discovery, unreadable)"),
@@ -52,7 +52,7 @@ class Split:
     ack_only_bundles: int = 0
     data_envelopes: int = 0  # new ones
     retransmitted: int = 0
-    unopened: int = 0  # envelopes no key here opens (counted as body)
+    unopened: int = 0  # bundles no key here opens (their seals counted as body)
     dropped: int = 0  # frames the emulator dropped (marked in the capture; not in the bytes)
     dropped_bytes: int = 0
 
@@ -142,7 +142,7 @@ def _bundle(data: bytes, codecs: dict[str, Codec], seen: set, sp: Split) -> None
         blocks = cbor2.loads(data)
         primary = blocks[0]
         payload = next(b[4] for b in blocks[1:] if b[0] == 1)
-        sender, dst, items, tags, _ = split_container(payload)
+        sender, dst, seal, tags, _ = split_container(payload)
     except (cbor2.CBORDecodeError, EnvelopeError, IndexError, TypeError, KeyError, StopIteration, ValueError):
         sp.bytes["other"] += len(data)
         return
@@ -152,27 +152,28 @@ def _bundle(data: bytes, codecs: dict[str, Codec], seen: set, sp: Split) -> None
     codec = codecs.get(dst) or next(
         (c for n, c in codecs.items() if dst in c.groups and n != sender and sender in c.groups[dst]), None
     )
-    inner = 0
-    container = None
+    sealed = len(cbor2.dumps(seal))  # the seal as sent
+    sp.bytes["container"] += len(payload) - sealed
+    maps = None
     if codec is not None:
         try:
             container = codec.open_container(payload)
+            maps = codec.open_items(container)
         except EnvelopeError:
-            container = None
+            maps = None
+    if maps is None:
+        sp.unopened += 1
+        sp.bytes["body"] += sealed
+        return
+    inner = 0
     data_here = False
-    for it in items:
-        raw = len(cbor2.dumps(it))
+    for m in maps:
+        raw = len(m)
         inner += raw
-        ct, _tag = it
-        env = None
-        if container is not None:
-            try:
-                env = codec.open(sender, it, container)  # type: ignore[union-attr]
-            except EnvelopeError:
-                env = None
-        if env is None:
-            sp.unopened += 1
-            sp.bytes["body"] += raw
+        try:
+            env = codec.open(container, m)  # type: ignore[union-attr]
+        except EnvelopeError:
+            sp.bytes["other"] += raw
             continue
         if env.kind == Kind.ACK:
             sp.bytes["acks"] += raw
@@ -185,10 +186,9 @@ def _bundle(data: bytes, codecs: dict[str, Codec], seen: set, sp: Split) -> None
         seen.add(env.msg_id)
         sp.data_envelopes += 1
         body = codec.last_wire_body  # type: ignore[union-attr]  (as it travelled: compressed)
-        sp.bytes["seal"] += raw - len(ct)
         sp.bytes["body"] += body
-        sp.bytes["fields"] += len(ct) - body
-    sp.bytes["container"] += len(payload) - inner
+        sp.bytes["fields"] += raw - body
+    sp.bytes["seal"] += sealed - inner  # the tag, the seal's and the array's headers
     if not data_here:
         sp.ack_only_bundles += 1
 

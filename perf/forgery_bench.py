@@ -10,13 +10,15 @@ member: the group key and nor's pair keys) or an outsider who captured the traff
 
   spoof-untagged    nor seals a group envelope with deu as its origin, no origin tags
   spoof-tagged      the same, with origin tags made under the keys nor has
-  splice            a genuine deu group bundle, its origin tags kept, nor's envelope inside
-  splice-wrapped    a genuine deu group bundle with nor's envelope (deu named as origin) appended
-                    as a byte string holding [map, tag]: a form the origin tags once did not cover
-  splice-wrapped-ack  the same with a "done" ack in deu's name for a report prt holds for the group
-  mutate            a genuine deu group bundle under 1-3 structural mutations of its container
-                    (an item wrapped, nested or reshaped, items reordered, duplicated, dropped or
-                    added, origin tags reordered or duplicated), added items re-sealed by nor
+  splice            a genuine deu group bundle, its origin tags kept, nor's seal in it (deu named as
+                    the origin of nor's envelope)
+  splice-added      a genuine deu group bundle, its origin tags kept, its envelopes opened by nor
+                    (a member) and sealed again under the group key with nor's envelope added
+  splice-added-ack  the same with a "done" ack in deu's name for a report prt holds for the group
+  mutate            a genuine deu group bundle under 1-3 mutations (MUTATIONS): its envelopes
+                    sealed again by nor, reordered, duplicated, dropped, added or replaced; its
+                    seal cut, extended, wrapped in a byte string or nested in an array; its
+                    origin tags reordered, duplicated or dropped
   as-group          nor speaks as the group itself: sender and origin "fmn", sealed with the
                     group key as if it were a pair key (an order, or a "done" ack for prt's report)
   spoof-pair        nor seals a direct envelope to prt naming deu, under the nor-prt key
@@ -60,8 +62,8 @@ CLASSES = (
     "spoof-untagged",
     "spoof-tagged",
     "splice",
-    "splice-wrapped",
-    "splice-wrapped-ack",
+    "splice-added",
+    "splice-added-ack",
     "mutate",
     "as-group",
     "spoof-pair",
@@ -72,7 +74,25 @@ CLASSES = (
     "outsider",
     "control",
 )
-MUTATIONS = ("wrap", "nest", "reshape", "reorder", "duplicate", "drop", "add", "add-wrapped", "replace", "tags")
+MUTATIONS = ("reorder", "duplicate", "drop", "add", "replace", "cut", "extend", "wrap", "nest", "tags")
+RESEALED = ("reorder", "duplicate", "drop", "add", "replace")  # nor opens the envelopes and seals them again
+
+
+def _changed(rng: random.Random, how: str, maps: list[bytes], fresh: bytes) -> list[bytes]:
+    """A genuine bundle's maps, changed as `how` says (RESEALED)."""
+    maps = list(maps)
+    i = rng.randrange(len(maps)) if maps else 0
+    if how == "reorder":
+        rng.shuffle(maps)
+    elif how == "duplicate" and maps:
+        maps.insert(rng.randrange(len(maps) + 1), maps[i])
+    elif how == "drop" and len(maps) > 1:
+        del maps[i]
+    elif how == "add":
+        maps.insert(rng.randrange(len(maps) + 1), fresh)
+    elif how == "replace" and maps:
+        maps[i] = fresh
+    return maps
 
 
 def pair_key(a: str, b: str) -> bytes:
@@ -111,6 +131,7 @@ class Campaign:
         self.now = 1_000
         self.captured: list[bytes] = []  # genuine bundles deu sent to prt or the group
         self._groups: list[bytes] | None = None  # those of them for the group
+        self._seals: dict | None = None  # the seals of the captured bundles, and their bundles
         self.seq = 1 << 40  # the forgers' seqs: never ones deu used, so dedupe cannot be what refuses them
         self.rows: dict[str, Counter] = {c: Counter() for c in CLASSES}
         self.reasons: dict[str, Counter] = {c: Counter() for c in CLASSES}
@@ -153,34 +174,28 @@ class Campaign:
         return (self.now // 1000, self.deu.store.inc)
 
     def build(self, cls: str) -> bytes:
-        from c2dtn.overlay.envelope import ITEMS_AT, Codec
+        from c2dtn.overlay.envelope import SEAL_AT, Codec
 
         lie = b"deu: fall back to phase line red %d" % self.seq
         st = self._stamp()
         if cls == "spoof-untagged":
-            as_deu = codec("nor", "deu")
-            bundle = as_deu.container([as_deu.seal(self._env(GROUP, lie), stamp=st)], GROUP, st)
-            return cbor2.dumps(cbor2.loads(bundle)[: ITEMS_AT + 1])
+            bundle = codec("nor", "deu").bundle([self._env(GROUP, lie)], GROUP, st)
+            return cbor2.dumps(cbor2.loads(bundle)[: SEAL_AT + 1])
         if cls == "spoof-tagged":
-            as_deu = codec("nor", "deu")
-            return as_deu.container([as_deu.seal(self._env(GROUP, lie), stamp=st)], GROUP, st)
-        if cls == "splice":  # nor's envelope sealed with the genuine bundle's own stamp
+            return codec("nor", "deu").bundle([self._env(GROUP, lie)], GROUP, st)
+        if cls == "splice":  # nor's seal with the genuine bundle's own stamp
             spliced = cbor2.loads(self.rng.choice(self._group_bundles()))
             st = (spliced[3], spliced[4])
-            spliced[ITEMS_AT] = [cbor2.loads(codec("nor", "deu").seal(self._env(GROUP, lie), stamp=st))]
+            spliced[SEAL_AT] = cbor2.loads(codec("nor", "deu").bundle([self._env(GROUP, lie)], GROUP, st))[SEAL_AT]
             return cbor2.dumps(spliced)
-        if cls in ("splice-wrapped", "splice-wrapped-ack"):
+        if cls in ("splice-added", "splice-added-ack"):
             spliced = cbor2.loads(self.rng.choice(self._group_bundles()))
-            st = (spliced[3], spliced[4])
             forged = (
                 self._ack(self.prt_report)
                 if cls.endswith("ack")
                 else self._env(GROUP, lie, priority=self.Priority.FLASH)
             )
-            spliced[ITEMS_AT].append(
-                codec("nor", "deu").seal(forged, stamp=st)
-            )  # bytes: the sealed [ciphertext, tag], wrapped
-            return cbor2.dumps(spliced)
+            return cbor2.dumps(self._resealed(spliced, lambda maps, fresh: maps + [fresh], forged))
         if cls == "mutate":
             return cbor2.dumps(self._mutate(cbor2.loads(self.rng.choice(self._group_bundles())), lie))
         if cls == "as-group":
@@ -202,16 +217,16 @@ class Campaign:
                     body=self._ack(self.prt_report).body,
                 )
             )
-            return as_group.container([as_group.seal(env, stamp=st)], stamp=st)
+            return as_group.bundle([env], "prt", st)
         if cls == "spoof-pair":
             as_deu = Codec("deu", {"prt": pair_key("nor", "prt")})
-            return as_deu.container([as_deu.seal(self._env("prt", lie), stamp=st)], stamp=st)
+            return as_deu.bundle([self._env("prt", lie)], "prt", st)
         if cls == "outsider":
             stranger = Codec(
                 "deu", {n: self.rng.randbytes(32) for n in ("nor", "prt", "usa", GROUP)}, {GROUP: ("nor", "prt", "usa")}
             )
             dst = self.rng.choice(["prt", GROUP])
-            return stranger.container([stranger.seal(self._env(dst, lie), stamp=st)], dst, st)
+            return stranger.bundle([self._env(dst, lie)], dst, st)
         if cls == "restamp":
             obj = cbor2.loads(self.rng.choice(self.captured))
             if self.rng.random() < 0.5:
@@ -230,15 +245,15 @@ class Campaign:
         if cls == "control":
             deu = codec("deu")
             dst = self.rng.choice(["prt", GROUP])
-            return deu.container([deu.seal(self._env(dst, b"deu (compromised) %d" % self.seq), stamp=st)], dst, st)
+            return deu.bundle([self._env(dst, b"deu (compromised) %d" % self.seq)], dst, st)
         raise ValueError(f"unknown class {cls!r}: " + ", ".join(CLASSES))
 
     def _group_bundles(self) -> list[bytes]:
-        """The captured bundles for the group (with origin tags after the envelopes), found once."""
-        from c2dtn.overlay.envelope import ITEMS_AT
+        """The captured bundles for the group (with origin tags after the seal), found once."""
+        from c2dtn.overlay.envelope import SEAL_AT
 
         if self._groups is None:
-            self._groups = [p for p in self.captured if len(cbor2.loads(p)) == ITEMS_AT + 2]
+            self._groups = [p for p in self.captured if len(cbor2.loads(p)) == SEAL_AT + 2]
         return self._groups
 
     def _ack(self, seq: int):
@@ -258,55 +273,62 @@ class Campaign:
             inc=self.deu.store.inc,
         )
 
-    def _mutate(self, obj: list, lie: bytes) -> list:
-        """1-3 structural mutations of a genuine group container (MUTATIONS); added items are
-        nor's, sealed with the group key, deu's name as their origin and the container's stamp."""
-        from c2dtn.overlay.envelope import ITEMS_AT
+    def _resealed(self, obj: list, change, fresh) -> list:
+        """A genuine group container whose envelopes nor (a member) opened, changed with
+        change(maps, fresh map) and sealed again under the group key with the container's
+        stamp, in deu's name; deu's origin tags kept."""
+        from c2dtn.overlay.envelope import SEAL_AT
 
-        items, forger, st = obj[ITEMS_AT], codec("nor", "deu"), (obj[3], obj[4])
-        for m in self.rng.sample(MUTATIONS, self.rng.randint(1, 3)):
-            i = self.rng.randrange(len(items)) if items else 0
-            fresh = forger.seal(self.rng.choice([self._env(GROUP, lie), self._ack(self.prt_report)]), stamp=st)
-            if m == "wrap" and items:
-                items[i] = cbor2.dumps(items[i])
-            elif m == "nest" and items:
-                items[i] = [items[i]]
-            elif m == "reshape" and items and isinstance(items[i], list) and len(items[i]) == 2:
-                items[i] = self.rng.choice(
-                    [
-                        [*items[i], b""],
-                        items[i][:1],
-                        items[i][::-1],
-                        [items[i][0], items[i][1][:8]],
-                        {0: items[i][0], 1: items[i][1]},
-                    ]
-                )
-            elif m == "reorder":
-                self.rng.shuffle(items)
-            elif m == "duplicate" and items:
-                items.insert(self.rng.randrange(len(items) + 1), items[i])
-            elif m == "drop" and len(items) > 1:
-                del items[i]
-            elif m == "add":
-                items.insert(self.rng.randrange(len(items) + 1), cbor2.loads(fresh))
-            elif m == "add-wrapped":
-                items.insert(self.rng.randrange(len(items) + 1), fresh)
-            elif m == "replace" and items:
-                items[i] = cbor2.loads(fresh)
-            elif m == "tags" and obj[ITEMS_AT + 1]:
-                t = obj[ITEMS_AT + 1]
-                obj[ITEMS_AT + 1] = self.rng.choice([t[::-1], t + t[:1], t[1:]])
+        nor, forger, st = codec("nor"), codec("nor", "deu"), (obj[3], obj[4])
+        c = nor.open_container(cbor2.dumps(obj))
+        maps = nor.open_items(c)
+        sealed = cbor2.loads(forger.container(change(maps, forger.map_bytes(fresh, stamp=st)), GROUP, st))
+        obj[SEAL_AT] = sealed[SEAL_AT]
+        return obj
+
+    def _mutate(self, obj: list, lie: bytes) -> list:
+        """1-3 mutations of a genuine group container (MUTATIONS): what nor adds is sealed by nor
+        with the group key, deu's name as its origin and the container's stamp."""
+        from c2dtn.overlay.envelope import SEAL_AT
+
+        rng = self.rng
+        genuine = cbor2.dumps(obj)
+        hows = rng.sample(MUTATIONS, rng.randint(1, 3))
+        for m in hows:
+            fresh = rng.choice([self._env(GROUP, lie), self._ack(self.prt_report)])
+            seal = obj[SEAL_AT]
+            if m in RESEALED and isinstance(seal, bytes):
+                try:
+                    obj = self._resealed(obj, lambda maps, f, m=m: _changed(rng, m, maps, f), fresh)
+                except Exception:  # an earlier mutation left nothing nor can open: leave it
+                    pass
+            elif m == "cut" and isinstance(seal, bytes):
+                obj[SEAL_AT] = seal[: rng.randrange(len(seal))]
+            elif m == "extend" and isinstance(seal, bytes):
+                obj[SEAL_AT] = seal + rng.randbytes(rng.randint(1, 40))
+            elif m == "wrap":
+                obj[SEAL_AT] = cbor2.dumps(seal)
+            elif m == "nest":
+                obj[SEAL_AT] = [seal]
+            elif m == "tags" and obj[SEAL_AT + 1]:
+                t = obj[SEAL_AT + 1]
+                obj[SEAL_AT + 1] = rng.choice([t[::-1], t + t[:1], t[1:]])
+        if cbor2.dumps(obj) == genuine:  # (one envelope reordered, or dropped: sealed again, the same bytes)
+            obj[SEAL_AT] = obj[SEAL_AT] + rng.randbytes(rng.randint(1, 40))
         return obj
 
     def _genuine_acks(self, payload: bytes) -> int:
-        """Ack envelopes of deu's own in a bundle that are genuine (spliced bundles start from one)."""
-        from c2dtn.overlay.envelope import ITEMS_AT, EnvelopeError, Kind
+        """Ack envelopes of deu's own in a bundle whose seal is one deu made (spliced bundles
+        start from one): those are genuine, whatever else was done to the bundle."""
+        from c2dtn.overlay.envelope import SEAL_AT, EnvelopeError, Kind
 
+        if self._seals is None:
+            self._seals = {cbor2.loads(p)[SEAL_AT]: p for p in self.captured}
         try:
-            obj = cbor2.loads(payload)
-            lists = [it for it in obj[ITEMS_AT] if isinstance(it, list)]
-            c = self.prt.codec.open_container(cbor2.dumps(obj[:ITEMS_AT] + [lists] + obj[ITEMS_AT + 1 :]))
-            return sum(self.prt.codec.open(c.sender, it, c).kind == Kind.ACK for it in c.items)
+            genuine = self._seals.get(cbor2.loads(payload)[SEAL_AT])
+            if genuine is None:
+                return 0
+            return sum(e.kind == Kind.ACK for e in codec("prt").open_bundle(genuine))
         except (EnvelopeError, Exception):
             return 0
 
@@ -327,7 +349,7 @@ class Campaign:
             why[f"crash: {type(e).__name__}"] += 1
             return
         row["accepted"] += res.taken
-        if cls in ("splice-wrapped-ack", "mutate", "as-group"):  # an ack taken in another's name is a forgery taken
+        if cls in ("splice-added-ack", "mutate", "as-group"):  # an ack taken in another's name is a forgery taken
             row["accepted"] += max(0, res.acks - self._genuine_acks(payload))
         row["duplicates"] += res.duplicates
         row["expired_or_stale"] += res.data - res.taken - res.duplicates

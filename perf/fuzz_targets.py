@@ -129,7 +129,7 @@ _SEALER = E.Codec(PEER, {ME: KEY})
 
 
 def _envelope(data: bytes) -> None:
-    env = _CODEC.open(PEER, _SEALER.seal_bytes(data, ME))
+    (env,) = _CODEC.open_bundle(_SEALER.container([data], ME))
     if env.kind == E.Kind.ACK:  # as the node reads it, once opened
         E.decode_ack_body(env.body, "gw4/1f2e3d4c")
 
@@ -148,8 +148,8 @@ def _envelope_seeds() -> list[bytes]:
 # -- a whole bundle payload: the container, then every envelope in it ----------------------
 def _container(data: bytes) -> None:
     c = _CODEC.open_container(data)
-    for it in c.items:
-        _CODEC.open(c.sender, it, c)
+    for m in _CODEC.open_items(c):
+        _CODEC.open(c, m)
 
 
 def _container_seeds() -> list[bytes]:
@@ -159,9 +159,9 @@ def _container_seeds() -> list[bytes]:
     # another incarnation (its own in its map)
     st = (1_700_000_600, 9)
     return [
-        sealer.container([sealer.seal(_env()), sealer.seal(_env(seq=8, cseq=4))]),
-        member.container([member.seal(_env(dst="fmn")), member.seal(_env(dst="fmn", seq=8))], "fmn"),
-        sealer.container([sealer.seal(e, stamp=st) for e in (_env(inc=9), _env(seq=9, inc=4))], ME, st),
+        sealer.bundle([_env(), _env(seq=8, cseq=4)]),
+        member.bundle([_env(dst="fmn"), _env(dst="fmn", seq=8)], "fmn"),
+        sealer.bundle([_env(inc=9), _env(seq=9, inc=4)], ME, st),
     ]
 
 

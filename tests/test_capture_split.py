@@ -28,10 +28,10 @@ def _frame(payload: bytes) -> bytes:
 def test_split_counts_each_layer_once_and_adds_up(tmp_path: Path):
     gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
     report = b'{"unit":"DEU-UNIT001","lat":52.5,"lon":13.4}' * 3
-    first = gw1.container([gw1.seal(_env(1, report)), gw1.seal(_env(2, report))], "gw4")
-    again = gw1.container([gw1.seal(_env(2, report))], "gw4")  # a retransmission of 2
-    ack = gw4.container(
-        [gw4.seal(Envelope(Kind.ACK, "gw4", 1, "gw1", 0, 60_000, body=encode_ack_body({"gw1/7": ([1, 2], [])})))], "gw1"
+    first = gw1.bundle([_env(1, report), _env(2, report)], "gw4")
+    again = gw1.bundle([_env(2, report)], "gw4")  # a retransmission of 2
+    ack = gw4.bundle(
+        [Envelope(Kind.ACK, "gw4", 1, "gw1", 0, 60_000, body=encode_ack_body({"gw1/7": ([1, 2], [])}))], "gw1"
     )
     frames = [_frame(first), _frame(again), _frame(ack), bytes(Ether() / ARP())]
     pcap = tmp_path / "l.pcap"
@@ -46,9 +46,11 @@ def test_split_counts_each_layer_once_and_adds_up(tmp_path: Path):
     assert (sp.data_envelopes, sp.retransmitted, sp.unopened) == (2, 1, 0)
     assert sp.bytes["headers"] == 3 * (14 + 20 + 8)
     assert sp.bytes["other"] == len(frames[3])
-    # the bodies as sent are compressed (a repeated report shrinks), and the seal is the tag and framing
+    # the bodies as sent are compressed (a repeated report shrinks), and a bundle's seal is its tag
+    # and framing, once a bundle: the array head inside, the byte string's head outside (2 bytes:
+    # every seal here is 24 to 255 bytes)
     assert 0 < sp.bytes["body"] < 2 * len(report)
-    assert sp.bytes["seal"] == 2 * (16 + 1 + 1 + 2)  # [bstr ciphertext, bstr tag]: headers 1 + 2 + 1
+    assert sp.bytes["seal"] == 3 * (16 + 1 + 2)
     assert sp.bytes["retransmit"] > sp.bytes["seal"] // 2
     assert sp.bytes["acks"] > 16
 
@@ -75,7 +77,7 @@ def test_mqtt_sn_datagrams_count_as_mqtt_sn(tmp_path: Path):
 
 def test_envelopes_no_key_opens_are_counted_unopened(tmp_path: Path):
     gw1 = Codec("gw1", {"gw4": KEY})
-    payload = gw1.container([gw1.seal(_env(1, b"x" * 100))], "gw4")
+    payload = gw1.bundle([_env(1, b"x" * 100)], "gw4")
     pcap = tmp_path / "l.pcap"
     w = PcapWriter(str(pcap), linktype=1)
     w.write(_frame(payload))

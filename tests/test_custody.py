@@ -348,13 +348,14 @@ def test_receiver_dedupes_holds_gaps_and_skips_what_the_sender_gave_up(tmp_path)
 
 def test_malformed_bundles_and_envelopes_are_counted_and_the_rest_kept(tmp_path, caplog):
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
-    good = a.codec.seal(Envelope(Kind.DATA, "gw1", 1, "gw4", 0, 10**9, body=b"good"))
-    bad_tag = a.codec.seal(Envelope(Kind.DATA, "gw1", 2, "gw4", 0, 10**9, body=b"evil"))[:-1] + b"\x00"
-    res = b.on_bundle(a.codec.container([bad_tag, good]), 0)
-    assert res.data == 1 and len(res.rejected) == 1
-    # an item not in the one form a bundle holds ([map bytes, tag]) refuses the bundle whole
-    res1 = b.on_bundle(a.codec.container([good, cbor2.dumps([1, 2, 3])]), 0)
-    assert res1.data == 0 and len(res1.rejected) == 1 and "item 1 is not [ciphertext" in res1.rejected[0]
+    good = a.codec.map_bytes(Envelope(Kind.DATA, "gw1", 1, "gw4", 0, 10**9, body=b"good"))
+    evil = a.codec.container([a.codec.map_bytes(Envelope(Kind.DATA, "gw1", 2, "gw4", 0, 10**9, body=b"evil"))])
+    bad_tag = evil[:-1] + bytes([evil[-1] ^ 1])  # one bit of the tag: the whole bundle is refused
+    res = b.on_bundle(bad_tag, 0)
+    assert res.data == 0 and len(res.rejected) == 1 and "bad-tag" in res.rejected[0]
+    # a sealed map that is not an envelope refuses that envelope; the good one beside it is taken
+    res1 = b.on_bundle(a.codec.container([cbor2.dumps({3: 9}), good]), 0)
+    assert res1.data == 1 and len(res1.rejected) == 1 and "envelope 0 of a bundle" in res1.rejected[0]
     res2 = b.on_bundle(b"\x00garbage", 0)
     assert len(res2.rejected) == 1
     assert [d.body for d in b.take()] == [b"good"]
@@ -364,13 +365,12 @@ def test_malformed_bundles_and_envelopes_are_counted_and_the_rest_kept(tmp_path,
 
 
 def test_a_bundle_of_many_bad_items_writes_one_log_line(tmp_path, caplog):
-    """Defect: each item of an unauthenticated container was logged on a line of its own
-    (a 4 kB bundle wrote 404 kB of log)."""
+    """Defect: each item of a container was logged on a line of its own (a 4 kB bundle wrote
+    404 kB of log)."""
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
-    forged = [cbor2.dumps([b"m%d" % i, bytes(16)]) for i in range(300)]
-    payload = a.codec.container(forged)
+    payload = a.codec.container([cbor2.dumps({3: i}) for i in range(300)])  # no creation time
     res = b.on_bundle(payload, 0)
-    assert len(res.rejected) == 300 and b.store.counters()["rejected:bad-tag"] == 300
+    assert len(res.rejected) == 300 and b.store.counters()["rejected:malformed"] == 300
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("300 items of one bundle rejected"), lines[:3]
     assert len(lines[0]) < 400
@@ -1719,3 +1719,19 @@ def test_an_ack_is_resolved_against_what_was_sent_to_its_sender(tmp_path):
     assert c.held_in([(1, 2**40)], "gw4") == sorted(mine + [ours])
     assert c.held_in([(1, 2**40)], "gw8") == []
     assert len(c.held_in([(1, 2**40)])) == 5_004  # (unrestricted: every destination)
+
+
+def test_a_plan_of_more_envelopes_than_a_bundle_holds_goes_in_several_bundles(tmp_path):
+    """Finding of the attacker's review of decision 0023: a window and aggregate size large
+    enough for 5,000 empty envelopes made one plan of them, over what a bundle may hold; sealing
+    it raised, every poll, and the node sent nothing at all."""
+    from c2dtn.overlay.envelope import MAX_ENVELOPES_PER_BUNDLE
+
+    cfg = SchedulerConfig(init_window=1 << 20, aggregate_bytes=256 << 10)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    for _ in range(5000):
+        a.submit("gw4", b"", 0)
+    out = a.poll(0)
+    assert len(out) >= 2 and max(len(o.seqs) for o in out) <= MAX_ENVELOPES_PER_BUNDLE
+    assert sum(b.on_bundle(o.payload, 10).taken for o in out) == sum(len(o.seqs) for o in out)

@@ -87,7 +87,7 @@ def test_found_a_zstd_body_declaring_a_terabyte_is_refused_not_allocated():
     frame = b"\x28\xb5\x2f\xfd" + bytes([0xE0]) + struct.pack("<Q", 1 << 40) + b"\x01\x00\x00"
     mb = cbor2.dumps({3: 1, 4: 1, 5: 1, 9: int(E.Compression.ZSTD), 8: frame})
     with pytest.raises(E.Oversize, match="declares 1099511627776 bytes"):
-        _codec().open(PEER, E.Codec(PEER, {"gw4": KEY}).seal_bytes(mb, "gw4"))
+        _codec().open_bundle(E.Codec(PEER, {"gw4": KEY}).container([mb], "gw4"))
 
 
 def test_found_a_config_that_is_not_utf8_is_refused_naming_the_byte(tmp_path):

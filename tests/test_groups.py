@@ -15,7 +15,7 @@ from c2dtn.errors import ConfigError
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore
-from c2dtn.overlay.envelope import DELTA_OPEN_MAX, ITEMS_AT, BadTag, Codec, Envelope, Kind, Priority
+from c2dtn.overlay.envelope import DELTA_OPEN_MAX, SEAL_AT, BadTag, Codec, Envelope, Kind, Priority
 from c2dtn.overlay.scheduler import SchedulerConfig
 from c2dtn.overlay.store.memory import MemoryStore
 from c2dtn.topologies import model, testbed
@@ -168,20 +168,27 @@ def test_acks_release_a_group_envelope_only_from_its_members_and_only_when_all_t
 def test_group_envelopes_are_sealed_with_the_group_key_and_checked_against_it():
     deu, nor = codec("deu"), codec("nor")
     env = Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"pos")
-    c = nor.open_container(deu.container([deu.seal(env)], "fmn"))
-    assert nor.open("deu", c.items[0], c).body == b"pos"
-    # a member cannot pass an envelope addressed to one node off under the group key
-    forged = Codec("deu", {"nor": GROUP_KEY}).seal(Envelope(Kind.DATA, "deu", 2, "nor", 0, 60_000, body=b"x"))
-    c = nor.open_container(deu.container([forged], "fmn"))
-    with pytest.raises(BadTag, match="does not match the key of 'fmn'"):
-        nor.open("deu", c.items[0], c)
+    assert nor.open_bundle(deu.bundle([env], "fmn"))[0].body == b"pos"
+    # a member cannot pass an envelope addressed to one node off under the group key (deu's own
+    # origin tags around a seal made with the pair key of deu and nor)
+    genuine = cbor2.loads(deu.bundle([env], "fmn"))
+    forged = cbor2.loads(Codec("deu", {"nor": GROUP_KEY}).bundle([Envelope(Kind.DATA, "deu", 2, "nor", 0, 60_000)]))
+    c = nor.open_container(cbor2.dumps(genuine[:SEAL_AT] + [forged[SEAL_AT]] + genuine[SEAL_AT + 1 :]))
+    with pytest.raises(BadTag, match="origin tag"):
+        nor.open_items(c)
+    # ... nor a seal with the group key alone, whatever the origin tags
+    c.origin_tags = None
+    with pytest.raises(BadTag, match="without origin tags"):
+        nor.open_items(c)
     # ... nor one for the group under a pair key
-    pair_only = Codec("deu", {"fmn": pair_key("deu", "nor")})
-    with pytest.raises(BadTag, match="does not match the key of 'deu'"):
-        nor.open("deu", pair_only.seal(Envelope(Kind.DATA, "deu", 3, "fmn", 0, 60_000, body=b"x")))
+    pair_only = Codec(
+        "deu", {"fmn": pair_key("deu", "nor"), "nor": pair_key("deu", "nor"), "prt": bytes(32)}, {"fmn": ("nor", "prt")}
+    )
+    with pytest.raises(BadTag, match="does not match the key of 'fmn' \\(the group's\\)"):
+        nor.open_bundle(pair_only.bundle([Envelope(Kind.DATA, "deu", 3, "fmn", 0, 60_000, body=b"x")], "fmn"))
     outsider = Codec("nor", {"deu": pair_key("deu", "nor")})  # no group key: cannot read the group's envelopes
-    with pytest.raises(BadTag):
-        outsider.open("deu", deu.seal(env))
+    with pytest.raises(Exception, match="fmn"):
+        outsider.open_bundle(deu.bundle([env], "fmn"))
 
 
 def test_a_member_cannot_pass_group_envelopes_off_as_another_members(tmp_path):
@@ -191,13 +198,13 @@ def test_a_member_cannot_pass_group_envelopes_off_as_another_members(tmp_path):
         "deu", {"nor": pair_key("deu", "nor"), "prt": pair_key("nor", "prt"), "fmn": GROUP_KEY}, {"fmn": ("nor", "prt")}
     )  # deu's name, the keys nor has
     lie = Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: fall back to phase line red")
-    genuine = deu.container([deu.seal(Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: hold"))], "fmn")
+    genuine = deu.bundle([Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, body=b"deu: hold")], "fmn")
     spliced = cbor2.loads(genuine)
-    spliced[ITEMS_AT] = [cbor2.loads(as_deu.seal(lie))]  # deu's origin tags around nor's envelope
-    untagged = cbor2.dumps(cbor2.loads(as_deu.container([as_deu.seal(lie)], "fmn"))[: ITEMS_AT + 1])
+    spliced[SEAL_AT] = cbor2.loads(as_deu.bundle([lie], "fmn"))[SEAL_AT]  # deu's origin tags around nor's seal
+    untagged = cbor2.dumps(cbor2.loads(as_deu.bundle([lie], "fmn"))[: SEAL_AT + 1])
     forgeries = {
         "without origin tags": untagged,
-        "origin tag for 'prt' does not match": as_deu.container([as_deu.seal(lie)], "fmn"),
+        "origin tag for 'prt' does not match": as_deu.bundle([lie], "fmn"),
         "did not seal": cbor2.dumps(spliced),
     }
     for why, payload in forgeries.items():
@@ -209,11 +216,11 @@ def test_a_member_cannot_pass_group_envelopes_off_as_another_members(tmp_path):
 
 def test_origin_tags_cost_9_bytes_per_other_member_and_bundle_not_per_envelope():
     deu = codec("deu")
-    sealed = [deu.seal(Envelope(Kind.DATA, "deu", i, "fmn", 0, 60_000, body=b"pos %d" % i)) for i in range(5)]
-    full = deu.container(sealed, "fmn")
-    assert len(full) - len(cbor2.dumps(cbor2.loads(full)[: ITEMS_AT + 1])) == 1 + 2 * (1 + 8)
-    c = codec("prt").open_container(deu.container(sealed, "fmn"))
-    assert len(c.origin_tags) == 2 and [codec("prt").open("deu", s, c).seq for s in c.items] == list(range(5))
+    envs = [Envelope(Kind.DATA, "deu", i, "fmn", 0, 60_000, body=b"pos %d" % i) for i in range(5)]
+    full = deu.bundle(envs, "fmn")
+    assert len(full) - len(cbor2.dumps(cbor2.loads(full)[: SEAL_AT + 1])) == 1 + 2 * (1 + 8)
+    prt = codec("prt")
+    assert len(prt.open_container(full).origin_tags) == 2 and [e.seq for e in prt.open_bundle(full)] == list(range(5))
 
 
 def _node_toml(tmp_path, groups, routing="epidemic", keys=None):
@@ -314,7 +321,7 @@ def test_a_malformed_group_ack_is_rejected_by_name_and_the_rest_of_the_bundle_ta
         Kind.ACK, "nor", 0, "fmn", 0, 60_000, Priority.FLASH, body=cbor2.dumps([["deu", deu.store.inc, "not runs", []]])
     )
     good = Envelope(Kind.DATA, "nor", 1, "fmn", 0, 60_000, body=b"pos nor")
-    res = deu.on_bundle(nor.codec.container([nor.codec.seal(bad), nor.codec.seal(good)], "fmn"), 10)
+    res = deu.on_bundle(nor.codec.bundle([bad, good], "fmn"), 10)
     assert res.data == 1 and len(res.rejected) == 1 and "ack entry is not [done runs, got runs]" in res.rejected[0]
     assert [d.body for d in deu.take()] == [b"pos nor"]
     assert deu.store.held_out()[0] == 1 and seq  # nothing released by the bad ack
@@ -482,19 +489,16 @@ def test_a_late_done_cannot_make_the_other_members_refuse_the_groups_deltas(tmp_
 def test_a_forged_group_bundle_is_judged_once_however_many_envelopes_it_holds(monkeypatch):
     """Finding of an attacker's review (decision 0020): a wrong origin tag was checked again for
     every item, each time over every item, so a bundle of empty items with no key behind it cost
-    time quadratic in its size. Now the first check's verdict stands for the bundle: the items'
-    digests are taken once."""
+    time quadratic in its size. Since decision 0023 a bundle has one seal: its digest is taken
+    once, before anything is decrypted."""
     from c2dtn.overlay import envelope as E
 
-    n = 512
     # two origin tags, as many as prt expects from deu (nor's and prt's), both wrong
-    payload = cbor2.dumps([E.CONTAINER_VERSION, "deu", "fmn", 0, 0, [[b"", bytes(16)]] * n, [bytes(8)] * 2])
+    payload = cbor2.dumps([E.CONTAINER_VERSION, "deu", "fmn", 0, 0, bytes(1 << 20), [bytes(8)] * 2])
     digests = []
-    real = E._item_digest
-    monkeypatch.setattr(E, "_item_digest", lambda b: digests.append(1) or real(b))
+    real = E._seal_digest
+    monkeypatch.setattr(E, "_seal_digest", lambda b: digests.append(1) or real(b))
     prt = codec("prt")
-    c = prt.open_container(payload)
-    for item in c.items:
-        with pytest.raises(BadTag):
-            prt.open("deu", item, c)
-    assert len(digests) <= n, len(digests)
+    with pytest.raises(BadTag, match="origin tag"):
+        prt.open_bundle(payload)
+    assert len(digests) == 1

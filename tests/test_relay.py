@@ -20,8 +20,7 @@ ISLANDS = {"dtn7": {"deu-gw", "usa-gw"}, "ibrdtn": {"prt-gw"}, "ion": {"nor-gw"}
 
 def bundle(src: str, dst: str, n: int = 1, body: bytes = b"x" * 100) -> bytes:
     c = Codec(src, {dst: KEY})
-    envs = [c.seal(Envelope(Kind.DATA, src, i, dst, 1000, 60_000, body=body)) for i in range(n)]
-    return c.container(envs)
+    return c.bundle([Envelope(Kind.DATA, src, i, dst, 1000, 60_000, body=body) for i in range(n)])
 
 
 @pytest.fixture
@@ -39,15 +38,14 @@ def test_a_bundle_goes_to_the_island_of_its_destination_and_opens_there_unchange
     assert (dst, payload, held) == ("prt-gw", p, 5)
     # the relay holds no key; the destination checks the sender's tag
     rx = Codec("prt-gw", {"deu-gw": KEY})
-    c = rx.open_container(payload)
-    assert c.sender == "deu-gw" and [rx.open(c.sender, e).seq for e in c.items] == [0, 1, 2]
+    assert rx.open_container(payload).sender == "deu-gw" and [e.seq for e in rx.open_bundle(payload)] == [0, 1, 2]
     core.done([(rid, dst, payload, held)])
     assert core.take("ibrdtn") == [] and core.held_bytes == 0 and core.counters["forwarded"] == 1
 
 
 def test_acks_cross_back_the_same_way(core):
     c = Codec("prt-gw", {"deu-gw": KEY})
-    ack = c.container([c.seal(Envelope(Kind.ACK, "prt-gw", 0, "deu-gw", 1000, 60_000, body=b"\x80"))])
+    ack = c.bundle([Envelope(Kind.ACK, "prt-gw", 0, "deu-gw", 1000, 60_000, body=b"\x80")])
     assert core.route("ibrdtn", ack) == ("dtn7", "deu-gw")
 
 
@@ -92,15 +90,16 @@ def test_a_full_relay_drops_the_newest_and_keeps_what_it_holds(tmp_path):
     [
         (b"", "not an overlay container"),
         (b"\xff\x00garbage", "not an overlay container"),
-        (cbor2.dumps([1, "deu-gw", "prt-gw", []]), "container version 1, this node speaks 4"),
-        (cbor2.dumps([2, "deu-gw", "prt-gw", []]), "container version 2, this node speaks 4"),
-        (cbor2.dumps([3, "deu-gw", "prt-gw", []]), "container version 3, this node speaks 4"),
-        (cbor2.dumps([4, "deu-gw", "prt-gw", 0, 0, []]), "not an overlay container"),
-        (cbor2.dumps([4, "deu-gw", 5, 0, 0, [[b"ct", bytes(16)]]]), "destination is not a node id: 5"),
-        (cbor2.dumps([4, "deu-gw", "prt-gw", -5, 0, [[b"ct", bytes(16)]]]), "base second -5"),
-        (cbor2.dumps([4, "deu-gw", "prt-gw", 0, 0, [[b"ct", b"t"]]]), "16-byte tag"),
-        (cbor2.dumps([4, "deu-gw", "prt-gw", 0, 0, [cbor2.dumps([b"ct", bytes(16)])]]), "16-byte tag"),
-        (cbor2.dumps([4, "deu-gw", "x" * 10_000, 0, 0, [[b"ct", bytes(16)]]]), r"'xxxx.*\(10000 characters\)$"),
+        (cbor2.dumps([1, "deu-gw", "prt-gw", []]), "container version 1, this node speaks 5"),
+        (cbor2.dumps([2, "deu-gw", "prt-gw", []]), "container version 2, this node speaks 5"),
+        (cbor2.dumps([3, "deu-gw", "prt-gw", []]), "container version 3, this node speaks 5"),
+        (cbor2.dumps([4, "deu-gw", "prt-gw", 0, 0, [[b"ct", bytes(16)]]]), "container version 4, this node speaks 5"),
+        (cbor2.dumps([5, "deu-gw", "prt-gw", 0, 0, bytes(17)]), "no envelopes"),
+        (cbor2.dumps([5, "deu-gw", 5, 0, 0, b"ct" + bytes(16)]), "destination is not a node id: 5"),
+        (cbor2.dumps([5, "deu-gw", "prt-gw", -5, 0, b"ct" + bytes(16)]), "base second -5"),
+        (cbor2.dumps([5, "deu-gw", "prt-gw", 0, 0, bytes(16)]), "16-byte tag"),
+        (cbor2.dumps([5, "deu-gw", "prt-gw", 0, 0, [b"ct", bytes(16)]]), "seal is not a byte string"),  # version 4 item
+        (cbor2.dumps([5, "deu-gw", "x" * 10_000, 0, 0, b"ct" + bytes(16)]), r"'xxxx.*\(10000 characters\)$"),
     ],
 )
 def test_malformed_payloads_are_named(payload, why):

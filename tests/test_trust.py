@@ -9,7 +9,7 @@ from test_groups import codec, make
 from test_send_before_sync import serve_api_to
 
 from c2dtn import strict_cbor
-from c2dtn.overlay.envelope import CONTAINER_VERSION, ITEMS_AT, BadTag, Codec, Envelope, Kind, Priority, encode_ack_body
+from c2dtn.overlay.envelope import CONTAINER_VERSION, BadTag, Codec, Envelope, Kind, Priority, encode_ack_body
 from c2dtn.overlay.relay import RelayCore, Unroutable, payload_destination
 
 
@@ -23,12 +23,6 @@ def sharing_bomb(levels: int) -> bytes:
     return b"\x98" + bytes([levels]) + b"".join(items)
 
 
-def as_member(name: str, speaking_for: str) -> Codec:
-    """`name`'s keys under another member's name: a coalition member forging."""
-    c = codec(name)
-    return Codec(speaking_for, c.keys, {"fmn": tuple(n for n in ("deu", "nor", "prt") if n != speaking_for)})
-
-
 def genuine_group_bundle(tmp_path, body=b"pos deu"):
     deu = make(tmp_path, "deu")
     deu.submit("fmn", body, 0, priority=Priority.ROUTINE)
@@ -37,24 +31,39 @@ def genuine_group_bundle(tmp_path, body=b"pos deu"):
     return deu, out[0].payload
 
 
-def test_a_member_cannot_splice_a_byte_string_wrapped_order_into_anothers_bundle(tmp_path):
-    """Defect: an item that is a byte string holding [map, tag] was opened but not covered by
-    the origin tags; nor appended a FLASH order "from deu" to deu's genuine bundle."""
+def resealed(genuine: bytes, extra: Envelope, keep_tags: bool) -> bytes:
+    """nor, a member holding the group key, opens deu's genuine group bundle, adds `extra` in
+    deu's name and seals it all again under the group key; with deu's own origin tags kept, or
+    with the tags nor can make (under its own pair keys)."""
+    nor = codec("nor")
+    forger = Codec("deu", {**nor.keys, "nor": bytes(32)}, {"fmn": ("nor", "prt")})  # prt's tag under nor's key
+    c = nor.open_container(genuine)
+    maps = nor.open_items(c) + [forger.map_bytes(extra, stamp=c.stamp)]
+    forged = cbor2.loads(forger.container(maps, "fmn", c.stamp))
+    if keep_tags:
+        forged[-1] = cbor2.loads(genuine)[-1]
+    return cbor2.dumps(forged)
+
+
+@pytest.mark.parametrize("keep_tags", [True, False])
+def test_a_member_cannot_add_an_order_to_anothers_bundle(tmp_path, keep_tags):
+    """Defect (container version 4): an item that was a byte string holding [map, tag] was
+    opened but not covered by the origin tags, and nor appended a FLASH order "from deu" to
+    deu's genuine bundle.  Now nor can seal deu's envelopes and its own again under the group
+    key, but the origin tags cover the seal: the bundle is refused whole."""
     _, genuine = genuine_group_bundle(tmp_path)
     prt = make(tmp_path, "prt")
-    spliced = cbor2.loads(genuine)
     lie = Envelope(Kind.DATA, "deu", 999, "fmn", 0, 60_000, Priority.FLASH, body=b"deu: withdraw now")
-    spliced[ITEMS_AT].append(as_member("nor", "deu").seal(lie))  # sealed envelope bytes, not an array
-    res = prt.on_bundle(cbor2.dumps(spliced), 10)
-    assert res.taken == 0 and len(res.rejected) == 1 and "whole bundle is refused" in res.rejected[0]
+    res = prt.on_bundle(resealed(genuine, lie, keep_tags), 10)
+    assert res.taken == 0 and len(res.rejected) == 1 and "origin tag" in res.rejected[0]
     assert prt.take() == []
     assert prt.on_bundle(genuine, 20).taken == 1  # the genuine bundle itself is taken
     assert [d.body for d in prt.take()] == [b"pos deu"]
 
 
 def test_a_member_cannot_forge_a_done_ack_in_anothers_name(tmp_path):
-    """Defect: nor wrapped an ack "from deu" as a byte string into deu's genuine bundle, and
-    prt released a report deu never got."""
+    """Defect (container version 4): nor wrapped an ack "from deu" as a byte string into deu's
+    genuine bundle, and prt released a report deu never got."""
     prt, nor = make(tmp_path, "prt"), make(tmp_path, "nor")
     seq = prt.submit("fmn", b"pos prt", 0)
     (report,) = prt.poll(0)
@@ -67,10 +76,8 @@ def test_a_member_cannot_forge_a_done_ack_in_anothers_name(tmp_path):
     forged = Envelope(
         Kind.ACK, "deu", 1000, "fmn", 0, 60_000, Priority.FLASH, body=encode_ack_body({prt.store.source: ([seq], [])})
     )
-    for wrap in (lambda s: s, lambda s: cbor2.loads(s)):  # as a byte string, and as a plain item
-        spliced = cbor2.loads(genuine)
-        spliced[ITEMS_AT].append(wrap(as_member("nor", "deu").seal(forged)))
-        res = prt.on_bundle(cbor2.dumps(spliced), 60_020)
+    for keep_tags in (True, False):
+        res = prt.on_bundle(resealed(genuine, forged, keep_tags), 60_020)
         assert res.acks == 0 and len(res.rejected) >= 1
         assert prt.store.held_out()[0] == 1, "a forged ack released a report deu never got"
 
@@ -83,7 +90,7 @@ def test_a_200_byte_value_sharing_bomb_is_refused_at_its_first_tag(tmp_path, whe
     parts = {
         "version": [bomb, b"cgw1", b"\x80"],
         "sender": [b"\x01", bomb, b"\x80"],
-        "item": [b"\x01", b"cgw1", b"\x81" + bomb],
+        "item": [b"\x01", b"cgw1", bomb],
         "origin tags": [b"\x01", b"cgw1", b"\x80", bomb],
     }[where]
     payload = bytes([0x80 | len(parts)]) + b"".join(parts)
@@ -174,7 +181,7 @@ def test_an_ack_naming_a_trillion_ids_releases_what_is_held_and_costs_what_it_na
     others = [[f"x{i}", 1, [[0, 2**40]], []] for i in range(3)]
     body = cbor2.dumps([["deu", deu.store.inc, [[0, 2**40]], [[0, 2**40]]], *others])
     ack = Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, Priority.FLASH, body=body)
-    payload = prt.codec.container([prt.codec.seal(ack)], "deu")
+    payload = prt.codec.bundle([ack], "deu")
     assert len(payload) < 200
     tracemalloc.start()
     res = deu.on_bundle(payload, 10)
@@ -268,8 +275,7 @@ def test_a_message_at_the_limit_is_opened_by_its_receiver_whatever_its_content()
     b = Codec("gw4", {"gw1": b"k" * 32})
     for body in (os.urandom(MAX_MESSAGE_BYTES), b"\0" * MAX_MESSAGE_BYTES):
         env = Envelope(Kind.DATA, "gw1", 1, "gw4", 0, 60_000, supersede="x" * 40, body=body, app="mqtt")
-        c = b.open_container(a.container([a.seal(env)]))
-        assert b.open(c.sender, c.items[0], c).body == body
+        assert b.open_bundle(a.bundle([env]))[0].body == body
 
 
 def test_a_gateway_config_cannot_take_packets_the_overlay_cannot_carry():
@@ -395,17 +401,13 @@ def test_a_member_cannot_speak_as_the_group_itself(tmp_path):
         Kind.ACK, "fmn", 1, "prt", 0, 60_000, Priority.FLASH, body=encode_ack_body({prt.store.source: ([seq], [])})
     )
     order = Envelope(Kind.DATA, "fmn", 2, "prt", 0, 60_000, Priority.FLASH, body=b"all units: withdraw now")
-    res = prt.on_bundle(as_group.container([as_group.seal(ack), as_group.seal(order)]), 10)
+    res = prt.on_bundle(as_group.bundle([ack, order]), 10)
     assert res.acks == 0 and res.taken == 0 and "is a group, not a node" in res.rejected[0]
     assert prt.store.held_out()[0] == 1 and prt.take() == []
     assert prt.store.ack_from("fmn", [seq], []) == ([], [])  # and custody takes no ack "from" a group
 
 
 # -- what the attacker's review of the first fixes found -------------------------------------
-
-
-def _sealed_map(codec: Codec, dst: str, m: dict) -> list:
-    return codec.seal_bytes(cbor2.dumps(m), dst)
 
 
 def test_an_ack_body_travels_plain_and_a_compressed_one_is_refused(tmp_path):
@@ -415,11 +417,12 @@ def test_an_ack_body_travels_plain_and_a_compressed_one_is_refused(tmp_path):
 
     deu, prt = make(tmp_path, "deu"), make(tmp_path, "prt")
     big = encode_ack_body({f"n{i}/1": (list(range(0, 400, 2)), []) for i in range(4)})
-    sealed = prt.codec.seal(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, Priority.FLASH, body=big))
+    sealed = prt.codec.map_bytes(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, Priority.FLASH, body=big))
     assert len(sealed) > len(big)  # sent as it is, not compressed
     bomb = zstandard.ZstdCompressor().compress(b"\x9a\x00\x40\x00\x00" + b"\xa0" * (4 << 20))
     m = {1: 1, 3: 2, 4: 0, 5: 60_000, 9: 2, 8: bomb}
-    payload = cbor2.dumps([CONTAINER_VERSION, "prt", "deu", 0, 0, [_sealed_map(prt.codec, "deu", m)]])
+    payload = prt.codec.container([cbor2.dumps(m)], "deu")
+    assert cbor2.loads(payload)[0] == CONTAINER_VERSION
     assert len(payload) < 400
     res = deu.on_bundle(payload, 0)
     assert res.acks == 0 and "acks travel plain" in res.rejected[0]
@@ -435,7 +438,7 @@ def test_the_acks_of_one_bundle_look_at_what_is_held_once(tmp_path):
     real = deu.store.outbox.seqs_between
     deu.store.outbox.seqs_between = lambda lo, hi, dsts=None: scans.append((lo, hi)) or real(lo, hi, dsts)
     acks = [
-        prt.codec.seal(
+        prt.codec.map_bytes(
             Envelope(
                 Kind.ACK,
                 "prt",
@@ -469,7 +472,7 @@ def test_a_bundle_opens_to_at_most_8_mib_of_bodies_and_senders_keep_within_it(tm
         assert prt.on_bundle(b.payload, 10).taken == len(b.seqs)  # each of the sender's bundles is taken whole
     hostile = Codec("deu", {"prt": prt.codec.keys["deu"]})  # a compromised deu box, packing by hand
     forged = [
-        hostile.seal(Envelope(Kind.DATA, "deu", 100 + i, "prt", 0, 60_000, body=bytes([i]) * MAX_MESSAGE_BYTES))
+        hostile.map_bytes(Envelope(Kind.DATA, "deu", 100 + i, "prt", 0, 60_000, body=bytes([i]) * MAX_MESSAGE_BYTES))
         for i in range(12)
     ]
     res = prt.on_bundle(hostile.container(forged), 20)
@@ -484,7 +487,7 @@ def test_a_ping_flood_is_answered_up_to_a_bound_with_one_log_line(tmp_path, capl
 
     nor, prt = make(tmp_path, "nor"), make(tmp_path, "prt")
     pings = [
-        nor.codec.seal(
+        nor.codec.map_bytes(
             Envelope(
                 Kind.DATA,
                 "nor",
@@ -512,9 +515,7 @@ def test_an_ack_run_of_strings_is_named_by_prefix_not_written_whole(tmp_path, ca
     """Finding: a 235-byte ack wrote a log line of 16,777,041 characters."""
     deu, prt = make(tmp_path, "deu"), make(tmp_path, "prt")
     body = cbor2.dumps([["deu", deu.store.inc, [["x" * 100_000, "y" * 100_000]], []]])
-    res = deu.on_bundle(
-        prt.codec.container([prt.codec.seal(Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, body=body))], "deu"), 0
-    )
+    res = deu.on_bundle(prt.codec.bundle([Envelope(Kind.ACK, "prt", 1, "deu", 0, 60_000, body=body)], "deu"), 0)
     assert res.acks == 0 and len(res.rejected) == 1 and len(res.rejected[0]) <= 300
     assert all(len(r.getMessage()) <= 400 for r in caplog.records)
 
@@ -523,12 +524,15 @@ def test_a_container_of_millions_of_tiny_items_is_refused_at_the_bound(tmp_path)
     """Finding: an unauthenticated 8 MiB container of empty maps cost 6.4 s and +577 MB."""
     from c2dtn.overlay.envelope import CONTAINER_ITEMS_MAX
 
-    payload = b"\x83\x01\x63nor\x9a\x00\x10\x00\x00" + b"\xa0" * (1 << 20)
     prt = make(tmp_path, "prt")
-    res = prt.on_bundle(payload, 0)
-    assert f"more than {CONTAINER_ITEMS_MAX} items" in res.rejected[0]
-    with pytest.raises(Unroutable, match=f"more than {CONTAINER_ITEMS_MAX} items"):
-        payload_destination(payload)
+    for payload, why in (
+        (b"\x9a\x00\x10\x00\x00" + b"\x00" * (1 << 20), f"more than {CONTAINER_ITEMS_MAX} items"),
+        (b"\x83\x01\x63nor\x9a\x00\x10\x00\x00" + b"\xa0" * (1 << 20), "nested deeper than 2 at offset 11"),
+    ):
+        res = prt.on_bundle(payload, 0)
+        assert why in res.rejected[0]
+        with pytest.raises(Unroutable, match=why):
+            payload_destination(payload)
 
 
 def test_mqtt_properties_from_a_peer_are_of_their_type():
@@ -653,7 +657,7 @@ def test_a_sealed_report_hides_its_body_and_costs_no_more_bytes_than_the_hmac_fo
             inc=0x1F2E3D4C,
         )
         stamp = (env.created_ms // 1000 + 1, env.inc)  # as the scheduler stamps it, a moment later
-        payload = deu.container([deu.seal(env, stamp=stamp)], dst, stamp)
+        payload = deu.bundle([env], dst, stamp)
         plain = deu.map_bytes(env, stamp=stamp)
         for secret in (REPORT[:24], b"PRT-UNIT001", b"Feature", plain[-20:]):
             assert secret not in payload
@@ -669,20 +673,19 @@ def test_a_sealed_report_hides_its_body_and_costs_no_more_bytes_than_the_hmac_fo
 def test_only_the_key_holders_read_an_envelope_and_any_flipped_bit_is_refused(tmp_path):
     deu, nor, prt = (codec(n) for n in ("deu", "nor", "prt"))
     env = Envelope(Kind.DATA, "deu", 1, "fmn", 0, 60_000, Priority.FLASH, body=b"FLASH: hold at phase line red")
-    group_bundle = deu.container([deu.seal(env)], "fmn")
+    group_bundle = deu.bundle([env], "fmn")
     for member in (nor, prt):
-        c = member.open_container(group_bundle)
-        assert member.open("deu", c.items[0], c).body == env.body
-    pair_bundle = deu.container([deu.seal(Envelope(Kind.DATA, "deu", 2, "prt", 0, 60_000, body=b"to prt"))], "prt")
+        assert member.open_bundle(group_bundle)[0].body == env.body
+    pair_bundle = deu.bundle([Envelope(Kind.DATA, "deu", 2, "prt", 0, 60_000, body=b"to prt")], "prt")
     eavesdropper = Codec("prt", {"deu": codec("nor").keys["deu"]})  # nor, relabelled, with its own pair key
-    c = eavesdropper.open_container(pair_bundle)
     with pytest.raises(BadTag):
-        eavesdropper.open("deu", c.items[0], c)
-    c = prt.open_container(pair_bundle)
-    ct, tag = c.items[0]
-    for i in range(0, len(ct), 7):
-        flipped = bytearray(ct)
+        eavesdropper.open_bundle(pair_bundle)
+    seal = prt.open_container(pair_bundle).seal
+    for i in range(0, len(seal), 7):
+        flipped = bytearray(seal)
         flipped[i] ^= 0x40
+        obj = cbor2.loads(pair_bundle)
+        obj[5] = bytes(flipped)
         with pytest.raises(BadTag):
-            prt.open("deu", [bytes(flipped), tag], c)
-    assert prt.open("deu", [ct, tag], c).body == b"to prt"
+            prt.open_bundle(cbor2.dumps(obj))
+    assert prt.open_bundle(pair_bundle)[0].body == b"to prt"
