@@ -9,10 +9,14 @@ import click
 
 from c2dtn import __version__
 from c2dtn.errors import C2Error
+from c2dtn.overlay.envelope import CONTAINER_VERSION
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="c2dtn")
+# the wire version beside the release: boxes of one network must speak the same (the changelog)
+@click.version_option(
+    __version__, prog_name="c2dtn", message=f"%(prog)s %(version)s, container version {CONTAINER_VERSION}"
+)
 def cli() -> None:
     """c2dtn: MQTT and CoAP C2 traffic over disrupted tactical links, carried as DTN bundles."""
 

@@ -334,3 +334,13 @@ def test_fsync_mode_defaults_to_auto_and_a_bad_one_is_named(tmp_path):
     bad = GOOD.replace('storage = "/tmp/c2-test-gw1"', 'storage = "/tmp/c2-test-gw1"\nfsync = "never"')
     with pytest.raises(ConfigError, match=r"""node.fsync' = 'never': must be "auto" or "thread" or "loop\""""):
         load_node_config(_write(tmp_path, bad))
+
+
+def test_the_version_names_the_wire_version_boxes_must_share():
+    from click.testing import CliRunner
+
+    from c2dtn.cli import cli
+    from c2dtn.overlay.envelope import CONTAINER_VERSION
+
+    r = CliRunner().invoke(cli, ["--version"])
+    assert r.exit_code == 0 and r.output.strip().endswith(f"container version {CONTAINER_VERSION}"), r.output
