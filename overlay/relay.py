@@ -20,10 +20,10 @@ in its node configuration).
 
 Why the relay needs no keys: a container carries its sender and destination in the clear
 beside the seal of its envelopes (overlay.envelope); the relay reads the destination, never
-opens or changes anything, and the end nodes check the seal with the keys only they share.  Acknowledgements are envelopes too and cross the
-same way, so custody stays end to end: the relay holds a payload durably from the moment
-its agent delivered it until the other island's agent has taken it, and what it loses in a
-crash before its commit the origin sends again.
+opens or changes anything, and the end nodes check the seal with the keys only they share.
+Acknowledgements are envelopes too and cross the same way, so custody stays end to end: the
+relay holds a payload durably from the moment its agent delivered it until the other island's
+agent has taken it, and what it loses in a crash before its commit the origin sends again.
 
 RelayCore is the I/O-free part (which island a payload goes to, what the queue holds);
 Relay is the asyncio shell that supervises the agents.
