@@ -36,6 +36,7 @@ def _free_port() -> int:
 
 def test_a_link_taken_down_from_the_page_is_down_in_the_testbed_and_on_the_page(tmp_path):
     from selenium import webdriver
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -63,26 +64,34 @@ def test_a_link_taken_down_from_the_page_is_down_in_the_testbed_and_on_the_page(
             opts.add_argument(a)
         driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
         driver.get(f"http://127.0.0.1:{port}/")
-        wait = WebDriverWait(driver, 20)
+        # the page redraws its graph and queues on every snapshot, so an element found may be
+        # replaced before it is read: each read is retried until it holds or the wait runs out
+        wait = WebDriverWait(driver, 20, ignored_exceptions=(StaleElementReferenceException,))
+
+        def edge_is(cls: str):
+            return lambda d: d.find_element(By.CSS_SELECTOR, "#edge-r2-r3").get_attribute("class") == cls
+
+        def click(css: str):
+            wait.until(lambda d: d.find_element(By.CSS_SELECTOR, css).click() or True)
+
         state = (By.CSS_SELECTOR, "#link-r2-r3 td.state")
         wait.until(ec.text_to_be_present_in_element(state, "up"))
         assert "nps-chain" in driver.find_element(By.ID, "topology").text
-        assert driver.find_element(By.CSS_SELECTOR, "#edge-r2-r3").get_attribute("class") == "up"
-        queues = driver.find_element(By.ID, "queues").text
-        assert "gw1" in queues and "gw4" in queues  # both nodes answered
-        driver.find_element(By.CSS_SELECTOR, "#link-r2-r3 button.down").click()
+        wait.until(edge_is("up"))
+        # both nodes answered
+        wait.until(lambda d: all(n in d.find_element(By.ID, "queues").text for n in ("gw1", "gw4")))
+        click("#link-r2-r3 button.down")
         wait.until(ec.text_to_be_present_in_element(state, "down"))
         assert testbed.status()["links"]["r2-r3"]["state"] == "down"  # the testbed agrees with the page
-        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#edge-r2-r3").get_attribute("class") == "down")
+        wait.until(edge_is("down"))
         shot = tmp_path / "drill-view-r2-r3-down.png"
         driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         # and back up, with another profile, from the page
-        driver.find_element(By.CSS_SELECTOR, "#link-r2-r3 button.up").click()
+        click("#link-r2-r3 button.up")
         wait.until(ec.text_to_be_present_in_element(state, "up"))
-        sel = driver.find_element(By.CSS_SELECTOR, "#link-r2-r3 select.profile")
-        sel.find_element(By.CSS_SELECTOR, "option[value='cnr-tactical-1']").click()
-        driver.find_element(By.CSS_SELECTOR, "#link-r2-r3 button.set").click()
+        click("#link-r2-r3 select.profile option[value='cnr-tactical-1']")
+        click("#link-r2-r3 button.set")
         wait.until(
             ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#link-r2-r3"), "cnr-tactical-1 / cnr-tactical-1")
         )
