@@ -122,6 +122,7 @@ class Path:
     pace_at: float = 0.0  # routine and priority envelopes go no sooner (pacing; Scheduler.plan)
     sends: int = 0  # envelopes handed over, in all (their order)
     wire_ratio: float = 1.0  # sealed bytes per plain body byte of the data envelopes sent lately
+    holds: list[int] = field(default_factory=list)  # how long the receiver held its last RTT_RECENT acks
 
     def rate(self) -> float:
         """The path's delivery rate, bytes per ms (0: none measured)."""
@@ -350,10 +351,14 @@ class Scheduler:
 
     def _tail_probes(self, now_ms: int) -> tuple[set[int], set[str]]:
         """Tail loss probe (after RFC 8985): when nothing was sent to a destination and no ack
-        came from it for two minimum round trips (plus the ack delay), while it still lacks
-        something, resend the oldest thing it lacks now (once acks came but before a round
-        trip is measured, the shortest retransmission timeout stands for the two round trips).  Fast retransmission needs a later
-        envelope to arrive; at the end of a burst (or for a lost retransmission) there is none,
+        came from it for two minimum round trips (plus how long its acks were held lately, at
+        most the ack delay), while it still lacks something, send the first envelope queued for
+        it past the window, or where none is queued resend the oldest thing it lacks (once acks
+        came but before a round trip is measured, the shortest retransmission timeout stands
+        for the two round trips).  New data first, as RFC 8985 7.3 prefers: on a lossy radio
+        what lacks an ack has most often arrived and only its ack was lost, and the new
+        envelope's ack (which repeats the acks before it) shows that as well as a copy's
+        would (decision 0024).  Fast retransmission needs a later envelope to arrive; at the end of a burst (or for a lost retransmission) there is none,
         and the timer, inflated by an outage's round trips and doubled per attempt, can run
         for minutes while the receiver holds the envelopes behind the gap.  While no ack shows
         progress (a link that is down), the probe goes again at doubling intervals up to
@@ -362,8 +367,7 @@ class Scheduler:
         retransmission timers would wait minutes).
 
         When all that is in flight are superseded copies (never sent again, so nothing to
-        resend), the probe is the first queued envelope, sent past the window (new data, as
-        RFC 8985's probe prefers): its ack shows whether the copies arrived (RACK drops them
+        resend), the probe is the first queued envelope too: its ack shows whether the copies arrived (RACK drops them
         when they did not).  Without it, one lost ack bundle left the window full of copies
         until their timeout: nothing went, so nothing was acked, and `c2dtn perf overload`'s
         immediate orders waited 10 to 40 s behind positions that had long arrived.
@@ -381,7 +385,9 @@ class Scheduler:
             if p.last_sent_ms is None:
                 p.last_sent_ms = self.store.last_sent_ms(dst)
             if p.min_rtt_ms is not None:
-                base = 2 * p.min_rtt_ms + self.cfg.ack_delay_ms + 200
+                # the receiver's hold of the probe's ack: what its last acks said, at most ack_delay_ms
+                hold = min(self.cfg.ack_delay_ms, max(p.holds, default=self.cfg.ack_delay_ms))
+                base = 2 * p.min_rtt_ms + hold + 200
             elif p.last_ack_ms > 0 or p.inherited:
                 # no round trip measured: a node that started into an outage, whose acks since
                 # were all for resent envelopes (Karn's rule takes no sample from them), or a
@@ -398,7 +404,9 @@ class Scheduler:
             at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** max(0, p.probes - 1))))
             if at > now_ms:
                 self._probe_at[dst] = at
-            elif first is None:
+            elif first is None or self.store.queued(dst, limit=1):
+                # new data where some is queued (RFC 8985 7.3): a copy of what lacks an ack most
+                # often arrived and only its ack was lost, and the new envelope's ack shows as much
                 probe_new.add(dst)
                 self.store.count_event("tail_probes")
                 p.probes += 1
@@ -592,6 +600,7 @@ class Scheduler:
             if p.probes:
                 probing.add(dst)
             p.last_ack_ms, p.probes = now_ms, 0
+            p.holds = (p.holds + [hold_ms])[-RTT_RECENT:]
             waiting = self._deferred.get(dst)
             if waiting:  # the window moved: what waited for room is due again
                 for it in released + arrived:

@@ -1735,3 +1735,69 @@ def test_a_plan_of_more_envelopes_than_a_bundle_holds_goes_in_several_bundles(tm
     out = a.poll(0)
     assert len(out) >= 2 and max(len(o.seqs) for o in out) <= MAX_ENVELOPES_PER_BUNDLE
     assert sum(b.on_bundle(o.payload, 10).taken for o in out) == sum(len(o.seqs) for o in out)
+
+
+class _LoseAcks(Net):
+    """Delivers every data bundle; drops the ack-only bundles sent between `lose` ms."""
+
+    def __init__(self, lose, **kw):
+        super().__init__(**kw)
+        self.lose, self.sent = lose, []
+
+    def send(self, out, now):
+        for o in out:
+            self.sent.append((now, list(o.seqs)))
+            if not o.seqs and self.lose[0] <= now < self.lose[1]:
+                continue
+            super().send([o], now)
+
+
+def test_when_only_acks_were_lost_the_tail_probe_carries_new_data_not_a_copy_of_what_arrived(tmp_path):
+    """A bulk transfer whose window is full of envelopes that all arrived, their acks lost on the
+    air: the tail probe sends the next queued envelope (RFC 8985 7.3), whose ack repeats the lost
+    ones, so the transfer goes on and nothing crosses the link twice.  (A copy of the oldest, as
+    probes were before, arrives a second time and carries nothing new.)"""
+    cfg = SchedulerConfig(aggregate_bytes=1, init_window=3000, min_rto_ms=60_000, initial_rto_ms=120_000)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    net = _LoseAcks((1_000, 3_000), delay_ms=200)
+    acts = [(0, lambda t: a.submit("gw4", b"first", t))]  # a round trip is measured first
+    acts += [(1_000, lambda t, i=i: a.submit("gw4", b"%04d" % i + bytes(996), t)) for i in range(8)]
+    got = run({"gw1": a, "gw4": b}, net, 10_000, actions=acts)
+    assert len(got["gw4"]) == 9
+    data = [s for _, seqs in net.sent for s in seqs]
+    assert sorted(data) == sorted(set(data)), f"sent more than once: {sorted(data)}"
+    assert a.store.count("tail_probes") >= 1  # (the acks were lost: it took a probe)
+
+
+def test_the_tail_probe_waits_for_the_hold_the_receivers_acks_report_not_the_configured_ack_delay(tmp_path):
+    """The probe's timer is two round trips plus the time the receiver may hold the probe's ack:
+    what its acks said lately (here nothing: it acks each 1 kB envelope at once), at most
+    ack_delay_ms; with ack_delay_ms of 1 s a lost last envelope goes again a second sooner."""
+
+    def resent_after(ack_bytes_due: int) -> int:
+        cfg = SchedulerConfig(aggregate_bytes=1, ack_delay_ms=1_000, min_rto_ms=60_000, initial_rto_ms=120_000)
+        d = tmp_path / str(ack_bytes_due)
+        d.mkdir()
+        a = OverlayCore(custody(d, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+        b = OverlayCore(custody(d, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+        b._ack_bytes_due = ack_bytes_due  # acks at once after this much data (or after the ack delay)
+        seqs: list[int] = []
+        sends: list[int] = []  # when the last envelope went
+
+        class DropLast(Net):
+            def send(self, out, now):
+                for o in out:
+                    if seqs[-1] in o.seqs and len(seqs) == 4:
+                        sends.append(now)
+                        if len(sends) == 1:
+                            continue  # the last envelope's first copy is lost
+                    super().send([o], now)
+
+        acts = [(100 * i, lambda t, i=i: seqs.append(a.submit("gw4", b"%04d" % i + bytes(996), t))) for i in range(4)]
+        run({"gw1": a, "gw4": b}, DropLast(delay_ms=200), 8_000, step_ms=10, actions=acts)
+        return sends[1] - sends[0]
+
+    at_once, held = resent_after(1), resent_after(1 << 30)
+    assert at_once <= held - 800, (at_once, held)
+    assert at_once < 1_500  # two round trips of 400 ms and 200 ms: no second of ack delay in it
