@@ -359,11 +359,18 @@ def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, targ
     "--seed", type=click.IntRange(0, 1 << 40), default=None, help="loss patterns SEED, SEED+1000, ... [default: fresh]"
 )
 @click.option("--minutes", default=4.0, show_default=True, type=click.FloatRange(0.5, 120), help="overload run length")
-def radio_sim_cmd(runs, seed, minutes) -> None:
+@click.option(
+    "--bulk-runs",
+    default=200,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="loss patterns of the bulk transfer alone (its tail)",
+)
+def radio_sim_cmd(runs, seed, minutes, bulk_runs) -> None:
     """The scheduler on a virtual cnr-tactical-2 radio: bulk goodput and orders under overload, with and without its path model."""
     from c2dtn.perf import radio_sim
 
-    radio_sim.main(runs, seed, minutes)
+    radio_sim.main(runs, seed, minutes, bulk_runs=bulk_runs)
 
 
 @perf.command("scale")

@@ -155,11 +155,17 @@ def test_perf_radio_sim_reports_both_schedulers_on_the_same_loss_patterns_and_a_
     import json
 
     monkeypatch.chdir(tmp_path)
-    out = rs.main(runs=1, seed=3, minutes=0.5)
+    out = rs.main(runs=1, seed=3, minutes=0.5, bulk_runs=3)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["seeds"] == [3] and set(summary["configs"]) == set(rs.CONFIGS)
+    assert summary["bulk_seeds"] == [3, 1003, 2003]
     report = (out / "report.md").read_text()
     assert all(f"| {name} |" in report for name in rs.CONFIGS)
+    # the bulk transfer alone on 3 patterns: the first is the table's, and its figure is that run's
+    many = summary["configs"]["model"]["bulk_many"]
+    assert len(many) == 3 and many[0] == summary["configs"]["model"]["bulk"][0]["fraction"]
+    assert many[2] == rs.bulk(2003)["fraction"]
+    assert f"| model | 3 | {sorted(many)[1]:.3f} |" in report
     assert "demo: link bytes per report" in report and "every 10 s: delay p95" in report
     assert summary["configs"]["model"]["reports_10s"][0]["delivered"] > 0
     assert summary["configs"]["model"]["reports"][0]["delivered"] > 0
