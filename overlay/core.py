@@ -323,7 +323,7 @@ class OverlayCore:
                 self.store.held_in(done, sender),
                 self.store.held_in(got, sender),
                 now_ms,
-                min(holds) if holds else 0,  # several acks: the least held, so no sample comes out short
+                min(holds) if holds else None,  # several acks: the least held, so no sample comes out short
             )
 
     def _out_of_turn(self, env: Envelope, new: bool) -> bool:

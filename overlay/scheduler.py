@@ -384,9 +384,17 @@ class Scheduler:
             first = lacking[0] if lacking else None
             if p.last_sent_ms is None:
                 p.last_sent_ms = self.store.last_sent_ms(dst)
+            # new data is the probe where some is queued, but not to a group: one member's ack
+            # of it would count as the group's progress while another member is cut off, and
+            # reset the backoff and feed the rate model with the probes' trickle
+            new_data = dst not in self.codec.groups and bool(self.store.outbox.queued(dst, 1))
             if p.min_rtt_ms is not None:
-                # the receiver's hold of the probe's ack: what its last acks said, at most ack_delay_ms
-                hold = min(self.cfg.ack_delay_ms, max(p.holds, default=self.cfg.ack_delay_ms))
+                # the receiver's hold of the probe's ack: a new-data probe that goes early costs
+                # nothing on the link, so it waits for the hold the last acks said (at most
+                # ack_delay_ms); a copy waits the whole ack delay (a lone envelope's ack is held)
+                hold = self.cfg.ack_delay_ms
+                if new_data:
+                    hold = min(hold, max(p.holds, default=hold))
                 base = 2 * p.min_rtt_ms + hold + 200
             elif p.last_ack_ms > 0 or p.inherited:
                 # no round trip measured: a node that started into an outage, whose acks since
@@ -404,7 +412,7 @@ class Scheduler:
             at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** max(0, p.probes - 1))))
             if at > now_ms:
                 self._probe_at[dst] = at
-            elif first is None or self.store.queued(dst, limit=1):
+            elif first is None or new_data:
                 # new data where some is queued (RFC 8985 7.3): a copy of what lacks an ack most
                 # often arrived and only its ack was lost, and the new envelope's ack shows as much
                 probe_new.add(dst)
@@ -578,7 +586,7 @@ class Scheduler:
         return min(self.cfg.max_window, max(self.cfg.min_window, rate * span))
 
     # -- feedback ------------------------------------------------------------
-    def on_ack(self, sender: str, done: list[int], got: list[int], now_ms: int, hold_ms: int = 0) -> int:
+    def on_ack(self, sender: str, done: list[int], got: list[int], now_ms: int, hold_ms: int | None = 0) -> int:
         """An ack from `sender` arrived: release custody of what it took ("done"), stop
         retransmitting what it holds ("got"), sample RTT, open the window, and resend at
         once what was sent before something that arrived but did not arrive itself.
@@ -600,7 +608,8 @@ class Scheduler:
             if p.probes:
                 probing.add(dst)
             p.last_ack_ms, p.probes = now_ms, 0
-            p.holds = (p.holds + [hold_ms])[-RTT_RECENT:]
+            if hold_ms is not None:  # (an ack of "done" alone says no hold)
+                p.holds = (p.holds + [hold_ms])[-RTT_RECENT:]
             waiting = self._deferred.get(dst)
             if waiting:  # the window moved: what waited for room is due again
                 for it in released + arrived:
@@ -620,7 +629,7 @@ class Scheduler:
                 # ack delays likewise): a hold inflated by a step of the peer's clock, or a lie,
                 # cannot make the path look short at once
                 raw = now_ms - max(it.sent_ms or 0 for it in fresh)
-                rtt: float = raw - min(hold_ms, max(2 * self.cfg.ack_delay_ms, HOLD_CAP_MIN_MS))
+                rtt: float = raw - min(hold_ms or 0, max(2 * self.cfg.ack_delay_ms, HOLD_CAP_MIN_MS))
                 if p.min_rtt_ms is not None:
                     rtt = max(rtt, min(raw, p.min_rtt_ms / 2))
                 p.sample(max(1.0, rtt), self.cfg, now_ms)

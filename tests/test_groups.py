@@ -502,3 +502,22 @@ def test_a_forged_group_bundle_is_judged_once_however_many_envelopes_it_holds(mo
     with pytest.raises(BadTag, match="origin tag"):
         prt.open_bundle(payload)
     assert len(digests) == 1
+
+
+def test_while_one_member_is_cut_off_what_goes_to_the_group_stays_within_its_window(tmp_path):
+    """A member cut off for 10 minutes while 300 envelopes are queued for the group: the other
+    member's acks must not count as the group's progress for the tail probes. A probe of new
+    data that one member acks would reset the backoff and go every few seconds, past the
+    window, until the queue was drained into a member that cannot take it (decision 0024 keeps
+    groups on copies)."""
+    cfg = SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000, init_window=4096, aggregate_bytes=1)
+    cores = {n: make(tmp_path, n, cfg) for n in NODES}
+    net = FanOut()
+    net.down["prt"] = [(5_000, 600_000)]
+    acts = [(0, lambda t: cores["deu"].submit("fmn", b"first", t))]  # a round trip is measured first
+    acts += [(6_000, lambda t, i=i: cores["deu"].submit("fmn", b"%04d" % i + bytes(996), t)) for i in range(300)]
+    run(cores, _Bound(net), 590_000, step_ms=500, actions=acts)
+    deu = cores["deu"]
+    sent = sum(1 for s, d in net.sent if s == "deu" and d == "fmn")
+    assert len(deu.store.queued("fmn", limit=1000)) > 200, "the queue went out to a member that was cut off"
+    assert sent < 100, f"deu handed its agent {sent} bundles for the group while prt was cut off"
