@@ -351,9 +351,10 @@ class Scheduler:
 
     def _tail_probes(self, now_ms: int) -> tuple[set[int], set[str]]:
         """Tail loss probe (after RFC 8985): when nothing was sent to a destination and no ack
-        came from it for two minimum round trips (plus how long its acks were held lately, at
-        most the ack delay), while it still lacks something, send the first envelope queued for
-        it past the window, or where none is queued resend the oldest thing it lacks (once acks
+        came from it for two minimum round trips (plus the ack delay; for a new-data probe, how
+        long its acks were held lately, at most the ack delay), while it still lacks something,
+        send the first envelope queued for it past the window (not to a group), or where none is
+        queued resend the oldest thing it lacks (once acks
         came but before a round trip is measured, the shortest retransmission timeout stands
         for the two round trips).  New data first, as RFC 8985 7.3 prefers: on a lossy radio
         what lacks an ack has most often arrived and only its ack was lost, and the new
