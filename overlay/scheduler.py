@@ -351,26 +351,27 @@ class Scheduler:
 
     def _tail_probes(self, now_ms: int) -> tuple[set[int], set[str]]:
         """Tail loss probe (after RFC 8985): when nothing was sent to a destination and no ack
-        came from it for two minimum round trips (plus the ack delay; for a new-data probe, how
-        long its acks were held lately, at most the ack delay), while it still lacks something,
-        send the first envelope queued for it past the window (not to a group), or where none is
-        queued resend the oldest thing it lacks (once acks
-        came but before a round trip is measured, the shortest retransmission timeout stands
-        for the two round trips).  New data first, as RFC 8985 7.3 prefers: on a lossy radio
-        what lacks an ack has most often arrived and only its ack was lost, and the new
-        envelope's ack (which repeats the acks before it) shows that as well as a copy's
-        would (decision 0024).  Fast retransmission needs a later envelope to arrive; at the end of a burst (or for a lost retransmission) there is none,
-        and the timer, inflated by an outage's round trips and doubled per attempt, can run
-        for minutes while the receiver holds the envelopes behind the gap.  While no ack shows
+        came from it for two minimum round trips plus the ack delay, while it still lacks
+        something, send the first envelope queued for it past the window, or where none is
+        queued (and to a group) resend the oldest thing it lacks.  A new-data probe waits for
+        the hold its acks reported lately instead of the whole ack delay.  Once acks came but
+        before a round trip is measured, the shortest retransmission timeout stands for the
+        two round trips.  New data first, as RFC 8985 7.3 prefers: on a lossy radio what lacks
+        an ack has most often arrived and only its ack was lost, and the new envelope's ack
+        (which repeats the acks before it) shows that as well as a copy's would (decision
+        0024).  Fast retransmission needs a later envelope to arrive; at the end of a burst
+        (or for a lost retransmission) there is none, and the timer, inflated by an outage's
+        round trips and doubled per attempt, can run for minutes while the receiver holds the
+        envelopes behind the gap.  While no ack shows
         progress (a link that is down), the probe goes again at doubling intervals up to
         PROBE_MAX_MS, like TCP's persist timer: one envelope per half minute at most, and the
         first probe after the link is back finds it within that long (the backed-off
         retransmission timers would wait minutes).
 
         When all that is in flight are superseded copies (never sent again, so nothing to
-        resend), the probe is the first queued envelope too: its ack shows whether the copies arrived (RACK drops them
-        when they did not).  Without it, one lost ack bundle left the window full of copies
-        until their timeout: nothing went, so nothing was acked, and `c2dtn perf overload`'s
+        resend), the probe is the first queued envelope too: its ack shows whether the copies
+        arrived (RACK drops them when they did not).  Without it, one lost ack bundle left the
+        window full of copies until their timeout: nothing went, so nothing was acked, and `c2dtn perf overload`'s
         immediate orders waited 10 to 40 s behind positions that had long arrived.
         Returns (envelopes resent as probes, destinations whose first queued envelope goes)."""
         probed: set[int] = set()
@@ -414,8 +415,6 @@ class Scheduler:
             if at > now_ms:
                 self._probe_at[dst] = at
             elif first is None or new_data:
-                # new data where some is queued (RFC 8985 7.3): a copy of what lacks an ack most
-                # often arrived and only its ack was lost, and the new envelope's ack shows as much
                 probe_new.add(dst)
                 self.store.count_event("tail_probes")
                 p.probes += 1
