@@ -135,14 +135,17 @@ def _envelope(data: bytes) -> None:
 
 
 def _envelope_seeds() -> list[bytes]:
-    return [
-        _SEALER.map_bytes(e)
+    seeds = [
+        _SEALER.map_bytes(e, delta=True)
         for e in (
             _env(),
             _env(body=bytes(range(256)) * 8, supersede=None),
             _env(kind=E.Kind.ACK, body=E.encode_ack_body({"gw4": ([1], [2])})),
         )
     ]
+    # a delta against the first (the receiver holds it once that seed is opened): the edits of it
+    _SEALER.acked(ME, [7])
+    return seeds + [_SEALER.map_bytes(_env(seq=8, body=b"report " * 19 + b"Report "), delta=True)]
 
 
 # -- a whole bundle payload: the container, then every envelope in it ----------------------

@@ -6,6 +6,8 @@ import dataclasses
 
 import cbor2
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from c2dtn.overlay import envelope as E
 from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority
@@ -32,7 +34,7 @@ def test_a_report_goes_against_the_one_acked_before_it_and_opens_the_same():
         s = gw1.bundle([_env(k)], delta=True)
         got = gw4.open_bundle(s)[0]
         assert got.body == _report(k) and got.supersede == E.received_key(_env(k).supersede)
-        (delta if got.compression == E.Compression.DELTA2 else whole).append(len(s))
+        (delta if got.compression in E.DELTAS else whole).append(len(s))
         gw1.acked("gw4", [k])
     assert len(whole) == 1  # the first: nothing acked before it
     print(f"sealed report: whole {whole[0]} B, against the one acked before {sorted(delta)[4]} B (median)")
@@ -63,7 +65,7 @@ def test_a_delta_leaves_out_what_its_reference_says_and_opens_with_it():
     whole = cbor2.loads(gw1.map_bytes(same, delta=False))  # a resend names them all
     assert {E.K_SUPERSEDE, E.K_LIFETIME_S, E.K_PRIORITY, E.K_APP} <= set(whole)
     got = gw4.open_bundle(gw1.bundle([dataclasses.replace(same, seq=3)], delta=True))[0]
-    assert got.compression == E.Compression.DELTA2
+    assert got.compression in E.DELTAS
     assert (got.supersede, got.lifetime_ms, got.priority, got.app) == (
         E.received_key(same.supersede),
         60_000,
@@ -105,7 +107,7 @@ def test_a_receiver_without_the_reference_refuses_it_and_takes_the_resend():
     assert restarted.open_bundle(gw1.bundle([_env(2)], delta=False))[0].body == _report(2)
     # and it is a reference from then on
     gw1.acked("gw4", [2])
-    assert restarted.open_bundle(gw1.bundle([_env(3)], delta=True))[0].compression == E.Compression.DELTA2
+    assert restarted.open_bundle(gw1.bundle([_env(3)], delta=True))[0].compression in E.DELTAS
 
 
 def test_another_incarnation_or_key_is_not_a_reference():
@@ -125,7 +127,8 @@ def test_another_incarnation_or_key_is_not_a_reference():
 @pytest.mark.parametrize(
     "change, match",
     [
-        ({E.K_REF: None}, "without its reference"),
+        ({E.K_REF: None, E.K_COMPRESSION: int(E.Compression.EDITS)}, "without its reference"),
+        ({E.K_REF: None, E.K_COMPRESSION: int(E.Compression.DELTA2)}, "without its reference"),
         ({E.K_SUPERSEDE: "NOR"}, "with a supersession key"),
         ({E.K_COMPRESSION: int(E.Compression.ZSTD)}, "not a delta"),
         ({E.K_REF: "one"}, "reference has the wrong type"),
@@ -186,9 +189,9 @@ def test_no_reference_older_than_the_receivers_keep():
         gw4.open_bundle(gw1.bundle([_env(k)], delta=True))
     gw1.acked("gw4", [1])  # nine newer bodies went since: gw4 kept the 8 newest
     got = gw4.open_bundle(gw1.bundle([_env(11)], delta=True))[0]
-    assert got.body == _report(11) and got.compression != E.Compression.DELTA2
+    assert got.body == _report(11) and got.compression not in E.DELTAS
     gw1.acked("gw4", [9])  # two newer since 9: still held
-    assert gw4.open_bundle(gw1.bundle([_env(12)], delta=True))[0].compression == E.Compression.DELTA2
+    assert gw4.open_bundle(gw1.bundle([_env(12)], delta=True))[0].compression in E.DELTAS
 
 
 # -- on the virtual radio (perf/radio_sim.py: two cores, the emulator's channel, virtual time) --
@@ -263,7 +266,7 @@ def test_one_peer_cannot_push_out_anothers_references():
         m = {E.K_SEQ: i + 1, E.K_CREATED: 0, E.K_LIFETIME_S: 0, E.K_SUPERSEDE: i.to_bytes(9, "big")}
         m[E.K_BODY] = os.urandom(4096)
         gw4.open_bundle(mal.container([cbor2.dumps(m)], "gw4"))
-    assert gw4.open_bundle(gw1.bundle([_env(2)], delta=True))[0].compression == E.Compression.DELTA2
+    assert gw4.open_bundle(gw1.bundle([_env(2)], delta=True))[0].compression in E.DELTAS
 
 
 def test_a_seq_reused_with_another_body_is_refused_not_decoded_wrong():
@@ -371,7 +374,8 @@ def test_a_delta_frame_that_declares_its_size_is_refused_before_it_is_decoded():
     gw4.open_bundle(gw1.bundle([_env(1)]))
     gw1.acked("gw4", [1])
     m = cbor2.loads(gw1.map_bytes(_env(2), delta=True))
-    assert m[E.K_COMPRESSION] == E.Compression.DELTA2
+    assert E.K_REF in m
+    m[E.K_COMPRESSION] = int(E.Compression.DELTA2)  # (a report's delta goes as EDITS: a zstd frame here)
     m[E.K_BODY] = _magicless(b"A" * (200 << 20), ref, write_checksum=1, write_content_size=1)
     c = gw4.open_container(gw1.container([cbor2.dumps(m)], "gw4"))
     (item,) = gw4.open_items(c)
@@ -476,3 +480,84 @@ def test_what_a_receiver_keeps_costs_about_what_it_is_charged(shape):
     refs = rcv._came["gw1"]
     print(f"references: charged {refs.nbytes} B, allocated {used} B")
     assert refs.nbytes <= E.DELTA_BYTES_MAX and used <= 1.25 * refs.nbytes
+
+
+# -- a delta as the edits of its reference (EDITS, decision 0025) ---------------------------
+
+
+def test_a_report_goes_as_the_edits_of_the_one_before_smaller_than_a_zstd_frame_and_opens_the_same():
+    gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    gw4.open_bundle(gw1.bundle([_env(1)], delta=True))
+    sizes = []
+    for k in range(2, 30):
+        gw1.acked("gw4", [k - 1])
+        m = cbor2.loads(gw1.map_bytes(_env(k), delta=True))
+        assert E.K_COMPRESSION not in m and m[E.K_REF] == 1  # (no compression named: the edits)
+        got = gw4.open_bundle(gw1.container([cbor2.dumps(m)], "gw4"))[0]
+        assert got.body == _report(k) and got.compression == E.Compression.EDITS
+        sizes.append((len(m[E.K_BODY]), len(E._delta(_report(k), _report(k - 1)))))
+    edits, frame = (sorted(x)[len(x) // 2] for x in zip(*sizes))
+    print(f"a report against the one before it: edits {edits} B, a zstd frame {frame} B (medians)")
+    assert edits < frame - 8
+
+
+@settings(max_examples=300, deadline=None)
+@given(ref=st.binary(max_size=600), body=st.binary(min_size=1, max_size=600), cuts=st.lists(st.integers(0, 600)))
+def test_every_edits_a_sender_writes_make_its_body_again(ref, body, cuts):
+    """Edits of any body against any reference, and of bodies made from the reference by cutting,
+    duplicating and changing pieces of it (how reports differ), decode to the body exactly."""
+    near = bytearray(ref)
+    for c in cuts:
+        if near and c % 3 == 0:
+            del near[c % len(near) : c % len(near) + c % 7]
+        elif near and c % 3 == 1:
+            near[c % len(near)] = c % 256
+        else:
+            near[c % (len(near) + 1) : c % (len(near) + 1)] = body[: c % 5]
+    for b in (body, bytes(near) or b"x"):
+        assert E._apply_edits(E._edits(b, ref), ref, E.DELTA_MAX_BODY) == b
+
+
+def _edits_of(items: list, body: bytes = b"") -> bytes:
+    import zlib
+
+    return zlib.crc32(body).to_bytes(4, "big") + cbor2.dumps(items)
+
+
+@pytest.mark.parametrize(
+    "data, exc, match",
+    [
+        (b"\x00\x01", E.Malformed, "without their 4-byte checksum"),
+        (_edits_of([3, b"x"])[:-1], E.Malformed, "not strict CBOR"),
+        (_edits_of({3: b"x"}), E.Malformed, "not an array"),
+        (_edits_of([3]), E.Malformed, "edit 0 is not a count"),
+        (_edits_of([b"x", 3]), E.Malformed, "edit 0 is not a count"),
+        (_edits_of([True, b"x"]), E.Malformed, "edit 0 is not a count"),
+        (_edits_of([3, [b"x"]]), E.Malformed, "not strict CBOR"),  # (nested: deeper than an edit goes)
+        (_edits_of([0, b"", 2, 1.5]), E.Malformed, "edit 1 is not a count"),
+        (_edits_of([99, b"x"]), E.Malformed, "reaches byte 100 of a reference of 10"),
+        (_edits_of([0, b"", -100]), E.Malformed, "reaches byte 99 of a reference of 10"),
+        (_edits_of([0, b"x" * 23, -1]), E.Oversize, "over the 32 bytes"),  # (23 written, then the 10 of ref)
+        (_edits_of([5, b"ab"]), E.Malformed, "another reference"),  # the checksum of another body
+        (_edits_of([0, b"y" * 60]), E.Oversize, "edits of 68 bytes for a body of at most 32"),
+    ],
+)
+def test_edits_that_a_sender_would_not_write_are_refused_naming_what_is_wrong(data, exc, match):
+    with pytest.raises(exc, match=match):
+        E._apply_edits(data, b"0123456789", 32)
+
+
+def test_edits_against_a_reference_the_receiver_holds_otherwise_are_refused_unacked():
+    """The checksum is of the body the edits were made for: a receiver holding another body at
+    the seq referred to (a store put back from a copy reuses seqs) makes another one, and refuses
+    it as made against another reference; the retransmission goes whole."""
+    gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
+    gw4.open_bundle(gw1.bundle([dataclasses.replace(_env(1), body=_report(77))], delta=False))
+    other = Codec("gw1", {"gw4": KEY})  # the same seq 1 with another body, acked
+    other.bundle([_env(1)], delta=True)
+    other.acked("gw4", [1])
+    m = cbor2.loads(other.map_bytes(_env(2), delta=True))
+    assert E.K_REF in m and E.K_COMPRESSION not in m
+    with pytest.raises(E.NoReference, match="does not decode"):
+        gw4.open_bundle(other.container([cbor2.dumps(m)], "gw4"))
+    assert gw4.open_bundle(other.bundle([_env(2)], delta=False))[0].body == _report(2)

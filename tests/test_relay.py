@@ -90,16 +90,17 @@ def test_a_full_relay_drops_the_newest_and_keeps_what_it_holds(tmp_path):
     [
         (b"", "not an overlay container"),
         (b"\xff\x00garbage", "not an overlay container"),
-        (cbor2.dumps([1, "deu-gw", "prt-gw", []]), "container version 1, this node speaks 5"),
-        (cbor2.dumps([2, "deu-gw", "prt-gw", []]), "container version 2, this node speaks 5"),
-        (cbor2.dumps([3, "deu-gw", "prt-gw", []]), "container version 3, this node speaks 5"),
-        (cbor2.dumps([4, "deu-gw", "prt-gw", 0, 0, [[b"ct", bytes(16)]]]), "container version 4, this node speaks 5"),
-        (cbor2.dumps([5, "deu-gw", "prt-gw", 0, 0, bytes(17)]), "no envelopes"),
-        (cbor2.dumps([5, "deu-gw", 5, 0, 0, b"ct" + bytes(16)]), "destination is not a node id: 5"),
-        (cbor2.dumps([5, "deu-gw", "prt-gw", -5, 0, b"ct" + bytes(16)]), "base second -5"),
-        (cbor2.dumps([5, "deu-gw", "prt-gw", 0, 0, bytes(16)]), "16-byte tag"),
-        (cbor2.dumps([5, "deu-gw", "prt-gw", 0, 0, [b"ct", bytes(16)]]), "seal is not a byte string"),  # version 4 item
-        (cbor2.dumps([5, "deu-gw", "x" * 10_000, 0, 0, b"ct" + bytes(16)]), r"'xxxx.*\(10000 characters\)$"),
+        (cbor2.dumps([1, "deu-gw", "prt-gw", []]), "container version 1, this node speaks 6"),
+        (cbor2.dumps([2, "deu-gw", "prt-gw", []]), "container version 2, this node speaks 6"),
+        (cbor2.dumps([3, "deu-gw", "prt-gw", []]), "container version 3, this node speaks 6"),
+        (cbor2.dumps([4, "deu-gw", "prt-gw", 0, 0, [[b"ct", bytes(16)]]]), "container version 4, this node speaks 6"),
+        (cbor2.dumps([5, "deu-gw", "prt-gw", 0, 0, b"ct" + bytes(16)]), "container version 5, this node speaks 6"),
+        (cbor2.dumps([6, "deu-gw", "prt-gw", 0, 0, bytes(17)]), "no envelopes"),
+        (cbor2.dumps([6, "deu-gw", 5, 0, 0, b"ct" + bytes(16)]), "destination is not a node id: 5"),
+        (cbor2.dumps([6, "deu-gw", "prt-gw", -5, 0, b"ct" + bytes(16)]), "base second -5"),
+        (cbor2.dumps([6, "deu-gw", "prt-gw", 0, 0, bytes(16)]), "16-byte tag"),
+        (cbor2.dumps([6, "deu-gw", "prt-gw", 0, 0, [b"ct", bytes(16)]]), "seal is not a byte string"),  # version 4 item
+        (cbor2.dumps([6, "deu-gw", "x" * 10_000, 0, 0, b"ct" + bytes(16)]), r"'xxxx.*\(10000 characters\)$"),
     ],
 )
 def test_malformed_payloads_are_named(payload, why):
