@@ -17,7 +17,9 @@ docs/decisions/0001-envelope-aead.md, 0023-one-seal-a-bundle.md):
                     they were sealed with.  One tag a bundle, not one an envelope (decision 0023)
   map             = CBOR map with small integer keys (see K_* below); neither the destination
                     nor the origin is in it (the container names them once, and the nonce
-                    binds them), nor what is the default (decision 0012)
+                    binds them), nor what is the default (decision 0012), nor a data envelope's
+                    seq and send number where they are one on from the data envelope's before it
+                    in the bundle (decision 0026): maps are opened in their bundle's order
   nonce           = SHA-256(NONCE_CONTEXT | sender | 0 | destination)[:12]
 
 A relay, a radio eavesdropper or a BPA sees who sent a bundle to whom and how large its
@@ -178,6 +180,8 @@ INC_BITS = 32  # an incarnation is 1 .. 2**32 - 1 (0: none, what a store before 
 MAX_BASE_S = MAX_TIME_MS // 1000
 SEAL_AT = 5  # where a container's seal is (what precedes it: version to incarnation)
 Stamp = tuple[int, int]  # (base second, incarnation) of a container (module doc)
+Chain = tuple[int, int | None]  # (seq, send number) of the data envelope before one in its bundle
+BROKEN = object()  # a chain after a map refused before its seq was read: nothing may follow it
 NO_STAMP: Stamp = (0, 0)  # an envelope outside a container: its creation time absolute, its incarnation in its map
 
 
@@ -449,12 +453,22 @@ def _delta(body: bytes, ref: bytes) -> bytes:
 
 EDITS_CHECK_BYTES = 4
 EDITS_MERGE_GAP = 2  # an unchanged run this short goes inside the edit around it (an edit's heads cost 2 bytes)
+# bodies (and references) over this go as zstd frames only: the edit script costs the sender
+# time quadratic in them (over 64), and a report, where edits pay, is a few hundred bytes
+EDITS_MAX_BODY = 1024
+EDITS_KEY_LABEL = b"c2dtn edits check v1"
 
 
-def _edits(body: bytes, ref: bytes) -> bytes:
-    """body as the edits of ref (Compression.EDITS, decision 0025): CRC-32 of body (4 bytes,
-    big-endian), then one CBOR array of items read in turn with a cursor in ref: an unsigned
-    integer k copies the next k bytes of ref; a byte string b is written in place of as many
+def _edits_check(key: bytes, body: bytes) -> bytes:
+    """What edits carry of the body they make: keyed (HMAC-SHA256 under the bundle's key), so that
+    nobody choosing bodies without the key can make two references give one check."""
+    return hmac.digest(key, body, "sha256")[:EDITS_CHECK_BYTES]
+
+
+def _edits(body: bytes, ref: bytes, key: bytes) -> bytes:
+    """body as the edits of ref (Compression.EDITS, decision 0025): a check of body (4 bytes,
+    _edits_check), then one CBOR array of items read in turn with a cursor in ref: an unsigned
+    integer k copies the next k bytes of ref; a byte string is written in place of as many
     bytes of ref, or of n bytes if a negative integer -1-n follows it; what is left of ref
     after the last item follows.  A report differs from the last one in a few digits, which
     zstd frames in 35 bytes and this in about 20; the edit script is rapidfuzz's (Levenshtein)."""
@@ -473,17 +487,18 @@ def _edits(body: bytes, ref: bytes) -> bytes:
         if i2 - i1 != j2 - j1:
             items.append(-1 - (i2 - i1))
         cur = i2
-    return zlib.crc32(body).to_bytes(EDITS_CHECK_BYTES, "big") + cbor2.dumps(items)
+    return _edits_check(key, body) + cbor2.dumps(items)
 
 
-def _apply_edits(data: bytes, ref: bytes, limit: int) -> bytes:
-    """The body that _edits wrote as `data` against ref: refused (Malformed) if its items are not
-    as _edits writes them, reach past ref, make more than `limit` bytes or fail the checksum
-    (made against another reference).  Linear in data, ref and the output."""
+def _apply_edits(data: bytes, ref: bytes, key: bytes, limit: int = EDITS_MAX_BODY + REF_ID_BYTES) -> bytes:
+    """The body that _edits wrote as `data` against ref, refused (Malformed) if its items are not
+    as _edits writes them, reach past ref, make more than `limit` bytes (what a sender makes
+    edits of, at most) or fail the check: made against another reference.  Linear in data,
+    ref and the output."""
     if len(data) < EDITS_CHECK_BYTES:
-        raise Malformed(f"edits of {len(data)} bytes, without their {EDITS_CHECK_BYTES}-byte checksum")
+        raise Malformed(f"edits of {len(data)} bytes, without their {EDITS_CHECK_BYTES}-byte check")
     if len(data) > limit:  # a sender writes edits only where they are smaller than the body itself
-        raise Oversize(f"edits of {len(data)} bytes for a body of at most {limit} here")
+        raise Oversize(f"edits of {len(data)} bytes for a body of at most {limit}")
     try:
         items = strict_loads(data[EDITS_CHECK_BYTES:], max_depth=1, max_items=len(data))
     except StrictCBORError as e:
@@ -491,28 +506,26 @@ def _apply_edits(data: bytes, ref: bytes, limit: int) -> bytes:
     if not isinstance(items, list):
         raise Malformed(f"edits are not an array: {short(items)}")
     out = bytearray()
-    cur = i = 0
+    cur = i = n = 0
     while i < len(items):
         keep = items[i]
         new = items[i + 1] if i + 1 < len(items) else None
         if type(keep) is not int or keep < 0 or not isinstance(new, bytes):
-            raise Malformed(
-                f"edit {i // 2} is not a count to copy and the bytes that follow: {short(items[i : i + 2])}"
-            )
-        skip, i = len(new), i + 2
+            raise Malformed(f"edit {n} is not a count to copy and the bytes that follow: {short(items[i : i + 2])}")
+        skip, i, n = len(new), i + 2, n + 1
         if i < len(items) and type(items[i]) is int and items[i] < 0:
             skip, i = -1 - items[i], i + 1
         if cur + keep + skip > len(ref):
             raise Malformed(f"edit reaches byte {cur + keep + skip} of a reference of {len(ref)}")
         if len(out) + keep + len(new) > limit:
-            raise Oversize(f"edits make over the {limit} bytes this body may have here")
+            raise Malformed(f"edits make over the {limit} bytes a body of edits has: another reference")
         out += ref[cur : cur + keep]
         out += new
         cur += keep + skip
-    if len(out) + len(ref) - cur > limit:
-        raise Oversize(f"edits make over the {limit} bytes this body may have here")
+    if len(out) + len(ref) - cur > limit:  # (a longer reference than the sender's)
+        raise Malformed(f"edits make over the {limit} bytes a body of edits has: another reference")
     out += ref[cur:]
-    if zlib.crc32(out).to_bytes(EDITS_CHECK_BYTES, "big") != data[:EDITS_CHECK_BYTES]:
+    if not hmac.compare_digest(_edits_check(key, bytes(out)), data[:EDITS_CHECK_BYTES]):
         raise Malformed("edits do not make the body they were made for: another reference")
     return bytes(out)
 
@@ -555,9 +568,16 @@ def _unzstd(zdict) -> "zstandard.ZstdDecompressor":
     return d
 
 
-def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYTES, ref: bytes | None = None) -> bytes:
+def _decompress(
+    comp: int,
+    data: bytes,
+    zdicts: dict,
+    budget: int = MAX_BODY_BYTES,
+    ref: bytes | None = None,
+    edits_key: bytes | None = None,
+) -> bytes:
     """The plain body, refused (Oversize) past `budget` bytes (at most MAX_BODY_BYTES).  ref: the
-    reference body of a Compression.DELTA one."""
+    reference body of a delta (DELTAS); edits_key: what checks edits (Codec._edits_key)."""
     budget = min(budget, MAX_BODY_BYTES)
     if comp == Compression.NONE:
         if len(data) > budget:
@@ -573,9 +593,12 @@ def _decompress(comp: int, data: bytes, zdicts: dict, budget: int = MAX_BODY_BYT
                 raise Oversize(f"body inflates beyond the {budget} bytes this bundle may still open to")
             return out
         if comp == Compression.EDITS:
-            if ref is None:
+            if ref is None or edits_key is None:
                 raise Malformed("delta body without its reference")
-            return _apply_edits(data, ref, min(budget, DELTA_MAX_BODY + REF_ID_BYTES))
+            out = _apply_edits(data, ref, edits_key)  # (what it makes is checked, then weighed)
+            if len(out) > budget:
+                raise Oversize(f"body of {len(out)} bytes, over the {budget} this bundle may still open to")
+            return out
         if comp == Compression.DELTA2 and zstandard:
             if ref is None:
                 raise Malformed("delta body without its reference")
@@ -672,6 +695,13 @@ class Codec:
         except KeyError:
             raise UnknownPeer(f"no key shared with node {short(peer)}") from None
 
+    def _edits_key(self, name: str) -> bytes:
+        """What checks edits sealed with the key shared with `name` (a peer or a group)."""
+        k = self._aeads.get(("edits", name))
+        if k is None:
+            k = self._aeads[("edits", name)] = _subkey(self._key(name), EDITS_KEY_LABEL)
+        return k
+
     def _aead(self, name: str) -> AESGCMSIV:
         """The AEAD of the key shared with `name` (a peer or a group), made once."""
         a = self._aeads.get(name)
@@ -687,7 +717,21 @@ class Codec:
         the first envelope's destination); tests and tools."""
         if dst is None and envs:
             dst = envs[0].dst
-        return self.container([self.map_bytes(e, delta, stamp) for e in envs], dst, stamp)
+        maps, after = [], None
+        for e in envs:
+            maps.append(self.map_bytes(e, delta, stamp, after))
+            after = (e.seq, e.sn) if e.kind == Kind.DATA else after
+        return self.container(maps, dst, stamp)
+
+    @staticmethod
+    def first_map(mb: bytes, env: Envelope) -> bytes:
+        """A map written to follow another (map_bytes' `after`) made to stand first in a bundle:
+        its seq and send number written out."""
+        m = cbor2.loads(mb)
+        m[K_SEQ] = env.seq
+        if env.sn is not None:
+            m[K_SN] = env.sn
+        return cbor2.dumps(m)
 
     def acked(self, dst: str, seqs: Iterable[int]) -> None:
         """`dst` holds these (a group: every member does): their bodies may be references for
@@ -717,9 +761,15 @@ class Codec:
                 if not waiting:
                     del self._open[(dst, got[0])]
 
-    def map_bytes(self, env: Envelope, delta: bool = False, stamp: Stamp = NO_STAMP) -> bytes:
-        """The envelope's map as it is sealed (module doc)."""
+    def map_bytes(
+        self, env: Envelope, delta: bool = False, stamp: Stamp = NO_STAMP, after: Chain | None = None
+    ) -> bytes:
+        """The envelope's map as it is sealed (module doc).  after: the (seq, send number) of the
+        data envelope before it in the bundle, if any: a seq or send number one on from it is
+        left out (decision 0026)."""
         _check_stamp(stamp)
+        if after is not None and after[1] is not None and env.kind == Kind.DATA and env.sn is None:
+            raise ValueError(f"envelope {env.seq} without a send number after one with: it would read as the next")
         if env.origin != self.node:
             raise ValueError(f"envelope of origin {env.origin!r} sealed by {self.node!r}: only its origin seals it")
         ref, key = None, None
@@ -752,8 +802,11 @@ class Codec:
         if ref is not None and key is not None and len(env.body) >= 48:
             rid = _ref_id(key, ref[1][1])
             d = _delta(rid + env.body, rid + ref[1][0])
-            e = _edits(rid + env.body, rid + ref[1][0])
-            kind, d = (Compression.EDITS, e) if len(e) <= len(d) else (Compression.DELTA2, d)
+            kind = Compression.DELTA2
+            if max(len(env.body), len(ref[1][0])) <= EDITS_MAX_BODY:
+                e = _edits(rid + env.body, rid + ref[1][0], self._edits_key(env.dst))
+                if len(e) <= len(d):
+                    kind, d = Compression.EDITS, e
             if len(d) + 4 < len(wire_body):  # (K_REF costs a few bytes)
                 comp, wire_body = kind, d
         if key is not None:  # kept until acked (a reference then) or lost (acked, lost)
@@ -775,7 +828,11 @@ class Codec:
         # the origin is the container's sender; what is left out is the default (_from_map), or
         # in a delta its reference's (decision 0022)
         like = ref[1][1] if comp in DELTAS and ref is not None else NOT_A_DELTA
-        m: dict[int, object] = {K_SEQ: env.seq, K_CREATED: env.created_ms - stamp[0] * 1000}
+        chained = after is not None and env.kind == Kind.DATA
+        m: dict[int, object] = {}
+        if not chained or env.seq != after[0] + 1:  # type: ignore[index]
+            m[K_SEQ] = env.seq
+        m[K_CREATED] = env.created_ms - stamp[0] * 1000
         if env.kind != Kind.DATA:
             m[K_KIND] = int(env.kind)
         if env.lifetime_ms == like[0]:
@@ -806,7 +863,8 @@ class Codec:
         if env.sn is not None:
             if not 0 <= env.sn < SN_MOD:
                 raise ValueError(f"send number {env.sn} is not 0 to {SN_MOD - 1}")
-            m[K_SN] = env.sn
+            if not (chained and after[1] is not None and env.sn == (after[1] + 1) % SN_MOD):  # type: ignore[index]
+                m[K_SN] = env.sn
         return cbor2.dumps(m)
 
     def container(self, maps: list[bytes], dst: str | None = None, stamp: Stamp = NO_STAMP) -> bytes:
@@ -915,15 +973,18 @@ class Codec:
         return [plain[at + a : at + b] for a, b in zip(ends, ends[1:])]
 
     def open(self, c: "Container", mb: bytes) -> Envelope:
-        """One envelope of `c` from its map's bytes (open_items): decoded and checked, its body
-        decompressed within what the bundle may still open to."""
+        """One envelope of `c` from its map's bytes (open_items), in the bundle's order: decoded and
+        checked, its body decompressed within what the bundle may still open to."""
         if len(mb) > MAX_ENVELOPE_BYTES:
+            c.after = BROKEN
             raise Oversize(f"envelope of {len(mb)} bytes exceeds {MAX_ENVELOPE_BYTES}")
         try:
             m = strict_loads(mb, max_depth=1, max_items=1 + 2 * MAP_ENTRIES_MAX)
         except StrictCBORError as e:
+            c.after = BROKEN
             raise Malformed(f"envelope map is not strict CBOR: {e}") from None
-        env = self._from_map(m, c.sender, c.dst, c.plain_left, c.stamp)
+        prev, c.after = c.after, BROKEN  # (what a map refused before its seq is known leaves)
+        env = self._from_map(m, c.sender, c.dst, c.plain_left, c.stamp, prev, c)
         c.plain_left -= len(env.body)
         return env
 
@@ -934,7 +995,14 @@ class Codec:
         return [self.open(c, m) for m in self.open_items(c)]
 
     def _from_map(
-        self, m: object, sender: str, dst: str, budget: int = MAX_BODY_BYTES, stamp: Stamp = NO_STAMP
+        self,
+        m: object,
+        sender: str,
+        dst: str,
+        budget: int = MAX_BODY_BYTES,
+        stamp: Stamp = NO_STAMP,
+        after: "Chain | None | object" = None,
+        c: "Container | None" = None,
     ) -> Envelope:
         if not isinstance(m, dict):
             raise Malformed(f"envelope is not a map: {short(m)}")
@@ -965,8 +1033,29 @@ class Codec:
                 raise Malformed(f"envelope {name} {short(v)} (key {k}) is out of range (0 to {hi})")
             return v
 
-        # every integer within what a store keeps (64-bit) and a sum of two of them too
-        seq = bounded(K_SEQ, "seq", MAX_SEQ)
+        if kind == Kind.ACK and c is not None:
+            c.after = after  # (an ack is outside the data envelopes' chain)
+        # every integer within what a store keeps (64-bit) and a sum of two of them too; a data
+        # envelope's seq and send number left out are one on from the one before it (decision 0026)
+        chain = after if kind == Kind.DATA else None
+        if K_SEQ in m or chain is None:
+            seq = bounded(K_SEQ, "seq", MAX_SEQ)
+        elif chain is BROKEN:
+            raise Malformed("envelope without its seq after one that was refused")
+        else:
+            seq = chain[0] + 1  # type: ignore[index]
+            if seq > MAX_SEQ:
+                raise Malformed(f"envelope seq {seq}, one on from the one before it, is over {MAX_SEQ}")
+        if K_SN in m:
+            sn = bounded(K_SN, "send number", SN_MOD - 1, None)
+        elif chain is not None and chain is not BROKEN and chain[1] is not None:  # type: ignore[index]
+            sn = (chain[1] + 1) % SN_MOD  # type: ignore[index]
+        elif chain is BROKEN:
+            raise Malformed("envelope without its send number after one that was refused")
+        else:
+            sn = None
+        if kind == Kind.DATA and c is not None:
+            c.after = (seq, sn)
         # the creation time: milliseconds from the stamp's base second (before it, for a copy of an
         # old envelope), and within what a store keeps once added
         off = get(K_CREATED, int, "creation time")
@@ -1022,7 +1111,6 @@ class Codec:
         if prio not in tuple(Priority):
             raise Malformed(f"envelope priority {short(prio)} is not 0 to 3")
         cseq = bounded(K_CSEQ, "cseq", MAX_SEQ, 0)
-        sn = bounded(K_SN, "send number", SN_MOD - 1, None) if K_SN in m else None
         if K_FLOOR_BACK in m:
             floor = cseq - bounded(K_FLOOR_BACK, "floor back from cseq", cseq)
         else:
@@ -1039,7 +1127,8 @@ class Codec:
         wire = get(K_BODY, bytes, "body", b"")
         self.last_wire_body = len(wire)
         try:
-            body = _decompress(comp, wire, self._zdicts, budget + (REF_ID_BYTES if ref is not None else 0), ref)
+            ek = self._edits_key(dst if dst in self.groups else sender) if comp == Compression.EDITS else None
+            body = _decompress(comp, wire, self._zdicts, budget + (REF_ID_BYTES if ref is not None else 0), ref, ek)
         except Malformed as e:
             if ref is None:
                 raise
@@ -1084,6 +1173,9 @@ class Container:
     dst: str = ""  # this node, or a group it is in
     plain_left: int = MAX_BUNDLE_PLAIN_BYTES  # plain body bytes its envelopes may still open to
     stamp: Stamp = NO_STAMP  # its base second and incarnation (every envelope's associated data)
+    # (seq, send number) of the last data envelope opened, or BROKEN after a map refused before
+    # its seq was known: what a map leaving them out follows (decision 0026)
+    after: "Chain | None | object" = None
 
 
 _dicts: dict[bytes, object] = {}

@@ -303,14 +303,15 @@ class Scheduler:
                     if budget <= 0:
                         break
                     if rate and it.priority > Priority.IMMEDIATE:
-                        if it.size > quantum and quantum < bundle_max:
+                        sealed = it.size * p.wire_ratio  # (a bundle's worth as it goes: compressed)
+                        if sealed > quantum and quantum < bundle_max:
                             quantum = 0  # it would not fit the bundle begun: the next one waits its turn
                         if quantum <= 0:
                             if pace > now_ms + PACE_SLACK_MS:
                                 self._pace_wait[dst] = math.ceil(pace)
                                 continue
                             quantum = bundle_max
-                        quantum -= it.size
+                        quantum -= sealed
                     chosen.append(it)
                     budget -= it.size
                     if rate:
@@ -479,11 +480,12 @@ class Scheduler:
         plain = sum(len(e) for e in maps)  # the acks' bodies are plain
         wire = body = 0  # map and plain bytes of the data envelopes (the path's wire_ratio)
         all_large = True  # every envelope in the bundle so far is over `small` (they share up to `large`)
+        after = None  # (seq, send number) of the data envelope before in this bundle (Codec.map_bytes)
         for it in items:
             sn = self._sn.get(dst, 0)
             self._sn[dst] = (sn + 1) % SN_MOD
             env = replace(it.envelope(self.codec.node, floors[it.priority], self.store.inc), sn=sn)
-            s = self.codec.map_bytes(env, delta=it.attempts == 0, stamp=stamp)
+            s = self.codec.map_bytes(env, delta=it.attempts == 0, stamp=stamp, after=after)
             cap = large if len(s) > small and all_large else small
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
             # over the aggregate size anyway (the acks ride along rather than go on their own);
@@ -497,6 +499,9 @@ class Scheduler:
                     Outgoing(dst, self.codec.container(maps, dst, stamp), seqs, ack_seqs if not bundles else none, rtx)
                 )
                 maps, seqs, size, rtx, all_large, plain = [], [], 0, 0, True, 0
+                if after is not None:  # it opens the next bundle: its seq and send number said
+                    s = self.codec.first_map(s, env)
+            after = (env.seq, env.sn)
             all_large = all_large and len(s) > small
             wire += len(s)
             body += it.size

@@ -148,6 +148,20 @@ def _envelope_seeds() -> list[bytes]:
     return seeds + [_SEALER.map_bytes(_env(seq=8, body=b"report " * 19 + b"Report "), delta=True)]
 
 
+# -- a delta body's edits, against a reference held (decision 0025) -------------------------
+_EDITS_KEY = b"e" * 32
+_EDITS_REF = b'\x04\x03\x02\x01{"coordinates": [59.930761, 10.739773, 0], "msg_id": "NOR-S003_199"}'
+
+
+def _edits(data: bytes) -> None:
+    E._apply_edits(data, _EDITS_REF, _EDITS_KEY)
+
+
+def _edits_seeds() -> list[bytes]:
+    near = _EDITS_REF.replace(b"930761", b"930812").replace(b"_199", b"_200")
+    return [E._edits(b, _EDITS_REF, _EDITS_KEY) for b in (near, _EDITS_REF[:40], _EDITS_REF + b"!" * 30)]
+
+
 # -- a whole bundle payload: the container, then every envelope in it ----------------------
 def _container(data: bytes) -> None:
     c = _CODEC.open_container(data)
@@ -385,6 +399,7 @@ def _api_seeds() -> list[bytes]:
 TARGETS: dict[str, Target] = {
     "envelope": Target(_envelope, (E.EnvelopeError,), _envelope_seeds, "an envelope map past a valid tag"),
     "container": Target(_container, (E.EnvelopeError,), _container_seeds, "a bundle payload and its envelopes"),
+    "edits": Target(_edits, (E.EnvelopeError,), _edits_seeds, "a delta body's edits against its reference"),
     "ack": Target(_ack, (E.EnvelopeError,), _ack_seeds, "an ack body"),
     "bpv7": Target(_bpv7, (bpv7.BundleError,), _bpv7_seeds, "a BPv7 bundle"),
     "tcpcl4": Target(_tcpcl4, (tcpcl4.ProtocolError,), _tcpcl4_seeds, "a TCPCLv4 peer's bytes"),

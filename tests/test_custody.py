@@ -1820,3 +1820,28 @@ def test_a_lone_order_after_a_bulk_transfer_is_not_probed_before_its_held_ack_ca
     assert holds and max(holds) < 1_000  # the bulk was acked at once (or nearly)
     sends = [t for t, seqs in net.sent if order and order[0] in seqs]
     assert len(sends) == 1, f"the order went at {sends}"
+
+
+def test_a_plan_split_over_bundles_names_each_bundles_first_seq_and_every_envelope_opens(tmp_path):
+    """Decision 0026: within a bundle a data envelope one seq on from the one before leaves its
+    seq and send number out; where a plan closes a bundle and opens the next, the first map of the
+    next names them again, so each bundle opens alone, in any order, and lost ones cost nothing
+    to the rest."""
+    import cbor2
+
+    from c2dtn.overlay import envelope as E
+
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), SchedulerConfig(aggregate_bytes=300))
+    b = Codec("gw4", {"gw1": KEY})
+    seqs = [a.submit("gw4", b"order %03d " % i + random.Random(i).randbytes(60), 0) for i in range(12)]
+    a.sched.path("gw4").window = 1 << 20
+    out = a.poll(0)
+    assert len(out) >= 3 and [q for o in out for q in o.seqs] == seqs
+    got = []
+    for o in reversed(out):  # (each alone: the order they arrive in does not matter)
+        c = b.open_container(o.payload)
+        maps = [cbor2.loads(m) for m in b.open_items(c)]
+        assert [E.K_SEQ in m for m in maps] == [True] + [False] * (len(maps) - 1)
+        got = b.open_bundle(o.payload) + got
+    assert [e.seq for e in got] == seqs and [e.sn for e in got] == list(range(12))
+    assert [e.body[:9] for e in got] == [b"order %03d" % i for i in range(12)]

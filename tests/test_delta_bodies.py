@@ -501,11 +501,19 @@ def test_a_report_goes_as_the_edits_of_the_one_before_smaller_than_a_zstd_frame_
     assert edits < frame - 8
 
 
+EK = b"e" * 32  # what checks edits (a Codec derives it from the bundle's key)
+
+
 @settings(max_examples=300, deadline=None)
-@given(ref=st.binary(max_size=600), body=st.binary(min_size=1, max_size=600), cuts=st.lists(st.integers(0, 600)))
+@given(
+    ref=st.binary(max_size=E.EDITS_MAX_BODY),
+    body=st.binary(max_size=E.EDITS_MAX_BODY),
+    cuts=st.lists(st.integers(0, E.EDITS_MAX_BODY)),
+)
 def test_every_edits_a_sender_writes_make_its_body_again(ref, body, cuts):
-    """Edits of any body against any reference, and of bodies made from the reference by cutting,
-    duplicating and changing pieces of it (how reports differ), decode to the body exactly."""
+    """Edits of any body against any reference (either empty, up to the largest a sender makes
+    edits of), and of bodies made from the reference by cutting, duplicating and changing
+    pieces of it (how reports differ), decode to the body exactly."""
     near = bytearray(ref)
     for c in cuts:
         if near and c % 3 == 0:
@@ -514,45 +522,67 @@ def test_every_edits_a_sender_writes_make_its_body_again(ref, body, cuts):
             near[c % len(near)] = c % 256
         else:
             near[c % (len(near) + 1) : c % (len(near) + 1)] = body[: c % 5]
-    for b in (body, bytes(near) or b"x"):
-        assert E._apply_edits(E._edits(b, ref), ref, E.DELTA_MAX_BODY) == b
+    for b in (body, bytes(near[: E.EDITS_MAX_BODY]), ref):
+        assert E._apply_edits(E._edits(b, ref, EK), ref, EK) == b
 
 
 def _edits_of(items: list, body: bytes = b"") -> bytes:
-    import zlib
-
-    return zlib.crc32(body).to_bytes(4, "big") + cbor2.dumps(items)
+    return E._edits_check(EK, body) + cbor2.dumps(items)
 
 
 @pytest.mark.parametrize(
     "data, exc, match",
     [
-        (b"\x00\x01", E.Malformed, "without their 4-byte checksum"),
+        (b"\x00\x01", E.Malformed, "without their 4-byte check"),
         (_edits_of([3, b"x"])[:-1], E.Malformed, "not strict CBOR"),
         (_edits_of({3: b"x"}), E.Malformed, "not an array"),
         (_edits_of([3]), E.Malformed, "edit 0 is not a count"),
         (_edits_of([b"x", 3]), E.Malformed, "edit 0 is not a count"),
         (_edits_of([True, b"x"]), E.Malformed, "edit 0 is not a count"),
         (_edits_of([3, [b"x"]]), E.Malformed, "not strict CBOR"),  # (nested: deeper than an edit goes)
-        (_edits_of([0, b"", 2, 1.5]), E.Malformed, "edit 1 is not a count"),
+        (_edits_of([0, b"", -2, 1.5]), E.Malformed, "edit 1 is not a count"),
         (_edits_of([99, b"x"]), E.Malformed, "reaches byte 100 of a reference of 10"),
         (_edits_of([0, b"", -100]), E.Malformed, "reaches byte 99 of a reference of 10"),
-        (_edits_of([0, b"x" * 23, -1]), E.Oversize, "over the 32 bytes"),  # (23 written, then the 10 of ref)
-        (_edits_of([5, b"ab"]), E.Malformed, "another reference"),  # the checksum of another body
+        (_edits_of([0, b"x" * 23, -1]), E.Malformed, "over the 32 bytes"),  # (23 written, then the 10 of ref)
+        (_edits_of([5, b"ab"]), E.Malformed, "another reference"),  # the check of another body
         (_edits_of([0, b"y" * 60]), E.Oversize, "edits of 68 bytes for a body of at most 32"),
     ],
 )
 def test_edits_that_a_sender_would_not_write_are_refused_naming_what_is_wrong(data, exc, match):
     with pytest.raises(exc, match=match):
-        E._apply_edits(data, b"0123456789", 32)
+        E._apply_edits(data, b"0123456789", EK, 32)
 
 
-def test_edits_against_a_reference_the_receiver_holds_otherwise_are_refused_unacked():
-    """The checksum is of the body the edits were made for: a receiver holding another body at
-    the seq referred to (a store put back from a copy reuses seqs) makes another one, and refuses
-    it as made against another reference; the retransmission goes whole."""
+def test_the_check_of_edits_is_keyed_so_bodies_chosen_to_collide_do_not():
+    """Found by review: a CRC-32 check is linear, so a client choosing the bodies of a topic could
+    make two references (a store put back reuses seqs) give the same check, and the edits made
+    against one were taken against the other and delivered wrong. The check is now an HMAC under
+    the bundle's key: without it no pair can be chosen to collide."""
+    import zlib
+
+    a = b'{"lat": 59.91299, "status": "all clear at grid 32V NM 123 456", "n": 1}'
+    b = bytearray(a)
+    for i, x in enumerate(bytes.fromhex("410671db01")):  # the CRC-32 generator's bytes XORed in
+        b[30 + i] ^= x
+    b = bytes(b)
+    assert zlib.crc32(a) == zlib.crc32(b) and a != b  # (what a CRC-32 check would have let through)
+    body = a.replace(b'n": 1', b'n": 2')
+    edits = E._edits(body, a, EK)
+    assert E._apply_edits(edits, a, EK) == body
+    with pytest.raises(E.Malformed, match="another reference"):
+        E._apply_edits(edits, b, EK)
+    with pytest.raises(E.Malformed, match="another reference"):  # another key, another check
+        E._apply_edits(edits, a, b"f" * 32)
+
+
+@pytest.mark.parametrize("held", [_report(77), _report(77) * 12, _report(77)[:60]])
+def test_edits_against_a_reference_the_receiver_holds_otherwise_are_refused_unacked(held):
+    """The check is of the body the edits were made for: a receiver holding another body at the
+    seq referred to (a store put back from a copy reuses seqs), shorter, as long or longer (past
+    what edits make: found by review, it was refused as oversize), makes another one, and
+    refuses it as made against another reference; the retransmission goes whole."""
     gw1, gw4 = Codec("gw1", {"gw4": KEY}), Codec("gw4", {"gw1": KEY})
-    gw4.open_bundle(gw1.bundle([dataclasses.replace(_env(1), body=_report(77))], delta=False))
+    gw4.open_bundle(gw1.bundle([dataclasses.replace(_env(1), body=held)], delta=False))
     other = Codec("gw1", {"gw4": KEY})  # the same seq 1 with another body, acked
     other.bundle([_env(1)], delta=True)
     other.acked("gw4", [1])

@@ -460,3 +460,93 @@ def test_an_envelope_map_is_bounded_in_entries_size_and_app_name():
     with pytest.raises(E.Malformed, match="over 64 bytes"):
         b.open_bundle(_seal_map({3: 1, 4: 1, 15: 1, 11: "a" * 65}))
     assert b.open_bundle(_seal_map({3: 1, 4: 1, 15: 1, 11: "a" * 64}))[0].app == "a" * 64
+
+
+# -- a data envelope's seq and send number follow from the one before it (decision 0026) -------
+
+
+def _opened(b: Codec, payload: bytes) -> list:
+    """Each map of a bundle opened in order: its envelope, or the error that refused it."""
+    c = b.open_container(payload)
+    out = []
+    for m in b.open_items(c):
+        try:
+            out.append(b.open(c, m))
+        except E.EnvelopeError as e:
+            out.append(e)
+    return out
+
+
+def test_only_the_first_data_envelope_of_a_run_names_its_seq_and_send_number():
+    a, b = pair()
+    envs = [env(seq=s, sn=n, supersede=f"u{s}") for s, n in ((7, 22), (8, 23), (9, 0), (12, 1), (13, 5))]
+    maps, after = [], None
+    for e in envs:
+        maps.append(cbor2.loads(a.map_bytes(e, after=after)))
+        after = (e.seq, e.sn)
+    said = [(E.K_SEQ in m, E.K_SN in m) for m in maps]
+    # 8 and 9 follow (the send number wraps at 24); 12 skips seqs; 13's send number skips
+    assert said == [(True, True), (False, False), (False, False), (True, False), (False, True)]
+    got = b.open_bundle(a.bundle(envs))
+    assert [(g.seq, g.sn) for g in got] == [(e.seq, e.sn) for e in envs]
+    assert [g.body for g in got] == [e.body for e in envs]
+    whole = sum(len(a.map_bytes(e)) for e in envs)
+    print(f"5 maps: {sum(len(a.map_bytes(e, after=(e.seq - 1, (e.sn - 1) % 24))) for e in envs)} B chained, {whole} B")
+
+
+def test_an_ack_between_data_envelopes_leaves_their_run_as_it_was():
+    a, b = pair()
+    ack = env(kind=E.Kind.ACK, seq=0, body=E.encode_ack_body({"gw4": ([3], [])}), supersede=None, cseq=0, floor=0)
+    first, second = env(seq=7, sn=3), env(seq=8, sn=4, supersede="other")
+    maps = [a.map_bytes(first), a.map_bytes(ack, after=(7, 3)), a.map_bytes(second, after=(7, 3))]
+    assert E.K_SEQ in cbor2.loads(maps[1]) and E.K_SEQ not in cbor2.loads(maps[2])
+    got = _opened(b, a.container(maps, "gw4"))
+    assert [(g.kind, g.seq, g.sn) for g in got] == [(Kind.DATA, 7, 3), (Kind.ACK, 0, None), (Kind.DATA, 8, 4)]
+
+
+def test_after_a_map_refused_before_its_seq_is_known_nothing_that_leaves_it_out_opens():
+    """A map refused before its seq was read (a seq of the wrong type, a wrong kind, a seq out of range)
+    leaves no seq to follow: a map leaving its own out after it is refused, not given a guess;
+    one naming its seq opens as before."""
+    a, b = pair()
+    follows = a.map_bytes(env(seq=9, sn=5), after=(8, 4))
+    names = a.map_bytes(env(seq=10, sn=6, supersede="x"))
+    for bad in (cbor2.dumps({E.K_SEQ: "8"}), cbor2.dumps({E.K_KIND: 9, E.K_SEQ: 8}), cbor2.dumps({E.K_SEQ: -1})):
+        got = _opened(b, a.container([a.map_bytes(env(seq=7, sn=3)), bad, follows, names], "gw4"))
+        assert got[0].seq == 7 and isinstance(got[1], E.Malformed)
+        assert isinstance(got[2], E.Malformed) and "after one that was refused" in str(got[2])
+        assert got[3].seq == 10
+
+
+def test_a_delta_refused_for_its_reference_still_gives_its_seq_to_the_next():
+    """After a restart the receiver refuses deltas (no reference) but their seqs are read: the
+    envelopes after them in the bundle open with the right seqs, and are not lost with them."""
+    a, b = pair()
+    whole = env(seq=1, sn=0, body=REPORT)
+    b.open_bundle(a.bundle([whole], delta=True))
+    a.acked("gw4", [1])
+    restarted = Codec("gw4", dict(b.keys))
+    delta, next_ = env(seq=2, sn=1), env(seq=3, sn=2, supersede="other", body=b"order")
+    got = _opened(restarted, a.bundle([delta, next_], delta=True))
+    assert isinstance(got[0], E.NoReference)
+    assert (got[1].seq, got[1].sn, got[1].body) == (3, 2, b"order")
+
+
+def test_a_chain_that_starts_without_a_seq_or_runs_past_the_largest_is_refused():
+    a, b = pair()
+    m = cbor2.loads(a.map_bytes(env(seq=8, sn=2), after=(7, 1)))
+    with pytest.raises(E.Malformed, match="lacks seq"):  # the first data map of a bundle
+        b.open_bundle(a.container([cbor2.dumps(m)], "gw4"))
+    top = a.map_bytes(env(seq=E.MAX_SEQ, sn=1))
+    with pytest.raises(E.Malformed, match="one on from the one before it, is over"):
+        b.open_bundle(a.container([top, cbor2.dumps(m)], "gw4"))
+    with pytest.raises(ValueError, match="without a send number after one with"):
+        a.map_bytes(env(seq=9, sn=None), after=(8, 2))
+
+
+def test_a_map_made_to_follow_another_opens_a_bundle_of_its_own_with_its_seq_said():
+    a, b = pair()
+    e = env(seq=8, sn=2)
+    first = Codec.first_map(a.map_bytes(e, after=(7, 1)), e)
+    (got,) = b.open_bundle(a.container([first], "gw4"))
+    assert (got.seq, got.sn, got.body) == (8, 2, REPORT)
