@@ -297,7 +297,7 @@ class Scheduler:
                     retry + queued,
                     key=lambda i: (i.seq not in probes, i.priority, i.seq in rank, rank.get(i.seq, i.seq)),
                 )
-                quantum = 0  # what the paced bundle begun may still take (a bundle's worth at a time)
+                quantum: float = 0  # what the paced bundle begun may still take (a bundle's worth, sealed)
                 bundle_max = max(self.cfg.aggregate_bytes, self.cfg.aggregate_large_bytes)
                 for it in cands:
                     if budget <= 0:
