@@ -60,6 +60,9 @@ FULL_BW_ROUNDS = 3
 PACING_GAIN = 1.25  # bundles go at this multiple of the delivery rate, so a rate that grew is found
 HOLD_CAP_MIN_MS = 1000  # a hold an ack reports counts up to 2 x ack_delay_ms, or this
 PACE_SLACK_MS = 10  # what the pace may run ahead of now in one plan (a fast link needs no plan per bundle)
+# a paced bundle's worth is counted sealed, and is at most this many bundles' worth of plain
+# bytes whatever the path's wire ratio says (it lags a change of traffic: decision 0027)
+PACED_PLAIN_MAX = 16
 SENT_STATES_MAX = 4096  # send records kept per destination for rate samples (oldest forgotten)
 
 
@@ -303,7 +306,9 @@ class Scheduler:
                     if budget <= 0:
                         break
                     if rate and it.priority > Priority.IMMEDIATE:
-                        sealed = it.size * p.wire_ratio  # (a bundle's worth as it goes: compressed)
+                        # a bundle's worth as it goes, compressed (decision 0027); the path's ratio
+                        # lags a change of traffic, so an envelope counts at least 1/PACED_PLAIN_MAX
+                        sealed = it.size * max(p.wire_ratio, 1 / PACED_PLAIN_MAX)
                         if sealed > quantum and quantum < bundle_max:
                             quantum = 0  # it would not fit the bundle begun: the next one waits its turn
                         if quantum <= 0:

@@ -511,9 +511,17 @@ def test_after_a_map_refused_before_its_seq_is_known_nothing_that_leaves_it_out_
     a, b = pair()
     follows = a.map_bytes(env(seq=9, sn=5), after=(8, 4))
     names = a.map_bytes(env(seq=10, sn=6, supersede="x"))
-    for bad in (cbor2.dumps({E.K_SEQ: "8"}), cbor2.dumps({E.K_KIND: 9, E.K_SEQ: 8}), cbor2.dumps({E.K_SEQ: -1})):
+    many = cbor2.dumps({E.K_SEQ: 8, **{k: 0 for k in range(100, 100 + E.MAP_ENTRIES_MAX)}})  # (found by review:
+    huge = cbor2.dumps({E.K_SEQ: 8, E.K_BODY: bytes(E.MAX_ENVELOPE_BYTES)})  # refused before _from_map reads it)
+    for bad in (
+        cbor2.dumps({E.K_SEQ: "8"}),
+        cbor2.dumps({E.K_KIND: 9, E.K_SEQ: 8}),
+        cbor2.dumps({E.K_SEQ: -1}),
+        many,
+        huge,
+    ):
         got = _opened(b, a.container([a.map_bytes(env(seq=7, sn=3)), bad, follows, names], "gw4"))
-        assert got[0].seq == 7 and isinstance(got[1], E.Malformed)
+        assert got[0].seq == 7 and isinstance(got[1], (E.Malformed, E.Oversize))
         assert isinstance(got[2], E.Malformed) and "after one that was refused" in str(got[2])
         assert got[3].seq == 10
 

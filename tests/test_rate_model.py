@@ -13,7 +13,7 @@ import pytest
 
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, Quota
-from c2dtn.overlay.envelope import MAX_ACK_HOLD_MS, Codec, Malformed, decode_ack_body, encode_ack_body
+from c2dtn.overlay.envelope import MAX_ACK_HOLD_MS, Codec, Malformed, Priority, decode_ack_body, encode_ack_body
 from c2dtn.overlay.store import open_store
 from c2dtn.perf import radio_sim as rs
 
@@ -309,3 +309,43 @@ def test_pacing_on_a_lan_still_lets_large_envelopes_share_a_bundle():
     seqs = [a.submit("gw4", random.randbytes(100_000), 0) for _ in range(3)]
     out = a.poll(0)
     assert [b.seqs for b in out] == [seqs]
+
+
+def _paced_plan(wire_ratio: float, bodies: list[bytes], supersede: bool) -> list:
+    """One plan of a path whose rate is known (1 kB/s, a radio's) and whose wire ratio is
+    `wire_ratio`, with these "priority" envelopes queued and the window wide open."""
+    a = core("gw1", "gw4", dataclasses.replace(rs.RADIO_CFG, linger_ms=0))
+    p = a.sched.path("gw4")
+    p.filled, p.bw, p.min_rtt_ms, p.wire_ratio, p.window = True, [(1, 1.0)], 500.0, wire_ratio, 1 << 20
+    for i, b in enumerate(bodies):
+        a.submit("gw4", b, 0, 600_000, Priority.PRIORITY, supersede=f"unit{i}" if supersede else None)
+    return a.poll(0)
+
+
+def test_a_paced_bundle_takes_as_many_reports_as_fit_it_sealed_not_by_their_plain_size():
+    """Decision 0027: reports that go compressed (a wire ratio of about 0.13, what the demo's
+    reports show) fill a paced bundle; counted by their plain size (230 to 315 bytes each
+    against the bundle's 1,200) a paced bundle took 3 to 5 of them, and paid its blocks,
+    headers, seal and ack for those."""
+    from c2dtn.perf.train_dict import position_report
+
+    reports = [position_report("NOR", u, u, 1, 1795833889591 + u, 59.9 + u / 1e4, 10.7) for u in range(1, 31)]
+    by_plain = rs.RADIO_CFG.aggregate_bytes // min(map(len, reports)) + 1  # what plain sizes let a bundle take
+    taken = sum(len(b.seqs) for b in _paced_plan(0.13, reports, supersede=True))
+    assert taken >= 2 * by_plain, (taken, by_plain)
+    assert (
+        sum(len(b.seqs) for b in _paced_plan(1.0, reports, supersede=True)) <= by_plain
+    )  # (incompressible: as before)
+
+
+def test_a_stale_wire_ratio_lets_one_paced_plan_take_at_most_a_few_bundles_worth():
+    """Found by review: after compressible traffic the path's wire ratio is small, and the
+    incompressible envelopes that follow were counted at that ratio: one plan took the whole
+    window (60 envelopes, 63 kB, at a ratio of 0.001). An envelope counts at least
+    1/PACED_PLAIN_MAX of its size, so a plan takes at most that many bundles' worth."""
+    from c2dtn.overlay.scheduler import PACED_PLAIN_MAX
+
+    out = _paced_plan(0.001, [random.randbytes(400) for _ in range(60)], supersede=False)
+    plain = 400 * sum(len(b.seqs) for b in out)
+    assert plain <= PACED_PLAIN_MAX * rs.RADIO_CFG.aggregate_bytes + 400, plain
+    assert sum(len(b.seqs) for b in out) < 60
