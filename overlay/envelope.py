@@ -975,15 +975,13 @@ class Codec:
     def open(self, c: "Container", mb: bytes) -> Envelope:
         """One envelope of `c` from its map's bytes (open_items), in the bundle's order: decoded and
         checked, its body decompressed within what the bundle may still open to."""
+        prev, c.after = c.after, BROKEN  # (what a map refused before its seq is known leaves)
         if len(mb) > MAX_ENVELOPE_BYTES:
-            c.after = BROKEN
             raise Oversize(f"envelope of {len(mb)} bytes exceeds {MAX_ENVELOPE_BYTES}")
         try:
             m = strict_loads(mb, max_depth=1, max_items=1 + 2 * MAP_ENTRIES_MAX)
         except StrictCBORError as e:
-            c.after = BROKEN
             raise Malformed(f"envelope map is not strict CBOR: {e}") from None
-        prev, c.after = c.after, BROKEN  # (what a map refused before its seq is known leaves)
         env = self._from_map(m, c.sender, c.dst, c.plain_left, c.stamp, prev, c)
         c.plain_left -= len(env.body)
         return env
@@ -1048,10 +1046,10 @@ class Codec:
                 raise Malformed(f"envelope seq {seq}, one on from the one before it, is over {MAX_SEQ}")
         if K_SN in m:
             sn = bounded(K_SN, "send number", SN_MOD - 1, None)
-        elif chain is not None and chain is not BROKEN and chain[1] is not None:  # type: ignore[index]
-            sn = (chain[1] + 1) % SN_MOD  # type: ignore[index]
         elif chain is BROKEN:
             raise Malformed("envelope without its send number after one that was refused")
+        elif chain is not None and chain[1] is not None:  # type: ignore[index]
+            sn = (chain[1] + 1) % SN_MOD  # type: ignore[index]
         else:
             sn = None
         if kind == Kind.DATA and c is not None:
