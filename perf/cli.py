@@ -427,10 +427,10 @@ def scale_cmd(sizes, period, duration, drain, observers, profile, modes, seed) -
 @click.option("--minutes", default=20.0, show_default=True, type=click.FloatRange(1, 600))
 @click.option(
     "--factor",
-    default=3.0,
+    default=10.0,
     show_default=True,
     type=click.FloatRange(0.1, 100),
-    help="offered MQTT payload as a multiple of the radio link's rate",
+    help="offered MQTT payload as a multiple of the radio link's rate (reports go compressed: the report says what share the link carried)",
 )
 @click.option("--units", default=24, show_default=True, type=click.IntRange(1, 500), help="position reporters on h1")
 @click.option(

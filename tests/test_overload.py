@@ -1,5 +1,5 @@
 """perf overload (issue 17's overload campaign): the arithmetic it reports, and the campaign
-in short on the testbed (90 s at 3x cnr-tactical-2)."""
+in short on the testbed (90 s at 6x cnr-tactical-2 in payload)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,9 @@ def test_overload_in_short_orders_all_arrive_positions_stay_fresh_custody_stays_
     # supersession: what the link could not carry was replaced, so gw1 held a few reports a unit
     # (before the queue limit of 2026-11-24: 755 envelopes held, orders 60 s late, positions 40 s old)
     assert pos["superseded_at_gw1"] > 0.3 * pos["sent"], pos
+    # the report says what share of the offered positions the link carried
+    assert pos["carried_share"] == pytest.approx(pos["delivered"] / pos["sent"]) and pos["carried_share"] < 0.8, pos
+    assert f"| {100 * pos['carried_share']:.0f} % |" in md
     assert res["gw1_held_max"] < 6 * res["params"]["units"], res["gw1_held_max"]
     assert o["latency_p50_s"] < 15, o
     assert pos["age_p50_s"] is not None and pos["age_p50_s"] < 20 and pos["age_p95_s"] < 60, pos
