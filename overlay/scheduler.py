@@ -189,6 +189,8 @@ class Scheduler:
         # the path's state a rate sample is taken against (as BBR's per-packet records), and
         # the order it went in (RACK's ties: several go in the same millisecond)
         self._sent: dict[str, dict[int, tuple[float, int, int, int, int]]] = {}
+        # dst -> seqs last sent again because an ack showed them lost (RACK trusts their acks)
+        self._found_resent: dict[str, set[int]] = {}
         # dst -> seqs found lost (RACK, a probe's ack): due again, but not a timeout
         self._lost: dict[str, set[int]] = {}
         self._counted: dict[str, set[int]] = {}  # group -> seqs its rate already counted (_rate_sample)
@@ -536,14 +538,20 @@ class Scheduler:
             p.first_sent_ms = p.delivered_ms = now_ms
         sent = self._sent.setdefault(dst, {})
         lost = self._lost.get(dst)
+        found = self._found_resent.setdefault(dst, set())
         for it in items:
             sent.pop(it.seq, None)  # a resend is the newest record
             p.sends += 1
             sent[it.seq] = (p.delivered, p.delivered_ms, p.first_sent_ms, now_ms, p.sends)
-            if lost:
+            if lost and it.seq in lost:
                 lost.discard(it.seq)
+                found.add(it.seq)
+            else:
+                found.discard(it.seq)
         while len(sent) > SENT_STATES_MAX:  # superseded and expired envelopes are never acked
             del sent[next(iter(sent))]
+        if len(found) > SENT_STATES_MAX:
+            found &= set(sent)
 
     def _rate_sample(self, dst: str, p: Path, items: list[OutItem], now_ms: int, group: bool) -> None:
         """These arrived: a delivery-rate sample, bytes delivered since the newest of them was
@@ -644,7 +652,24 @@ class Scheduler:
                     rtt = max(rtt, min(raw, p.min_rtt_ms / 2))
                 p.sample(max(1.0, rtt), self.cfg, now_ms)
             sent = self._sent.get(dst, {})
-            order = max((sent[it.seq][4] for it in fresh if it.seq in sent), default=None)
+            # the envelopes that say when what arrived was sent (RACK, below): those sent once,
+            # and those resent because an ack showed them lost, acked at least half a minimum
+            # round trip after the resend (after RFC 8985 6.2 step 2, which asks a whole one; on
+            # a paced radio the minimum holds a bundle's queue, which a resend into a queue
+            # emptied by a loss does not wait out): the first copy did not arrive, so the ack is
+            # for the resend.  Not to a group: the member acking may have had the first copy
+            # and lost its ack.
+            found = self._found_resent.get(dst, set()) if dst == sender else set()
+            rack = fresh + [
+                it
+                for it in items
+                if it.attempts > 1
+                and it.sent_ms is not None
+                and it.seq in found
+                and (not p.min_rtt_ms or now_ms - it.sent_ms >= p.min_rtt_ms / 2)
+            ]
+            self._found_resent.get(dst, set()).difference_update(it.seq for it in items)
+            order = max((sent[it.seq][4] for it in rack if it.seq in sent), default=None)
             if self.cfg.queue_target_ms:
                 self._rate_sample(dst, p, items, now_ms, group=dst != sender)
             # an ack proves the path works: what timed out into an outage need not
@@ -675,9 +700,12 @@ class Scheduler:
             if spurious and p.srtt_ms and p.min_rtt_ms and p.reo_steps * p.min_rtt_ms / 4 < p.srtt_ms:
                 p.reo_steps += 1
             # RACK: what was sent well before the newest envelope that arrived, and has not
-            # arrived itself, is lost.  Only envelopes sent once say when "newest" was sent: an
-            # ack for a resent one may be for its first copy (as Karn's rule for RTT samples).
-            newest = max((it.sent_ms or 0 for it in fresh), default=None)
+            # arrived itself, is lost.  An envelope resent on a timeout or as a probe says
+            # nothing of when "newest" was sent: the ack may be for its first copy (as Karn's
+            # rule for RTT samples).  One resent because it was found lost does: without it, at
+            # the end of a transfer the last envelope lost waited for a tail probe, though a
+            # resend that went after it had long arrived.
+            newest = max((it.sent_ms or 0 for it in rack), default=None)
             if newest is not None:
                 reo = int(p.reo_steps * p.min_rtt_ms / 4) if p.min_rtt_ms else 0
                 member = None if dst == sender else sender
@@ -725,7 +753,8 @@ class Scheduler:
         sent = self._sent.get(dst, {})
         later = {}
         for it in self.store.inflight(dst, lacking=member, sent_before_ms=newest_ms + 1, retry_after_ms=now_ms):
-            if it.sent_ms is None or it.sent_ms <= newest_ms - reo or it.seq not in sent or sent[it.seq][4] >= order:
+            # (sent before newest - reo: _fast_retransmit's)
+            if it.sent_ms is None or it.sent_ms < newest_ms - reo or it.seq not in sent or sent[it.seq][4] >= order:
                 continue
             at = it.sent_ms + (now_ms - newest_ms) + reo
             if it.retry_ms is None or at < it.retry_ms:

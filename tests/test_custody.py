@@ -897,7 +897,8 @@ def test_a_burst_bigger_than_the_first_window_is_not_held_up_by_the_ack_delay(tm
 def test_an_ack_for_a_resent_envelope_does_not_make_what_followed_its_first_copy_lost(tmp_path):
     # env 1 goes at 0 and again at 100 (a probe); env 2 goes at 50 and is still on its way
     # when env 1's first copy, merely slow, arrives: its ack may be for either copy, so it
-    # says nothing about env 2 (RACK only trusts envelopes sent once)
+    # says nothing about env 2 (RACK trusts a resend only where an ack showed its first copy
+    # lost, decision 0028: a probe is not)
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
     s1 = a.submit("gw4", b"one", 0)
     first = a.poll(0)
@@ -910,6 +911,75 @@ def test_an_ack_for_a_resent_envelope_does_not_make_what_followed_its_first_copy
     assert acks and a.on_bundle(acks[0].payload, 310).acks == 1
     assert a.store.count("fast_retransmits") == 0
     assert not any(s2 in o.seqs for o in a.poll(310))
+
+
+@pytest.mark.parametrize("s4_at", [130, 135])
+def test_the_last_envelope_lost_is_resent_once_a_resend_that_went_after_it_arrives(tmp_path, s4_at):
+    # s2 and s4 are lost; s3's arrival shows s2 lost and it goes again after s4 went.  When the
+    # resend's ack comes back a round trip later, s4 (sent before it) is lost too: resent at
+    # once, not after a tail probe's wait (the end of every bulk transfer that loses its last
+    # bundle).  At 135 s4 went exactly a reordering window (5 ms) before the resend.
+    import os
+
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+
+    def deliver(outs, at):  # bundles reach gw4 at `at`; acks owed at once reach gw1 10 ms later
+        for o in outs:
+            b.on_bundle(o.payload, at)
+        for o in b.poll(at):
+            a.on_bundle(o.payload, at + 10)
+
+    def send(t):
+        s = a.submit("gw4", os.urandom(5000), t)
+        out = a.poll(t)
+        assert [o.seqs for o in out] == [[s]]
+        return s, out
+
+    deliver(send(0)[1], 10)  # a round trip of 20 ms (5 kB owes its ack at once)
+    s1, first = send(100)
+    s2, _ = send(110)  # lost
+    s3, third = send(120)
+    deliver(first, 110)
+    deliver(third, 130)  # a gap: acked at once; s2 found lost ...
+    assert a.store.count("fast_retransmits") == 1
+    s4, _ = send(s4_at)  # ... and s4, lost too, goes before s2's resend
+    (again,) = a.poll(140)
+    assert again.seqs == [s2]
+    deliver([again], 150)  # acked at 160, a round trip after the resend
+    assert [o.seqs for o in a.poll(160)] == [[s4]]
+
+
+def test_an_ack_sooner_than_a_round_trip_after_a_resend_is_for_the_first_copy(tmp_path):
+    # s1 is found lost and goes again at 130; its first copy, merely late, arrives at 131 and is
+    # acked at 136, sooner after the resend than half a round trip (a resend cannot be acked so
+    # soon): s3, sent at 122 and still on its way, is not called lost by it
+    import os
+
+    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
+
+    def deliver(outs, at, back=10):
+        for o in outs:
+            b.on_bundle(o.payload, at)
+        for o in b.poll(at):
+            a.on_bundle(o.payload, at + back)
+
+    def send(t):
+        s = a.submit("gw4", os.urandom(5000), t)
+        out = a.poll(t)
+        assert [o.seqs for o in out] == [[s]]
+        return s, out
+
+    deliver(send(0)[1], 10)  # a round trip of 20 ms
+    s1, first = send(100)
+    _, second = send(110)
+    s3, third = send(122)
+    deliver(second, 120)  # s1 looks lost
+    (again,) = a.poll(130)
+    assert again.seqs == [s1] and a.store.count("fast_retransmits") == 1
+    deliver(first, 131, back=5)
+    assert a.store.count("fast_retransmits") == 1 and not any(s3 in o.seqs for o in a.poll(150))
+    deliver(third, 150)
+    assert not a.store.inflight("gw4")
 
 
 def test_the_reordering_window_widens_after_a_resend_proves_spurious(tmp_path):
