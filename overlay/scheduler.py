@@ -653,12 +653,11 @@ class Scheduler:
                 p.sample(max(1.0, rtt), self.cfg, now_ms)
             sent = self._sent.get(dst, {})
             # the envelopes that say when what arrived was sent (RACK, below): those sent once,
-            # and those resent because an ack showed them lost, acked at least half a minimum
-            # round trip after the resend (after RFC 8985 6.2 step 2, which asks a whole one; on
-            # a paced radio the minimum holds a bundle's queue, which a resend into a queue
-            # emptied by a loss does not wait out): the first copy did not arrive, so the ack is
-            # for the resend.  Not to a group: the member acking may have had the first copy
-            # and lost its ack.
+            # and those resent because an ack showed them lost, acked at least a minimum round
+            # trip after the resend (RFC 8985 6.2 step 2; sooner, the ack is for a first copy the
+            # BPA reordered, as the reordering window below takes it): the first copy did not
+            # arrive, so the ack is for the resend.  Not before a round trip is measured, and not
+            # to a group: the member acking may have had the first copy and lost its ack.
             found = self._found_resent.get(dst, set()) if dst == sender else set()
             rack = fresh + [
                 it
@@ -666,7 +665,8 @@ class Scheduler:
                 if it.attempts > 1
                 and it.sent_ms is not None
                 and it.seq in found
-                and (not p.min_rtt_ms or now_ms - it.sent_ms >= p.min_rtt_ms / 2)
+                and p.min_rtt_ms
+                and now_ms - it.sent_ms >= p.min_rtt_ms
             ]
             self._found_resent.get(dst, set()).difference_update(it.seq for it in items)
             order = max((sent[it.seq][4] for it in rack if it.seq in sent), default=None)
@@ -702,9 +702,9 @@ class Scheduler:
             # RACK: what was sent well before the newest envelope that arrived, and has not
             # arrived itself, is lost.  An envelope resent on a timeout or as a probe says
             # nothing of when "newest" was sent: the ack may be for its first copy (as Karn's
-            # rule for RTT samples).  One resent because it was found lost does: without it, at
-            # the end of a transfer the last envelope lost waited for a tail probe, though a
-            # resend that went after it had long arrived.
+            # rule for RTT samples).  One resent because it was found lost does (`rack` above):
+            # without it, the last envelope of a transfer lost behind such a resend waited for a
+            # tail probe, though the resend had arrived.
             newest = max((it.sent_ms or 0 for it in rack), default=None)
             if newest is not None:
                 reo = int(p.reo_steps * p.min_rtt_ms / 4) if p.min_rtt_ms else 0
@@ -753,8 +753,7 @@ class Scheduler:
         sent = self._sent.get(dst, {})
         later = {}
         for it in self.store.inflight(dst, lacking=member, sent_before_ms=newest_ms + 1, retry_after_ms=now_ms):
-            # (sent before newest - reo: _fast_retransmit's)
-            if it.sent_ms is None or it.sent_ms < newest_ms - reo or it.seq not in sent or sent[it.seq][4] >= order:
+            if it.sent_ms is None or it.sent_ms <= newest_ms - reo or it.seq not in sent or sent[it.seq][4] >= order:
                 continue
             at = it.sent_ms + (now_ms - newest_ms) + reo
             if it.retry_ms is None or at < it.retry_ms:

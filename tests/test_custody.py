@@ -913,12 +913,11 @@ def test_an_ack_for_a_resent_envelope_does_not_make_what_followed_its_first_copy
     assert not any(s2 in o.seqs for o in a.poll(310))
 
 
-@pytest.mark.parametrize("s4_at", [130, 135])
-def test_the_last_envelope_lost_is_resent_once_a_resend_that_went_after_it_arrives(tmp_path, s4_at):
+def test_the_last_envelope_lost_is_resent_once_a_resend_that_went_after_it_arrives(tmp_path):
     # s2 and s4 are lost; s3's arrival shows s2 lost and it goes again after s4 went.  When the
     # resend's ack comes back a round trip later, s4 (sent before it) is lost too: resent at
-    # once, not after a tail probe's wait (the end of every bulk transfer that loses its last
-    # bundle).  At 135 s4 went exactly a reordering window (5 ms) before the resend.
+    # once, not after a tail probe's wait (the end of a bulk transfer that loses its last
+    # bundle behind such a resend)
     import os
 
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
@@ -942,17 +941,18 @@ def test_the_last_envelope_lost_is_resent_once_a_resend_that_went_after_it_arriv
     deliver(first, 110)
     deliver(third, 130)  # a gap: acked at once; s2 found lost ...
     assert a.store.count("fast_retransmits") == 1
-    s4, _ = send(s4_at)  # ... and s4, lost too, goes before s2's resend
+    s4, _ = send(130)  # ... and s4, lost too, goes before s2's resend
     (again,) = a.poll(140)
     assert again.seqs == [s2]
     deliver([again], 150)  # acked at 160, a round trip after the resend
     assert [o.seqs for o in a.poll(160)] == [[s4]]
 
 
-def test_an_ack_sooner_than_a_round_trip_after_a_resend_is_for_the_first_copy(tmp_path):
-    # s1 is found lost and goes again at 130; its first copy, merely late, arrives at 131 and is
-    # acked at 136, sooner after the resend than half a round trip (a resend cannot be acked so
-    # soon): s3, sent at 122 and still on its way, is not called lost by it
+@pytest.mark.parametrize("first_at, back", [(131, 5), (135, 10)])
+def test_an_ack_sooner_than_a_round_trip_after_a_resend_is_for_the_first_copy(tmp_path, first_at, back):
+    # s1 is found lost and goes again at 130; its first copy, merely late, arrives after it and
+    # is acked 6 or 15 ms after the resend, sooner than a round trip (20 ms): s3, sent at 122
+    # and still on its way, is not called lost by it
     import os
 
     a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
@@ -976,10 +976,42 @@ def test_an_ack_sooner_than_a_round_trip_after_a_resend_is_for_the_first_copy(tm
     deliver(second, 120)  # s1 looks lost
     (again,) = a.poll(130)
     assert again.seqs == [s1] and a.store.count("fast_retransmits") == 1
-    deliver(first, 131, back=5)
+    deliver(first, first_at, back=back)
     assert a.store.count("fast_retransmits") == 1 and not any(s3 in o.seqs for o in a.poll(150))
     deliver(third, 150)
     assert not a.store.inflight("gw4")
+
+
+def test_before_a_round_trip_is_measured_no_resend_says_when_what_arrived_was_sent():
+    # a restarted gw1 (acks of resent envelopes give no round-trip sample) probes; the probe's
+    # ack shows s2..s4 missing, and they go again in two bundles in the same millisecond.  The
+    # BPA hands the second over first: its ack says nothing of the first bundle's envelopes
+    import os
+
+    from c2dtn.overlay.store.memory import MemoryStore
+
+    cfg = SchedulerConfig(min_rto_ms=5_000, initial_rto_ms=10_000, init_window=64 * 1024)
+    st = Custody(MemoryStore(), "gw1", Quota())
+    a = OverlayCore(st, Codec("gw1", {"gw4": KEY}), cfg)
+    b_cfg = dataclasses.replace(cfg, init_window=8 * 1024)  # acks 4 kB at once
+    b = OverlayCore(Custody(MemoryStore(), "gw4", Quota()), Codec("gw4", {"gw1": KEY}), b_cfg)
+    seqs = [a.submit("gw4", os.urandom(7000), 1000) for _ in range(4)]
+    assert sorted(s for o in a.poll(1000) for s in o.seqs) == seqs  # all lost, then gw1 restarts
+    a = OverlayCore(st, Codec("gw1", {"gw4": KEY}), cfg)
+    assert a.poll(2_000) == []
+    probe = a.poll(6_000)
+    assert [o.seqs for o in probe] == [seqs[:1]]
+    b.on_bundle(probe[0].payload, 6_100)
+    for o in b.poll(6_100):
+        a.on_bundle(o.payload, 6_200)  # the probe's ack: s2..s4 lost
+    again = a.poll(6_200)
+    assert [o.seqs for o in again] == [seqs[1:3], seqs[3:]]
+    before = st.count("fast_retransmits")
+    b.on_bundle(again[1].payload, 6_300)  # the later bundle first
+    for o in b.poll(6_300):
+        a.on_bundle(o.payload, 6_400)
+    assert not {s for o in a.poll(6_400) for s in o.seqs} & set(seqs[1:3])
+    assert st.count("fast_retransmits") == before
 
 
 def test_the_reordering_window_widens_after_a_resend_proves_spurious(tmp_path):
