@@ -359,12 +359,13 @@ class Scheduler:
 
     def _tail_probes(self, now_ms: int) -> tuple[set[int], set[str]]:
         """Tail loss probe (after RFC 8985): when nothing was sent to a destination and no ack
-        came from it for a minimum round trip plus the ack delay, while it still lacks
+        came from it for two minimum round trips plus the ack delay (one, once an ack came
+        after the last send), while it still lacks
         something, send the first envelope queued for it past the window, or where none is
         queued (and to a group) resend the oldest thing it lacks.  A new-data probe waits for
         the hold its acks reported lately instead of the whole ack delay.  Once acks came but
         before a round trip is measured, the shortest retransmission timeout stands for the
-        round trip.  New data first, as RFC 8985 7.3 prefers: on a lossy radio what lacks
+        round trips.  New data first, as RFC 8985 7.3 prefers: on a lossy radio what lacks
         an ack has most often arrived and only its ack was lost, and the new envelope's ack
         (which repeats the acks before it) shows that as well as a copy's would (decision
         0024).  Fast retransmission needs a later envelope to arrive; at the end of a burst
@@ -405,10 +406,13 @@ class Scheduler:
                 hold = self.cfg.ack_delay_ms
                 if new_data:
                     hold = min(hold, max(p.holds, default=hold))
-                # one round trip, not RFC 8985's two: the hold is counted on its own, and on a
-                # paced radio the minimum already holds a bundle of standing queue; a second
-                # left the radio idle seconds at every lost tail (decision 0029)
-                base = p.min_rtt_ms + hold + 200
+                # one round trip where an ack came after the last send (the path was just seen
+                # delivering: what still lacks has its own drain and round trip left), two where
+                # none came since (a lone envelope after silence: link set-up, jitter, a larger
+                # envelope or a longer hold stretch its round trip) and to a group (one member's
+                # ack says nothing of another's path) (decision 0029)
+                rtts = 1 if dst not in self.codec.groups and p.last_ack_ms > (p.last_sent_ms or 0) else 2
+                base = rtts * p.min_rtt_ms + hold + 200
             elif p.last_ack_ms > 0 or p.inherited:
                 # no round trip measured: a node that started into an outage, whose acks since
                 # were all for resent envelopes (Karn's rule takes no sample from them), or a

@@ -1478,7 +1478,7 @@ def test_a_new_data_probe_past_a_window_of_superseded_copies_goes_though_its_env
             sent_at = t
             assert out[0] == newest[0]
             break
-    assert sent_at == 700  # the probe's time: 100 + 100 + 200 ms after the last send (decision 0029)
+    assert sent_at == 800  # the probe's time: 2 x 100 + 100 + 200 ms after the last send
 
 
 def _files(tmp_path, name):
@@ -1862,8 +1862,7 @@ def test_when_only_acks_were_lost_the_tail_probe_carries_new_data_not_a_copy_of_
     cfg = SchedulerConfig(aggregate_bytes=1, init_window=3000, min_rto_ms=60_000, initial_rto_ms=120_000)
     a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
     b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
-    # (acks lost for a second: a probe's ack gets through while something is still queued)
-    net = _LoseAcks((1_000, 2_000), delay_ms=200)
+    net = _LoseAcks((1_000, 3_000), delay_ms=200)
     acts = [(0, lambda t: a.submit("gw4", b"first", t))]  # a round trip is measured first
     acts += [(1_000, lambda t, i=i: a.submit("gw4", b"%04d" % i + bytes(996), t)) for i in range(8)]
     got = run({"gw1": a, "gw4": b}, net, 10_000, actions=acts)
@@ -1873,33 +1872,43 @@ def test_when_only_acks_were_lost_the_tail_probe_carries_new_data_not_a_copy_of_
     assert a.store.count("tail_probes") >= 1  # (the acks were lost: it took a probe)
 
 
-@pytest.mark.parametrize("until_ms, arrived", [(3_500, False), (3_900, True)])
-def test_the_last_envelope_lost_goes_again_a_round_trip_and_the_ack_delay_after_it(tmp_path, until_ms, arrived):
-    # a round trip of 400 ms, acks held 1 s; the last envelope of a burst is lost and nothing
-    # is sent after it: its copy goes as a tail probe a minimum round trip, the ack delay and
-    # 200 ms after it (2.0 + 0.4 + 1.0 + 0.2 s), and arrives 0.2 s later -- not a second round
-    # trip later (4.2 s, decision 0029), nor early enough to copy what is merely on its way
-    cfg = SchedulerConfig(ack_delay_ms=1_000, min_rto_ms=60_000, initial_rto_ms=120_000)
+@pytest.mark.parametrize(
+    "burst, until_ms, arrived",
+    [(False, 4_100, False), (False, 4_300, True), (True, 5_100, False), (True, 5_300, True)],
+)
+def test_a_lost_tail_is_probed_a_round_trip_sooner_once_an_ack_came_after_it_went(tmp_path, burst, until_ms, arrived):
+    # a round trip of 400 ms, acks held 1 s.  Alone: "last" goes at 2.0 s after silence and is
+    # lost; its copy goes as a tail probe two minimum round trips, the ack delay and 200 ms
+    # later (4.0 s) and arrives at 4.2 s.  In a burst: "ahead" goes just before it and
+    # arrives; its ack, held 1 s, comes back at 3.4 s, after the last send, and the copy goes
+    # one round trip, the ack delay and 200 ms after that ack (5.0 s), arriving at 5.2 s, not
+    # at 5.6 s (decision 0029)
+    cfg = SchedulerConfig(aggregate_bytes=1, ack_delay_ms=1_000, min_rto_ms=60_000, initial_rto_ms=120_000)
     a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
     b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
 
-    class DropSecond(Net):
+    last: list[int] = []
+
+    class DropLast(Net):
         def send(self, out, now):
             for o in out:
-                if o.seqs and o.dst == "gw4" and not getattr(self, "dropped", False) and now >= 2_000:
-                    self.dropped = True  # the last envelope's first copy is lost on the way
+                if last and last[0] in o.seqs and not getattr(self, "dropped", False):
+                    self.dropped = True  # the first copy of "last" is lost on the way
                     self.bundles += 1
                     continue
                 super().send([o], now)
 
-    acts = [(0, lambda t: a.submit("gw4", b"first", t)), (2_000, lambda t: a.submit("gw4", b"last", t))]
-    got = run({"gw1": a, "gw4": b}, DropSecond(delay_ms=200), until_ms, step_ms=10, actions=acts)
+    acts = [(0, lambda t: a.submit("gw4", b"first", t))]
+    if burst:
+        acts.append((1_990, lambda t: a.submit("gw4", b"ahead", t)))
+    acts.append((2_000, lambda t: last.append(a.submit("gw4", b"last", t))))
+    got = run({"gw1": a, "gw4": b}, DropLast(delay_ms=200), until_ms, step_ms=10, actions=acts)
     assert (b"last" in [d.body for d in got["gw4"]]) is arrived
-    assert a.store.count("tail_probes") == (1 if arrived else 0)
+    assert a.store.count("tail_probes") <= 1
 
 
 def test_a_new_data_probe_waits_for_the_hold_the_receivers_acks_report_not_the_configured_ack_delay(tmp_path):
-    """The probe's timer is a round trip plus the time the receiver may hold the probe's ack.
+    """The probe's timer is two round trips plus the time the receiver may hold the probe's ack.
     Where the probe is new data (something is queued), an early one costs nothing on the link,
     and that time is what the receiver's acks said lately (here nothing: it acks each 1 kB
     envelope at once), at most ack_delay_ms: after its acks were lost, the transfer goes on as
