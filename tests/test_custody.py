@@ -913,26 +913,35 @@ def test_an_ack_for_a_resent_envelope_does_not_make_what_followed_its_first_copy
     assert not any(s2 in o.seqs for o in a.poll(310))
 
 
+class _Pair:
+    """gw1 and gw4 by hand: `send` submits 5 kB (its ack owed at once) and polls it alone into
+    a bundle; `deliver` hands bundles to gw4 at `at` and its acks back to gw1 `back` ms later."""
+
+    def __init__(self, tmp_path, back):
+        self.a, self.b, self.back = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1"), back
+
+    def deliver(self, outs, at, back=None):
+        for o in outs:
+            self.b.on_bundle(o.payload, at)
+        for o in self.b.poll(at):
+            self.a.on_bundle(o.payload, at + (self.back if back is None else back))
+
+    def send(self, t):
+        import os
+
+        s = self.a.submit("gw4", os.urandom(5000), t)
+        out = self.a.poll(t)
+        assert [o.seqs for o in out] == [[s]]
+        return s, out
+
+
 def test_the_last_envelope_lost_is_resent_once_a_resend_that_went_after_it_arrives(tmp_path):
     # s2 and s4 are lost; s3's arrival shows s2 lost and it goes again after s4 went.  When the
     # resend's ack comes back a round trip later, s4 (sent before it) is lost too: resent at
     # once, not after a tail probe's wait (the end of a bulk transfer that loses its last
     # bundle behind such a resend)
-    import os
-
-    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
-
-    def deliver(outs, at):  # bundles reach gw4 at `at`; acks owed at once reach gw1 10 ms later
-        for o in outs:
-            b.on_bundle(o.payload, at)
-        for o in b.poll(at):
-            a.on_bundle(o.payload, at + 10)
-
-    def send(t):
-        s = a.submit("gw4", os.urandom(5000), t)
-        out = a.poll(t)
-        assert [o.seqs for o in out] == [[s]]
-        return s, out
+    pair = _Pair(tmp_path, back=10)
+    a, deliver, send = pair.a, pair.deliver, pair.send
 
     deliver(send(0)[1], 10)  # a round trip of 20 ms (5 kB owes its ack at once)
     s1, first = send(100)
@@ -953,21 +962,8 @@ def test_an_ack_sooner_than_a_round_trip_after_a_resend_is_for_the_first_copy(tm
     # s1 is found lost and goes again at 130; its first copy, merely late, arrives after it and
     # is acked 6 or 15 ms after the resend, sooner than a round trip (20 ms): s3, sent at 122
     # and still on its way, is not called lost by it
-    import os
-
-    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
-
-    def deliver(outs, at, back=10):
-        for o in outs:
-            b.on_bundle(o.payload, at)
-        for o in b.poll(at):
-            a.on_bundle(o.payload, at + back)
-
-    def send(t):
-        s = a.submit("gw4", os.urandom(5000), t)
-        out = a.poll(t)
-        assert [o.seqs for o in out] == [[s]]
-        return s, out
+    pair = _Pair(tmp_path, back=10)
+    a, deliver, send = pair.a, pair.deliver, pair.send
 
     deliver(send(0)[1], 10)  # a round trip of 20 ms
     s1, first = send(100)
@@ -1015,21 +1011,8 @@ def test_before_a_round_trip_is_measured_no_resend_says_when_what_arrived_was_se
 
 
 def test_the_reordering_window_widens_after_a_resend_proves_spurious(tmp_path):
-    import os
-
-    a, b = make(tmp_path, "gw1", "gw4"), make(tmp_path, "gw4", "gw1")
-
-    def deliver(outs, at):  # bundles reach gw4 at `at`; its acks (5 kB owed: at once) reach gw1 5 ms later
-        for o in outs:
-            b.on_bundle(o.payload, at)
-        for o in b.poll(at):
-            a.on_bundle(o.payload, at + 5)
-
-    def send(t):
-        s = a.submit("gw4", os.urandom(5000), t)
-        out = a.poll(t)
-        assert [o.seqs for o in out] == [[s]]
-        return s, out
+    pair = _Pair(tmp_path, back=5)
+    a, deliver, send = pair.a, pair.deliver, pair.send
 
     deliver(send(0)[1], 15)  # a round trip of 20 ms
     s1, first = send(100)
