@@ -464,8 +464,10 @@ class Custody:
         copies too (never sent again, but on the radio's queue until they arrive or are lost)."""
         return self.outbox.inflight_bytes()
 
-    def superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
-        return self.outbox.superseded_inflight(dst, sent_before_ms)
+    def superseded_inflight(self, dst: str, sent_before_ms: int, lacking: str | None = None) -> list[int]:
+        """Superseded copies in flight to dst sent before `sent_before_ms` (for a group, only
+        those the member `lacking` has not acked)."""
+        return self.outbox.superseded_inflight(dst, sent_before_ms, lacking)
 
     def floor(self, dst: str, priority: int) -> int:
         """The oldest place in the class's order the receiver must still wait for.  Superseded

@@ -361,9 +361,13 @@ class Outbox:
     def inflight_bytes(self) -> dict[str, int]:
         return {d: w[1] for d, w in self._wire.items()}
 
-    def superseded_inflight(self, dst: str, sent_before_ms: int) -> list[int]:
+    def superseded_inflight(self, dst: str, sent_before_ms: int, lacking: str | None = None) -> list[int]:
         return sorted(
-            s for s in self._stale.get(dst, ()) if (t := self.items[s].sent_ms) is not None and t < sent_before_ms
+            s
+            for s in self._stale.get(dst, ())
+            if (t := self.items[s].sent_ms) is not None
+            and t < sent_before_ms
+            and not (lacking and lacking in self.members.get(s, ()))
         )
 
     def min_cseq(self, dst: str, priority: int) -> int:

@@ -746,10 +746,12 @@ class Scheduler:
             self.store.set_retry(lost)
             self._mark_lost(dst, lost)
             self.store.count_event("fast_retransmits", len(lost))
-        if member is None:  # superseded copies lost likewise: due now, so the next plan drops them
-            gone = self.store.superseded_inflight(dst, sent_before_ms)
-            if gone:
-                self.store.set_retry(dict.fromkeys(gone, now_ms))
+        # superseded copies lost likewise: due now, so the next plan drops them (else, never
+        # sent again, they fill the window until their timeout).  For a group, those the member
+        # that acked lacks: lost on the shared radio, or on its own leg; either way off the radio
+        gone = self.store.superseded_inflight(dst, sent_before_ms, member)
+        if gone:
+            self.store.set_retry(dict.fromkeys(gone, now_ms))
         return len(lost)
 
     def _rack_timer(self, dst: str, newest_ms: int, order: int, reo: int, now_ms: int, member: str | None) -> None:

@@ -521,3 +521,43 @@ def test_while_one_member_is_cut_off_what_goes_to_the_group_stays_within_its_win
     sent = sum(1 for s, d in net.sent if s == "deu" and d == "fmn")
     assert len(deu.store.queued("fmn", limit=1000)) > 200, "the queue went out to a member that was cut off"
     assert sent < 100, f"deu handed its agent {sent} bundles for the group while prt was cut off"
+
+
+def test_lost_superseded_copies_stop_filling_the_groups_window_once_a_member_acks_past_them(tmp_path):
+    """A group bundle of position reports lost on the uplink, then superseded: never sent again,
+    its copies must leave the window once a member's ack shows them lost (RACK), as they do for
+    one peer.  Kept until their timeout, they held the window on fmn-4nations while the units'
+    newer reports waited a round trip each behind them (a unit's age past 9 s)."""
+    import random
+
+    cfg = SchedulerConfig(
+        min_rto_ms=60_000, initial_rto_ms=120_000, init_window=8000, max_window=8000, queue_target_ms=0
+    )
+    cores = {n: make(tmp_path, n, cfg) for n in NODES}
+    rng = random.Random(5)
+
+    class LoseFirst(FanOut):
+        def send_from(self, sender, out, now):
+            for b in out:
+                if b.dst == "fmn" and not getattr(self, "lost", False):
+                    self.lost = True  # lost before the fan-out: no member gets it
+                    self.sent.append((sender, b.dst))
+                    continue
+                super().send_from(sender, [b], now)
+
+    def report(unit, n):
+        return lambda t: cores["deu"].submit(
+            "fmn", b"u%d r%d " % (unit, n) + rng.randbytes(990), t, priority=Priority.PRIORITY, supersede=f"u{unit}"
+        )
+
+    acts = [(0, report(u, 1)) for u in range(7)]  # a window's worth but one: all lost
+    acts += [(1_000, report(u, 2)) for u in range(8)]  # each of the seven supersedes its lost copy
+    net = _Bound(LoseFirst(delay_ms=200))
+    got = run(cores, net, 2_000, actions=acts)
+    for rx in ("nor", "prt"):
+        newest = {d.body[:6] for d in got[rx]}
+        # one went at 1 s (room for one beside the seven lost), acked at once for the gap; the
+        # other seven at that ack, not one a round trip
+        assert newest == {b"u%d r2 " % u for u in range(8)}, f"{rx} has only {sorted(newest)} at 2 s"
+    run(cores, net, 3_000, t0=2_100)
+    assert cores["deu"].store.inflight_bytes().get("fmn", 0) == 0  # all acked, nothing lost held
