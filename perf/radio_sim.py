@@ -16,13 +16,17 @@ Three workloads, the radio parts of `perf overlay`, `perf overload` and `make de
   latency and the positions' age of information at the receiver;
 - reports(): `units` position reports every `period_s` in the MQTT gateway's body, superseded
   per unit; link bytes per delivered report (frames whole, both ways) and their age (main()
-  runs it at the demo's 2 s and at 10 s, where a lost report is not superseded soon).
+  runs it at the demo's 2 s and at 10 s, where a lost report is not superseded soon);
+- fmn(): one nation of fmn-4nations: the same reports to the group of the other three over
+  the nation's radio uplink (a loss there is every member's), fanned out and acked over a LAN
+  as the topology's reverse_profile has it; their age at the members.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import random
 import statistics
@@ -207,51 +211,23 @@ def reports(
     unit at its own phase), in the MQTT gateway's body, "priority" (as perf bft marks them) and
     superseded per unit; link bytes (both ways, frames whole) per delivered report, envelopes
     per bundle, and the reports' ages."""
-    from c2dtn.ip_gateway import bodies
-    from c2dtn.perf.train_dict import position_report, report_times, report_topic
-
     r = Radio(profile(link), seed, **kw)
     rng = random.Random(seed)
     end = int(minutes * 60_000)
-    plan = [(int(t * 1000), u) for t, u in report_times(rng, units, period_s, minutes * 60)]
-    pos = {u: (59.9 + rng.random() / 10, 10.7 + rng.random() / 10) for u in range(1, units + 1)}
-    n = dict.fromkeys(pos, 0)
+    plan = _report_plan(rng, units, period_s, minutes, "NOR")
     gw1 = r.cores["gw1"]
     stamps: dict[int, int] = {}
     unit_of: dict[int, int] = {}
-    for t, u in plan:
+    for t, u, topic, body in plan:
         r.step(t)
-        n[u] += 1
-        lat, lon = pos[u]
-        pos[u] = (lat + rng.uniform(-1e-4, 1e-4), lon + rng.uniform(-1e-4, 1e-4))
-        topic = report_topic("NOR", u, u)
-        body = bodies.pack(
-            "pub",
-            f"c2bft-NOR-{u}",
-            "10.0.4.2:1883",
-            t=topic,
-            p=position_report("NOR", u, u, n[u], t, lat, lon),
-            q=1,
-            r=False,
-            x={},
-        )
         seq = gw1.submit("gw4", body, t, 600_000, Priority.PRIORITY, supersede="mqtt:" + topic, app="mqtt")
         stamps[seq] = t
         unit_of[seq] = u
     r.step(end + 30_000)
     got = [(t, d) for t, d in r.delivered["gw4"]]
     delays = sorted((t - stamps[d.seq]) / 1000 for t, d in got if d.seq in stamps)
-    # age of information: each second after the first minute's tenth, the age of each unit's
-    # newest report at the receiver
-    newest: dict[int, int] = {}
-    ages: list[float] = []
     arrivals = sorted((t, unit_of[d.seq], stamps[d.seq]) for t, d in got if d.seq in stamps)
-    i = 0
-    for at in range(6000, end + 1, 1000):
-        while i < len(arrivals) and arrivals[i][0] <= at:
-            newest[arrivals[i][1]] = max(newest.get(arrivals[i][1], 0), arrivals[i][2])
-            i += 1
-        ages += [(at - newest[u]) / 1000 for u in pos if u in newest]
+    ages = _report_ages(arrivals, units, end)
     frames = r.frames["gw4"] + r.frames["gw1"]
     link_bytes = r.dirs["gw4"].stats.delivered_bytes + r.dirs["gw1"].stats.delivered_bytes
     return {
@@ -269,7 +245,116 @@ def reports(
         "aoi_p95_s": _p95(ages),
         "units": units,
         # units whose last report arrived (by the end of the drain)
-        "newest_delivered": len({u for _, u, stamp in arrivals if stamp == max(t for t, v in plan if v == u)}),
+        "newest_delivered": len({u for _, u, stamp in arrivals if stamp == max(t for t, v, *_ in plan if v == u)}),
+    }
+
+
+def _report_plan(rng: random.Random, units: int, period_s: float, minutes: float, nation: str) -> list:
+    """(ms, unit, topic, body) of `units` units reporting every `period_s`, each at its own phase,
+    in the MQTT gateway's body (as perf bft's units publish them)."""
+    from c2dtn.ip_gateway import bodies
+    from c2dtn.perf.train_dict import position_report, report_times, report_topic
+
+    times = report_times(rng, units, period_s, minutes * 60)
+    pos = {u: (59.9 + rng.random() / 10, 10.7 + rng.random() / 10) for u in range(1, units + 1)}
+    n = dict.fromkeys(pos, 0)
+    out = []
+    for ts, u in times:
+        t = int(ts * 1000)
+        n[u] += 1
+        lat, lon = pos[u]
+        pos[u] = (lat + rng.uniform(-1e-4, 1e-4), lon + rng.uniform(-1e-4, 1e-4))
+        topic = report_topic(nation, u, u)
+        p = position_report(nation, u, u, n[u], t, lat, lon)
+        body = bodies.pack("pub", f"c2bft-{nation}-{u}", "10.0.4.2:1883", t=topic, p=p, q=1, r=False, x={})
+        out.append((t, u, topic, body))
+    return out
+
+
+def _report_ages(arrivals: list[tuple[int, int, int]], units: int, end_ms: int) -> list[float]:
+    """Age of information from (ms, unit, stamp) arrivals at one receiver: each second after the
+    first minute's tenth, the age of each unit's newest report there."""
+    newest: dict[int, int] = {}
+    ages: list[float] = []
+    i = 0
+    for at in range(6000, end_ms + 1, 1000):
+        while i < len(arrivals) and arrivals[i][0] <= at:
+            newest[arrivals[i][1]] = max(newest.get(arrivals[i][1], 0), arrivals[i][2])
+            i += 1
+        ages += [(at - newest[u]) / 1000 for u in range(1, units + 1) if u in newest]
+    return ages
+
+
+def fmn(seed: int, units: int = 8, period_s: float = 2.0, minutes: float = 2.0, members: int = 3, **kw) -> dict:
+    """fmn-4nations' traffic of one nation: `units` reports every `period_s` to the group of the
+    `members` other nations, each bundle across the nation's `cnr-tactical-2` uplink once (a
+    frame lost there is lost to every member), then over a LAN to each member, whose acks come
+    back over a LAN (the topology's reverse_profile); the reports' ages at the members."""
+    import hashlib
+
+    cfg = kw.get("cfg", RADIO_CFG)
+    nodes = ["deu"] + [f"m{i}" for i in range(members)]
+
+    def key(a: str, b: str) -> bytes:
+        return hashlib.sha256("-".join(sorted((a, b))).encode()).digest()
+
+    def core(name: str) -> OverlayCore:
+        groups = {"fmn": tuple(n for n in nodes if n != name)}
+        codec = Codec(name, {n: key(name, n) for n in nodes if n != name} | {"fmn": KEY}, groups)
+        return OverlayCore(Custody(open_store("memory"), name, Quota(), groups=groups), codec, cfg)
+
+    cores = {n: core(n) for n in nodes}
+    up, lan = Direction(profile(), seed), profile("lan")
+    down = {m: Direction(lan, seed + 10 + i) for i, m in enumerate(nodes[1:])}
+    back = {m: Direction(lan, seed + 20 + i) for i, m in enumerate(nodes[1:])}
+    rng = random.Random(seed)
+    end = int(minutes * 60_000)
+    plan = _report_plan(rng, units, period_s, minutes, "DEU")
+    stamps: dict[int, int] = {}
+    unit_of: dict[int, int] = {}
+    got: dict[str, list] = {m: [] for m in nodes[1:]}
+    now = i = 0
+    while now <= end + 30_000:
+        while i < len(plan) and plan[i][0] <= now:
+            t, u, topic, body = plan[i]
+            i += 1
+            seq = cores["deu"].submit("fmn", body, t, 600_000, Priority.PRIORITY, supersede="mqtt:" + topic, app="mqtt")
+            stamps[seq], unit_of[seq] = t, u
+        for f in up.due(now / 1000):
+            for d in down.values():
+                d.offer(f, now / 1000)
+        for m in nodes[1:]:
+            for f in down[m].due(now / 1000):
+                cores[m].on_bundle(f[: len(f) - FRAME_OVERHEAD], now)
+            for f in back[m].due(now / 1000):
+                cores["deu"].on_bundle(f[: len(f) - FRAME_OVERHEAD], now)
+            items = cores[m].take()
+            if items:
+                got[m] += [(now, d) for d in items]
+                cores[m].consumed([d.id for d in items], now)
+            for b in cores[m].poll(now):
+                back[m].offer(b.payload + bytes(FRAME_OVERHEAD), now / 1000)
+        for b in cores["deu"].poll(now):
+            up.offer(b.payload + bytes(FRAME_OVERHEAD), now / 1000)
+        nexts = [end + 30_001] + ([plan[i][0]] if i < len(plan) else [])
+        nexts += [w for c in cores.values() if (w := c.next_wakeup_ms()) is not None]
+        nexts += [
+            math.ceil(d * 1000) for x in (up, *down.values(), *back.values()) if (d := x.next_deadline()) is not None
+        ]
+        now = max(now + 1, min(nexts))
+    ages: list[float] = []
+    delays: list[float] = []
+    for m in nodes[1:]:
+        arrivals = sorted((t, unit_of[d.seq], stamps[d.seq]) for t, d in got[m] if d.seq in stamps)
+        delays += [(t - s) / 1000 for t, _, s in arrivals]
+        ages += _report_ages(arrivals, units, end)
+    return {
+        "seed": seed,
+        "sent": len(plan),
+        "delivered": sum(len(g) for g in got.values()),
+        "aoi_p95_s": _p95(ages),
+        "delay_p95_s": _p95(delays),
+        "uplink_bytes_per_report": up.stats.delivered_bytes / len(plan),
     }
 
 
@@ -338,9 +423,9 @@ def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=N
     rows: dict[str, dict] = {}
     many = seeds(max(bulk_runs, runs), run_seeds[0])
     with progress(console, "runs") as bar:
-        task = bar.add_task("virtual radio", total=(4 * runs + len(many) - runs) * len(CONFIGS))
+        task = bar.add_task("virtual radio", total=(5 * runs + len(many) - runs) * len(CONFIGS))
         for name, cfg in CONFIGS.items():
-            rows[name] = {"bulk": [], "overload": [], "reports": [], "reports_10s": []}
+            rows[name] = {"bulk": [], "overload": [], "reports": [], "reports_10s": [], "fmn": []}
             for s in run_seeds:
                 rows[name]["bulk"].append(bulk(s, cfg=cfg))
                 bar.advance(task)
@@ -349,6 +434,8 @@ def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=N
                 rows[name]["reports"].append(reports(s, minutes=minutes, cfg=cfg))
                 bar.advance(task)
                 rows[name]["reports_10s"].append(reports(s, minutes=minutes, period_s=10, cfg=cfg))
+                bar.advance(task)
+                rows[name]["fmn"].append(fmn(s, minutes=minutes, cfg=cfg))
                 bar.advance(task)
             rows[name]["bulk_many"] = [x["fraction"] for x in rows[name]["bulk"]]
             for s in many[runs:]:
@@ -377,6 +464,8 @@ def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=N
         "every 10 s: link bytes per report, median",
         "every 10 s: delay p95, median",
         "every 10 s: AoI p95, median",
+        "fmn uplink: AoI p95, median (max)",
+        "fmn uplink: bytes per report, median",
     ]
     for c in cols:
         t.add_column(c, justify="right")
@@ -397,6 +486,8 @@ def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=N
             f"{statistics.median(x['bytes_per_report'] for x in r['reports_10s']):.0f} B",
             f"{statistics.median(x['delay_p95_s'] for x in r['reports_10s']):.2f} s",
             f"{statistics.median(x['aoi_p95_s'] for x in r['reports_10s']):.2f} s",
+            f"{statistics.median(x['aoi_p95_s'] for x in r['fmn']):.2f} s ({max(x['aoi_p95_s'] for x in r['fmn']):.2f} s)",
+            f"{statistics.median(x['uplink_bytes_per_report'] for x in r['fmn']):.0f} B",
         ]
         t.add_row(*cells)
         lines.append("| " + " | ".join(cells) + " |")
@@ -421,12 +512,14 @@ def main(runs: int = 5, seed: int | None = None, minutes: float = 4.0, console=N
     console.print(tail)
     console.print(
         f"ceiling: {cap:.3f} of the link (1000 B of each frame); overload {minutes:g} min at 3x the link; "
-        f"demo: 8 units every 2 s for {minutes:g} min (and every 10 s)"
+        f"demo: 8 units every 2 s for {minutes:g} min (and every 10 s); fmn uplink: the same to a group of "
+        "three across the radio, acks over a LAN"
     )
     (out / "report.md").write_text(
         f"# perf radio-sim\n\nLoss patterns (seeds): {', '.join(map(str, run_seeds))}; overload {minutes:g} "
-        f"minutes at 3x the link; demo traffic (8 units every 2 s, and every 10 s) {minutes:g} minutes; ceiling {cap:.3f} "
-        "of the link.\n\n"
+        f"minutes at 3x the link; demo traffic (8 units every 2 s, and every 10 s) {minutes:g} minutes; the same "
+        "every 2 s from one nation of fmn-4nations to the group of the other three (its uplink the radio, fan-out "
+        f"and acks a LAN; AoI over the three members); ceiling {cap:.3f} of the link.\n\n"
         + "\n".join(lines)
         + f"\n\nBulk goodput alone on {len(many)} loss patterns (seeds {many[0]}, {many[0] + 1000}, ...; the first "
         f"{runs} are those above), share of the link:\n\n" + "\n".join(tail_lines) + "\n"
