@@ -17,9 +17,9 @@ Three workloads, the radio parts of `perf overlay`, `perf overload` and `make de
 - reports(): `units` position reports every `period_s` in the MQTT gateway's body, superseded
   per unit; link bytes per delivered report (frames whole, both ways) and their age (main()
   runs it at the demo's 2 s and at 10 s, where a lost report is not superseded soon);
-- fmn(): one nation of fmn-4nations: the same reports to the group of the other three over
-  the nation's radio uplink (a loss there is every member's), fanned out and acked over a LAN
-  as the topology's reverse_profile has it; their age at the members.
+- fmn(): fmn-4nations: each nation's reports to the group of the other three; all a nation
+  sends (reports, acks) crosses its own radio uplink (a loss there is every member's), then a
+  LAN to each destination, as the topology's reverse_profile has it; the reports' ages.
 """
 
 from __future__ import annotations
@@ -285,15 +285,16 @@ def _report_ages(arrivals: list[tuple[int, int, int]], units: int, end_ms: int) 
     return ages
 
 
-def fmn(seed: int, units: int = 8, period_s: float = 2.0, minutes: float = 2.0, members: int = 3, **kw) -> dict:
-    """fmn-4nations' traffic of one nation: `units` reports every `period_s` to the group of the
-    `members` other nations, each bundle across the nation's `cnr-tactical-2` uplink once (a
-    frame lost there is lost to every member), then over a LAN to each member, whose acks come
-    back over a LAN (the topology's reverse_profile); the reports' ages at the members."""
+def fmn(seed: int, units: int = 8, period_s: float = 2.0, minutes: float = 2.0, nations: int = 4, **kw) -> dict:
+    """fmn-4nations in virtual time: each of `nations` gateways sends its `units` reports every
+    `period_s` to the group of the others.  Whatever a nation sends (its reports, its acks of the
+    others') crosses its own `cnr-tactical-2` uplink to tacnet once (a frame lost there is lost to
+    every member), then a LAN to each destination (the topology's reverse_profile).  The reports'
+    ages at every other nation, and the uplink bytes per report sent."""
     import hashlib
 
     cfg = kw.get("cfg", RADIO_CFG)
-    nodes = ["deu"] + [f"m{i}" for i in range(members)]
+    nodes = [f"n{i}" for i in range(nations)]
 
     def key(a: str, b: str) -> bytes:
         return hashlib.sha256("-".join(sorted((a, b))).encode()).digest()
@@ -304,57 +305,67 @@ def fmn(seed: int, units: int = 8, period_s: float = 2.0, minutes: float = 2.0, 
         return OverlayCore(Custody(open_store("memory"), name, Quota(), groups=groups), codec, cfg)
 
     cores = {n: core(n) for n in nodes}
-    up, lan = Direction(profile(), seed), profile("lan")
-    down = {m: Direction(lan, seed + 10 + i) for i, m in enumerate(nodes[1:])}
-    back = {m: Direction(lan, seed + 20 + i) for i, m in enumerate(nodes[1:])}
+    lan = profile("lan")
+    # the testbed seeds a link's two directions with seed and seed + 1; a nation's link, seed + 10 i
+    up = {n: Direction(profile(), seed + 10 * i) for i, n in enumerate(nodes)}
+    down = {n: Direction(lan, seed + 10 * i + 1) for i, n in enumerate(nodes)}
     rng = random.Random(seed)
     end = int(minutes * 60_000)
-    plan = _report_plan(rng, units, period_s, minutes, "DEU")
-    stamps: dict[int, int] = {}
-    unit_of: dict[int, int] = {}
-    got: dict[str, list] = {m: [] for m in nodes[1:]}
+    plan = sorted(
+        (t, k, u, topic, body)
+        for k in range(nations)
+        for t, u, topic, body in _report_plan(rng, units, period_s, minutes, f"N{k}")
+    )
+    sent: dict[tuple[str, int], tuple[int, int]] = {}  # (origin, seq) -> (stamp, unit)
+    got: dict[str, list] = {n: [] for n in nodes}
     now = i = 0
     while now <= end + 30_000:
         while i < len(plan) and plan[i][0] <= now:
-            t, u, topic, body = plan[i]
+            t, k, u, topic, body = plan[i]
             i += 1
-            seq = cores["deu"].submit("fmn", body, t, 600_000, Priority.PRIORITY, supersede="mqtt:" + topic, app="mqtt")
-            stamps[seq], unit_of[seq] = t, u
-        for f in up.due(now / 1000):
-            for d in down.values():
-                d.offer(f, now / 1000)
-        for m in nodes[1:]:
-            for f in down[m].due(now / 1000):
-                cores[m].on_bundle(f[: len(f) - FRAME_OVERHEAD], now)
-            for f in back[m].due(now / 1000):
-                cores["deu"].on_bundle(f[: len(f) - FRAME_OVERHEAD], now)
-            items = cores[m].take()
+            seq = cores[nodes[k]].submit(
+                "fmn", body, t, 600_000, Priority.PRIORITY, supersede="mqtt:" + topic, app="mqtt"
+            )
+            sent[(nodes[k], seq)] = (t, u)
+        for n in nodes:
+            for f in up[n].due(now / 1000):  # at tacnet: on to the group's members, or to one node
+                dst = nodes[f[-1]] if f[-1] < nations else None
+                for m in nodes:
+                    if m != n and dst in (None, m):
+                        down[m].offer(f, now / 1000)
+        for n in nodes:
+            for f in down[n].due(now / 1000):
+                cores[n].on_bundle(f[: len(f) - FRAME_OVERHEAD], now)
+            items = cores[n].take()
             if items:
-                got[m] += [(now, d) for d in items]
-                cores[m].consumed([d.id for d in items], now)
-            for b in cores[m].poll(now):
-                back[m].offer(b.payload + bytes(FRAME_OVERHEAD), now / 1000)
-        for b in cores["deu"].poll(now):
-            up.offer(b.payload + bytes(FRAME_OVERHEAD), now / 1000)
+                got[n] += [(now, d) for d in items]
+                cores[n].consumed([d.id for d in items], now)
+            for b in cores[n].poll(now):
+                # the frame's last overhead byte names its destination for tacnet (255: the group)
+                to = nodes.index(b.dst) if b.dst in nodes else 255
+                up[n].offer(b.payload + bytes(FRAME_OVERHEAD - 1) + bytes([to]), now / 1000)
         nexts = [end + 30_001] + ([plan[i][0]] if i < len(plan) else [])
         nexts += [w for c in cores.values() if (w := c.next_wakeup_ms()) is not None]
-        nexts += [
-            math.ceil(d * 1000) for x in (up, *down.values(), *back.values()) if (d := x.next_deadline()) is not None
-        ]
+        nexts += [math.ceil(d * 1000) for x in (*up.values(), *down.values()) if (d := x.next_deadline()) is not None]
         now = max(now + 1, min(nexts))
     ages: list[float] = []
     delays: list[float] = []
-    for m in nodes[1:]:
-        arrivals = sorted((t, unit_of[d.seq], stamps[d.seq]) for t, d in got[m] if d.seq in stamps)
-        delays += [(t - s) / 1000 for t, _, s in arrivals]
-        ages += _report_ages(arrivals, units, end)
+    for n in nodes:
+        for origin in nodes:
+            if origin == n:
+                continue
+            arrivals = sorted(
+                (t, *sent[(origin, d.seq)][::-1]) for t, d in got[n] if d.origin == origin and (origin, d.seq) in sent
+            )
+            delays += [(t - stamp) / 1000 for t, _, stamp in arrivals]
+            ages += _report_ages(arrivals, units, end)
     return {
         "seed": seed,
         "sent": len(plan),
         "delivered": sum(len(g) for g in got.values()),
         "aoi_p95_s": _p95(ages),
         "delay_p95_s": _p95(delays),
-        "uplink_bytes_per_report": up.stats.delivered_bytes / len(plan),
+        "uplink_bytes_per_report": sum(d.stats.delivered_bytes for d in up.values()) / len(plan),
     }
 
 

@@ -354,12 +354,13 @@ def test_a_stale_wire_ratio_lets_one_paced_plan_take_at_most_a_few_bundles_worth
     assert sum(len(b.seqs) for b in out) < 60
 
 
-def test_on_the_fmn_uplink_three_frames_lost_in_a_row_do_not_stall_the_groups_reports():
-    """One nation's reports to the group of three on its 10 %-loss uplink, on a loss pattern
-    that loses three bundles in a row: the superseded copies in them leave the group's window
-    at the next member's ack (as for one peer), so the units' newer reports keep going; held
-    until their timeout, they let one report through a round trip for most of a minute and
-    the age p95 at the members was 16 s."""
-    r = rs.fmn(14777, minutes=3)
-    assert r["aoi_p95_s"] < 4.0, r
-    assert r["delivered"] > 0.95 * 3 * r["sent"], r
+def test_on_fmn_reports_lost_then_superseded_do_not_hold_the_groups_window():
+    """fmn-4nations on the virtual radio (four nations reporting to the group of the others, on
+    uplinks losing 10 %), on a loss pattern that loses a run of bundles: their superseded
+    copies leave the group's window at the next member's ack (as for one peer), so the units'
+    newer reports keep going.  Held until their timeout, they let one report through a round
+    trip: the age p95 at the members was 3.8 s on this pattern, 5.7 % of the deliveries due
+    superseded."""
+    r = rs.fmn(17242, minutes=3)
+    assert r["aoi_p95_s"] < 3.5, r
+    assert r["delivered"] > 0.955 * 3 * r["sent"], r
