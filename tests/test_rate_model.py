@@ -169,7 +169,7 @@ def test_perf_radio_sim_reports_both_schedulers_on_the_same_loss_patterns_and_a_
     assert "demo: link bytes per report" in report and "every 10 s: delay p95" in report
     assert summary["configs"]["model"]["reports_10s"][0]["delivered"] > 0
     assert summary["configs"]["model"]["reports"][0]["delivered"] > 0
-    assert "fmn uplink: AoI p95" in report
+    assert "fmn: AoI p95" in report
     fmn = summary["configs"]["model"]["fmn"][0]
     assert fmn["delivered"] > 0.9 * 3 * fmn["sent"]  # three members, a few reports superseded
     assert (out / "plot.png").stat().st_size > 0 and (out / "plot.json").exists()
