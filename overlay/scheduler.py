@@ -620,6 +620,7 @@ class Scheduler:
         sender held the newest of them before acking (left out of the round-trip sample)."""
         released, arrived = self.store.ack_from(sender, done, got)
         if not arrived and not released:
+            self._rack_of_let_go(sender, [*done, *got], now_ms)
             return 0
         self.codec.acked(sender, [it.seq for it in arrived + released if it.dst == sender])
         for it in released:  # a group's records go once every member took the envelope
@@ -733,6 +734,22 @@ class Scheduler:
                 seg = max(1024, nbytes / len(items))
                 p.window = min(self.cfg.max_window, p.window + nbytes * seg / p.window)
         return len(released) + len(arrived)
+
+    def _rack_of_let_go(self, sender: str, seqs: list[int], now_ms: int) -> None:
+        """An ack that names nothing held here: a late one, or one for superseded copies let go
+        when another member's ack showed them lost.  Their send records still say when they
+        went, so RACK runs on them as on envelopes held: what went before them and has not
+        reached `sender` is lost (else it waited for the sender's next ack or a probe)."""
+        held = self.store.outbox.get(seqs)  # (named again: acks repeat their recent ids)
+        for dst in [sender, *(g for g, ms in self.codec.groups.items() if sender in ms)]:
+            sent = self._sent.get(dst)
+            p = self.paths.get(dst)
+            if not sent or p is None or not p.min_rtt_ms:
+                continue
+            newest = max((sent[q][3] for q in seqs if q in sent and q not in held), default=None)
+            if newest is not None:
+                reo = int(p.reo_steps * p.min_rtt_ms / 4)
+                self._fast_retransmit(dst, newest - reo, now_ms, None if dst == sender else sender)
 
     def _fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int, member: str | None) -> int:
         """Envelopes sent before one the destination already has, and still not there:

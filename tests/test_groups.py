@@ -561,3 +561,26 @@ def test_lost_superseded_copies_stop_filling_the_groups_window_once_a_member_ack
         assert newest == {b"u%d r2 " % u for u in range(8)}, f"{rx} has only {sorted(newest)} at 2 s"
     run(cores, net, 3_000, t0=2_100)
     assert cores["deu"].store.inflight_bytes().get("fmn", 0) == 0  # all acked, nothing lost held
+
+
+def test_a_members_late_ack_of_copies_let_go_still_shows_what_it_lacks(tmp_path):
+    """nor's ack showed a superseded copy lost, so it was let go; prt's later ack names only
+    that copy (prt had it) and shows that prt lacks u1's report, sent before it: that report is
+    due again at once, as it would be had the copy still been held (not at prt's next ack or a
+    probe)."""
+    cfg = SchedulerConfig(min_rto_ms=60_000, initial_rto_ms=120_000, queue_target_ms=0)
+    deu = make(tmp_path, "deu", cfg)
+    u1 = deu.submit("fmn", b"u1 r0", 0, priority=Priority.PRIORITY, supersede="u1")
+    deu.poll(0)
+    u0r0 = deu.submit("fmn", b"u0 r0", 200, priority=Priority.PRIORITY, supersede="u0")
+    deu.poll(200)
+    u0r1 = deu.submit("fmn", b"u0 r1", 400, priority=Priority.PRIORITY, supersede="u0")
+    deu.poll(400)
+    deu.sched.on_ack("nor", [], [u1, u0r1], 700, 0)  # nor lost u0 r0 on its own leg
+    deu.poll(700)  # the superseded copy is let go
+    assert u0r0 not in {it.seq for it in deu.store.inflight("fmn")}
+    deu.sched.on_ack("prt", [], [u0r0], 1500, 0)  # prt lost u1 on its leg, had u0 r0
+    (b,) = deu.poll(1500)
+    assert u1 in b.seqs, "prt's ack showed u1 lost, yet it waits for a timeout or a probe"
+    deu.sched.on_ack("prt", [], [u0r0], 1600, 0)  # the same ids again, as acks repeat them
+    assert not deu.poll(1600), "a repeated ack sent the copy again"
