@@ -86,6 +86,18 @@ class FanOut:
         return [(rx, p) for t, rx, p in ready if not self.is_down(rx, t)]
 
 
+class LoseFirst(FanOut):
+    """The first group bundle is lost on its sender's uplink, before the fan-out: no member gets it."""
+
+    def send_from(self, sender, out, now):
+        for b in out:
+            if b.dst == "fmn" and not getattr(self, "lost", False):
+                self.lost = True
+                self.sent.append((sender, b.dst))
+                continue
+            super().send_from(sender, [b], now)
+
+
 class _Bound:
     """run() calls net.send(out, t) node after node; the container names its sender."""
 
@@ -266,15 +278,6 @@ def test_testbed_configs_for_a_group_route_by_epidemic_everywhere(tmp_path):
 def test_a_group_bundle_lost_on_the_uplink_is_resent_when_a_later_one_arrives(tmp_path):
     slow_timer = SchedulerConfig(min_rto_ms=60_000, initial_rto_ms=120_000)
     cores = {n: make(tmp_path, n, slow_timer) for n in NODES}
-
-    class LoseFirst(FanOut):
-        def send_from(self, sender, out, now):
-            for b in out:
-                if b.dst == "fmn" and not getattr(self, "lost", False):
-                    self.lost = True  # lost before the fan-out: no member gets it
-                    self.sent.append((sender, b.dst))
-                    continue
-                super().send_from(sender, [b], now)
 
     net = LoseFirst()
     got = run(
@@ -535,15 +538,6 @@ def test_lost_superseded_copies_stop_filling_the_groups_window_once_a_member_ack
     )
     cores = {n: make(tmp_path, n, cfg) for n in NODES}
     rng = random.Random(5)
-
-    class LoseFirst(FanOut):
-        def send_from(self, sender, out, now):
-            for b in out:
-                if b.dst == "fmn" and not getattr(self, "lost", False):
-                    self.lost = True  # lost before the fan-out: no member gets it
-                    self.sent.append((sender, b.dst))
-                    continue
-                super().send_from(sender, [b], now)
 
     def report(unit, n):
         return lambda t: cores["deu"].submit(
