@@ -106,6 +106,9 @@ class Path:
     min_rtt_ms: float | None = None
     last_ack_ms: int = 0  # when an ack last showed progress
     probes: int = 0  # tail probes sent since an ack last showed progress
+    # a group's tail probes go per member (Scheduler._tail_probes): member -> (when its ack
+    # last showed progress, probes sent for it since)
+    members: dict[str, tuple[int, int]] = field(default_factory=dict)
     reo_steps: int = 1  # reordering window in quarters of the minimum round trip (RFC 8985 6.2)
     last_sent_ms: int | None = None  # when envelopes last went (from the store once after a start)
     inherited: bool = False  # the store held envelopes in flight to it when this process started
@@ -424,9 +427,11 @@ class Scheduler:
                 base = self.cfg.min_rto_ms
             else:
                 continue  # a fresh node that has heard nothing yet: its initial timeout decides
-            # the first probe's loss is likelier radio loss than an outage: backing off starts
-            # after the second
-            at = max(p.last_sent_ms or 0, p.last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** max(0, p.probes - 1))))
+            members = self.codec.groups.get(dst)
+            if members and first is not None:
+                self._member_probes(dst, p, members, base, now_ms, probed)
+                continue
+            at = self._probe_time(p.last_sent_ms, p.last_ack_ms, p.probes, base)
             if at > now_ms:
                 self._probe_at[dst] = at
             elif first is None or new_data:
@@ -439,6 +444,35 @@ class Scheduler:
                 p.probes += 1
                 probed.add(first.seq)
         return probed, probe_new
+
+    @staticmethod
+    def _probe_time(last_sent_ms: int | None, last_ack_ms: int, probes: int, base: float) -> int:
+        """When the next tail probe is due.  The first probe's loss is likelier radio loss than
+        an outage: backing off starts after the second."""
+        return max(last_sent_ms or 0, last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** max(0, probes - 1))))
+
+    def _member_probes(
+        self, dst: str, p: Path, members: tuple[str, ...], base: float, now_ms: int, probed: set[int]
+    ) -> None:
+        """A group's tail probes, one timer and backoff per member: each resends the oldest
+        thing that member lacks.  With one timer for the group, a member cut off set the
+        backoff (up to PROBE_MAX_MS) and the probe resent what it lacked, which the others
+        had: another member's tail loss waited for its retransmission timeout (decision 0030)."""
+        for m in members:
+            mine = self.store.inflight(dst, lacking=m, limit=1)
+            if not mine:
+                continue
+            acked_ms, n = p.members.get(m, (0, 0))
+            at = self._probe_time(p.last_sent_ms, acked_ms, n, base)
+            it = mine[0]
+            if at > now_ms:
+                self._probe_at[dst] = min(self._probe_at.get(dst, at), at)
+            elif it.seq in probed or (it.retry_ms is not None and it.retry_ms > now_ms):
+                if it.seq not in probed:
+                    self.store.set_retry({it.seq: now_ms})
+                    self.store.count_event("tail_probes")
+                    probed.add(it.seq)
+                p.members[m] = (acked_ms, n + 1)
 
     def _lingers(self, queued: list[OutItem], now_ms: int, wire_ratio: float = 1.0) -> bool:
         """Hold these back a little so more can join them in one bundle?  (While they would fill
@@ -631,9 +665,11 @@ class Scheduler:
         probing = set()  # destinations whose tail probes were going (no progress since the first)
         for dst in {it.dst for it in arrived + released}:  # progress: a tail probe may go again
             p = self.path(dst)
-            if p.probes:
+            if p.probes or (dst != sender and p.members.get(sender, (0, 0))[1]):
                 probing.add(dst)
             p.last_ack_ms, p.probes = now_ms, 0
+            if dst != sender:
+                p.members[sender] = (now_ms, 0)
             if hold_ms is not None:  # (an ack of "done" alone says no hold)
                 p.holds = (p.holds + [hold_ms])[-RTT_RECENT:]
             waiting = self._deferred.get(dst)
@@ -689,9 +725,10 @@ class Scheduler:
                 # (RACK cannot tell: the probe was a resent envelope)
                 cutoff = max((it.sent_ms for it in items if it.sent_ms is not None), default=None)
                 if cutoff is not None:
+                    member = None if dst == sender else sender  # what the member that acked lacks
                     lost = {
                         it.seq: now_ms
-                        for it in self.store.inflight(dst, retry_after_ms=now_ms)
+                        for it in self.store.inflight(dst, lacking=member, retry_after_ms=now_ms)
                         if it.sent_ms is not None and it.sent_ms < cutoff
                     }
                     if lost:

@@ -578,3 +578,39 @@ def test_a_members_late_ack_of_copies_let_go_still_shows_what_it_lacks(tmp_path)
     assert u1 in b.seqs, "prt's ack showed u1 lost, yet it waits for a timeout or a probe"
     deu.sched.on_ack("prt", [], [u0r0], 1600, 0)  # the same ids again, as acks repeat them
     assert not deu.poll(1600), "a repeated ack sent the copy again"
+
+
+class LoseOnLeg(FanOut):
+    """A group bundle handed over at or after `at_ms` is lost on `rx`'s own leg only (once)."""
+
+    def __init__(self, rx, at_ms, delay_ms=200):
+        super().__init__(delay_ms)
+        self.rx, self.at_ms, self.lost = rx, at_ms, False
+
+    def send_from(self, sender, out, now):
+        for b in out:
+            if b.dst == "fmn" and now >= self.at_ms and not self.lost and not self.is_down(sender, now):
+                self.lost = True
+                self.sent.append((sender, b.dst))
+                for rx in NODES:
+                    if rx not in (sender, self.rx):
+                        self.flight.append((now + self.delay_ms, rx, b.payload))
+                continue
+            super().send_from(sender, [b], now)
+
+
+def test_with_one_member_cut_off_another_members_tail_loss_is_probed_not_left_to_its_timeout(tmp_path):
+    """prt is cut off; the last order of a burst is lost on nor's own leg.  The group's tail
+    probe must resend what nor lacks: the oldest thing the group lacks is prt's, which nor
+    already has, so probing that alone left nor's order to its retransmission timeout."""
+    cores = {n: make(tmp_path, n, SchedulerConfig(min_rto_ms=30_000, initial_rto_ms=60_000)) for n in NODES}
+    net = LoseOnLeg("nor", 20_000)
+    net.down["prt"] = [(2_500, 600_000)]  # prt lacks pos 3 and 4, older than the order
+    acts = [(i * 1000, lambda t, i=i: cores["deu"].submit("fmn", b"pos %d" % i, t)) for i in range(5)]
+    acts += [(20_000, lambda t: cores["deu"].submit("fmn", b"order", t, priority=Priority.IMMEDIATE))]
+    got = run(cores, _Bound(net), 20_000 + 4_000, actions=acts)
+    assert net.lost
+    bodies = [d.body for d in got["nor"]]
+    # a probe's interval is two round trips and the ack delay; prt's backoff had grown past 4 s
+    assert b"order" in bodies, f"nor still lacks the order 4 s after it went (has {bodies})"
+    assert cores["deu"].store.held_out()[0] > 0  # prt lacks them all: still in custody
