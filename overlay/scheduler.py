@@ -457,22 +457,29 @@ class Scheduler:
         """A group's tail probes, one timer and backoff per member: each resends the oldest
         thing that member lacks.  With one timer for the group, a member cut off set the
         backoff (up to PROBE_MAX_MS) and the probe resent what it lacked, which the others
-        had: another member's tail loss waited for its retransmission timeout (decision 0030)."""
+        had: another member's tail loss waited for its retransmission timeout (decision 0030).
+        A member is looked up only when its timer is due (a scan of what is in flight)."""
+        went = False
         for m in members:
-            mine = self.store.inflight(dst, lacking=m, limit=1)
-            if not mine:
-                continue
             acked_ms, n = p.members.get(m, (0, 0))
             at = self._probe_time(p.last_sent_ms, acked_ms, n, base)
-            it = mine[0]
             if at > now_ms:
                 self._probe_at[dst] = min(self._probe_at.get(dst, at), at)
-            elif it.seq in probed or (it.retry_ms is not None and it.retry_ms > now_ms):
-                if it.seq not in probed:
-                    self.store.set_retry({it.seq: now_ms})
-                    self.store.count_event("tail_probes")
-                    probed.add(it.seq)
-                p.members[m] = (acked_ms, n + 1)
+                continue
+            mine = self.store.inflight(dst, lacking=m, limit=1)
+            if not mine:  # it has everything: its timer starts again from now
+                p.members[m] = (now_ms, 0)
+                continue
+            it = mine[0]
+            if it.seq not in probed and (it.retry_ms is None or it.retry_ms <= now_ms):
+                continue  # due anyway (a timeout, RACK): the plan resends it
+            if it.seq not in probed:
+                self.store.set_retry({it.seq: now_ms})
+                probed.add(it.seq)
+                went = True
+            p.members[m] = (acked_ms, n + 1)
+        if went:
+            self.store.count_event("tail_probes")
 
     def _lingers(self, queued: list[OutItem], now_ms: int, wire_ratio: float = 1.0) -> bool:
         """Hold these back a little so more can join them in one bundle?  (While they would fill
@@ -568,6 +575,10 @@ class Scheduler:
                 p.wire_ratio += (wire / body - p.wire_ratio) / 4  # (a moving average)
             self._sent_states(dst, p, items, now_ms, inflight)
             p.last_sent_ms = now_ms
+            if p.members and any(it.attempts == 0 for it in items):
+                # new data to a group: each member's probes start again from the base interval,
+                # as the group's one backoff did at the progress the new data drew (decision 0030)
+                p.members = {m: (acked, 0) for m, (acked, _) in p.members.items()}
             retry_at = {it.seq: now_ms + int(min(self.cfg.max_rto_ms, p.rto_ms * (2**it.attempts))) for it in items}
             self.store.mark_sent([it.seq for it in items], now_ms, retry_at)
         return bundles

@@ -614,3 +614,21 @@ def test_with_one_member_cut_off_another_members_tail_loss_is_probed_not_left_to
     # a probe's interval is two round trips and the ack delay; prt's backoff had grown past 4 s
     assert b"order" in bodies, f"nor still lacks the order 4 s after it went (has {bodies})"
     assert cores["deu"].store.held_out()[0] > 0  # prt lacks them all: still in custody
+
+
+def test_a_member_back_from_a_cut_catches_up_within_seconds_while_the_others_take_bursts(tmp_path):
+    """prt cut off for two minutes while deu sends a burst every 30 s that nor takes: prt's
+    probes back off, but each burst starts them again from the base interval (as the group's
+    one backoff did), so prt has everything within a few seconds of its return, not at the
+    end of a backoff grown to its 30 s cap."""
+    cores = {n: make(tmp_path, n, SchedulerConfig()) for n in NODES}
+    net = FanOut()
+    net.down["prt"] = [(2_500, 125_000)]
+    acts = [
+        (k * 30_000, lambda t, k=k: [cores["deu"].submit("fmn", b"pos %d.%d" % (k, i), t) for i in range(5)])
+        for k in range(5)
+    ]
+    # the backoff after the last burst (at 120 s) has reached about 4 s when prt returns
+    got = run(cores, _Bound(net), 125_000 + 6_000, actions=acts)
+    assert len(got["nor"]) == 25
+    assert [d.body for d in got["prt"]] == [b"pos %d.%d" % (k, i) for k in range(5) for i in range(5)]
