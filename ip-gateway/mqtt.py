@@ -530,6 +530,17 @@ class _Reader:
         return props
 
 
+# decoding's per-packet lookups, made once (a stream of tiny packets is decoded packet by packet)
+_PACKET_TYPES = (None, *PacketType)
+_FLAGS_0010 = frozenset((PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE))
+_ACKS: dict[PacketType, type[PubAck | PubRec | PubRel | PubComp]] = {
+    PacketType.PUBACK: PubAck,
+    PacketType.PUBREC: PubRec,
+    PacketType.PUBREL: PubRel,
+    PacketType.PUBCOMP: PubComp,
+}
+
+
 class Parser:
     """Frames and decodes a stream of MQTT packets."""
 
@@ -584,8 +595,8 @@ class Parser:
         ptype, flags = hdr >> 4, hdr & 0x0F
         if not 1 <= ptype <= 15:
             raise MqttError(Reason.MALFORMED_PACKET, f"reserved packet type {ptype}")
-        ptype = PacketType(ptype)
-        want = 0b0010 if ptype in (PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE) else 0
+        ptype = _PACKET_TYPES[ptype]
+        want = 0b0010 if ptype in _FLAGS_0010 else 0
         if ptype != PacketType.PUBLISH and flags != want:
             raise MqttError(Reason.MALFORMED_PACKET, f"{ptype.name} with fixed-header flags {flags:04b}")
         r = _Reader(b, start, end)
@@ -609,13 +620,7 @@ class Parser:
             if v5:
                 pkt.properties = r.properties(ptype, "CONNACK")
         elif ptype in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
-            acks: dict[PacketType, type[PubAck | PubRec | PubRel | PubComp]] = {
-                PacketType.PUBACK: PubAck,
-                PacketType.PUBREC: PubRec,
-                PacketType.PUBREL: PubRel,
-                PacketType.PUBCOMP: PubComp,
-            }
-            pkt = ack = acks[ptype](self._packet_id(r, ptype))
+            pkt = ack = _ACKS[ptype](self._packet_id(r, ptype))
             if v5 and r.left():
                 ack.reason = _check_reason(ptype, r.byte(f"{ptype.name} reason"), v5)
                 if r.left():

@@ -47,7 +47,7 @@ def child(name: str, runs: int, corpus: str, stats: str, artifacts: str, seeds_d
         t(data)
         # instrumented code runs several times slower than the daemons': an input over the limit
         # here is kept, and timed again uninstrumented by the parent (run_target)
-        if time.perf_counter() - t0 > fuzz_targets.TIME_LIMIT_S:
+        if time.perf_counter() - t0 > fuzz_targets.time_limit_s(len(data)):
             f = slow / fuzz_targets.digest(data)
             if not f.exists() and len(list(slow.iterdir())) < 200:
                 f.write_bytes(data)

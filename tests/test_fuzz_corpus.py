@@ -32,7 +32,7 @@ def test_the_fuzz_corpus_replays_with_typed_refusals_only(name, tmp_path, monkey
     t.counts.update(accepted=0, refused=0)
     inputs = t.seeds() + [f.read_bytes() for f in files]
     for data in inputs:
-        t(data)  # anything but the typed refusal, or OverLimit (10 ms), propagates and fails the test
+        t(data)  # anything but the typed refusal, or OverLimit (10 ms, 3 µs a byte past that), propagates and fails the test
     assert t.counts["accepted"] + t.counts["refused"] == len(files) + len(t.seeds())
     assert t.counts["accepted"] >= 1  # the seeds at least are taken
     peaks = sorted((t.traced_peak(d), len(d)) for d in inputs)
@@ -60,7 +60,7 @@ def test_the_fuzz_corpus_replays_with_typed_refusals_only(name, tmp_path, monkey
 )
 def test_the_review_findings_are_in_the_corpus_and_within_the_limits(name, finding, tmp_path, monkeypatch):
     """Each finding of the attacker's review is an entry of the corpus that `make test` replays
-    and `perf fuzz` starts from; a target over 10 ms or 32 MB on it fails (OverLimit)."""
+    and `perf fuzz` starts from; a target over its time limit or 32 MB on it fails (OverLimit)."""
     monkeypatch.setenv("C2DTN_FUZZ_DIR", str(tmp_path))
     data = (CORPUS / name / f"review-{finding}").read_bytes()
     t = TARGETS[name]
@@ -76,6 +76,10 @@ def test_an_input_over_the_time_limit_is_a_crash():
     t = Target(lambda d: time.sleep(0.02), (ValueError,), list, "slow")
     with pytest.raises(OverLimit, match="ms for an input of 3 bytes"):
         t(b"abc")
+    t(bytes(8192))  # 20 ms is within what 8 kB may take (3 µs a byte)
+    slower = Target(lambda d: time.sleep(0.03), (ValueError,), list, "slower")
+    with pytest.raises(OverLimit, match=r"ms for an input of 8192 bytes \(limit 24.6 ms\)"):
+        slower(bytes(8192))
     big = Target(lambda d: bytearray(64 << 20)[0], (ValueError,), list, "greedy")
     assert big.traced_peak(b"") > MEMORY_LIMIT
 
