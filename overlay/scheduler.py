@@ -471,9 +471,9 @@ class Scheduler:
                 p.members[m] = (now_ms, 0)
                 continue
             it = mine[0]
-            if it.seq not in probed and (it.retry_ms is None or it.retry_ms <= now_ms):
-                continue  # due anyway (a timeout, RACK): the plan resends it
-            if it.seq not in probed:
+            if it.seq not in probed:  # (else another member's probe resends it already)
+                if it.retry_ms is None or it.retry_ms <= now_ms:
+                    continue  # due anyway (a timeout, RACK): the plan resends it
                 self.store.set_retry({it.seq: now_ms})
                 probed.add(it.seq)
                 went = True
@@ -575,7 +575,7 @@ class Scheduler:
                 p.wire_ratio += (wire / body - p.wire_ratio) / 4  # (a moving average)
             self._sent_states(dst, p, items, now_ms, inflight)
             p.last_sent_ms = now_ms
-            if p.members and any(it.attempts == 0 for it in items):
+            if any(n for _, n in p.members.values()) and any(it.attempts == 0 for it in items):
                 # new data to a group: each member's probes start again from the base interval,
                 # as the group's one backoff did at the progress the new data drew (decision 0030)
                 p.members = {m: (acked, 0) for m, (acked, _) in p.members.items()}
