@@ -619,7 +619,7 @@ class Parser:
             pkt = ConnAck(bool(fl & 1), _check_reason(ptype, r.byte("CONNACK reason"), v5))
             if v5:
                 pkt.properties = r.properties(ptype, "CONNACK")
-        elif ptype in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
+        elif ptype in _ACKS:
             pkt = ack = _ACKS[ptype](self._packet_id(r, ptype))
             if v5 and r.left():
                 ack.reason = _check_reason(ptype, r.byte(f"{ptype.name} reason"), v5)
