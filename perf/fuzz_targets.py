@@ -36,9 +36,10 @@ PEER, ME = "gw1", "gw4"
 # What one input may cost, whatever it holds: decoding is linear in its size, and fuzz inputs are
 # at most 8 kB (perf/fuzz.py), so a slower or larger one is a finding (a crash), not noise.  The
 # time allowed grows with the input past 10 ms: a stream of thousands of two-byte packets is
-# linear, and its per-packet cost alone passes a flat 10 ms (docs/perf/fuzz.md).
+# linear, and its per-packet cost alone passes a flat 10 ms; a quadratic cost still passes
+# 8 µs a byte well before 8 kB (docs/perf/fuzz.md).
 TIME_LIMIT_S = 0.010
-TIME_PER_BYTE_S = 3e-6
+TIME_PER_BYTE_S = 8e-6
 
 
 def time_limit_s(size: int) -> float:
@@ -76,7 +77,7 @@ class Target:
         limit = time_limit_s(len(data))
         if took > limit and self.timed:  # the machine may have paused: slow thrice is slow
             for _ in range(2):
-                gc.collect()  # nor a collection the host's heap owes (a test process holds a large one)
+                gc.collect()  # a collection the host's heap owes is not this input's (a test process's is large)
                 t0 = time.perf_counter()
                 self._once(data, count=False)
                 took = min(took, time.perf_counter() - t0)
