@@ -13,17 +13,40 @@ from c2dtn.errors import ConfigError
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
 
 
+# no config of c2dtn nests deeper than a few tables; a file nested deeper is refused before
+# anything walks it (the walks recurse, and Python's recursion limit is not a typed refusal)
+MAX_DEPTH = 32
+
+
 def read_toml(path: str | Path) -> dict[str, Any]:
     src = str(path)
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            doc = tomllib.load(fh)
+    except RecursionError:  # tomllib's parser recurses into nested arrays and inline tables
+        raise ConfigError(src, "-", src, f"nested more than {MAX_DEPTH} deep") from None
     except OSError as e:
         raise ConfigError(src, "-", src, f"cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(src, "-", src, f"not valid TOML: {e}") from None
     except UnicodeDecodeError as e:  # tomllib decodes before it parses (found by perf fuzz)
         raise ConfigError(src, "-", src, f"not UTF-8 text: byte {e.object[e.start]:#04x} at offset {e.start}") from None
+    _check_depth(src, doc)
+    return doc
+
+
+def _check_depth(src: str, doc: dict[str, Any]) -> None:
+    """Refuse tables and arrays nested more than MAX_DEPTH deep (dotted keys nest tables
+    without recursing in the parser), walking without recursion."""
+    todo: list[tuple[Any, int]] = [(doc, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise ConfigError(src, "-", src, f"nested more than {MAX_DEPTH} deep")
+        if isinstance(v, dict):
+            todo += [(x, depth + 1) for x in v.values()]
+        elif isinstance(v, list):
+            todo += [(x, depth + 1) for x in v]
 
 
 def check_private(src: str, where: str) -> None:
