@@ -61,7 +61,7 @@ def test_nps_chain_on_core_has_the_profile_and_leaves_nothing(clean):
         if ls["emulate"]:
             assert (ls["live"]["ab"]["offered"], ls["live"]["ba"]["offered"]) == (0, 0), name
     # what `topo check h1 h4` measures: the profile reached CORE's wiring. The emulator's own
-    # fidelity is the namespaces engine's live test (1,000 probes, tests/test_testbed_live.py);
+    # fidelity is the namespaces engine's live test (600 probes, tests/test_testbed_live.py);
     # here 400 probes, the loss window three of their standard deviations wide (0.10 +- 0.05)
     res = probe.check(st, "h1", "h4", probes=400, saturate_s=8)
     print(json.dumps({k: v for k, v in res.items() if isinstance(v, (int, float, str))}, indent=1))

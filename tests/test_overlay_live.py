@@ -48,18 +48,11 @@ def agent_chain(request, tmp_path):
     why = agent_class(request.param).missing()
     if why:
         pytest.skip(f"{request.param}: {why}")
-    # make test keeps dtn7 (on CORE, below); IBR-DTN is live in it through tests/test_relay_live.py,
-    # and ION through the lock test below and tests/test_gateway_agents_live.py
+    # make test keeps dtn7 and ion (IBR-DTN is live in it through tests/test_relay_live.py)
     if request.param in ("ibrdtn", "hdtn") and os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1":
         pytest.skip(
             f"{request.param}: left out of make test for the suite's 35 minutes (passed in CI on 2026-11-25, "
             "and with a 60 s outage: docs/results/20261125-outage60-kill); C2DTN_ALL_AGENT_TESTS=1 runs it"
-        )
-    if request.param == "ion" and os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1":
-        pytest.skip(
-            "ion: left out of make test for the suite's 35 minutes (passed in CI on 2026-11-29 at d634968; "
-            "make test still kills and unlocks an ION node in test_an_ion_node_locked_...); "
-            "C2DTN_ALL_AGENT_TESTS=1 runs it"
         )
     if request.param == "dtn7" and os.environ.get("C2DTN_ALL_AGENT_TESTS") != "1":
         from c2dtn.topologies import core_engine

@@ -66,15 +66,16 @@ def stream_with_actions(st, src, dst, seconds, interval, actions):
 def test_cnr_tactical_2_rate_delay_and_loss(clean):
     st = testbed.up("nps-chain", profile="cnr-tactical-2", seed=2026)
     ser = PROBE_FRAME * 8 / 9800
-    # delay and loss: 1,000 paced probes, spaced wider than their serialization time
-    run = probe.send_stream(st, "h1", "h4", count=1000, interval_s=1.3 * ser, payload=12, drain_s=1.5)
+    # delay and loss: 600 paced probes, spaced wider than their serialization time; the loss
+    # window is three of their standard deviations wide (0.10 +- 0.037)
+    run = probe.send_stream(st, "h1", "h4", count=600, interval_s=1.3 * ser, payload=12, drain_s=1.5)
     loss = run.loss()
     med = statistics.median(probe.delays(run))
     print(
         f"loss {loss:.3f} over {len(run.sent)}; delay median {med * 1000:.1f} ms (expected {100 + ser * 1000:.1f} ms)"
     )
-    assert len(run.sent) == 1000
-    assert 0.07 <= loss <= 0.13
+    assert len(run.sent) == 600
+    assert 0.063 <= loss <= 0.137
     assert abs(med - (0.100 + ser)) <= 0.015
     assert run.duplicates == 0
     # rate: saturate at 1.5x the link rate; frame bits per second at the receiver
