@@ -366,11 +366,20 @@ def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, targ
     type=click.IntRange(1, 10_000),
     help="loss patterns of the bulk transfer alone (its tail)",
 )
-def radio_sim_cmd(runs, seed, minutes, bulk_runs) -> None:
+@click.option(
+    "--frontier",
+    is_flag=True,
+    help="instead: make demo's bytes per report against fmn-4nations' age p95 for each linger and ack delay "
+    "(--runs loss patterns, fmn --minutes long)",
+)
+def radio_sim_cmd(runs, seed, minutes, bulk_runs, frontier) -> None:
     """The scheduler on a virtual cnr-tactical-2 radio: bulk goodput and orders under overload, with and without its path model."""
     from c2dtn.perf import radio_sim
 
-    radio_sim.main(runs, seed, minutes, bulk_runs=bulk_runs)
+    if frontier:
+        radio_sim.frontier(runs, seed, minutes)
+    else:
+        radio_sim.main(runs, seed, minutes, bulk_runs=bulk_runs)
 
 
 @perf.command("scale")

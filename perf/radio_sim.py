@@ -249,6 +249,49 @@ def reports(
     }
 
 
+def demo(
+    seed: int,
+    units: int = 8,
+    period_s: float = 2.0,
+    seconds: int = 100,
+    cut_s: tuple[int, int] | None = (20, 80),
+    drain_s: int = 60,
+    link: Profile | None = None,
+    **kw,
+) -> dict:
+    """`make demo` itself: `units` reports every `period_s` for `seconds`, the radio down (both
+    ways) from cut_s[0] to cut_s[1], `drain_s` after the last report; link bytes (frames whole,
+    both ways, those that arrived) per delivered report, as the demo counts them on the testbed."""
+    r = Radio(link or profile(), seed, **kw)
+    rng = random.Random(seed)
+    plan = _report_plan(rng, units, period_s, seconds / 60, "NOR")
+    cuts = [(cut_s[0] * 1000, False), (cut_s[1] * 1000, True)] if cut_s else []
+    gw1 = r.cores["gw1"]
+    stamps: dict[int, int] = {}
+    for t, _u, topic, body in plan:
+        while cuts and cuts[0][0] <= t:
+            at, up = cuts.pop(0)
+            r.step(at)
+            for d in r.dirs.values():
+                d.set_up(up, at / 1000)
+        r.step(t)
+        seq = gw1.submit("gw4", body, t, 600_000, Priority.PRIORITY, supersede="mqtt:" + topic, app="mqtt")
+        stamps[seq] = t
+    r.step(seconds * 1000 + drain_s * 1000)
+    got = [(t, d) for t, d in r.delivered["gw4"] if d.seq in stamps]
+    delays = sorted((t - stamps[d.seq]) / 1000 for t, d in got)
+    link_bytes = r.dirs["gw4"].stats.delivered_bytes + r.dirs["gw1"].stats.delivered_bytes
+    return {
+        "seed": seed,
+        "sent": len(plan),
+        "delivered": len(got),
+        "bytes_per_report": link_bytes / len(got) if got else None,
+        "data_frames": r.dirs["gw4"].stats.delivered,
+        "ack_frames": r.dirs["gw1"].stats.delivered,
+        "delay_p95_s": _p95(delays),
+    }
+
+
 def _report_plan(rng: random.Random, units: int, period_s: float, minutes: float, nation: str) -> list:
     """(ms, unit, topic, body) of `units` units reporting every `period_s`, each at its own phase,
     in the MQTT gateway's body (as perf bft's units publish them)."""
@@ -285,7 +328,16 @@ def _report_ages(arrivals: list[tuple[int, int, int]], units: int, end_ms: int) 
     return ages
 
 
-def fmn(seed: int, units: int = 8, period_s: float = 2.0, minutes: float = 2.0, nations: int = 4, **kw) -> dict:
+def fmn(
+    seed: int,
+    units: int = 8,
+    period_s: float = 2.0,
+    minutes: float = 2.0,
+    nations: int = 4,
+    uplink: Profile | None = None,
+    frame_overhead: int = FRAME_OVERHEAD,
+    **kw,
+) -> dict:
     """fmn-4nations in virtual time: each of `nations` gateways sends its `units` reports every
     `period_s` to the group of the others.  Whatever a nation sends (its reports, its acks of the
     others') crosses its own `cnr-tactical-2` uplink to tacnet once (a frame lost there is lost to
@@ -307,7 +359,7 @@ def fmn(seed: int, units: int = 8, period_s: float = 2.0, minutes: float = 2.0, 
     cores = {n: core(n) for n in nodes}
     lan = profile("lan")
     # the testbed seeds a link's two directions with seed and seed + 1; a nation's link, seed + 10 i
-    up = {n: Direction(profile(), seed + 10 * i) for i, n in enumerate(nodes)}
+    up = {n: Direction(uplink or profile(), seed + 10 * i) for i, n in enumerate(nodes)}
     down = {n: Direction(lan, seed + 10 * i + 1) for i, n in enumerate(nodes)}
     rng = random.Random(seed)
     end = int(minutes * 60_000)
@@ -335,7 +387,7 @@ def fmn(seed: int, units: int = 8, period_s: float = 2.0, minutes: float = 2.0, 
                         down[m].offer(f, now / 1000)
         for n in nodes:
             for f in down[n].due(now / 1000):
-                cores[n].on_bundle(f[: len(f) - FRAME_OVERHEAD], now)
+                cores[n].on_bundle(f[: len(f) - frame_overhead], now)
             items = cores[n].take()
             if items:
                 got[n] += [(now, d) for d in items]
@@ -343,7 +395,7 @@ def fmn(seed: int, units: int = 8, period_s: float = 2.0, minutes: float = 2.0, 
             for b in cores[n].poll(now):
                 # the frame's last overhead byte names its destination for tacnet (255: the group)
                 to = nodes.index(b.dst) if b.dst in nodes else 255
-                up[n].offer(b.payload + bytes(FRAME_OVERHEAD - 1) + bytes([to]), now / 1000)
+                up[n].offer(b.payload + bytes(frame_overhead - 1) + bytes([to]), now / 1000)
         nexts = [end + 30_001] + ([plan[i][0]] if i < len(plan) else [])
         nexts += [w for c in cores.values() if (w := c.next_wakeup_ms()) is not None]
         nexts += [math.ceil(d * 1000) for x in (*up.values(), *down.values()) if (d := x.next_deadline()) is not None]
@@ -567,4 +619,158 @@ def _plot(rows: dict, run_seeds: list[int], cap: float, path: Path) -> None:
     )
     for ax in (a, b, c, e, d):
         ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+# -- `c2dtn perf radio-sim --frontier` ---------------------------------------------------------
+
+# the knobs that trade a report's bytes against its age (decision 0032): how long reports wait
+# for company in a bundle, and how long acks wait for data or more acks
+FRONTIER_LINGER_MS = (0, 100, 250, 500, 1000, 1500, 2500)
+FRONTIER_ACK_DELAY_MS = (500, 1000, 2000)
+FRONTIER_BYTES = 100  # make demo's link bytes per delivered report
+FRONTIER_AGE_S = 3.0  # fmn-4nations' age of information p95 at a report every 2 s
+
+
+# a radio that sends no UDP, IP or Ethernet header (as header compression nearly does): what the
+# bytes around a bundle would be with the agent's blocks alone
+NO_HEADERS = FRAME_OVERHEAD - 42
+
+
+def _frontier_point(job: tuple[int, int, float, int, tuple[int, ...], float]) -> dict:
+    linger, ack, loss, overhead, run_seeds, minutes = job
+    cfg = dataclasses.replace(RADIO_CFG, linger_ms=linger, ack_delay_ms=ack)
+    link = dataclasses.replace(profile(), loss=loss)
+    return {
+        "linger_ms": linger,
+        "ack_delay_ms": ack,
+        "loss": loss,
+        "frame_overhead": overhead,
+        "demo": [demo(s, cfg=cfg, link=link, frame_overhead=overhead) for s in run_seeds],
+        "fmn": [fmn(s, minutes=minutes, cfg=cfg, uplink=link, frame_overhead=overhead) for s in run_seeds],
+    }
+
+
+def frontier(
+    runs: int = 3,
+    seed: int | None = None,
+    minutes: float = 2.0,
+    lingers: tuple[int, ...] = FRONTIER_LINGER_MS,
+    ack_delays: tuple[int, ...] = FRONTIER_ACK_DELAY_MS,
+    console=None,
+    workers: int | None = None,
+) -> Path:
+    """make demo's bytes per delivered report against fmn-4nations' age p95, for each linger and
+    ack delay on the same loss patterns, and on a radio that loses nothing (at the ack delay
+    `c2dtn node configs` writes): the two goals' trade, as a table, report.md, summary.json and
+    plot.png."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from c2dtn.perf.runs import progress, run_dir
+
+    console = console or Console()
+    out = run_dir("radio-frontier")
+    run_seeds = tuple(seeds(runs, seed))
+    loss = profile().loss
+    console.print(f"loss patterns (seeds) {', '.join(map(str, run_seeds))} (--seed {run_seeds[0]} repeats them)")
+    jobs = [(lg, ad, loss, FRAME_OVERHEAD, run_seeds, minutes) for ad in ack_delays for lg in lingers]
+    jobs += [(lg, RADIO_CFG.ack_delay_ms, 0.0, FRAME_OVERHEAD, run_seeds, minutes) for lg in lingers]
+    jobs += [(lg, RADIO_CFG.ack_delay_ms, loss, NO_HEADERS, run_seeds, minutes) for lg in lingers]
+    points: list[dict] = []
+    with progress(console, "settings") as bar, ProcessPoolExecutor(workers or os.cpu_count() or 1) as pool:
+        task = bar.add_task("linger x ack delay", total=len(jobs))
+        for p in pool.map(_frontier_point, jobs):
+            points.append(p)
+            bar.advance(task)
+    rows = []
+    for p in points:
+        d = [x["bytes_per_report"] for x in p["demo"]]
+        a = [x["aoi_p95_s"] for x in p["fmn"]]
+        p["demo_bytes_median"] = statistics.median(d)
+        p["fmn_age_p95_median"] = statistics.median(a)
+        both = p["demo_bytes_median"] <= FRONTIER_BYTES and p["fmn_age_p95_median"] <= FRONTIER_AGE_S
+        rows.append(
+            [
+                f"{p['loss']:.0%}",
+                f"{p['frame_overhead']} B",
+                f"{p['linger_ms']} ms",
+                f"{p['ack_delay_ms']} ms",
+                f"{p['demo_bytes_median']:.0f} B ({min(d):.0f}-{max(d):.0f})",
+                f"{statistics.median(x['ack_frames'] for x in p['demo']):.0f}",
+                f"{p['fmn_age_p95_median']:.2f} s ({min(a):.2f}-{max(a):.2f})",
+                f"{statistics.median(x['uplink_bytes_per_report'] for x in p['fmn']):.0f} B",
+                "yes" if both else "no",
+            ]
+        )
+    cols = [
+        "loss",
+        "frame beyond the bundle's payload",
+        "linger",
+        "ack delay",
+        "demo: link bytes per delivered report, median (min-max)",
+        "demo: frames of acks alone, median",
+        "fmn: AoI p95, median (min-max)",
+        "fmn: uplink bytes per report, median",
+        f"both goals (<= {FRONTIER_BYTES} B, <= {FRONTIER_AGE_S:g} s)",
+    ]
+    t = Table(title=f"virtual radio: bytes against age, {runs} loss patterns")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    (out / "summary.json").write_text(
+        json.dumps({"seeds": list(run_seeds), "minutes": minutes, "points": points}, indent=1) + "\n"
+    )
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + ["| " + " | ".join(r) + " |" for r in rows]
+    (out / "report.md").write_text(
+        f"# perf radio-sim --frontier\n\nLoss patterns (seeds): {', '.join(map(str, run_seeds))}. Demo: `make demo`'s "
+        "traffic (8 units every 2 s for 100 s, the radio down 20-80 s, 60 s of drain); link bytes (frames whole, "
+        f"both ways) per delivered report. fmn: fmn-4nations at a report every 2 s for {minutes:g} minutes; the age "
+        f"of information p95 at every other nation. Goals: <= {FRONTIER_BYTES} B and <= {FRONTIER_AGE_S:g} s. "
+        f"Loss 0 %: the same radio losing nothing; a frame of {NO_HEADERS} B beyond the bundle's payload: the "
+        f"agent's blocks without UDP, IP and Ethernet headers ({FRAME_OVERHEAD} B with them); both at the ack delay "
+        f"of `c2dtn node configs` ({RADIO_CFG.ack_delay_ms} ms).\n\n" + "\n".join(lines) + "\n"
+    )
+    _plot_frontier(points, out / "plot.png")
+    console.print(f"results in {out}")
+    return out
+
+
+def _plot_frontier(points: list[dict], path: Path) -> None:
+    from c2dtn.perf.plots import pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 6))
+    ax.fill_between([0, FRONTIER_BYTES], 0, FRONTIER_AGE_S, color="tab:green", alpha=0.12, label="both goals")
+    series: dict[tuple, list[dict]] = {}
+    for p in points:
+        series.setdefault((p["loss"], p["frame_overhead"], p["ack_delay_ms"]), []).append(p)
+    for (loss, overhead, ack), ps in sorted(series.items(), key=lambda kv: (-kv[0][0], -kv[0][1], kv[0][2])):
+        ps = sorted(ps, key=lambda p: p["linger_ms"])
+        xs = [p["demo_bytes_median"] for p in ps]
+        ys = [p["fmn_age_p95_median"] for p in ps]
+        style = "s--" if not loss else "^:" if overhead != FRAME_OVERHEAD else "o-"
+        what = "" if overhead == FRAME_OVERHEAD else f", no UDP/IP/Ethernet headers ({overhead} B a frame)"
+        ax.plot(xs, ys, style, label=f"loss {loss:.0%}, ack delay {ack} ms{what}")
+        for p, x, y in zip(ps, xs, ys, strict=True):
+            ax.annotate(f"{p['linger_ms']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        now = [
+            p
+            for p in ps
+            if (p["linger_ms"], ack, overhead) == (RADIO_CFG.linger_ms, RADIO_CFG.ack_delay_ms, FRAME_OVERHEAD) and loss
+        ]
+        for p in now:
+            ax.plot(p["demo_bytes_median"], p["fmn_age_p95_median"], "k*", markersize=14, label="node configs now")
+    ax.set(
+        title="make demo's bytes against fmn-4nations' age, per linger (ms, beside each point)",
+        xlabel="make demo: link bytes per delivered report (median of the loss patterns)",
+        ylabel="fmn-4nations, a report every 2 s: AoI p95 (s, median)",
+        xlim=(0, None),
+        ylim=(0, None),
+    )
+    ax.legend(fontsize=8)
     save_figure(fig, path)

@@ -178,6 +178,46 @@ def test_perf_radio_sim_reports_both_schedulers_on_the_same_loss_patterns_and_a_
     assert (again["seconds"], again["frames"]) == (first["seconds"], first["frames"])  # same seed, same run
 
 
+def test_the_demo_on_the_virtual_radio_delivers_each_units_newest_report_across_its_cut():
+    """make demo's traffic with its 60 s cut: every unit's last report arrives, and the bytes
+    are those of frames that crossed (none while the radio was down)."""
+    d = rs.demo(11)
+    assert d["sent"] == 400 and 100 < d["delivered"] < 400  # most reports of the cut superseded
+    assert d["bytes_per_report"] * d["delivered"] >= 100 * (d["data_frames"] + d["ack_frames"])
+    quiet = rs.demo(11, cut_s=None)
+    assert quiet["delivered"] > d["delivered"] + 100  # the cut's 60 s of reports, most superseded
+
+
+def test_perf_radio_sim_frontier_trades_a_reports_bytes_for_its_age_and_says_where_the_goals_meet(
+    tmp_path, monkeypatch
+):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    out = rs.frontier(runs=1, seed=5, minutes=0.5, lingers=(0, 1500), ack_delays=(1000,), workers=1)
+    points = json.loads((out / "summary.json").read_text())["points"]
+    # each linger at 10 % loss, on a radio losing nothing, and without UDP/IP/Ethernet headers
+    assert len(points) == 6
+    by = {(p["linger_ms"], p["loss"], p["frame_overhead"]): p for p in points}
+    lossy = rs.profile().loss
+    short, long_ = by[(0, lossy, rs.FRAME_OVERHEAD)], by[(1500, lossy, rs.FRAME_OVERHEAD)]
+    # lingering packs reports into fewer bundles: fewer bytes a report, and older reports
+    assert long_["demo_bytes_median"] < 0.7 * short["demo_bytes_median"]
+    assert long_["fmn_age_p95_median"] > short["fmn_age_p95_median"] + 0.3
+    # a bundle's headers are bytes on every frame: without them every point costs less
+    for lg in (0, 1500):
+        assert (
+            by[(lg, lossy, rs.NO_HEADERS)]["demo_bytes_median"]
+            < by[(lg, lossy, rs.FRAME_OVERHEAD)]["demo_bytes_median"]
+        )
+    report = (out / "report.md").read_text()
+    for p in points:
+        both = p["demo_bytes_median"] <= rs.FRONTIER_BYTES and p["fmn_age_p95_median"] <= rs.FRONTIER_AGE_S
+        row = f"| {p['loss']:.0%} | {p['frame_overhead']} B | {p['linger_ms']} ms | {p['ack_delay_ms']} ms | {p['demo_bytes_median']:.0f} B"
+        assert row in report and (" yes |" if both else " no |") in report.split(row)[1].split("\n")[0]
+    assert (out / "plot.png").stat().st_size > 0 and (out / "plot.json").exists()
+
+
 # -- what a review broke ------------------------------------------------------------------
 
 
