@@ -93,6 +93,7 @@ class Plan:
     view: int = 0  # serve the drill view on this port of 127.0.0.1 during the run (0: no)
     pcap: str = ""  # capture every emulated link into this folder, <mode>/<link>.pcapng ("": the radio links only)
     engine: str = field(default_factory=testbed.default_engine)  # who builds the testbed (perf --engine)
+    scheduler: dict[str, int] = field(default_factory=dict)  # overlay [scheduler] settings over the generated ones
 
 
 # -- processes ------------------------------------------------------------------
@@ -186,6 +187,7 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
                     + _topic_rule(),
                     "gw4": "[gateway]\n\n" + _topic_rule(),
                 },
+                scheduler=plan.scheduler or None,
             )
             target = h4
         elif mode == "mqtt-single":  # the units publish straight to h4's broker, across the link
@@ -245,7 +247,13 @@ def setup(mode: str, plan: Plan, st: dict, workdir: Path) -> Setup:
         }
         routers = [n for n, v in st["nodes"].items() if v.get("role") == "router"]
         nodes = Nodes(
-            st, gws + routers, gws, workdir / "nodes", gateways=tables, groups=None if mixed else {GROUP: gws}
+            st,
+            gws + routers,
+            gws,
+            workdir / "nodes",
+            gateways=tables,
+            groups=None if mixed else {GROUP: gws},
+            scheduler=plan.scheduler or None,
         )
     pubs = [(f"{n}-u1", n.upper(), brokers[main if mode == "mqtt-single" else n], REPORT_FILTER) for n in nations]
     watch = min(plan.units, plan.observers or plan.units)
@@ -671,6 +679,7 @@ def title_of(plan: Plan) -> str:
             if plan.agents
             else ""
         )
+        + (", scheduler " + ", ".join(f"{k}={v}" for k, v in sorted(plan.scheduler.items())) if plan.scheduler else "")
     )
 
 

@@ -560,6 +560,14 @@ def _outage(ctx, param, value: str):
     default=None,
     help="capture every emulated link into DIR/<mode>/<link>.pcapng (the radio links' go beside the report anyway)",
 )
+@click.option(
+    "--scheduler",
+    "sched",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="an overlay [scheduler] setting for the gateways of this run, over what `c2dtn node configs` writes, "
+    "e.g. linger_ms=1500 (repeatable)",
+)
 def bft_cmd(
     topology: str,
     profile: str,
@@ -573,6 +581,7 @@ def bft_cmd(
     agents: tuple[str, ...],
     view: int | None,
     pcap: str | None,
+    sched: tuple[str, ...],
 ) -> None:
     """Position reports (seed 000) across tactical links: c2dtn gateways next to Mosquitto bridges."""
     from c2dtn.errors import ConfigError
@@ -623,7 +632,18 @@ def bft_cmd(
             override_agents(testbed.state_of(load(topology), "userspace"), chosen)
         except ConfigError as e:
             raise click.BadParameter(str(e), param_hint="--agent") from None
-    plan = bft.Plan(profile, units, period, duration, outage, drain, qos, topology=topology, agents=chosen)
+    plan = bft.Plan(
+        profile,
+        units,
+        period,
+        duration,
+        outage,
+        drain,
+        qos,
+        topology=topology,
+        agents=chosen,
+        scheduler=_scheduler(sched),
+    )
     plan.view = view or 0
     plan.pcap = str(Path(pcap).resolve()) if pcap else ""
     bft.main(plan, ms)

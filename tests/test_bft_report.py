@@ -126,6 +126,8 @@ def test_perf_cli_names_the_bad_value():
         (["perf", "bft", "--outage", "x"], "'x'"),
         (["perf", "bft", "--modes", "overlay,carrier-pigeon"], "carrier-pigeon"),
         (["perf", "bft", "--profile", "cnr-tactical-9"], "cnr-tactical-9"),
+        (["perf", "bft", "--scheduler", "linger=1500"], "'linger=1500'"),
+        (["perf", "bft", "--scheduler", "linger_ms=long"], "'long' is not an integer"),
         (["perf", "gateway", "--qos", "0,3"], "'3'"),
         (["perf", "scale", "--sizes", "8,0"], "0: units per nation go from 1 to 500"),
         (["perf", "scale", "--sizes", "8,lots"], "'8,lots'"),
@@ -155,7 +157,10 @@ def test_perf_report_puts_runs_side_by_side(tmp_path, capsys):
 def test_nps_chain_report_names_the_hosts_not_a_nation(tmp_path):
     plan = bft.Plan(topology="nps-chain", duration=10, outage=None)
     assert "8 units on h1 reporting to the broker on h4" in bft.title_of(plan)
-    assert "per nation" not in bft.title_of(plan)
+    assert "per nation" not in bft.title_of(plan) and "scheduler" not in bft.title_of(plan)
+    # a run with its own scheduler settings says so in its report's title
+    tuned = bft.Plan(topology="nps-chain", scheduler={"linger_ms": 1500, "ack_delay_ms": 2000})
+    assert bft.title_of(tuned).endswith(", scheduler ack_delay_ms=2000, linger_ms=1500")
     assert bft._place(plan, "NOR") == "h1" and bft._place(bft.Plan(topology="fmn-2nations"), "NOR") == "NOR"
 
 
