@@ -243,7 +243,8 @@ SCHEDULER = table(
             "integer",
             str(_S.linger_ms),
             "Priority and routine envelopes wait up to this long for company "
-            "in a bundle (flash and immediate never wait; 0: no linger).",
+            "in a bundle (flash and immediate never wait; 0: no linger). Longer: fewer bytes a "
+            "report, older reports (decision 0032).",
             "1000",
             "ms",
         ),
