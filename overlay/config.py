@@ -368,6 +368,26 @@ class NodeConfig:
         return self.storage / self.agent
 
 
+def scheduler_config(src: str, sch: Any) -> SchedulerConfig:
+    """A [scheduler] table, every field checked by name and range (a node's config, `perf --scheduler`)."""
+    if isinstance(sch, dict) and "queue_keep_ms" in sch:  # retired with the queue cut (decision 0011)
+        raise ConfigError(
+            src,
+            "scheduler.queue_keep_ms",
+            sch["queue_keep_ms"],
+            "no longer used: the window follows the path's measured rate (decision 0011)",
+            "remove it",
+        )
+    SCHEDULER.check(src, "scheduler", sch)
+    # 0 means "none" for these (no linger, acks at once, no rate model); the rest are sizes and timers
+    zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms", "aggregate_large_bytes"}
+    # a bundle's envelopes must stay within what a receiver takes in one (MAX_CONTAINER_BYTES)
+    most = {"aggregate_bytes": MAX_CONTAINER_BYTES // 2, "aggregate_large_bytes": MAX_CONTAINER_BYTES // 2}
+    return SchedulerConfig(
+        **{k: _int(src, f"scheduler.{k}", v, 0 if k in zero_ok else 1, most.get(k, 1 << 40)) for k, v in sch.items()}
+    )
+
+
 def _int(src: str, where: str, v: Any, lo: int, hi: int) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
         raise ConfigError(src, where, v, f"must be a whole number from {lo} to {hi}")
@@ -492,23 +512,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
         if dst == cfg.id or via == cfg.id:
             raise ConfigError(src, f"relays.{k}", v, "a node neither relays to itself nor through itself")
         cfg.relays[dst] = via
-    sch = data.get("scheduler", {})
-    if isinstance(sch, dict) and "queue_keep_ms" in sch:  # retired with the queue cut (decision 0011)
-        raise ConfigError(
-            src,
-            "scheduler.queue_keep_ms",
-            sch["queue_keep_ms"],
-            "no longer used: the window follows the path's measured rate (decision 0011)",
-            "remove it",
-        )
-    SCHEDULER.check(src, "scheduler", sch)
-    # 0 means "none" for these (no linger, acks at once, no rate model); the rest are sizes and timers
-    zero_ok = {"linger_ms", "ack_delay_ms", "queue_target_ms", "aggregate_large_bytes"}
-    # a bundle's envelopes must stay within what a receiver takes in one (MAX_CONTAINER_BYTES)
-    most = {"aggregate_bytes": MAX_CONTAINER_BYTES // 2, "aggregate_large_bytes": MAX_CONTAINER_BYTES // 2}
-    cfg.scheduler = SchedulerConfig(
-        **{k: _int(src, f"scheduler.{k}", v, 0 if k in zero_ok else 1, most.get(k, 1 << 40)) for k, v in sch.items()}
-    )
+    cfg.scheduler = scheduler_config(src, data.get("scheduler", {}))
     q = data.get("quota", {})
     QUOTA.check(src, "quota", q)
     cfg.quota = Quota(**{k: _int(src, f"quota.{k}", v, 1, 1 << 50) for k, v in q.items()})

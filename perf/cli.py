@@ -123,9 +123,12 @@ def overlay_cmd(
 
 
 def _scheduler(items: tuple[str, ...]) -> dict[str, int]:
-    """--scheduler KEY=VALUE pairs, checked against the overlay's SchedulerConfig fields."""
+    """--scheduler KEY=VALUE pairs, checked as a node's [scheduler] table is (names and ranges),
+    before any namespace is made."""
     import dataclasses
 
+    from c2dtn.errors import ConfigError
+    from c2dtn.overlay.config import scheduler_config
     from c2dtn.overlay.scheduler import SchedulerConfig
 
     known = [f.name for f in dataclasses.fields(SchedulerConfig)]
@@ -136,10 +139,16 @@ def _scheduler(items: tuple[str, ...]) -> dict[str, int]:
             raise click.BadParameter(
                 f"{it!r}: expected KEY=VALUE with KEY one of {', '.join(known)}", param_hint="--scheduler"
             )
+        if k in out:
+            raise click.BadParameter(f"{it!r}: {k} is given twice", param_hint="--scheduler")
         try:
             out[k] = int(v)
         except ValueError:
             raise click.BadParameter(f"{it!r}: {v!r} is not an integer", param_hint="--scheduler") from None
+    try:
+        scheduler_config("--scheduler", out)
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint="--scheduler") from None
     return out
 
 
@@ -358,7 +367,12 @@ def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, targ
 @click.option(
     "--seed", type=click.IntRange(0, 1 << 40), default=None, help="loss patterns SEED, SEED+1000, ... [default: fresh]"
 )
-@click.option("--minutes", default=4.0, show_default=True, type=click.FloatRange(0.5, 120), help="overload run length")
+@click.option(
+    "--minutes",
+    default=None,
+    type=click.FloatRange(0.5, 120),
+    help="overload run length [default: 4]; with --frontier, fmn-4nations' reports [default: 1, as perf bft's 60 s]",
+)
 @click.option(
     "--bulk-runs",
     default=200,
@@ -370,16 +384,16 @@ def chaos_cmd(minutes, kills, rate, profile, outage_s, outage_every, agent, targ
     "--frontier",
     is_flag=True,
     help="instead: make demo's bytes per report against fmn-4nations' age p95 for each linger and ack delay "
-    "(--runs loss patterns, fmn --minutes long)",
+    "(--runs loss patterns; --bulk-runs does not apply)",
 )
 def radio_sim_cmd(runs, seed, minutes, bulk_runs, frontier) -> None:
     """The scheduler on a virtual cnr-tactical-2 radio: bulk goodput and orders under overload, with and without its path model."""
     from c2dtn.perf import radio_sim
 
     if frontier:
-        radio_sim.frontier(runs, seed, minutes)
+        radio_sim.frontier(runs, seed, minutes or 1.0)
     else:
-        radio_sim.main(runs, seed, minutes, bulk_runs=bulk_runs)
+        radio_sim.main(runs, seed, minutes or 4.0, bulk_runs=bulk_runs)
 
 
 @perf.command("scale")

@@ -265,29 +265,46 @@ def demo(
     r = Radio(link or profile(), seed, **kw)
     rng = random.Random(seed)
     plan = _report_plan(rng, units, period_s, seconds / 60, "NOR")
+    end = seconds * 1000 + drain_s * 1000
     cuts = [(cut_s[0] * 1000, False), (cut_s[1] * 1000, True)] if cut_s else []
     gw1 = r.cores["gw1"]
-    stamps: dict[int, int] = {}
-    for t, _u, topic, body in plan:
+    stamps: dict[int, tuple[int, int]] = {}  # seq -> (stamp, unit)
+    arrived_in_cut = 0  # frames that arrived while the radio was down (none should)
+
+    def cut_until(t: int) -> None:
+        nonlocal arrived_in_cut
         while cuts and cuts[0][0] <= t:
             at, up = cuts.pop(0)
             r.step(at)
+            arrived = sum(d.stats.delivered for d in r.dirs.values())
+            arrived_in_cut += arrived if up else -arrived
             for d in r.dirs.values():
                 d.set_up(up, at / 1000)
+
+    for t, u, topic, body in plan:
+        cut_until(t)
         r.step(t)
         seq = gw1.submit("gw4", body, t, 600_000, Priority.PRIORITY, supersede="mqtt:" + topic, app="mqtt")
-        stamps[seq] = t
-    r.step(seconds * 1000 + drain_s * 1000)
+        stamps[seq] = (t, u)
+    cut_until(end)  # a cut that ends in the drain ends there
+    r.step(end)
     got = [(t, d) for t, d in r.delivered["gw4"] if d.seq in stamps]
-    delays = sorted((t - stamps[d.seq]) / 1000 for t, d in got)
+    delays = sorted((t - stamps[d.seq][0]) / 1000 for t, d in got)
+    last = {u: t for t, u, *_ in plan}  # each unit's last report
     link_bytes = r.dirs["gw4"].stats.delivered_bytes + r.dirs["gw1"].stats.delivered_bytes
     return {
         "seed": seed,
         "sent": len(plan),
         "delivered": len(got),
+        "link_bytes": link_bytes,
+        "data_bytes": r.dirs["gw4"].stats.delivered_bytes,
+        "ack_bytes": r.dirs["gw1"].stats.delivered_bytes,
         "bytes_per_report": link_bytes / len(got) if got else None,
         "data_frames": r.dirs["gw4"].stats.delivered,
         "ack_frames": r.dirs["gw1"].stats.delivered,
+        "arrived_in_cut": arrived_in_cut,
+        # units whose last report arrived by the end of the drain
+        "newest_delivered": len({stamps[d.seq][1] for _, d in got if stamps[d.seq][0] == last[stamps[d.seq][1]]}),
         "delay_p95_s": _p95(delays),
     }
 
@@ -627,7 +644,9 @@ def _plot(rows: dict, run_seeds: list[int], cap: float, path: Path) -> None:
 # the knobs that trade a report's bytes against its age (decision 0032): how long reports wait
 # for company in a bundle, and how long acks wait for data or more acks
 FRONTIER_LINGER_MS = (0, 100, 250, 500, 1000, 1500, 2500)
-FRONTIER_ACK_DELAY_MS = (500, 1000, 2000)
+FRONTIER_ACK_DELAY_MS = (100, 250, 500, 1000, 2000)
+# the lossless radio and the one without IP headers run at these ack delays (each a run of its own)
+FRONTIER_SIDE_ACK_DELAY_MS = (250, 1000)
 FRONTIER_BYTES = 100  # make demo's link bytes per delivered report
 FRONTIER_AGE_S = 3.0  # fmn-4nations' age of information p95 at a report every 2 s
 
@@ -652,18 +671,19 @@ def _frontier_point(job: tuple[int, int, float, int, tuple[int, ...], float]) ->
 
 
 def frontier(
-    runs: int = 3,
+    runs: int = 4,
     seed: int | None = None,
-    minutes: float = 2.0,
+    minutes: float = 1.0,
     lingers: tuple[int, ...] = FRONTIER_LINGER_MS,
     ack_delays: tuple[int, ...] = FRONTIER_ACK_DELAY_MS,
+    side_ack_delays: tuple[int, ...] = FRONTIER_SIDE_ACK_DELAY_MS,
     console=None,
     workers: int | None = None,
 ) -> Path:
-    """make demo's bytes per delivered report against fmn-4nations' age p95, for each linger and
-    ack delay on the same loss patterns, and on a radio that loses nothing (at the ack delay
-    `c2dtn node configs` writes): the two goals' trade, as a table, report.md, summary.json and
-    plot.png."""
+    """make demo's bytes per delivered report against fmn-4nations' age p95 (`minutes` of reports,
+    as the testbed's 60 s), for each linger and ack delay with the same emulator seeds, and on a
+    radio that loses nothing and one without IP headers (at side_ack_delays): the two goals'
+    trade, as a table, report.md, summary.json and plot.png."""
     from concurrent.futures import ProcessPoolExecutor
 
     from rich.console import Console
@@ -677,8 +697,8 @@ def frontier(
     loss = profile().loss
     console.print(f"loss patterns (seeds) {', '.join(map(str, run_seeds))} (--seed {run_seeds[0]} repeats them)")
     jobs = [(lg, ad, loss, FRAME_OVERHEAD, run_seeds, minutes) for ad in ack_delays for lg in lingers]
-    jobs += [(lg, RADIO_CFG.ack_delay_ms, 0.0, FRAME_OVERHEAD, run_seeds, minutes) for lg in lingers]
-    jobs += [(lg, RADIO_CFG.ack_delay_ms, loss, NO_HEADERS, run_seeds, minutes) for lg in lingers]
+    jobs += [(lg, ad, 0.0, FRAME_OVERHEAD, run_seeds, minutes) for ad in side_ack_delays for lg in lingers]
+    jobs += [(lg, ad, loss, NO_HEADERS, run_seeds, minutes) for ad in side_ack_delays for lg in lingers]
     points: list[dict] = []
     with progress(console, "settings") as bar, ProcessPoolExecutor(workers or os.cpu_count() or 1) as pool:
         task = bar.add_task("linger x ack delay", total=len(jobs))
@@ -691,7 +711,7 @@ def frontier(
         a = [x["aoi_p95_s"] for x in p["fmn"]]
         p["demo_bytes_median"] = statistics.median(d)
         p["fmn_age_p95_median"] = statistics.median(a)
-        both = p["demo_bytes_median"] <= FRONTIER_BYTES and p["fmn_age_p95_median"] <= FRONTIER_AGE_S
+        both = p["both_goals"] = p["demo_bytes_median"] <= FRONTIER_BYTES and p["fmn_age_p95_median"] <= FRONTIER_AGE_S
         rows.append(
             [
                 f"{p['loss']:.0%}",
@@ -732,8 +752,9 @@ def frontier(
         f"both ways) per delivered report. fmn: fmn-4nations at a report every 2 s for {minutes:g} minutes; the age "
         f"of information p95 at every other nation. Goals: <= {FRONTIER_BYTES} B and <= {FRONTIER_AGE_S:g} s. "
         f"Loss 0 %: the same radio losing nothing; a frame of {NO_HEADERS} B beyond the bundle's payload: the "
-        f"agent's blocks without UDP, IP and Ethernet headers ({FRAME_OVERHEAD} B with them); both at the ack delay "
-        f"of `c2dtn node configs` ({RADIO_CFG.ack_delay_ms} ms).\n\n" + "\n".join(lines) + "\n"
+        f"agent's blocks without UDP, IP and Ethernet headers ({FRAME_OVERHEAD} B with them); both at ack delays "
+        f"of {', '.join(map(str, side_ack_delays))} ms. The same emulator seeds for every setting (the frames "
+        "differ, so the losses fall on other frames).\n\n" + "\n".join(lines) + "\n"
     )
     _plot_frontier(points, out / "plot.png")
     console.print(f"results in {out}")
@@ -741,36 +762,50 @@ def frontier(
 
 
 def _plot_frontier(points: list[dict], path: Path) -> None:
+    """Left: the radio at its loss, a line per ack delay. Right: the lossless radio and the one
+    without IP headers beside it, at the side series' ack delays."""
     from c2dtn.perf.plots import pyplot, save_figure
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 6))
-    ax.fill_between([0, FRONTIER_BYTES], 0, FRONTIER_AGE_S, color="tab:green", alpha=0.12, label="both goals")
+    fig, axes = plt.subplots(1, 2, figsize=(16, 6.5), sharey=True)
     series: dict[tuple, list[dict]] = {}
     for p in points:
         series.setdefault((p["loss"], p["frame_overhead"], p["ack_delay_ms"]), []).append(p)
-    for (loss, overhead, ack), ps in sorted(series.items(), key=lambda kv: (-kv[0][0], -kv[0][1], kv[0][2])):
-        ps = sorted(ps, key=lambda p: p["linger_ms"])
-        xs = [p["demo_bytes_median"] for p in ps]
-        ys = [p["fmn_age_p95_median"] for p in ps]
-        style = "s--" if not loss else "^:" if overhead != FRAME_OVERHEAD else "o-"
-        what = "" if overhead == FRAME_OVERHEAD else f", no UDP/IP/Ethernet headers ({overhead} B a frame)"
-        ax.plot(xs, ys, style, label=f"loss {loss:.0%}, ack delay {ack} ms{what}")
-        for p, x, y in zip(ps, xs, ys, strict=True):
-            ax.annotate(f"{p['linger_ms']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-        now = [
-            p
-            for p in ps
-            if (p["linger_ms"], ack, overhead) == (RADIO_CFG.linger_ms, RADIO_CFG.ack_delay_ms, FRAME_OVERHEAD) and loss
-        ]
-        for p in now:
-            ax.plot(p["demo_bytes_median"], p["fmn_age_p95_median"], "k*", markersize=14, label="node configs now")
-    ax.set(
-        title="make demo's bytes against fmn-4nations' age, per linger (ms, beside each point)",
-        xlabel="make demo: link bytes per delivered report (median of the loss patterns)",
-        ylabel="fmn-4nations, a report every 2 s: AoI p95 (s, median)",
-        xlim=(0, None),
-        ylim=(0, None),
-    )
-    ax.legend(fontsize=8)
+    lossy = max(p["loss"] for p in points)
+    side = {ack for loss, overhead, ack in series if not loss or overhead != FRAME_OVERHEAD}
+    for ax, part in zip(axes, ("lossy", "side"), strict=True):
+        ax.fill_between([0, FRONTIER_BYTES], 0, FRONTIER_AGE_S, color="tab:green", alpha=0.12, label="both goals")
+        for (loss, overhead, ack), ps in sorted(series.items(), key=lambda kv: (-kv[0][0], -kv[0][1], kv[0][2])):
+            plain = loss == lossy and overhead == FRAME_OVERHEAD
+            if not (plain if part == "lossy" else ack in side):
+                continue
+            ps = sorted(ps, key=lambda p: p["linger_ms"])
+            xs = [p["demo_bytes_median"] for p in ps]
+            ys = [p["fmn_age_p95_median"] for p in ps]
+            style = "s--" if not loss else "^:" if overhead != FRAME_OVERHEAD else "o-"
+            what = "" if overhead == FRAME_OVERHEAD else f", no UDP/IP/Ethernet headers ({overhead} B a frame)"
+            ax.plot(xs, ys, style, label=f"loss {loss:.0%}, ack delay {ack} ms{what}")
+            for p, x, y in zip(ps, xs, ys, strict=True):
+                ax.annotate(f"{p['linger_ms']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            if plain and ack == RADIO_CFG.ack_delay_ms:
+                for p in ps:
+                    if p["linger_ms"] == RADIO_CFG.linger_ms:
+                        ax.plot(
+                            p["demo_bytes_median"],
+                            p["fmn_age_p95_median"],
+                            "k*",
+                            markersize=14,
+                            label="node configs now",
+                        )
+        ax.set(
+            title=f"loss {lossy:.0%}, every ack delay"
+            if part == "lossy"
+            else "a radio losing nothing, and one without IP headers",
+            xlabel="make demo: link bytes per delivered report (median of the loss patterns)",
+            xlim=(0, None),
+            ylim=(0, None),
+        )
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("fmn-4nations, a report every 2 s: AoI p95 (s, median)")
+    fig.suptitle("make demo's bytes against fmn-4nations' age, per linger (ms, beside each point)")
     save_figure(fig, path)
