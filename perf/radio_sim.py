@@ -353,10 +353,12 @@ def fmn(
     nations: int = 4,
     uplink: Profile | None = None,
     frame_overhead: int = FRAME_OVERHEAD,
+    consume_ms: int = 0,
     **kw,
 ) -> dict:
     """fmn-4nations in virtual time: each of `nations` gateways sends its `units` reports every
-    `period_s` to the group of the others.  Whatever a nation sends (its reports, its acks of the
+    `period_s` to the group of the others (each taken by its application `consume_ms` after it
+    arrived: on the testbed the gateway's broker answers first).  Whatever a nation sends (its reports, its acks of the
     others') crosses its own `cnr-tactical-2` uplink to tacnet once (a frame lost there is lost to
     every member), then a LAN to each destination (the topology's reverse_profile).  The reports'
     ages at every other nation, and the uplink bytes per report sent."""
@@ -388,6 +390,7 @@ def fmn(
     sent: dict[tuple[str, int], tuple[int, int]] = {}  # (origin, seq) -> (stamp, unit)
     got: dict[str, list] = {n: [] for n in nodes}
     now = i = 0
+    taking: list[tuple[int, str, list[int]]] = []  # (when, node, ids) the application takes
     while now <= end + 30_000:
         while i < len(plan) and plan[i][0] <= now:
             t, k, u, topic, body = plan[i]
@@ -405,15 +408,19 @@ def fmn(
         for n in nodes:
             for f in down[n].due(now / 1000):
                 cores[n].on_bundle(f[: len(f) - frame_overhead], now)
-            items = cores[n].take()
+            waiting = {x for j in taking if j[1] == n for x in j[2]}  # taken, not yet consumed
+            items = [d for d in cores[n].take() if d.id not in waiting]
             if items:
                 got[n] += [(now, d) for d in items]
-                cores[n].consumed([d.id for d in items], now)
+                taking.append((now + consume_ms, n, [d.id for d in items]))
+            for job in [j for j in taking if j[0] <= now and j[1] == n]:
+                taking.remove(job)
+                cores[n].consumed(job[2], now)
             for b in cores[n].poll(now):
                 # the frame's last overhead byte names its destination for tacnet (255: the group)
                 to = nodes.index(b.dst) if b.dst in nodes else 255
                 up[n].offer(b.payload + bytes(frame_overhead - 1) + bytes([to]), now / 1000)
-        nexts = [end + 30_001] + ([plan[i][0]] if i < len(plan) else [])
+        nexts = [end + 30_001] + ([plan[i][0]] if i < len(plan) else []) + [j[0] for j in taking]
         nexts += [w for c in cores.values() if (w := c.next_wakeup_ms()) is not None]
         nexts += [math.ceil(d * 1000) for x in (*up.values(), *down.values()) if (d := x.next_deadline()) is not None]
         now = max(now + 1, min(nexts))
