@@ -42,13 +42,6 @@ ACK_BYTES = 16 * 1024  # ... and at once after this much data from one origin (a
 ACK_REPEATS = 2
 ACK_REPEAT_MS = 10_000
 
-# A "done" owed for an envelope whose "got" already went (an ack that could not wait for the
-# application, as one on a gap) only releases custody: its origin resends nothing meanwhile.
-# It rides with the next bundle to that origin, or goes alone after FOLLOWUP_ACK_FACTOR x
-# ack_delay_ms (decision 0033).  GOT_SENT_MAX bounds the seqs remembered per source.
-FOLLOWUP_ACK_FACTOR = 4
-GOT_SENT_MAX = 4096
-
 # Envelopes held behind a gap in their class's order are released after this
 # long, so one lost envelope whose sender gave up cannot stall a class forever.
 DEFAULT_MAX_HOLD_MS = 300_000
@@ -94,9 +87,6 @@ class OverlayCore:
         self.answer_pings = answer_pings
         self._next_hold_check = 0
         self._ack_since: dict[str, int] = {}  # source (origin, incarnation) -> when its oldest unsent ack was queued
-        # source -> since when it is owed "done" acks alone whose "got" went (FOLLOWUP_ACK_FACTOR)
-        self._followup_since: dict[str, int] = {}
-        self._got_sent: dict[str, set[int]] = {}  # source -> seqs whose "got" went and whose "done" did not
         self._ack_bytes: dict[str, int] = {}  # source -> data bytes received since its last ack
         self._ack_count: dict[str, int] = {}  # source -> data envelopes received since its last ack
         # set when what arrived calls for planning now (acks came in, or acks are owed past
@@ -404,9 +394,6 @@ class OverlayCore:
         for origin in list(self._ack_since):
             if origin not in acks:
                 del self._ack_since[origin]
-        for origin in list(self._followup_since):
-            if origin not in acks or origin in self._ack_since:
-                del self._followup_since[origin]
         waiting: dict[str, int] = {}  # source -> since when, of acks held back for the fsync
         if unsynced:
             held = self.store.unsynced_acks() - answered
@@ -419,13 +406,9 @@ class OverlayCore:
                 acks = {o: dg for o, dg in acks.items() if dg[0] or dg[1]}
         due = set()
         for origin, (done, got) in acks.items():
-            followup = self._followup_since.get(origin)
-            if followup is not None and origin not in self._ack_since:
-                since, delay = followup, self.sched.cfg.ack_delay_ms * FOLLOWUP_ACK_FACTOR
-            else:
-                since, delay = self._ack_since.setdefault(origin, now_ms), self.sched.cfg.ack_delay_ms
+            since = self._ack_since.setdefault(origin, now_ms)
             if (
-                now_ms - since >= delay
+                now_ms - since >= self.sched.cfg.ack_delay_ms
                 or len(done) + len(got) >= ACK_BATCH
                 or self._ack_bytes.get(origin, 0) >= self._ack_bytes_due
                 or origin in self._gap
@@ -464,8 +447,6 @@ class OverlayCore:
                         continue
                     self.store.acks_sent(origin, done, got)
                     self._ack_since.pop(origin, None)
-                    self._followup_since.pop(origin, None)
-                    self._note_got_sent(origin, done, got)
                     self._newest_at.pop(origin, None)
                     self._gap.discard(origin)
                     self._ack_bytes.pop(origin, None)
@@ -475,23 +456,6 @@ class OverlayCore:
         for origin, since in waiting.items():  # still owed: they go after ack_delay_ms, or with the next bundle
             self._ack_since.setdefault(origin, since)
         return out
-
-    def _note_got_sent(self, origin: str, done: list[int], got: list[int]) -> None:
-        """Remember the seqs whose "got" went (their "done" is a follow-up), forget those done."""
-        sent = self._got_sent.get(origin)
-        if sent is None:
-            if not got:
-                return
-            sent = self._got_sent[origin] = set()
-        sent.difference_update(done)
-        sent.update(got)
-        if len(sent) > GOT_SENT_MAX:  # the oldest seqs go first (their "done" then waits as any ack does)
-            for seq in sorted(sent)[: len(sent) - GOT_SENT_MAX]:
-                sent.discard(seq)
-        if not sent:
-            del self._got_sent[origin]
-        while len(self._got_sent) > GOT_SENT_MAX:
-            del self._got_sent[next(iter(self._got_sent))]
 
     def _ack_group(self, origin: str) -> str | None:
         return next((g for g, members in self.codec.groups.items() if origin in members), None)
@@ -507,24 +471,14 @@ class OverlayCore:
         gone = self.store.consumed(ids)
         if now_ms is None:
             return True
-        for src, seq in gone:
-            sent = self._got_sent.get(src)
-            if sent is not None and seq in sent:  # its "got" went: the "done" can wait longer
-                self._followup_since.setdefault(src, now_ms)
-            else:
-                self._ack_since.setdefault(src, now_ms)
+        for src in {src for src, _ in gone}:
+            self._ack_since.setdefault(src, now_ms)
         return len(gone) >= ACK_BATCH
 
     def next_wakeup_ms(self) -> int | None:
         times = [
             t
-            for t in [self.sched.next_wakeup_ms()]
-            + [s + self.sched.cfg.ack_delay_ms for s in self._ack_since.values()]
-            + [
-                s + self.sched.cfg.ack_delay_ms * FOLLOWUP_ACK_FACTOR
-                for o, s in self._followup_since.items()
-                if o not in self._ack_since
-            ]
+            for t in [self.sched.next_wakeup_ms()] + [s + self.sched.cfg.ack_delay_ms for s in self._ack_since.values()]
             if t is not None
         ]
         return min(times) if times else None

@@ -424,15 +424,15 @@ def test_on_fmn_reports_lost_then_superseded_do_not_hold_the_groups_window():
     assert r["delivered"] > 0.955 * 3 * r["sent"], r
 
 
-def test_on_fmn_an_application_that_takes_reports_late_costs_no_second_round_of_acks():
-    # on the testbed a gateway takes a report once its broker answered, after the acks that
-    # could not wait (on a gap) said "got": the "done" after them rides with the next bundle
-    # (decision 0033), so the uplinks carry about what they do when reports are taken at once
+def test_on_fmn_an_application_that_takes_reports_late_splits_its_acks():
+    # on the testbed a gateway takes a report once its broker answered: an ack that goes at once
+    # (on a gap) says "got", and the "done" follows in an ack of its own; fmn(consume_ms=...)
+    # models it, and the uplinks carry what the testbed's did (decision 0033)
     cfg = dataclasses.replace(rs.RADIO_CFG, linger_ms=1500, ack_delay_ms=250)
     at_once = rs.fmn(9782806, minutes=1.0, cfg=cfg)
     late = rs.fmn(9782806, minutes=1.0, cfg=cfg, consume_ms=30)
     print(
         f"uplink bytes per report: taken at once {at_once['uplink_bytes_per_report']:.0f}, 30 ms later {late['uplink_bytes_per_report']:.0f}"
     )
-    assert late["delivered"] >= at_once["delivered"] * 0.98
-    assert late["uplink_bytes_per_report"] <= at_once["uplink_bytes_per_report"] * 1.05
+    assert abs(late["delivered"] - at_once["delivered"]) <= at_once["delivered"] * 0.02
+    assert late["uplink_bytes_per_report"] >= at_once["uplink_bytes_per_report"] * 1.05
