@@ -680,6 +680,7 @@ def title_of(plan: Plan) -> str:
             else ""
         )
         + (", scheduler " + ", ".join(f"{k}={v}" for k, v in sorted(plan.scheduler.items())) if plan.scheduler else "")
+        + (f", seed {plan.seed}" if plan.seed != Plan.seed else "")
     )
 
 

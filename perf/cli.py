@@ -582,6 +582,14 @@ def _outage(ctx, param, value: str):
     help="an overlay [scheduler] setting for the gateways of this run, over what `c2dtn node configs` writes, "
     "e.g. linger_ms=1500 (repeatable)",
 )
+@click.option(
+    "--seed",
+    default=None,
+    show_default="bft.Plan's, 7",
+    type=click.IntRange(0, 2**31 - 1),
+    help="the emulator's seed (which frames each link loses) and the units' timing; "
+    "every run of one seed replays one loss pattern, so vary it to draw others",
+)
 def bft_cmd(
     topology: str,
     profile: str,
@@ -596,6 +604,7 @@ def bft_cmd(
     view: int | None,
     pcap: str | None,
     sched: tuple[str, ...],
+    seed: int | None,
 ) -> None:
     """Position reports (seed 000) across tactical links: c2dtn gateways next to Mosquitto bridges."""
     from c2dtn.errors import ConfigError
@@ -657,6 +666,7 @@ def bft_cmd(
         topology=topology,
         agents=chosen,
         scheduler=_scheduler(sched),
+        **({} if seed is None else {"seed": seed}),
     )
     plan.view = view or 0
     plan.pcap = str(Path(pcap).resolve()) if pcap else ""

@@ -131,6 +131,8 @@ def test_perf_cli_names_the_bad_value():
         (["perf", "bft", "--scheduler", "linger_ms=-5"], "'scheduler.linger_ms' = -5: must be a whole number from 0"),
         (["perf", "bft", "--scheduler", "aggregate_bytes=100000000"], "= 100000000: must be a whole number from 1"),
         (["perf", "bft", "--scheduler", "linger_ms=1", "--scheduler", "linger_ms=2"], "linger_ms is given twice"),
+        (["perf", "bft", "--seed", "-3"], "-3"),
+        (["perf", "bft", "--seed", "seven"], "'seven'"),
         (["perf", "gateway", "--qos", "0,3"], "'3'"),
         (["perf", "scale", "--sizes", "8,0"], "0: units per nation go from 1 to 500"),
         (["perf", "scale", "--sizes", "8,lots"], "'8,lots'"),
@@ -164,6 +166,10 @@ def test_nps_chain_report_names_the_hosts_not_a_nation(tmp_path):
     # a run with its own scheduler settings says so in its report's title
     tuned = bft.Plan(topology="nps-chain", scheduler={"linger_ms": 1500, "ack_delay_ms": 2000})
     assert bft.title_of(tuned).endswith(", scheduler ack_delay_ms=2000, linger_ms=1500")
+    # ... and one on another loss pattern names its seed (the default one, 7, goes unsaid as before)
+    assert bft.title_of(bft.Plan(topology="nps-chain", seed=8)).endswith(", seed 8") and "seed" not in bft.title_of(
+        plan
+    )
     assert bft._place(plan, "NOR") == "h1" and bft._place(bft.Plan(topology="fmn-2nations"), "NOR") == "NOR"
 
 
@@ -181,3 +187,17 @@ def test_each_unit_reports_every_period_from_its_own_phase():
         assert 0 <= mine[0] < 2.0
         assert all(abs(b - a - 2.0) < 1e-9 for a, b in zip(mine, mine[1:]))
     assert len({round(t, 6) for t, v in times if t < 2.0}) == 8  # each its own phase
+
+
+def test_perf_bft_seed_reaches_the_run(monkeypatch):
+    # --seed picks the loss pattern the emulator and the units replay; without it, the one every run used
+    from click.testing import CliRunner
+
+    from c2dtn.cli import cli
+
+    plans = []
+    monkeypatch.setattr(bft, "main", lambda plan, modes: plans.append(plan))
+    for args, seed in ((["--seed", "8"], 8), ([], 7)):
+        r = CliRunner().invoke(cli, ["perf", "bft", "--modes", "overlay", *args])
+        assert r.exit_code == 0, r.output
+        assert plans[-1].seed == seed
