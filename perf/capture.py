@@ -212,3 +212,55 @@ def table(split: Split, per: int, what: str = "delivered report") -> tuple[list[
             rows.append([name, f"{b:,}", f"{b / per:.1f}" if per else "-", f"{100 * b / tot:.0f} %"])
     rows.append(["all", f"{split.total():,}", f"{split.total() / per:.1f}" if per else "-", "100 %"])
     return ["layer", "bytes", f"per {what}", "share"], rows
+
+
+def spans(run: Path, spans: list[tuple[float, float]], mode: str = "overlay") -> list[dict]:
+    """Where in a perf bft run its bytes per delivered report come from: for each span of seconds
+    from the first report sent, the link bytes of the frames the run's captures show arriving
+    (`<mode>-*.pcapng` beside the report, both ways; those the emulator dropped left out) and the
+    reports delivered (a report's first receipt at a receiver across a link, as perf bft counts
+    them).  A span counts what falls in [start, end)."""
+    import gzip
+    import json
+
+    from scapy.utils import RawPcapNgReader
+
+    from c2dtn.errors import C2Error
+
+    path = run / "events.jsonl"
+    if not path.exists() and (run / "events.jsonl.gz").exists():
+        path = run / "events.jsonl.gz"
+    try:
+        with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as fh:
+            events = [json.loads(line) for line in fh if line.strip()]
+    except FileNotFoundError:
+        raise C2Error(f"{run} is not a perf bft results folder: it has no events.jsonl") from None
+    except ValueError as e:
+        raise C2Error(f"{path}: not JSON lines: {e}") from None
+    sent = {e["id"]: e for e in events if e.get("mode") == mode and e.get("ev") == "sent"}
+    if not sent:
+        raise C2Error(f"{run}: no reports sent in mode {mode!r}")
+    t0 = min(e["t"] for e in sent.values())
+    first: dict[tuple[str, str], float] = {}
+    for e in events:
+        if e.get("mode") != mode or e.get("ev") != "recv" or e.get("id") not in sent:
+            continue
+        if e.get("from") != e.get("rx_nation") and (e["rx"], e["id"]) not in first:
+            first[(e["rx"], e["id"])] = e["t"] - t0
+    pcaps = sorted(run.glob(f"{mode}-*.pcapng"))
+    if not pcaps:
+        raise C2Error(f"{run}: no {mode}-*.pcapng capture beside the report")
+    frames = []
+    for p in pcaps:
+        for frame, meta in RawPcapNgReader(str(p)):
+            if any(c.startswith(b"dropped") for c in getattr(meta, "comments", None) or ()):
+                continue
+            frames.append(((meta.tshigh << 32 | meta.tslow) / meta.tsresol - t0, len(frame)))
+    out = []
+    for a, b in spans:
+        link = sum(n for t, n in frames if a <= t < b)
+        got = sum(1 for t in first.values() if a <= t < b)
+        out.append(
+            {"from_s": a, "to_s": b, "link_bytes": link, "delivered": got, "per_report": link / got if got else None}
+        )
+    return out

@@ -893,11 +893,37 @@ def fuzz_cmd(targets: str | None, runs: int, save: bool) -> None:
         raise SystemExit(1)
 
 
+def _spans(ctx, param, value: str | None):
+    if value is None:
+        return None
+    out = []
+    for part in value.split(","):
+        try:
+            a, b = (float(x) for x in part.split("-"))
+            if not 0 <= a < b:
+                raise ValueError
+        except ValueError:
+            raise click.BadParameter(f"{part!r} is not START-END in seconds (e.g. 8-20)") from None
+        out.append((a, b))
+    return out
+
+
 @perf.command("report")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--plot", "plot", default=None, help="write a PNG comparing the BFT runs here")
-def report_cmd(dirs: tuple[str, ...], plot: str | None) -> None:
+@click.option(
+    "--spans",
+    default=None,
+    callback=_spans,
+    metavar="A-B,C-D,...",
+    help="perf bft runs: link bytes, reports delivered and bytes per delivered report in each span of seconds "
+    "from the first report sent, from the run's captures and events (the overlay's)",
+)
+def report_cmd(dirs: tuple[str, ...], plot: str | None, spans: list[tuple[float, float]] | None) -> None:
     """Put results folders of perf bft / perf bundles side by side."""
     from c2dtn.perf import compare
 
+    if spans:
+        compare.spans([Path(d) for d in dirs], spans)
+        return
     compare.main(list(dirs), plot)

@@ -138,3 +138,18 @@ def _plot_bft(bft, path: Path) -> None:
         a3.legend(fontsize=7)
     save_figure(fig, path)
     console.print(f"plot in {path}")
+
+
+def spans(dirs: list[Path], spans: list[tuple[float, float]]) -> None:
+    """A table per perf bft run: where in it the bytes per delivered report come from
+    (capture.spans)."""
+    from c2dtn.perf import capture
+
+    for d in dirs:
+        t = Table(title=f"{d.name}: link bytes and deliveries per span (seconds from the first report sent)")
+        for c in ("span", "link bytes", "delivered", "bytes per delivered report"):
+            t.add_column(c, justify="left" if c == "span" else "right")
+        for r in capture.spans(d, spans):
+            per = "-" if r["per_report"] is None else f"{r['per_report']:.0f}"
+            t.add_row(f"{r['from_s']:g}-{r['to_s']:g} s", f"{r['link_bytes']:,}", str(r["delivered"]), per)
+        console.print(t)

@@ -1,10 +1,12 @@
 """perf/capture.py: a link capture split by layer, as the demo's report shows it."""
 
+import json
 from pathlib import Path
 
 import pytest
 
 from c2dtn.cla_adapters import bpv7
+from c2dtn.errors import C2Error
 from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, encode_ack_body
 from c2dtn.perf import capture
 
@@ -85,3 +87,35 @@ def test_envelopes_no_key_opens_are_counted_unopened(tmp_path: Path):
     sp = capture.split_run([pcap], {})
     assert (sp.unopened, sp.data_envelopes) == (1, 0)
     assert sp.total() == len(_frame(payload))
+
+
+RUN = Path(__file__).resolve().parent.parent / "docs" / "results" / "20261130-060615-bft"  # make demo's job, committed
+
+
+def test_spans_say_where_in_a_run_its_bytes_per_report_come_from(tmp_path: Path):
+    whole = capture.spans(RUN, [(0, 1e9)])[0]
+    summary = json.loads((RUN / "summary.json").read_text())["modes"][0]
+    # every delivery the run counted, and every byte of the frames that arrived (the layer split,
+    # read another way, adds up to the same bytes)
+    assert whole["delivered"] == summary["delivered"]
+    assert whole["link_bytes"] == capture.split_run(sorted(RUN.glob("overlay-*.pcapng")), {}).total()
+    parts = capture.spans(RUN, [(0, 8), (8, 20), (20, 80), (80, 1e9)])
+    assert sum(p["delivered"] for p in parts) == whole["delivered"]
+    assert sum(p["link_bytes"] for p in parts) == whole["link_bytes"]
+    assert parts[2]["delivered"] == 0  # the radio is cut from 20 to 80 s: nothing arrives
+    start, steady = parts[0], parts[1]
+    assert steady["per_report"] == steady["link_bytes"] / steady["delivered"] < start["per_report"]
+    with pytest.raises(C2Error, match="no events.jsonl"):
+        capture.spans(tmp_path, [(0, 10)])
+
+
+def test_perf_report_spans_names_a_bad_span():
+    from click.testing import CliRunner
+
+    from c2dtn.cli import cli
+
+    for bad in ("8-2", "x-3", "5"):
+        r = CliRunner().invoke(cli, ["perf", "report", str(RUN), "--spans", f"0-8,{bad}"])
+        assert r.exit_code == 2 and repr(bad) in r.output, r.output
+    r = CliRunner().invoke(cli, ["perf", "report", str(RUN), "--spans", "0-8,8-20"])
+    assert r.exit_code == 0 and "bytes per delivered report" in r.output
