@@ -345,6 +345,8 @@ def _stop_clients(clients: list, readers: list) -> None:
 def run_mode(mode: str, plan: Plan, workdir: Path, events: list) -> dict:
     testbed.down()
     st = testbed.up(plan.topology, profile=plan.profile, seed=plan.seed, engine=plan.engine)
+    if st.get("backend") != "userspace":  # netem draws its own losses
+        console.print(f"[yellow]links on {st.get('backend')}: the seed sets the units' timing, not the losses[/yellow]")
     s = None
     try:
         override_agents(st, plan.agents)

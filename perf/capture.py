@@ -219,48 +219,98 @@ def spans(run: Path, spans: list[tuple[float, float]], mode: str = "overlay") ->
     from the first report sent, the link bytes of the frames the run's captures show arriving
     (`<mode>-*.pcapng` beside the report, both ways; those the emulator dropped left out) and the
     reports delivered (a report's first receipt at a receiver across a link, as perf bft counts
-    them).  A span counts what falls in [start, end)."""
+    them).  A span counts what falls in [start, end); what came before the first report (the
+    sessions opening) counts at 0.  Also returns, last, the whole run's figures, to check
+    against its summary."""
+    import bisect
+
+    from c2dtn.errors import C2Error
+
+    sent, recvs = _span_events(run, mode)
+    t0 = min(sent.values())
+    first: dict[tuple[str, str], float] = {}
+    for rx, mid, t in recvs:
+        if mid in sent and (rx, mid) not in first:
+            first[(rx, mid)] = max(0.0, t - t0)
+    pcaps = sorted(run.glob(f"{mode}-*.pcapng"))
+    if not pcaps:
+        raise C2Error(f"{run}: no {mode}-*.pcapng capture beside the report")
+    frames: list[tuple[float, int]] = []
+    for p in pcaps:
+        frames += [(max(0.0, t - t0), n) for t, n in _arrived(p)]
+    frames.sort()
+    times = [t for t, _ in frames]
+    sums = [0]
+    for _, n in frames:
+        sums.append(sums[-1] + n)
+    got = sorted(first.values())
+    out = []
+    for a, b in [*spans, (0.0, float("inf"))]:
+        lo, hi = bisect.bisect_left(times, a), bisect.bisect_left(times, b)
+        link = sums[hi] - sums[lo]
+        n = bisect.bisect_left(got, b) - bisect.bisect_left(got, a)
+        out.append({"from_s": a, "to_s": b, "link_bytes": link, "delivered": n, "per_report": link / n if n else None})
+    return out
+
+
+def _span_events(run: Path, mode: str) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
+    """From a run's events: when each report of `mode` was sent, and each receipt across a link
+    (receiver, report, time).  A line that is not such an event is an error naming it."""
     import gzip
     import json
-
-    from scapy.utils import RawPcapNgReader
 
     from c2dtn.errors import C2Error
 
     path = run / "events.jsonl"
     if not path.exists() and (run / "events.jsonl.gz").exists():
         path = run / "events.jsonl.gz"
+    sent: dict[str, float] = {}
+    recvs: list[tuple[str, str, float]] = []
+    n = 0
     try:
         with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as fh:
-            events = [json.loads(line) for line in fh if line.strip()]
+            for line in fh:
+                n += 1  # (named in the error below)
+                if not line.strip():
+                    continue
+                e = json.loads(line)
+                if not isinstance(e, dict) or e.get("mode") != mode or e.get("ev") not in ("sent", "recv"):
+                    continue
+                t, mid = e.get("t"), e.get("id")
+                if e["ev"] == "recv" and mid is None:
+                    continue  # a message that was not a report (perf bft counts it as bad)
+                if not (isinstance(t, (int, float)) and not isinstance(t, bool) and isinstance(mid, str)):
+                    raise ValueError(f"a {e['ev']} event needs a number t and a text id: {line.strip()[:120]}")
+                if e["ev"] == "sent":
+                    sent[mid] = float(t)
+                elif e.get("from") != e.get("rx_nation"):  # (the nation's own LAN is not across a link)
+                    if not isinstance(e.get("rx"), str):
+                        raise ValueError(f"a recv event needs a text rx: {line.strip()[:120]}")
+                    recvs.append((e["rx"], mid, float(t)))
     except FileNotFoundError:
         raise C2Error(f"{run} is not a perf bft results folder: it has no events.jsonl") from None
-    except ValueError as e:
-        raise C2Error(f"{path}: not JSON lines: {e}") from None
-    sent = {e["id"]: e for e in events if e.get("mode") == mode and e.get("ev") == "sent"}
+    except (OSError, EOFError) as e:  # unreadable, or a gzip that is not one or is cut short
+        raise C2Error(f"{path}: cannot be read: {e}") from None
+    except ValueError as e:  # JSON or an event's fields
+        raise C2Error(f"{path}, line {n}: {e}") from None
     if not sent:
-        raise C2Error(f"{run}: no reports sent in mode {mode!r}")
-    t0 = min(e["t"] for e in sent.values())
-    first: dict[tuple[str, str], float] = {}
-    for e in events:
-        if e.get("mode") != mode or e.get("ev") != "recv" or e.get("id") not in sent:
-            continue
-        if e.get("from") != e.get("rx_nation") and (e["rx"], e["id"]) not in first:
-            first[(e["rx"], e["id"])] = e["t"] - t0
-    pcaps = sorted(run.glob(f"{mode}-*.pcapng"))
-    if not pcaps:
-        raise C2Error(f"{run}: no {mode}-*.pcapng capture beside the report")
-    frames = []
-    for p in pcaps:
-        for frame, meta in RawPcapNgReader(str(p)):
+        raise C2Error(f"{path}: no reports sent in mode {mode!r}")
+    return sent, recvs
+
+
+def _arrived(path: Path) -> list[tuple[float, int]]:
+    """(time, bytes) of each frame of a capture that arrived (not marked dropped)."""
+    from scapy.error import Scapy_Exception
+    from scapy.utils import RawPcapNgReader
+
+    from c2dtn.errors import C2Error
+
+    out = []
+    try:
+        for frame, meta in RawPcapNgReader(str(path)):
             if any(c.startswith(b"dropped") for c in getattr(meta, "comments", None) or ()):
                 continue
-            frames.append(((meta.tshigh << 32 | meta.tslow) / meta.tsresol - t0, len(frame)))
-    out = []
-    for a, b in spans:
-        link = sum(n for t, n in frames if a <= t < b)
-        got = sum(1 for t in first.values() if a <= t < b)
-        out.append(
-            {"from_s": a, "to_s": b, "link_bytes": link, "delivered": got, "per_report": link / got if got else None}
-        )
+            out.append(((meta.tshigh << 32 | meta.tslow) / meta.tsresol, len(frame)))
+    except (Scapy_Exception, OSError, EOFError, struct.error) as e:
+        raise C2Error(f"{path}: not a capture perf bft wrote: {e}") from None
     return out

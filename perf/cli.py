@@ -585,10 +585,10 @@ def _outage(ctx, param, value: str):
 @click.option(
     "--seed",
     default=None,
-    show_default="bft.Plan's, 7",
+    show_default="7",
     type=click.IntRange(0, 2**31 - 1),
-    help="the emulator's seed (which frames each link loses) and the units' timing; "
-    "every run of one seed replays one loss pattern, so vary it to draw others",
+    help="the userspace emulator's loss draws (link i draws from SEED + 2i and SEED + 2i + 1, so runs meant to "
+    "differ need seeds far apart, e.g. 100, 200) and the units' timing",
 )
 def bft_cmd(
     topology: str,
@@ -896,7 +896,7 @@ def fuzz_cmd(targets: str | None, runs: int, save: bool) -> None:
 def _spans(ctx, param, value: str | None):
     if value is None:
         return None
-    out = []
+    out: list[tuple[float, float]] = []
     for part in value.split(","):
         try:
             a, b = (float(x) for x in part.split("-"))
@@ -904,6 +904,9 @@ def _spans(ctx, param, value: str | None):
                 raise ValueError
         except ValueError:
             raise click.BadParameter(f"{part!r} is not START-END in seconds (e.g. 8-20)") from None
+        for c, d in out:
+            if a < d and c < b:
+                raise click.BadParameter(f"{part!r} overlaps {c:g}-{d:g}: a span's bytes would count twice")
         out.append((a, b))
     return out
 
@@ -924,6 +927,8 @@ def report_cmd(dirs: tuple[str, ...], plot: str | None, spans: list[tuple[float,
     from c2dtn.perf import compare
 
     if spans:
+        if plot:
+            raise click.UsageError("--spans prints tables; --plot draws the runs side by side: one at a time")
         compare.spans([Path(d) for d in dirs], spans)
         return
     compare.main(list(dirs), plot)

@@ -149,7 +149,20 @@ def spans(dirs: list[Path], spans: list[tuple[float, float]]) -> None:
         t = Table(title=f"{d.name}: link bytes and deliveries per span (seconds from the first report sent)")
         for c in ("span", "link bytes", "delivered", "bytes per delivered report"):
             t.add_column(c, justify="left" if c == "span" else "right")
-        for r in capture.spans(d, spans):
+        *rows, whole = capture.spans(d, spans)
+        for r in [*rows, whole]:
             per = "-" if r["per_report"] is None else f"{r['per_report']:.0f}"
-            t.add_row(f"{r['from_s']:g}-{r['to_s']:g} s", f"{r['link_bytes']:,}", str(r["delivered"]), per)
+            span = "the whole run" if r is whole else f"{r['from_s']:g}-{r['to_s']:g} s"
+            t.add_row(span, f"{r['link_bytes']:,}", str(r["delivered"]), per)
         console.print(t)
+        # a capture cut short (or a run whose summary was made otherwise) shows here
+        kind, data = _load(d)
+        mode = next((m for m in data["modes"] if m["mode"] == "overlay"), None) if kind == "bft" else None  # type: ignore[index]
+        if mode is not None and (mode.get("link_bytes"), mode.get("delivered")) != (
+            whole["link_bytes"],
+            whole["delivered"],
+        ):
+            console.print(
+                f"[yellow]{d.name}: its summary says {mode.get('link_bytes')} link bytes and {mode.get('delivered')} "
+                f"delivered; the captures and events here give {whole['link_bytes']} and {whole['delivered']}[/yellow]"
+            )

@@ -377,7 +377,8 @@ def fmn(
 
     cores = {n: core(n) for n in nodes}
     lan = profile("lan")
-    # the testbed seeds a link's two directions with seed and seed + 1; a nation's link, seed + 10 i
+    # a link's two directions draw from seed and seed + 1, as on the testbed; a nation's link from
+    # seed + 10 i here (the testbed's link i: seed + 2 i), so seeds 10 apart share draws
     up = {n: Direction(uplink or profile(), seed + 10 * i) for i, n in enumerate(nodes)}
     down = {n: Direction(lan, seed + 10 * i + 1) for i, n in enumerate(nodes)}
     rng = random.Random(seed)

@@ -189,8 +189,8 @@ def test_each_unit_reports_every_period_from_its_own_phase():
     assert len({round(t, 6) for t, v in times if t < 2.0}) == 8  # each its own phase
 
 
-def test_perf_bft_seed_reaches_the_run(monkeypatch):
-    # --seed picks the loss pattern the emulator and the units replay; without it, the one every run used
+def test_perf_bft_seed_reaches_the_plan_and_the_emulator(monkeypatch, tmp_path):
+    # --seed picks the emulator's loss draws (and the units' timing); without it, seed 7 as before
     from click.testing import CliRunner
 
     from c2dtn.cli import cli
@@ -201,3 +201,15 @@ def test_perf_bft_seed_reaches_the_run(monkeypatch):
         r = CliRunner().invoke(cli, ["perf", "bft", "--modes", "overlay", *args])
         assert r.exit_code == 0, r.output
         assert plans[-1].seed == seed
+
+    class Built(Exception):
+        pass
+
+    def up(topology, **kw):
+        raise Built(kw["seed"])
+
+    monkeypatch.setattr(bft.testbed, "down", lambda: None)
+    monkeypatch.setattr(bft.testbed, "up", up)
+    with pytest.raises(Built) as got:
+        bft.run_mode("overlay", plans[0], tmp_path, [])
+    assert got.value.args == (8,)

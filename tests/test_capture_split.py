@@ -93,20 +93,53 @@ RUN = Path(__file__).resolve().parent.parent / "docs" / "results" / "20261130-06
 
 
 def test_spans_say_where_in_a_run_its_bytes_per_report_come_from(tmp_path: Path):
-    whole = capture.spans(RUN, [(0, 1e9)])[0]
+    *parts, whole = capture.spans(RUN, [(0, 8), (8, 20), (20, 80), (80, 1e9)])
     summary = json.loads((RUN / "summary.json").read_text())["modes"][0]
-    # every delivery the run counted, and every byte of the frames that arrived (the layer split,
-    # read another way, adds up to the same bytes)
-    assert whole["delivered"] == summary["delivered"]
+    # the whole run: every delivery the run counted, and every byte of the frames that arrived
+    # (the layer split, read another way, adds up to the same bytes)
+    assert (whole["link_bytes"], whole["delivered"]) == (summary["link_bytes"], summary["delivered"])
     assert whole["link_bytes"] == capture.split_run(sorted(RUN.glob("overlay-*.pcapng")), {}).total()
-    parts = capture.spans(RUN, [(0, 8), (8, 20), (20, 80), (80, 1e9)])
     assert sum(p["delivered"] for p in parts) == whole["delivered"]
     assert sum(p["link_bytes"] for p in parts) == whole["link_bytes"]
-    assert parts[2]["delivered"] == 0  # the radio is cut from 20 to 80 s: nothing arrives
-    start, steady = parts[0], parts[1]
-    assert steady["per_report"] == steady["link_bytes"] / steady["delivered"] < start["per_report"]
+    # the figures decision 0033 cites: the start costs more than the steady state; the radio is
+    # cut from 20 to 80 s, and nothing arrives then
+    assert [(p["link_bytes"], p["delivered"]) for p in parts[:3]] == [(4869, 24), (3380, 45), (0, 0)]
+    assert parts[1]["per_report"] == 3380 / 45
+
+
+def test_spans_name_a_bad_results_folder(tmp_path: Path):
+    import gzip
+    import shutil
+
     with pytest.raises(C2Error, match="no events.jsonl"):
         capture.spans(tmp_path, [(0, 10)])
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    events = gzip.decompress((run / "events.jsonl.gz").read_bytes()).decode().splitlines()
+    (run / "events.jsonl.gz").unlink()
+    for lines, says in (
+        (events + ['["not", "an", "event"]'], None),  # not an event: passed over
+        (
+            events + ['{"ev": "sent", "mode": "overlay", "id": "NOR-S001_999"}'],
+            f"line {len(events) + 1}: a sent event needs",
+        ),
+        (events + ['{"ev": "recv", "mode": "overlay", "id": "NOR-S001_1", "t": 1, "from": "NOR"}'], "needs a text rx"),
+        (events[:3] + ["{"], "line 4"),
+    ):
+        (run / "events.jsonl").write_text("\n".join(lines) + "\n")
+        if says is None:
+            capture.spans(run, [(0, 10)])
+        else:
+            with pytest.raises(C2Error, match=says):
+                capture.spans(run, [(0, 10)])
+    (run / "events.jsonl").unlink()
+    (run / "events.jsonl.gz").write_bytes(gzip.compress("\n".join(events).encode())[:300])  # cut short
+    with pytest.raises(C2Error, match="cannot be read"):
+        capture.spans(run, [(0, 10)])
+    (run / "events.jsonl.gz").write_bytes(gzip.compress("\n".join(events).encode()))
+    (run / "overlay-r2-r3.pcapng").write_bytes(b"\x0a\x0d\x0d\x0a" + b"junk" * 10)
+    with pytest.raises(C2Error, match="overlay-r2-r3.pcapng: not a capture"):
+        capture.spans(run, [(0, 10)])
 
 
 def test_perf_report_spans_names_a_bad_span():
@@ -114,8 +147,10 @@ def test_perf_report_spans_names_a_bad_span():
 
     from c2dtn.cli import cli
 
-    for bad in ("8-2", "x-3", "5"):
+    for bad, says in (("8-2", "'8-2'"), ("x-3", "'x-3'"), ("5", "'5'"), ("4-10", "'4-10' overlaps 0-8")):
         r = CliRunner().invoke(cli, ["perf", "report", str(RUN), "--spans", f"0-8,{bad}"])
-        assert r.exit_code == 2 and repr(bad) in r.output, r.output
+        assert r.exit_code == 2 and says in r.output, r.output
+    r = CliRunner().invoke(cli, ["perf", "report", str(RUN), "--spans", "0-8", "--plot", "x.png"])
+    assert r.exit_code == 2 and "one at a time" in r.output
     r = CliRunner().invoke(cli, ["perf", "report", str(RUN), "--spans", "0-8,8-20"])
-    assert r.exit_code == 0 and "bytes per delivered report" in r.output
+    assert r.exit_code == 0 and "the whole run" in r.output and "its summary says" not in r.output
