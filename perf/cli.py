@@ -498,18 +498,24 @@ def gateway_cmd(count: int, runs: int, qos: str) -> None:
     gateway_bench.main(count, runs, levels)
 
 
+def _seconds(text: str) -> tuple[float, float] | None:
+    """START-END in seconds, 0 <= START < END, or None when it is not that."""
+    try:
+        a, b = (float(x) for x in text.split("-"))
+    except ValueError:
+        return None
+    return (a, b) if 0 <= a < b else None
+
+
 def _outage(ctx, param, value: str):
     if value == "auto":
         return value
     if value in ("", "none"):
         return None
-    try:
-        a, b = (float(x) for x in value.split("-"))
-        if not 0 <= a < b:
-            raise ValueError
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not START-END in seconds (e.g. 20-80) or none") from None
-    return (a, b)
+    span = _seconds(value)
+    if span is None:
+        raise click.BadParameter(f"{value!r} is not START-END in seconds (e.g. 20-80) or none")
+    return span
 
 
 @perf.command("bft")
@@ -898,12 +904,10 @@ def _spans(ctx, param, value: str | None):
         return None
     out: list[tuple[float, float]] = []
     for part in value.split(","):
-        try:
-            a, b = (float(x) for x in part.split("-"))
-            if not 0 <= a < b:
-                raise ValueError
-        except ValueError:
-            raise click.BadParameter(f"{part!r} is not START-END in seconds (e.g. 8-20)") from None
+        span = _seconds(part)
+        if span is None:
+            raise click.BadParameter(f"{part!r} is not START-END in seconds (e.g. 8-20)")
+        a, b = span
         for c, d in out:
             if a < d and c < b:
                 raise click.BadParameter(f"{part!r} overlaps {c:g}-{d:g}: a span's bytes would count twice")
