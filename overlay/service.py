@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 from c2dtn.errors import C2Error
 from c2dtn.overlay import sdnotify
+from c2dtn.overlay.agents import make_agent
 from c2dtn.overlay.config import NodeConfig
+from c2dtn.overlay.hclink import HcLink
 from c2dtn.overlay.malloc import tune_malloc
 from c2dtn.overlay.metrics import MetricsServer
 from c2dtn.overlay.node import OverlayNode
@@ -29,8 +31,9 @@ CHECKPOINT_EVERY_S = 0.5
 class NodeService:
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
-        self.node = OverlayNode(cfg)
-        self.sup = Supervisor(cfg, on_restart=self._agent_restarted, agent=self.node.agent)
+        self.hc = HcLink(cfg)  # udphc:// specs: the agent gets loopback ones in its configuration
+        self.node = OverlayNode(cfg, make_agent(self.hc.agent_cfg))
+        self.sup = Supervisor(self.hc.agent_cfg, on_restart=self._agent_restarted, agent=self.node.agent)
         self.api = LocalApi(self.node, self.sup)
         self.metrics: MetricsServer | None = None
         if cfg.metrics_listen is not None:
@@ -48,6 +51,7 @@ class NodeService:
                 await self.metrics.close()
                 host, port = self.metrics.listen
                 raise C2Error(f"{self.cfg.source}: metrics.listen {host}:{port}: {e.strerror or e}") from None
+        await self.hc.start()
         await self.sup.start()
         if node.syncer is not None:
             node.syncer.start()
@@ -96,6 +100,7 @@ class NodeService:
         if self.metrics is not None:
             await self.metrics.close()
         await self.sup.stop()
+        await self.hc.stop()
         self.node.close_store()
 
     async def _agent_restarted(self) -> None:

@@ -2,7 +2,8 @@
 `capture` command, topologies.testbed.capture), split by layer.
 
 Each frame is read down as far as it goes: Ethernet, IP and UDP or TCP headers; for a bundle
-of the UDP convergence layer, its blocks (the primary block apart) around the payload; for a
+of the UDP convergence layer, its blocks (the primary block apart) around the payload, or, on
+udphc, its compressed blocks (cla-adapters/udphc.py); for a
 c2dtn container in the payload, its framing, its seal (the AEAD tag and the framing of the
 sealed array, one a bundle) and, for each envelope in it, its fields and its body as sent.  Envelopes are opened
 with the run's own keys (the node configs), so the split is of the bytes as they crossed the
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import cbor2
 
+from c2dtn.cla_adapters import udphc
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.envelope import Codec, EnvelopeError, Kind, split_container
 
@@ -30,6 +32,7 @@ LAYERS = (
     ("headers", "Ethernet, IP, UDP/TCP headers"),
     ("primary", "bundle primary block"),
     ("blocks", "other bundle blocks and the payload block's framing"),
+    ("hc", "bundle blocks compressed on the air (udphc: all but the payload)"),
     ("container", "container framing (sender, destination, arrays, origin tags)"),
     ("seal", "seals (AEAD tag and its CBOR framing, one a bundle)"),
     ("fields", "fields of new data envelopes (ids, times, priority, order, key)"),
@@ -137,18 +140,26 @@ def split_capture(path: Path, codecs: dict[str, Codec], seen: set | None = None)
 
 
 def _bundle(data: bytes, codecs: dict[str, Codec], seen: set, sp: Split) -> None:
-    """A UDP payload: a BPv7 bundle (an array of blocks) holding a container, as far as it reads."""
+    """A UDP payload: a BPv7 bundle (an array of blocks) or a udphc frame, holding a container,
+    as far as it reads."""
     try:
-        blocks = cbor2.loads(data)
-        primary = blocks[0]
-        payload = next(b[4] for b in blocks[1:] if b[0] == 1)
+        if data[:1] == bytes([udphc.MARK]):
+            head = udphc.header_bytes(data)
+            payload, primary_bytes = data[head:], 0
+        else:
+            blocks = cbor2.loads(data)
+            payload = next(b[4] for b in blocks[1:] if b[0] == 1)
+            primary_bytes = len(cbor2.dumps(blocks[0]))
         sender, dst, seal, tags, _ = split_container(payload)
     except (cbor2.CBORDecodeError, EnvelopeError, IndexError, TypeError, KeyError, StopIteration, ValueError):
-        sp.bytes["other"] += len(data)
+        sp.bytes["other"] += len(data)  # (udphc.HcError is a ValueError)
         return
     sp.bundles += 1
-    sp.bytes["primary"] += len(cbor2.dumps(primary))
-    sp.bytes["blocks"] += len(data) - len(payload) - len(cbor2.dumps(primary))
+    if primary_bytes:
+        sp.bytes["primary"] += primary_bytes
+        sp.bytes["blocks"] += len(data) - len(payload) - primary_bytes
+    else:
+        sp.bytes["hc"] += len(data) - len(payload)
     codec = codecs.get(dst) or next(
         (c for n, c in codecs.items() if dst in c.groups and n != sender and sender in c.groups[dst]), None
     )

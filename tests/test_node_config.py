@@ -109,16 +109,16 @@ def test_bad_node_config_names_file_field_and_value(tmp_path, change, field, val
     assert (e.value.source, e.value.field, e.value.value) == (str(f), field, value)
 
 
-def test_configs_for_nps_chain_with_a_udp_radio_link(tmp_path):
-    st = testbed.state_of(model.load("nps-chain"), "userspace")  # the shipped r2=r3 link is cla = "udp"
+def test_configs_for_nps_chain_with_a_udphc_radio_link(tmp_path):
+    st = testbed.state_of(model.load("nps-chain"), "userspace")  # the shipped r2=r3 link is cla = "udphc"
     paths = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "nodes")
     gw1, r2, gw4 = (load_node_config(paths[n]) for n in ("gw1", "r2", "gw4"))
     assert [(p.node, str(p.cla)) for p in gw1.peers] == [("r2", "tcpcl://10.77.1.2:4556")]
     assert [(p.node, str(p.cla)) for p in r2.peers] == [
         ("gw1", "tcpcl://10.77.1.1:4556"),
-        ("r3", "udp://10.77.2.2:4556"),
+        ("r3", "udphc://10.77.2.2:4556"),
     ]
-    assert sorted(c.scheme for c in r2.listen) == ["tcpcl", "udp"]
+    assert sorted(c.scheme for c in r2.listen) == ["tcpcl", "udphc"]
     assert [(r.to, r.via) for r in gw1.routes] == [("r2", "r2"), ("r3", "r2"), ("gw4", "r2")]
     assert gw1.keys["gw4"] == gw4.keys["gw1"] and len(gw1.keys["gw4"]) == 32
     assert gw1.overlay and not r2.overlay and r2.keys == {}
@@ -128,7 +128,7 @@ def test_configs_for_nps_chain_with_a_udp_radio_link(tmp_path):
     assert (s.aggregate_bytes, s.linger_ms, s.ack_delay_ms) == (r.aggregate_bytes, r.linger_ms, r.ack_delay_ms)
     assert gw1.netns == "c2-gw1"
     tcp_only = write_configs(st, ["gw1", "r2", "r3", "gw4"], ["gw1", "gw4"], tmp_path / "tcp", cla="tcpcl")
-    assert load_node_config(tcp_only["gw1"]).scheduler.aggregate_bytes == 1200  # the radio link stays udp
+    assert load_node_config(tcp_only["gw1"]).scheduler.aggregate_bytes == 1200  # the radio link stays udphc
     lan = testbed.state_of(model.load("nps-chain"), "userspace")
     for ls in lan["links"].values():
         ls["cla"], ls["profile_ab"], ls["profile_ba"] = None, {"rate_bps": None}, {"rate_bps": None}

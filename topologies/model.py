@@ -21,7 +21,7 @@ A topology file looks like:
     dil = true                     # `topo up --profile P` applies P to this link
     subnet = "10.77.9.0/24"        # optional
     emulate = true                 # false: a plain veth pair, no emulator
-    cla = "udp"                    # optional: the convergence layer BPAs use across it
+    cla = "udphc"                  # optional: the convergence layer BPAs use across it
 
     [[lans]]                       # an unemulated broadcast segment (a bridge)
     name = "deu"
@@ -323,8 +323,8 @@ def load(name_or_file: str, profile_override: str | None = None, schedule_file: 
             if not isinstance(v, bool):
                 raise ConfigError(src, f"{where}.{key}", v, "must be true or false")
         cla = l.get("cla")
-        if cla is not None and cla not in ("tcpcl", "mtcp", "udp"):
-            raise ConfigError(src, f"{where}.cla", cla, "unknown convergence layer", "tcpcl, mtcp or udp")
+        if cla is not None and cla not in ("tcpcl", "mtcp", "udp", "udphc"):
+            raise ConfigError(src, f"{where}.cla", cla, "unknown convergence layer", "tcpcl, mtcp, udp or udphc")
         net = take_subnet(f"{where}.subnet", l.get("subnet"))
         hosts = net.hosts()
         link = Link(lname, a, b, pab, pba, str(net), dil, emulate, cla)

@@ -199,7 +199,7 @@ def write_configs(
     any_udp = (
         cla == "udp"
         or any(harness_cla(k, cla) == "udp" for k in islands if testbed_clas(k))
-        or (per_link_cla and any(ls.get("cla") == "udp" for ls in st["links"].values()))
+        or (per_link_cla and any(ls.get("cla") in ("udp", "udphc") for ls in st["links"].values()))
     )
     rated = any(
         ((ls.get(d) or {}).get("rate_bps")) for ls in st["links"].values() for d in ("profile_ab", "profile_ba")
@@ -226,6 +226,8 @@ def write_configs(
                 if first == m:
                     prev = path[path.index(m) - 1]
                     addr, link_cla = _facing(st, m, prev)
+                    if relay and link_cla == "udphc":  # the relay's process runs no udphc link (overlay/hclink.py)
+                        link_cla = "udp"
                     peers[m] = (addr, (link_cla if k_per_link else None) or k_cla)
                 routes.append((m, first))
             name = f"{n}.{kind}" if n == relay else n

@@ -1,0 +1,158 @@
+"""The radio end of the `udphc` convergence layer (cla-adapters/udphc.py, decision 0034): UDP
+sockets between the node's agent, which speaks plain UDP on loopback, and the radio hop, where
+bundles go with their blocks compressed.
+
+For each `udphc://` listen spec the link binds that address (the radio socket) and the agent
+listens on a loopback port instead; for each `udphc://` peer the link binds a loopback port the
+agent sends that peer's bundles to.  A datagram from the agent goes out compressed from the radio
+socket; a frame from the radio goes to the agent rebuilt.  A frame that does not decode is
+dropped, counted and logged once per spell: what a peer sends never stops the link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+from c2dtn.cla_adapters import udphc
+from c2dtn.cla_adapters.bpv7 import DTN_EPOCH_MS
+from c2dtn.cla_adapters.spec import ClaSpec
+from c2dtn.errors import C2Error
+from c2dtn.overlay.config import NodeConfig, Peer
+from c2dtn.spells import Spell
+
+log = logging.getLogger("c2dtn.udphc")
+
+SCHEME = "udphc"
+LOOPBACK = "127.0.0.1"
+
+
+def dtn_now_ms() -> int:
+    return int(time.time() * 1000) - DTN_EPOCH_MS
+
+
+def _bound(host: str, port: int, what: str) -> socket.socket:
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_DGRAM)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        s.close()
+        raise C2Error(f"udphc: cannot bind {what} {host}:{port}: {e.strerror or e}") from None
+    s.setblocking(False)
+    return s
+
+
+class _Proto(asyncio.DatagramProtocol):
+    def __init__(self, on: Callable[[bytes, tuple], None]):
+        self.on = on
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        self.on(data, addr)
+
+    def error_received(self, exc: Exception) -> None:  # an ICMP error for a datagram sent: UDP carries on
+        log.debug("udphc: %s", exc)
+
+
+class HcLink:
+    """Built before the agent's configuration is written (the sockets it names are bound here);
+    start() and stop() around the node's run."""
+
+    def __init__(self, cfg: NodeConfig):
+        specs = [s for s in cfg.listen if s.scheme == SCHEME]
+        peers = [p for p in cfg.peers if p.cla.scheme == SCHEME]
+        self.used = bool(specs or peers)
+        self.agent_cfg = cfg
+        self.counts = {"sent": 0, "sent_compressed": 0, "sent_bytes_saved": 0, "received": 0, "refused": 0}
+        self._socks: list[socket.socket] = []
+        self._transports: list[asyncio.DatagramTransport] = []
+        self._refused = Spell(log)
+        if not self.used:
+            return
+        if peers and not specs:
+            raise C2Error(
+                f"{cfg.source}: a udphc:// peer ({peers[0].cla}) needs a udphc:// spec in [agent] listen: "
+                "the radio socket its frames go out from"
+            )
+        try:
+            self._radio = [_bound(s.host, s.port, "listen spec") for s in specs]
+            self._socks += self._radio
+            # the agent's own UDP port: a free loopback port, found by binding and releasing it
+            probe = _bound(LOOPBACK, 0, "a loopback port")
+            self.agent_port = probe.getsockname()[1]
+            probe.close()
+            self._agent_side = _bound(LOOPBACK, 0, "a loopback port to the agent")
+            self._socks.append(self._agent_side)
+            self._out: dict[int, tuple[ClaSpec, socket.socket]] = {}  # loopback port -> (peer spec, socket)
+            new_peers = []
+            for p in cfg.peers:
+                if p.cla.scheme != SCHEME:
+                    new_peers.append(p)
+                    continue
+                s = _bound(LOOPBACK, 0, f"a loopback port for peer {p.node}")
+                self._socks.append(s)
+                port = s.getsockname()[1]
+                self._out[port] = (p.cla, s)
+                new_peers.append(Peer(p.node, ClaSpec("udp", LOOPBACK, port)))
+        except C2Error:
+            self.close_sockets()
+            raise
+        listen = [s for s in cfg.listen if s.scheme != SCHEME] + [ClaSpec("udp", LOOPBACK, self.agent_port)]
+        self.agent_cfg = dataclasses.replace(cfg, listen=listen, peers=new_peers)
+
+    def close_sockets(self) -> None:
+        for s in self._socks:
+            s.close()
+        self._socks = []
+
+    async def start(self) -> None:
+        if not self.used:
+            return
+        loop = asyncio.get_running_loop()
+        self._to_agent = (LOOPBACK, self.agent_port)
+        for s in self._radio:
+            t, _ = await loop.create_datagram_endpoint(lambda: _Proto(self._from_radio), sock=s)
+            self._transports.append(t)
+        self._radio_t = self._transports[0]
+        for spec, s in self._out.values():
+            t, _ = await loop.create_datagram_endpoint(
+                lambda spec=spec: _Proto(lambda d, a: self._to_radio(d, spec)), sock=s
+            )
+            self._transports.append(t)
+        self._local_t, _ = await loop.create_datagram_endpoint(lambda: _Proto(lambda d, a: None), sock=self._agent_side)
+        self._transports.append(self._local_t)
+        log.info(
+            "udphc: radio on %s, agent on %s:%d, %d peer(s)",
+            ", ".join(f"{h}:{p}" for h, p, *_ in (x.getsockname() for x in self._radio)),
+            LOOPBACK,
+            self.agent_port,
+            len(self._out),
+        )
+
+    def _to_radio(self, data: bytes, spec: ClaSpec) -> None:
+        frame = udphc.encode(data, dtn_now_ms())
+        self.counts["sent"] += 1
+        if frame is not data:
+            self.counts["sent_compressed"] += 1
+            self.counts["sent_bytes_saved"] += len(data) - len(frame)
+        self._radio_t.sendto(frame, (spec.host, spec.port))
+
+    def _from_radio(self, frame: bytes, addr) -> None:
+        try:
+            bundle = udphc.decode(frame, dtn_now_ms())
+        except udphc.HcError as e:
+            self.counts["refused"] += 1
+            self._refused.hit("udphc: a frame from %s refused: %s", addr[0], e)
+            return
+        self.counts["received"] += 1
+        self._local_t.sendto(bundle, self._to_agent)
+
+    async def stop(self) -> None:
+        for t in self._transports:
+            t.close()
+        self._transports = []
+        self.close_sockets()

@@ -1,0 +1,205 @@
+"""udphc: bundles over UDP with their blocks compressed on the air (cla-adapters/udphc.py, the
+codec; overlay/hclink.py, the sockets around an agent)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import cbor2
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from c2dtn.cla_adapters import bpv7, udphc
+from c2dtn.errors import C2Error
+from c2dtn.overlay.config import load_node_config
+from c2dtn.overlay.hclink import HcLink, dtn_now_ms
+
+NOW = 849_333_979_410  # DTN ms, a day of 2026
+DAY = 86_400_000
+
+
+def with_previous(bundle: bytes, node: int, number: int = 2) -> bytes:
+    """The bundle as dtnd forwards it: a previous node block before the payload block."""
+    blocks = cbor2.loads(bundle)
+    prev = [6, number, 0, 0, cbor2.dumps([2, [node, 0]])]
+    return b"\x9f" + b"".join(cbor2.dumps(b) for b in [blocks[0], prev, *blocks[1:]]) + b"\xff"
+
+
+def dtn7_bundle(payload: bytes = b"x" * 100, created: int = NOW, seq: int = 0, life: int = 3_600_000) -> bytes:
+    return with_previous(bpv7.encode_sent("ipn:2.1", "ipn:4.1", payload, life, created, seq), 2)
+
+
+def test_a_forwarded_dtn7_bundle_loses_most_of_its_blocks_and_comes_back_byte_for_byte():
+    b = dtn7_bundle()
+    f = udphc.encode(b, NOW + 300)
+    assert udphc.decode(f, NOW + 900) == b
+    # 56 bytes around the payload (primary block 36, previous node block 11, the payload
+    # block's head 7, the array's 2) go as 19
+    assert (len(b) - 100, len(f) - 100) == (56, 19)
+    assert udphc.header_bytes(f) == len(f) - 100
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    payload=st.binary(max_size=1500),
+    created=st.integers(1, 2**40),
+    seq=st.integers(0, 2**64 - 1),
+    life=st.integers(0, 2**64 - 1),
+    nodes=st.tuples(*[st.integers(0, 10**19 - 1)] * 4),  # (encode_sent reads up to 19 digits)
+    prev=st.one_of(st.none(), st.tuples(st.integers(2, 2**64 - 1), st.integers(0, 2**64 - 1))),
+    skew=st.integers(-20 * DAY, 20 * DAY),
+    crc32=st.booleans(),
+)
+def test_any_bundle_of_the_shape_round_trips_and_others_go_as_they_came(
+    payload, created, seq, life, nodes, prev, skew, crc32
+):
+    src, dst = f"ipn:{nodes[0]}.{nodes[1]}", f"ipn:{nodes[2]}.{nodes[3]}"
+    if crc32:  # the CRC-32C form, with a report-to endpoint
+        b = bpv7.encode((nodes[0], nodes[1]), (nodes[2], nodes[3]), payload, life, created, seq)
+    else:
+        b = bpv7.encode_sent(src, dst, payload, life, created, seq)
+    if prev is not None:
+        b = with_previous(b, prev[1], prev[0])
+    f = udphc.encode(b, created + skew)
+    assert f[0] == udphc.MARK and len(f) < len(b)
+    assert udphc.decode(f, created + skew // 2) == b  # the two ends' clocks differ too
+
+
+@pytest.mark.parametrize(
+    "what,bundle",
+    [
+        ("BPv6", b"\x06\x10" + bytes(40)),
+        ("dtn-scheme endpoints", bpv7.encode_sent("dtn://a/x", "dtn://b/y", b"p", 1000, NOW, 1)),
+        (
+            "a hop count block",
+            b"\x9f"
+            + cbor2.dumps(cbor2.loads(bpv7.encode_sent("ipn:1.1", "ipn:2.1", b"p", 1000, NOW, 1))[0])
+            + cbor2.dumps([10, 2, 0, 0, cbor2.dumps([30, 0])])
+            + cbor2.dumps([1, 1, 0, 0, b"p"])
+            + b"\xff",
+        ),
+        ("a lifetime not in its shortest CBOR form", None),
+        ("no CRC on the primary block", None),
+        ("empty", b""),
+    ],
+)
+def test_a_datagram_of_another_shape_goes_uncompressed_and_is_handed_on_as_it_came(what, bundle):
+    if what == "a lifetime not in its shortest CBOR form":
+        b = bpv7.encode_sent("ipn:1.1", "ipn:2.1", b"p", 1000, NOW, 1)
+        i = b.index(cbor2.dumps(1000))
+        bundle = b[:i] + b"\x1a" + struct.pack(">I", 1000) + b[i + 3 :]
+    if what == "no CRC on the primary block":
+        p = [7, 4, 0, [2, [1, 1]], [2, [2, 1]], [1, 0], [NOW, 1], 1000]
+        bundle = b"\x9f" + cbor2.dumps(p) + cbor2.dumps([1, 1, 0, 0, b"p"]) + b"\xff"
+    assert udphc.encode(bundle, NOW) == bundle
+    assert udphc.decode(bundle, NOW) == bundle
+
+
+def test_a_creation_time_far_from_the_clock_goes_whole_and_a_skew_of_weeks_still_rebuilds():
+    old = dtn7_bundle(created=NOW - 30 * DAY)  # held in custody for a month
+    f = udphc.encode(old, NOW)
+    assert f[1] & udphc.TIME_FULL and udphc.decode(f, NOW) == old
+    b = dtn7_bundle()
+    f = udphc.encode(b, NOW)
+    assert not f[1] & udphc.TIME_FULL
+    assert udphc.decode(f, NOW + 40 * DAY) == b  # the receiver's clock 40 days ahead: the CRC picks
+
+
+def test_damaged_or_hostile_frames_are_refused_by_name_and_never_rebuilt_wrong():
+    b = dtn7_bundle()
+    f = udphc.encode(b, NOW)
+    head = udphc.header_bytes(f)
+    for cut in range(1, head):
+        with pytest.raises(udphc.HcError, match="frame ends|CRC"):
+            udphc.decode(f[:cut], NOW)
+    # a flipped bit in a primary block's field: the CRC refuses the block rebuilt
+    for i in range(2, 15):
+        with pytest.raises(udphc.HcError):
+            udphc.decode(f[:i] + bytes([f[i] ^ 0x01]) + f[i + 1 :], NOW)
+    with pytest.raises(udphc.HcError, match="bits this codec does not know"):
+        udphc.decode(bytes([udphc.MARK, 0x80]) + f[2:], NOW)
+    with pytest.raises(udphc.HcError, match="shortest"):
+        udphc.decode(bytes([udphc.MARK, 0, 0x81, 0x00]) + f[3:], NOW)  # flags padded to 2 bytes
+    with pytest.raises(udphc.HcError, match="past 10 bytes"):
+        udphc.decode(bytes([udphc.MARK, 0]) + b"\xff" * 11, NOW)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_from_the_radio_give_a_bundle_or_an_hc_error(junk):
+    frame = bytes([udphc.MARK]) + junk
+    try:
+        out = udphc.decode(frame, NOW)
+    except udphc.HcError:
+        return
+    assert out[:1] == b"\x9f" and len(out) <= len(frame) + 80
+
+
+def write_cfg(tmp_path, name, listen, peers):
+    p = tmp_path / f"{name}.toml"
+    peer_tables = "".join(f'[[agent.peers]]\nnode = "{n}"\ncla = "{c}"\n' for n, c in peers)
+    p.write_text(
+        f'[node]\nid = "{name}"\nstorage = "{tmp_path / name}"\noverlay = false\n'
+        f'[agent]\nkind = "dtn7"\nlisten = {listen!r}\n'.replace("'", '"')
+        + peer_tables
+    )
+    return load_node_config(p)
+
+
+def test_a_node_with_udphc_gives_its_agent_loopback_udp_and_refuses_a_peer_without_a_radio_socket(tmp_path):
+    cfg = write_cfg(tmp_path, "a", ["udphc://127.0.0.1:0", "tcpcl://0.0.0.0:4556"], [("b", "udphc://127.0.0.1:4999")])
+    link = HcLink(cfg)
+    try:
+        got = link.agent_cfg
+        assert [str(s) for s in got.listen][0] == "tcpcl://0.0.0.0:4556"
+        assert got.listen[1].scheme == "udp" and got.listen[1].host == "127.0.0.1"
+        assert got.peers[0].node == "b" and got.peers[0].cla.scheme == "udp" and got.peers[0].cla.host == "127.0.0.1"
+        assert cfg.listen[0].scheme == "udphc"  # the node's own view is unchanged
+    finally:
+        link.close_sockets()
+    lone = write_cfg(tmp_path, "c", ["udp://0.0.0.0:4556"], [("b", "udphc://127.0.0.1:4999")])
+    with pytest.raises(C2Error, match="needs a udphc:// spec in \\[agent\\] listen"):
+        HcLink(lone)
+
+
+def test_two_links_carry_a_bundle_compressed_and_a_hostile_frame_stops_neither(tmp_path):
+    """Two nodes' links on loopback: what a's agent sends to b arrives at b's agent as it was
+    sent, the radio carried fewer bytes, and junk sent to b's radio socket is counted, not fatal."""
+
+    def free_port() -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    pa, pb = free_port(), free_port()
+    a = HcLink(write_cfg(tmp_path, "a", [f"udphc://127.0.0.1:{pa}"], [("b", f"udphc://127.0.0.1:{pb}")]))
+    b = HcLink(write_cfg(tmp_path, "b", [f"udphc://127.0.0.1:{pb}"], [("a", f"udphc://127.0.0.1:{pa}")]))
+    agent_b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    agent_b.bind(("127.0.0.1", b.agent_port))  # b's agent listens where its config says
+    agent_b.settimeout(5)
+    bundle = with_previous(bpv7.encode_sent("ipn:1.1", "ipn:2.1", b"report", 3_600_000, dtn_now_ms(), 7), 1)
+
+    async def main() -> bytes:
+        await a.start()
+        await b.start()
+        try:
+            junk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            junk.sendto(bytes([udphc.MARK, 0x13, 0x80]), ("127.0.0.1", pb))  # ends inside a number
+            junk.close()
+            to_b = a.agent_cfg.peers[0].cla  # where a's agent sends b's bundles
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as agent_a:
+                agent_a.sendto(bundle, (to_b.host, to_b.port))
+            loop = asyncio.get_running_loop()
+            return await asyncio.wait_for(loop.run_in_executor(None, agent_b.recv, 65536), 5)
+        finally:
+            await a.stop()
+            await b.stop()
+            agent_b.close()
+
+    got = asyncio.run(main())
+    assert got == bundle
+    assert a.counts["sent_compressed"] == 1 and a.counts["sent_bytes_saved"] >= 35
+    assert b.counts["refused"] == 1 and b.counts["received"] == 1
