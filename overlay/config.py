@@ -116,7 +116,9 @@ AGENT = table(
             "listen",
             "array of CLA specs",
             '["tcpcl://0.0.0.0:4556"]',
-            "The convergence layers the agent listens on (tcpcl://, udp://, ltp://, mtcp:// with address:port).",
+            "The convergence layers the agent listens on (tcpcl://, udp://, udphc://, ltp://, mtcp:// with "
+            "address:port). udphc:// is UDP with each bundle's blocks compressed on the air, run by the node "
+            "around the agent's UDP; both ends of a link must use it (decision 0034).",
             '["udp://0.0.0.0:4556"]',
         ),
         F(

@@ -87,16 +87,24 @@ class HcLink:
             probe.close()
             self._agent_side = _bound(LOOPBACK, 0, "a loopback port to the agent")
             self._socks.append(self._agent_side)
-            self._out: dict[int, tuple[ClaSpec, socket.socket]] = {}  # loopback port -> (peer spec, socket)
+            # loopback port -> (peer spec, its socket, the radio socket of its address family)
+            self._out: dict[int, tuple[ClaSpec, socket.socket, int]] = {}
             new_peers = []
             for p in cfg.peers:
                 if p.cla.scheme != SCHEME:
                     new_peers.append(p)
                     continue
+                fam = socket.AF_INET6 if ":" in p.cla.host else socket.AF_INET
+                radio = next((i for i, r in enumerate(self._radio) if r.family == fam), None)
+                if radio is None:
+                    raise C2Error(
+                        f"{cfg.source}: udphc peer {p.node} ({p.cla}) has no udphc:// listen spec of its "
+                        "address family to send from"
+                    )
                 s = _bound(LOOPBACK, 0, f"a loopback port for peer {p.node}")
                 self._socks.append(s)
                 port = s.getsockname()[1]
-                self._out[port] = (p.cla, s)
+                self._out[port] = (p.cla, s, radio)
                 new_peers.append(Peer(p.node, ClaSpec("udp", LOOPBACK, port)))
         except C2Error:
             self.close_sockets()
@@ -117,10 +125,10 @@ class HcLink:
         for s in self._radio:
             t, _ = await loop.create_datagram_endpoint(lambda: _Proto(self._from_radio), sock=s)
             self._transports.append(t)
-        self._radio_t = self._transports[0]
-        for spec, s in self._out.values():
+        for spec, s, radio in self._out.values():
             t, _ = await loop.create_datagram_endpoint(
-                lambda spec=spec: _Proto(lambda d, a: self._to_radio(d, spec)), sock=s
+                lambda spec=spec, radio=self._transports[radio]: _Proto(lambda d, a: self._to_radio(d, spec, radio)),
+                sock=s,
             )
             self._transports.append(t)
         self._local_t, _ = await loop.create_datagram_endpoint(lambda: _Proto(lambda d, a: None), sock=self._agent_side)
@@ -133,13 +141,13 @@ class HcLink:
             len(self._out),
         )
 
-    def _to_radio(self, data: bytes, spec: ClaSpec) -> None:
+    def _to_radio(self, data: bytes, spec: ClaSpec, radio: asyncio.DatagramTransport) -> None:
         frame = udphc.encode(data, dtn_now_ms())
         self.counts["sent"] += 1
         if frame is not data:
             self.counts["sent_compressed"] += 1
             self.counts["sent_bytes_saved"] += len(data) - len(frame)
-        self._radio_t.sendto(frame, (spec.host, spec.port))
+        radio.sendto(frame, (spec.host, spec.port))
 
     def _from_radio(self, frame: bytes, addr) -> None:
         try:

@@ -83,6 +83,21 @@ def families(st: dict) -> Iterator[Metric]:
             f"Payload bytes of the bundles {what}",
             value=b[f"{d}_agent_bytes"],
         )
+    if "udphc" in st:
+        u = st["udphc"]
+        sent = CounterMetricFamily(P + "udphc_frames_sent", "Datagrams the udphc link sent on the air", labels=["form"])
+        sent.add_metric(["compressed"], u["sent_compressed"])
+        sent.add_metric(["whole"], u["sent"] - u["sent_compressed"])
+        yield sent
+        yield CounterMetricFamily(
+            P + "udphc_bytes_saved", "Bytes udphc's compression kept off the air", value=u["sent_bytes_saved"]
+        )
+        yield CounterMetricFamily(
+            P + "udphc_frames_received", "Frames from the air handed to the agent", value=u["received"]
+        )
+        yield CounterMetricFamily(
+            P + "udphc_frames_refused", "Frames from the air refused as damaged or malformed", value=u["refused"]
+        )
     if "fsync" in st:
         f = st["fsync"]
         yield CounterMetricFamily(P + "fsyncs", "Custody fsyncs", value=f["fsyncs"])

@@ -66,6 +66,7 @@ class OverlayNode:
         self.send_errors = 0
         # bundles (and their payload bytes) to and from the agent since the process started
         self.bundles = {"to_agent": 0, "to_agent_bytes": 0, "from_agent": 0, "from_agent_bytes": 0}
+        self.udphc: dict | None = None  # the counts of the node's udphc link, when it runs one (overlay/hclink.py)
         self.extensions: list = []  # objects with async start() and stop(), run inside the node (gateways)
 
     @property

@@ -179,6 +179,8 @@ def local_status(node: OverlayNode, sup: Supervisor | None) -> dict:
         "send_errors": node.send_errors,
         "bundles": dict(node.bundles),
     }
+    if node.udphc is not None:
+        st["udphc"] = dict(node.udphc)
     if syncer is not None:
         st["fsync"] = {
             "fsyncs": syncer.fsyncs,

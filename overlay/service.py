@@ -33,6 +33,7 @@ class NodeService:
         self.cfg = cfg
         self.hc = HcLink(cfg)  # udphc:// specs: the agent gets loopback ones in its configuration
         self.node = OverlayNode(cfg, make_agent(self.hc.agent_cfg))
+        self.node.udphc = self.hc.counts if self.hc.used else None
         self.sup = Supervisor(self.hc.agent_cfg, on_restart=self._agent_restarted, agent=self.node.agent)
         self.api = LocalApi(self.node, self.sup)
         self.metrics: MetricsServer | None = None
