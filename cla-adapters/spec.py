@@ -4,8 +4,9 @@
                              TCPCLv3, RFC 7242, for ION, µD3TN and IBR-DTN)
     mtcp://10.77.1.2:16162   minimal TCP CL (draft-ietf-dtn-mtcpcl), common ground
     udp://10.77.1.2:4556     UDP CL: one bundle per datagram, common ground
-    udphc://10.77.1.2:4556   UDP CL with each bundle's blocks compressed on the air (udphc.py,
-                             run by the node around an agent's UDP CL; both ends must use it)
+    udphc://10.77.1.2:4560   UDP CL with each bundle's blocks compressed on the air (udphc.py,
+                             run by the node around an agent's UDP CL; both ends must use it;
+                             a port of its own, so a node may listen on udp:// beside it)
     http://10.77.1.2:3000    dtn7-rs's HTTP push CL
     ltp://10.77.1.2:1113     LTP over UDP (RFC 5326; ION, HDTN): a listening spec is the LTP port
 
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 
 from c2dtn.errors import ConfigError
 
-DEFAULT_PORTS = {"tcpcl": 4556, "mtcp": 16162, "udp": 4556, "udphc": 4556, "http": 3000, "ltp": 1113}
+DEFAULT_PORTS = {"tcpcl": 4556, "mtcp": 16162, "udp": 4556, "udphc": 4560, "http": 3000, "ltp": 1113}
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ primary block with a CRC and without fragment fields, at most a previous node bl
 payload block last, every item in CBOR's shortest form) goes as a short header and its
 payload; any other datagram goes as it came.  Nothing is changed on the way: the sender keeps
 the short form only where it decodes back to the very bytes it was given, and the receiver
-checks the primary block's CRC on what it rebuilt.
+checks the primary block's CRC on what it rebuilt.  Neither end needs the other's clock.
 
 A compressed frame (every integer an unsigned LEB128, at most 10 bytes):
 
     0xC2, shape bits, processing flags, destination node and service, source node and service,
-    [report-to node and service], creation time (4 bytes: its low 32 bits; or 8), sequence
-    number, lifetime (in seconds or in ms), the primary block's CRC (2 or 4 bytes),
+    [report-to node and service], creation time (6 bytes, big-endian: DTN ms until the year
+    10900; else 8), sequence number, lifetime (in seconds or in ms), the primary block's CRC (2 or 4 bytes),
     [previous node block: block number, node, service], then the payload to the frame's end.
 """
 
@@ -31,12 +31,11 @@ MARK = 0xC2  # a compressed frame's first byte: a BPv7 bundle starts 0x9f, a BPv
 REPORT_TO = 0x01  # a report-to endpoint follows (else dtn:none)
 PREVIOUS = 0x02  # a previous node block (ipn, block flags 0, no CRC) before the payload block
 CRC_32C = 0x04  # the primary block's CRC is a CRC-32C (else a CRC-16)
-TIME_FULL = 0x08  # the creation time in 8 bytes (else its low 32 bits)
+TIME_FULL = 0x08  # the creation time in 8 bytes (else in 6)
 LIFE_S = 0x10  # the lifetime in whole seconds (else in ms)
 _KNOWN = REPORT_TO | PREVIOUS | CRC_32C | TIME_FULL | LIFE_S
 PREVIOUS_NODE = 6  # block type code (RFC 9171 §4.4.1)
-_LOW = 1 << 32
-_NEAR = 1 << 30  # a creation time within this many ms of the sender's clock goes as its low bits
+_TIME6 = 1 << 48
 _U64 = (1 << 64) - 1
 
 
@@ -103,7 +102,7 @@ def _uint(v: object) -> int:
     raise _Unfit
 
 
-def _compress(bundle: bytes, now_ms: int) -> bytes:
+def _compress(bundle: bytes) -> bytes:
     if not bundle or bundle[0] != 0x9F:
         raise _Unfit
     try:
@@ -123,8 +122,8 @@ def _compress(bundle: bytes, now_ms: int) -> bytes:
         shape |= REPORT_TO
         head += b"".join(map(_uvar, _ipn(p[5])))
     created, seq = _uint(p[6][0]), _uint(p[6][1])
-    if abs(created - now_ms) < _NEAR:
-        head += struct.pack(">I", created % _LOW)
+    if created < _TIME6:
+        head += struct.pack(">Q", created)[2:]
     else:
         shape |= TIME_FULL
         head += struct.pack(">Q", created)
@@ -156,16 +155,15 @@ def _compress(bundle: bytes, now_ms: int) -> bytes:
     return bytes([MARK, shape]) + bytes(head) + pay[4]
 
 
-def encode(bundle: bytes, now_ms: int) -> bytes:
+def encode(bundle: bytes) -> bytes:
     """The frame that carries `bundle` (a UDP datagram from the agent): compressed where it has
-    the common shape and decodes back to the same bytes, else `bundle` itself.  now_ms: the
-    sender's clock in DTN time (ms since 2000)."""
+    the common shape and decodes back to the same bytes, else `bundle` itself."""
     try:
-        frame = _compress(bundle, now_ms)
+        frame = _compress(bundle)
     except _Unfit:
         return bundle
     try:
-        if decode(frame, now_ms) == bundle:
+        if decode(frame) == bundle:
             return frame
     except HcError:
         pass
@@ -197,7 +195,7 @@ class _Head:
     dst: tuple[int, int]
     src: tuple[int, int]
     rpt: tuple[int, int] | None
-    time: int  # all of it, or its low 32 bits
+    time: int
     seq: int
     life_ms: int
     crc: bytes
@@ -219,7 +217,7 @@ def _read(frame: bytes) -> _Head:
     if shape & TIME_FULL:
         t = struct.unpack(">Q", r.take(8, "creation time"))[0]
     else:
-        t = struct.unpack(">I", r.take(4, "creation time"))[0]
+        t = int.from_bytes(r.take(6, "creation time"), "big")
     seq = r.uvar("sequence number")
     life = r.uvar("lifetime")
     if shape & LIFE_S:
@@ -239,18 +237,13 @@ def header_bytes(frame: bytes) -> int:
     return _read(frame).at if frame and frame[0] == MARK else 0
 
 
-def decode(frame: bytes, now_ms: int) -> bytes:
+def decode(frame: bytes) -> bytes:
     """The bundle a frame carries: a compressed frame rebuilt, any other returned as it is.
     HcError for a compressed frame that is damaged or not one `encode` makes.  Time and memory
-    linear in the frame.  now_ms: the receiver's clock in DTN time."""
+    linear in the frame; the bundle is at most 90 bytes longer than the frame."""
     if not frame or frame[0] != MARK:
         return frame
     h = _read(frame)
-    if h.shape & TIME_FULL:
-        times = [h.time]
-    else:
-        base = now_ms - now_ms % _LOW + h.time  # the candidates 2^32 ms apart: the nearest to now first
-        times = sorted((t for t in (base - _LOW, base, base + _LOW) if 0 <= t <= _U64), key=lambda t: abs(t - now_ms))
     crc_type = CRC32C if h.shape & CRC_32C else CRC16
     rpt = _eid(*h.rpt) if h.rpt is not None else b"\x82\x01\x00"
     prev = b""
@@ -260,12 +253,11 @@ def decode(frame: bytes, now_ms: int) -> bytes:
     payload = frame[h.at :]
     fixed = b"\x89\x07" + _u(h.flags) + _u(crc_type) + _eid(*h.dst) + _eid(*h.src) + rpt
     tail = _u(h.life_ms) + _head(len(h.crc), 2)
-    for t in times:
-        primary = fixed + b"\x82" + _u(t) + _u(h.seq) + tail
-        if _crc(primary, crc_type) == h.crc:
-            pay = b"\x85\x01\x01\x00\x00" + _head(len(payload), 2) + payload
-            return b"\x9f" + primary + h.crc + prev + pay + b"\xff"
-    raise HcError("the primary block's CRC does not match the block rebuilt (damaged, or the clocks differ by weeks)")
+    primary = fixed + b"\x82" + _u(h.time) + _u(h.seq) + tail
+    if _crc(primary, crc_type) != h.crc:
+        raise HcError("the primary block's CRC does not match the block rebuilt (a damaged frame)")
+    pay = b"\x85\x01\x01\x00\x00" + _head(len(payload), 2) + payload
+    return b"\x9f" + primary + h.crc + prev + pay + b"\xff"
 
 
 def _crc(block_without_crc: bytes, crc_type: int) -> bytes:

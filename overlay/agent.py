@@ -56,6 +56,9 @@ class Capabilities:
     udp_bundle_max: int | None = None  # its UDP CLA sends a bundle as one datagram of at most this many
     # bytes (None: it fragments larger bundles)
     beside_overlay: bool = False  # serves many endpoints per node: a bare client can run beside an overlay node
+    # its UDP CLA takes bundles on a loopback port, so the node can run udphc:// around it
+    # (overlay/hclink.py; IBR-DTN binds UDP only on the namespace's other interfaces)
+    udphc: bool = False
 
 
 SEED_002 = "NPS 2017: over the agent's TCP CLA, memory storage, a LAN testbed, 10 runs per size, dtnperf"

@@ -6,7 +6,9 @@ For each `udphc://` listen spec the link binds that address (the radio socket) a
 listens on a loopback port instead; for each `udphc://` peer the link binds a loopback port the
 agent sends that peer's bundles to.  A datagram from the agent goes out compressed from the radio
 socket; a frame from the radio goes to the agent rebuilt.  A frame that does not decode is
-dropped, counted and logged once per spell: what a peer sends never stops the link.
+dropped, counted and logged once per spell: what a peer sends never stops the link.  A datagram
+the kernel will not take at once (a full socket buffer) is dropped and counted, as the agent's
+own UDP would have dropped it: nothing queues in the node behind a slow radio.
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ import asyncio
 import dataclasses
 import logging
 import socket
-import time
+import zlib
 from collections.abc import Callable
 
 from c2dtn.cla_adapters import udphc
-from c2dtn.cla_adapters.bpv7 import DTN_EPOCH_MS
 from c2dtn.cla_adapters.spec import ClaSpec
 from c2dtn.errors import C2Error
 from c2dtn.overlay.config import NodeConfig, Peer
@@ -29,10 +30,33 @@ log = logging.getLogger("c2dtn.udphc")
 
 SCHEME = "udphc"
 LOOPBACK = "127.0.0.1"
+# the agent's loopback port is chosen below the kernel's ephemeral range, so that no socket bound to
+# port 0 (ours included) is handed it while the agent is not bound to it (starting, restarting)
+AGENT_PORTS = (20000, 32000)
 
 
-def dtn_now_ms() -> int:
-    return int(time.time() * 1000) - DTN_EPOCH_MS
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def agent_port(node_id: str) -> int:
+    """A free loopback UDP port for the agent, the same one for a node from run to run while it
+    stays free: tried from a point the node's id picks, below the ephemeral range."""
+    lo, hi = AGENT_PORTS[0], min(AGENT_PORTS[1], _ephemeral_low())
+    start = zlib.crc32(node_id.encode()) % (hi - lo)
+    for i in range(hi - lo):
+        port = lo + (start + i) % (hi - lo)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        return port
+    raise C2Error(f"udphc: no free loopback UDP port in {lo}-{hi} for the agent")
 
 
 def _bound(host: str, port: int, what: str) -> socket.socket:
@@ -67,12 +91,28 @@ class HcLink:
         peers = [p for p in cfg.peers if p.cla.scheme == SCHEME]
         self.used = bool(specs or peers)
         self.agent_cfg = cfg
-        self.counts = {"sent": 0, "sent_compressed": 0, "sent_bytes_saved": 0, "received": 0, "refused": 0}
+        self.counts = {
+            "sent": 0,
+            "sent_compressed": 0,
+            "sent_bytes_saved": 0,
+            "received": 0,
+            "refused": 0,
+            "dropped": 0,  # datagrams the kernel would not take at once, either way
+        }
         self._socks: list[socket.socket] = []
         self._transports: list[asyncio.DatagramTransport] = []
         self._refused = Spell(log)
+        self._dropped = Spell(log)
         if not self.used:
             return
+        from c2dtn.overlay.agents import agent_class
+
+        kind = agent_class(cfg.agent)
+        if not kind.capabilities.udphc:
+            raise C2Error(
+                f"{cfg.source}: udphc:// needs an agent that takes bundles on a loopback UDP port; "
+                f"its driver does not declare it for {kind.label()}: use udp://"
+            )
         if peers and not specs:
             raise C2Error(
                 f"{cfg.source}: a udphc:// peer ({peers[0].cla}) needs a udphc:// spec in [agent] listen: "
@@ -81,14 +121,11 @@ class HcLink:
         try:
             self._radio = [_bound(s.host, s.port, "listen spec") for s in specs]
             self._socks += self._radio
-            # the agent's own UDP port: a free loopback port, found by binding and releasing it
-            probe = _bound(LOOPBACK, 0, "a loopback port")
-            self.agent_port = probe.getsockname()[1]
-            probe.close()
+            self.agent_port = agent_port(cfg.id)
             self._agent_side = _bound(LOOPBACK, 0, "a loopback port to the agent")
             self._socks.append(self._agent_side)
             # loopback port -> (peer spec, its socket, the radio socket of its address family)
-            self._out: dict[int, tuple[ClaSpec, socket.socket, int]] = {}
+            self._out: dict[int, tuple[ClaSpec, socket.socket, socket.socket]] = {}
             new_peers = []
             for p in cfg.peers:
                 if p.cla.scheme != SCHEME:
@@ -104,7 +141,7 @@ class HcLink:
                 s = _bound(LOOPBACK, 0, f"a loopback port for peer {p.node}")
                 self._socks.append(s)
                 port = s.getsockname()[1]
-                self._out[port] = (p.cla, s, radio)
+                self._out[port] = (p.cla, s, self._radio[radio])
                 new_peers.append(Peer(p.node, ClaSpec("udp", LOOPBACK, port)))
         except C2Error:
             self.close_sockets()
@@ -127,12 +164,11 @@ class HcLink:
             self._transports.append(t)
         for spec, s, radio in self._out.values():
             t, _ = await loop.create_datagram_endpoint(
-                lambda spec=spec, radio=self._transports[radio]: _Proto(lambda d, a: self._to_radio(d, spec, radio)),
-                sock=s,
+                lambda spec=spec, radio=radio: _Proto(lambda d, a: self._to_radio(d, spec, radio)), sock=s
             )
             self._transports.append(t)
-        self._local_t, _ = await loop.create_datagram_endpoint(lambda: _Proto(lambda d, a: None), sock=self._agent_side)
-        self._transports.append(self._local_t)
+        t, _ = await loop.create_datagram_endpoint(lambda: _Proto(lambda d, a: None), sock=self._agent_side)
+        self._transports.append(t)
         log.info(
             "udphc: radio on %s, agent on %s:%d, %d peer(s)",
             ", ".join(f"{h}:{p}" for h, p, *_ in (x.getsockname() for x in self._radio)),
@@ -141,23 +177,37 @@ class HcLink:
             len(self._out),
         )
 
-    def _to_radio(self, data: bytes, spec: ClaSpec, radio: asyncio.DatagramTransport) -> None:
-        frame = udphc.encode(data, dtn_now_ms())
+    def _send(self, sock: socket.socket, data: bytes, to: tuple[str, int]) -> bool:
+        """Straight to the kernel (an asyncio transport would queue without bound): a datagram
+        it will not take now is dropped, as the agent's own UDP would have dropped it."""
+        try:
+            sock.sendto(data, to)
+        except OSError as e:  # BlockingIOError (a full buffer), ECONNREFUSED (the agent down), EMSGSIZE
+            self.counts["dropped"] += 1
+            self._dropped.hit("udphc: a datagram to %s:%d dropped: %s", to[0], to[1], e)
+            return False
+        self._dropped.over("udphc: datagrams go again")
+        return True
+
+    def _to_radio(self, data: bytes, spec: ClaSpec, radio: socket.socket) -> None:
+        frame = udphc.encode(data)
+        if not self._send(radio, frame, (spec.host, spec.port)):
+            return
         self.counts["sent"] += 1
         if frame is not data:
             self.counts["sent_compressed"] += 1
             self.counts["sent_bytes_saved"] += len(data) - len(frame)
-        radio.sendto(frame, (spec.host, spec.port))
 
     def _from_radio(self, frame: bytes, addr) -> None:
         try:
-            bundle = udphc.decode(frame, dtn_now_ms())
+            bundle = udphc.decode(frame)
         except udphc.HcError as e:
             self.counts["refused"] += 1
             self._refused.hit("udphc: a frame from %s refused: %s", addr[0], e)
             return
-        self.counts["received"] += 1
-        self._local_t.sendto(bundle, self._to_agent)
+        self._refused.over("udphc: frames decode again")
+        if self._send(self._agent_side, bundle, self._to_agent):
+            self.counts["received"] += 1
 
     async def stop(self) -> None:
         for t in self._transports:

@@ -56,10 +56,10 @@ def emulator_cmd(seconds: float, runs: int, delay: str) -> None:
 @click.option("--skip-tactical", is_flag=True)
 @click.option(
     "--cla",
-    type=click.Choice(["tcpcl", "mtcp", "udp"]),
+    type=click.Choice(["tcpcl", "mtcp", "udp", "udphc"]),
     default=None,
     help="convergence layer between the BPAs across the cnr-tactical-2 radio link  "
-    "[default: the topology's own, udp in nps-chain]",
+    "[default: the topology's own, udphc in nps-chain]",
 )
 @click.option(
     "--scheduler",

@@ -42,12 +42,12 @@ from c2dtn.topologies.channel import Direction, LinkActivity
 from c2dtn.topologies.profiles import Profile, load_builtin_profiles
 
 KEY = b"s" * 32
-# what a bundle of a dtn7-rs agent costs on the radio beyond its payload: its blocks (with the
-# testbed's ipn names and the driver's own bundle, decisions 0021 and 0022) and the UDP, IP and
-# Ethernet headers, as a capture of the radio hop shows them (docs/perf/radio-sim.md)
-FRAME_OVERHEAD = 100
+# what a bundle of a dtn7-rs agent costs on the radio beyond its payload: its blocks as udphc
+# sends them (19 bytes, decision 0034) and the UDP, IP and Ethernet headers (42), as a capture of
+# the radio hop shows them (docs/perf/radio-sim.md)
+FRAME_OVERHEAD = 61
 # the scheduler settings `c2dtn node configs` writes for a node behind a radio link
-RADIO_CFG = SchedulerConfig(aggregate_bytes=1200, linger_ms=500, ack_delay_ms=1000)
+RADIO_CFG = SchedulerConfig(aggregate_bytes=1200, linger_ms=1500, ack_delay_ms=250)
 
 
 def profile(name: str = "cnr-tactical-2") -> Profile:

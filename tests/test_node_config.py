@@ -116,7 +116,7 @@ def test_configs_for_nps_chain_with_a_udphc_radio_link(tmp_path):
     assert [(p.node, str(p.cla)) for p in gw1.peers] == [("r2", "tcpcl://10.77.1.2:4556")]
     assert [(p.node, str(p.cla)) for p in r2.peers] == [
         ("gw1", "tcpcl://10.77.1.1:4556"),
-        ("r3", "udphc://10.77.2.2:4556"),
+        ("r3", "udphc://10.77.2.2:4560"),
     ]
     assert sorted(c.scheme for c in r2.listen) == ["tcpcl", "udphc"]
     assert [(r.to, r.via) for r in gw1.routes] == [("r2", "r2"), ("r3", "r2"), ("gw4", "r2")]

@@ -226,8 +226,8 @@ def write_configs(
                 if first == m:
                     prev = path[path.index(m) - 1]
                     addr, link_cla = _facing(st, m, prev)
-                    if relay and link_cla == "udphc":  # the relay's process runs no udphc link (overlay/hclink.py)
-                        link_cla = "udp"
+                    if link_cla == "udphc" and (relay or not agent_class(kind).capabilities.udphc):
+                        link_cla = "udp"  # a relay's process runs no udphc link, nor an agent not behind one
                     peers[m] = (addr, (link_cla if k_per_link else None) or k_cla)
                 routes.append((m, first))
             name = f"{n}.{kind}" if n == relay else n
@@ -263,7 +263,7 @@ def write_configs(
                     # a bundle must fit one datagram on a 1500-byte MTU anywhere on its way: no IP fragments to lose
                     sched = {"aggregate_bytes": 1200}
                     if rated:  # on a radio link linger and ack delay let several envelopes and acks share a bundle
-                        sched.update(linger_ms=500, ack_delay_ms=1000)  # (decision 0013)
+                        sched.update(linger_ms=1500, ack_delay_ms=250)  # (decisions 0013, 0035)
                 elif not rated:
                     # no link with a rate limit anywhere (a LAN): 64 kB bundles, larger envelopes share
                     # bundles up to a megabyte; where a radio is on the way, a big bundle would hold

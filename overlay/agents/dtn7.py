@@ -265,6 +265,7 @@ class Dtn7Agent(BundleAgent):
         groups=True,
         own_custody=True,
         clas=("tcpcl", "udp", "mtcp"),
+        udphc=True,
         udp_bundle_max=60_000,
     )
 
