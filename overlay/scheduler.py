@@ -183,6 +183,10 @@ class Scheduler:
         self.cfg = cfg
         self.paths: dict[str, Path] = {}
         self._linger_until: dict[str, int] = {}  # dst -> when its lingering envelopes go
+        # dst -> since when its queue has lingered: a report that supersedes one waiting takes the
+        # older's time, so reports more frequent than the linger still go (else the newest waits
+        # on, and nothing goes)
+        self._linger_since: dict[str, int] = {}
         # dst -> {seq: (size, due again at)} of retransmissions that were due when the window
         # had no room for them: lost as far as the window goes (as TCP counts what timed out),
         # waiting for an ack (on_ack makes them due at once) or one RTO
@@ -288,15 +292,20 @@ class Scheduler:
                 # is backed off (held here, it went only when the linger ended, or later); nor
                 # does what acks due now can ride with (else they go in a bundle of their own)
                 acks_now = _has_acks(acks.get(dst)) and (acks_due is None or dst in acks_due)
+                since = min((i.created_ms for i in queued), default=now_ms)
+                since = min(since, self._linger_since.get(dst, since))
                 if (
                     queued
                     and not retry
                     and dst not in probe_new
                     and not acks_now
-                    and self._lingers(queued, now_ms, p.wire_ratio)
+                    and self._lingers(queued, now_ms, p.wire_ratio, since)
                 ):
-                    self._linger_until[dst] = min(i.created_ms for i in queued) + self.cfg.linger_ms
+                    self._linger_since[dst] = since
+                    self._linger_until[dst] = since + self.cfg.linger_ms
                     queued, more = [], True
+                else:
+                    self._linger_since.pop(dst, None)
                 # probes first, then by class; in a class, resends (in seq order) before new
                 # envelopes, and those in custody's order (a superseding report holds its
                 # predecessor's place: decision 0014)
@@ -481,13 +490,15 @@ class Scheduler:
         if went:
             self.store.count_event("tail_probes")
 
-    def _lingers(self, queued: list[OutItem], now_ms: int, wire_ratio: float = 1.0) -> bool:
+    def _lingers(self, queued: list[OutItem], now_ms: int, wire_ratio: float = 1.0, since: int | None = None) -> bool:
         """Hold these back a little so more can join them in one bundle?  (While they would fill
-        less than half of one, sealed: compressed, they weigh wire_ratio of their size.)"""
+        less than half of one, sealed: compressed, they weigh wire_ratio of their size; since:
+        when their wait began, if before the oldest of them was made.)"""
+        start = min(i.created_ms for i in queued) if since is None else since
         return (
             self.cfg.linger_ms > 0
             and all(i.priority > Priority.IMMEDIATE for i in queued)
-            and now_ms - min(i.created_ms for i in queued) < self.cfg.linger_ms
+            and now_ms - start < self.cfg.linger_ms
             and sum(i.size for i in queued) * wire_ratio < self.cfg.aggregate_bytes // 2
         )
 

@@ -696,6 +696,20 @@ def test_acks_due_take_the_lingering_reports_with_them_rather_than_go_alone(tmp_
     assert b.poll(1500) == []
 
 
+def test_reports_more_frequent_than_the_linger_still_go_when_it_ends(tmp_path):
+    """A unit reporting every second behind 1.5 s of linger: each report supersedes the one
+    waiting, and the bundle still goes 1.5 s after the first began to wait (the newest in it)."""
+    cfg = SchedulerConfig(linger_ms=1500, ack_delay_ms=250)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    went = []
+    for t in range(0, 6000, 250):
+        if t % 1000 == 0:
+            a.submit("gw4", f"pos {t}".encode(), t, priority=Priority.PRIORITY, supersede="u1")
+        went += [(t, b.seqs) for b in a.poll(t) if b.seqs]
+    assert [t for t, _ in went] == [1500, 3500, 5500], went  # not never: the wait is the first report's
+    assert all(len(seqs) == 1 for _, seqs in went)  # the newest alone each time
+
+
 def test_a_lost_last_envelope_is_probed_for_long_before_its_timer(tmp_path):
     cfg = SchedulerConfig(min_rto_ms=60_000, initial_rto_ms=120_000)
     a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)

@@ -148,7 +148,7 @@ def test_configs_for_nps_chain_with_a_udphc_radio_link(tmp_path):
         scheduler={"aggregate_bytes": 60000, "init_window": 65536},
     )
     sch = load_node_config(tuned["gw1"]).scheduler  # given settings win, the radio defaults stay for the rest
-    assert (sch.aggregate_bytes, sch.init_window, sch.linger_ms) == (60000, 65536, 500)
+    assert (sch.aggregate_bytes, sch.init_window, sch.linger_ms) == (60000, 65536, radio_sim.RADIO_CFG.linger_ms)
 
 
 def test_configs_for_fmn_4nations_gateways_meet_at_tacnet(tmp_path):
