@@ -11,7 +11,8 @@ checks the primary block's CRC on what it rebuilt.  Neither end needs the other'
 
 A compressed frame (every integer an unsigned LEB128, at most 10 bytes):
 
-    0xC2, shape bits, processing flags, destination node and service, source node and service,
+    0xC2, shape bits, processing flags, destination node and service (or, for a dtn-scheme
+    destination, the length and bytes of its text after "dtn:"), source node and service,
     [report-to node and service], creation time (6 bytes, big-endian: DTN ms until the year
     10900; else 8), sequence number, lifetime (in seconds or in ms), the primary block's CRC (2 or 4 bytes),
     [previous node block: block number, node, service], then the payload to the frame's end.
@@ -33,7 +34,8 @@ PREVIOUS = 0x02  # a previous node block (ipn, block flags 0, no CRC) before the
 CRC_32C = 0x04  # the primary block's CRC is a CRC-32C (else a CRC-16)
 TIME_FULL = 0x08  # the creation time in 8 bytes (else in 6)
 LIFE_S = 0x10  # the lifetime in whole seconds (else in ms)
-_KNOWN = REPORT_TO | PREVIOUS | CRC_32C | TIME_FULL | LIFE_S
+DST_DTN = 0x20  # the destination is a dtn-scheme endpoint (a group's): its text follows, length first
+_KNOWN = REPORT_TO | PREVIOUS | CRC_32C | TIME_FULL | LIFE_S | DST_DTN
 PREVIOUS_NODE = 6  # block type code (RFC 9171 §4.4.1)
 _TIME6 = 1 << 48
 _U64 = (1 << 64) - 1
@@ -116,8 +118,14 @@ def _compress(bundle: bytes) -> bytes:
         raise _Unfit
     shape = 0
     head = bytearray(_uvar(_uint(p[1])))
-    for e in (p[3], p[4]):
-        head += b"".join(map(_uvar, _ipn(e)))
+    d = p[3]
+    if isinstance(d, list) and len(d) == 2 and d[0] == 1 and isinstance(d[1], str) and d[1]:
+        shape |= DST_DTN
+        ssp = d[1].encode()
+        head += _uvar(len(ssp)) + ssp
+    else:
+        head += b"".join(map(_uvar, _ipn(d)))
+    head += b"".join(map(_uvar, _ipn(p[4])))
     if p[5] != [1, 0]:
         shape |= REPORT_TO
         head += b"".join(map(_uvar, _ipn(p[5])))
@@ -192,7 +200,7 @@ def _eid(node: int, service: int) -> bytes:
 class _Head:
     shape: int
     flags: int
-    dst: tuple[int, int]
+    dst: tuple[int, int] | bytes  # ipn (node, service), or a dtn-scheme endpoint's text
     src: tuple[int, int]
     rpt: tuple[int, int] | None
     time: int
@@ -211,7 +219,15 @@ def _read(frame: bytes) -> _Head:
         raise HcError(f"shape {shape:#04x} has bits this codec does not know")
     r = _Reader(frame)
     flags = r.uvar("processing flags")
-    dst = (r.uvar("destination node"), r.uvar("destination service"))
+    dst: tuple[int, int] | bytes
+    if shape & DST_DTN:
+        dst = r.take(r.uvar("destination's length"), "destination")
+        try:
+            dst.decode()
+        except UnicodeDecodeError:
+            raise HcError("destination's text is not UTF-8") from None
+    else:
+        dst = (r.uvar("destination node"), r.uvar("destination service"))
     src = (r.uvar("source node"), r.uvar("source service"))
     rpt = (r.uvar("report-to node"), r.uvar("report-to service")) if shape & REPORT_TO else None
     if shape & TIME_FULL:
@@ -251,7 +267,8 @@ def decode(frame: bytes) -> bytes:
         node = _eid(h.prev[1], h.prev[2])
         prev = b"\x85\x06" + _u(h.prev[0]) + b"\x00\x00" + _head(len(node), 2) + node
     payload = frame[h.at :]
-    fixed = b"\x89\x07" + _u(h.flags) + _u(crc_type) + _eid(*h.dst) + _eid(*h.src) + rpt
+    dst = b"\x82\x01" + _head(len(h.dst), 3) + h.dst if isinstance(h.dst, bytes) else _eid(*h.dst)
+    fixed = b"\x89\x07" + _u(h.flags) + _u(crc_type) + dst + _eid(*h.src) + rpt
     tail = _u(h.life_ms) + _head(len(h.crc), 2)
     primary = fixed + b"\x82" + _u(h.time) + _u(h.seq) + tail
     if _crc(primary, crc_type) != h.crc:

@@ -7,8 +7,9 @@ listens on a loopback port instead; for each `udphc://` peer the link binds a lo
 agent sends that peer's bundles to.  A datagram from the agent goes out compressed from the radio
 socket; a frame from the radio goes to the agent rebuilt.  A frame that does not decode is
 dropped, counted and logged once per spell: what a peer sends never stops the link.  A datagram
-the kernel will not take at once (a full socket buffer) is dropped and counted, as the agent's
-own UDP would have dropped it: nothing queues in the node behind a slow radio.
+the kernel will not take at once (a full socket buffer) is dropped and counted: nothing queues in
+the node behind a slow radio (dtnd itself waits for each send; the overlay resends what is lost).
+A datagram the kernel took but the agent never read (it was restarting) is not seen here.
 """
 
 from __future__ import annotations
@@ -30,33 +31,39 @@ log = logging.getLogger("c2dtn.udphc")
 
 SCHEME = "udphc"
 LOOPBACK = "127.0.0.1"
-# the agent's loopback port is chosen below the kernel's ephemeral range, so that no socket bound to
-# port 0 (ours included) is handed it while the agent is not bound to it (starting, restarting)
-AGENT_PORTS = (20000, 32000)
 
 
-def _ephemeral_low() -> int:
+def _ephemeral() -> tuple[int, int]:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+            lo, hi = (int(x) for x in f.read().split()[:2])
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
-def agent_port(node_id: str) -> int:
-    """A free loopback UDP port for the agent, the same one for a node from run to run while it
-    stays free: tried from a point the node's id picks, below the ephemeral range."""
-    lo, hi = AGENT_PORTS[0], min(AGENT_PORTS[1], _ephemeral_low())
-    start = zlib.crc32(node_id.encode()) % (hi - lo)
-    for i in range(hi - lo):
-        port = lo + (start + i) % (hi - lo)
+def agent_port(node_id: str, ephemeral: tuple[int, int] | None = None) -> int:
+    """A free loopback UDP port for the agent, outside the kernel's ephemeral range, so that no
+    socket bound to port 0 (ours included) is handed it while the agent is not bound to it
+    (starting, restarting); tried from a point the node's id picks.  Where the ephemeral range
+    leaves no port, any free one (that race accepted, and said)."""
+    lo, hi = ephemeral or _ephemeral()
+    ports = [p for p in (range(1024, lo), range(hi + 1, 65536)) for p in p]
+    start = zlib.crc32(node_id.encode()) % len(ports) if ports else 0
+    for i in range(len(ports)):
+        port = ports[(start + i) % len(ports)]
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             try:
                 s.bind((LOOPBACK, port))
             except OSError:
                 continue
         return port
-    raise C2Error(f"udphc: no free loopback UDP port in {lo}-{hi} for the agent")
+    log.warning(
+        "udphc: no loopback UDP port outside the ephemeral range %d-%d is free: the agent's is any free one", lo, hi
+    )
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
 
 
 def _bound(host: str, port: int, what: str) -> socket.socket:
@@ -97,12 +104,12 @@ class HcLink:
             "sent_bytes_saved": 0,
             "received": 0,
             "refused": 0,
-            "dropped": 0,  # datagrams the kernel would not take at once, either way
+            "dropped": 0,  # datagrams the kernel would not take at once, either way (sendto failed)
         }
         self._socks: list[socket.socket] = []
         self._transports: list[asyncio.DatagramTransport] = []
         self._refused = Spell(log)
-        self._dropped = Spell(log)
+        self._dropped = {"out": Spell(log), "in": Spell(log)}  # a spell each way
         if not self.used:
             return
         from c2dtn.overlay.agents import agent_class
@@ -143,7 +150,7 @@ class HcLink:
                 port = s.getsockname()[1]
                 self._out[port] = (p.cla, s, self._radio[radio])
                 new_peers.append(Peer(p.node, ClaSpec("udp", LOOPBACK, port)))
-        except C2Error:
+        except BaseException:
             self.close_sockets()
             raise
         listen = [s for s in cfg.listen if s.scheme != SCHEME] + [ClaSpec("udp", LOOPBACK, self.agent_port)]
@@ -177,21 +184,21 @@ class HcLink:
             len(self._out),
         )
 
-    def _send(self, sock: socket.socket, data: bytes, to: tuple[str, int]) -> bool:
+    def _send(self, sock: socket.socket, data: bytes, to: tuple[str, int], way: str) -> bool:
         """Straight to the kernel (an asyncio transport would queue without bound): a datagram
-        it will not take now is dropped, as the agent's own UDP would have dropped it."""
+        it will not take now is dropped and counted."""
         try:
             sock.sendto(data, to)
-        except OSError as e:  # BlockingIOError (a full buffer), ECONNREFUSED (the agent down), EMSGSIZE
+        except OSError as e:  # BlockingIOError (a full buffer), EMSGSIZE, ENETUNREACH
             self.counts["dropped"] += 1
-            self._dropped.hit("udphc: a datagram to %s:%d dropped: %s", to[0], to[1], e)
+            self._dropped[way].hit("udphc: a datagram to %s:%d dropped: %s", to[0], to[1], e)
             return False
-        self._dropped.over("udphc: datagrams go again")
+        self._dropped[way].over("udphc: datagrams to %s:%d go again", to[0], to[1])
         return True
 
     def _to_radio(self, data: bytes, spec: ClaSpec, radio: socket.socket) -> None:
         frame = udphc.encode(data)
-        if not self._send(radio, frame, (spec.host, spec.port)):
+        if not self._send(radio, frame, (spec.host, spec.port), "out"):
             return
         self.counts["sent"] += 1
         if frame is not data:
@@ -206,7 +213,7 @@ class HcLink:
             self._refused.hit("udphc: a frame from %s refused: %s", addr[0], e)
             return
         self._refused.over("udphc: frames decode again")
-        if self._send(self._agent_side, bundle, self._to_agent):
+        if self._send(self._agent_side, bundle, self._to_agent, "in"):
             self.counts["received"] += 1
 
     async def stop(self) -> None:

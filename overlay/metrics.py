@@ -98,6 +98,9 @@ def families(st: dict) -> Iterator[Metric]:
         yield CounterMetricFamily(
             P + "udphc_frames_refused", "Frames from the air refused as damaged or malformed", value=u["refused"]
         )
+        yield CounterMetricFamily(
+            P + "udphc_datagrams_dropped", "Datagrams the kernel would not take at once, either way", value=u["dropped"]
+        )
     if "fsync" in st:
         f = st["fsync"]
         yield CounterMetricFamily(P + "fsyncs", "Custody fsyncs", value=f["fsyncs"])

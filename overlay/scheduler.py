@@ -260,7 +260,11 @@ class Scheduler:
         inflight = st.inflight_bytes()
         acks = dict(acks or {})
         out: list[Outgoing] = []
-        for dst in sorted(set(st.destinations()) | set(acks) if only is None else only):
+        visit = sorted(set(st.destinations()) | set(acks) if only is None else only)
+        if only is None:  # a destination with nothing queued waits for nothing (expired, acked)
+            for gone_dst in set(self._linger_since) - set(visit):
+                del self._linger_since[gone_dst]
+        for dst in visit:
             p = self.path(dst)
             retry = retries.get(dst, [])
             due = {i.seq for i in retry}
@@ -303,9 +307,9 @@ class Scheduler:
                 ):
                     self._linger_since[dst] = since
                     self._linger_until[dst] = since + self.cfg.linger_ms
-                    queued, more = [], True
+                    queued, more, lingered = [], True, True
                 else:
-                    self._linger_since.pop(dst, None)
+                    lingered = False
                 # probes first, then by class; in a class, resends (in seq order) before new
                 # envelopes, and those in custody's order (a superseding report holds its
                 # predecessor's place: decision 0014)
@@ -337,6 +341,9 @@ class Scheduler:
                         pace += it.size / (PACING_GAIN * rate)
                 if rate:
                     p.pace_at = pace
+                gone = {it.seq for it in chosen}
+                if not lingered and not more and all(it.seq in gone for it in queued):
+                    self._linger_since.pop(dst, None)  # what waited went (held by pacing or room, it waits on)
                 if budget > 0 and dst not in self._pace_wait and not more:
                     # all there was went, with room left: the rate samples of these say less than
                     # the path carries (BBR's app-limited samples)

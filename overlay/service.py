@@ -32,9 +32,13 @@ class NodeService:
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
         self.hc = HcLink(cfg)  # udphc:// specs: the agent gets loopback ones in its configuration
-        self.node = OverlayNode(cfg, make_agent(self.hc.agent_cfg))
-        self.node.udphc = self.hc.counts if self.hc.used else None
-        self.sup = Supervisor(self.hc.agent_cfg, on_restart=self._agent_restarted, agent=self.node.agent)
+        try:
+            self.node = OverlayNode(cfg, make_agent(self.hc.agent_cfg))
+            self.node.udphc = self.hc.counts if self.hc.used else None
+            self.sup = Supervisor(self.hc.agent_cfg, on_restart=self._agent_restarted, agent=self.node.agent)
+        except BaseException:
+            self.hc.close_sockets()
+            raise
         self.api = LocalApi(self.node, self.sup)
         self.metrics: MetricsServer | None = None
         if cfg.metrics_listen is not None:

@@ -408,10 +408,11 @@ def test_a_udphc_link_shows_what_it_sent_saved_received_and_refused():
     node = SimpleNamespace(cfg=SimpleNamespace(id="b", agent="dtn7"), started_ms=0, send_errors=0, bundles={})
     node.udphc, node.syncer, node.core, node.extensions = None, None, None, []
     assert not any(k[0].startswith("c2dtn_udphc") for k in scrape(local_status(node, None)))
-    node.udphc = {"sent": 10, "sent_compressed": 7, "sent_bytes_saved": 259, "received": 9, "refused": 2}
+    node.udphc = {"sent": 10, "sent_compressed": 7, "sent_bytes_saved": 259, "received": 9, "refused": 2, "dropped": 1}
     m = scrape(local_status(node, None))
     assert m[("c2dtn_udphc_frames_sent_total", (("form", "compressed"),))] == 7
     assert m[("c2dtn_udphc_frames_sent_total", (("form", "whole"),))] == 3
     assert m[("c2dtn_udphc_bytes_saved_total", ())] == 259
     assert m[("c2dtn_udphc_frames_received_total", ())] == 9
     assert m[("c2dtn_udphc_frames_refused_total", ())] == 2
+    assert m[("c2dtn_udphc_datagrams_dropped_total", ())] == 1

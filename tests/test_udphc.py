@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from c2dtn.cla_adapters import bpv7, udphc
 from c2dtn.errors import C2Error
 from c2dtn.overlay.config import load_node_config
-from c2dtn.overlay.hclink import HcLink
+from c2dtn.overlay.hclink import HcLink, agent_port
 
 NOW = 849_333_979_410  # DTN ms, a day of 2026
 DAY = 86_400_000
@@ -93,6 +93,18 @@ def test_a_datagram_of_another_shape_goes_uncompressed_and_is_handed_on_as_it_ca
         bundle = b"\x9f" + cbor2.dumps(p) + cbor2.dumps([1, 1, 0, 0, b"p"]) + b"\xff"
     assert udphc.encode(bundle) == bundle
     assert udphc.decode(bundle) == bundle
+
+
+def test_a_bundle_to_a_group_compresses_its_blocks_and_keeps_the_group_name():
+    """fmn-4nations' reports go to dtn://fmn/~c2dtn from ipn sources: the name stays (12 bytes
+    and its length), the rest of the blocks go as for a pair: 34 bytes fewer."""
+    b = with_previous(bpv7.encode_sent("ipn:1.1", "dtn://fmn/~c2dtn", b"r" * 200, 3_600_000, NOW, 0), 4)
+    f = udphc.encode(b)
+    assert f[1] & udphc.DST_DTN and udphc.decode(f) == b
+    assert len(b) - len(f) == 34, len(b) - len(f)
+    bad = f.replace(b"//fmn/~c2dtn", b"//fmn/\xff\xfec2dtn"[:12])
+    with pytest.raises(udphc.HcError, match="not UTF-8"):
+        udphc.decode(bad)
 
 
 def test_a_creation_time_of_any_age_rebuilds_without_the_clocks():
@@ -246,3 +258,13 @@ def test_the_testbed_gives_udphc_to_agents_that_take_it_and_udp_to_the_others(tm
     paths = write_configs(st, nodes, ["gw1", "gw4"], tmp_path / "both", cla="udp")
     r2 = load_node_config(paths["r2"])
     assert sorted(str(s) for s in r2.listen) == ["udp://0.0.0.0:4556", "udphc://0.0.0.0:4560"]
+
+
+def test_the_agents_port_is_outside_the_ephemeral_range_whatever_that_range_is():
+    for ephemeral in ((32768, 60999), (20000, 65535), (1024, 30000), (1024, 65535)):
+        port = agent_port("gw1", ephemeral)
+        lo, hi = ephemeral
+        assert 1024 <= port <= 65535
+        if (lo, hi) != (1024, 65535):  # a range with room beside it: never inside it
+            assert not lo <= port <= hi, (ephemeral, port)
+    assert agent_port("gw1", (32768, 60999)) == agent_port("gw1", (32768, 60999))  # stable while free
