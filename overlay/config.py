@@ -246,16 +246,17 @@ SCHEDULER = table(
             str(_S.linger_ms),
             "Priority and routine envelopes wait up to this long for company "
             "in a bundle (flash and immediate never wait; 0: no linger). Longer: fewer bytes a "
-            "report, older reports (decision 0032).",
-            "1000",
+            "report, older reports. On a radio link the testbed writes 1500 (decision 0035).",
+            "1500",
             "ms",
         ),
         F(
             "ack_delay_ms",
             "integer",
             str(_S.ack_delay_ms),
-            "Acks wait this long for data to ride on or for more acks (0: at once).",
-            "1000",
+            "Acks wait this long for data to ride on or for more acks (0: at once). On a radio link "
+            "the testbed writes 250: an ack that falls due takes the lingering envelopes with it (decision 0035).",
+            "250",
             "ms",
         ),
         F(
@@ -300,6 +301,34 @@ METRICS = table(
         ),
     ],
 )
+
+
+def _check_udphc(src: str, cfg: NodeConfig) -> None:
+    """udphc:// is run by the node in front of the agent (overlay/hclink.py, decision 0034):
+    only an agent whose UDP takes bundles on loopback, and only with a radio socket to send from."""
+    used = [f"agent.listen[{i}]" for i, s in enumerate(cfg.listen) if s.scheme == "udphc"]
+    peers = [(i, p) for i, p in enumerate(cfg.peers) if p.cla.scheme == "udphc"]
+    if not used and not peers:
+        return
+    kind = agent_class(cfg.agent)
+    if not kind.capabilities.udphc:
+        where, value = (used[0], "udphc") if used else (f"agent.peers[{peers[0][0]}].cla", str(peers[0][1].cla))
+        raise ConfigError(
+            src,
+            where,
+            value,
+            f"udphc:// is run only in front of an agent whose UDP takes bundles on loopback ({kind.label()}'s does not)",
+            "use udp://",
+        )
+    if peers and not used:
+        i, p = peers[0]
+        raise ConfigError(
+            src,
+            f"agent.peers[{i}].cla",
+            str(p.cla),
+            "a udphc:// peer needs a udphc:// spec in [agent] listen (the address its frames go out from)",
+            'e.g. listen = ["udphc://0.0.0.0:4560"]',
+        )
 
 
 def parse_listen(src: str, where: str, v: Any) -> tuple[str, int]:
@@ -474,6 +503,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
                 check_name(src, f"agent.peers[{i}].node", p["node"]), parse_cla(p["cla"], src, f"agent.peers[{i}].cla")
             )
         )
+    _check_udphc(src, cfg)
     for i, r in enumerate(agent.get("routes", [])):
         ROUTE.check(src, f"agent.routes[{i}]", r)
         to = r["to"] if r["to"] == "*" else check_name(src, f"agent.routes[{i}].to", r["to"])

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from c2dtn.cla_adapters import bpv7, udphc
-from c2dtn.errors import C2Error
+from c2dtn.errors import C2Error, ConfigError
 from c2dtn.overlay.config import load_node_config
 from c2dtn.overlay.hclink import HcLink, agent_port
 
@@ -190,9 +190,10 @@ def test_a_node_with_udphc_gives_its_agent_loopback_udp_and_refuses_a_peer_witho
         assert cfg.listen[0].scheme == "udphc"  # the node's own view is unchanged
     finally:
         link.close_sockets()
-    lone = write_cfg(tmp_path, "c", ["udp://0.0.0.0:4556"], [("b", "udphc://127.0.0.1:4999")])
-    with pytest.raises(C2Error, match="needs a udphc:// spec in \\[agent\\] listen"):
-        HcLink(lone)
+    with pytest.raises(ConfigError) as e:  # refused when the config is read (node check too)
+        write_cfg(tmp_path, "c", ["udp://0.0.0.0:4556"], [("b", "udphc://127.0.0.1:4999")])
+    assert (e.value.field, e.value.value) == ("agent.peers[0].cla", "udphc://127.0.0.1:4999")
+    assert "needs a udphc:// spec in [agent] listen" in str(e.value)
 
 
 def test_two_links_carry_a_bundle_compressed_and_a_hostile_frame_stops_neither(tmp_path):
@@ -238,6 +239,14 @@ def test_two_links_carry_a_bundle_compressed_and_a_hostile_frame_stops_neither(t
 def test_an_agent_whose_driver_does_not_declare_udphc_is_refused_by_name(tmp_path):
     """IBR-DTN binds its UDP on the namespace's interfaces, never on loopback: behind the link
     it would receive nothing, so the node refuses the config rather than run it."""
+    p = tmp_path / "i.toml"
+    p.write_text(
+        f'[node]\nid = "i"\nstorage = "{tmp_path / "i"}"\n[agent]\nkind = "ibrdtn"\nlisten = ["udphc://0.0.0.0"]\n'
+    )
+    with pytest.raises(ConfigError) as e:
+        load_node_config(p)
+    assert (e.value.field, e.value.value) == ("agent.listen[0]", "udphc")
+    assert "only in front of an agent whose UDP takes bundles on loopback" in str(e.value) and "ibrdtn" in str(e.value)
     cfg = write_cfg(tmp_path, "a", ["udphc://127.0.0.1:0"], [("b", "udphc://127.0.0.1:4999")])
     cfg.agent = "ibrdtn"
     with pytest.raises(C2Error, match="udphc:// needs an agent .* ibrdtn: use udp://"):
