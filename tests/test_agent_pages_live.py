@@ -31,6 +31,8 @@ def page_configs(kind: str, tmp: Path, st: dict) -> dict[str, Path]:
     assert r.exit_code == 0, r.output
     out = {}
     for m in BLOCK.finditer((DOCS / "agents" / f"{kind}.md").read_text()):
+        if m.group(1) != "toml":  # the page's configs; other blocks are commands or excerpts
+            continue
         text = m.group(2)
         node = re.search(r'^id = "([^"]+)"', text, re.M).group(1)
         text = re.sub(
