@@ -67,6 +67,6 @@ def test_perf_overlay_short_reports_its_own_runs(tmp_path):
     assert next(x for x in rtt["series"] if x["label"] == "c2dtn overlay")["y"] == [
         pytest.approx(row["overlay_rtt_s"] * 1000)
     ]
-    tac = data["tactical"]  # across the radio link, the CLA the topology names (nps-chain: UDP)
-    assert tac["cla"] == "udp" and "over udp" in stdout
+    tac = data["tactical"]  # across the radio link, the CLA the topology names (nps-chain: udphc)
+    assert tac["cla"] == "udphc" and "over udphc" in stdout
     assert tac["payload_bytes"] == 3000 and tac["fraction"] == pytest.approx(tac["goodput_bps"] / tac["link_bps"])
