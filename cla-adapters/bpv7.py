@@ -99,17 +99,26 @@ def encode_sent(src: str, dst: str, payload: bytes, lifetime_ms: int, created_ms
     return b"\x9f" + blank[:-2] + crc + cbor2.dumps([PAYLOAD, 1, 0, 0, payload]) + b"\xff"
 
 
-def _eid(v, what: str) -> tuple[int, int]:
+def ipn_of(v: object) -> tuple[int, int] | None:
+    """(node, service) of an endpoint's CBOR form if it is an ipn one ([2, [node, service]],
+    each an unsigned 64-bit integer), else None."""
     if (
         isinstance(v, list)
         and len(v) == 2
         and v[0] == 2
         and isinstance(v[1], list)
         and len(v[1]) == 2
-        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v[1])
+        and all(type(x) is int and 0 <= x < 1 << 64 for x in v[1])
     ):
         return v[1][0], v[1][1]
-    raise BundleError(f"{what} is not an ipn endpoint: {short(v)}")
+    return None
+
+
+def _eid(v, what: str) -> tuple[int, int]:
+    got = ipn_of(v)
+    if got is None:
+        raise BundleError(f"{what} is not an ipn endpoint: {short(v)}")
+    return got
 
 
 def decode(raw: bytes) -> Bundle:

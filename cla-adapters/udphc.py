@@ -23,7 +23,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from c2dtn.cla_adapters.bpv7 import CRC16, CRC32C, PAYLOAD, crc16_x25
+from c2dtn.cla_adapters.bpv7 import CRC16, CRC32C, PAYLOAD, crc16_x25, ipn_of
 from c2dtn.strict_cbor import StrictCBORError
 from c2dtn.strict_cbor import loads as strict_loads
 
@@ -86,16 +86,10 @@ class _Reader:
 
 
 def _ipn(v: object) -> tuple[int, int]:
-    if (
-        isinstance(v, list)
-        and len(v) == 2
-        and v[0] == 2
-        and isinstance(v[1], list)
-        and len(v[1]) == 2
-        and all(type(x) is int and 0 <= x <= _U64 for x in v[1])
-    ):
-        return v[1][0], v[1][1]
-    raise _Unfit
+    got = ipn_of(v)
+    if got is None:
+        raise _Unfit
+    return got
 
 
 def _uint(v: object) -> int:
