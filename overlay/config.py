@@ -303,7 +303,7 @@ METRICS = table(
 )
 
 
-def _check_udphc(src: str, cfg: NodeConfig) -> None:
+def check_udphc(src: str, cfg: NodeConfig) -> None:
     """udphc:// is run by the node in front of the agent (overlay/hclink.py, decision 0034):
     only an agent whose UDP takes bundles on loopback, and only with a radio socket to send from."""
     used = [f"agent.listen[{i}]" for i, s in enumerate(cfg.listen) if s.scheme == "udphc"]
@@ -503,7 +503,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
                 check_name(src, f"agent.peers[{i}].node", p["node"]), parse_cla(p["cla"], src, f"agent.peers[{i}].cla")
             )
         )
-    _check_udphc(src, cfg)
+    check_udphc(src, cfg)
     for i, r in enumerate(agent.get("routes", [])):
         ROUTE.check(src, f"agent.routes[{i}]", r)
         to = r["to"] if r["to"] == "*" else check_name(src, f"agent.routes[{i}].to", r["to"])

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from c2dtn.cla_adapters import udphc
 from c2dtn.cla_adapters.spec import ClaSpec
 from c2dtn.errors import C2Error
-from c2dtn.overlay.config import NodeConfig, Peer
+from c2dtn.overlay.config import NodeConfig, Peer, check_udphc
 from c2dtn.spells import Spell
 
 log = logging.getLogger("c2dtn.udphc")
@@ -112,19 +112,7 @@ class HcLink:
         self._dropped = {"out": Spell(log), "in": Spell(log)}  # a spell each way
         if not self.used:
             return
-        from c2dtn.overlay.agents import agent_class
-
-        kind = agent_class(cfg.agent)
-        if not kind.capabilities.udphc:
-            raise C2Error(
-                f"{cfg.source}: udphc:// needs an agent that takes bundles on a loopback UDP port; "
-                f"its driver does not declare it for {kind.label()}: use udp://"
-            )
-        if peers and not specs:
-            raise C2Error(
-                f"{cfg.source}: a udphc:// peer ({peers[0].cla}) needs a udphc:// spec in [agent] listen: "
-                "the radio socket its frames go out from"
-            )
+        check_udphc(cfg.source, cfg)  # as when the config was read: it may have been built in code
         try:
             self._radio = [_bound(s.host, s.port, "listen spec") for s in specs]
             self._socks += self._radio

@@ -497,15 +497,14 @@ class Scheduler:
         if went:
             self.store.count_event("tail_probes")
 
-    def _lingers(self, queued: list[OutItem], now_ms: int, wire_ratio: float = 1.0, since: int | None = None) -> bool:
+    def _lingers(self, queued: list[OutItem], now_ms: int, wire_ratio: float, since: int) -> bool:
         """Hold these back a little so more can join them in one bundle?  (While they would fill
         less than half of one, sealed: compressed, they weigh wire_ratio of their size; since:
-        when their wait began, if before the oldest of them was made.)"""
-        start = min(i.created_ms for i in queued) if since is None else since
+        when their wait began.)"""
         return (
             self.cfg.linger_ms > 0
             and all(i.priority > Priority.IMMEDIATE for i in queued)
-            and now_ms - start < self.cfg.linger_ms
+            and now_ms - since < self.cfg.linger_ms
             and sum(i.size for i in queued) * wire_ratio < self.cfg.aggregate_bytes // 2
         )
 
