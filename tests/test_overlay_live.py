@@ -317,6 +317,10 @@ def test_an_ion_node_locked_by_a_killed_client_is_unlocked_and_delivery_resumes(
     locker.wait(10)
     sent += send_orders(nodes, 10, 30)
     got = collect(nodes, "gw4", 20, timeout=300, progress="after the lock")
+    if sorted(d["seq"] for d in got) != sorted(sent[10:]):  # what the driver and ION said, for the failure
+        gw1_log = [l for l in nodes.log("gw1").splitlines() if " DEBUG " not in l]
+        admin = (nodes.cfg("gw1").agent_dir / "admin.log").read_text(errors="replace")
+        print("gw1's node log:", *gw1_log[-40:], "gw1's ION admin.log:", admin[-4000:], sep="\n")
     assert sorted(d["seq"] for d in got) == sorted(sent[10:]), "lost or repeated after the lock"
     log = nodes.log("gw1")
     assert "the node is locked? running ionunlock" in log, log[-3000:]

@@ -246,7 +246,7 @@ rm -f ready
 wipe() {{ rm -f ion.sdr ion.sdrlog "$@"; }}  # this or the next start is with an empty SDR
 if [ -e wipe-sdr ]; then  # the driver restarted the node after a lock (IonAgent._restart_node)
     echo "c2dtn: restarted after a lock; starting with an empty SDR" >>admin.log
-    wipe wipe-sdr early-end
+    wipe wipe-sdr
 fi
 stop() {{ bpadmin . >>admin.log 2>&1;{" ltpadmin . >>admin.log 2>&1;" if uses_ltp else ""} ionadmin . >>admin.log 2>&1; touch clean; exit 0; }}
 trap stop TERM INT
@@ -268,12 +268,28 @@ if ! start; then
     exit 3
 fi
 echo started >ready
-started_at=$(date +%s)
-# ION's daemons end when its SDR is wrecked: then end too, so that the supervisor restarts the node
-# (while ionrestart runs, after ionunlock, they are meant to be gone: for a minute at most)
+# the daemons the node runs once started (every ION daemon is a child of this script, PID 1 of
+# the namespace; clients entered with nsenter are not): the CL tasks start just after bpclock
+daemons() {{
+    for p in $(cat /proc/1/task/1/children 2>/dev/null); do
+        {{ read -r c </proc/$p/comm; }} 2>/dev/null && [ "$c" != sleep ] && echo "$c"
+    done | sort -u
+}}
+sleep 2 & wait $! || true
+watched=$(daemons)
+echo "c2dtn: started; watching" $watched >>admin.log
+# ION's daemons end when its SDR is wrecked (an assertion in an SDR read, say): then end too, so
+# that the supervisor restarts the node, with an empty SDR (a daemon that ended once the node
+# ran, after ionunlock's in-place restart, left it taking bundles it never forwarded; the overlay
+# holds every envelope in its own custody and sends again what ION held).  While ionrestart
+# runs, after ionunlock, they are meant to be gone: for a minute at most
 down=0
 while :; do
-    if pidof rfxclock >/dev/null && pidof bpclock >/dev/null; then
+    gone=""
+    for n in $watched; do
+        pidof "$n" >/dev/null || gone="$gone $n"
+    done
+    if [ -z "$gone" ]; then
         down=0
     elif pidof ionrestart >/dev/null && [ $down -lt 60 ]; then
         down=$((down + 1))
@@ -282,20 +298,8 @@ while :; do
     fi
     sleep 1 & wait $! || true
 done
-echo "c2dtn: ION's rfxclock or bpclock ended; stopping the node for a restart" >>admin.log
-# twice in a row within a minute of a start: the SDR is wrecked (seen after ION 4.1.3's ionrestart
-# failed: every start ran ionrestart again, "Inferred restart loop"); the next start is with an
-# empty one, as above
-if [ $(( $(date +%s) - started_at )) -lt 60 ]; then
-    if [ -e early-end ]; then
-        echo "c2dtn: ended within a minute of two starts in a row; the next start is with an empty SDR" >>admin.log
-        wipe early-end
-    else
-        touch early-end
-    fi
-else
-    rm -f early-end
-fi
+echo "c2dtn: ION's$gone ended; stopping the node, the next start with an empty SDR" >>admin.log
+wipe
 exit 4
 """
     return files
