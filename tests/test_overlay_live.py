@@ -303,6 +303,7 @@ def test_an_ion_node_locked_by_a_killed_client_is_unlocked_and_delivery_resumes(
     nodes = ion_chain
     sent = send_orders(nodes, 0, 10)
     assert len(collect(nodes, "gw4", 10, timeout=120)) == 10
+    assert [nodes.status(n)["agent_restarts"] for n in ("gw1", "gw4")] == [0, 0]  # ION runs steadily
     gw1 = agent_class("ion")(nodes.cfg("gw1"))
     locker = subprocess.Popen(
         ["nsenter", "-t", str(gw1._keeper()), "--ipc", "--mount", "--pid", "--", sys.executable, "-c", LOCKER],
