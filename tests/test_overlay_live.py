@@ -299,6 +299,7 @@ def test_an_ion_node_locked_by_a_killed_client_is_unlocked_and_delivery_resumes(
 
     from c2dtn.overlay.agents.builds import built
     from c2dtn.overlay.agents.ion import _children as ion_children
+    from c2dtn.overlay.agents.ion import _comm as ion_comm
 
     nodes = ion_chain
     sent = send_orders(nodes, 0, 10)
@@ -325,3 +326,16 @@ def test_an_ion_node_locked_by_a_killed_client_is_unlocked_and_delivery_resumes(
     assert sorted(d["seq"] for d in got) == sorted(sent[10:]), "lost or repeated after the lock"
     log = nodes.log("gw1")
     assert "the node is locked? running ionunlock" in log, log[-3000:]
+    # a daemon of the node ends (as ipnfw did after an in-place restart, asserting on a damaged SDR):
+    # the node restarts, and what is sent then arrives
+    deadline = time.monotonic() + 30
+    while not (ipnfw := [k for k in ion_children(gw1._keeper()) if ion_comm(k) == "ipnfw"]):
+        assert time.monotonic() < deadline, "gw1's ION runs no ipnfw"
+        time.sleep(0.5)
+    restarts = nodes.status("gw1")["agent_restarts"]
+    os.kill(ipnfw[0], signal.SIGKILL)
+    later = send_orders(nodes, 30, 35)
+    got = collect(nodes, "gw4", 5, timeout=180, progress="after ipnfw ended")
+    assert sorted(d["seq"] for d in got) == sorted(later), "lost or repeated after ipnfw ended"
+    assert nodes.status("gw1")["agent_restarts"] == restarts + 1
+    assert "ION's ipnfw ended" in (nodes.cfg("gw1").agent_dir / "admin.log").read_text(errors="replace")
