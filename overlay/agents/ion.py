@@ -268,39 +268,58 @@ if ! start; then
     exit 3
 fi
 echo started >ready
-# the daemons the node runs once started (every ION daemon is a child of this script, PID 1 of
-# the namespace; clients entered with nsenter are not): the CL tasks start just after bpclock
+# the daemons the node runs, one line per process (several bpclm, udpclo...: one per plan or
+# duct): every ION daemon is a child of this script, PID 1 of the namespace, once the admin
+# program that started it has ended; clients entered with nsenter are not.  Left out: this
+# script's subshells, and ION's programs that end by themselves (the admin programs, ionwarn,
+# cpsd with no multicast, ionrestart run by ionunlock)
 daemons() {{
     for p in $(cat /proc/1/task/1/children 2>/dev/null); do
         {{ read -r c </proc/$p/comm; }} 2>/dev/null || continue
-        case $c in ion-run.sh | sh | sleep | cat) ;; *) echo "$c" ;; esac  # this script's own
-    done | sort -u
+        case $c in
+            ion-run.sh | sh | sleep | cat | sort | comm | *admin | ionwarn | cpsd | ionrestart | ionunlock | nsenter | c2dtn-ionbp) ;;
+            *) echo "$c" ;;
+        esac
+    done | sort
 }}
-sleep 2 & wait $! || true
-watched=$(daemons)
-echo "c2dtn: started; watching" $watched >>admin.log
-# ION's daemons end when its SDR is wrecked (an assertion in an SDR read, say): then end too, so
-# that the supervisor restarts the node, with an empty SDR (a daemon that ended once the node
-# ran, after ionunlock's in-place restart, left it taking bundles it never forwarded; the overlay
-# holds every envelope in its own custody and sends again what ION held).  While ionrestart
-# runs, after ionunlock, they are meant to be gone: for a minute at most
+sleep 2 & wait $! || true  # the CL tasks start just after bpclock
+daemons >watched.list
+if ! grep -qx rfxclock watched.list || ! grep -qx bpclock watched.list; then
+    echo "c2dtn: ION's rfxclock or bpclock ended as it started; the next start is with an empty SDR" >>admin.log
+    wipe
+    exit 3
+fi
+echo "c2dtn: started; watching" $(cat watched.list) >>admin.log
+log_at=$(wc -c <ion.log 2>/dev/null || echo 0)
+# A daemon that ends leaves the node taking bundles it never forwards (ipnfw, after ionunlock's
+# in-place restart; a udpclo, on a send error): then end too, so that the supervisor starts
+# the node again.  On an empty SDR if ION says its SDR is damaged, or an ionrestart ran (ION
+# 4.1.3's in-place restart left daemons to end on it); otherwise on the same one.  While
+# ionrestart runs they are meant to be gone: for a minute at most
 down=0
+restarted=""
 while :; do
-    gone=""
-    for n in $watched; do
-        pidof "$n" >/dev/null || gone="$gone $n"
-    done
+    daemons >now.list
+    gone=$(comm -23 watched.list now.list | tr '\n' ' ')
+    if pidof ionrestart >/dev/null; then
+        restarted=yes
+    fi
     if [ -z "$gone" ]; then
         down=0
-    elif pidof ionrestart >/dev/null && [ $down -lt 60 ]; then
+    elif [ -n "$restarted" ] && pidof ionrestart >/dev/null && [ $down -lt 60 ]; then
         down=$((down + 1))
     else
         break
     fi
     sleep 1 & wait $! || true
 done
-echo "c2dtn: ION's$gone ended; stopping the node, the next start with an empty SDR" >>admin.log
-wipe
+if [ -n "$restarted" ] || tail -c +$((log_at + 1)) ion.log 2>/dev/null \
+    | grep -qE "Assertion failed|Dataspace read failed|Transaction aborted|Unrecoverable SDR|restart loop"; then
+    echo "c2dtn: ION's ${{gone% }} ended; stopping the node, the next start with an empty SDR" >>admin.log
+    wipe
+else
+    echo "c2dtn: ION's ${{gone% }} ended; stopping the node, the next start on the same SDR" >>admin.log
+fi
 exit 4
 """
     return files
@@ -571,11 +590,12 @@ class IonAgent(BundleAgent):
                     self.eid,
                     ATTACH_S,
                 )
-                gone = await self._unlock()
+                keeper = self._keeper()
+                gone = await self._unlock(keeper)
                 if gone:
-                    self._restart_node(f"ionunlock did not bring back {' '.join(sorted(gone))}")
+                    self._restart_node(f"ionunlock did not bring back {' '.join(sorted(gone))}", keeper)
                 if not await self._attach():
-                    self._restart_node(f"c2dtn-ionbp did not attach within {ATTACH_S} s after ionunlock either")
+                    self._restart_node(f"c2dtn-ionbp did not attach within {ATTACH_S} s after ionunlock either", keeper)
             if self._helper is None:
                 raise AgentError(f"c2dtn-ionbp could not attach to ION node {self.eid}: {self._fatal}")
 
@@ -619,21 +639,22 @@ class IonAgent(BundleAgent):
             await self._close_helper()
             return False
 
-    def _restart_node(self, why: str) -> None:
-        """End the node's namespaces (the supervisor starts it again, with an empty SDR) and raise AgentError."""
+    def _restart_node(self, why: str, keeper: int) -> None:
+        """End the node's namespaces, those of `keeper` (the supervisor starts it again, with an
+        empty SDR) and raise AgentError."""
         log.warning("ION node %s was locked and %s: restarting the node with an empty SDR", self.eid, why)
         (self.cfg.agent_dir / "wipe-sdr").touch()
-        with contextlib.suppress(AgentError, ProcessLookupError):
-            os.kill(self._keeper(), signal.SIGKILL)  # PID 1 of the node's namespaces: every daemon ends with it
+        if _comm(keeper) == "ion-run.sh":  # not a node the supervisor has started since
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(keeper, signal.SIGKILL)  # PID 1 of the node's namespaces: every daemon ends with it
         raise AgentError(
             f"ION node {self.eid} was locked and {why}: the node restarts, its SDR empty (see "
             f"{self.cfg.agent_dir / 'ion.log'})"
         )
 
-    async def _unlock(self) -> set[str]:
-        """ionunlock in the node (see the module's docstring), then wait for its ionrestart to end;
-        the names of the node's daemons that did not come back."""
-        keeper = self._keeper()
+    async def _unlock(self, keeper: int) -> set[str]:
+        """ionunlock in the node whose PID 1 is `keeper` (see the module's docstring), then wait
+        for its ionrestart to end; the names of the node's daemons that did not come back."""
         daemons = _daemons(keeper)
         with open(self.cfg.agent_dir / "admin.log", "ab") as out:
             proc = await self._in_node("ionunlock", stdout=out, stderr=out)
@@ -647,6 +668,8 @@ class IonAgent(BundleAgent):
         until = loop.time() + RESTART_S
         while loop.time() < until and any(_comm(k) == "ionrestart" for k in _children(keeper)):
             await asyncio.sleep(0.5)
+        if _comm(keeper) != "ion-run.sh":  # the node's script ended it (a daemon did not come back)
+            raise AgentError(f"ION node {self.eid} ended after ionunlock; its supervisor starts it again")
         return daemons - _daemons(keeper)
 
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
