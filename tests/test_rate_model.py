@@ -100,21 +100,14 @@ def test_bulk_goodput_stays_near_what_the_frames_leave_room_for_on_every_loss_pa
     patterns.  What a frame leaves for data (payload over frame bytes) is the ceiling: lost
     frames take no link time here, as in netem.  The queue cut this model replaced kept the
     radio idle a third of the time (0.57 of the link where the ceiling is 0.82); a tail loss
-    still costs a probe's wait (a few seconds) in some runs."""
+    still costs a probe's wait (a few seconds) in some runs.  An ack lost while the window is
+    full leaves the radio a bundle to send until the next ack (decision 0036): without it,
+    one of these patterns idled a tenth of the run."""
     runs = [rs.bulk(s) for s in SEEDS]
     shares = [r["fraction"] / rs.ceiling() for r in runs]
     assert statistics.median(shares) >= 0.95, shares
-    assert min(shares) >= 0.75, shares
+    assert min(shares) >= 0.95, shares
     assert all(r["delivered"] == 60 for r in runs)
-
-
-def test_an_ack_lost_while_the_window_is_full_leaves_the_radio_a_bundle_to_send():
-    """The window holds one bundle more than the round trip and the queue target (decision
-    0036): a lost ack is made up by the next, a bundle later, and the radio sends meanwhile.
-    Over 40 loss patterns, runs below 0.85 of the link (the issue's goal; the frames leave
-    room for 0.89) are a few: without that bundle they were 18."""
-    fractions = [rs.bulk(s)["fraction"] for s in range(1, 41)]
-    assert sum(x < 0.85 for x in fractions) <= 5, sorted(fractions)
 
 
 def test_under_three_times_the_link_orders_overtake_and_the_link_stays_busy():
