@@ -13,8 +13,8 @@ supersession, expiry and aggregation still act while the link is slow or down.
   delivery rate (bytes acked over the span they took, the largest of the last BW_ROUNDS
   round trips) and the minimum round trip, with the time the receiver held its acks taken
   out (they say how long, as QUIC's ACK Delay).  The window is then what the path carries
-  in that round trip plus ack_delay_ms (acks may wait that long) and one bundle's time (a
-  lost ack is made up a bundle later), plus queue_target_ms of queue below the overlay, and bundles are paced at PACING_GAIN times the rate: the radio
+  in that round trip plus ack_delay_ms (acks may wait that long) plus queue_target_ms of
+  queue below the overlay, and bundles are paced at PACING_GAIN times the rate: the radio
   always has the next bundle, and never holds minutes of envelopes, where an order can no
   longer overtake them and a newer position no longer replace them.  Radio loss changes
   neither (losses are resent, RACK); a rate that falls does.  (Before, a queue limit cut the
@@ -665,14 +665,11 @@ class Scheduler:
                 p.filled = p.full_bw_rounds >= FULL_BW_ROUNDS
 
     def _model_window(self, p: Path) -> float:
-        """What the path carries in its round trip (acks held included) and one bundle's time
-        more, plus queue_target_ms.  The bundle: an ack lost is made up by the next one, a
-        bundle later, and meanwhile the radio has that much to send (decision 0036)."""
+        """What the path carries in its round trip (acks held included), plus queue_target_ms."""
         rate = p.rate()
         if not rate or p.min_rtt_ms is None:
             return p.window
-        bundle_ms = max(self.cfg.aggregate_bytes, self.cfg.aggregate_large_bytes) / rate
-        span = p.min_rtt_ms + self.cfg.ack_delay_ms + bundle_ms + self.cfg.queue_target_ms
+        span = p.min_rtt_ms + self.cfg.ack_delay_ms + self.cfg.queue_target_ms
         return min(self.cfg.max_window, max(self.cfg.min_window, rate * span))
 
     # -- feedback ------------------------------------------------------------
