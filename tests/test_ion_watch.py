@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_agents import _node
 
-from c2dtn.overlay.agents.ion import _children, _comm, ion_files
+from c2dtn.overlay.agents.ion import NAMESPACES, _children, _comm, ion_files
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare (PID and mount namespaces)"
@@ -47,17 +47,7 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     (d / "ion.sdr").write_text("the SDR")
     (d / "ion.log").write_text("")
     proc = subprocess.Popen(
-        [
-            "unshare",
-            "--ipc",
-            "--mount",
-            "--pid",
-            "--fork",
-            "--kill-child",
-            "--propagation",
-            "private",
-            d / "ion-run.sh",
-        ],
+        [*NAMESPACES, d / "ion-run.sh"],
         cwd=d,
         start_new_session=True,
     )

@@ -62,6 +62,8 @@ ATTACH_S = 10  # the helper attaches in well under a second; longer than this: t
 SEND_S = 30  # bp_send answers within this (a 16 MB payload into the SDR file), or the helper is stuck
 RESTART_S = 60  # ionunlock and the ionrestart it runs (its grace period, then stopping and starting daemons)
 MAX_FRAME = (16 << 20) + 1024
+# runs ion-run.sh as PID 1 of IPC, mount and PID namespaces of its own (docs/agents/ion.md)
+NAMESPACES = ("unshare", "--ipc", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private")
 
 
 def _duct(spec) -> str:
@@ -522,20 +524,7 @@ class IonAgent(BundleAgent):
         (d / "ion-run.sh").chmod(0o755)
         with contextlib.suppress(FileNotFoundError):
             (d / "ready").unlink()
-        return Launch(
-            [
-                "unshare",
-                "--ipc",
-                "--mount",
-                "--pid",
-                "--fork",
-                "--kill-child",
-                "--propagation",
-                "private",
-                str(d / "ion-run.sh"),
-            ],
-            cwd=d,
-        )
+        return Launch([*NAMESPACES, str(d / "ion-run.sh")], cwd=d)
 
     def owns(self, cmdline: bytes) -> bool:
         return b"unshare" in cmdline and str(self.cfg.agent_dir / "ion-run.sh").encode() in cmdline
