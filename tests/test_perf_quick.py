@@ -1,7 +1,8 @@
-"""`c2dtn perf matrix --quick`, run as a user runs it (about 3 minutes): fmn-4nations,
-a report every 2 s, on cnr-tactical-1 and cnr-tactical-2, overlay and Mosquitto bridge
-in each run.  Checks what a user reads: the table rows, that each figure is the run's
-own summary (itself computed from its events.jsonl), and the plots."""
+"""`c2dtn perf matrix --quick`, run as a user runs it but with 12 s of reports and a 6 s
+drain (its 20 s and 10 s take a minute more, and the suite has a time budget): fmn-4nations,
+a report every 2 s, on cnr-tactical-1 and cnr-tactical-2, overlay and Mosquitto bridge in
+each run.  Checks what a user reads: the table rows, that each figure is the run's own
+summary (itself computed from its events.jsonl), and the plots."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ pytestmark = [
 
 def test_quick_matrix_reports_every_run_and_the_overlay_keeps_positions_fresh(tmp_path):
     p = subprocess.run(
-        [sys.executable, "-m", "c2dtn.cli", "perf", "matrix", "--quick"],
+        [sys.executable, "-m", "c2dtn.cli", "perf", "matrix", "--quick", "--duration", "12", "--drain", "6"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -59,8 +60,9 @@ def test_quick_matrix_reports_every_run_and_the_overlay_keeps_positions_fresh(tm
         assert r["expected"] == sum(1 for e in events if e["mode"] == r["mode"] and e.get("ev") == "sent") * 24
     o2, b2 = rows[2], rows[3]
     # 10 % loss, reports beyond what the links carry: the overlay keeps every unit's position
-    # fresh at every other nation; plain MQTT falls behind
-    assert o2["lost_pct"] < b2["lost_pct"] and o2["aoi_p95_s"] < 10 < b2["aoi_p95_s"], (o2, b2)
+    # fresh at every other nation; plain MQTT falls behind (its ages grow with the run: at
+    # least twice the overlay's within 12 s)
+    assert o2["lost_pct"] < b2["lost_pct"] and o2["aoi_p95_s"] < 5 and 2 * o2["aoi_p95_s"] < b2["aoi_p95_s"], (o2, b2)
     assert "| fmn-4nations | cnr-tactical-2 | 2 s | overlay |" in (out / "report.md").read_text()
     import matplotlib.image as mpimg
 
