@@ -2007,3 +2007,82 @@ def test_a_plan_split_over_bundles_names_each_bundles_first_seq_and_every_envelo
         got = b.open_bundle(o.payload) + got
     assert [e.seq for e in got] == seqs and [e.sn for e in got] == list(range(12))
     assert [e.body[:9] for e in got] == [b"order %03d" % i for i in range(12)]
+
+
+class _Spell(Net):
+    """Loses every bundle either way sent between `spell` ms (radio loss, not a cut: the path
+    stays up), then the first `more` data bundles sent after it; logs what went when."""
+
+    def __init__(self, spell, more=0, **kw):
+        super().__init__(**kw)
+        self.spell, self.more, self.sent = spell, more, []
+
+    def send(self, out, now):
+        for o in out:
+            self.sent.append((now, o.dst, list(o.seqs)))
+            if self.spell[0] <= now < self.spell[1]:
+                self.bundles += 1
+                continue
+            if o.seqs and now >= self.spell[1] and self.more:
+                self.more -= 1
+                self.bundles += 1
+                continue
+            super().send([o], now)
+
+
+def _stalled_transfer(tmp_path, net, until_ms):
+    """A measured round trip, then eight 1 kB envelopes into `net`'s spell of loss; returns
+    (when each arrived at gw4, ms; the bundles gw1 sent to gw4, as (ms, seqs))."""
+    cfg = SchedulerConfig(aggregate_bytes=1200, init_window=3000, min_rto_ms=60_000, initial_rto_ms=120_000)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    arrived: list[int] = []
+    acts = [(0, lambda t: a.submit("gw4", b"first", t))]
+    rng = random.Random(0)  # incompressible: one envelope to a bundle, as a bulk transfer's
+    acts += [(1_000, lambda t, i=i: a.submit("gw4", b"%04d" % i + rng.randbytes(996), t)) for i in range(8)]
+
+    def app(name, items, t):
+        if name == "gw4":
+            arrived.extend(t for d in items if d.body != b"first")
+
+    t, nodes = 0, {"gw1": a, "gw4": b}
+    acts.sort(key=lambda x: x[0])
+    while t <= until_ms:  # (run() with the time of each arrival kept)
+        while acts and acts[0][0] <= t:
+            acts.pop(0)[1](t)
+        for core in nodes.values():
+            net.send(core.poll(t), t)
+        for dst, payload in net.due(t):
+            nodes[dst].on_bundle(payload, t)
+        for name, core in nodes.items():
+            items = core.take()
+            if items:
+                app(name, items, t)
+                core.consumed([i.id for i in items])
+        t += 10
+    return arrived, [(ms, seqs) for ms, dst, seqs in net.sent if dst == "gw4" and seqs]
+
+
+def test_a_spell_of_radio_loss_that_takes_two_probes_is_over_at_the_third_not_a_backoff_later(tmp_path):
+    # a round trip of 400 ms: tail probes go about 1.1 s apart (two round trips, the hold and
+    # 200 ms).  The spell eats the window and the first two probes; the third, at the same
+    # interval, ends it (backing off only after three: decision 0037); it went a backed-off
+    # interval later before, at about 5.4 s
+    arrived, sent = _stalled_transfer(tmp_path, _Spell((1_000, 3_500)), 12_000)
+    probes = [ms for ms, _ in sent if 1_000 < ms]
+    assert len(arrived) == 8
+    assert min(arrived) < 4_800, (arrived, probes)
+    gaps = [b - a for a, b in zip(probes, probes[1:])][:2]
+    assert max(gaps) < 1_500, probes  # the probes went at one interval, not doubling
+
+
+def test_a_new_data_probe_carries_two_bundles_so_one_lost_does_not_leave_it_unanswered(tmp_path):
+    # the spell eats the window; the first probe's first bundle is lost too.  Its second bundle
+    # arrives, and its ack has the window resent: everything is there about 0.6 s after the
+    # probe, where a one-bundle probe lost waited for the next (1.1 s later) and took 1.7 s
+    # (decision 0037)
+    arrived, sent = _stalled_transfer(tmp_path, _Spell((1_000, 1_500), more=1), 12_000)
+    first_probe = min(ms for ms, _ in sent if ms > 1_500)
+    assert sum(1 for ms, _ in sent if ms == first_probe) == 2, sent
+    assert len(arrived) == 8
+    assert min(arrived) < first_probe + 1_000, (first_probe, arrived)
