@@ -52,9 +52,6 @@ ACK_LIFETIME_MS = 3600_000
 # tail probes while no ack shows progress go at doubling intervals of at most this long
 # (Scheduler._tail_probes)
 PROBE_MAX_MS = 30_000
-# the first this many go at the base interval: their round trips all failing is likelier radio
-# loss than an outage (decision 0037)
-PROBES_AT_BASE = 3
 RTT_RECENT = 4  # the last samples kept: the minimum round trip falls back to their smallest
 MIN_RTT_WINDOW_MS = 120_000  # the minimum round trip is the smallest of this long
 BW_ROUNDS = 10  # the delivery rate is the largest sample of this many round trips (BBR's filter)
@@ -278,12 +275,8 @@ class Scheduler:
             budget = p.window - (inflight.get(dst, 0) - sum(lost.values()))
             # a tail probe goes whatever the window (as TCP's): a full window is what it is for
             probe = [i for i in retry if i.seq in probes]
-            if probe:
-                budget = max(budget, sum(i.size for i in probe))
-            elif dst in probe_new:
-                # two bundles of large envelopes, or one of small ones: one lost does not leave
-                # the probe unanswered; at most a window's worth (decision 0037)
-                budget = max(budget, min(self.cfg.aggregate_bytes + 1, p.window))
+            if probe or dst in probe_new:
+                budget = max(budget, sum(i.size for i in probe) or 1)
             chosen: list[OutItem] = []
             self._linger_until.pop(dst, None)
             self._pace_wait.pop(dst, None)
@@ -398,10 +391,8 @@ class Scheduler:
         (or for a lost retransmission) there is none, and the timer, inflated by an outage's
         round trips and doubled per attempt, can run for minutes while the receiver holds the
         envelopes behind the gap.  While no ack shows
-        progress (a link that is down), the probe goes again, PROBES_AT_BASE times at the base
-        interval (on a lossy radio a spell of loss often takes two: decision 0037), then at
-        doubling intervals up to PROBE_MAX_MS, like TCP's persist timer: one probe per half
-        minute at most, and the
+        progress (a link that is down), the probe goes again at doubling intervals up to
+        PROBE_MAX_MS, like TCP's persist timer: one envelope per half minute at most, and the
         first probe after the link is back finds it within that long (the backed-off
         retransmission timers would wait minutes).
 
@@ -472,10 +463,9 @@ class Scheduler:
 
     @staticmethod
     def _probe_time(last_sent_ms: int | None, last_ack_ms: int, probes: int, base: float) -> int:
-        """When the next tail probe is due: the first PROBES_AT_BASE at the base interval (their
-        loss is likelier radio loss than an outage), then backing off."""
-        backoff = 2 ** max(0, probes - (PROBES_AT_BASE - 1))
-        return max(last_sent_ms or 0, last_ack_ms) + int(min(PROBE_MAX_MS, base * backoff))
+        """When the next tail probe is due.  The first probe's loss is likelier radio loss than
+        an outage: backing off starts after the second."""
+        return max(last_sent_ms or 0, last_ack_ms) + int(min(PROBE_MAX_MS, base * (2 ** max(0, probes - 1))))
 
     def _member_probes(
         self, dst: str, p: Path, members: tuple[str, ...], base: float, now_ms: int, probed: set[int]
