@@ -19,7 +19,9 @@ supersession, expiry and aggregation still act while the link is slow or down.
   longer overtake them and a newer position no longer replace them.  Radio loss changes
   neither (losses are resent, RACK); a rate that falls does.  (Before, a queue limit cut the
   window whenever the round trip rose: it read held acks as queueing and the radio idled,
-  decision 0011.)
+  decision 0011.)  While what is queued first cannot be superseded (a transfer, an order),
+  one bundle more may go, so that a lost ack does not idle the radio until the next, and
+  RACK's reordering window is then at least a bundle's time (decision 0037).
 - Retransmission timeout from the smoothed round trip (RFC 6298 estimator,
   Karn's rule: no samples from retransmitted envelopes), doubled per attempt,
   between min_rto_ms and max_rto_ms.
@@ -110,6 +112,8 @@ class Path:
     # last showed progress, probes sent for it since)
     members: dict[str, tuple[int, int]] = field(default_factory=dict)
     reo_steps: int = 1  # reordering window in quarters of the minimum round trip (RFC 8985 6.2)
+    # one bundle of room more than the window at the last plan (Scheduler._room_for_a_lost_ack)
+    extra_room: float = 0.0
     last_sent_ms: int | None = None  # when envelopes last went (from the store once after a start)
     inherited: bool = False  # the store held envelopes in flight to it when this process started
     recent: list[float] = field(default_factory=list)  # the last RTT_RECENT samples
@@ -272,7 +276,11 @@ class Scheduler:
             for seq in [q for q, (_, at) in deferred.items() if at <= now_ms and q not in due and only is None]:
                 del deferred[seq]  # due again but not among the retries: acked, expired or superseded
             lost = {**{q: size for q, (size, _) in deferred.items()}, **{i.seq: i.size for i in retry}}
-            budget = p.window - (inflight.get(dst, 0) - sum(lost.values()))
+            extra = self._room_for_a_lost_ack(dst, p)
+            if extra is not None:  # (with nothing queued, what went under it is still on its way)
+                p.extra_room = extra
+            room = p.window + p.extra_room
+            budget = room - (inflight.get(dst, 0) - sum(lost.values()))
             # a tail probe goes whatever the window (as TCP's): a full window is what it is for
             probe = [i for i in retry if i.seq in probes]
             if probe or dst in probe_new:
@@ -347,7 +355,7 @@ class Scheduler:
                 if budget > 0 and dst not in self._pace_wait and not more:
                     # all there was went, with room left: the rate samples of these say less than
                     # the path carries (BBR's app-limited samples)
-                    p.app_limited_until = p.delivered + p.window - budget
+                    p.app_limited_until = p.delivered + room - budget
             if retry:  # counted by cause for status and metrics, with the plan's transaction
                 found = self._lost.get(dst, set())
                 for it in chosen:
@@ -672,6 +680,36 @@ class Scheduler:
         span = p.min_rtt_ms + self.cfg.ack_delay_ms + self.cfg.queue_target_ms
         return min(self.cfg.max_window, max(self.cfg.min_window, rate * span))
 
+    def _room_for_a_lost_ack(self, dst: str, p: Path) -> float | None:
+        """One bundle more than the window, at most queue_target_ms of the rate, while what is
+        queued first cannot be superseded (a transfer, an order): an ack lost is made up by
+        the next, a bundle later, and meanwhile the radio has that to send.  A report waiting
+        is not given it: a newer one replaces it, and a deeper queue would carry reports a
+        newer one replaced and hold orders behind them (decision 0037).  None: nothing is
+        queued."""
+        head = self.store.queued(dst, limit=1)
+        if not head:
+            return None
+        rate = p.rate()
+        if not p.filled or not rate or p.min_rtt_ms is None or head[0].supersede:
+            return 0.0
+        bundle = max(self.cfg.aggregate_bytes, self.cfg.aggregate_large_bytes) / max(p.wire_ratio, 1 / PACED_PLAIN_MAX)
+        return min(bundle, rate * self.cfg.queue_target_ms)
+
+    def _reo_ms(self, p: Path) -> int:
+        """RACK's reordering window: reo_steps quarters of the minimum round trip, and while the
+        window has a bundle of room more, at least one bundle's time on the link (up to the
+        minimum round trip): the agent may hand two bundles given to it at once to the radio
+        in the other order, which is not a loss (decision 0037)."""
+        reo = p.reo_steps * p.min_rtt_ms / 4 if p.min_rtt_ms else 0.0
+        rate = p.rate()
+        if p.extra_room and rate and p.min_rtt_ms:
+            bundle = max(self.cfg.aggregate_bytes, self.cfg.aggregate_large_bytes) / max(
+                p.wire_ratio, 1 / PACED_PLAIN_MAX
+            )
+            reo = max(reo, min(2 * bundle / rate, p.srtt_ms or p.min_rtt_ms))
+        return int(reo)
+
     # -- feedback ------------------------------------------------------------
     def on_ack(self, sender: str, done: list[int], got: list[int], now_ms: int, hold_ms: int | None = 0) -> int:
         """An ack from `sender` arrived: release custody of what it took ("done"), stop
@@ -780,7 +818,7 @@ class Scheduler:
             # tail probe, though the resend had arrived.
             newest = max((it.sent_ms or 0 for it in rack), default=None)
             if newest is not None:
-                reo = int(p.reo_steps * p.min_rtt_ms / 4) if p.min_rtt_ms else 0
+                reo = self._reo_ms(p)
                 member = None if dst == sender else sender
                 self._fast_retransmit(dst, newest - reo, now_ms, member)
                 if order is not None:
@@ -813,7 +851,7 @@ class Scheduler:
                 continue
             newest = max((sent[q][3] for q in seqs if q in sent and q not in held), default=None)
             if newest is not None:
-                reo = int(p.reo_steps * p.min_rtt_ms / 4)
+                reo = self._reo_ms(p)
                 self._fast_retransmit(dst, newest - reo, now_ms, None if dst == sender else sender)
 
     def _fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int, member: str | None) -> int:

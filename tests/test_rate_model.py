@@ -108,6 +108,76 @@ def test_bulk_goodput_stays_near_what_the_frames_leave_room_for_on_every_loss_pa
     assert all(r["delivered"] == 60 for r in runs)
 
 
+def test_a_lost_ack_does_not_idle_the_radio_under_a_transfer_on_most_loss_patterns():
+    """`perf overlay`'s radio run on 40 loss patterns: with one bundle of room more than the
+    window while a transfer is queued, a lost ack is made up by the next before the radio runs
+    dry, and few runs fall below the issue's 0.85 of the link (18 of 40 did without it:
+    decision 0037)."""
+    fractions = [rs.bulk(s)["fraction"] for s in range(1, 41)]
+    assert sum(f < 0.85 for f in fractions) <= 6, sorted(fractions)[:10]
+    assert statistics.median(fractions) >= 0.87, statistics.median(fractions)
+
+
+def test_reports_waiting_get_no_room_past_the_window_and_a_transfer_does():
+    """Positions (superseded per unit) at three times the link, then a bulk transfer: the
+    positions' path never gets the bundle of room more (a newer report replaces one that
+    waits, and a deeper queue would hold orders behind reports), the transfer's does."""
+    rooms: dict[str, list[float]] = {"reports": [], "bulk": []}
+    for kind in rooms:
+        r = rs.Radio(rs.profile(), 3)
+        rng = random.Random(3)
+        for t in range(0, 60_000, 200):
+            r.now_ms = max(r.now_ms, t)
+            if kind == "reports":
+                unit = rng.randrange(24)
+                r.cores["gw1"].submit("gw4", rng.randbytes(150), t, supersede=f"unit{unit}")
+            elif t == 0:
+                for _ in range(60):
+                    r.cores["gw1"].submit("gw4", rng.randbytes(1000), t)
+            r.step(t + 200)
+            p = r.cores["gw1"].sched.paths.get("gw4")
+            if p is not None:
+                rooms[kind].append(p.extra_room)
+    assert max(rooms["reports"]) == 0
+    assert max(rooms["bulk"]) > 500  # about a bundle (1,200 B of radio frame) of plain bytes
+
+
+def test_a_bundle_the_agent_puts_on_the_air_after_the_next_one_is_not_resent():
+    """A bulk transfer on a lossless virtual radio whose agent, every fifth bundle, puts the
+    next one on the air first (as dtn7-rs may with two bundles in hand): the first arrives one
+    frame's time late.  With the room of one bundle more, RACK's reordering window is at least
+    a bundle's time, so the later bundle's ack does not call the earlier one lost (a quarter
+    of the minimum round trip did: decision 0037)."""
+    link = dataclasses.replace(rs.profile(), loss=0.0)
+    r = rs.Radio(link, 5)
+    to_gw4 = r.dirs["gw4"].offer
+    held: list[tuple[bytes, float]] = []  # (frame, when it goes on)
+    data = 0
+
+    def offer(frame: bytes, now: float) -> None:
+        nonlocal data
+        if len(frame) > 500 and r.dirs["gw4"].queued(now)[0]:  # a data frame, the radio busy
+            data += 1
+            if data % 5 == 0:
+                held.append((frame, now + len(frame) * 8 / link.rate_bps))
+                return
+        to_gw4(frame, now)
+
+    r.dirs["gw4"].offer = offer
+    rng = random.Random(5)
+    for _ in range(60):
+        r.cores["gw1"].submit("gw4", rng.randbytes(1000), 0)
+    while len(r.delivered["gw4"]) < 60 and r.now_ms < 600_000:
+        for f in [f for f in held if f[1] <= r.now_ms / 1000]:
+            held.remove(f)
+            to_gw4(*f)
+        r.step(r.now_ms + 10)
+    assert len(r.delivered["gw4"]) == 60
+    assert data >= 20, data  # the radio was busy: a bundle held back was overtaken
+    assert r.cores["gw4"].store.counters().get("duplicates", 0) == 0
+    assert r.cores["gw1"].store.counters()["sent"] == 60  # none sent twice
+
+
 def test_under_three_times_the_link_orders_overtake_and_the_link_stays_busy():
     """`perf overload`'s traffic for 4 minutes (24 units' positions, superseded per unit, at 3x
     the link; an immediate order every 10 s) on 3 loss patterns: every order arrives, their
