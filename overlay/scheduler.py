@@ -21,7 +21,7 @@ supersession, expiry and aggregation still act while the link is slow or down.
   window whenever the round trip rose: it read held acks as queueing and the radio idled,
   decision 0011.)  While what is queued first cannot be superseded (a transfer, an order),
   one bundle more may go, so that a lost ack does not idle the radio until the next, and
-  RACK's reordering window is then at least a bundle's time (decision 0037).
+  RACK's reordering window is then at least two bundles' time (decision 0037).
 - Retransmission timeout from the smoothed round trip (RFC 6298 estimator,
   Karn's rule: no samples from retransmitted envelopes), doubled per attempt,
   between min_rto_ms and max_rto_ms.
@@ -112,7 +112,7 @@ class Path:
     # last showed progress, probes sent for it since)
     members: dict[str, tuple[int, int]] = field(default_factory=dict)
     reo_steps: int = 1  # reordering window in quarters of the minimum round trip (RFC 8985 6.2)
-    # one bundle of room more than the window at the last plan (Scheduler._room_for_a_lost_ack)
+    # room past the window at the last plan that found something queued (Scheduler._room_for_a_lost_ack)
     extra_room: float = 0.0
     last_sent_ms: int | None = None  # when envelopes last went (from the store once after a start)
     inherited: bool = False  # the store held envelopes in flight to it when this process started
@@ -698,9 +698,10 @@ class Scheduler:
 
     def _reo_ms(self, p: Path) -> int:
         """RACK's reordering window: reo_steps quarters of the minimum round trip, and while the
-        window has a bundle of room more, at least one bundle's time on the link (up to the
-        minimum round trip): the agent may hand two bundles given to it at once to the radio
-        in the other order, which is not a loss (decision 0037)."""
+        window has a bundle of room more, at least two bundles' time at the path's rate (up to
+        the smoothed round trip).  With two bundles in hand the agent may put the later one on
+        the air first: the earlier one, sent a paced bundle before it, then arrives a frame
+        after it, which is not a loss (decision 0037)."""
         reo = p.reo_steps * p.min_rtt_ms / 4 if p.min_rtt_ms else 0.0
         rate = p.rate()
         if p.extra_room and rate and p.min_rtt_ms:
