@@ -687,7 +687,7 @@ class Scheduler:
         is not given it: a newer one replaces it, and a deeper queue would carry reports a
         newer one replaced and hold orders behind them (decision 0037).  None: nothing is
         queued."""
-        head = self.store.queued(dst, limit=1)
+        head = self.store.outbox.queued(dst, 1)  # (first in sending order, no body read)
         if not head:
             return None
         rate = p.rate()
@@ -698,17 +698,15 @@ class Scheduler:
 
     def _reo_ms(self, p: Path) -> int:
         """RACK's reordering window: reo_steps quarters of the minimum round trip, and while the
-        window has a bundle of room more, at least two bundles' time at the path's rate (up to
-        the smoothed round trip).  With two bundles in hand the agent may put the later one on
+        window has a bundle of room more, at least twice that room's time at the path's rate
+        (up to the smoothed round trip).  With two bundles in hand the agent may put the later one on
         the air first: the earlier one, sent a paced bundle before it, then arrives a frame
         after it, which is not a loss (decision 0037)."""
         reo = p.reo_steps * p.min_rtt_ms / 4 if p.min_rtt_ms else 0.0
         rate = p.rate()
         if p.extra_room and rate and p.min_rtt_ms:
-            bundle = max(self.cfg.aggregate_bytes, self.cfg.aggregate_large_bytes) / max(
-                p.wire_ratio, 1 / PACED_PLAIN_MAX
-            )
-            reo = max(reo, min(2 * bundle / rate, p.srtt_ms or p.min_rtt_ms))
+            # (the room is a bundle at most, and at most queue_target_ms of the rate)
+            reo = max(reo, min(2 * p.extra_room / rate, p.srtt_ms or p.min_rtt_ms))
         return int(reo)
 
     # -- feedback ------------------------------------------------------------

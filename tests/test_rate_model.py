@@ -119,27 +119,34 @@ def test_a_lost_ack_does_not_idle_the_radio_under_a_transfer_on_most_loss_patter
 
 
 def test_reports_waiting_get_no_room_past_the_window_and_a_transfer_does():
-    """Positions (superseded per unit) at three times the link, then a bulk transfer: the
-    positions' path never gets the bundle of room more (a newer report replaces one that
-    waits, and a deeper queue would hold orders behind reports), the transfer's does."""
-    rooms: dict[str, list[float]] = {"reports": [], "bulk": []}
-    for kind in rooms:
+    """Positions (24 units, each superseding its last, PRIORITY, at three times the link, as
+    `perf overload` sends them), then a bulk transfer on a fresh radio: once the path model
+    has filled, the positions' path never gets the bundle of room past the window (a newer
+    report replaces one that waits, and a deeper queue would hold orders behind reports);
+    the transfer's does."""
+    rooms: dict[str, list[tuple[bool, float]]] = {"reports": [], "bulk": []}
+    for kind, seen in rooms.items():
         r = rs.Radio(rs.profile(), 3)
         rng = random.Random(3)
-        for t in range(0, 60_000, 200):
-            r.now_ms = max(r.now_ms, t)
+        gw1 = r.cores["gw1"]
+        every_ms = rs.REPORT_BYTES * 8 / (3 * (r.link.rate_bps or 0)) * 1000  # all units together
+        if kind == "bulk":
+            for _ in range(60):
+                gw1.submit("gw4", rng.randbytes(1000), 0)
+        t = 0.0
+        while t < 90_000:
             if kind == "reports":
                 unit = rng.randrange(24)
-                r.cores["gw1"].submit("gw4", rng.randbytes(150), t, supersede=f"unit{unit}")
-            elif t == 0:
-                for _ in range(60):
-                    r.cores["gw1"].submit("gw4", rng.randbytes(1000), t)
-            r.step(t + 200)
-            p = r.cores["gw1"].sched.paths.get("gw4")
+                body = rng.randbytes(rs.REPORT_BYTES)
+                gw1.submit("gw4", body, int(t), 600_000, Priority.PRIORITY, supersede=f"unit{unit}")
+            t += every_ms
+            r.step(int(t))
+            p = gw1.sched.paths.get("gw4")
             if p is not None:
-                rooms[kind].append(p.extra_room)
-    assert max(rooms["reports"]) == 0
-    assert max(rooms["bulk"]) > 500  # about a bundle (1,200 B of radio frame) of plain bytes
+                seen.append((p.filled, p.extra_room))
+    assert any(filled for filled, _ in rooms["reports"])  # the model filled: the room was not off for that
+    assert max(room for filled, room in rooms["reports"] if filled) == 0
+    assert max(room for _, room in rooms["bulk"]) > 500  # about a bundle (1,200 B of radio frame), plain
 
 
 def test_a_bundle_the_agent_puts_on_the_air_after_the_next_one_is_not_resent():
