@@ -112,7 +112,7 @@ class Path:
     # last showed progress, probes sent for it since)
     members: dict[str, tuple[int, int]] = field(default_factory=dict)
     reo_steps: int = 1  # reordering window in quarters of the minimum round trip (RFC 8985 6.2)
-    # room past the window at the last plan that found something queued (Scheduler._room_for_a_lost_ack)
+    # room past the window at the last plan (Scheduler._room_for_a_lost_ack)
     extra_room: float = 0.0
     last_sent_ms: int | None = None  # when envelopes last went (from the store once after a start)
     inherited: bool = False  # the store held envelopes in flight to it when this process started
@@ -277,8 +277,9 @@ class Scheduler:
                 del deferred[seq]  # due again but not among the retries: acked, expired or superseded
             lost = {**{q: size for q, (size, _) in deferred.items()}, **{i.seq: i.size for i in retry}}
             extra = self._room_for_a_lost_ack(dst, p)
-            if extra is not None:  # (with nothing queued, what went under it is still on its way)
-                p.extra_room = extra
+            if extra is None:  # nothing queued: kept while more than the window is on its way
+                extra = p.extra_room if inflight.get(dst, 0) > p.window else 0.0
+            p.extra_room = extra
             room = p.window + p.extra_room
             budget = room - (inflight.get(dst, 0) - sum(lost.values()))
             # a tail probe goes whatever the window (as TCP's): a full window is what it is for

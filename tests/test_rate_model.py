@@ -149,6 +149,30 @@ def test_reports_waiting_get_no_room_past_the_window_and_a_transfer_does():
     assert max(room for _, room in rooms["bulk"]) > 500  # about a bundle (1,200 B of radio frame), plain
 
 
+def test_after_a_transfer_orders_alone_are_called_lost_a_quarter_round_trip_late_not_two_bundles():
+    """A bulk transfer, then an order every 5 s: once the transfer has arrived, nothing more
+    than the window is on its way, and an order lost beside a later one is resent a quarter
+    round trip after that one's ack, as before the room (decision 0037), not two bundles'
+    time later."""
+    r = rs.Radio(rs.profile(), 7)
+    rng = random.Random(7)
+    gw1 = r.cores["gw1"]
+    for _ in range(60):
+        gw1.submit("gw4", rng.randbytes(1000), 0)
+    had = 0.0
+    while len(r.delivered["gw4"]) < 60 and r.now_ms < 600_000:
+        r.step(r.now_ms + 1000)
+        had = max(had, gw1.sched.paths["gw4"].extra_room)
+    assert had > 0  # the transfer had the room, and the wider window
+    p = gw1.sched.paths["gw4"]
+    reos = []
+    for k in range(12):
+        gw1.submit("gw4", b"order %d " % k + rng.randbytes(190), r.now_ms, 86400_000, Priority.IMMEDIATE)
+        r.step(r.now_ms + 5000)
+        reos.append((p.extra_room, gw1.sched._reo_ms(p)))
+    assert reos[-1] == (0.0, int(p.reo_steps * p.min_rtt_ms / 4)), reos
+
+
 def test_a_bundle_the_agent_puts_on_the_air_after_the_next_one_is_not_resent():
     """A bulk transfer on a lossless virtual radio whose agent, every fifth bundle, puts the
     next one on the air first (as dtn7-rs may with two bundles in hand): the first arrives one
