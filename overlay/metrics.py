@@ -41,6 +41,7 @@ STORE_COUNTERS = {
     "bundles_received": "bundles the agent delivered to the overlay",
     "fast_retransmits": "envelopes an ack showed lost (sent again before their timer)",
     "tail_probes": "tail loss probes sent",
+    "tail_copies": "last bundles of a burst sent twice (a frame lost there has no later one to show it)",
     "pings_unanswered": "pings not answered",
 }
 ENVELOPE_EVENTS = {

@@ -208,7 +208,7 @@ def local_status(node: OverlayNode, sup: Supervisor | None) -> dict:
         resent = []
         for (event, peer, prio), k in sorted(store.tally.items()):
             cls = Priority(prio).name.lower()
-            if event.startswith("resent_"):  # sent again: "timeout", "fast" (an ack showed it lost), "probe"
+            if event.startswith("resent_"):  # sent again: "timeout", "fast" (an ack showed it lost), "probe", "copy"
                 resent.append({"dst": peer, "priority": cls, "cause": event.removeprefix("resent_"), "envelopes": k})
             else:
                 rows.setdefault((peer, prio), {"peer": peer, "priority": cls})[event] = k

@@ -54,6 +54,9 @@ ACK_LIFETIME_MS = 3600_000
 # tail probes while no ack shows progress go at doubling intervals of at most this long
 # (Scheduler._tail_probes)
 PROBE_MAX_MS = 30_000
+# a burst's last envelope goes twice while one went again within this many sends
+# (Scheduler._tail_copy): a path that lost none lately (a wire, a clean radio) pays nothing
+COPY_AFTER_LOSS_SENDS = 100
 RTT_RECENT = 4  # the last samples kept: the minimum round trip falls back to their smallest
 MIN_RTT_WINDOW_MS = 120_000  # the minimum round trip is the smallest of this long
 BW_ROUNDS = 10  # the delivery rate is the largest sample of this many round trips (BBR's filter)
@@ -131,6 +134,12 @@ class Path:
     app_limited_until: float = 0.0  # samples before `delivered` passes this had too little to send
     pace_at: float = 0.0  # routine and priority envelopes go no sooner (pacing; Scheduler.plan)
     sends: int = 0  # envelopes handed over, in all (their order)
+    # the envelope sent last, and whether it went within a frame and a half of the one before it
+    # (queued behind it on the radio: Scheduler._tail_copy)
+    last_send: tuple[int, bool] = (-1, False)
+    copy_sent_ms: int | None = None  # when a tail copy last went, and its frame's time at the rate
+    copy_frame_ms: float = 0.0
+    lost_at_sends: int | None = None  # `sends` when an envelope last went again (a loss, or its ack's)
     wire_ratio: float = 1.0  # sealed bytes per plain body byte of the data envelopes sent lately
     holds: list[int] = field(default_factory=list)  # how long the receiver held its last RTT_RECENT acks
 
@@ -204,6 +213,9 @@ class Scheduler:
         self._found_resent: dict[str, set[int]] = {}
         # dst -> seqs found lost (RACK, a probe's ack): due again, but not a timeout
         self._lost: dict[str, set[int]] = {}
+        # dst -> the envelope last sent again as a burst's tail copy (_tail_copy), and whether
+        # that copy is still to go
+        self._copied: dict[str, tuple[int, bool]] = {}
         self._counted: dict[str, set[int]] = {}  # group -> seqs its rate already counted (_rate_sample)
         self._pace_wait: dict[str, int] = {}  # dst -> when pacing lets its queued envelopes go
         self._sn: dict[str, int] = {}  # dst -> the send number of the next data envelope sealed for it
@@ -253,8 +265,12 @@ class Scheduler:
                 # a probe is not a timeout, nor is a retry that was only waiting for room, nor
                 # one found lost (an ack showed it)
                 found = self._lost.get(dst, set())
+                copy = self._copy_due(dst)
                 if any(
-                    i.seq not in probes and i.seq not in self._deferred.get(dst, ()) and i.seq not in found
+                    i.seq not in probes
+                    and i.seq not in self._deferred.get(dst, ())
+                    and i.seq not in found
+                    and i.seq != copy
                     for i in items
                 ):
                     self._on_timeout(dst, now_ms)
@@ -284,8 +300,10 @@ class Scheduler:
             budget = room - (inflight.get(dst, 0) - sum(lost.values()))
             # a tail probe goes whatever the window (as TCP's): a full window is what it is for
             probe = [i for i in retry if i.seq in probes]
-            if probe or dst in probe_new:
-                budget = max(budget, sum(i.size for i in probe) or 1)
+            copy = self._copy_due(dst)
+            copy_size = sum(i.size for i in retry if i.seq == copy)
+            if probe or dst in probe_new or copy_size:
+                budget = max(budget, sum(i.size for i in probe) + copy_size or 1)
             chosen: list[OutItem] = []
             self._linger_until.pop(dst, None)
             self._pace_wait.pop(dst, None)
@@ -332,7 +350,7 @@ class Scheduler:
                 for it in cands:
                     if budget <= 0:
                         break
-                    if rate and it.priority > Priority.IMMEDIATE:
+                    if rate and it.priority > Priority.IMMEDIATE and it.seq != copy:
                         # a bundle's worth as it goes, compressed (decision 0027); the path's ratio
                         # lags a change of traffic, so an envelope counts at least 1/PACED_PLAIN_MAX
                         sealed = it.size * max(p.wire_ratio, 1 / PACED_PLAIN_MAX)
@@ -361,14 +379,29 @@ class Scheduler:
                 found = self._lost.get(dst, set())
                 for it in chosen:
                     if it.seq in due:
-                        cause = "probe" if it.seq in probes else "fast" if it.seq in found else "timeout"
+                        cause = (
+                            "probe"
+                            if it.seq in probes
+                            else "copy"
+                            if it.seq == copy
+                            else "fast"
+                            if it.seq in found
+                            else "timeout"
+                        )
                         self.store.tally_event(f"resent_{cause}", dst, it.priority)
+                        if cause != "copy":  # (a copy is not a loss: the path may lose none)
+                            p.lost_at_sends = p.sends
             ack = acks.pop(dst, ([], []))
             if not chosen and acks_due is not None and dst not in acks_due:
                 ack = ([], [])  # not worth a bundle of its own yet
             out.extend(self._bundle(dst, chosen, ack, now_ms, holds, inflight.get(dst, 0)))
             if retry:
                 going = {it.seq for it in chosen}
+                if copy is not None:  # it goes now or waits as any retry does, once
+                    self._copied[dst] = (copy, False)
+                    if copy in going:
+                        p.copy_sent_ms = now_ms
+                        p.copy_frame_ms = self._frame_ms(p, next(i.size for i in retry if i.seq == copy))
                 deferred = self._deferred.setdefault(dst, {})
                 for seq in going:
                     deferred.pop(seq, None)
@@ -384,6 +417,56 @@ class Scheduler:
                 if not deferred:
                     del self._deferred[dst]
         return out
+
+    @staticmethod
+    def _frame_ms(p: Path, size: int) -> float:
+        """The radio's time for an envelope of `size` plain bytes, sealed, at the path's rate."""
+        rate = p.rate()
+        return size * max(p.wire_ratio, 1 / PACED_PLAIN_MAX) / rate if rate else 0.0
+
+    def _copy_due(self, dst: str) -> int | None:
+        """The envelope whose tail copy is still to go to dst (None: none)."""
+        seq, due = self._copied.get(dst, (None, False))
+        return seq if due else None
+
+    def _tail_copy(self, dst: str, p: Path, now_ms: int) -> None:
+        """An ack left one envelope in flight to dst, and nothing is queued behind it: it is the
+        radio's last frame of a burst, and no later frame's ack can show it lost.  Lost, it
+        waits for a tail probe, a round trip and more of idle radio; so it goes again now,
+        once, a frame behind the first copy, while the path lost an envelope lately, and
+        what it carries cannot be superseded and takes no more of the radio than
+        queue_target_ms of the path's rate.  An ack that leaves one in flight comes a frame's
+        time before that one's own, so RACK's resends of what went before have gone first
+        (decision 0038).  Only where that envelope went within a frame and a half of the one
+        before it: queued behind it, the tail of a transfer or of a burst of orders, not one
+        of a stream of orders each alone on the radio (copied, each would go twice).  Called
+        for the sender of an ack, so never a group (its members' acks and probes go per
+        member)."""
+        rate = p.rate()
+        if (
+            not rate
+            or not p.filled
+            or p.lost_at_sends is None
+            or p.sends - p.lost_at_sends > COPY_AFTER_LOSS_SENDS
+            or self.store.outbox.queued(dst, 1)
+        ):
+            return
+        lacking = self.store.inflight(dst, limit=2)
+        if len(lacking) != 1:
+            return
+        it = lacking[0]
+        if (
+            it.supersede
+            or it.sent_ms is None
+            or (it.retry_ms is not None and it.retry_ms <= now_ms)  # due anyway
+            or self._copied.get(dst, (None, False))[0] == it.seq
+            or self._frame_ms(p, it.size) > self.cfg.queue_target_ms
+            or p.last_send != (it.seq, True)
+        ):
+            return
+        self._copied[dst] = (it.seq, True)
+        self.store.set_retry({it.seq: now_ms})
+        self.store.count_event("tail_copies")
 
     def _tail_probes(self, now_ms: int) -> tuple[set[int], set[str]]:
         """Tail loss probe (after RFC 8985): when nothing was sent to a destination and no ack
@@ -452,6 +535,8 @@ class Scheduler:
                 base = self.cfg.min_rto_ms
             else:
                 continue  # a fresh node that has heard nothing yet: its initial timeout decides
+            if p.copy_sent_ms is not None and p.copy_sent_ms >= p.last_ack_ms:
+                base += p.copy_frame_ms  # a tail copy, unacked, holds the radio a frame more
             members = self.codec.groups.get(dst)
             if members and first is not None:
                 self._member_probes(dst, p, members, base, now_ms, probed)
@@ -617,7 +702,10 @@ class Scheduler:
         sent = self._sent.setdefault(dst, {})
         lost = self._lost.get(dst)
         found = self._found_resent.setdefault(dst, set())
-        for it in items:
+        # (a frame and a half: sends clocked by acks come a frame apart, give or take)
+        behind = p.last_sent_ms is not None and now_ms - p.last_sent_ms <= 1.5 * self._frame_ms(p, items[0].size)
+        for n, it in enumerate(items):
+            p.last_send = (it.seq, behind or n > 0)
             sent.pop(it.seq, None)  # a resend is the newest record
             p.sends += 1
             sent[it.seq] = (p.delivered, p.delivered_ms, p.first_sent_ms, now_ms, p.sends)
@@ -718,6 +806,12 @@ class Scheduler:
         Envelopes sent to a group count per destination (the group's path): they are
         released once every member took them (Custody.ack_from).  hold_ms: how long the
         sender held the newest of them before acking (left out of the round-trip sample)."""
+        copied = self._copied.get(sender)
+        if copied and sender in self.paths and (copied[0] in done or copied[0] in got):
+            # a tail copy's ack, or its first copy's: the radio delivered a frame, so a tail
+            # probe for what went after the copy waits from now (the copy held the radio a
+            # frame longer than the probe's round trip allows)
+            self.paths[sender].last_ack_ms = max(self.paths[sender].last_ack_ms, now_ms)
         released, arrived = self.store.ack_from(sender, done, got)
         if not arrived and not released:
             self._rack_of_let_go(sender, [*done, *got], now_ms)
@@ -788,8 +882,20 @@ class Scheduler:
             if dst in probing:
                 # a probe got through after a silence (an outage): what was sent before it and
                 # has not arrived was lost on the way, and goes again now, not a timer later
-                # (RACK cannot tell: the probe was a resent envelope)
-                cutoff = max((it.sent_ms for it in items if it.sent_ms is not None), default=None)
+                # (RACK cannot tell: the probe was a resent envelope).  A resend acked sooner than
+                # the minimum round trip after it went says nothing: the ack is its first copy's,
+                # which may have gone before what still lacks (Karn's rule, as RACK's `rack` below;
+                # with no round trip measured yet, as a restarted node has, the ack is taken as
+                # the resend's)
+                cutoff = max(
+                    (
+                        it.sent_ms
+                        for it in items
+                        if it.sent_ms is not None
+                        and (it.attempts == 1 or not p.min_rtt_ms or now_ms - it.sent_ms >= p.min_rtt_ms)
+                    ),
+                    default=None,
+                )
                 if cutoff is not None:
                     member = None if dst == sender else sender  # what the member that acked lacks
                     lost = {
@@ -804,8 +910,13 @@ class Scheduler:
             # start with (a BPA that hands bundles over a little out of order is not losing
             # them), one quarter more each time a resent envelope proves to have arrived anyway
             # (acked sooner after the resend than any round trip), up to the smoothed round trip
+            copied = self._copied.get(dst, (None, False))[0]  # (its first copy's ack comes early)
             spurious = any(
-                it.attempts > 1 and it.sent_ms is not None and p.min_rtt_ms and now_ms - it.sent_ms < p.min_rtt_ms
+                it.attempts > 1
+                and it.sent_ms is not None
+                and p.min_rtt_ms
+                and now_ms - it.sent_ms < p.min_rtt_ms
+                and it.seq != copied
                 for it in items
             )
             if spurious and p.srtt_ms and p.min_rtt_ms and p.reo_steps * p.min_rtt_ms / 4 < p.srtt_ms:
@@ -836,6 +947,8 @@ class Scheduler:
             else:  # about one envelope (of the size acked, at least 1 kB) per window's worth acked
                 seg = max(1024, nbytes / len(items))
                 p.window = min(self.cfg.max_window, p.window + nbytes * seg / p.window)
+        if sender in {it.dst for it in arrived + released}:
+            self._tail_copy(sender, self.path(sender), now_ms)
         return len(released) + len(arrived)
 
     def _rack_of_let_go(self, sender: str, seqs: list[int], now_ms: int) -> None:
