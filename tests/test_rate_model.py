@@ -209,10 +209,10 @@ def test_a_bundle_the_agent_puts_on_the_air_after_the_next_one_is_not_resent():
     assert r.cores["gw1"].store.counters()["sent"] == 60  # none sent twice
 
 
-def _transfer_losing(drop: set[tuple[int, int]], seed: int = 5) -> tuple[rs.Radio, list[tuple[int, tuple]]]:
-    """60 x 1000 B over a lossless virtual radio but for the data bundles in `drop`, (seq, nth
-    time it went): lost on the way, as the radio loses a frame it is offered.  Returns the
-    radio, the transfer delivered, and what gw1 handed over (ms, seqs), lost ones included."""
+def _lossy_transfer(drop: set[tuple[int, int]], seed: int = 5) -> tuple[rs.Radio, list[tuple[int, tuple]]]:
+    """60 x 1000 B submitted over a lossless virtual radio but for the data bundles in `drop`,
+    (seq, nth time it went): lost on the way, as the radio loses a frame it is offered.
+    Returns the radio and what gw1 hands over (ms, seqs), lost ones included, as it goes."""
     r = rs.Radio(dataclasses.replace(rs.profile(), loss=0.0), seed)
     gw1 = r.cores["gw1"]
     poll, sent, went = gw1.poll, [], {}
@@ -230,6 +230,12 @@ def _transfer_losing(drop: set[tuple[int, int]], seed: int = 5) -> tuple[rs.Radi
     rng = random.Random(seed)
     for _ in range(60):
         gw1.submit("gw4", rng.randbytes(1000), 0)
+    return r, sent
+
+
+def _transfer_losing(drop: set[tuple[int, int]], seed: int = 5) -> tuple[rs.Radio, list[tuple[int, tuple]]]:
+    """_lossy_transfer, delivered."""
+    r, sent = _lossy_transfer(drop, seed)
     while len(r.delivered["gw4"]) < 60 and r.now_ms < 600_000:
         r.step(r.now_ms + 1000)
     assert len(r.delivered["gw4"]) == 60
@@ -272,6 +278,46 @@ def test_a_path_that_lost_nothing_lately_pays_no_copies_nor_do_reports():
     assert len(r.delivered["gw4"]) == 60 + 6 * 24
     assert gw1.sched.paths["gw4"].lost_at_sends is not None  # the path lost a frame lately
     assert gw1.store.counters()["tail_copies"] == copies
+
+
+def test_a_stream_of_orders_each_alone_on_the_radio_is_not_copied():
+    """After a transfer that lost a frame (copies on), 100 orders of 200 B every half second:
+    each is alone on the radio, its frame gone before the next is sent, so none is the tail
+    of a burst and each goes once (copied, each would go twice: decision 0038)."""
+    r, sent = _transfer_losing({(10, 1)})
+    gw1 = r.cores["gw1"]
+    copies, frames = gw1.store.counters()["tail_copies"], len(sent)
+    rng = random.Random(5)
+    for k in range(100):
+        r.step(r.now_ms + 500)
+        gw1.submit("gw4", b"order %06d " % k + rng.randbytes(187), r.now_ms, 86400_000, Priority.IMMEDIATE)
+    r.step(r.now_ms + 30_000)
+    assert len(r.delivered["gw4"]) == 160
+    assert gw1.sched.paths["gw4"].lost_at_sends is not None  # the path lost a frame lately
+    assert (len(sent) - frames, gw1.store.counters()["tail_copies"] - copies) == (100, 0)
+
+
+def test_orders_sent_behind_a_tail_copy_are_not_probed_nor_resent():
+    """A transfer's last envelope went twice; three orders of 1000 B follow half a second later,
+    behind the copy on the radio, on a radio that loses nothing more.  The copy's ack restarts
+    the tail-probe timer, and a probe acked sooner than a round trip after it went says nothing
+    of what went before it (the ack is its first copy's): no order goes twice but the last,
+    whose copy is the burst's (decision 0038)."""
+    r, sent = _lossy_transfer({(10, 1)})
+    gw1 = r.cores["gw1"]
+    while [seqs for _, seqs in sent].count((60,)) < 2 and r.now_ms < 600_000:
+        r.step(r.now_ms + 10)
+    r.step(sent[-1][0] + 580)
+    rng = random.Random(7)
+    orders = [gw1.submit("gw4", rng.randbytes(1000), r.now_ms, 86400_000, Priority.IMMEDIATE) for _ in range(3)]
+    r.step(r.now_ms + 20_000)
+    assert len(r.delivered["gw4"]) == 63
+    went = [seqs for _, seqs in sent if set(seqs) & set(orders)]
+    assert sorted(went) == sorted([(orders[0],), (orders[1],), (orders[2],), (orders[2],)]), went
+    causes = {
+        ev for (ev, _, prio), n in gw1.store.tally.items() if ev.startswith("resent_") and prio == Priority.IMMEDIATE
+    }
+    assert causes == {"resent_copy"}, causes
 
 
 def test_under_three_times_the_link_orders_overtake_and_the_link_stays_busy():
