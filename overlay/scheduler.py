@@ -785,13 +785,22 @@ class Scheduler:
         bundle = max(self.cfg.aggregate_bytes, self.cfg.aggregate_large_bytes) / max(p.wire_ratio, 1 / PACED_PLAIN_MAX)
         return min(bundle, rate * self.cfg.queue_target_ms)
 
+    @staticmethod
+    def _reo_near_ms(p: Path) -> int:
+        """RACK's reordering window for what went well before the newest envelope that arrived:
+        reo_steps quarters of the minimum round trip."""
+        return int(p.reo_steps * p.min_rtt_ms / 4) if p.min_rtt_ms else 0
+
     def _reo_ms(self, p: Path) -> int:
-        """RACK's reordering window: reo_steps quarters of the minimum round trip, and while the
-        window has a bundle of room more, at least twice that room's time at the path's rate
-        (up to the smoothed round trip).  With two bundles in hand the agent may put the later one on
-        the air first: the earlier one, sent a paced bundle before it, then arrives a frame
-        after it, which is not a loss (decision 0037)."""
-        reo = p.reo_steps * p.min_rtt_ms / 4 if p.min_rtt_ms else 0.0
+        """RACK's reordering window for what went with the newest envelope that arrived (within
+        _reo_near_ms of it): at least the minimum round trip, and while the window has a
+        bundle of room more, at least twice that room's time at the path's rate (up to the
+        smoothed round trip).  The agent may put the later of bundles handed over together on
+        the air first: the earlier then arrives a frame after it (a minimum round trip holds
+        at least a frame's time), which is not a loss (decision 0037).  What went a paced
+        bundle or more before it was never seen to swap (dtn7-rs swaps what it is handed at
+        once): the near window calls it lost (decision 0038)."""
+        reo = float(max(self._reo_near_ms(p), p.min_rtt_ms or 0))
         rate = p.rate()
         if p.extra_room and rate and p.min_rtt_ms:
             # (the room is a bundle at most, and at most queue_target_ms of the rate)
@@ -929,11 +938,11 @@ class Scheduler:
             # tail probe, though the resend had arrived.
             newest = max((it.sent_ms or 0 for it in rack), default=None)
             if newest is not None:
-                reo = self._reo_ms(p)
+                near = self._reo_near_ms(p)
                 member = None if dst == sender else sender
-                self._fast_retransmit(dst, newest - reo, now_ms, member)
+                self._fast_retransmit(dst, newest - near, now_ms, member)
                 if order is not None:
-                    self._rack_timer(dst, newest, order, reo, now_ms, member)
+                    self._rack_timer(dst, newest, order, near, self._reo_ms(p), now_ms, member)
             nbytes = sum(it.size for it in items)
             if self.cfg.queue_target_ms and not p.filled and p.min_rtt_ms is not None and len(p.recent) >= 2:
                 # slow start also ends when the round trip shows a queue past the target (as
@@ -964,8 +973,8 @@ class Scheduler:
                 continue
             newest = max((sent[q][3] for q in seqs if q in sent and q not in held), default=None)
             if newest is not None:
-                reo = self._reo_ms(p)
-                self._fast_retransmit(dst, newest - reo, now_ms, None if dst == sender else sender)
+                near = self._reo_near_ms(p)
+                self._fast_retransmit(dst, newest - near, now_ms, None if dst == sender else sender)
 
     def _fast_retransmit(self, dst: str, sent_before_ms: int, now_ms: int, member: str | None) -> int:
         """Envelopes sent before one the destination already has, and still not there:
@@ -987,15 +996,17 @@ class Scheduler:
             self.store.set_retry(dict.fromkeys(gone, now_ms))
         return len(lost)
 
-    def _rack_timer(self, dst: str, newest_ms: int, order: int, reo: int, now_ms: int, member: str | None) -> None:
+    def _rack_timer(
+        self, dst: str, newest_ms: int, order: int, near: int, reo: int, now_ms: int, member: str | None
+    ) -> None:
         """RACK's reordering timer (RFC 8985 6.3): what went before the newest envelope that
         arrived (in the order they went, so also in the same millisecond), but too shortly
-        before it to be called lost yet, is lost if it has not arrived a reordering window
-        later than that one did."""
+        before it to be called lost yet (within `near`), is lost if it has not arrived a
+        reordering window (`reo`) later than that one did."""
         sent = self._sent.get(dst, {})
         later = {}
         for it in self.store.inflight(dst, lacking=member, sent_before_ms=newest_ms + 1, retry_after_ms=now_ms):
-            if it.sent_ms is None or it.sent_ms <= newest_ms - reo or it.seq not in sent or sent[it.seq][4] >= order:
+            if it.sent_ms is None or it.sent_ms <= newest_ms - near or it.seq not in sent or sent[it.seq][4] >= order:
                 continue
             at = it.sent_ms + (now_ms - newest_ms) + reo
             if it.retry_ms is None or at < it.retry_ms:
