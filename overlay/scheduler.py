@@ -1006,7 +1006,7 @@ class Scheduler:
         sent = self._sent.get(dst, {})
         later = {}
         for it in self.store.inflight(dst, lacking=member, sent_before_ms=newest_ms + 1, retry_after_ms=now_ms):
-            if it.sent_ms is None or it.sent_ms <= newest_ms - near or it.seq not in sent or sent[it.seq][4] >= order:
+            if it.sent_ms is None or it.sent_ms < newest_ms - near or it.seq not in sent or sent[it.seq][4] >= order:
                 continue
             at = it.sent_ms + (now_ms - newest_ms) + reo
             if it.retry_ms is None or at < it.retry_ms:

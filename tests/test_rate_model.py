@@ -94,6 +94,30 @@ def test_an_envelope_lost_beside_one_that_arrived_goes_again_a_reordering_window
     assert a.store.counters().get("tail_probes", 0) == 0
 
 
+@pytest.mark.parametrize("rtt", [2, 400])
+def test_an_envelope_lost_beside_one_handed_over_with_it_goes_again_on_a_lan_too(rtt):
+    """The same two bundles on a path of a 2 ms round trip, where a quarter of it rounds to
+    0 ms: what went in the same millisecond as the envelope acked still gets RACK's timer (a
+    minimum round trip), not its retransmission timeout of seconds (decision 0038's review)."""
+    cfg = dataclasses.replace(rs.RADIO_CFG, linger_ms=0, ack_delay_ms=0)
+    a, b = core("gw1", "gw4", cfg), core("gw4", "gw1", cfg)
+    a.submit("gw4", b"w" * 50, 0)
+    for bd in a.poll(0):
+        b.on_bundle(bd.payload, rtt // 2)
+    for bd in b.poll(rtt // 2):
+        a.on_bundle(bd.payload, rtt)
+    t0 = 1000
+    first = a.submit("gw4", random.randbytes(1000), t0)
+    a.submit("gw4", random.randbytes(1000), t0)
+    lost, kept = a.poll(t0)
+    assert lost.seqs == [first]
+    b.on_bundle(kept.payload, t0 + rtt // 2)
+    for bd in b.poll(t0 + rtt // 2):
+        a.on_bundle(bd.payload, t0 + rtt)
+    again = [t for t in range(t0 + rtt, t0 + rtt + 5 * rtt) if first in {s for bd in a.poll(t) for s in bd.seqs}]
+    assert again and again[0] - (t0 + rtt) <= rtt, again
+
+
 # -- the radio kept busy, orders first ----------------------------------------------------
 
 
