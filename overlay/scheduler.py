@@ -919,13 +919,13 @@ class Scheduler:
             # start with (a BPA that hands bundles over a little out of order is not losing
             # them), one quarter more each time a resent envelope proves to have arrived anyway
             # (acked sooner after the resend than any round trip), up to the smoothed round trip
-            copied = self._copied.get(dst, (None, False))[0]  # (its first copy's ack comes early)
+            copy_seq = self._copied.get(dst, (None, False))[0]  # (its first copy's ack comes early)
             spurious = any(
                 it.attempts > 1
                 and it.sent_ms is not None
                 and p.min_rtt_ms
                 and now_ms - it.sent_ms < p.min_rtt_ms
-                and it.seq != copied
+                and it.seq != copy_seq
                 for it in items
             )
             if spurious and p.srtt_ms and p.min_rtt_ms and p.reo_steps * p.min_rtt_ms / 4 < p.srtt_ms:
