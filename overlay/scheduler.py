@@ -401,7 +401,7 @@ class Scheduler:
                     self._copied[dst] = (copy, False)
                     if copy in going:
                         p.copy_sent_ms = now_ms
-                        p.copy_frame_ms = self._frame_ms(p, next(i.size for i in retry if i.seq == copy))
+                        p.copy_frame_ms = self._frame_ms(p, copy_size)
                 deferred = self._deferred.setdefault(dst, {})
                 for seq in going:
                     deferred.pop(seq, None)
@@ -956,7 +956,7 @@ class Scheduler:
             else:  # about one envelope (of the size acked, at least 1 kB) per window's worth acked
                 seg = max(1024, nbytes / len(items))
                 p.window = min(self.cfg.max_window, p.window + nbytes * seg / p.window)
-        if sender in {it.dst for it in arrived + released}:
+        if any(it.dst == sender for it in arrived + released):
             self._tail_copy(sender, self.path(sender), now_ms)
         return len(released) + len(arrived)
 
