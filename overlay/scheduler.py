@@ -20,8 +20,9 @@ supersession, expiry and aggregation still act while the link is slow or down.
   neither (losses are resent, RACK); a rate that falls does.  (Before, a queue limit cut the
   window whenever the round trip rose: it read held acks as queueing and the radio idled,
   decision 0011.)  While what is queued first cannot be superseded (a transfer, an order),
-  one bundle more may go, so that a lost ack does not idle the radio until the next, and
-  RACK's reordering window is then at least two bundles' time (decision 0037).
+  two bundles more may go, so that lost acks or frames do not idle the radio until the next
+  ack, and RACK's reordering window is then at least two bundles' time (decisions 0037,
+  0039).
 - Retransmission timeout from the smoothed round trip (RFC 6298 estimator,
   Karn's rule: no samples from retransmitted envelopes), doubled per attempt,
   between min_rto_ms and max_rto_ms.
@@ -57,6 +58,9 @@ PROBE_MAX_MS = 30_000
 # a burst's last envelope goes twice while one went again within this many sends
 # (Scheduler._tail_copy): a path that lost none lately (a wire, a clean radio) pays nothing
 COPY_AFTER_LOSS_SENDS = 100
+# bundles of room past the window while a transfer or an order waits (Scheduler._room_for_lost_acks):
+# two frames or acks lost in a row would otherwise run the radio's queue dry (decision 0039)
+ROOM_BUNDLES = 2
 RTT_RECENT = 4  # the last samples kept: the minimum round trip falls back to their smallest
 MIN_RTT_WINDOW_MS = 120_000  # the minimum round trip is the smallest of this long
 BW_ROUNDS = 10  # the delivery rate is the largest sample of this many round trips (BBR's filter)
@@ -115,7 +119,7 @@ class Path:
     # last showed progress, probes sent for it since)
     members: dict[str, tuple[int, int]] = field(default_factory=dict)
     reo_steps: int = 1  # reordering window in quarters of the minimum round trip (RFC 8985 6.2)
-    # room past the window at the last plan (Scheduler._room_for_a_lost_ack)
+    # room past the window at the last plan (Scheduler._room_for_lost_acks)
     extra_room: float = 0.0
     last_sent_ms: int | None = None  # when envelopes last went (from the store once after a start)
     inherited: bool = False  # the store held envelopes in flight to it when this process started
@@ -134,9 +138,6 @@ class Path:
     app_limited_until: float = 0.0  # samples before `delivered` passes this had too little to send
     pace_at: float = 0.0  # routine and priority envelopes go no sooner (pacing; Scheduler.plan)
     sends: int = 0  # envelopes handed over, in all (their order)
-    # the envelope sent last, and whether it went within a frame and a half of the one before it
-    # (queued behind it on the radio: Scheduler._tail_copy)
-    last_send: tuple[int, bool] = (-1, False)
     copy_sent_ms: int | None = None  # when a tail copy last went, and its frame's time at the rate
     copy_frame_ms: float = 0.0
     lost_at_sends: int | None = None  # `sends` when an envelope last went again (a loss, or its ack's)
@@ -208,7 +209,7 @@ class Scheduler:
         # dst -> {seq: (delivered, delivered_ms, first_sent_ms, sent_ms, order)} when each went:
         # the path's state a rate sample is taken against (as BBR's per-packet records), and
         # the order it went in (RACK's ties: several go in the same millisecond)
-        self._sent: dict[str, dict[int, tuple[float, int, int, int, int]]] = {}
+        self._sent: dict[str, dict[int, tuple[float, int, int, int, int, bool]]] = {}
         # dst -> seqs last sent again because an ack showed them lost (RACK trusts their acks)
         self._found_resent: dict[str, set[int]] = {}
         # dst -> seqs found lost (RACK, a probe's ack): due again, but not a timeout
@@ -292,7 +293,7 @@ class Scheduler:
             for seq in [q for q, (_, at) in deferred.items() if at <= now_ms and q not in due and only is None]:
                 del deferred[seq]  # due again but not among the retries: acked, expired or superseded
             lost = {**{q: size for q, (size, _) in deferred.items()}, **{i.seq: i.size for i in retry}}
-            extra = self._room_for_a_lost_ack(dst, p)
+            extra = self._room_for_lost_acks(dst, p)
             if extra is None:  # nothing queued: kept while more than the window is on its way
                 extra = p.extra_room if inflight.get(dst, 0) > p.window else 0.0
             p.extra_room = extra
@@ -461,7 +462,7 @@ class Scheduler:
             or (it.retry_ms is not None and it.retry_ms <= now_ms)  # due anyway
             or self._copied.get(dst, (None, False))[0] == it.seq
             or self._frame_ms(p, it.size) > self.cfg.queue_target_ms
-            or p.last_send != (it.seq, True)
+            or not self._sent.get(dst, {}).get(it.seq, (False,) * 6)[5]
         ):
             return
         self._copied[dst] = (it.seq, True)
@@ -705,10 +706,9 @@ class Scheduler:
         # (a frame and a half: sends clocked by acks come a frame apart, give or take)
         behind = p.last_sent_ms is not None and now_ms - p.last_sent_ms <= 1.5 * self._frame_ms(p, items[0].size)
         for n, it in enumerate(items):
-            p.last_send = (it.seq, behind or n > 0)
             sent.pop(it.seq, None)  # a resend is the newest record
             p.sends += 1
-            sent[it.seq] = (p.delivered, p.delivered_ms, p.first_sent_ms, now_ms, p.sends)
+            sent[it.seq] = (p.delivered, p.delivered_ms, p.first_sent_ms, now_ms, p.sends, behind or n > 0)
             if lost and it.seq in lost:
                 lost.discard(it.seq)
                 found.add(it.seq)
@@ -741,7 +741,7 @@ class Scheduler:
         p.delivered_ms = now_ms
         if not states:
             return
-        d0, t0, f0, s0, _ = max(states, key=lambda st: st[4])
+        d0, t0, f0, s0, *_ = max(states, key=lambda st: st[4])
         p.first_sent_ms = s0
         interval = max(s0 - f0, now_ms - t0)
         if interval <= 0 or (p.min_rtt_ms is not None and interval < p.min_rtt_ms):
@@ -769,12 +769,13 @@ class Scheduler:
         span = p.min_rtt_ms + self.cfg.ack_delay_ms + self.cfg.queue_target_ms
         return min(self.cfg.max_window, max(self.cfg.min_window, rate * span))
 
-    def _room_for_a_lost_ack(self, dst: str, p: Path) -> float | None:
-        """One bundle more than the window, at most queue_target_ms of the rate, while what is
-        queued first cannot be superseded (a transfer, an order): an ack lost is made up by
-        the next, a bundle later, and meanwhile the radio has that to send.  A report waiting
-        is not given it: a newer one replaces it, and a deeper queue would carry reports a
-        newer one replaced and hold orders behind them (decision 0037).  None: nothing is
+    def _room_for_lost_acks(self, dst: str, p: Path) -> float | None:
+        """ROOM_BUNDLES bundles more than the window, each at most queue_target_ms of the rate,
+        while what is queued first cannot be superseded (a transfer, an order): a frame or an
+        ack lost is made up by the next ack, and meanwhile the radio has these to send; with
+        one bundle of room, two lost in a row ran its queue dry (decisions 0037, 0039).  A
+        report waiting is not given it: a newer one replaces it, and a deeper queue would
+        carry reports a newer one replaced and hold orders behind them.  None: nothing is
         queued."""
         head = self.store.outbox.queued(dst, 1)  # (first in sending order, no body read)
         if not head:
@@ -782,8 +783,13 @@ class Scheduler:
         rate = p.rate()
         if not p.filled or not rate or p.min_rtt_ms is None or head[0].supersede:
             return 0.0
+        return ROOM_BUNDLES * self._room_bundle(p)
+
+    def _room_bundle(self, p: Path) -> float:
+        """One bundle of the room, in the window's plain bytes: the larger aggregate size as it
+        goes sealed, at most queue_target_ms of the path's rate."""
         bundle = max(self.cfg.aggregate_bytes, self.cfg.aggregate_large_bytes) / max(p.wire_ratio, 1 / PACED_PLAIN_MAX)
-        return min(bundle, rate * self.cfg.queue_target_ms)
+        return min(bundle, p.rate() * self.cfg.queue_target_ms)
 
     @staticmethod
     def _reo_near_ms(p: Path) -> int:
@@ -793,9 +799,9 @@ class Scheduler:
 
     def _reo_ms(self, p: Path) -> int:
         """RACK's reordering window for what went with the newest envelope that arrived (within
-        _reo_near_ms of it): at least the minimum round trip, and while the window has a
-        bundle of room more, at least twice that room's time at the path's rate (up to the
-        smoothed round trip).  The agent may put the later of bundles handed over together on
+        _reo_near_ms of it): at least the minimum round trip, and while the window has room
+        more, at least two of its bundles' time at the path's rate (up to the smoothed round
+        trip).  The agent may put the later of bundles handed over together on
         the air first: the earlier then arrives a frame after it (a minimum round trip holds
         at least a frame's time), which is not a loss (decision 0037).  What went a paced
         bundle or more before it was never seen to swap (dtn7-rs swaps what it is handed at
@@ -803,8 +809,8 @@ class Scheduler:
         reo = float(max(self._reo_near_ms(p), p.min_rtt_ms or 0))
         rate = p.rate()
         if p.extra_room and rate and p.min_rtt_ms:
-            # (the room is a bundle at most, and at most queue_target_ms of the rate)
-            reo = max(reo, min(2 * p.extra_room / rate, p.srtt_ms or p.min_rtt_ms))
+            # (a bundle of the room is at most queue_target_ms of the rate)
+            reo = max(reo, min(2 * self._room_bundle(p) / rate, p.srtt_ms or p.min_rtt_ms))
         return int(reo)
 
     # -- feedback ------------------------------------------------------------

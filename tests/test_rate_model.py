@@ -135,19 +135,19 @@ def test_bulk_goodput_stays_near_what_the_frames_leave_room_for_on_every_loss_pa
 
 
 def test_a_lost_ack_does_not_idle_the_radio_under_a_transfer_on_most_loss_patterns():
-    """`perf overlay`'s radio run on 40 loss patterns: with one bundle of room more than the
-    window while a transfer is queued, a lost ack is made up by the next before the radio runs
-    dry, and few runs fall below the issue's 0.85 of the link (18 of 40 did without it:
-    decision 0037)."""
+    """`perf overlay`'s radio run on 40 loss patterns: with two bundles of room more than the
+    window while a transfer is queued, lost acks and frames are made up by the next ack before
+    the radio runs dry, and few runs fall below the issue's 0.85 of the link (18 of 40 did
+    with no room, 3 with one bundle: decisions 0037, 0039)."""
     fractions = [rs.bulk(s)["fraction"] for s in range(1, 41)]
-    assert sum(f < 0.85 for f in fractions) <= 6, sorted(fractions)[:10]
-    assert statistics.median(fractions) >= 0.87, statistics.median(fractions)
+    assert sum(f < 0.85 for f in fractions) <= 2, sorted(fractions)[:10]
+    assert statistics.median(fractions) >= 0.88, statistics.median(fractions)
 
 
 def test_reports_waiting_get_no_room_past_the_window_and_a_transfer_does():
     """Positions (24 units, each superseding its last, PRIORITY, at three times the link, as
     `perf overload` sends them), then a bulk transfer on a fresh radio: once the path model
-    has filled, the positions' path never gets the bundle of room past the window (a newer
+    has filled, the positions' path never gets the room past the window (a newer
     report replaces one that waits, and a deeper queue would hold orders behind reports);
     the transfer's does."""
     rooms: dict[str, list[tuple[bool, float]]] = {"reports": [], "bulk": []}
@@ -172,7 +172,7 @@ def test_reports_waiting_get_no_room_past_the_window_and_a_transfer_does():
                 seen.append((p.filled, p.extra_room))
     assert any(filled for filled, _ in rooms["reports"])  # the model filled: the room was not off for that
     assert max(room for filled, room in rooms["reports"] if filled) == 0
-    assert max(room for _, room in rooms["bulk"]) > 500  # about a bundle (1,200 B of radio frame), plain
+    assert max(room for _, room in rooms["bulk"]) > 1500  # about two bundles (1,200 B of radio frame each), plain
 
 
 def test_after_a_transfer_orders_alone_are_called_lost_a_quarter_round_trip_late_not_two_bundles():
@@ -203,8 +203,8 @@ def test_a_bundle_the_agent_puts_on_the_air_after_the_next_one_handed_with_it_is
     """A bulk transfer on a lossless virtual radio whose agent, of two data bundles handed to it
     in the same millisecond, puts the later one on the air first, as dtn7-rs does (decision
     0038's captures): the first arrives a frame after the second.  While the window has its
-    bundle of room, RACK gives what went with the newest envelope acked at least a bundle's
-    time more, so the later bundle's ack does not call the earlier one lost (a quarter of the
+    room, RACK gives what went with the newest envelope acked at least two bundles' time
+    more, so the later bundle's ack does not call the earlier one lost (a quarter of the
     minimum round trip did: decision 0037)."""
     link = dataclasses.replace(rs.profile(), loss=0.0)
     r = rs.Radio(link, 5)
@@ -242,12 +242,15 @@ def test_a_bundle_the_agent_puts_on_the_air_after_the_next_one_handed_with_it_is
     assert r.cores["gw1"].store.counters()["sent"] == 60  # none sent twice
 
 
-def _lossy_transfer(drop: set[tuple[int, int]], seed: int = 5) -> tuple[rs.Radio, list[tuple[int, tuple]]]:
+def _lossy_transfer(
+    drop: set[tuple[int, int]], seed: int = 5, acks_lost: set[int] = frozenset()
+) -> tuple[rs.Radio, list[tuple[int, tuple]]]:
     """60 x 1000 B submitted over a lossless virtual radio but for the data bundles in `drop`,
-    (seq, nth time it went): lost on the way, as the radio loses a frame it is offered.
+    (seq, nth time it went): lost on the way, as the radio loses a frame it is offered; and for
+    each seq in acks_lost, the first of gw4's bundles that acks it.
     Returns the radio and what gw1 hands over (ms, seqs), lost ones included, as it goes."""
     r = rs.Radio(dataclasses.replace(rs.profile(), loss=0.0), seed)
-    gw1 = r.cores["gw1"]
+    gw1, gw4 = r.cores["gw1"], r.cores["gw4"]
     poll, sent, went = gw1.poll, [], {}
 
     def lossy_poll(now_ms: int, *a, **k):
@@ -259,16 +262,30 @@ def _lossy_transfer(drop: set[tuple[int, int]], seed: int = 5) -> tuple[rs.Radio
                 out.append(b)
         return out
 
-    gw1.poll = lossy_poll
+    ack_poll, acks_to_lose = gw4.poll, set(acks_lost)
+
+    def ack_losing_poll(now_ms: int, *a, **k):
+        out = []
+        for b in ack_poll(now_ms, *a, **k):
+            done, got = next(iter(b.acks.values()), ([], [])) if isinstance(b.acks, dict) else b.acks
+            named = acks_to_lose & {*done, *got}
+            acks_to_lose.difference_update(named)
+            if not named:
+                out.append(b)
+        return out
+
+    gw1.poll, gw4.poll = lossy_poll, ack_losing_poll
     rng = random.Random(seed)
     for _ in range(60):
         gw1.submit("gw4", rng.randbytes(1000), 0)
     return r, sent
 
 
-def _transfer_losing(drop: set[tuple[int, int]], seed: int = 5) -> tuple[rs.Radio, list[tuple[int, tuple]]]:
+def _transfer_losing(
+    drop: set[tuple[int, int]], seed: int = 5, acks_lost: set[int] = frozenset()
+) -> tuple[rs.Radio, list[tuple[int, tuple]]]:
     """_lossy_transfer, delivered."""
-    r, sent = _lossy_transfer(drop, seed)
+    r, sent = _lossy_transfer(drop, seed, acks_lost)
     while len(r.delivered["gw4"]) < 60 and r.now_ms < 600_000:
         r.step(r.now_ms + 1000)
     assert len(r.delivered["gw4"]) == 60
@@ -290,6 +307,45 @@ def test_a_transfer_whose_last_frame_is_lost_ends_a_frame_later_not_a_probe_late
         assert [seqs for _, seqs in sent].count((60,)) == 2  # the copy, and no third
         assert r.cores["gw1"].store.counters()["tail_copies"] == 1
     assert len(lost_sent) == len(kept_sent) == 62  # what the copy costs: a frame a burst
+
+
+def test_the_last_frame_lost_behind_a_lost_ack_goes_again_at_the_probes_ack_not_a_probe_later():
+    """The last frame lost, and the ack of the one before it: a tail probe resends that one
+    (the oldest lacking), and its ack leaves the last alone in flight.  With the first ack lost
+    too, the minimum round trip holds a standing queue, so the probe's ack comes too soon to
+    show the last one lost; the copy goes at that ack, as the envelope went queued behind
+    another, though the probe went after it.  It waited for a second probe before
+    (decision 0039)."""
+    frame_ms = 1123 * 8 / rs.profile().rate_bps * 1000
+    r, sent = _lossy_transfer({(10, 1), (60, 1)}, acks_lost={1, 59})
+    acks_at: list[int] = []
+    on_bundle = r.cores["gw1"].on_bundle
+
+    def noting(payload: bytes, now_ms: int, *a, **k):
+        acks_at.append(now_ms)
+        return on_bundle(payload, now_ms, *a, **k)
+
+    r.cores["gw1"].on_bundle = noting
+    while len(r.delivered["gw4"]) < 60 and r.now_ms < 600_000:
+        r.step(r.now_ms + 1000)
+    probe = [t for t, seqs in sent if seqs == (59,)][1]
+    probes_ack = min(t for t in acks_at if t > probe)
+    assert [t for t, seqs in sent if seqs == (60,)][1] == probes_ack
+    assert max(t for t, _ in r.delivered["gw4"]) <= probes_ack + 1.5 * frame_ms
+    assert r.cores["gw1"].store.counters()["tail_copies"] == 1
+
+
+def test_three_frames_lost_in_a_row_mid_transfer_cost_the_radio_no_idle_time():
+    """While a transfer is queued the window has two bundles of room: three frames lost in a
+    row (their acks never come) leave the radio's queue something to send until the next ack
+    shows them lost, and the transfer ends when a lossless one does, the three resends in
+    the time the lost frames did not take.  With one bundle of room the radio ran dry for
+    most of a frame (decision 0039)."""
+    lossless, _ = _transfer_losing(set())
+    lossy, sent = _transfer_losing({(30, 1), (31, 1), (32, 1)})
+    ends = [max(t for t, _ in r.delivered["gw4"]) for r in (lossless, lossy)]
+    assert ends[1] - ends[0] <= 50, ends
+    assert len(sent) == 60 + 3 + 1  # the resends, and a tail copy (the path lost lately)
 
 
 def test_a_path_that_lost_nothing_lately_pays_no_copies_nor_do_reports():
