@@ -58,8 +58,8 @@ PROBE_MAX_MS = 30_000
 # a burst's last envelope goes twice while one went again within this many sends
 # (Scheduler._tail_copy): a path that lost none lately (a wire, a clean radio) pays nothing
 COPY_AFTER_LOSS_SENDS = 100
-# bundles of room past the window while a transfer or an order waits (Scheduler._room_for_lost_acks):
-# two frames or acks lost in a row would otherwise run the radio's queue dry (decision 0039)
+# bundles of room past the window while a transfer waits (Scheduler._room_for_lost_acks): two
+# frames or acks lost in a row would otherwise run the radio's queue dry (decision 0039)
 ROOM_BUNDLES = 2
 RTT_RECENT = 4  # the last samples kept: the minimum round trip falls back to their smallest
 MIN_RTT_WINDOW_MS = 120_000  # the minimum round trip is the smallest of this long
@@ -206,9 +206,10 @@ class Scheduler:
         # waiting for an ack (on_ack makes them due at once) or one RTO
         self._deferred: dict[str, dict[int, tuple[int, int]]] = {}
         self._probe_at: dict[str, int] = {}  # dst -> when a tail probe is due
-        # dst -> {seq: (delivered, delivered_ms, first_sent_ms, sent_ms, order)} when each went:
-        # the path's state a rate sample is taken against (as BBR's per-packet records), and
-        # the order it went in (RACK's ties: several go in the same millisecond)
+        # dst -> {seq: (delivered, delivered_ms, first_sent_ms, sent_ms, order, behind)} when each
+        # went: the path's state a rate sample is taken against (as BBR's per-packet records),
+        # the order it went in (RACK's ties: several go in the same millisecond), and whether it
+        # was queued behind another frame on the radio (Scheduler._tail_copy)
         self._sent: dict[str, dict[int, tuple[float, int, int, int, int, bool]]] = {}
         # dst -> seqs last sent again because an ack showed them lost (RACK trusts their acks)
         self._found_resent: dict[str, set[int]] = {}
@@ -685,7 +686,8 @@ class Scheduler:
             p = self.path(dst)
             if body:
                 p.wire_ratio += (wire / body - p.wire_ratio) / 4  # (a moving average)
-            self._sent_states(dst, p, items, now_ms, inflight)
+            later = {q for b in bundles[1:] for q in b.seqs}  # queued behind the plan's first frame
+            self._sent_states(dst, p, items, now_ms, inflight, later)
             p.last_sent_ms = now_ms
             if any(n for _, n in p.members.values()) and any(it.attempts == 0 for it in items):
                 # new data to a group: each member's probes start again from the base interval,
@@ -695,9 +697,12 @@ class Scheduler:
             self.store.mark_sent([it.seq for it in items], now_ms, retry_at)
         return bundles
 
-    def _sent_states(self, dst: str, p: Path, items: list[OutItem], now_ms: int, inflight: int) -> None:
+    def _sent_states(
+        self, dst: str, p: Path, items: list[OutItem], now_ms: int, inflight: int, later: set[int]
+    ) -> None:
         """Record what a rate sample of these will be taken against, and pace the next send.
-        inflight: bytes in flight to dst before these (copies count)."""
+        inflight: bytes in flight to dst before these (copies count); later: those of them in
+        a bundle after the plan's first (queued behind it on the radio)."""
         if not inflight:  # nothing in flight: a new span begins
             p.first_sent_ms = p.delivered_ms = now_ms
         sent = self._sent.setdefault(dst, {})
@@ -705,10 +710,10 @@ class Scheduler:
         found = self._found_resent.setdefault(dst, set())
         # (a frame and a half: sends clocked by acks come a frame apart, give or take)
         behind = p.last_sent_ms is not None and now_ms - p.last_sent_ms <= 1.5 * self._frame_ms(p, items[0].size)
-        for n, it in enumerate(items):
+        for it in items:
             sent.pop(it.seq, None)  # a resend is the newest record
             p.sends += 1
-            sent[it.seq] = (p.delivered, p.delivered_ms, p.first_sent_ms, now_ms, p.sends, behind or n > 0)
+            sent[it.seq] = (p.delivered, p.delivered_ms, p.first_sent_ms, now_ms, p.sends, behind or it.seq in later)
             if lost and it.seq in lost:
                 lost.discard(it.seq)
                 found.add(it.seq)
@@ -770,20 +775,24 @@ class Scheduler:
         return min(self.cfg.max_window, max(self.cfg.min_window, rate * span))
 
     def _room_for_lost_acks(self, dst: str, p: Path) -> float | None:
-        """ROOM_BUNDLES bundles more than the window, each at most queue_target_ms of the rate,
-        while what is queued first cannot be superseded (a transfer, an order): a frame or an
-        ack lost is made up by the next ack, and meanwhile the radio has these to send; with
-        one bundle of room, two lost in a row ran its queue dry (decisions 0037, 0039).  A
-        report waiting is not given it: a newer one replaces it, and a deeper queue would
-        carry reports a newer one replaced and hold orders behind them.  None: nothing is
-        queued."""
+        """Room past the window while what is queued first cannot be superseded: a frame or an
+        ack lost is made up by the next ack, and meanwhile the radio has this to send
+        (decision 0037).  For paced traffic (a transfer) ROOM_BUNDLES bundles, since two lost
+        in a row ran the radio's queue dry with one; pacing, not the room, sets how fast it
+        goes.  For an order (flash, immediate: not paced) one bundle: the room is what lets
+        each go at once in a frame of its own, and more of it filled the radio's queue with
+        orders' frames (decision 0039).  Each bundle is at most queue_target_ms of the rate,
+        and the window and room together at most max_window.  A report waiting is not given
+        any: a newer one replaces it, and a deeper queue would carry reports a newer one
+        replaced and hold orders behind them.  None: nothing is queued."""
         head = self.store.outbox.queued(dst, 1)  # (first in sending order, no body read)
         if not head:
             return None
         rate = p.rate()
         if not p.filled or not rate or p.min_rtt_ms is None or head[0].supersede:
             return 0.0
-        return ROOM_BUNDLES * self._room_bundle(p)
+        bundles = ROOM_BUNDLES if head[0].priority > Priority.IMMEDIATE else 1
+        return max(0.0, min(bundles * self._room_bundle(p), self.cfg.max_window - p.window))
 
     def _room_bundle(self, p: Path) -> float:
         """One bundle of the room, in the window's plain bytes: the larger aggregate size as it

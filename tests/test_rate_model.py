@@ -11,6 +11,7 @@ import statistics
 
 import pytest
 
+from c2dtn.overlay import scheduler
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, Quota
 from c2dtn.overlay.envelope import MAX_ACK_HOLD_MS, Codec, Malformed, Priority, decode_ack_body, encode_ack_body
@@ -346,6 +347,64 @@ def test_three_frames_lost_in_a_row_mid_transfer_cost_the_radio_no_idle_time():
     ends = [max(t for t, _ in r.delivered["gw4"]) for r in (lossless, lossy)]
     assert ends[1] - ends[0] <= 50, ends
     assert len(sent) == 60 + 3 + 1  # the resends, and a tail copy (the path lost lately)
+
+
+def _orders_after_a_transfer(
+    seed: int, then=lambda: None, every_ms: int = 200, count: int = 100
+) -> tuple[list[float], int]:
+    """A bulk transfer on the lossy virtual radio, `then()`, then `count` orders of 200 B
+    (immediate) one every `every_ms`, more than the radio carries: their latencies (s,
+    sorted) and the frames they took."""
+    r = rs.Radio(rs.profile(), seed)
+    gw1 = r.cores["gw1"]
+    rng = random.Random(seed)
+    for _ in range(60):
+        gw1.submit("gw4", rng.randbytes(1000), 0)
+    while len(r.delivered["gw4"]) < 60:
+        r.step(r.now_ms + 1000)
+    r.step(r.now_ms + 20_000)
+    then()
+    frames, sent = r.frames["gw4"], {}
+    for k in range(count):
+        r.step(r.now_ms + every_ms)
+        body = b"order %06d " % k + rng.randbytes(187)
+        sent[body[:12]] = r.now_ms
+        gw1.submit("gw4", body, r.now_ms, 86400_000, Priority.IMMEDIATE)
+    r.step(r.now_ms + 120_000)
+    got = {d.body[:12]: t for t, d in r.delivered["gw4"] if d.body.startswith(b"order")}
+    assert len(got) == count
+    return sorted((got[k] - t) / 1000 for k, t in sent.items()), r.frames["gw4"] - frames
+
+
+def test_orders_that_fill_the_radio_get_one_bundle_of_room_not_a_transfers_two(monkeypatch):
+    """Orders are not paced: the room past the window is what lets each go at once in a frame
+    of its own.  A stream of them faster than the radio carries gets 0037's one bundle of room,
+    not a transfer's two: with two, more of them went alone, their frames filled the radio's
+    queue, and their p95 went from 7.8 to 14.4 s (decision 0039's review)."""
+    lat, frames = _orders_after_a_transfer(1)
+    lat_one, frames_one = _orders_after_a_transfer(1, then=lambda: monkeypatch.setattr(scheduler, "ROOM_BUNDLES", 1))
+    assert (lat, frames) == (lat_one, frames_one)
+
+
+def test_racks_wider_window_is_two_bundles_time_not_twice_the_rooms():
+    """While a transfer has its two bundles of room, what went with the newest envelope acked
+    gets RACK's wider window of two bundles' time (the agent may swap two bundles handed over
+    together), or the minimum round trip where that is longer; not twice the whole room, which
+    would hold a lost envelope's resend two bundles longer (decision 0039)."""
+    r = rs.Radio(rs.profile(), 5)
+    gw1 = r.cores["gw1"]
+    rng = random.Random(5)
+    for _ in range(60):
+        gw1.submit("gw4", rng.randbytes(1000), 0)
+    seen = []
+    while len(r.delivered["gw4"]) < 60:
+        r.step(r.now_ms + 500)
+        p = gw1.sched.paths["gw4"]
+        if p.extra_room and p.rate():
+            bundle = gw1.sched._room_bundle(p)
+            seen.append((p.extra_room / bundle, gw1.sched._reo_ms(p), max(p.min_rtt_ms or 0, 2 * bundle / p.rate())))
+    assert seen and all(abs(n - 2) < 1e-9 for n, _, _ in seen)
+    assert all(reo <= want + 1 for _, reo, want in seen), seen[:5]
 
 
 def test_a_path_that_lost_nothing_lately_pays_no_copies_nor_do_reports():
