@@ -546,15 +546,19 @@ class Scheduler:
             at = self._probe_time(p.last_sent_ms, p.last_ack_ms, p.probes, base)
             if at > now_ms:
                 self._probe_at[dst] = at
-            elif first is None or new_data:
+                continue
+            if first is None or new_data:
                 probe_new.add(dst)
-                self.store.count_event("tail_probes")
-                p.probes += 1
             elif first.retry_ms is not None and first.retry_ms > now_ms:
                 self.store.set_retry({first.seq: now_ms})
-                self.store.count_event("tail_probes")
-                p.probes += 1
                 probed.add(first.seq)
+            else:
+                continue  # due anyway (a timeout, RACK): the plan resends it
+            self.store.count_event("tail_probes")
+            p.probes += 1
+            # the next probe's time is a deadline too: a probe lost with nothing else going
+            # would otherwise wait for the next plan (a retransmission timer, or the shell's tick)
+            self._probe_at[dst] = self._probe_time(now_ms, p.last_ack_ms, p.probes, base)
         return probed, probe_new
 
     @staticmethod
@@ -590,6 +594,8 @@ class Scheduler:
                 probed.add(it.seq)
                 went = True
             p.members[m] = (acked_ms, n + 1)
+            nxt = self._probe_time(now_ms, acked_ms, n + 1, base)  # (a deadline, as _tail_probes')
+            self._probe_at[dst] = min(self._probe_at.get(dst, nxt), nxt)
         if went:
             self.store.count_event("tail_probes")
 

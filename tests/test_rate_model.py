@@ -407,6 +407,19 @@ def test_racks_wider_window_is_two_bundles_time_not_twice_the_rooms():
     assert all(reo <= want + 1 for _, reo, want in seen), seen[:5]
 
 
+def test_a_lost_tail_probe_is_followed_by_the_next_at_its_time_not_the_retransmission_timeout():
+    """The last frame lost, and the tail probe that resent it lost too: the next probe goes a
+    probe's interval later (here the first backoff step is none), as a deadline of the core
+    says, not when the retransmission timer (20 s at least) next wakes it up.  The node's
+    shell plans every second anyway; the virtual radio wakes the core only at its deadlines."""
+    r, sent = _lossy_transfer({(60, 1), (60, 2)})
+    r.step(120_000)  # in one go: the core is woken at its own deadlines only
+    assert len(r.delivered["gw4"]) == 60
+    went = [t for t, seqs in sent if seqs == (60,)]
+    assert len(went) == 3, went
+    assert went[2] - went[1] <= 5_000, went  # a round trip and an ack delay, not 20 s
+
+
 def test_a_path_that_lost_nothing_lately_pays_no_copies_nor_do_reports():
     """The copies are for lossy paths and for what cannot be superseded: a transfer on a clean
     radio sends each envelope once, and reports, each burst of them alone in flight at its
