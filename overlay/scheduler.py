@@ -557,8 +557,10 @@ class Scheduler:
             self.store.count_event("tail_probes")
             p.probes += 1
             # the next probe's time is a deadline too: a probe lost with nothing else going
-            # would otherwise wait for the next plan (a retransmission timer, or the shell's tick)
-            self._probe_at[dst] = self._probe_time(now_ms, p.last_ack_ms, p.probes, base)
+            # would otherwise wait for the next plan (a retransmission timer, or the shell's
+            # tick).  No later than that probe (the plan then works its time out again), and
+            # never now, which would spin a shell
+            self._probe_at[dst] = max(now_ms + 1, self._probe_time(now_ms, p.last_ack_ms, p.probes, base))
         return probed, probe_new
 
     @staticmethod
@@ -594,7 +596,7 @@ class Scheduler:
                 probed.add(it.seq)
                 went = True
             p.members[m] = (acked_ms, n + 1)
-            nxt = self._probe_time(now_ms, acked_ms, n + 1, base)  # (a deadline, as _tail_probes')
+            nxt = max(now_ms + 1, self._probe_time(now_ms, acked_ms, n + 1, base))  # (as _tail_probes')
             self._probe_at[dst] = min(self._probe_at.get(dst, nxt), nxt)
         if went:
             self.store.count_event("tail_probes")

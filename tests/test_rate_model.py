@@ -409,15 +409,15 @@ def test_racks_wider_window_is_two_bundles_time_not_twice_the_rooms():
 
 def test_a_lost_tail_probe_is_followed_by_the_next_at_its_time_not_the_retransmission_timeout():
     """The last frame lost, and the tail probe that resent it lost too: the next probe goes a
-    probe's interval later (here the first backoff step is none), as a deadline of the core
-    says, not when the retransmission timer (20 s at least) next wakes it up.  The node's
-    shell plans every second anyway; the virtual radio wakes the core only at its deadlines."""
+    probe's interval later, as a deadline of the core says, and the transfer ends about 9 s
+    after its last frame first went, not when the retransmission timer (20 s at least,
+    doubled) next woke the core: about 97 s.  The node's shell plans every second anyway; the
+    virtual radio wakes the core only at its deadlines."""
     r, sent = _lossy_transfer({(60, 1), (60, 2)})
     r.step(120_000)  # in one go: the core is woken at its own deadlines only
     assert len(r.delivered["gw4"]) == 60
-    went = [t for t, seqs in sent if seqs == (60,)]
-    assert len(went) == 3, went
-    assert went[2] - went[1] <= 5_000, went  # a round trip and an ack delay, not 20 s
+    first = min(t for t, seqs in sent if seqs == (60,))
+    assert max(t for t, _ in r.delivered["gw4"]) <= first + 15_000, (first, sent[-3:])
 
 
 def test_a_path_that_lost_nothing_lately_pays_no_copies_nor_do_reports():
