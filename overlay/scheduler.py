@@ -19,10 +19,10 @@ supersession, expiry and aggregation still act while the link is slow or down.
   longer overtake them and a newer position no longer replace them.  Radio loss changes
   neither (losses are resent, RACK); a rate that falls does.  (Before, a queue limit cut the
   window whenever the round trip rose: it read held acks as queueing and the radio idled,
-  decision 0011.)  While what is queued first cannot be superseded (a transfer, an order),
-  two bundles more may go, so that lost acks or frames do not idle the radio until the next
-  ack, and RACK's reordering window is then at least two bundles' time (decisions 0037,
-  0039).
+  decision 0011.)  While what is queued first cannot be superseded, bundles more may go (two
+  for a transfer, one for an order), so that lost acks or frames do not idle the radio until
+  the next ack, and RACK's reordering window is then at least two bundles' time (decisions
+  0037, 0039).
 - Retransmission timeout from the smoothed round trip (RFC 6298 estimator,
   Karn's rule: no samples from retransmitted envelopes), doubled per attempt,
   between min_rto_ms and max_rto_ms.
@@ -61,6 +61,10 @@ COPY_AFTER_LOSS_SENDS = 100
 # bundles of room past the window while a transfer waits (Scheduler._room_for_lost_acks): two
 # frames or acks lost in a row would otherwise run the radio's queue dry (decision 0039)
 ROOM_BUNDLES = 2
+# an envelope's sendings that go as a delta against what its destination acked (Codec.map_bytes),
+# its first and its first resend; later ones go whole, for a receiver that lost its references
+# (a restart) refuses a delta unacked and cannot say so (decision 0040)
+DELTA_SENDINGS = 2
 RTT_RECENT = 4  # the last samples kept: the minimum round trip falls back to their smallest
 MIN_RTT_WINDOW_MS = 120_000  # the minimum round trip is the smallest of this long
 BW_ROUNDS = 10  # the delivery rate is the largest sample of this many round trips (BBR's filter)
@@ -661,7 +665,7 @@ class Scheduler:
             sn = self._sn.get(dst, 0)
             self._sn[dst] = (sn + 1) % SN_MOD
             env = replace(it.envelope(self.codec.node, floors[it.priority], self.store.inc), sn=sn)
-            s = self.codec.map_bytes(env, delta=it.attempts == 0, stamp=stamp, after=after)
+            s = self.codec.map_bytes(env, delta=it.attempts < DELTA_SENDINGS, stamp=stamp, after=after)
             cap = large if len(s) > small and all_large else small
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
             # over the aggregate size anyway (the acks ride along rather than go on their own);

@@ -1,6 +1,6 @@
 """Delta bodies (decision 0013): a report goes compressed against the newest of its key the
-destination acked; a receiver that lacks that one refuses it unacked, and the retransmission
-goes whole."""
+destination acked, and so does its first retransmission (decision 0040); a receiver that lacks
+that one refuses it unacked, and the second retransmission goes whole."""
 
 import dataclasses
 
@@ -214,7 +214,8 @@ def test_on_the_radio_delta_bodies_cost_less_and_every_report_still_arrives(monk
 
 def test_a_receiver_that_lost_its_references_takes_every_report_whole_again():
     """gw4 restarts mid-run with no references (they are kept in memory): the deltas that
-    follow are refused unacked, and their retransmissions go whole."""
+    follow are refused unacked, and their retransmissions go whole (the second: the first is a
+    delta too)."""
     from c2dtn.perf import radio_sim
 
     r = radio_sim.Radio(radio_sim.profile(), 5)
@@ -235,6 +236,57 @@ def test_a_receiver_that_lost_its_references_takes_every_report_whole_again():
     refused = r.cores["gw4"].store.count("rejected:no-reference")
     print(f"{refused} deltas refused after the restart; then whole reports, and deltas again")
     assert 0 < refused <= 2 * E.DELTA_OPEN_MAX  # per unit: the deltas under way, then a whole one
+
+
+def test_a_lost_report_goes_again_as_a_delta_and_only_its_second_resend_whole():
+    """Decision 0040: the receiver still holds the body a lost report was made against, so its
+    first resend goes as a delta too, at a delta's cost on the radio; the second goes whole,
+    for a receiver that lost its references refuses deltas unacked and cannot say so."""
+    from c2dtn.overlay.core import OverlayCore
+    from c2dtn.overlay.custody import Custody, Quota
+    from c2dtn.overlay.scheduler import SchedulerConfig
+    from c2dtn.overlay.store import open_store
+
+    cfg = SchedulerConfig(linger_ms=0, ack_delay_ms=100, min_rto_ms=1000, initial_rto_ms=1000)
+    gw1, gw4 = (
+        OverlayCore(Custody(open_store("memory"), a, Quota()), Codec(a, {b: KEY}), cfg)
+        for a, b in (("gw1", "gw4"), ("gw4", "gw1"))
+    )
+    key = _env(1).supersede
+    seqs = [gw1.submit("gw4", _report(1), 0, 600_000, Priority.PRIORITY, supersede=key)]
+    lost = -1
+    sendings: list[tuple[bool, int]] = []  # the lost report's: (a delta?, sealed bytes)
+    delivered: list[int] = []
+    flight: list[tuple[int, OverlayCore, bytes]] = []
+    for t in range(0, 30_000, 10):
+        if t == 1000:  # the first arrived and was acked: the next is made against it
+            assert seqs[0] in delivered and not gw1.store.has_pending({"gw4"})
+            lost = gw1.submit("gw4", _report(2), t, 600_000, Priority.PRIORITY, supersede=key)
+            seqs.append(lost)
+        for b in gw1.poll(t):
+            if lost in b.seqs:
+                try:
+                    Codec("gw4", {"gw1": KEY}).open_bundle(b.payload)  # no references: a delta is refused
+                    sendings.append((False, len(b.payload)))
+                except E.NoReference:
+                    sendings.append((True, len(b.payload)))
+                if len(sendings) <= 2:
+                    continue  # the first sending and the first resend are lost on the way
+            flight.append((t + 100, gw4, b.payload))
+        for b in gw4.poll(t):
+            flight.append((t + 100, gw1, b.payload))
+        for due in [f for f in flight if f[0] <= t]:
+            flight.remove(due)
+            due[1].on_bundle(due[2], t)
+        items = gw4.take()
+        delivered += [d.seq for d in items]
+        gw4.consumed([d.id for d in items], t)
+        if lost in delivered and not gw1.store.has_pending({"gw4"}):
+            break
+    print(f"the lost report's sendings (a delta?, sealed bytes): {sendings}")
+    assert [d for d, _ in sendings] == [True, True, False]
+    assert sendings[1][1] < sendings[2][1] - 20  # the delta resend is much smaller than the whole one
+    assert delivered == seqs  # and the whole one arrives
 
 
 def test_empty_bodies_under_many_keys_fill_the_budget_too():
