@@ -217,7 +217,8 @@ class Misrouted(EnvelopeError):
 
 class NoReference(EnvelopeError):
     """A body compressed against an earlier one this node no longer holds (it restarted, or
-    let it go): the envelope is not acked, and the sender's retransmission goes whole."""
+    let it go): the envelope is not acked, and the sender's retransmission goes whole (only
+    where this node took a delta sent after it may the first go as a delta: decision 0040)."""
 
     reason = "no-reference"
 
@@ -232,6 +233,11 @@ DELTA_BYTES_MAX = 1 << 20
 DELTA_ENTRY_BYTES = 256
 DELTA_KEEP_PER_KEY = 8  # a receiver keeps this many of each key's newest bodies (acks may be lost or late)
 DELTA_OPEN_MAX = 3  # deltas of one key sent and not acked, at most: the next goes whole
+# a lost envelope's resend to a group goes as a delta once a member took a delta sealed after it,
+# if each other member took one sealed at most this many sealings (of keyed bodies, for the group)
+# before it: a loss on the sender's own link is every member's, and their acks of the later one
+# come one by one; one that restarted stops taking any (Codec.references_held, decision 0040)
+DELTA_GROUP_LAG = 16
 DELTA_PENDING_MAX = 2048  # bodies a sender keeps of what it sealed, until acked (the oldest go first)
 # what a delta leaves out when its reference has the same (decision 0022): lifetime in ms,
 # priority, app; its supersession key is always its reference's
@@ -669,10 +675,13 @@ class Codec:
     _zdict: Any = field(default=None, repr=False)
     _zdicts: dict = field(default_factory=dict, repr=False)  # compression kind -> dictionary, for reading
     _aeads: dict = field(default_factory=dict, repr=False)  # key name -> its AEAD
-    # delta bodies (DELTA_*): what was sealed, by (destination, seq) -> (key, body, went as a delta),
-    # until acked or let go; the newest body of each (destination, key) acked; what came, by
-    # (source key, key)
+    # delta bodies (DELTA_*): what was sealed, by (destination, seq) -> (key, body, went as a delta,
+    # meta, the sealing it first went in, the last), until acked or let go; the newest body of
+    # each (destination, key) acked; what came, by (source key, key)
     _sealed: dict = field(default_factory=dict, repr=False)
+    _sealings: dict = field(default_factory=dict, repr=False)  # destination -> keyed bodies sealed for it
+    # (destination, member: a group's, or the destination itself) -> the last sealing of a delta it took
+    _delta_acked: dict = field(default_factory=dict, repr=False)
     _acked: _Refs = field(default_factory=_Refs, repr=False)
     _open: dict = field(default_factory=dict, repr=False)  # (destination, key) -> its deltas not acked yet
     # (destination, key) -> the seqs of its newest bodies sealed, at most DELTA_KEEP_PER_KEY: a
@@ -739,6 +748,9 @@ class Codec:
         for seq in seqs:
             got = self._sealed.pop((dst, seq), None)
             if got is not None:
+                if got[2]:
+                    for m in self._members(dst):
+                        self._delta_acked[(dst, m)] = max(self._delta_acked.get((dst, m), 0), got[5])
                 waiting = self._open.get((dst, got[0]))
                 if waiting:
                     waiting[:] = [q for q in waiting if q > seq]
@@ -748,9 +760,34 @@ class Codec:
                 if newest is None or newest[0] < seq:
                     self._acked.put((dst, got[0]), seq, got[1], keep=1, meta=got[3])
 
+    def took(self, group: str, member: str, seqs: Iterable[int]) -> None:
+        """`member` of `group` holds these (acked "got" or "done"), not yet every member."""
+        for seq in seqs:
+            got = self._sealed.get((group, seq))
+            if got is not None and got[2] and member in self._members(group):
+                self._delta_acked[(group, member)] = max(self._delta_acked.get((group, member), 0), got[5])
+
+    def references_held(self, dst: str, seq: int) -> bool:
+        """Did dst take a delta sealed after this envelope first went?  Then it held its
+        references since, and a resend of it may go as a delta too; one that lost them (a
+        restart: they live in memory) refuses deltas unacked and cannot say so, so until then
+        resends go whole.  A group: a member took one, and each other member one sealed no more
+        than DELTA_GROUP_LAG before it (decision 0040)."""
+        got = self._sealed.get((dst, seq))
+        if got is None:
+            return False
+        marks = [self._delta_acked.get((dst, m), 0) for m in self._members(dst)]
+        if dst in self.groups:
+            return max(marks) > got[4] and min(marks) > got[4] - DELTA_GROUP_LAG
+        return marks[0] > got[4]
+
+    def _members(self, dst: str) -> list[str]:
+        """Who must hold a reference for dst: a group's members but this node, or dst itself."""
+        return [m for m in self.groups[dst] if m != self.node] if dst in self.groups else [dst]
+
     def lost(self, dst: str, seqs: Iterable[int]) -> None:
         """These did not arrive (an ack showed it, or a timeout): no longer awaited as deltas
-        (their copies go whole)."""
+        (a copy goes whole unless references_held)."""
         for seq in seqs:
             got = self._sealed.get((dst, seq))
             if got is None or not got[2]:
@@ -814,7 +851,9 @@ class Codec:
                 del self._sealed[next(iter(self._sealed))]
             if len(self._open) >= DELTA_PENDING_MAX:
                 del self._open[next(iter(self._open))]
-            self._sealed[(env.dst, env.seq)] = (key, env.body, comp in DELTAS, meta)
+            mark = self._sealings[env.dst] = self._sealings.get(env.dst, 0) + 1
+            first = self._sealed.get((env.dst, env.seq))
+            self._sealed[(env.dst, env.seq)] = (key, env.body, comp in DELTAS, meta, first[4] if first else mark, mark)
             recent = self._recent.pop((env.dst, key), [])  # (re-inserted: the oldest key goes first)
             if env.seq not in recent:
                 recent = sorted(recent + [env.seq])[-DELTA_KEEP_PER_KEY:]

@@ -61,9 +61,10 @@ COPY_AFTER_LOSS_SENDS = 100
 # bundles of room past the window while a transfer waits (Scheduler._room_for_lost_acks): two
 # frames or acks lost in a row would otherwise run the radio's queue dry (decision 0039)
 ROOM_BUNDLES = 2
-# an envelope's sendings that go as a delta against what its destination acked (Codec.map_bytes),
-# its first and its first resend; later ones go whole, for a receiver that lost its references
-# (a restart) refuses a delta unacked and cannot say so (decision 0040)
+# an envelope's sendings that may go as a delta against what its destination acked
+# (Codec.map_bytes): its first, and its first resend where the destination acked a delta sent
+# after the first (Codec.references_held); later ones go whole, for a receiver that lost its
+# references (a restart) refuses a delta unacked and cannot say so (decision 0040)
 DELTA_SENDINGS = 2
 RTT_RECENT = 4  # the last samples kept: the minimum round trip falls back to their smallest
 MIN_RTT_WINDOW_MS = 120_000  # the minimum round trip is the smallest of this long
@@ -665,7 +666,8 @@ class Scheduler:
             sn = self._sn.get(dst, 0)
             self._sn[dst] = (sn + 1) % SN_MOD
             env = replace(it.envelope(self.codec.node, floors[it.priority], self.store.inc), sn=sn)
-            s = self.codec.map_bytes(env, delta=it.attempts < DELTA_SENDINGS, stamp=stamp, after=after)
+            delta = it.attempts == 0 or (it.attempts < DELTA_SENDINGS and self.codec.references_held(dst, it.seq))
+            s = self.codec.map_bytes(env, delta=delta, stamp=stamp, after=after)
             cap = large if len(s) > small and all_large else small
             # full: close the bundle -- unless it holds only the acks and this envelope alone is
             # over the aggregate size anyway (the acks ride along rather than go on their own);
@@ -853,6 +855,8 @@ class Scheduler:
             self._rack_of_let_go(sender, [*done, *got], now_ms)
             return 0
         self.codec.acked(sender, [it.seq for it in arrived + released if it.dst == sender])
+        for group in {it.dst for it in arrived if it.dst != sender}:  # what this member of a group holds
+            self.codec.took(group, sender, [it.seq for it in arrived if it.dst == group])
         for it in released:  # a group's records go once every member took the envelope
             if it.dst != sender:
                 self.codec.acked(it.dst, [it.seq])  # every member holds it: a reference for the group
