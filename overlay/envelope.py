@@ -233,10 +233,10 @@ DELTA_BYTES_MAX = 1 << 20
 DELTA_ENTRY_BYTES = 256
 DELTA_KEEP_PER_KEY = 8  # a receiver keeps this many of each key's newest bodies (acks may be lost or late)
 DELTA_OPEN_MAX = 3  # deltas of one key sent and not acked, at most: the next goes whole
-# a lost envelope's resend to a group goes as a delta once a member took a delta sealed after it,
-# if each other member took one sealed at most this many sealings (of keyed bodies, for the group)
-# before it: a loss on the sender's own link is every member's, and their acks of the later one
-# come one by one; one that restarted stops taking any (Codec.references_held, decision 0040)
+# a lost envelope's resend to a group goes as a delta once a member took a delta first sealed after
+# it, if each other member took one first sealed at most this many sealings (of keyed bodies, for
+# the group) before it: a loss on the sender's own link is every member's, and their acks of the
+# later one come one by one; one that restarted takes none (Codec.references_held, decision 0040)
 DELTA_GROUP_LAG = 16
 DELTA_PENDING_MAX = 2048  # bodies a sender keeps of what it sealed, until acked (the oldest go first)
 # what a delta leaves out when its reference has the same (decision 0022): lifetime in ms,
@@ -676,11 +676,12 @@ class Codec:
     _zdicts: dict = field(default_factory=dict, repr=False)  # compression kind -> dictionary, for reading
     _aeads: dict = field(default_factory=dict, repr=False)  # key name -> its AEAD
     # delta bodies (DELTA_*): what was sealed, by (destination, seq) -> (key, body, went as a delta,
-    # meta, the sealing it first went in, the last), until acked or let go; the newest body of
-    # each (destination, key) acked; what came, by (source key, key)
+    # meta, the sealing it first went in, went as a delta every time), until acked or let go; the
+    # newest body of each (destination, key) acked; what came, by (source key, key)
     _sealed: dict = field(default_factory=dict, repr=False)
     _sealings: dict = field(default_factory=dict, repr=False)  # destination -> keyed bodies sealed for it
-    # (destination, member: a group's, or the destination itself) -> the last sealing of a delta it took
+    # (destination, member: a group's, or the destination itself) -> the first sealing of the newest
+    # envelope it took that went as a delta every time (an ack does not say which copy it took)
     _delta_acked: dict = field(default_factory=dict, repr=False)
     _acked: _Refs = field(default_factory=_Refs, repr=False)
     _open: dict = field(default_factory=dict, repr=False)  # (destination, key) -> its deltas not acked yet
@@ -748,9 +749,8 @@ class Codec:
         for seq in seqs:
             got = self._sealed.pop((dst, seq), None)
             if got is not None:
-                if got[2]:
-                    for m in self._members(dst):
-                        self._delta_acked[(dst, m)] = max(self._delta_acked.get((dst, m), 0), got[5])
+                if got[5] and dst not in self.groups:  # (a group's members are counted as each acks: took)
+                    self._delta_acked[(dst, dst)] = max(self._delta_acked.get((dst, dst), 0), got[4])
                 waiting = self._open.get((dst, got[0]))
                 if waiting:
                     waiting[:] = [q for q in waiting if q > seq]
@@ -761,18 +761,22 @@ class Codec:
                     self._acked.put((dst, got[0]), seq, got[1], keep=1, meta=got[3])
 
     def took(self, group: str, member: str, seqs: Iterable[int]) -> None:
-        """`member` of `group` holds these (acked "got" or "done"), not yet every member."""
+        """`member` of `group` holds these (its first ack of each: "got" or "done")."""
+        if member not in self._members(group):
+            return
         for seq in seqs:
             got = self._sealed.get((group, seq))
-            if got is not None and got[2] and member in self._members(group):
-                self._delta_acked[(group, member)] = max(self._delta_acked.get((group, member), 0), got[5])
+            if got is not None and got[5]:
+                self._delta_acked[(group, member)] = max(self._delta_acked.get((group, member), 0), got[4])
 
     def references_held(self, dst: str, seq: int) -> bool:
-        """Did dst take a delta sealed after this envelope first went?  Then it held its
-        references since, and a resend of it may go as a delta too; one that lost them (a
-        restart: they live in memory) refuses deltas unacked and cannot say so, so until then
-        resends go whole.  A group: a member took one, and each other member one sealed no more
-        than DELTA_GROUP_LAG before it (decision 0040)."""
+        """Did dst take a delta first sealed after this envelope first went (one that went as a
+        delta every time: an ack does not say which copy it took)?  Then it held its references
+        when that one arrived, and a resend of this one may go as a delta too; one that lost
+        them (a restart: they live in memory) refuses deltas unacked and cannot say so, so until
+        then resends go whole.  A group: a member took one, and each other member one first
+        sealed no more than DELTA_GROUP_LAG before it.  The proof is per destination, not per
+        key (decision 0040)."""
         got = self._sealed.get((dst, seq))
         if got is None:
             return False
@@ -853,7 +857,8 @@ class Codec:
                 del self._open[next(iter(self._open))]
             mark = self._sealings[env.dst] = self._sealings.get(env.dst, 0) + 1
             first = self._sealed.get((env.dst, env.seq))
-            self._sealed[(env.dst, env.seq)] = (key, env.body, comp in DELTAS, meta, first[4] if first else mark, mark)
+            every = comp in DELTAS and (first is None or first[5])
+            self._sealed[(env.dst, env.seq)] = (key, env.body, comp in DELTAS, meta, first[4] if first else mark, every)
             recent = self._recent.pop((env.dst, key), [])  # (re-inserted: the oldest key goes first)
             if env.seq not in recent:
                 recent = sorted(recent + [env.seq])[-DELTA_KEEP_PER_KEY:]

@@ -295,6 +295,39 @@ def test_a_lost_reports_first_resend_goes_as_a_delta_where_the_receiver_took_a_l
     assert sorted(delivered) == sorted(seqs.values())  # and every report arrives
 
 
+def test_a_members_ack_of_a_copy_that_once_went_whole_proves_nothing_of_its_references():
+    """Found by review (decision 0040): an ack does not say which copy it answers.  gw4 restarted
+    after report 2 and takes only whole bodies from then on; report 23 went whole, then again
+    as a delta, and gw4 acked it (the whole copy).  That must not count as gw4 taking a delta:
+    it would renew gw4's place in the group's window at every such report, and resends to the
+    group would go as deltas gw4 refuses.  Only one that went as a delta every time counts."""
+    members = {"fmn": ("gw4", "gw7")}
+    gw1 = Codec("gw1", {"gw4": KEY, "gw7": KEY, "fmn": KEY}, members)
+    other = "mqtt:/NOR/other/location"
+
+    def seal(seq: int, delta: bool = True, key: str = _env(1).supersede) -> bool:
+        m = cbor2.loads(gw1.map_bytes(dataclasses.replace(_env(seq, dst="fmn"), supersede=key), delta=delta))
+        return E.K_REF in m  # went as a delta
+
+    def took(member: str, seq: int) -> None:
+        gw1.took("fmn", member, [seq])
+
+    for seq in (1, 2):  # 1 whole (nothing acked), 2 a delta; both members take both
+        seal(seq)
+        took("gw4", seq), took("gw7", seq)
+        gw1.acked("fmn", [seq])
+    for seq in range(3, 23):  # 20 reports of another key, whole; gw4 has restarted meanwhile
+        assert not seal(seq, key=other)
+        took("gw7", seq)
+    assert not seal(23, delta=False) and seal(23)  # whole, then as a delta
+    took("gw4", 23), took("gw7", 23)
+    assert seal(24) and seal(25)  # 24 is lost; gw7 takes 25, a delta sealed after it
+    took("gw7", 25)
+    assert not gw1.references_held("fmn", 24)  # gw4 took no delta for 20 sealings: 24 goes whole
+    took("gw4", 25)  # (were gw4 to take 25, it would hold its references)
+    assert gw1.references_held("fmn", 24)
+
+
 def test_empty_bodies_under_many_keys_fill_the_budget_too():
     """Found by review: bodies of 0 bytes under fresh keys were charged nothing (24 MB for 50,000)."""
     import tracemalloc
