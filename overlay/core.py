@@ -108,6 +108,13 @@ class OverlayCore:
         # skips ahead shows envelopes lost on the way whatever their class (a report has no order
         # to hold it in), one behind it came late; either way the acks go at once (decision 0016)
         self._sn_next: dict[tuple[str, str], tuple[int, int]] = {}
+        # (node, destination) -> the source key its data there came under last: an ack-only
+        # bundle names no incarnation, and its announced send number is that stream's
+        self._sn_src: dict[tuple[str, str], str] = {}
+        # source -> a send number it announced past one that has not come: its acks go at once and
+        # say it (decision 0041); and the last number so answered, one answer each
+        self._heard: dict[str, int] = {}
+        self._answered_sn: dict[str, int] = {}
 
     @property
     def node(self) -> str:
@@ -211,8 +218,9 @@ class OverlayCore:
         """Does what just arrived call for planning at once (besides answers: `answered`)?  Acks
         came from a peer something is queued or still under way for (its window moved, a tail
         probe is to be timed again); or acks are owed past ACK_BATCH / ACK_BYTES (or half
-        the initial window).  Else the acks owed wait for ack_delay_ms (next_wakeup_ms)."""
-        if self._acks_owed_now(opened):
+        the initial window), or an announced send number showed a loss (_announced).  Else
+        the acks owed wait for ack_delay_ms (next_wakeup_ms)."""
+        if self._heard or self._acks_owed_now(opened):
             return True
         acked_by = {s for res, s, _ in opened if res.acks}
         dsts = acked_by | {g for g, members in self.codec.groups.items() if acked_by & set(members)}
@@ -283,6 +291,7 @@ class OverlayCore:
         done: list[tuple[int, int]] = []
         got: list[tuple[int, int]] = []
         holds: list[int] = []
+        heard: int | None = None
         for env in envs:
             try:
                 if env.kind == Kind.ACK:
@@ -295,6 +304,10 @@ class OverlayCore:
                     got += ack.got
                     if ack.hold_ms is not None:
                         holds.append(ack.hold_ms)
+                    if ack.heard is not None:
+                        heard = ack.heard
+                    if env.sn is not None:
+                        self._announced(sender, env.dst, env.sn)
                     res.acks += 1
                 else:
                     r = self.store.receive(env, now_ms)
@@ -325,6 +338,31 @@ class OverlayCore:
                 now_ms,
                 min(holds) if holds else None,  # several acks: the least held, so no sample comes out short
             )
+        if heard is not None:  # (after the acks: what they name has arrived)
+            group = self._ack_group(sender)
+            self.sched.on_heard(group or sender, sender if group else None, heard, now_ms)
+
+    def _announced(self, sender: str, dst: str, sn: int) -> None:
+        """An ack-only bundle from `sender` to dst says its next data envelope there takes send
+        number `sn`.  One on from what came here shows data envelopes lost on the way, though
+        no later one came (the tail of a burst, a lull): the acks go at once and say so, once
+        per number announced, and the sender resends them a round trip after the loss, not
+        after its next data and that one's ack (decision 0041).  Only where the acks go back
+        to that stream's destination (the group, or the sender itself): an ack cannot say
+        which stream it means."""
+        src = self._sn_src.get((sender, dst))
+        state = self._sn_next.get((src, dst)) if src is not None else None
+        if src is None or state is None or self._answered_sn.get(src) == sn:
+            return
+        ahead = (sn - state[0]) % SN_MOD
+        if not 0 < ahead < SN_MOD // 2:
+            return
+        if (self._ack_group(sender) or sender) != (dst if dst in self.codec.groups else sender):
+            return
+        if len(self._answered_sn) >= SN_STREAMS_MAX:
+            del self._answered_sn[next(iter(self._answered_sn))]
+        self._heard[src] = self._answered_sn[src] = sn
+        self._gap.add(src)
 
     def _out_of_turn(self, env: Envelope, new: bool) -> bool:
         """Did this envelope's send number skip some (lost on the way), or come after a later one?
@@ -342,6 +380,7 @@ class OverlayCore:
                 for k in [k for k in self._sn_next if source_node(k[0]) == node] or [next(iter(self._sn_next))]:
                     del self._sn_next[k]
             self._sn_next[stream] = ((env.sn + 1) % SN_MOD, env.sn)
+            self._note_source(env)
             return False
         nxt, prev = got
         ahead = (env.sn - nxt) % SN_MOD
@@ -351,11 +390,22 @@ class OverlayCore:
             return False
         # in turn, past a gap, or one after the last that came (a sender restarted counting
         # from 0, or a run that came late as a whole): expect the one after it
+        self._note_source(env)
         if ahead < SN_MOD // 2 or env.sn == (prev + 1) % SN_MOD:
             self._sn_next[stream] = ((env.sn + 1) % SN_MOD, env.sn)
             return ahead != 0 and env.sn != (prev + 1) % SN_MOD
         self._sn_next[stream] = (nxt, env.sn)
         return True
+
+    def _note_source(self, env: Envelope) -> None:
+        """env came new from its origin: its source key is the one an ack-only bundle from that
+        node to env.dst speaks for (_announced)."""
+        at = (source_node(env.source), env.dst)
+        if self._sn_src.get(at) != env.source:
+            self._sn_src.pop(at, None)  # (re-inserted: the stream longest quiet goes first)
+            if len(self._sn_src) >= SN_STREAMS_MAX:
+                del self._sn_src[next(iter(self._sn_src))]
+            self._sn_src[at] = env.source
 
     def _reject(self, res: BundleResult, line: str, reason: str) -> None:
         res.rejected.append(line[:REJECT_LINE_MAX])
@@ -404,6 +454,8 @@ class OverlayCore:
                     for o, (d, g) in acks.items()
                 }
                 acks = {o: dg for o, dg in acks.items() if dg[0] or dg[1]}
+        for src in self._heard:  # said even when nothing new came (the recent acks repeat, below)
+            acks.setdefault(src, ([], []))
         due = set()
         for origin, (done, got) in acks.items():
             since = self._ack_since.setdefault(origin, now_ms)
@@ -436,13 +488,15 @@ class OverlayCore:
                 plan_due.add(to)
         with self.store.transaction(durable=False):
             holds = {o: now_ms - t for o, t in self._newest_at.items() if o in acks}
-            out = self.sched.plan(now_ms, plan_acks, plan_due, only, holds)
+            out = self.sched.plan(now_ms, plan_acks, plan_due, only, holds, self._heard)
             self.store.count_event("plans")
             if out:
                 self.store.count_event("bundles_sent", len(out))
             for b in out:
                 for origin, (done, got) in b.acks.items() if isinstance(b.acks, dict) else [(b.dst, b.acks)]:
                     # origin: the source key (node and incarnation) the acks were owed to
+                    if self._heard.pop(origin, None) is not None:
+                        self._gap.discard(origin)
                     if not (done or got):
                         continue
                     self.store.acks_sent(origin, done, got)

@@ -1359,8 +1359,12 @@ def received_key(key: str) -> str:
     return w if isinstance(w, str) else "#" + base64.urlsafe_b64encode(w).decode()
 
 
-def encode_ack_body(acks: dict[str, tuple[list[int], list[int]]], holds: dict[str, int] | None = None) -> bytes:
-    """An ack: [[node, incarnation, done runs, got runs(, hold)], ...], an entry per source, each
+def encode_ack_body(
+    acks: dict[str, tuple[list[int], list[int]]],
+    holds: dict[str, int] | None = None,
+    heard: dict[str, int] | None = None,
+) -> bytes:
+    """An ack: [[node, incarnation, done runs, got runs(, hold(, heard))], ...], an entry per source, each
     run [first, last], so one ack covers many ids; each origin reads the entry of its own node
     and store's incarnation (source_key), so an ack for a lost store's ids never releases a new
     store's.  One ack envelope answers every origin of a group, in the group's bundle.  (Until
@@ -1370,13 +1374,19 @@ def encode_ack_body(acks: dict[str, tuple[list[int], list[int]]], holds: dict[st
     done: taken by the destination's application (the origin releases custody);
     got: held at the destination, not yet taken (the origin stops retransmitting).
     hold: how long (ms) the newest envelope the entry acks waited here before this ack went
-    (QUIC's ACK Delay), so the origin's round-trip samples leave it out."""
+    (QUIC's ACK Delay), so the origin's round-trip samples leave it out (null: not said).
+    heard: the send number an ack-only bundle of the origin announced as its next, where one
+    before it has not come here (lost on the way: the origin resends what it sealed before
+    that number and this destination lacks; decision 0041)."""
     out = []
     for src, (d, g) in acks.items():
         node, _, inc = src.partition("/")
         entry: list = [node, int(inc, 16) if inc else 0, _runs(d), _runs(list(g))]
-        if holds and src in holds:
-            entry.append(max(0, min(MAX_ACK_HOLD_MS, int(holds[src]))))
+        hold = max(0, min(MAX_ACK_HOLD_MS, int(holds[src]))) if holds and src in holds else None
+        if heard and src in heard:
+            entry += [hold, heard[src] % SN_MOD]
+        elif hold is not None:
+            entry.append(hold)
         out.append(entry)
     return cbor2.dumps(out)
 
@@ -1396,6 +1406,7 @@ class AckBody:
     got: Runs
     found: bool  # the body has an entry for the source asked for
     hold_ms: int | None = None  # how long the newest envelope acked waited before the ack went
+    heard: int | None = None  # a send number announced past one that did not come (encode_ack_body)
 
 
 def decode_ack_body(body: bytes, source: str) -> AckBody:
@@ -1412,14 +1423,16 @@ def decode_ack_body(body: bytes, source: str) -> AckBody:
     for entry in obj:
         if not (
             isinstance(entry, list)
-            and len(entry) in (4, 5)
+            and len(entry) in (4, 5, 6)
             and isinstance(entry[0], str)
             and NAME.fullmatch(entry[0])
             and isinstance(entry[1], int)
             and not isinstance(entry[1], bool)
             and 0 <= entry[1] < 1 << INC_BITS
         ):
-            raise Malformed(f"ack entry is not [node, incarnation, done runs, got runs(, hold)]: {short(entry)}")
+            raise Malformed(
+                f"ack entry is not [node, incarnation, done runs, got runs(, hold(, heard))]: {short(entry)}"
+            )
         src = source_key(entry[0], entry[1])
         if src in sources:
             raise Malformed(f"ack names source {short(src)} twice")
@@ -1429,10 +1442,15 @@ def decode_ack_body(body: bytes, source: str) -> AckBody:
     if mine is None:
         return AckBody(frozenset(sources), [], [], False)
     done, got = _decode_runs(mine[2:4])
-    hold = mine[4] if len(mine) == 5 else None
-    if len(mine) == 5 and (not isinstance(hold, int) or isinstance(hold, bool) or not 0 <= hold <= MAX_ACK_HOLD_MS):
+    hold = mine[4] if len(mine) >= 5 else None
+    if (hold is not None or len(mine) == 5) and (
+        not isinstance(hold, int) or isinstance(hold, bool) or not 0 <= hold <= MAX_ACK_HOLD_MS
+    ):
         raise Malformed(f"ack hold for {source!r} is not 0 to {MAX_ACK_HOLD_MS} ms: {short(hold)}")
-    return AckBody(frozenset(sources), done, got, True, hold)
+    heard = mine[5] if len(mine) == 6 else None
+    if len(mine) == 6 and (not isinstance(heard, int) or isinstance(heard, bool) or not 0 <= heard < SN_MOD):
+        raise Malformed(f"ack's send number heard for {source!r} is not 0 to {SN_MOD - 1}: {short(heard)}")
+    return AckBody(frozenset(sources), done, got, True, hold, heard)
 
 
 def _decode_runs(obj: object) -> tuple[Runs, Runs]:

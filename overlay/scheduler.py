@@ -226,6 +226,7 @@ class Scheduler:
         self._counted: dict[str, set[int]] = {}  # group -> seqs its rate already counted (_rate_sample)
         self._pace_wait: dict[str, int] = {}  # dst -> when pacing lets its queued envelopes go
         self._sn: dict[str, int] = {}  # dst -> the send number of the next data envelope sealed for it
+        self._sealed_sn: dict[str, dict[int, int]] = {}  # dst -> {send number: when it was last sealed}
 
     def path(self, dst: str) -> Path:
         p = self.paths.get(dst)
@@ -242,6 +243,7 @@ class Scheduler:
         acks_due: set[str] | None = None,
         only: set[str] | None = None,
         holds: dict[str, int] | None = None,
+        heard: dict[str, int] | None = None,
     ) -> list[Outgoing]:
         """What to send now.  Marks what it returns as in flight in the store.
 
@@ -251,7 +253,9 @@ class Scheduler:
         else: no expiry, no retransmissions, no tail probes (the next full plan does those, at
         their times); for what is planned at once (a flash submit, an answer).
         holds: per source key, how long its newest envelope has waited for its ack (the acks
-        say so, encode_ack_body)."""
+        say so, encode_ack_body).
+        heard: per source key, a send number it announced past one that has not come here
+        (encode_ack_body); such an ack goes even when it names nothing."""
         st = self.store
         probes: set[int] = set()
         probe_new: set[str] = set()
@@ -401,7 +405,7 @@ class Scheduler:
             ack = acks.pop(dst, ([], []))
             if not chosen and acks_due is not None and dst not in acks_due:
                 ack = ([], [])  # not worth a bundle of its own yet
-            out.extend(self._bundle(dst, chosen, ack, now_ms, holds, inflight.get(dst, 0)))
+            out.extend(self._bundle(dst, chosen, ack, now_ms, holds, inflight.get(dst, 0), heard))
             if retry:
                 going = {it.seq for it in chosen}
                 if copy is not None:  # it goes now or waits as any retry does, once
@@ -625,8 +629,10 @@ class Scheduler:
         now_ms: int,
         holds: dict[str, int] | None = None,
         inflight: int = 0,
+        heard: dict[str, int] | None = None,
     ) -> list[Outgoing]:
-        has_acks = _has_acks(ack_seqs)
+        heard = {src: sn for src, sn in (heard or {}).items() if isinstance(ack_seqs, dict) and src in ack_seqs}
+        has_acks = _has_acks(ack_seqs) or bool(heard)
         if not items and not has_acks:
             return []
         floors: dict[int, int] = {}
@@ -651,8 +657,12 @@ class Scheduler:
                 now_ms,
                 ACK_LIFETIME_MS,
                 Priority.FLASH,
-                body=encode_ack_body(ack_seqs if isinstance(ack_seqs, dict) else {dst: ack_seqs}, holds),
+                body=encode_ack_body(ack_seqs if isinstance(ack_seqs, dict) else {dst: ack_seqs}, holds, heard),
                 inc=stamp[1],
+                # an ack-only bundle, while data sent to dst is unacked, announces the next data
+                # envelope's send number: a receiver that lacks one before it says so at once,
+                # though no later data came (the tail of a burst, a lull; decision 0041)
+                sn=self._sn[dst] if not items and inflight and dst in self._sn else None,
             )
             maps.append(self.codec.map_bytes(ack, stamp=stamp))
             size = len(maps[0])
@@ -665,6 +675,7 @@ class Scheduler:
         for it in items:
             sn = self._sn.get(dst, 0)
             self._sn[dst] = (sn + 1) % SN_MOD
+            self._sealed_sn.setdefault(dst, {})[sn] = now_ms
             env = replace(it.envelope(self.codec.node, floors[it.priority], self.store.inc), sn=sn)
             delta = it.attempts == 0 or (it.attempts < DELTA_SENDINGS and self.codec.references_held(dst, it.seq))
             s = self.codec.map_bytes(env, delta=delta, stamp=stamp, after=after)
@@ -990,6 +1001,21 @@ class Scheduler:
         if any(it.dst == sender for it in arrived + released):
             self._tail_copy(sender, self.path(sender), now_ms)
         return len(released) + len(arrived)
+
+    def on_heard(self, dst: str, member: str | None, heard: int, now_ms: int) -> None:
+        """dst (for a group, its `member`) heard an ack-only bundle announce `heard` as the next
+        send number, and lacks a data envelope sealed before it: what went up to the one
+        numbered just before, and it still lacks, was lost on the way and is due now, as RACK
+        finds it once a later data envelope arrives (decision 0041).  A resend is sealed after
+        the announcement, so a second answer to it resends nothing.  The numbers wrap
+        (SN_MOD): one sealed less than half a minimum round trip ago cannot have been
+        announced and answered yet, so the answer is about an older one, and says nothing."""
+        p = self.paths.get(dst)
+        at = self._sealed_sn.get(dst, {}).get((heard - 1) % SN_MOD)
+        if p is None or at is None or not p.min_rtt_ms or now_ms - at < p.min_rtt_ms / 2:
+            return
+        if self._fast_retransmit(dst, at + 1, now_ms, member):
+            self.store.count_event("heard_gaps")
 
     def _rack_of_let_go(self, sender: str, seqs: list[int], now_ms: int) -> None:
         """An ack that names nothing held here: a late one, or one for superseded copies let go

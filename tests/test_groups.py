@@ -632,3 +632,54 @@ def test_a_member_back_from_a_cut_catches_up_within_seconds_while_the_others_tak
     got = run(cores, _Bound(net), 125_000 + 6_000, actions=acts)
     assert len(got["nor"]) == 25
     assert [d.body for d in got["prt"]] == [b"pos %d.%d" % (k, i) for k in range(5) for i in range(5)]
+
+
+class LoseData(FanOut):
+    """`sender`'s first group bundle with data handed over at or after `at_ms` is lost on its
+    uplink, before the fan-out: no member gets it."""
+
+    def __init__(self, sender, at_ms, delay_ms=200):
+        super().__init__(delay_ms)
+        self.sender, self.at_ms, self.lost_at = sender, at_ms, None
+
+    def send_from(self, sender, out, now):
+        for b in out:
+            if sender == self.sender and b.dst == "fmn" and b.seqs and now >= self.at_ms and self.lost_at is None:
+                self.lost_at = now
+                self.sent.append((sender, b.dst))
+                continue
+            super().send_from(sender, [b], now)
+
+
+def test_a_report_lost_with_no_later_data_is_resent_once_an_ack_only_bundle_shows_it(tmp_path):
+    """deu's last report is lost on its uplink, and deu has no more data to send; it only acks
+    nor's reports.  Its ack-only bundles say the next send number, so the members see the gap
+    and say so at once: the report arrives about two round trips after the loss, where it
+    waited for a tail probe (two round trips, the ack delay and a margin after it went) and a
+    round trip more."""
+    cfg = SchedulerConfig(min_rto_ms=30_000, initial_rto_ms=60_000, ack_delay_ms=400)
+    cores = {n: make(tmp_path, n, cfg) for n in NODES}
+    net = LoseData("deu", 3_000)
+    acts = [(i * 1000, lambda t, i=i: cores["deu"].submit("fmn", b"deu %d" % i, t)) for i in range(4)]
+    acts += [(i * 250, lambda t, i=i: cores["nor"].submit("fmn", b"nor %d" % i, t)) for i in range(40)]
+    acts.sort(key=lambda a: a[0])
+    bound = _Bound(net)
+    came: dict[tuple[str, bytes], int] = {}
+    for t in range(0, 10_000, 20):
+        while acts and acts[0][0] <= t:
+            acts.pop(0)[1](t)
+        for core in cores.values():
+            bound.send(core.poll(t), t)
+        for rx, payload in bound.due(t):
+            cores[rx].on_bundle(payload, t)
+        for name, core in cores.items():
+            items = core.take()
+            core.consumed([i.id for i in items], t)
+            for d in items:
+                came.setdefault((name, d.body), t)
+    assert net.lost_at is not None
+    late = {rx: came.get((rx, b"deu 3"), 10_000) - net.lost_at for rx in ("nor", "prt")}
+    # deu's next ack-only bundle: nor's next report (250 ms) and the ack delay (400 ms); then it,
+    # the members' answer and the resend cross (3 x 200 ms).  A tail probe's resend came at 1.6 s
+    assert max(late.values()) <= 1_300, f"deu's lost report came {late} ms after the loss"
+    assert cores["deu"].store.count("heard_gaps") >= 1
