@@ -112,9 +112,10 @@ class OverlayCore:
         # bundle names no incarnation, and its announced send number is that stream's
         self._sn_src: dict[tuple[str, str], str] = {}
         # source -> a send number it announced past one that has not come: its acks go at once and
-        # say it (decision 0041); and the last number so answered, one answer each
+        # say it (decision 0041); and (when the last announcement taken was made, the last number
+        # answered): a replayed or late one is older, and a number draws one answer
         self._heard: dict[str, int] = {}
-        self._answered_sn: dict[str, int] = {}
+        self._announced_at: dict[str, tuple[int, int | None]] = {}
 
     @property
     def node(self) -> str:
@@ -307,7 +308,7 @@ class OverlayCore:
                     if ack.heard is not None:
                         heard = ack.heard
                     if env.sn is not None:
-                        self._announced(sender, env.dst, env.sn)
+                        self._announced(sender, env)
                     res.acks += 1
                 else:
                     r = self.store.receive(env, now_ms)
@@ -342,26 +343,34 @@ class OverlayCore:
             group = self._ack_group(sender)
             self.sched.on_heard(group or sender, sender if group else None, heard, now_ms)
 
-    def _announced(self, sender: str, dst: str, sn: int) -> None:
-        """An ack-only bundle from `sender` to dst says its next data envelope there takes send
-        number `sn`.  One on from what came here shows data envelopes lost on the way, though
-        no later one came (the tail of a burst, a lull): the acks go at once and say so, once
-        per number announced, and the sender resends them a round trip after the loss, not
-        after its next data and that one's ack (decision 0041).  Only where the acks go back
+    def _announced(self, sender: str, ack: Envelope) -> None:
+        """An ack-only bundle from `sender` says its next data envelope to ack.dst takes send
+        number ack.sn.  One on from what came here shows data envelopes lost on the way, though
+        no later one came (the tail of a burst, a lull): the acks go at once and say so, and
+        the sender resends them a round trip after the loss, not after its next data and that
+        one's ack (decision 0041).  Only an announcement made after the last one taken (a
+        replayed bundle draws nothing), one answer per number, and only where the acks go back
         to that stream's destination (the group, or the sender itself): an ack cannot say
         which stream it means."""
+        dst, sn = ack.dst, ack.sn
         src = self._sn_src.get((sender, dst))
         state = self._sn_next.get((src, dst)) if src is not None else None
-        if src is None or state is None or self._answered_sn.get(src) == sn:
+        if src is None or state is None or sn is None:
             return
+        made, answered = self._announced_at.get(src, (-1, None))
+        if ack.created_ms <= made:
+            return
+        self._announced_at.pop(src, None)  # (re-inserted: the source longest quiet goes first)
+        if len(self._announced_at) >= SN_STREAMS_MAX:
+            del self._announced_at[next(iter(self._announced_at))]
+        self._announced_at[src] = (ack.created_ms, answered)
         ahead = (sn - state[0]) % SN_MOD
-        if not 0 < ahead < SN_MOD // 2:
+        if answered == sn or not 0 < ahead < SN_MOD // 2:
             return
         if (self._ack_group(sender) or sender) != (dst if dst in self.codec.groups else sender):
             return
-        if len(self._answered_sn) >= SN_STREAMS_MAX:
-            del self._answered_sn[next(iter(self._answered_sn))]
-        self._heard[src] = self._answered_sn[src] = sn
+        self._announced_at[src] = (ack.created_ms, sn)
+        self._heard[src] = sn
         self._gap.add(src)
 
     def _out_of_turn(self, env: Envelope, new: bool) -> bool:

@@ -653,6 +653,82 @@ def test_a_replayed_bundle_does_not_make_the_receiver_ack_at_once(tmp_path):
     assert b.poll(1_400) == []
 
 
+def test_a_report_lost_with_no_later_data_is_resent_once_an_ack_only_bundle_shows_it(tmp_path):
+    """gw1's report is lost, and gw1 sends nothing more but its acks of gw4's orders.  Those
+    ack-only bundles say gw1's next send number, so gw4 sees the gap and says so at once: the
+    report comes about two round trips after the loss, where it waited for a tail probe (two
+    round trips, the ack delay and a margin after it went) and a round trip more.  Replayed,
+    the announcements draw nothing."""
+    cfg = SchedulerConfig(min_rto_ms=60_000, initial_rto_ms=120_000, ack_delay_ms=400)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    a.submit("gw4", b"warm-up", 0)  # a first round trip, so the path has a minimum
+    b.on_bundle(a.poll(0)[0].payload, 200)
+    a.on_bundle(b.poll(600)[0].payload, 800)
+    b.consumed([d.id for d in b.take()])
+    flight: list[tuple[int, str, bytes]] = []
+    announced: list[bytes] = []  # gw1's ack-only bundles
+    came = lost_at = None
+    for t in range(2_000, 8_000, 20):
+        if t == 2_000:
+            a.submit("gw4", b"unit 1", t, priority=Priority.PRIORITY, supersede="u1")
+        if t % 250 == 0 and t < 6_000:
+            b.submit("gw1", b"order %d" % t, t)
+        for src, dst in ((a, "gw4"), (b, "gw1")):
+            for o in src.poll(t):
+                if dst == "gw4" and o.seqs and lost_at is None:
+                    lost_at = t  # the radio lost it
+                    continue
+                if dst == "gw4" and not o.seqs:
+                    announced.append(o.payload)
+                flight.append((t + 200, dst, o.payload))
+        for f in [f for f in flight if f[0] <= t]:
+            flight.remove(f)
+            {"gw4": b, "gw1": a}[f[1]].on_bundle(f[2], t)
+        for d in b.take():
+            came = came or (t if d.body == b"unit 1" else None)
+            b.consumed([d.id], t)
+        a.consumed([d.id for d in a.take()], t)
+    assert lost_at is not None and came is not None
+    # gw1's next ack-only bundle: gw4's next order (250 ms) and the ack delay (400 ms); then it,
+    # gw4's answer and the resend cross (3 x 200 ms).  A tail probe's resend came at 1.6 s
+    assert came - lost_at <= 1_300, f"the lost report came {came - lost_at} ms after the loss"
+    assert a.store.count("heard_gaps") == 1
+
+
+def test_replayed_announcements_draw_no_ack_whatever_their_numbers(tmp_path):
+    """Ack-only bundles say the sender's next send number (decision 0041); half of any 24 old
+    ones name a number ahead of the one the receiver expects now.  Replayed, alternating, none
+    may draw an ack at once: each would cost the receiver's radio an ack bundle."""
+    cfg = SchedulerConfig(ack_delay_ms=300)  # (gw1 acks gw4's orders while its reports are unacked)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    flight: list[tuple[int, str, bytes]] = []
+    announced: list[bytes] = []  # gw1's ack-only bundles
+    for t in range(0, 30_000, 20):
+        if t % 700 == 0:
+            a.submit("gw4", b"unit %d" % (t % 7), t, priority=Priority.PRIORITY, supersede=f"u{t % 7}")
+        if t % 200 == 0:
+            b.submit("gw1", b"order %d" % t, t)
+        for src, dst in ((a, "gw4"), (b, "gw1")):
+            for o in src.poll(t):
+                if dst == "gw4" and not o.seqs:
+                    announced.append(o.payload)
+                flight.append((t + 200, dst, o.payload))
+        for f in [f for f in flight if f[0] <= t]:
+            flight.remove(f)
+            {"gw4": b, "gw1": a}[f[1]].on_bundle(f[2], t)
+        b.consumed([d.id for d in b.take()], t)
+        a.consumed([d.id for d in a.take()], t)
+    numbers = {env.sn for p in announced for env in b.codec.open_bundle(p)} - {None}
+    assert len(numbers) >= 12, f"the run announced only {sorted(numbers)}"
+    for t in range(30_000, 60_000, 1_000):  # nothing new since: acks only after their delay
+        b.poll(t)
+    for i, p in enumerate(announced[::2] + announced[1::2] + announced[::-1]):
+        b.on_bundle(p, 60_000 + i)
+        assert b.poll(60_000 + i) == [], f"replayed announcement {i} drew an ack at once"
+
+
 def test_a_sender_restarted_numbering_from_0_draws_one_early_ack_not_one_per_envelope(tmp_path):
     cfg = SchedulerConfig(ack_delay_ms=1_000)
     a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
