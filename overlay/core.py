@@ -49,6 +49,9 @@ DEFAULT_MAX_HOLD_MS = 300_000
 # send numbers followed, one per (source, destination): past this many (a peer cycling its
 # incarnation), that node's other streams are forgotten first, else the oldest one
 SN_STREAMS_MAX = 4096
+# an ack-only bundle's announced send number older than this by the receiver's clock is not taken
+# (OverlayCore._announced): it helps only for a round trip, and a replay after a restart is older
+ANNOUNCED_MAX_AGE_MS = 60_000
 
 REJECT_LINE_MAX = 300  # characters of a rejection kept and logged (messages name peer values by prefix)
 
@@ -292,7 +295,7 @@ class OverlayCore:
         done: list[tuple[int, int]] = []
         got: list[tuple[int, int]] = []
         holds: list[int] = []
-        heard: int | None = None
+        heard: list[tuple[str, str | None, int]] = []  # (stream's destination, member, number)
         for env in envs:
             try:
                 if env.kind == Kind.ACK:
@@ -305,10 +308,11 @@ class OverlayCore:
                     got += ack.got
                     if ack.hold_ms is not None:
                         holds.append(ack.hold_ms)
-                    if ack.heard is not None:
-                        heard = ack.heard
+                    if ack.heard is not None:  # the stream is the one the ack went to: a group, or us
+                        group = env.dst in self.codec.groups
+                        heard.append((env.dst if group else sender, sender if group else None, ack.heard))
                     if env.sn is not None:
-                        self._announced(sender, env)
+                        self._announced(sender, env, now_ms)
                     res.acks += 1
                 else:
                     r = self.store.receive(env, now_ms)
@@ -339,30 +343,32 @@ class OverlayCore:
                 now_ms,
                 min(holds) if holds else None,  # several acks: the least held, so no sample comes out short
             )
-        if heard is not None:  # (after the acks: what they name has arrived)
-            group = self._ack_group(sender)
-            self.sched.on_heard(group or sender, sender if group else None, heard, now_ms)
+        for dst, member, sn in heard:  # (after the acks: what they name has arrived)
+            self.sched.on_heard(dst, member, sn, now_ms)
 
-    def _announced(self, sender: str, ack: Envelope) -> None:
+    def _announced(self, sender: str, ack: Envelope, now_ms: int) -> None:
         """An ack-only bundle from `sender` says its next data envelope to ack.dst takes send
         number ack.sn.  One on from what came here shows data envelopes lost on the way, though
         no later one came (the tail of a burst, a lull): the acks go at once and say so, and
         the sender resends them a round trip after the loss, not after its next data and that
         one's ack (decision 0041).  Only an announcement made after the last one taken (a
-        replayed bundle draws nothing), one answer per number, and only where the acks go back
-        to that stream's destination (the group, or the sender itself): an ack cannot say
-        which stream it means."""
+        replayed bundle draws nothing) and within ANNOUNCED_MAX_AGE_MS of now by this node's
+        clock (after a restart forgot the last one taken, a replay of an older one draws
+        nothing either), one answer per number until new data comes, and only where the acks
+        go back to that stream's destination (the group, or the sender itself): an ack cannot
+        say which stream it means."""
         dst, sn = ack.dst, ack.sn
         src = self._sn_src.get((sender, dst))
         state = self._sn_next.get((src, dst)) if src is not None else None
         if src is None or state is None or sn is None:
             return
         made, answered = self._announced_at.get(src, (-1, None))
-        if ack.created_ms <= made:
+        if ack.created_ms <= made or now_ms - ack.created_ms > ANNOUNCED_MAX_AGE_MS:
             return
         self._announced_at.pop(src, None)  # (re-inserted: the source longest quiet goes first)
-        if len(self._announced_at) >= SN_STREAMS_MAX:
-            del self._announced_at[next(iter(self._announced_at))]
+        if len(self._announced_at) >= SN_STREAMS_MAX:  # a node's own other incarnations go first
+            mine = [k for k in self._announced_at if source_node(k) == sender]
+            del self._announced_at[mine[0] if mine else next(iter(self._announced_at))]
         self._announced_at[src] = (ack.created_ms, answered)
         ahead = (sn - state[0]) % SN_MOD
         if answered == sn or not 0 < ahead < SN_MOD // 2:
@@ -409,6 +415,15 @@ class OverlayCore:
     def _note_source(self, env: Envelope) -> None:
         """env came new from its origin: its source key is the one an ack-only bundle from that
         node to env.dst speaks for (_announced)."""
+        # a number announced again from now on is a new gap; and no announcement made before this
+        # envelope was is taken any more (after a restart forgot the last one taken: a replay)
+        made = self._announced_at.get(env.source, (-1, None))[0]
+        if env.source in self._announced_at or made < env.created_ms:
+            self._announced_at.pop(env.source, None)
+            if len(self._announced_at) >= SN_STREAMS_MAX:
+                mine = [k for k in self._announced_at if source_node(k) == source_node(env.source)]
+                del self._announced_at[mine[0] if mine else next(iter(self._announced_at))]
+            self._announced_at[env.source] = (max(made, env.created_ms), None)
         at = (source_node(env.source), env.dst)
         if self._sn_src.get(at) != env.source:
             self._sn_src.pop(at, None)  # (re-inserted: the stream longest quiet goes first)

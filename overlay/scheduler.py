@@ -226,7 +226,9 @@ class Scheduler:
         self._counted: dict[str, set[int]] = {}  # group -> seqs its rate already counted (_rate_sample)
         self._pace_wait: dict[str, int] = {}  # dst -> when pacing lets its queued envelopes go
         self._sn: dict[str, int] = {}  # dst -> the send number of the next data envelope sealed for it
-        self._sealed_sn: dict[str, dict[int, int]] = {}  # dst -> {send number: when it was last sealed}
+        # dst -> {send number announced: (when, the send order then, who answered it)}: an answer
+        # counts only for an announcement made, once per member (on_heard)
+        self._announced: dict[str, dict[int, tuple[int, int, set[str | None]]]] = {}
 
     def path(self, dst: str) -> Path:
         p = self.paths.get(dst)
@@ -648,6 +650,9 @@ class Scheduler:
         # every envelope's creation time goes as ms from this second, its incarnation once in
         # the container (an ack-only bundle names none: an ack's own incarnation means nothing)
         stamp = (max(0, now_ms) // 1000, self.store.inc if items else 0)
+        announce = self._sn[dst] if not items and inflight and dst in self._sn else None
+        if has_acks and announce is not None:
+            self._announced.setdefault(dst, {})[announce] = (now_ms, self.path(dst).sends, set())
         if has_acks:
             ack = Envelope(
                 Kind.ACK,
@@ -662,7 +667,7 @@ class Scheduler:
                 # an ack-only bundle, while data sent to dst is unacked, announces the next data
                 # envelope's send number: a receiver that lacks one before it says so at once,
                 # though no later data came (the tail of a burst, a lull; decision 0041)
-                sn=self._sn[dst] if not items and inflight and dst in self._sn else None,
+                sn=announce,
             )
             maps.append(self.codec.map_bytes(ack, stamp=stamp))
             size = len(maps[0])
@@ -675,7 +680,6 @@ class Scheduler:
         for it in items:
             sn = self._sn.get(dst, 0)
             self._sn[dst] = (sn + 1) % SN_MOD
-            self._sealed_sn.setdefault(dst, {})[sn] = now_ms
             env = replace(it.envelope(self.codec.node, floors[it.priority], self.store.inc), sn=sn)
             delta = it.attempts == 0 or (it.attempts < DELTA_SENDINGS and self.codec.references_held(dst, it.seq))
             s = self.codec.map_bytes(env, delta=delta, stamp=stamp, after=after)
@@ -1003,19 +1007,27 @@ class Scheduler:
         return len(released) + len(arrived)
 
     def on_heard(self, dst: str, member: str | None, heard: int, now_ms: int) -> None:
-        """dst (for a group, its `member`) heard an ack-only bundle announce `heard` as the next
-        send number, and lacks a data envelope sealed before it: what went up to the one
-        numbered just before, and it still lacks, was lost on the way and is due now, as RACK
-        finds it once a later data envelope arrives (decision 0041).  A resend is sealed after
-        the announcement, so a second answer to it resends nothing.  The numbers wrap
-        (SN_MOD): one sealed less than half a minimum round trip ago cannot have been
-        announced and answered yet, so the answer is about an older one, and says nothing."""
+        """dst (for a group, its `member`) heard this node announce `heard` as its next send
+        number, and lacks a data envelope sent before: what went before that announcement and
+        it still lacks was lost on the way, and goes again, as RACK resends what went before
+        an envelope that arrived (decision 0041).  What went well before it is due now; what
+        went within RACK's near window of it, at RACK's reordering timer (an agent may put the
+        ack-only bundle on the air first).  The announcement is the one this node made (so a
+        replayed answer, or one for a number sealed again since, finds what went before that
+        one only), answered once per member, and not by an answer that came sooner than half a
+        minimum round trip after it (the numbers wrap: that answer is an older one's)."""
         p = self.paths.get(dst)
-        at = self._sealed_sn.get(dst, {}).get((heard - 1) % SN_MOD)
-        if p is None or at is None or not p.min_rtt_ms or now_ms - at < p.min_rtt_ms / 2:
+        made = self._announced.get(dst, {}).get(heard)
+        if p is None or made is None or not p.min_rtt_ms:
             return
-        if self._fast_retransmit(dst, at + 1, now_ms, member):
+        at, order, answered = made
+        if member in answered or now_ms - at < p.min_rtt_ms / 2:
+            return
+        answered.add(member)
+        near = self._reo_near_ms(p)
+        if self._fast_retransmit(dst, at - near, now_ms, member):
             self.store.count_event("heard_gaps")
+        self._rack_timer(dst, at, order + 1, near, self._reo_ms(p), now_ms, member)
 
     def _rack_of_let_go(self, sender: str, seqs: list[int], now_ms: int) -> None:
         """An ack that names nothing held here: a late one, or one for superseded copies let go

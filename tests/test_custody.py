@@ -14,7 +14,7 @@ import pytest
 
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore, Quota, QuotaExceeded
-from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority
+from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, decode_ack_body
 from c2dtn.overlay.outbox import Outbox
 from c2dtn.overlay.scheduler import Scheduler, SchedulerConfig
 from c2dtn.overlay.store import OutItem
@@ -694,6 +694,93 @@ def test_a_report_lost_with_no_later_data_is_resent_once_an_ack_only_bundle_show
     # gw4's answer and the resend cross (3 x 200 ms).  A tail probe's resend came at 1.6 s
     assert came - lost_at <= 1_300, f"the lost report came {came - lost_at} ms after the loss"
     assert a.store.count("heard_gaps") == 1
+
+
+def _answers_of(payload: bytes, source: str) -> int | None:
+    """The send number heard that an ack bundle from gw4 to gw1 names for `source`, if any."""
+    for env in Codec("gw1", {"gw4": KEY}).open_bundle(payload):
+        if env.kind == Kind.ACK:
+            return decode_ack_body(env.body, source).heard
+    return None
+
+
+@pytest.mark.parametrize("burst", [23, 24, 30])
+def test_an_answer_resends_what_went_before_its_announcement_though_its_number_was_sealed_again(tmp_path, burst):
+    """gw1's report is lost; its ack-only bundle announces the next send number, then a burst of
+    orders takes that number and more (send numbers wrap at 24) before gw4's answer comes back.
+    The answer is about what went before the announcement: the report alone goes again."""
+    cfg = SchedulerConfig(min_rto_ms=60_000, initial_rto_ms=120_000, ack_delay_ms=300)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    a.submit("gw4", b"warm-up", 0)
+    flight: list[tuple[int, str, bytes]] = []
+    resent = duplicates = 0
+    lost = False
+    for t in range(0, 6_000, 20):
+        if t == 2_000:
+            a.submit("gw4", b"report", t, priority=Priority.PRIORITY)
+            b.submit("gw1", b"order", t)  # gw1 owes an ack: its ack-only bundle announces
+        if t == 2_600:
+            for i in range(burst):
+                a.submit("gw4", b"burst %d" % i, t, priority=Priority.IMMEDIATE)
+        for src, dst in ((a, "gw4"), (b, "gw1")):
+            for o in src.poll(t):
+                if src is a:
+                    resent += o.retransmissions
+                    if o.seqs and t >= 2_000 and not lost:
+                        lost = True  # the report, lost on the radio
+                        continue
+                flight.append((t + 200, dst, o.payload))
+        for f in [f for f in flight if f[0] <= t]:
+            flight.remove(f)
+            duplicates += {"gw4": b, "gw1": a}[f[1]].on_bundle(f[2], t).duplicates
+        b.consumed([d.id for d in b.take()], t)
+        a.consumed([d.id for d in a.take()], t)
+    assert a.store.count("heard_gaps") == 1
+    assert (resent, duplicates) == (1, 0)
+
+
+def test_replayed_answers_make_no_resend_while_the_link_is_down(tmp_path):
+    """An outsider records gw4's answers (acks naming a send number heard) and replays them to
+    gw1 while gw1's link is down: gw1 sends what its probes would, no more."""
+
+    def run(replay: bool) -> int:
+        cfg = SchedulerConfig(ack_delay_ms=300)
+        where = tmp_path / f"replay-{replay}"
+        where.mkdir()
+        a = OverlayCore(custody(where, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+        b = OverlayCore(custody(where, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+        net = Net(200, loss=0.0)
+        rng = random.Random(7)
+        answers: dict[int, bytes] = {}
+        sent = k = 0
+        for t in range(0, 100_000, 20):
+            down = t >= 50_000
+            if t % 2_000 == 0:
+                a.submit("gw4", b"unit %d at %d" % (t % 7, t), t, priority=Priority.PRIORITY, supersede=f"u{t % 7}")
+            if t % 250 == 0 and not down:
+                b.submit("gw1", b"order %d" % t, t)
+            out = a.poll(t)
+            if down:
+                sent += sum(len(o.seqs) for o in out)
+            else:
+                net.send([o for o in out if not (o.seqs and rng.random() < 0.2)], t)
+            for o in b.poll(t):
+                if (h := _answers_of(o.payload, a.store.source)) is not None:
+                    answers.setdefault(h, o.payload)
+                if not down:
+                    net.send([o], t)
+            if replay and down and t % 200 == 0 and answers:
+                a.on_bundle(sorted(answers.items())[k % len(answers)][1], t)
+                k += 1
+            for dst, payload in net.due(t):
+                {"gw4": b, "gw1": a}[dst].on_bundle(payload, t)
+            b.consumed([d.id for d in b.take()], t)
+            a.consumed([d.id for d in a.take()], t)
+        assert not replay or len(answers) >= 3, f"only {len(answers)} answers recorded"
+        return sent
+
+    assert run(True) == run(False)
 
 
 def test_replayed_announcements_draw_no_ack_whatever_their_numbers(tmp_path):

@@ -683,3 +683,45 @@ def test_a_report_lost_with_no_later_data_is_resent_once_an_ack_only_bundle_show
     # the members' answer and the resend cross (3 x 200 ms).  A tail probe's resend came at 1.6 s
     assert max(late.values()) <= 1_300, f"deu's lost report came {late} ms after the loss"
     assert cores["deu"].store.count("heard_gaps") >= 1
+
+
+def test_an_answer_is_read_against_the_group_it_came_in_whatever_order_the_configs_list_them(tmp_path):
+    """S and R share two groups, g1 (with X) and g2 (with Y); S lists g1 first, R lists g2
+    first.  R answers an announcement of S's g2 stream in g2's bundle: S must read it against
+    g2 and resend g2's lost report to R, not look it up among g1's numbers and leave the
+    report to a tail probe."""
+    groups = {"g1": ("S", "R", "X"), "g2": ("S", "R", "Y")}
+    order = {"S": ["g1", "g2"], "R": ["g2", "g1"], "X": ["g1"], "Y": ["g2"]}
+    cores = {}
+    for n in order:
+        mine = {g: tuple(m for m in groups[g] if m != n) for g in order[n]}
+        keys = {m: pair_key(n, m) for m in order if m != n} | {g: hashlib.sha256(g.encode()).digest() for g in mine}
+        c = Codec(n, keys, mine)
+        cores[n] = OverlayCore(
+            Custody(MemoryStore(), n, groups=c.groups),
+            c,
+            SchedulerConfig(min_rto_ms=30_000, initial_rto_ms=60_000, ack_delay_ms=300),
+        )
+    flight, came, lost = [], {}, None
+    for t in range(0, 8_000, 20):
+        if t in (0, 3_000):
+            cores["S"].submit("g2", b"g2 %d" % t, t, priority=Priority.PRIORITY)
+        if t % 250 == 0:
+            cores["Y"].submit("g2", b"y %d" % t, t)  # S acks Y in ack-only g2 bundles: they announce
+        for n, c in cores.items():
+            for o in c.poll(t):
+                for rx in [m for m in groups[o.dst] if m != n] if o.dst in groups else [o.dst]:
+                    if n == "S" and o.dst == "g2" and o.seqs and t >= 3_000 and rx == "R" and lost in (None, t):
+                        lost = t  # lost on R's leg only
+                        continue
+                    flight.append((t + 200, rx, o.payload))
+        for f in [f for f in flight if f[0] <= t]:
+            flight.remove(f)
+            cores[f[1]].on_bundle(f[2], t)
+        for n, c in cores.items():
+            for d in c.take():
+                came.setdefault((n, d.body), t)
+                c.consumed([d.id], t)
+    assert lost is not None
+    assert came.get(("R", b"g2 3000"), 8_000) - lost <= 1_300
+    assert cores["S"].store.count("heard_gaps") == 1
