@@ -20,6 +20,7 @@ from c2dtn.overlay.envelope import (
     Kind,
     Priority,
     decode_ack_body,
+    heard_of,
     source_node,
 )
 from c2dtn.overlay.scheduler import Outgoing, Scheduler, SchedulerConfig
@@ -114,8 +115,8 @@ class OverlayCore:
         # (node, destination) -> the source key its data there came under last: an ack-only
         # bundle names no incarnation, and its announced send number is that stream's
         self._sn_src: dict[tuple[str, str], str] = {}
-        # source -> a send number it announced past one that has not come: its acks go at once and
-        # say it (decision 0041); and (when the last announcement taken was made, the last number
+        # source -> an announcement of a send number past one that has not come (envelope.heard_of):
+        # its acks go at once and say it (decision 0041); and (when the last announcement taken was made, the last number
         # answered): a replayed or late one is older, and a number draws one answer
         self._heard: dict[str, int] = {}
         self._announced_at: dict[str, tuple[int, int | None]] = {}
@@ -363,7 +364,10 @@ class OverlayCore:
         if src is None or state is None or sn is None:
             return
         made, answered = self._announced_at.get(src, (-1, None))
-        if ack.created_ms <= made or now_ms - ack.created_ms > ANNOUNCED_MAX_AGE_MS:
+        if ack.created_ms <= made:
+            return
+        if now_ms - ack.created_ms > ANNOUNCED_MAX_AGE_MS:
+            self.store.count_event("announcements_too_old")  # (a clock a minute off turns them off)
             return
         self._announced_at.pop(src, None)  # (re-inserted: the source longest quiet goes first)
         if len(self._announced_at) >= SN_STREAMS_MAX:  # a node's own other incarnations go first
@@ -376,7 +380,7 @@ class OverlayCore:
         if (self._ack_group(sender) or sender) != (dst if dst in self.codec.groups else sender):
             return
         self._announced_at[src] = (ack.created_ms, sn)
-        self._heard[src] = sn
+        self._heard[src] = heard_of(sn, ack.created_ms)
         self._gap.add(src)
 
     def _out_of_turn(self, env: Envelope, new: bool) -> bool:

@@ -165,6 +165,9 @@ K_REF = 17
 # arrives and acks at once (decision 0016); a receiver that does not know the key ignores it
 K_SN = 18
 SN_MOD = 24
+# an answer to an announced send number (decision 0041) names the announcement: its number plus
+# SN_MOD times its creation time in ms modulo this, so a replayed answer names an old one
+HEARD_ECHO_MS = 1 << 16
 RETIRED_KEYS = (0, 2, 10)  # a map with any of them is of an older version: refused
 # apps with a one-byte code on the wire; any other name travels as text
 APP_CODES = {"raw": 1, "mqtt": 2, "coap": 3, "ping": 4, "pong": 5}
@@ -1375,16 +1378,17 @@ def encode_ack_body(
     got: held at the destination, not yet taken (the origin stops retransmitting).
     hold: how long (ms) the newest envelope the entry acks waited here before this ack went
     (QUIC's ACK Delay), so the origin's round-trip samples leave it out (null: not said).
-    heard: the send number an ack-only bundle of the origin announced as its next, where one
-    before it has not come here (lost on the way: the origin resends what it sealed before
-    that number and this destination lacks; decision 0041)."""
+    heard: an ack-only bundle of the origin announced a send number as its next, where one
+    before it has not come here (lost on the way: the origin resends what it sent before that
+    announcement and this destination lacks; decision 0041).  It names the announcement: the
+    number plus SN_MOD times its creation time in ms modulo HEARD_ECHO_MS (`heard_of`)."""
     out = []
     for src, (d, g) in acks.items():
         node, _, inc = src.partition("/")
         entry: list = [node, int(inc, 16) if inc else 0, _runs(d), _runs(list(g))]
         hold = max(0, min(MAX_ACK_HOLD_MS, int(holds[src]))) if holds and src in holds else None
         if heard and src in heard:
-            entry += [hold, heard[src] % SN_MOD]
+            entry += [hold, heard[src] % (SN_MOD * HEARD_ECHO_MS)]
         elif hold is not None:
             entry.append(hold)
         out.append(entry)
@@ -1406,7 +1410,7 @@ class AckBody:
     got: Runs
     found: bool  # the body has an entry for the source asked for
     hold_ms: int | None = None  # how long the newest envelope acked waited before the ack went
-    heard: int | None = None  # a send number announced past one that did not come (encode_ack_body)
+    heard: int | None = None  # an announcement answered: its send number and time (encode_ack_body)
 
 
 def decode_ack_body(body: bytes, source: str) -> AckBody:
@@ -1448,8 +1452,9 @@ def decode_ack_body(body: bytes, source: str) -> AckBody:
     ):
         raise Malformed(f"ack hold for {source!r} is not 0 to {MAX_ACK_HOLD_MS} ms: {short(hold)}")
     heard = mine[5] if len(mine) == 6 else None
-    if len(mine) == 6 and (not isinstance(heard, int) or isinstance(heard, bool) or not 0 <= heard < SN_MOD):
-        raise Malformed(f"ack's send number heard for {source!r} is not 0 to {SN_MOD - 1}: {short(heard)}")
+    top = SN_MOD * HEARD_ECHO_MS - 1
+    if len(mine) == 6 and (not isinstance(heard, int) or isinstance(heard, bool) or not 0 <= heard <= top):
+        raise Malformed(f"ack's send number heard for {source!r} is not 0 to {top}: {short(heard)}")
     return AckBody(frozenset(sources), done, got, True, hold, heard)
 
 
@@ -1473,6 +1478,11 @@ def _decode_runs(obj: object) -> tuple[Runs, Runs]:
             out.append((r[0], r[1]))
         lists.append(out)
     return lists[0], lists[1]
+
+
+def heard_of(sn: int, made_ms: int) -> int:
+    """What an ack says it heard of an announcement of send number `sn` made at `made_ms`."""
+    return sn % SN_MOD + SN_MOD * (made_ms % HEARD_ECHO_MS)
 
 
 def runs_total(runs: Runs) -> int:

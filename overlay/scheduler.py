@@ -48,6 +48,7 @@ from c2dtn.overlay.envelope import (
     Kind,
     Priority,
     encode_ack_body,
+    heard_of,
 )
 from c2dtn.overlay.store import OutItem
 
@@ -77,6 +78,9 @@ PACE_SLACK_MS = 10  # what the pace may run ahead of now in one plan (a fast lin
 # a paced bundle's worth is counted sealed, and is at most this many bundles' worth of plain
 # bytes whatever the path's wire ratio says (it lags a change of traffic: decision 0027)
 PACED_PLAIN_MAX = 16
+# announcements of the next send number kept per destination (Scheduler.on_heard): their answers
+# come a round trip later, and one goes per ack-only bundle
+ANNOUNCED_KEPT = 48
 SENT_STATES_MAX = 4096  # send records kept per destination for rate samples (oldest forgotten)
 
 
@@ -226,8 +230,9 @@ class Scheduler:
         self._counted: dict[str, set[int]] = {}  # group -> seqs its rate already counted (_rate_sample)
         self._pace_wait: dict[str, int] = {}  # dst -> when pacing lets its queued envelopes go
         self._sn: dict[str, int] = {}  # dst -> the send number of the next data envelope sealed for it
-        # dst -> {send number announced: (when, the send order then, who answered it)}: an answer
-        # counts only for an announcement made, once per member (on_heard)
+        # dst -> {what an answer to an announcement names (envelope.heard_of): (when, the send order
+        # then, who answered it)}, the newest ANNOUNCED_KEPT a destination: an answer counts only
+        # for an announcement made, once per member (on_heard)
         self._announced: dict[str, dict[int, tuple[int, int, set[str | None]]]] = {}
 
     def path(self, dst: str) -> Path:
@@ -652,7 +657,10 @@ class Scheduler:
         stamp = (max(0, now_ms) // 1000, self.store.inc if items else 0)
         announce = self._sn[dst] if not items and inflight and dst in self._sn else None
         if has_acks and announce is not None:
-            self._announced.setdefault(dst, {})[announce] = (now_ms, self.path(dst).sends, set())
+            made = self._announced.setdefault(dst, {})
+            made[heard_of(announce, now_ms)] = (now_ms, self.path(dst).sends, set())
+            if len(made) > ANNOUNCED_KEPT:
+                del made[next(iter(made))]
         if has_acks:
             ack = Envelope(
                 Kind.ACK,
@@ -1007,15 +1015,16 @@ class Scheduler:
         return len(released) + len(arrived)
 
     def on_heard(self, dst: str, member: str | None, heard: int, now_ms: int) -> None:
-        """dst (for a group, its `member`) heard this node announce `heard` as its next send
-        number, and lacks a data envelope sent before: what went before that announcement and
-        it still lacks was lost on the way, and goes again, as RACK resends what went before
-        an envelope that arrived (decision 0041).  What went well before it is due now; what
-        went within RACK's near window of it, at RACK's reordering timer (an agent may put the
-        ack-only bundle on the air first).  The announcement is the one this node made (so a
-        replayed answer, or one for a number sealed again since, finds what went before that
-        one only), answered once per member, and not by an answer that came sooner than half a
-        minimum round trip after it (the numbers wrap: that answer is an older one's)."""
+        """dst (for a group, its `member`) heard an announcement of this node's next send number
+        (`heard` names it: envelope.heard_of), and lacks a data envelope sent before it: what
+        went before that announcement and it still lacks was lost on the way, and goes again,
+        as RACK resends what went before an envelope that arrived (decision 0041).  What went
+        well before it is due now; what went within RACK's near window of it, at RACK's
+        reordering timer and the ack delay (an agent may put the ack-only bundle on the air
+        first, and the data that then comes in turn is acked after the delay).  Only an
+        announcement this node made and still keeps (a replayed answer names an old one, and
+        one whose number was sealed again since names its own), answered once per member, and
+        not by an answer that came sooner than half a minimum round trip after it."""
         p = self.paths.get(dst)
         made = self._announced.get(dst, {}).get(heard)
         if p is None or made is None or not p.min_rtt_ms:
@@ -1027,7 +1036,7 @@ class Scheduler:
         near = self._reo_near_ms(p)
         if self._fast_retransmit(dst, at - near, now_ms, member):
             self.store.count_event("heard_gaps")
-        self._rack_timer(dst, at, order + 1, near, self._reo_ms(p), now_ms, member)
+        self._rack_timer(dst, at, order + 1, near, self._reo_ms(p) + self.cfg.ack_delay_ms, now_ms, member)
 
     def _rack_of_let_go(self, sender: str, seqs: list[int], now_ms: int) -> None:
         """An ack that names nothing held here: a late one, or one for superseded copies let go

@@ -237,7 +237,7 @@ def test_ack_bodies_are_runs_per_source():
         (b"\xff", "strict CBOR"),
         (cbor2.dumps([["gw1", 0x1F2E3D4C, [[0, 1 << 64]], []]]), "strict CBOR"),  # (a bignum tag)
         (cbor2.dumps([["gw1", 0x1F2E3D4C, [[0, (1 << 64) - 1]], []]]), "bad ack run"),
-        (cbor2.dumps([["gw1", 0x1F2E3D4C, [], [], None, E.SN_MOD]]), "send number heard"),
+        (cbor2.dumps([["gw1", 0x1F2E3D4C, [], [], None, E.SN_MOD * E.HEARD_ECHO_MS]]), "send number heard"),
         (cbor2.dumps([["gw1", 0x1F2E3D4C, [], [], None, -1]]), "send number heard"),
         (cbor2.dumps([["gw1", 0x1F2E3D4C, [], [], None, True]]), "send number heard"),
         (cbor2.dumps([["gw1", 0x1F2E3D4C, [], [], "40", 3]]), "ack hold"),
@@ -251,10 +251,12 @@ def test_an_ack_says_the_send_number_heard_beside_its_hold_or_alone():
     """An answer to an announced send number (decision 0041): a sixth item, the hold before it
     null where the ack says none; an entry without it reads as before."""
     src = E.source_key("gw1", 0x1F2E3D4C)
-    body = E.encode_ack_body({src: ([], [4]), "gw9": ([1], [])}, holds={"gw9": 30}, heard={src: 7})
-    assert cbor2.loads(body) == [["gw1", 0x1F2E3D4C, [], [[4, 4]], None, 7], ["gw9", 0, [[1, 1]], [], 30]]
+    heard = E.heard_of(7, 1_764_567_890_123)  # number 7, announced at that ms: 7 + 24 x (ms mod 2^16)
+    assert heard == 7 + 24 * (1_764_567_890_123 % 65536) and heard != E.heard_of(7, 1_764_567_890_124)
+    body = E.encode_ack_body({src: ([], [4]), "gw9": ([1], [])}, holds={"gw9": 30}, heard={src: heard})
+    assert cbor2.loads(body) == [["gw1", 0x1F2E3D4C, [], [[4, 4]], None, heard], ["gw9", 0, [[1, 1]], [], 30]]
     ack = E.decode_ack_body(body, src)
-    assert (ack.got, ack.hold_ms, ack.heard) == ([(4, 4)], None, 7)
+    assert (ack.got, ack.hold_ms, ack.heard) == ([(4, 4)], None, heard)
     other = E.decode_ack_body(body, "gw9")
     assert (other.done, other.hold_ms, other.heard) == ([(1, 1)], 30, None)
 
