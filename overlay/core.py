@@ -326,8 +326,10 @@ class OverlayCore:
                     res.taken += r.outcome in ("delivered", "held")
                     if r.outcome in ("delivered", "held"):
                         self._newest_at[src] = now_ms
-                    skipped = self._out_of_turn(env, r.outcome in ("delivered", "held", "stale"))
-                    if r.outcome == "held" or r.released > 1 or skipped:  # a gap opened, or one closed
+                    new = r.outcome in ("delivered", "held", "stale")
+                    fills = new and self._fills_answered(env)
+                    skipped = self._out_of_turn(env, new)
+                    if r.outcome == "held" or r.released > 1 or skipped or fills:  # a gap opened, or one closed
                         self._gap.add(src)
             except EnvelopeError as e:
                 self._reject(
@@ -415,6 +417,13 @@ class OverlayCore:
             return ahead != 0 and env.sn != (prev + 1) % SN_MOD
         self._sn_next[stream] = (nxt, env.sn)
         return True
+
+    def _fills_answered(self, env: Envelope) -> bool:
+        """Is env one this node said it lacked, answering an announcement (_announced)?  Its ack
+        goes at once: it may only have come late (the agent put the announcement on the air
+        first), and the sender waits for that ack before it resends it (Scheduler.on_heard)."""
+        answered = self._announced_at.get(env.source, (0, None))[1]
+        return answered is not None and env.sn is not None and 0 < (answered - env.sn) % SN_MOD < SN_MOD // 2
 
     def _note_source(self, env: Envelope) -> None:
         """env came new from its origin: its source key is the one an ack-only bundle from that

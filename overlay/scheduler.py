@@ -1020,8 +1020,8 @@ class Scheduler:
         went before that announcement and it still lacks was lost on the way, and goes again,
         as RACK resends what went before an envelope that arrived (decision 0041).  What went
         well before it is due now; what went within RACK's near window of it, at RACK's
-        reordering timer and the ack delay (an agent may put the ack-only bundle on the air
-        first, and the data that then comes in turn is acked after the delay).  Only an
+        reordering timer (an agent may put the ack-only bundle on the air first; the receiver
+        acks the data that then comes at once: OverlayCore._fills_answered).  Only an
         announcement this node made and still keeps (a replayed answer names an old one, and
         one whose number was sealed again since names its own), answered once per member, and
         not by an answer that came sooner than half a minimum round trip after it."""
@@ -1036,7 +1036,7 @@ class Scheduler:
         near = self._reo_near_ms(p)
         if self._fast_retransmit(dst, at - near, now_ms, member):
             self.store.count_event("heard_gaps")
-        self._rack_timer(dst, at, order + 1, near, self._reo_ms(p) + self.cfg.ack_delay_ms, now_ms, member)
+        self._rack_timer(dst, at, order + 1, near, self._reo_ms(p), now_ms, member)
 
     def _rack_of_let_go(self, sender: str, seqs: list[int], now_ms: int) -> None:
         """An ack that names nothing held here: a late one, or one for superseded copies let go
