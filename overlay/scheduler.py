@@ -658,7 +658,9 @@ class Scheduler:
         announce = self._sn[dst] if not items and inflight and dst in self._sn else None
         if has_acks and announce is not None:
             made = self._announced.setdefault(dst, {})
-            made[heard_of(announce, now_ms)] = (now_ms, self.path(dst).sends, set())
+            key = heard_of(announce, now_ms)
+            made.pop(key, None)  # (re-inserted: the newest is evicted last)
+            made[key] = (now_ms, self.path(dst).sends, set())
             if len(made) > ANNOUNCED_KEPT:
                 del made[next(iter(made))]
         if has_acks:
