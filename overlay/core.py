@@ -297,6 +297,7 @@ class OverlayCore:
         got: list[tuple[int, int]] = []
         holds: list[int] = []
         heard: list[tuple[str, str | None, int]] = []  # (stream's destination, member, number)
+        announced: list[Envelope] = []  # ack envelopes that announce a send number (_announced)
         for env in envs:
             try:
                 if env.kind == Kind.ACK:
@@ -313,7 +314,7 @@ class OverlayCore:
                         group = env.dst in self.codec.groups
                         heard.append((env.dst if group else sender, sender if group else None, ack.heard))
                     if env.sn is not None:
-                        self._announced(sender, env, now_ms)
+                        announced.append(env)
                     res.acks += 1
                 else:
                     r = self.store.receive(env, now_ms)
@@ -338,6 +339,8 @@ class OverlayCore:
                     f"rejected ({e.reason}): {e}",
                     e.reason,
                 )
+        for env in announced:  # after the bundle's data: copies in it may fill the gap (decision 0042)
+            self._announced(sender, env, now_ms)
         if done or got:  # the bundle's acks, merged: one look at what is held, however many acks it carries
             self.sched.on_ack(
                 sender,

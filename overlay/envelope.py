@@ -746,6 +746,24 @@ class Codec:
             m[K_SN] = env.sn
         return cbor2.dumps(m)
 
+    @staticmethod
+    def restamp(mb: bytes, env: Envelope, stamp: Stamp) -> bytes:
+        """A data envelope's map (map_bytes, in any bundle) made to stand first in a bundle with
+        another stamp: its seq and send number written out, its creation time from the new base
+        second, its incarnation said where the stamp's differs.  Its body is as it was sealed (a
+        delta keeps its reference): the same envelope, sent again (Scheduler._copies)."""
+        _check_stamp(stamp)
+        m = cbor2.loads(mb)
+        m[K_SEQ] = env.seq
+        if env.sn is not None:
+            m[K_SN] = env.sn
+        m[K_CREATED] = env.created_ms - stamp[0] * 1000
+        if env.inc != stamp[1]:
+            m[K_INC] = env.inc
+        else:
+            m.pop(K_INC, None)
+        return cbor2.dumps(m)
+
     def acked(self, dst: str, seqs: Iterable[int]) -> None:
         """`dst` holds these (a group: every member does): their bodies may be references for
         what follows."""

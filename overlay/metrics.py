@@ -42,6 +42,7 @@ STORE_COUNTERS = {
     "fast_retransmits": "envelopes an ack showed lost (sent again before their timer)",
     "tail_probes": "tail loss probes sent",
     "tail_copies": "last bundles of a burst sent twice (a frame lost there has no later one to show it)",
+    "next_copies": "new envelopes sent again in the next bundle to their destination (a lossy radio, time to spare)",
     "heard_gaps": "answers to an announced send number that found envelopes lost (sent again at once)",
     "announcements_too_old": "announced send numbers refused as made over a minute before, by this clock",
     "pings_unanswered": "pings not answered",

@@ -59,6 +59,10 @@ PROBE_MAX_MS = 30_000
 # a burst's last envelope goes twice while one went again within this many sends
 # (Scheduler._tail_copy): a path that lost none lately (a wire, a clean radio) pays nothing
 COPY_AFTER_LOSS_SENDS = 100
+# a bundle's new envelopes go again in the next bundle to their destination that goes within
+# this long, while the path lost one lately and nothing waits behind (Scheduler._copies): on a
+# lossy radio a lost one arrives a frame later instead of a repair's two trips later (decision 0042)
+COPY_NEXT_WITHIN_MS = 500
 # bundles of room past the window while a transfer waits (Scheduler._room_for_lost_acks): two
 # frames or acks lost in a row would otherwise run the radio's queue dry (decision 0039)
 ROOM_BUNDLES = 2
@@ -229,7 +233,12 @@ class Scheduler:
         self._copied: dict[str, tuple[int, bool]] = {}
         self._counted: dict[str, set[int]] = {}  # group -> seqs its rate already counted (_rate_sample)
         self._pace_wait: dict[str, int] = {}  # dst -> when pacing lets its queued envelopes go
-        self._sn: dict[str, int] = {}  # dst -> the send number of the next data envelope sealed for it
+        self._sn: dict[str, int] = {}
+        # dst -> (when, [(envelope, its map)]) of the new envelopes of the last bundles to dst,
+        # to go again in the next one (_copies)
+        self._next_copies: dict[
+            str, tuple[int, list[tuple[Envelope, bytes]]]
+        ] = {}  # dst -> the send number of the next data envelope sealed for it
         # dst -> {what an answer to an announcement names (envelope.heard_of): (when, the send order
         # then, who answered it)}, the newest ANNOUNCED_KEPT a destination: an answer counts only
         # for an announcement made, once per member (on_heard)
@@ -441,6 +450,28 @@ class Scheduler:
         """The radio's time for an envelope of `size` plain bytes, sealed, at the path's rate."""
         rate = p.rate()
         return size * max(p.wire_ratio, 1 / PACED_PLAIN_MAX) / rate if rate else 0.0
+
+    def _copies(self, dst: str, now_ms: int, items: list[OutItem]) -> list[tuple[Envelope, bytes]]:
+        """The new envelopes of the last bundles to dst, to go again in this one (once): a frame
+        lost on a radio then costs its reports the time to the next frame, not a receiver's ack
+        and a resend, each a trip over a loaded radio.  Only within COPY_NEXT_WITHIN_MS of their
+        first sending (later, acks show the loss and RACK or an announcement repairs it), while
+        the path lost an envelope lately (a wire or a clean radio pays nothing), and while
+        nothing waits to go to dst behind this bundle: the radio has time to spare, and a copy
+        never holds back what waits (a transfer, an overload).  They ride in a bundle that goes
+        anyway, never in one of their own (_bundle), and are not sends: no timer, no RACK record,
+        no window (decision 0042)."""
+        got = self._next_copies.pop(dst, None)
+        if got is None or now_ms - got[0] > COPY_NEXT_WITHIN_MS:
+            return []
+        p = self.path(dst)
+        if p.lost_at_sends is None or p.sends - p.lost_at_sends > COPY_AFTER_LOSS_SENDS:
+            return []
+        going = {it.seq for it in items}
+        if any(it.seq not in going for it in self.store.outbox.queued(dst, len(items) + 1)):
+            return []
+        lacking = {it.seq for it in self.store.inflight(dst)}
+        return [(env, s) for env, s in got[1] if env.seq in lacking and env.seq not in going]
 
     def _copy_due(self, dst: str) -> int | None:
         """The envelope whose tail copy is still to go to dst (None: none)."""
@@ -655,6 +686,7 @@ class Scheduler:
         # every envelope's creation time goes as ms from this second, its incarnation once in
         # the container (an ack-only bundle names none: an ack's own incarnation means nothing)
         stamp = (max(0, now_ms) // 1000, self.store.inc if items else 0)
+        copies = self._copies(dst, now_ms, items)
         announce = self._sn[dst] if not items and inflight and dst in self._sn else None
         if has_acks and announce is not None:
             made = self._announced.setdefault(dst, {})
@@ -687,6 +719,7 @@ class Scheduler:
         wire = body = 0  # map and plain bytes of the data envelopes (the path's wire_ratio)
         all_large = True  # every envelope in the bundle so far is over `small` (they share up to `large`)
         after = None  # (seq, send number) of the data envelope before in this bundle (Codec.map_bytes)
+        firsts: list[tuple[Envelope, bytes]] = []  # new envelopes and their maps, for _copies
         for it in items:
             sn = self._sn.get(dst, 0)
             self._sn[dst] = (sn + 1) % SN_MOD
@@ -713,10 +746,30 @@ class Scheduler:
             wire += len(s)
             body += it.size
             maps.append(s)
+            if it.attempts == 0:
+                firsts.append((env, s))
             seqs.append(it.seq)
             size += len(s)
             plain += len(env.body)
             rtx += it.attempts > 0
+        if copies and not bundles:
+            # only where the bundle holds them without growing past the aggregate size: a copy
+            # never makes a frame; first, for the first new one's map stands alone (seq and number said)
+            fit: list[bytes] = []
+            for env, s in copies:
+                s = self.codec.restamp(s, env, stamp)
+                if (
+                    size + len(s) > small
+                    or plain + len(env.body) > MAX_BUNDLE_PLAIN_BYTES
+                    or len(maps) + len(fit) >= MAX_ENVELOPES_PER_BUNDLE
+                ):
+                    break
+                fit.append(s)
+                size += len(s)
+                plain += len(env.body)
+            maps[has_acks:has_acks] = fit
+            if fit:
+                self.store.count_event("next_copies", len(fit))
         if maps:
             bundles.append(
                 Outgoing(dst, self.codec.container(maps, dst, stamp), seqs, ack_seqs if not bundles else none, rtx)
@@ -732,6 +785,8 @@ class Scheduler:
                 # new data to a group: each member's probes start again from the base interval,
                 # as the group's one backoff did at the progress the new data drew (decision 0030)
                 p.members = {m: (acked, 0) for m, (acked, _) in p.members.items()}
+            if firsts:
+                self._next_copies[dst] = (now_ms, firsts)
             retry_at = {it.seq: now_ms + int(min(self.cfg.max_rto_ms, p.rto_ms * (2**it.attempts))) for it in items}
             self.store.mark_sent([it.seq for it in items], now_ms, retry_at)
         return bundles

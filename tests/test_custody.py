@@ -12,6 +12,7 @@ from pathlib import Path
 import cbor2
 import pytest
 
+from c2dtn.overlay import scheduler
 from c2dtn.overlay.core import OverlayCore
 from c2dtn.overlay.custody import Custody, CustodyStore, Quota, QuotaExceeded
 from c2dtn.overlay.envelope import Codec, Envelope, Kind, Priority, decode_ack_body
@@ -741,7 +742,9 @@ def test_an_answer_resends_what_went_before_its_announcement_though_its_number_w
         b.consumed([d.id for d in b.take()], t)
         a.consumed([d.id for d in a.take()], t)
     assert a.store.count("heard_gaps") == 1
-    assert (resent, duplicates) == (1, 0)
+    # the burst's orders also went again in gw1's next bundle (the path lost lately, and nothing
+    # waited: decision 0042): those copies are the only duplicates, none is a resend
+    assert (resent, duplicates) == (1, a.store.count("next_copies"))
 
 
 def test_replayed_answers_make_no_resend_while_the_way_out_is_down(tmp_path):
@@ -1174,13 +1177,16 @@ class _Pair:
         return s, out
 
 
-def test_the_last_envelope_lost_is_resent_once_a_resend_that_went_after_it_arrives(tmp_path):
+def test_the_last_envelope_lost_is_resent_once_a_resend_that_went_after_it_arrives(tmp_path, monkeypatch):
     # s2 and s4 are lost; s3's arrival shows s2 lost and it goes again after s4 went.  When the
     # resend's ack comes back a round trip later, s4 (sent before it) is lost too: resent at
     # once, not after a tail probe's wait (the end of a bulk transfer that loses its last
     # bundle behind such a resend)
     pair = _Pair(tmp_path, back=10)
     a, deliver, send = pair.a, pair.deliver, pair.send
+    monkeypatch.setattr(
+        scheduler, "COPY_NEXT_WITHIN_MS", 0
+    )  # RACK alone: s4 is not copied into the resend's bundle (decision 0042)
 
     deliver(send(0)[1], 10)  # a round trip of 20 ms (5 kB owes its ack at once)
     s1, first = send(100)
@@ -2204,3 +2210,66 @@ def test_a_plan_split_over_bundles_names_each_bundles_first_seq_and_every_envelo
         got = b.open_bundle(o.payload) + got
     assert [e.seq for e in got] == seqs and [e.sn for e in got] == list(range(12))
     assert [e.body[:9] for e in got] == [b"order %03d" % i for i in range(12)]
+
+
+def _copies_run(tmp_path, lose_at: list[int], submit, until_ms: int = 20_000):
+    """gw1 and gw4 over a radio of 200 ms each way; gw1's first bundle with data handed over at
+    or after each of `lose_at` is lost.  submit(a, b, t) at each 10 ms step.  Returns gw1 and,
+    per plan that sent copies (decision 0042), what still waited for gw4 after it."""
+    cfg = SchedulerConfig(min_rto_ms=30_000, initial_rto_ms=60_000, ack_delay_ms=250, aggregate_bytes=1200)
+    a = OverlayCore(custody(tmp_path, "gw1"), Codec("gw1", {"gw4": KEY}), cfg)
+    b = OverlayCore(custody(tmp_path, "gw4"), Codec("gw4", {"gw1": KEY}), cfg)
+    flight: list[tuple[int, str, bytes]] = []
+    left, waiting = sorted(lose_at), []
+    for t in range(0, until_ms, 10):
+        submit(a, b, t)
+        for src, dst in ((a, "gw4"), (b, "gw1")):
+            before = src.store.count("next_copies")
+            for o in src.poll(t):
+                if dst == "gw4" and o.seqs and left and t >= left[0]:
+                    left.pop(0)  # the radio lost it
+                    continue
+                flight.append((t + 200, dst, o.payload))
+            if src.store.count("next_copies") > before:
+                waiting.append(len(src.store.outbox.queued(dst, 1)))
+        for f in [f for f in flight if f[0] <= t]:
+            flight.remove(f)
+            {"gw4": b, "gw1": a}[f[1]].on_bundle(f[2], t)
+        b.consumed([d.id for d in b.take()], t)
+        a.consumed([d.id for d in a.take()], t)
+    assert not left
+    return a, waiting
+
+
+def _reports_and_orders(a, b, t):
+    if t % 500 == 0 and t < 15_000:
+        a.submit("gw4", b"report %d" % t, t, priority=Priority.PRIORITY, supersede=f"u{t % 2000}")
+    if t % 300 == 0 and t < 15_000:
+        b.submit("gw1", b"order %d" % t, t)
+
+
+def test_a_path_that_lost_nothing_sends_no_copies(tmp_path):
+    """Copies are for a lossy radio: on a path that lost nothing lately, no bundle carries one
+    (a wire, a clean radio pays nothing); once it lost one, the next reports are copied."""
+    a, _ = _copies_run(tmp_path, [], _reports_and_orders)
+    assert a.store.count("next_copies") == 0
+    a, _ = _copies_run(tmp_path / "lossy", [3_000], _reports_and_orders)
+    assert a.store.count("next_copies") > 0
+
+
+def test_no_copy_goes_while_data_waits_behind(tmp_path):
+    """A transfer of 60 envelopes of 1 kB at once fills the window; the radio has no time to
+    spare, so no bundle carries copies while any waits (they would hold it back); and a lost
+    bundle of it is resent, not copied."""
+    (tmp_path / "t").mkdir()
+
+    def transfer(a, b, t):
+        _reports_and_orders(a, b, t)
+        if t == 4_000:
+            for i in range(60):
+                a.submit("gw4", bytes([i]) * 1000, t)
+
+    a, waiting = _copies_run(tmp_path / "t", [2_000, 4_500], transfer, until_ms=60_000)
+    assert a.store.count("next_copies") > 0  # the reports before and after the transfer
+    assert waiting and all(w == 0 for w in waiting), f"copies sent while {waiting} envelopes waited"
+    assert a.store.count("fast_retransmits") + a.store.count("tail_probes") >= 2

@@ -577,3 +577,15 @@ def test_a_map_made_to_follow_another_opens_a_bundle_of_its_own_with_its_seq_sai
     first = Codec.first_map(a.map_bytes(e, after=(7, 1)), e)
     (got,) = b.open_bundle(a.container([first], "gw4"))
     assert (got.seq, got.sn, got.body) == (8, 2, REPORT)
+
+
+@pytest.mark.parametrize("inc", [0, 5])
+def test_a_map_sent_again_under_another_stamp_opens_as_the_same_envelope(inc):
+    """A copy (decision 0042): a map sealed after another under one stamp, put first in a later
+    bundle whose stamp has another base second and, in an ack-only bundle, no incarnation,
+    opens as the same envelope: seq, send number, creation time, incarnation and body."""
+    a, b = pair()
+    e = env(seq=8, sn=2, inc=5, created_ms=1_700_000_000_900)
+    sealed = a.map_bytes(e, after=(7, 1), stamp=(1_700_000_000, 5))
+    (got,) = b.open_bundle(a.container([Codec.restamp(sealed, e, (1_700_000_001, inc))], "gw4", (1_700_000_001, inc)))
+    assert (got.seq, got.sn, got.created_ms, got.inc, got.body) == (8, 2, e.created_ms, 5, REPORT)
