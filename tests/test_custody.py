@@ -747,10 +747,13 @@ def test_an_answer_resends_what_went_before_its_announcement_though_its_number_w
     assert (resent, duplicates) == (1, a.store.count("next_copies"))
 
 
-def test_replayed_answers_make_no_resend_while_the_way_out_is_down(tmp_path):
+def test_replayed_answers_make_no_resend_while_the_way_out_is_down(tmp_path, monkeypatch):
     """An outsider records gw4's answers (acks naming a send number heard) and replays them to
     gw1 while gw1's way to gw4 is down, and gw4's orders still come: gw1 acks them in ack-only
     bundles, each announcing, and sends what its probes would, no more."""
+    # copies (decision 0042) ride gw1's ack-only bundles, which this net never loses: they would
+    # mend every loss before gw4 answers, leaving nothing to record and replay
+    monkeypatch.setattr(scheduler, "COPY_NEXT_WITHIN_MS", 0)
 
     def run(replay: bool) -> int:
         cfg = SchedulerConfig(ack_delay_ms=300)
