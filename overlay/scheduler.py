@@ -233,12 +233,10 @@ class Scheduler:
         self._copied: dict[str, tuple[int, bool]] = {}
         self._counted: dict[str, set[int]] = {}  # group -> seqs its rate already counted (_rate_sample)
         self._pace_wait: dict[str, int] = {}  # dst -> when pacing lets its queued envelopes go
-        self._sn: dict[str, int] = {}
-        # dst -> (when, [(envelope, its map)]) of the new envelopes of the last bundles to dst,
-        # to go again in the next one (_copies)
-        self._next_copies: dict[
-            str, tuple[int, list[tuple[Envelope, bytes]]]
-        ] = {}  # dst -> the send number of the next data envelope sealed for it
+        self._sn: dict[str, int] = {}  # dst -> the send number of the next data envelope sealed for it
+        # dst -> (when, [(envelope, its map)]) of the new envelopes of the last bundle to dst, to go
+        # again in the next one (_copies): one bundle's at most, a destination
+        self._next_copies: dict[str, tuple[int, list[tuple[Envelope, bytes]]]] = {}
         # dst -> {what an answer to an announcement names (envelope.heard_of): (when, the send order
         # then, who answered it)}, the newest ANNOUNCED_KEPT a destination: an answer counts only
         # for an announcement made, once per member (on_heard)
@@ -452,7 +450,7 @@ class Scheduler:
         return size * max(p.wire_ratio, 1 / PACED_PLAIN_MAX) / rate if rate else 0.0
 
     def _copies(self, dst: str, now_ms: int, items: list[OutItem]) -> list[tuple[Envelope, bytes]]:
-        """The new envelopes of the last bundles to dst, to go again in this one (once): a frame
+        """The new envelopes of the last bundle to dst, to go again in this one (once): a frame
         lost on a radio then costs its reports the time to the next frame, not a receiver's ack
         and a resend, each a trip over a loaded radio.  Only within COPY_NEXT_WITHIN_MS of their
         first sending (later, acks show the loss and RACK or an announcement repairs it), while
@@ -739,6 +737,7 @@ class Scheduler:
                     Outgoing(dst, self.codec.container(maps, dst, stamp), seqs, ack_seqs if not bundles else none, rtx)
                 )
                 maps, seqs, size, rtx, all_large, plain = [], [], 0, 0, True, 0
+                firsts = []  # the closed bundle's next is this plan's next: none to copy
                 if after is not None:  # it opens the next bundle: its seq and send number said
                     s = self.codec.first_map(s, env)
             after = (env.seq, env.sn)

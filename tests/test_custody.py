@@ -2276,3 +2276,37 @@ def test_no_copy_goes_while_data_waits_behind(tmp_path):
     assert a.store.count("next_copies") > 0  # the reports before and after the transfer
     assert waiting and all(w == 0 for w in waiting), f"copies sent while {waiting} envelopes waited"
     assert a.store.count("fast_retransmits") + a.store.count("tail_probes") >= 2
+
+
+def test_a_plan_split_in_frames_copies_only_its_last_frames_envelopes(tmp_path):
+    """Three orders of 700 B go at once on a path that lost one lately: one plan, three frames.
+    The first two were followed by the plan's own next frame; only the last frame's envelopes
+    go again, in gw1's next bundle (its acks), as decision 0042 says."""
+    seen: list[tuple[int, list[int], list[int]]] = []  # per bundle gw1 sent: (when, sent, copied)
+    opener = Codec("gw4", {"gw1": KEY})
+
+    def watch(a, b, t):
+        _reports_and_orders(a, b, t)
+        if t == 6_000:
+            for i in range(3):
+                a.submit("gw4", random.Random(i).randbytes(700), t, priority=Priority.ROUTINE)
+
+    poll = OverlayCore.poll
+
+    def watched(self, now_ms, *args, **kw):
+        out = poll(self, now_ms, *args, **kw)
+        if self.codec.node == "gw1" and now_ms >= 6_000:
+            for o in out:
+                data = [e.seq for e in opener.open_bundle(o.payload) if e.kind != Kind.ACK]
+                seen.append((now_ms, list(o.seqs), [q for q in data if q not in o.seqs]))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(OverlayCore, "poll", watched)
+        _copies_run(tmp_path, [3_000], watch, until_ms=9_000)
+    t0 = seen[0][0]
+    frames = [sent for t, sent, _ in seen if t == t0]
+    assert len(frames) == 3, f"the plan went in {frames}"
+    copied = [q for t, _, c in seen if t > t0 for q in c]
+    assert copied[: len(frames[-1])] == frames[-1], f"frames {frames}, copied after them {copied}"
+    assert not set(frames[0] + frames[1]) & set(copied), f"frames {frames}, copied after them {copied}"
