@@ -455,8 +455,9 @@ class Scheduler:
         and a resend, each a trip over a loaded radio.  Only within COPY_NEXT_WITHIN_MS of their
         first sending (later, acks show the loss and RACK or an announcement repairs it), while
         the path lost an envelope lately (a wire or a clean radio pays nothing), and while
-        nothing waits to go to dst behind this bundle: the radio has time to spare, and a copy
-        never holds back what waits (a transfer, an overload).  They ride in a bundle that goes
+        nothing waits to go to dst behind this bundle nor, where the path is paced, does the
+        pace run ahead of now: the radio has time to spare, and a copy never holds back what
+        waits (a transfer, an overload).  Copies take the pace's time as data does (_bundle).  They ride in a bundle that goes
         anyway, never in one of their own (_bundle), and are not sends: no timer, no RACK record,
         no window (decision 0042)."""
         got = self._next_copies.pop(dst, None)
@@ -465,6 +466,8 @@ class Scheduler:
         p = self.path(dst)
         if p.lost_at_sends is None or p.sends - p.lost_at_sends > COPY_AFTER_LOSS_SENDS:
             return []
+        if p.filled and p.pace_at > now_ms + PACE_SLACK_MS:
+            return []  # paced, and the pace runs ahead of now with this bundle's data: no time to spare
         going = {it.seq for it in items}
         if any(it.seq not in going for it in self.store.outbox.queued(dst, len(items) + 1)):
             return []
@@ -769,6 +772,11 @@ class Scheduler:
             maps[has_acks:has_acks] = fit
             if fit:
                 self.store.count_event("next_copies", len(fit))
+                p = self.path(dst)
+                if p.filled and (rate := p.rate()):
+                    # they take the radio's time as data does: the next paced data waits for them,
+                    # and while it waits no copy goes (_copies), so copies fill only spare time
+                    p.pace_at = max(p.pace_at, now_ms) + sum(len(c) for c in fit) / (PACING_GAIN * rate)
         if maps:
             bundles.append(
                 Outgoing(dst, self.codec.container(maps, dst, stamp), seqs, ack_seqs if not bundles else none, rtx)
