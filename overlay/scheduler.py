@@ -471,8 +471,14 @@ class Scheduler:
         going = {it.seq for it in items}
         if any(it.seq not in going for it in self.store.outbox.queued(dst, len(items) + 1)):
             return []
-        lacking = {it.seq for it in self.store.inflight(dst)}
-        return [(env, s) for env, s in got[1] if env.seq in lacking and env.seq not in going]
+        # still in flight, not there and not superseded: looked up one by one, not by reading
+        # all that is in flight to dst
+        held = self.store.outbox.get(env.seq for env, _ in got[1] if env.seq not in going)
+        return [
+            (env, s)
+            for env, s in got[1]
+            if (it := held.get(env.seq)) is not None and it.inflight and not it.received and not it.superseded
+        ]
 
     def _copy_due(self, dst: str) -> int | None:
         """The envelope whose tail copy is still to go to dst (None: none)."""
