@@ -457,9 +457,9 @@ class Scheduler:
         the path lost an envelope lately (a wire or a clean radio pays nothing), and while
         nothing waits to go to dst behind this bundle nor, where the path is paced, does the
         pace run ahead of now: the radio has time to spare, and a copy never holds back what
-        waits (a transfer, an overload).  Copies take the pace's time as data does (_bundle).  They ride in a bundle that goes
-        anyway, never in one of their own (_bundle), and are not sends: no timer, no RACK record,
-        no window (decision 0042)."""
+        waits (a transfer, an overload).  Copies take the pace's time as data does.  They ride
+        in a bundle that goes anyway, never in one of their own (_bundle), and are not sends: no
+        timer, no RACK record, no window (decision 0042)."""
         got = self._next_copies.pop(dst, None)
         if got is None or now_ms - got[0] > COPY_NEXT_WITHIN_MS:
             return []
